@@ -1,0 +1,1 @@
+"""KVCM: a KVCache metadata manager for LLM inference (Tair KVCache Manager protocol)."""

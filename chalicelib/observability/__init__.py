@@ -1,0 +1,1 @@
+"""Logging, metrics and the event log."""

@@ -1,0 +1,25 @@
+"""The service logger: Powertools JSON logs with the request's trace_id as correlation id."""
+from __future__ import annotations
+
+import logging
+import os
+
+from aws_lambda_powertools import Logger
+
+LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+          "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+
+logger = Logger(service="kvcm", level=os.environ.get("KVCM_LOG_LEVEL", "INFO"))
+
+
+def set_level(name: str) -> None:
+    """Change the log level at run time (``updateLogger``); raises ValueError for an unknown name."""
+    level = LEVELS.get(name.strip().upper())
+    if level is None:
+        raise ValueError(f"unknown log level {name!r} (one of DEBUG, INFO, WARN, ERROR)")
+    logger.setLevel(level)
+
+
+def access_log(api: str, trace_id: str, code: str, latency_us: int) -> None:
+    """One line per API call."""
+    logger.info("access", extra={"api": api, "trace_id": trace_id, "code": code, "latency_us": latency_us})

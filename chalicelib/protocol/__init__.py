@@ -1,0 +1,1 @@
+"""The wire contract: enums, pydantic models, proto3-JSON parsing and rendering, error codes."""

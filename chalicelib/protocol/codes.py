@@ -1,0 +1,93 @@
+"""Wire enums. Values are the protocol numbers; names are what JSON carries."""
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    UNSPECIFIED = 0
+    OK = 1
+    UNSUPPORTED = 2
+    INTERNAL_ERROR = 3
+    SERVICE_NOT_READY = 4
+    INVALID_ARGUMENT = 5
+    DUPLICATE_ENTITY = 6
+    REACH_MAX_ENTITY_CAPACITY = 7
+    INSTANCE_NOT_EXIST = 8
+    SERVER_NOT_LEADER = 9
+    IO_ERROR = 20
+    UNKNOWN_ERROR = 100
+
+
+class StorageType(IntEnum):
+    ST_UNSPECIFIED = 0
+    ST_3FS = 1
+    ST_MOONCAKE = 2
+    ST_TAIRMEMPOOL = 3
+    ST_NFS = 4
+    ST_VCNS_3FS = 5
+    ST_S3 = 100
+
+
+class QueryType(IntEnum):
+    QT_UNSPECIFIED = 0
+    QT_BATCH_GET = 1
+    QT_PREFIX_MATCH = 2
+    QT_REVERSE_ROLL_SW_MATCH = 3
+
+
+class CacheLocationStatus(IntEnum):
+    CLS_NOT_FOUND = 0
+    CLS_NEW = 1
+    CLS_WRITING = 2
+    CLS_SERVING = 3
+    CLS_DELETING = 4
+
+
+class TrimStrategy(IntEnum):
+    TS_UNSPECIFIED = 0
+    TS_REMOVE_ALL_CACHE = 1
+    TS_REMOVE_ALL_META = 2
+    TS_TIMESTAMP = 3
+
+
+class ReclaimPolicy(IntEnum):
+    POLICY_UNSPECIFIED = 0
+    POLICY_LRU = 1
+    POLICY_LFU = 2
+    POLICY_TTL = 3
+
+
+class CachePreferStrategy(IntEnum):
+    CPS_UNSPECIFIED = 0
+    CPS_ALWAYS_3FS = 1
+    CPS_PREFER_3FS = 2
+    CPS_ALWAYS_MOONCAKE = 3
+    CPS_PREFER_MOONCAKE = 4
+    CPS_ALWAYS_TAIR_MEMPOOL = 5
+    CPS_PREFER_TAIR_MEMPOOL = 6
+    CPS_ALWAYS_VCNS_3FS = 7
+    CPS_PREFER_VCNS_3FS = 8
+    CPS_ALWAYS_S3 = 100
+    CPS_PREFER_S3 = 101
+
+
+class Role(IntEnum):
+    ROLE_USER = 0
+    ROLE_ADMIN = 1
+
+
+class FaultType(IntEnum):
+    FT_UNSPECIFIED = 0
+    FT_INTERNAL_ERROR = 1
+
+
+class FaultTriggerStrategy(IntEnum):
+    FTS_UNSPECIFIED = 0
+    FTS_ALWAYS = 1
+    FTS_ONCE = 2
+
+
+class LogLevel(IntEnum):
+    DEBUG = 0
+    INFO = 1
+    WARN = 2
+    ERROR = 3

@@ -1,0 +1,517 @@
+"""pydantic models of every request and response of the wire contract (see API.md).
+
+Field types follow upstream's protobuf: ``Int64`` renders as a string, ``Int32`` as a
+number. Sub-messages that are absent stay ``None`` and are omitted when rendering; a
+``oneof`` is a set of optional fields of which at most one may be set.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field, model_validator
+
+from .codes import (
+    CacheLocationStatus,
+    CachePreferStrategy,
+    ErrorCode,
+    FaultTriggerStrategy,
+    FaultType,
+    QueryType,
+    ReclaimPolicy,
+    Role,
+    StorageType,
+    TrimStrategy,
+)
+from .wire import Bool, Int32, Int64, Str, WireModel, wire_enum
+
+ErrorCodeField = wire_enum(ErrorCode)
+StorageTypeField = wire_enum(StorageType)
+QueryTypeField = wire_enum(QueryType)
+TrimStrategyField = wire_enum(TrimStrategy)
+ReclaimPolicyField = wire_enum(ReclaimPolicy)
+CachePreferStrategyField = wire_enum(CachePreferStrategy)
+RoleField = wire_enum(Role)
+FaultTypeField = wire_enum(FaultType)
+FaultTriggerStrategyField = wire_enum(FaultTriggerStrategy)
+CacheLocationStatusField = wire_enum(CacheLocationStatus)
+
+
+def _one_of(model: WireModel, names: tuple[str, ...], what: str) -> None:
+    chosen = [n for n in names if getattr(model, n) is not None]
+    if len(chosen) > 1:
+        raise ValueError(f"{what} accepts one of {', '.join(names)}, got {', '.join(chosen)}")
+
+
+# ---------------------------------------------------------------- common
+
+
+class RequestHeader(WireModel):
+    trace_id: Str = ""
+
+
+class Request(WireModel):
+    """Base of every request: upstream puts ``trace_id`` at the top, KVCM also reads ``header``."""
+
+    trace_id: Str = ""
+    header: Optional[RequestHeader] = None
+
+    @property
+    def effective_trace_id(self) -> str:
+        if self.trace_id:
+            return self.trace_id
+        return self.header.trace_id if self.header else ""
+
+
+class Status(WireModel):
+    code: ErrorCodeField = ErrorCode.OK
+    message: Str = ""
+
+
+class ResponseHeader(WireModel):
+    status: Status = Field(default_factory=Status)
+    request_id: Str = ""
+
+
+class Response(WireModel):
+    header: ResponseHeader = Field(default_factory=ResponseHeader)
+
+
+class BoolMasks(WireModel):
+    values: list[Bool] = Field(default_factory=list)
+
+
+class BlockMask(WireModel):
+    offset: Optional[Int32] = None
+    bool_masks: Optional[BoolMasks] = None
+
+    @model_validator(mode="after")
+    def _oneof(self) -> "BlockMask":
+        _one_of(self, ("offset", "bool_masks"), "block mask")
+        if self.offset is not None and self.offset < 0:
+            raise ValueError("offset must be >= 0")
+        return self
+
+
+class LocationSpec(WireModel):
+    name: Str = ""
+    uri: Str = ""
+
+
+class CacheLocation(WireModel):
+    type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    spec_size: Int32 = 0
+    location_specs: list[LocationSpec] = Field(default_factory=list)
+
+
+class LocationSpecInfo(WireModel):
+    name: Str = ""
+    size: Int64 = 0
+
+
+class LocationSpecGroup(WireModel):
+    name: Str = ""
+    spec_names: list[Str] = Field(default_factory=list)
+
+
+class ModelDeployment(WireModel):
+    model_name: Str = ""
+    dtype: Str = ""
+    use_mla: Bool = False
+    tp_size: Int32 = 0
+    dp_size: Int32 = 0
+    lora_name: Str = ""
+    pp_size: Int32 = 0
+    extra: Str = ""
+    user_data: Str = ""
+
+    def identity(self) -> dict:
+        """The fields that identify a deployment (``user_data`` is not one)."""
+        return self.model_dump(exclude={"user_data"})
+
+
+class InstanceInfo(WireModel):
+    quota_group_name: Str = ""
+    instance_group_name: Str = ""
+    instance_id: Str = ""
+    block_size: Int32 = 0
+    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
+    model_deployment: Optional[ModelDeployment] = None
+    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- storage config
+
+
+class NfsStorageSpec(WireModel):
+    root_path: Str = ""
+    key_count_per_file: Int32 = 0
+
+
+class ThreeFSStorageSpec(WireModel):
+    cluster_name: Str = ""
+    mountpoint: Str = ""
+    root_dir: Str = ""
+    key_count_per_file: Int32 = 0
+    touch_file_when_create: Bool = False
+
+
+class VcnsThreeFSStorageSpec(ThreeFSStorageSpec):
+    remote_host: Str = ""
+    remote_port: Int32 = 0
+    meta_storage_uri: Str = ""
+
+
+class MooncakeStorageSpec(WireModel):
+    local_hostname: Str = ""
+    metadata_connstring: Str = ""
+    protocol: Str = ""
+    rdma_device: Str = ""
+    master_service_entry: Str = ""
+
+
+class TairMemPoolStorageSpec(WireModel):
+    domain: Str = ""
+    timeout: Int32 = 0
+    service_discovery_url: Str = ""
+    capacity: Int64 = 0
+
+
+class S3StorageSpec(WireModel):
+    bucket: Str = ""
+    prefix: Str = ""
+    region: Str = ""
+
+
+STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
+    "nfs": StorageType.ST_NFS,
+    "threefs": StorageType.ST_3FS,
+    "vcnsthreefs": StorageType.ST_VCNS_3FS,
+    "mooncake": StorageType.ST_MOONCAKE,
+    "tair_mem_pool": StorageType.ST_TAIRMEMPOOL,
+    "s3": StorageType.ST_S3,
+}
+
+
+class StorageConfig(WireModel):
+    global_unique_name: Str = ""
+    check_storage_available_when_open: Bool = False
+    nfs: Optional[NfsStorageSpec] = None
+    threefs: Optional[ThreeFSStorageSpec] = None
+    vcnsthreefs: Optional[VcnsThreeFSStorageSpec] = None
+    mooncake: Optional[MooncakeStorageSpec] = None
+    tair_mem_pool: Optional[TairMemPoolStorageSpec] = None
+    s3: Optional[S3StorageSpec] = None
+
+    @model_validator(mode="after")
+    def _oneof(self) -> "StorageConfig":
+        _one_of(self, tuple(STORAGE_SPEC_FIELDS), "storage spec")
+        return self
+
+    @property
+    def spec_field(self) -> Optional[str]:
+        """Which oneof member is set (``nfs``, ``s3``...), or None."""
+        for name in STORAGE_SPEC_FIELDS:
+            if getattr(self, name) is not None:
+                return name
+        return None
+
+    @property
+    def storage_type(self) -> StorageType:
+        field = self.spec_field
+        return STORAGE_SPEC_FIELDS[field] if field else StorageType.ST_UNSPECIFIED
+
+    @property
+    def spec(self):
+        field = self.spec_field
+        return getattr(self, field) if field else None
+
+
+# ---------------------------------------------------------------- instance group
+
+
+class TriggerStrategy(WireModel):
+    used_size: Int64 = 0
+    used_percentage: float = 0.0
+
+
+class CacheReclaimStrategy(WireModel):
+    storage_unique_name: Str = ""
+    reclaim_policy: ReclaimPolicyField = ReclaimPolicy.POLICY_UNSPECIFIED
+    trigger_strategy: Optional[TriggerStrategy] = None
+    trigger_period_seconds: Int32 = 0
+    reclaim_step_size: Int64 = 0
+    reclaim_step_percentage: Int32 = 0
+    delay_before_delete_ms: Int32 = 0
+    ttl_seconds: Int64 = 0
+
+
+class MetaStorageBackendConfig(WireModel):
+    storage_type: Str = ""
+    storage_uri: Str = ""
+
+
+class MetaCachePolicyConfig(WireModel):
+    capacity: Int64 = 0
+    type: Str = ""
+    cache_shard_bits: Int32 = 0
+    high_pri_pool_ratio: float = 0.0
+
+
+class MetaIndexerConfig(WireModel):
+    max_key_count: Int64 = 0
+    mutex_shard_num: Int64 = 0
+    batch_key_size: Int64 = 0
+    meta_storage_backend_config: Optional[MetaStorageBackendConfig] = None
+    meta_cache_policy_config: Optional[MetaCachePolicyConfig] = None
+
+
+class CacheConfig(WireModel):
+    reclaim_strategy: Optional[CacheReclaimStrategy] = None
+    data_storage_strategy: CachePreferStrategyField = CachePreferStrategy.CPS_UNSPECIFIED
+    meta_indexer_config: Optional[MetaIndexerConfig] = None
+
+
+class QuotaConfig(WireModel):
+    storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    capacity: Int64 = 0
+
+
+class InstanceGroupQuota(WireModel):
+    capacity: Int64 = 0
+    quota_config: list[QuotaConfig] = Field(default_factory=list)
+
+
+class InstanceGroup(WireModel):
+    name: Str = ""
+    storage_candidates: list[Str] = Field(default_factory=list)
+    global_quota_group_name: Str = ""
+    max_instance_count: Int64 = 0
+    quota: Optional[InstanceGroupQuota] = None
+    cache_config: Optional[CacheConfig] = None
+    user_data: Str = ""
+    version: Int64 = 0
+
+
+# ---------------------------------------------------------------- meta service
+
+
+class KeysRequest(Request):
+    """A request naming blocks by ``block_keys`` or by ``token_ids`` (keys win)."""
+
+    instance_id: Str = ""
+    block_keys: list[Int64] = Field(default_factory=list)
+    token_ids: list[Int64] = Field(default_factory=list)
+
+
+class RegisterInstanceRequest(Request):
+    instance_group: Str = ""
+    instance_id: Str = ""
+    block_size: Int32 = 0
+    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
+    model_deployment: Optional[ModelDeployment] = None
+    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
+
+
+class RegisterInstanceResponse(Response):
+    storage_configs: Str = ""
+
+
+class GetInstanceInfoRequest(Request):
+    instance_id: Str = ""
+
+
+class GetInstanceInfoResponse(Response):
+    instance_group: Str = ""
+    instance_info: Optional[InstanceInfo] = None
+
+
+class GetCacheLocationRequest(KeysRequest):
+    query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    block_mask: Optional[BlockMask] = None
+    sw_size: Int32 = 0
+    location_spec_names: list[Str] = Field(default_factory=list)
+
+
+class GetCacheLocationResponse(Response):
+    locations: list[CacheLocation] = Field(default_factory=list)
+
+
+class GetCacheMetaRequest(KeysRequest):
+    block_mask: Optional[BlockMask] = None
+    detail_level: Int32 = 0
+
+
+class GetCacheMetaResponse(Response):
+    locations: list[CacheLocation] = Field(default_factory=list)
+    metas: list[Str] = Field(default_factory=list)
+
+
+class StartWriteCacheRequest(KeysRequest):
+    location_spec_group_names: list[Str] = Field(default_factory=list)
+    write_timeout_seconds: Int32 = 0
+
+
+class StartWriteCacheResponse(Response):
+    write_session_id: Str = ""
+    block_mask: Optional[BlockMask] = None
+    locations: list[CacheLocation] = Field(default_factory=list)
+
+
+class FinishWriteCacheRequest(Request):
+    instance_id: Str = ""
+    write_session_id: Str = ""
+    success_blocks: Optional[BlockMask] = None
+
+
+class RemoveCacheRequest(KeysRequest):
+    block_mask: Optional[BlockMask] = None
+
+
+class TrimCacheRequest(Request):
+    instance_id: Str = ""
+    strategy: TrimStrategyField = TrimStrategy.TS_UNSPECIFIED
+    begin_timestamp: Int64 = 0
+    end_timestamp: Int64 = 0
+
+
+# ---------------------------------------------------------------- admin service
+
+
+class StorageRequest(Request):
+    storage: Optional[StorageConfig] = None
+
+
+class StorageNameRequest(Request):
+    storage_unique_name: Str = ""
+
+
+class UpdateStorageRequest(StorageRequest):
+    force_update: Bool = False
+
+
+class ListRequest(Request):
+    """A request without arguments (listStorage, checkHealth, getMetrics...)."""
+
+
+class ListStorageResponse(Response):
+    storage: list[StorageConfig] = Field(default_factory=list)
+
+
+class CreateInstanceGroupRequest(Request):
+    instance_group: Optional[InstanceGroup] = None
+
+
+class UpdateInstanceGroupRequest(Request):
+    instance_group: Optional[InstanceGroup] = None
+    current_version: Int64 = 0
+
+
+class InstanceGroupNameRequest(Request):
+    name: Str = ""
+
+
+class GetInstanceGroupResponse(Response):
+    instance_group: Optional[InstanceGroup] = None
+
+
+class ListInstanceGroupResponse(Response):
+    instance_group: list[InstanceGroup] = Field(default_factory=list)
+
+
+class RemoveInstanceRequest(Request):
+    instance_group: Str = ""
+    instance_id: Str = ""
+
+
+class ListInstanceInfoRequest(Request):
+    instance_group_name: Str = ""
+
+
+class ListInstanceInfoResponse(Response):
+    instance_info: list[InstanceInfo] = Field(default_factory=list)
+
+
+class AdminGetInstanceInfoResponse(Response):
+    instance_info: Optional[InstanceInfo] = None
+
+
+class Account(WireModel):
+    user_name: Str = ""
+    role: RoleField = Role.ROLE_USER
+
+
+class AddAccountRequest(Request):
+    user_name: Str = ""
+    password: Str = ""
+    role: RoleField = Role.ROLE_USER
+
+
+class DeleteAccountRequest(Request):
+    user_name: Str = ""
+
+
+class ListAccountResponse(Response):
+    accounts: list[Account] = Field(default_factory=list)
+
+
+class MetricValue(WireModel):
+    int_value: Optional[Int64] = None
+    float_value: Optional[float] = None
+    string_value: Optional[Str] = None
+
+
+class MetricsTag(WireModel):
+    tag_key: Str = ""
+    tag_value: Str = ""
+
+
+class MetricsData(WireModel):
+    metric_name: Str = ""
+    metric_value: Optional[MetricValue] = None
+    metric_tags: list[MetricsTag] = Field(default_factory=list)
+
+
+class GetMetricsResponse(Response):
+    timestamp: Int64 = 0
+    metrics: list[MetricsData] = Field(default_factory=list)
+    extra_data: Str = ""
+
+
+class CheckHealthResponse(Response):
+    is_leader: Bool = False
+    is_health: Bool = False
+    elector_last_loop_time_ms: Int64 = 0
+
+
+class GetManagerClusterInfoResponse(Response):
+    info_updated_time: Int64 = 0
+    self_leader_expiration_time: Int64 = 0
+    self_node_id: Str = ""
+    leader_node_id: Str = ""
+
+
+class LeaderElectorConfigResponse(Response):
+    campaign_delay_time_ms: Int64 = 0
+
+
+class UpdateLeaderElectorConfigRequest(Request):
+    campaign_delay_time_ms: Int64 = 0
+
+
+class UpdateLoggerRequest(Request):
+    module_name: Str = ""
+    log_level: Str = ""
+
+
+# ---------------------------------------------------------------- debug service
+
+
+class InjectFaultRequest(Request):
+    api_name: Str = ""
+    fault_type: FaultTypeField = FaultType.FT_INTERNAL_ERROR
+    fault_trigger_strategy: FaultTriggerStrategyField = FaultTriggerStrategy.FTS_ALWAYS
+    trigger_at_call: Int64 = 0
+
+
+class RemoveFaultRequest(Request):
+    api_name: Str = ""

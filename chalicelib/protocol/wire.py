@@ -1,0 +1,159 @@
+"""proto3-JSON on pydantic: field names, int64, enums, parsing and rendering.
+
+Parsing accepts snake_case or lowerCamelCase names, enums by name or number, int64 as a
+number or a decimal string, and ignores unknown fields. Rendering prints snake_case
+names, default values, enum names and int64 values as strings.
+"""
+from __future__ import annotations
+
+import json
+from enum import IntEnum
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, ValidationError
+from pydantic.alias_generators import to_camel
+
+from .errors import InvalidArgumentError, MalformedBodyError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _integer(value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, int):
+        result = value
+    elif isinstance(value, float) and value.is_integer():
+        result = int(value)
+    elif isinstance(value, str):
+        try:
+            result = int(value.strip(), 10)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {value!r}") from None
+    else:
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    if not lo <= result <= hi:
+        raise ValueError(f"{result} is out of range [{lo}, {hi}]")
+    return result
+
+
+def _int64(value: Any) -> int:
+    return _integer(value, INT64_MIN, INT64_MAX)
+
+
+def _int32(value: Any) -> int:
+    return _integer(value, INT32_MIN, INT32_MAX)
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"expected a boolean, got {type(value).__name__}")
+
+
+def _string(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"expected a string, got {type(value).__name__}")
+
+
+Int64 = Annotated[int, BeforeValidator(_int64), PlainSerializer(str, return_type=str, when_used="json")]
+Int32 = Annotated[int, BeforeValidator(_int32)]
+Bool = Annotated[bool, BeforeValidator(_boolean)]
+Str = Annotated[str, BeforeValidator(_string)]
+
+E = TypeVar("E", bound=IntEnum)
+_ENUM_TYPES: dict[type, Any] = {}
+
+
+def wire_enum(enum_cls: type[E]) -> Any:
+    """An annotated enum type: parses a name or a number, renders the name."""
+    if enum_cls in _ENUM_TYPES:
+        return _ENUM_TYPES[enum_cls]
+
+    def parse(value: Any) -> E:
+        if isinstance(value, enum_cls):
+            return value
+        if isinstance(value, str):
+            try:
+                return enum_cls[value]
+            except KeyError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return enum_cls(value)
+            except ValueError:
+                pass
+        names = ", ".join(m.name for m in enum_cls)
+        raise ValueError(f"unknown {enum_cls.__name__} {value!r} (one of {names})")
+
+    annotated = Annotated[enum_cls, BeforeValidator(parse), PlainSerializer(lambda e: e.name, return_type=str)]
+    _ENUM_TYPES[enum_cls] = annotated
+    return annotated
+
+
+class WireModel(BaseModel):
+    """Base of every request and response model."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=False,
+        loc_by_alias=False,
+        extra="ignore",
+        # One mutable default per instance, never shared between requests.
+        validate_default=False,
+    )
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def field_path(loc: tuple) -> str:
+    """Render a pydantic error location as ``a.b[0].c``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and not part.startswith(("function-", "list[", "dict[")):
+            out += f".{part}" if out else part
+    return out or "<body>"
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """A one-line message naming each offending field."""
+    parts = []
+    for item in err.errors(include_url=False):
+        msg = item["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        parts.append(f"field '{field_path(item['loc'])}': {msg}")
+    return "; ".join(parts)
+
+
+def decode_body(raw: bytes | str | None) -> dict:
+    """The JSON object in an HTTP body (empty body = ``{}``), else MalformedBodyError."""
+    if raw is None or raw == b"" or raw == "":
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MalformedBodyError("request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise MalformedBodyError("request body is not a JSON object")
+    return data
+
+
+def parse_model(model: type[M], data: dict) -> M:
+    """Validate a decoded JSON object into ``model``; errors name the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise InvalidArgumentError(describe_validation_error(err)) from None
+
+
+def render(model: BaseModel) -> dict:
+    """The proto3-JSON form of a response model (absent sub-messages omitted)."""
+    return model.model_dump(mode="json", exclude_none=True)

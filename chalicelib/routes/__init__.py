@@ -1,0 +1,1 @@
+"""HTTP routes: one blueprint per service, every method a ``POST /api/<method>``."""

@@ -1,0 +1,28 @@
+"""Builds a Chalice blueprint that serves a list of operations as ``POST /api/<name>``."""
+from __future__ import annotations
+
+from chalice import Blueprint, Response
+
+from ..runtime import get_runtime
+from .dispatch import Dispatcher, Operation
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:
+    """One route per operation; any content type is accepted and parsed as JSON."""
+    blueprint = Blueprint(import_name)
+    dispatcher = Dispatcher(operations)
+
+    def make_view(api_name: str):
+        def view():
+            request = blueprint.current_request
+            status, body = dispatcher.handle(get_runtime(), api_name, request.raw_body, request.headers)
+            return Response(body=body, status_code=status, headers=JSON_HEADERS)
+
+        view.__name__ = api_name
+        return view
+
+    for api_name in dispatcher.operations:
+        blueprint.route(f"/api/{api_name}", methods=["POST"], content_types=["*/*"])(make_view(api_name))
+    return blueprint

@@ -1,0 +1,82 @@
+"""The one path every API call takes: body → model → handler → model → JSON.
+
+This is also the single place where exceptions become wire status codes (through
+``protocol.errors.status_of``): Chalice would turn a stray exception into an HTTP 500
+before any middleware saw it, so nothing escapes ``Dispatcher.handle``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from ..observability.logging import access_log, logger
+from ..protocol.codes import ErrorCode
+from ..protocol.errors import MalformedBodyError, http_status_of, status_of
+from ..protocol.models import Request, Response
+from ..protocol.wire import decode_body, parse_model, render
+from ..runtime import Runtime
+
+Handler = Callable[[Runtime, Any], Response]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One API method."""
+
+    api_name: str
+    request_model: type[Request]
+    handler: Handler
+    service: str  # "meta", "admin" or "debug"
+    #: Hook called after every call of a meta method (event log, debug faults...).
+    observer: Optional[Callable[[Runtime, "Operation", Request, Optional[Response], ErrorCode], None]] = None
+
+
+def _error_body(code: ErrorCode, message: str, request_id: str) -> dict:
+    return {"header": {"status": {"code": code.name, "message": message}, "request_id": request_id}}
+
+
+class Dispatcher:
+    """Routes ``api_name`` to its operation and runs the call end to end."""
+
+    def __init__(self, operations: list[Operation]) -> None:
+        self.operations = {op.api_name: op for op in operations}
+
+    def handle(self, runtime: Runtime, api_name: str, raw_body: Any,
+               headers: Mapping[str, str]) -> tuple[int, dict]:
+        """Run one call; returns (HTTP status, JSON body). Never raises."""
+        start = time.perf_counter()
+        op = self.operations[api_name]
+        trace_id = ""
+        request: Optional[Request] = None
+        response: Optional[Response] = None
+        try:
+            data = decode_body(raw_body)
+            request = parse_model(op.request_model, data)
+            trace_id = request.effective_trace_id
+            logger.set_correlation_id(trace_id or None)
+            if runtime.settings.auth_enabled:
+                runtime.auth.authorize(headers, op.service)
+            if op.service == "meta" and runtime.settings.debug_service:
+                runtime.faults.check(api_name, trace_id)
+            response = op.handler(runtime, request)
+            code = ErrorCode.OK
+            request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
+            response.header.request_id = request_id
+            status, body = 200, render(response)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a wire status
+            code, message = status_of(exc)
+            if code == ErrorCode.INTERNAL_ERROR and not isinstance(exc, MalformedBodyError):
+                logger.exception("unexpected error in %s", api_name)
+            status = http_status_of(exc)
+            request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
+            body = {} if isinstance(exc, MalformedBodyError) else _error_body(code, message, request_id)
+        latency_us = int((time.perf_counter() - start) * 1e6)
+        runtime.metrics.record_call(api_name, code.name, latency_us)
+        if op.observer is not None and request is not None:
+            try:
+                op.observer(runtime, op, request, response, code)
+            except Exception:  # noqa: BLE001 - observers never fail a call
+                logger.exception("observer of %s failed", api_name)
+        access_log(api_name, trace_id, code.name, latency_us)
+        return status, body

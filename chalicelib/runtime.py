@@ -1,0 +1,130 @@
+"""The composition root: builds clients and services lazily, once per container.
+
+``get_runtime()`` is what handlers use; tests and the local stack build their own
+``Runtime`` (pointing at their Valkey, moto endpoint and clock) and install it with
+``set_runtime``.
+"""
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+from typing import Any, Optional
+
+from .clock import Clock, SystemClock
+from .settings import Settings
+
+
+class Runtime:
+    """Lazily built clients and services for one container."""
+
+    def __init__(self, settings: Optional[Settings] = None, clock: Optional[Clock] = None,
+                 valkey: Any = None, aws_clients: Optional[dict[str, Any]] = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.clock = clock or SystemClock()
+        self._valkey = valkey
+        self._aws_clients: dict[str, Any] = dict(aws_clients or {})
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ clients
+
+    @property
+    def valkey(self):
+        """The redis-py client (one connection pool per container)."""
+        if self._valkey is None:
+            with self._lock:
+                if self._valkey is None:
+                    import redis
+
+                    self._valkey = redis.Redis.from_url(
+                        self.settings.valkey_url,
+                        socket_connect_timeout=2.0,
+                        socket_timeout=5.0,
+                        health_check_interval=30,
+                        retry_on_timeout=True,
+                    )
+        return self._valkey
+
+    def aws(self, service: str):
+        """A boto3 client (endpoint from ``AWS_ENDPOINT_URL`` when set, e.g. the moto server)."""
+        client = self._aws_clients.get(service)
+        if client is None:
+            with self._lock:
+                client = self._aws_clients.get(service)
+                if client is None:
+                    import boto3
+                    from botocore.config import Config
+
+                    client = boto3.client(
+                        service,
+                        region_name=self.settings.aws_region,
+                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
+                                      connect_timeout=2, read_timeout=10),
+                    )
+                    self._aws_clients[service] = client
+        return client
+
+    # ------------------------------------------------------------ services
+
+    @cached_property
+    def metrics(self):
+        from .observability.metrics import MetricsRegistry
+
+        return MetricsRegistry()
+
+    @cached_property
+    def control(self):
+        """DynamoDB control plane: storages, groups, instances, accounts."""
+        from .control import ControlPlane
+
+        return ControlPlane(dynamodb=lambda: self.aws("dynamodb"), table_name=self.settings.control_table,
+                            clock=self.clock)
+
+    @cached_property
+    def config(self):
+        """Per-container, version-refreshed cache of the control plane for the hot path."""
+        from .control import ConfigCache
+
+        return ConfigCache(self.control, clock=self.clock, refresh_s=self.settings.config_refresh_s)
+
+    @cached_property
+    def auth(self):
+        from .auth import Authorizer
+
+        return Authorizer(self.control)
+
+    @cached_property
+    def storages(self):
+        """Data storage backends by config."""
+        from .storage import StorageRegistry
+
+        return StorageRegistry(valkey_factory=lambda: self.valkey, s3_client_factory=lambda: self.aws("s3"),
+                               key_prefix=self.settings.key_prefix)
+
+    @cached_property
+    def lease(self):
+        """The background-job lease ("leader" in upstream's words)."""
+        from .index.lease import Lease
+
+        return Lease(self.valkey, prefix=self.settings.key_prefix, node_id=self.settings.node_id,
+                     ttl_ms=self.settings.lease_ttl_ms, clock=self.clock)
+
+
+_runtime: Optional[Runtime] = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """The container's runtime, built from the environment on first use."""
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime()
+    return _runtime
+
+
+def set_runtime(runtime: Optional[Runtime]) -> None:
+    """Install ``runtime`` for this process (tests, the local stack); None resets."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime

@@ -1,0 +1,71 @@
+"""Service configuration, read once from the environment (see README "Configuration")."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw not in (None, "") else default
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw not in (None, "") else default
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable about one KVCM deployment."""
+
+    stage: str = "local"
+    valkey_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "kvcm"
+    control_table: str = "kvcm-control"
+    aws_region: str = "us-east-1"
+    node_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
+    debug_service: bool = False
+    auth_enabled: bool = False
+    default_write_timeout_s: int = 30
+    max_write_timeout_s: int = 3600
+    max_keys_per_request: int = 16384
+    config_refresh_s: float = 2.0
+    lease_ttl_ms: int = 10_000
+    event_log_path: str = ""
+    reaper_state_machine_arn: str = ""
+    delete_state_machine_arn: str = ""
+    sweep_state_machine_arn: str = ""
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        """Read ``KVCM_*`` variables; unset ones keep their defaults."""
+        base = cls()
+        return cls(
+            stage=os.environ.get("KVCM_STAGE", base.stage),
+            valkey_url=os.environ.get("KVCM_VALKEY_URL", base.valkey_url),
+            key_prefix=os.environ.get("KVCM_KEY_PREFIX", base.key_prefix),
+            control_table=os.environ.get("KVCM_CONTROL_TABLE", base.control_table),
+            aws_region=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", base.aws_region)),
+            node_id=os.environ.get("KVCM_NODE_ID", base.node_id),
+            debug_service=_env_bool("KVCM_DEBUG_SERVICE", base.debug_service),
+            auth_enabled=_env_bool("KVCM_AUTH", base.auth_enabled),
+            default_write_timeout_s=_env_int("KVCM_DEFAULT_WRITE_TIMEOUT_S", base.default_write_timeout_s),
+            max_write_timeout_s=_env_int("KVCM_MAX_WRITE_TIMEOUT_S", base.max_write_timeout_s),
+            max_keys_per_request=_env_int("KVCM_MAX_KEYS_PER_REQUEST", base.max_keys_per_request),
+            config_refresh_s=_env_float("KVCM_CONFIG_REFRESH_S", base.config_refresh_s),
+            lease_ttl_ms=_env_int("KVCM_LEASE_TTL_MS", base.lease_ttl_ms),
+            event_log_path=os.environ.get("KVCM_EVENT_LOG", base.event_log_path),
+            reaper_state_machine_arn=os.environ.get("KVCM_REAPER_STATE_MACHINE_ARN", ""),
+            delete_state_machine_arn=os.environ.get("KVCM_DELETE_STATE_MACHINE_ARN", ""),
+            sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),
+        )

@@ -1,0 +1,106 @@
+"""The port every data storage backend implements.
+
+KVCM moves no KV bytes: a backend turns a block's placement into URIs for the engines,
+deletes data when the index drops a block, and answers health probes.
+
+Placement. Every location records a ``group_id`` and a ``slot``:
+
+- file-like backends (nfs, 3fs) pack ``pack_count`` blocks of one startWriteCache call
+  into one file per spec. The index assigns ``group_id`` = the location id of the first
+  block of the file and ``slot`` = the block's index in it (``blkid``), and keeps a live
+  count per group so the file is deleted only when its last block is gone
+  (``delete_groups``). ``pack_count`` 1 gives a file per block.
+- backends that allocate (the memory pool) return explicit ``group_id`` values
+  (addresses) from ``reserve`` and get unused ones back through ``unreserve``.
+- the rest (S3, Mooncake) address a block by instance, spec and key; ``group_id`` is 0.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..protocol.codes import StorageType
+from ..protocol.errors import StorageIOError
+from ..protocol.models import StorageConfig
+
+
+class StorageError(StorageIOError):
+    """Base of the storage backends' errors (wire code IO_ERROR)."""
+
+
+class StorageUnavailableError(StorageError):
+    """A health probe failed."""
+
+
+@dataclass(frozen=True)
+class SpecSlot:
+    """One spec of a block: its name, byte offset inside the block and size."""
+
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """Everything a backend needs to address one stored block."""
+
+    instance_id: str
+    block_key: int
+    location_id: int
+    group_id: int
+    slot: int
+    specs: tuple[SpecSlot, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.specs)
+
+
+class StorageBackend(ABC):
+    """A data storage (one ``StorageConfig``)."""
+
+    storage_type: StorageType = StorageType.ST_UNSPECIFIED
+    #: Fixed weight for choosing among replicas on read: lower is faster.
+    read_weight: int = 5
+    #: True when the storage evicts its own data and KVCM only drops metadata.
+    owner_evicted: bool = False
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return self.config.global_unique_name
+
+    @property
+    def pack_count(self) -> int:
+        """Blocks per placement group (file); 0 when ``reserve`` assigns group ids."""
+        return 1
+
+    def reserve(self, instance_id: str, count: int, block_bytes: int) -> Optional[list[int]]:
+        """Explicit group ids for ``count`` new blocks, or None when the index assigns them."""
+        return None
+
+    def unreserve(self, instance_id: str, group_ids: Sequence[int], block_bytes: int) -> None:
+        """Give back reservations that were not used (a key turned out to exist)."""
+
+    @abstractmethod
+    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
+        """The URI of one spec of a block; its host is always ``global_unique_name``."""
+
+    @abstractmethod
+    def delete(self, blocks: Sequence[BlockRef]) -> None:
+        """Delete the data of blocks that are not packed. Idempotent: missing data is fine."""
+
+    def delete_groups(self, instance_id: str, group_ids: Sequence[int], specs: Sequence[SpecSlot]) -> None:
+        """Delete packed files whose last block is gone. Idempotent."""
+
+    @abstractmethod
+    def exists(self, block: BlockRef) -> bool:
+        """Whether the data of ``block`` is present (every spec)."""
+
+    @abstractmethod
+    def probe(self) -> None:
+        """Check the storage can be used now; raise ``StorageUnavailableError`` if not."""
