@@ -1,0 +1,345 @@
+"""Valkey access for blocks, write sessions and usage: one script call per operation.
+
+Layout per instance (every key shares the hash tag ``{<prefix>:<instance>}``, so an
+instance's blocks, sessions and counters live on one cluster slot and move together in
+one Lua call):
+
+- ``T:b:<bucket>`` hashes of block records; bucket = low bits of the block key. The
+  bucket count is fixed per instance (``bucket_bits``) and sized so a full instance
+  keeps about 64 records per hash, which stays in Valkey's compact listpack encoding;
+- ``T:m`` counters (location ids, storage indexes); ``T:u`` usage (bytes, keys, bytes per
+  storage type ``t:<type>`` and per storage ``s:<name>``); ``T:st`` storage index table;
+- ``T:g`` live-block counts of packed groups (files), ``T:og`` groups whose files await
+  deletion; ``T:s:<session>`` write sessions and ``T:sd`` their deadlines.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import redis
+
+from ..clock import Clock
+from .errors import IndexUnavailableError, QuotaExceededError, WriteSessionError
+from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
+
+LUA_DIR = Path(__file__).with_name("lua")
+MODE_PREFIX, MODE_BATCH, MODE_WINDOW, MODE_RAW = 1, 2, 3, 4
+
+
+def _load(name: str) -> str:
+    return (LUA_DIR / "prelude.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class InstanceLayout:
+    """Key names of one instance."""
+
+    prefix: str
+    instance_id: str
+    bucket_bits: int
+
+    @cached_property
+    def tag(self) -> bytes:
+        return f"{{{self.prefix}:{self.instance_id}}}".encode()
+
+    @cached_property
+    def mask(self) -> int:
+        return (1 << self.bucket_bits) - 1
+
+    @cached_property
+    def bucket_prefix(self) -> bytes:
+        return self.tag + b":b:"
+
+    def key(self, suffix: str) -> bytes:
+        return self.tag + b":" + suffix.encode()
+
+    def bucket(self, block_key: int) -> bytes:
+        return b"%b%x" % (self.bucket_prefix, block_key & self.mask)
+
+    def buckets(self, block_keys: Sequence[int]) -> list[bytes]:
+        prefix, mask = self.bucket_prefix, self.mask
+        return [b"%b%x" % (prefix, k & mask) for k in block_keys]
+
+    def all_buckets(self) -> list[bytes]:
+        return [b"%b%x" % (self.bucket_prefix, b) for b in range(1 << self.bucket_bits)]
+
+    def session(self, session_id: str) -> bytes:
+        return self.key(f"s:{session_id}")
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    return b"".join(b"\\" + bytes((c,)) if c in b"\\*?[]" else bytes((c,)) for c in raw)
+
+
+def pack_keys(block_keys: Sequence[int]) -> bytes:
+    return struct.pack(f">{len(block_keys)}q", *block_keys)
+
+
+def pack_u48(values: Sequence[int]) -> bytes:
+    return b"".join(v.to_bytes(6, "big") for v in values)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Usage counters of one instance."""
+
+    bytes: int = 0
+    keys: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    by_storage: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_hash(cls, raw: dict) -> "Usage":
+        by_type, by_storage = {}, {}
+        total = keys = 0
+        for k, v in raw.items():
+            name, value = k.decode(), int(v)
+            if name == "bytes":
+                total = value
+            elif name == "keys":
+                keys = value
+            elif name.startswith("t:"):
+                by_type[name[2:]] = value
+            elif name.startswith("s:"):
+                by_storage[name[2:]] = value
+        return cls(total, keys, by_type, by_storage)
+
+    def __add__(self, other: "Usage") -> "Usage":
+        def merge(a: dict, b: dict) -> dict:
+            out = dict(a)
+            for k, v in b.items():
+                out[k] = out.get(k, 0) + v
+            return out
+
+        return Usage(self.bytes + other.bytes, self.keys + other.keys, merge(self.by_type, other.by_type),
+                     merge(self.by_storage, other.by_storage))
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    """What a start granted: the new keys' location ids and the storage index."""
+
+    first_location_id: int
+    new_flags: list[bool]
+    storage_index: int
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """Arguments of one start (see lua/start.lua)."""
+
+    session_id: str
+    deadline_ms: int
+    storage_name: str
+    storage_type: str
+    pack_count: int
+    sizes: Sequence[int]  # block bytes per spec group index (0 = every spec)
+    spec_groups: Sequence[int]  # spec group index per key
+    explicit_groups: Sequence[int] = ()
+    group_capacity: int = 0
+    others_bytes: int = 0
+    type_capacity: int = 0
+    others_type_bytes: int = 0
+    max_keys: int = 0
+
+
+@dataclass(frozen=True)
+class Session:
+    deadline_ms: int
+    entries: list[tuple[int, int]]  # (block key, location id) of the session's new keys
+    raw: bytes
+
+
+class BlockIndex:
+    """Every read and state change of block records, usage and write sessions."""
+
+    #: A served block's recency is refreshed at most once per this many seconds.
+    TOUCH_INTERVAL_S = 1
+    #: LFU counters lose one per this many seconds without access.
+    LFU_DECAY_S = 60
+
+    def __init__(self, client: redis.Redis, prefix: str, clock: Clock) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.clock = clock
+        self._read = client.register_script(_load("read"))
+        self._start = client.register_script(_load("start"))
+        self._finish = client.register_script(_load("finish"))
+        self._mark = client.register_script(_load("mark"))
+        self._drop = client.register_script(_load("drop"))
+
+    def layout(self, instance_id: str, bucket_bits: int) -> InstanceLayout:
+        return InstanceLayout(self.prefix, instance_id, bucket_bits)
+
+    def _call(self, script, keys, args):
+        try:
+            return script(keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+
+    # ---------------------------------------------------------------- reads
+
+    def read_raw(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
+                 sw_size: int = 0) -> list[Optional[bytes]]:
+        """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes).
+
+        Prefix mode stops at the first key without a SERVING location; batch and window
+        modes return one entry per key. Entries are raw records (None = not served).
+        """
+        if not block_keys:
+            return []
+        blob = self._call(self._read, layout.buckets(block_keys),
+                          [pack_keys(block_keys), mode, sw_size, int(self.clock.now()),
+                           self.TOUCH_INTERVAL_S, self.LFU_DECAY_S])
+        out: list[Optional[bytes]] = []
+        pos, end = 0, len(blob)
+        while pos < end:
+            length = (blob[pos] << 8) | blob[pos + 1]
+            pos += 2
+            out.append(blob[pos:pos + length] if length else None)
+            pos += length
+        return out
+
+    def read(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
+             sw_size: int = 0) -> list[Optional[BlockRecord]]:
+        """Like ``read_raw`` with decoded records."""
+        return [decode_record(r) if r else None for r in self.read_raw(layout, block_keys, mode, sw_size)]
+
+    # ---------------------------------------------------------------- writes
+
+    def start(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
+        """Add WRITING locations for the keys that have none; all or nothing."""
+        keys = [layout.key("m"), layout.key("u"), layout.key("st"), layout.key("g"), layout.key("sd"),
+                layout.session(req.session_id)] + layout.buckets(block_keys)
+        args = [pack_keys(block_keys), int(self.clock.now() * 1000), req.session_id, req.deadline_ms,
+                req.storage_name, req.storage_type, req.pack_count, pack_u48(req.sizes),
+                bytes(req.spec_groups), pack_u48(req.explicit_groups) if req.explicit_groups else b"",
+                req.group_capacity, req.others_bytes, req.type_capacity, req.others_type_bytes, req.max_keys]
+        result = self._call(self._start, keys, args)
+        if result[0] == 0:
+            reason = result[1].decode()
+            raise QuotaExceededError({
+                "group": "instance group quota reached",
+                "type": f"quota of storage type {req.storage_type} reached",
+                "keys": "max_key_count of the instance reached",
+            }[reason])
+        return StartOutcome(int(result[1]), [c == ord("1") for c in result[2]], int(result[3]))
+
+    def session(self, layout: InstanceLayout, session_id: str) -> Optional[Session]:
+        """A write session's deadline and (key, location id) entries, or None."""
+        deadline, raw = self.client.hmget(layout.session(session_id), "d", "k")
+        if deadline is None:
+            return None
+        entries = [(int.from_bytes(raw[o:o + 8], "big", signed=True), int.from_bytes(raw[o + 8:o + 13], "big"))
+                   for o in range(0, len(raw), 13)]
+        return Session(int(deadline), entries, raw)
+
+    def finish(self, layout: InstanceLayout, session_id: str, success: Sequence[bool],
+               force_fail: bool = False) -> tuple[bool, list[Victim]]:
+        """Close a session: successful blocks SERVING, the rest DELETING (returned).
+
+        Returns (expired, victims). Raises WriteSessionError for an unknown or finished
+        session. Two round trips: the session's keys decide which buckets to declare.
+        """
+        for _ in range(3):
+            sess = self.session(layout, session_id)
+            if sess is None:
+                raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
+            if len(success) != len(sess.entries) and not force_fail:
+                raise WriteSessionError(
+                    f"field 'success_blocks': the session has {len(sess.entries)} blocks, mask has {len(success)}")
+            keys = [layout.key("sd"), layout.session(session_id)] + layout.buckets([k for k, _ in sess.entries])
+            flags = bytes(ord("1") if s else ord("0") for s in success)
+            status, blob = self._call(self._finish, keys, [int(self.clock.now() * 1000), session_id, flags,
+                                                           "1" if force_fail else "0", sess.raw])
+            if status == -1:
+                raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
+            if status != -3:
+                return status == -2, decode_victims(blob)
+        raise WriteSessionError(f"write session {session_id!r} kept changing")
+
+    def due_sessions(self, layout: InstanceLayout, now_ms: int, limit: int = 1000) -> list[str]:
+        """Ids of sessions whose deadline has passed."""
+        return [s.decode() for s in self.client.zrangebyscore(layout.key("sd"), "-inf", now_ms, start=0, num=limit)]
+
+    def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int],
+                      expected_locations: Optional[Sequence[int]] = None,
+                      serving_only: bool = False) -> list[Victim]:
+        """Locations of ``block_keys`` → DELETING (they stop serving now); returns them."""
+        if not block_keys:
+            return []
+        expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
+        blob = self._call(self._mark, [layout.key("m")] + layout.buckets(block_keys),
+                          [pack_keys(block_keys), expected, "S" if serving_only else "A"])
+        return decode_victims(blob)
+
+    def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
+        """Compare-and-delete DELETING locations; returns (dropped, packed groups now empty)."""
+        if not victims:
+            return 0, []
+        keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og")]
+        keys += layout.buckets([v.block_key for v in victims])
+        dropped, blob = self._call(self._drop, keys, [encode_victims(list(victims)), pack_u48(sizes),
+                                                      layout.bucket_prefix, 1 << layout.bucket_bits])
+        return int(dropped), [(blob[o], int.from_bytes(blob[o + 1:o + 7], "big")) for o in range(0, len(blob), 7)]
+
+    def orphan_groups(self, layout: InstanceLayout) -> list[tuple[int, int]]:
+        """Packed groups whose last block is gone and whose files are not deleted yet."""
+        return [(m[0], int.from_bytes(m[1:7], "big")) for m in self.client.smembers(layout.key("og"))]
+
+    def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
+        """Called once the files of ``groups`` are deleted."""
+        if groups:
+            self.client.srem(layout.key("og"), *[bytes((s,)) + g.to_bytes(6, "big") for s, g in groups])
+
+    # ---------------------------------------------------------------- usage and tables
+
+    def usage(self, layouts: Sequence[InstanceLayout]) -> list[Usage]:
+        """Usage of several instances in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for layout in layouts:
+            pipe.hgetall(layout.key("u"))
+        try:
+            return [Usage.from_hash(raw) for raw in pipe.execute()]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+
+    def storage_names(self, layout: InstanceLayout) -> dict[int, str]:
+        """Storage index → storage name, as assigned by starts (append-only)."""
+        raw = self.client.hgetall(layout.key("st"))
+        return {int(k[1:]): v.decode() for k, v in raw.items() if k.startswith(b"#")}
+
+    # ---------------------------------------------------------------- scans
+
+    def scan(self, layout: InstanceLayout, batch: int = 64) -> Iterator[tuple[int, bytes]]:
+        """Every (block key, raw record) of an instance, bucket by bucket."""
+        buckets = layout.all_buckets()
+        for start in range(0, len(buckets), batch):
+            pipe = self.client.pipeline(transaction=False)
+            for b in buckets[start:start + batch]:
+                pipe.hgetall(b)
+            for contents in pipe.execute():
+                for fld, rec in contents.items():
+                    yield int.from_bytes(fld, "big", signed=True), rec
+
+    def sample_bucket(self, layout: InstanceLayout, bucket: int) -> list[tuple[int, bytes]]:
+        """Every (block key, raw record) of one bucket."""
+        contents = self.client.hgetall(b"%b%x" % (layout.bucket_prefix, bucket & layout.mask))
+        return [(int.from_bytes(f, "big", signed=True), r) for f, r in contents.items()]
+
+    def drop_all(self, layout: InstanceLayout) -> None:
+        """Delete every key of an instance (metadata only)."""
+        keys = layout.all_buckets() + [layout.key(s) for s in ("m", "u", "st", "g", "og", "sd")]
+        cursor = 0
+        pattern = _glob_escape(layout.tag) + b":s:*"
+        while True:
+            cursor, found = self.client.scan(cursor, match=pattern, count=1000)
+            keys.extend(found)
+            if cursor == 0:
+                break
+        for start in range(0, len(keys), 1000):
+            self.client.unlink(*keys[start:start + 1000])

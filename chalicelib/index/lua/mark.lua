@@ -1,0 +1,29 @@
+-- Mark locations DELETING (they stop serving at once) and return them for deletion.
+-- KEYS: [1] meta (routing only), [1+i] bucket of key i.
+-- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
+--       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
+--       SERVING (removeCache, trim).
+-- Returns the victims blob (VICTIM_FMT descriptors).
+local keys, expected, which = ARGV[1], ARGV[2], ARGV[3]
+local victims = {}
+for i = 1, #KEYS - 1 do
+  local bucket, key = KEYS[1 + i], field(keys, i)
+  local rec = redis.call('HGET', bucket, key)
+  if rec then
+    local want = nil
+    if #expected > 0 then want = struct.unpack('>I5', expected, (i - 1) * 5 + 1) end
+    local changed = false
+    local nloc = struct.unpack('>B', rec, HDR_LEN)
+    for l = 1, nloc do
+      local st, sidx, sg, id, group, slot = loc_at(rec, l)
+      local eligible = st == SERVING or (which == 'A' and st == WRITING)
+      if eligible and (want == nil or want == id) then
+        rec = set_loc_status(rec, l, DELETING)
+        changed = true
+        victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
+      end
+    end
+    if changed then redis.call('HSET', bucket, key, rec) end
+  end
+end
+return table.concat(victims)

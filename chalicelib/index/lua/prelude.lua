@@ -1,0 +1,77 @@
+-- Shared by every KVCM index script (prepended at load time).
+--
+-- A block record (hash field = 8-byte big-endian block key, value = this record):
+--   header (23 bytes) '>Bc8HI4BI6B':
+--     flags (bit 0: has parent), parent key, child count, last access (s),
+--     LFU counter, write time (ms), location count
+--   location (16 bytes each) '>BBBI5I6H':
+--     status, storage index, spec group index, location id, group id, slot
+local HDR_FMT = '>Bc8HI4BI6B'
+local LOC_FMT = '>BBBI5I6H'
+local HDR_LEN = 23
+local LOC_LEN = 16
+local WRITING, SERVING, DELETING = 1, 2, 3
+
+local function header(rec)
+  local flags, parent, children, atime, lfu, wtime, nloc = struct.unpack(HDR_FMT, rec)
+  return flags, parent, children, atime, lfu, wtime, nloc
+end
+
+local function loc_at(rec, i)
+  -- i is 1-based
+  return struct.unpack(LOC_FMT, rec, HDR_LEN + (i - 1) * LOC_LEN + 1)
+end
+
+local function set_loc_status(rec, i, status)
+  local pos = HDR_LEN + (i - 1) * LOC_LEN + 1
+  return string.sub(rec, 1, pos - 1) .. struct.pack('>B', status) .. string.sub(rec, pos + 1)
+end
+
+local function remove_loc(rec, i)
+  local pos = HDR_LEN + (i - 1) * LOC_LEN + 1
+  local nloc = struct.unpack('>B', rec, HDR_LEN)
+  local head = string.sub(rec, 1, HDR_LEN - 1) .. struct.pack('>B', nloc - 1)
+  return head .. string.sub(rec, HDR_LEN + 1, pos - 1) .. string.sub(rec, pos + LOC_LEN)
+end
+
+local function set_children(rec, delta)
+  local children = struct.unpack('>H', rec, 10)
+  children = children + delta
+  if children < 0 then children = 0 end
+  if children > 65535 then children = 65535 end
+  return string.sub(rec, 1, 9) .. struct.pack('>H', children) .. string.sub(rec, 12)
+end
+
+-- The index of the first location with `status`, or nil.
+local function find_status(rec, status)
+  local nloc = struct.unpack('>B', rec, HDR_LEN)
+  for i = 1, nloc do
+    if struct.unpack('>B', rec, HDR_LEN + (i - 1) * LOC_LEN + 1) == status then return i end
+  end
+  return nil
+end
+
+-- The index of the location with id `loc_id`, or nil.
+local function find_loc(rec, loc_id)
+  local nloc = struct.unpack('>B', rec, HDR_LEN)
+  for i = 1, nloc do
+    local _, _, _, id = loc_at(rec, i)
+    if id == loc_id then return i end
+  end
+  return nil
+end
+
+local function field(blob, i)
+  return string.sub(blob, (i - 1) * 8 + 1, i * 8)
+end
+
+-- Bucket key of a block key, for links the caller could not know in advance (parents).
+-- Same hash tag as every declared key, so the same cluster slot.
+local function bucket_of(bucket_prefix, nbuckets, key)
+  local low = struct.unpack('>I4', key, 5)
+  return bucket_prefix .. string.format('%x', low % nbuckets)
+end
+
+-- Victim descriptor (23 bytes): key, location id, storage index, spec group, group id, slot.
+local VICTIM_FMT = '>c8I5BBI6H'
+local VICTIM_LEN = 23

@@ -1,0 +1,106 @@
+-- startWriteCache: add a WRITING location for every key that has no location yet, all
+-- or nothing, with usage and the write session in the same atomic step.
+-- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
+--       deadlines, [6] session record, [6+i] bucket of key i.
+-- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
+--       [6] storage type, [7] pack count (0 = explicit group ids), [8] block size per spec
+--       group (I6 each, index 0 = all specs), [9] spec group per key (u8 each),
+--       [10] explicit group id per key (I6 each, or empty), [11] group capacity (0 = none),
+--       [12] other instances' group bytes, [13] type capacity (0 = none),
+--       [14] other instances' bytes of this type, [15] max key count (0 = none).
+-- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index}
+--      or {0, reason} with reason 'group', 'type' or 'keys'.
+local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local OFF = 6
+local keys = ARGV[1]
+local now_ms, sid, deadline = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local sname, stype, pack = ARGV[5], ARGV[6], tonumber(ARGV[7])
+local sizes_blob, sg_blob, explicit = ARGV[8], ARGV[9], ARGV[10]
+local group_cap, others_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
+local type_cap, others_type = tonumber(ARGV[13]), tonumber(ARGV[14])
+local max_keys = tonumber(ARGV[15])
+local n = #KEYS - OFF
+
+local new = {}
+local flags = {}
+local new_bytes = 0
+for i = 1, n do
+  if redis.call('HEXISTS', KEYS[OFF + i], field(keys, i)) == 0 then
+    -- A key repeated in one request is written once.
+    local dup = false
+    for _, j in ipairs(new) do
+      if field(keys, j) == field(keys, i) then dup = true break end
+    end
+    if not dup then
+      new[#new + 1] = i
+      local sg = struct.unpack('>B', sg_blob, i)
+      new_bytes = new_bytes + struct.unpack('>I6', sizes_blob, sg * 6 + 1)
+      flags[i] = '1'
+    else
+      flags[i] = '0'
+    end
+  else
+    flags[i] = '0'
+  end
+end
+
+local sidx = redis.call('HGET', stab, sname)
+local function result(base)
+  return {1, base, table.concat(flags), tonumber(sidx or 0)}
+end
+
+if #new > 0 then
+  local u = redis.call('HMGET', usage, 'bytes', 'keys', 't:' .. stype)
+  local own_bytes, own_keys, own_type = tonumber(u[1] or 0), tonumber(u[2] or 0), tonumber(u[3] or 0)
+  if group_cap > 0 and others_bytes + own_bytes + new_bytes > group_cap then return {0, 'group'} end
+  if type_cap > 0 and others_type + own_type + new_bytes > type_cap then return {0, 'type'} end
+  if max_keys > 0 and own_keys + #new > max_keys then return {0, 'keys'} end
+end
+
+if not sidx then
+  sidx = redis.call('HINCRBY', meta, 'storages', 1)
+  redis.call('HSET', stab, sname, sidx, '#' .. sidx, sname, 't' .. sidx, stype)
+end
+sidx = tonumber(sidx)
+
+local base = 0
+local session_keys = {}
+if #new > 0 then
+  base = redis.call('HINCRBY', meta, 'loc', #new) - #new + 1
+  local group_counts = {}
+  for j, i in ipairs(new) do
+    local loc = base + j - 1
+    local group, slot = 0, 0
+    if pack > 0 then
+      group = base + math.floor((j - 1) / pack) * pack
+      slot = (j - 1) % pack
+      group_counts[group] = (group_counts[group] or 0) + 1
+    elseif #explicit > 0 then
+      group = struct.unpack('>I6', explicit, (i - 1) * 6 + 1)
+    end
+    local sg = struct.unpack('>B', sg_blob, i)
+    local hflags, parent = 0, string.rep('\0', 8)
+    if i > 1 then
+      hflags, parent = 1, field(keys, i - 1)
+    end
+    local rec = struct.pack(HDR_FMT, hflags, parent, 0, math.floor(now_ms / 1000), 5, now_ms, 1)
+      .. struct.pack(LOC_FMT, WRITING, sidx, sg, loc, group, slot)
+    redis.call('HSET', KEYS[OFF + i], field(keys, i), rec)
+    if i > 1 then
+      local prec = redis.call('HGET', KEYS[OFF + i - 1], parent)
+      if prec then redis.call('HSET', KEYS[OFF + i - 1], parent, set_children(prec, 1)) end
+    end
+    session_keys[#session_keys + 1] = field(keys, i) .. struct.pack('>I5', loc)
+  end
+  for group, count in pairs(group_counts) do
+    redis.call('HINCRBY', groups, struct.pack('>BI6', sidx, group), count)
+  end
+  redis.call('HINCRBY', usage, 'bytes', new_bytes)
+  redis.call('HINCRBY', usage, 'keys', #new)
+  redis.call('HINCRBY', usage, 't:' .. stype, new_bytes)
+  redis.call('HINCRBY', usage, 's:' .. sname, new_bytes)
+end
+
+redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms)
+redis.call('ZADD', deadlines, deadline, sid)
+return result(base)

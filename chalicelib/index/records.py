@@ -1,0 +1,110 @@
+"""The compact binary block record and the victim descriptor (mirrors lua/prelude.lua).
+
+A record is 23 bytes of header plus 16 bytes per location; URIs are not stored, they are
+rebuilt from the storage config, the instance, the spec and the placement.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Optional
+
+HEADER = struct.Struct(">B8sHIB")  # flags, parent, children, last access (s), LFU counter
+HEADER_LEN = 23
+LOCATION_LEN = 16
+VICTIM_LEN = 23
+
+
+class Status(IntEnum):
+    WRITING = 1
+    SERVING = 2
+    DELETING = 3
+
+
+def _u(data: bytes, start: int, length: int) -> int:
+    return int.from_bytes(data[start:start + length], "big")
+
+
+@dataclass(frozen=True)
+class LocationRecord:
+    status: Status
+    storage_index: int
+    spec_group: int
+    location_id: int
+    group_id: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    parent: Optional[int]
+    children: int
+    last_access_s: int
+    lfu: int
+    write_time_ms: int
+    locations: tuple[LocationRecord, ...]
+
+    def first(self, status: Status) -> Optional[LocationRecord]:
+        """The first location in ``status``, or None."""
+        for loc in self.locations:
+            if loc.status == status:
+                return loc
+        return None
+
+
+def decode_location(rec: bytes, offset: int) -> LocationRecord:
+    return LocationRecord(Status(rec[offset]), rec[offset + 1], rec[offset + 2], _u(rec, offset + 3, 5),
+                          _u(rec, offset + 8, 6), _u(rec, offset + 14, 2))
+
+
+def decode_record(rec: bytes) -> BlockRecord:
+    """Parse one stored record."""
+    flags, parent, children, atime, lfu = HEADER.unpack_from(rec, 0)
+    count = rec[22]
+    locations = tuple(decode_location(rec, HEADER_LEN + i * LOCATION_LEN) for i in range(count))
+    return BlockRecord(
+        parent=int.from_bytes(parent, "big", signed=True) if flags & 1 else None,
+        children=children,
+        last_access_s=atime,
+        lfu=lfu,
+        write_time_ms=_u(rec, 16, 6),
+        locations=locations,
+    )
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A location handed to deletion: compare-and-delete matches key and location id."""
+
+    block_key: int
+    location_id: int
+    storage_index: int
+    spec_group: int
+    group_id: int
+    slot: int
+
+    def encode(self) -> bytes:
+        return (self.block_key.to_bytes(8, "big", signed=True) + self.location_id.to_bytes(5, "big")
+                + bytes((self.storage_index, self.spec_group)) + self.group_id.to_bytes(6, "big")
+                + self.slot.to_bytes(2, "big"))
+
+    def to_json(self) -> list[int]:
+        return [self.block_key, self.location_id, self.storage_index, self.spec_group, self.group_id, self.slot]
+
+    @classmethod
+    def from_json(cls, data: list[int]) -> "Victim":
+        return cls(*(int(v) for v in data))
+
+
+def decode_victims(blob: bytes) -> list[Victim]:
+    """Parse the victims blob a script returned."""
+    out = []
+    for off in range(0, len(blob), VICTIM_LEN):
+        out.append(Victim(int.from_bytes(blob[off:off + 8], "big", signed=True), _u(blob, off + 8, 5),
+                          blob[off + 13], blob[off + 14], _u(blob, off + 15, 6), _u(blob, off + 21, 2)))
+    return out
+
+
+def encode_victims(victims: list[Victim]) -> bytes:
+    return b"".join(v.encode() for v in victims)

@@ -1,0 +1,100 @@
+"""The index scripts against a real Valkey: transitions, usage, sessions."""
+import pytest
+
+from chalicelib.index import BlockIndex, Status
+from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
+from chalicelib.index.errors import QuotaExceededError, WriteSessionError
+
+
+@pytest.fixture
+def index(valkey, clock):
+    return BlockIndex(valkey, "t", clock)
+
+
+@pytest.fixture
+def layout(index):
+    return index.layout("inst", 4)
+
+
+def start(index, layout, keys, sid="s1", **kw):
+    req = StartRequest(session_id=sid, deadline_ms=int(index.clock.now() * 1000) + 30_000, storage_name="nfs_01",
+                       storage_type="ST_NFS", pack_count=kw.pop("pack", 8), sizes=[200, 100, 100],
+                       spec_groups=kw.pop("spec_groups", [0] * len(keys)), **kw)
+    return index.start(layout, keys, req)
+
+
+def test_start_finish_read_roundtrip(index, layout):
+    out = start(index, layout, [1, 2, 3])
+    assert out.new_flags == [True, True, True]
+    assert index.read(layout, [1, 2, 3], MODE_PREFIX) == []
+    expired, victims = index.finish(layout, "s1", [True, True, False])
+    assert not expired
+    assert [v.block_key for v in victims] == [3]
+    recs = index.read(layout, [1, 2, 3], MODE_PREFIX)
+    assert len(recs) == 2
+    assert recs[1].parent == 1 and recs[0].parent is None
+    assert recs[0].children == 1
+    assert recs[0].locations[0].status == Status.SERVING
+    assert recs[0].locations[0].group_id == out.first_location_id
+    assert recs[1].locations[0].slot == 1
+    usage = index.usage([layout])[0]
+    assert usage.bytes == 600 and usage.keys == 3
+    dropped, orphans = index.drop(layout, victims, [200, 100, 100])
+    assert dropped == 1 and orphans == []
+    usage = index.usage([layout])[0]
+    assert usage.bytes == 400 and usage.keys == 2 and usage.by_type == {"ST_NFS": 400}
+    assert index.read(layout, [1, 2], MODE_RAW)[0].children == 1
+
+
+def test_duplicate_writer_masked(index, layout):
+    start(index, layout, [1, 2])
+    out = start(index, layout, [1, 2, 3, 4], sid="s2")
+    assert out.new_flags == [False, False, True, True]
+    with pytest.raises(WriteSessionError):
+        index.finish(layout, "s2", [True])
+    index.finish(layout, "s2", [True, True])
+    with pytest.raises(WriteSessionError):
+        index.finish(layout, "s2", [True, True])
+
+
+def test_quota_refusal_leaves_nothing(index, layout):
+    with pytest.raises(QuotaExceededError):
+        start(index, layout, [1, 2, 3], group_capacity=500)
+    assert index.read(layout, [1], MODE_RAW) == [None]
+    assert index.usage([layout])[0].bytes == 0
+    with pytest.raises(QuotaExceededError):
+        start(index, layout, [1, 2, 3], max_keys=2)
+
+
+def test_window_and_batch(index, layout):
+    start(index, layout, [1, 2, 3, 4, 5, 6])
+    index.finish(layout, "s1", [True] * 6)
+    victims = index.mark_deleting(layout, [6])
+    assert len(victims) == 1
+    recs = index.read(layout, [1, 2, 3, 4, 5, 6, 7], MODE_WINDOW, 2)
+    assert [r is not None for r in recs] == [False, False, False, True, True, False, False]
+    recs = index.read(layout, [1, 2, 3, 10, 5, 6, 7], MODE_WINDOW, 2)
+    assert [r is not None for r in recs] == [False, True, True, False, False, False, False]
+    recs = index.read(layout, [5, 6, 1], MODE_BATCH)
+    assert [r is not None for r in recs] == [True, False, True]
+
+
+def test_packed_group_released_with_last_block(index, layout):
+    out = start(index, layout, [1, 2, 3], pack=2)
+    _, victims = index.finish(layout, "s1", [False, False, False])
+    dropped, orphans = index.drop(layout, victims[:1], [200, 100, 100])
+    assert orphans == []
+    dropped, orphans = index.drop(layout, victims[1:], [200, 100, 100])
+    assert dropped == 2
+    assert sorted(g for _, g in orphans) == [out.first_location_id, out.first_location_id + 2]
+    assert sorted(index.orphan_groups(layout)) == sorted(orphans)
+    # a retried drop deletes nothing twice
+    assert index.drop(layout, victims, [200, 100, 100]) == (0, [])
+
+
+def test_expired_session_fails(index, layout, clock):
+    start(index, layout, [1, 2])
+    clock.advance(31)
+    expired, victims = index.finish(layout, "s1", [True, True])
+    assert expired and len(victims) == 2
+    assert index.read(layout, [1, 2], MODE_PREFIX) == []
