@@ -4,7 +4,8 @@ Layout per instance (every key shares the hash tag ``{<prefix>:<instance>}``, so
 instance's blocks, sessions and counters live on one cluster slot and move together in
 one Lua call):
 
-- ``T:b:<bucket>`` hashes of block records; bucket = low bits of the block key. The
+- ``T:b:<bucket>`` hashes of block records; bucket = low bits of the block key (scripts
+  derive it, so a call packs one blob of keys rather than one argument per block). The
   bucket count is fixed per instance (``bucket_bits``) and sized so a full instance
   keeps about 64 records per hash, which stays in Valkey's compact listpack encoding;
 - ``T:m`` counters (location ids, storage indexes); ``T:u`` usage (bytes, keys, bytes per
@@ -57,15 +58,16 @@ class InstanceLayout:
     def key(self, suffix: str) -> bytes:
         return self.tag + b":" + suffix.encode()
 
-    def bucket(self, block_key: int) -> bytes:
-        return b"%b%x" % (self.bucket_prefix, block_key & self.mask)
+    @property
+    def bucket_count(self) -> int:
+        return 1 << self.bucket_bits
 
-    def buckets(self, block_keys: Sequence[int]) -> list[bytes]:
-        prefix, mask = self.bucket_prefix, self.mask
-        return [b"%b%x" % (prefix, k & mask) for k in block_keys]
+    def bucket(self, index: int) -> bytes:
+        """Name of bucket ``index`` (scripts derive it from the key's low bits: lua bucket_of)."""
+        return b"%b%x" % (self.bucket_prefix, index & self.mask)
 
     def all_buckets(self) -> list[bytes]:
-        return [b"%b%x" % (self.bucket_prefix, b) for b in range(1 << self.bucket_bits)]
+        return [self.bucket(b) for b in range(self.bucket_count)]
 
     def session(self, session_id: str) -> bytes:
         return self.key(f"s:{session_id}")
@@ -192,9 +194,9 @@ class BlockIndex:
         """
         if not block_keys:
             return []
-        blob = self._call(self._read, layout.buckets(block_keys),
+        blob = self._call(self._read, [layout.key("m")],
                           [pack_keys(block_keys), mode, sw_size, int(self.clock.now()),
-                           self.TOUCH_INTERVAL_S, self.LFU_DECAY_S])
+                           self.TOUCH_INTERVAL_S, self.LFU_DECAY_S, layout.bucket_prefix, layout.bucket_count])
         out: list[Optional[bytes]] = []
         pos, end = 0, len(blob)
         while pos < end:
@@ -214,15 +216,16 @@ class BlockIndex:
     def start(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
         """Add WRITING locations for the keys that have none; all or nothing."""
         keys = [layout.key("m"), layout.key("u"), layout.key("st"), layout.key("g"), layout.key("sd"),
-                layout.session(req.session_id)] + layout.buckets(block_keys)
+                layout.session(req.session_id)]
         args = [pack_keys(block_keys), int(self.clock.now() * 1000), req.session_id, req.deadline_ms,
                 req.storage_name, req.storage_type, req.pack_count, pack_u48(req.sizes),
                 bytes(req.spec_groups), pack_u48(req.explicit_groups) if req.explicit_groups else b"",
-                req.group_capacity, req.others_bytes, req.type_capacity, req.others_type_bytes, req.max_keys]
+                req.group_capacity, req.others_bytes, req.type_capacity, req.others_type_bytes, req.max_keys,
+                layout.bucket_prefix, layout.bucket_count]
         result = self._call(self._start, keys, args)
         if result[0] == 0:
             reason = result[1].decode()
-            raise QuotaExceededError({
+            raise QuotaExceededError(reason, {
                 "group": "instance group quota reached",
                 "type": f"quota of storage type {req.storage_type} reached",
                 "keys": "max_key_count of the instance reached",
@@ -238,29 +241,21 @@ class BlockIndex:
                    for o in range(0, len(raw), 13)]
         return Session(int(deadline), entries, raw)
 
-    def finish(self, layout: InstanceLayout, session_id: str, success: Sequence[bool],
+    def finish(self, layout: InstanceLayout, session_id: str, session: Session, success: Sequence[bool],
                force_fail: bool = False) -> tuple[bool, list[Victim]]:
-        """Close a session: successful blocks SERVING, the rest DELETING (returned).
-
-        Returns (expired, victims). Raises WriteSessionError for an unknown or finished
-        session. Two round trips: the session's keys decide which buckets to declare.
-        """
-        for _ in range(3):
-            sess = self.session(layout, session_id)
-            if sess is None:
-                raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
-            if len(success) != len(sess.entries) and not force_fail:
-                raise WriteSessionError(
-                    f"field 'success_blocks': the session has {len(sess.entries)} blocks, mask has {len(success)}")
-            keys = [layout.key("sd"), layout.session(session_id)] + layout.buckets([k for k, _ in sess.entries])
-            flags = bytes(ord("1") if s else ord("0") for s in success)
-            status, blob = self._call(self._finish, keys, [int(self.clock.now() * 1000), session_id, flags,
-                                                           "1" if force_fail else "0", sess.raw])
-            if status == -1:
-                raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
-            if status != -3:
-                return status == -2, decode_victims(blob)
-        raise WriteSessionError(f"write session {session_id!r} kept changing")
+        """Close ``session`` (as read by ``session``): successful blocks SERVING, the rest
+        DELETING (returned). Returns (expired, victims); raises WriteSessionError when the
+        session is gone (finished, expired and reaped, or never existed)."""
+        if len(success) != len(session.entries) and not force_fail:
+            raise WriteSessionError(
+                f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}")
+        flags = bytes(ord("1") if s else ord("0") for s in success)
+        status, blob = self._call(self._finish, [layout.key("sd"), layout.session(session_id)],
+                                  [int(self.clock.now() * 1000), session_id, flags, "1" if force_fail else "0",
+                                   session.raw, layout.bucket_prefix, layout.bucket_count])
+        if status in (-1, -3):
+            raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
+        return status == -2, decode_victims(blob)
 
     def due_sessions(self, layout: InstanceLayout, now_ms: int, limit: int = 1000) -> list[str]:
         """Ids of sessions whose deadline has passed."""
@@ -273,8 +268,9 @@ class BlockIndex:
         if not block_keys:
             return []
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
-        blob = self._call(self._mark, [layout.key("m")] + layout.buckets(block_keys),
-                          [pack_keys(block_keys), expected, "S" if serving_only else "A"])
+        blob = self._call(self._mark, [layout.key("m")],
+                          [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
+                           layout.bucket_count])
         return decode_victims(blob)
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
@@ -282,9 +278,8 @@ class BlockIndex:
         if not victims:
             return 0, []
         keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og")]
-        keys += layout.buckets([v.block_key for v in victims])
         dropped, blob = self._call(self._drop, keys, [encode_victims(list(victims)), pack_u48(sizes),
-                                                      layout.bucket_prefix, 1 << layout.bucket_bits])
+                                                      layout.bucket_prefix, layout.bucket_count])
         return int(dropped), [(blob[o], int.from_bytes(blob[o + 1:o + 7], "big")) for o in range(0, len(blob), 7)]
 
     def orphan_groups(self, layout: InstanceLayout) -> list[tuple[int, int]]:
@@ -328,7 +323,7 @@ class BlockIndex:
 
     def sample_bucket(self, layout: InstanceLayout, bucket: int) -> list[tuple[int, bytes]]:
         """Every (block key, raw record) of one bucket."""
-        contents = self.client.hgetall(b"%b%x" % (layout.bucket_prefix, bucket & layout.mask))
+        contents = self.client.hgetall(layout.bucket(bucket))
         return [(int.from_bytes(f, "big", signed=True), r) for f, r in contents.items()]
 
     def drop_all(self, layout: InstanceLayout) -> None:

@@ -7,7 +7,12 @@ class IndexUnavailableError(ServiceNotReadyError):
 
 
 class QuotaExceededError(CapacityExceededError):
-    """A start would exceed the group quota, a type quota or the key-count cap."""
+    """A start would exceed the group quota (kind ``group``), a storage type's quota
+    (``type``) or the instance's key-count cap (``keys``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class WriteSessionError(InvalidArgumentError):

@@ -76,8 +76,10 @@ class StorageBackend(ABC):
 
     @property
     def pack_count(self) -> int:
-        """Blocks per placement group (file); 0 when ``reserve`` assigns group ids."""
-        return 1
+        """Blocks per placement group (file) for backends whose data lives in groups the
+        index counts (file backends: ``delete_groups`` runs after the last block is gone);
+        0 for backends addressed per block (``delete`` runs before the metadata goes)."""
+        return 0
 
     def reserve(self, instance_id: str, count: int, block_bytes: int) -> Optional[list[int]]:
         """Explicit group ids for ``count`` new blocks, or None when the index assigns them."""
@@ -85,6 +87,12 @@ class StorageBackend(ABC):
 
     def unreserve(self, instance_id: str, group_ids: Sequence[int], block_bytes: int) -> None:
         """Give back reservations that were not used (a key turned out to exist)."""
+
+    def prepare(self, blocks: Sequence[BlockRef]) -> None:
+        """Get new blocks' data place ready before engines write (e.g. create empty files).
+
+        Called once the index has placed ``blocks``; a no-op for most backends.
+        """
 
     @abstractmethod
     def uri(self, block: BlockRef, spec: SpecSlot) -> str:

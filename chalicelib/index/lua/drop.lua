@@ -1,8 +1,7 @@
 -- Compare-and-delete: remove DELETING locations whose id still matches, release their
 -- usage, unlink them from their parent, and hand packed groups whose last block is gone
 -- to the orphan set (their files are deleted next, retried until done).
--- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups,
---       [4+i] bucket of victim i.
+-- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups.
 -- ARGV: [1] victims blob (VICTIM_FMT), [2] block size per spec group (I6 each),
 --       [3] bucket key prefix, [4] bucket count.
 -- Returns {locations dropped, orphan groups blob ('>BI6': storage index, group id)}.
@@ -24,7 +23,7 @@ end
 
 for v = 1, #victims / VICTIM_LEN do
   local key, loc, sidx, sg, group, slot = struct.unpack(VICTIM_FMT, victims, (v - 1) * VICTIM_LEN + 1)
-  local bucket = KEYS[4 + v]
+  local bucket = bucket_of(bucket_prefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   local i = rec and find_loc(rec, loc)
   if i and struct.unpack('>B', rec, HDR_LEN + (i - 1) * LOC_LEN + 1) == DELETING then

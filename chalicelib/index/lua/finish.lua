@@ -1,14 +1,15 @@
 -- finishWriteCache (and expiry): WRITING(session) -> SERVING for successful blocks,
 -- -> DELETING for the rest; the session is gone afterwards, so a late finish fails.
--- KEYS: [1] session deadlines, [2] session record, [2+j] bucket of the session's key j.
+-- KEYS: [1] session deadlines, [2] session record.
 -- ARGV: [1] now (ms), [2] session id, [3] success flag per session key ('1'/'0'),
 --       [4] '1' to fail the whole session whatever its deadline (the reaper),
---       [5] the session's key blob the caller derived the buckets from.
+--       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets.
 -- Returns {status, victims}: status 1 finished, -1 unknown session, -2 expired (every
 -- block failed), -3 the session changed under the caller. Victims are the locations
 -- now DELETING, as VICTIM_FMT descriptors.
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local bprefix, nbuckets = ARGV[6], tonumber(ARGV[7])
 local s = redis.call('HMGET', session, 'd', 'k')
 if not s[1] then return {-1, ''} end
 if s[2] ~= expected then return {-3, ''} end
@@ -22,7 +23,7 @@ local victims = {}
 for j = 1, #blob / 13 do
   local key = string.sub(blob, (j - 1) * 13 + 1, (j - 1) * 13 + 8)
   local loc = struct.unpack('>I5', blob, (j - 1) * 13 + 9)
-  local bucket = KEYS[2 + j]
+  local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   if rec then
     local i = find_loc(rec, loc)

@@ -1,13 +1,15 @@
 -- Mark locations DELETING (they stop serving at once) and return them for deletion.
--- KEYS: [1] meta (routing only), [1+i] bucket of key i.
+-- KEYS: [1] meta (routes the call to the instance's slot).
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
 --       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
---       SERVING (removeCache, trim).
+--       SERVING (removeCache, trim), [4] bucket prefix, [5] bucket count.
 -- Returns the victims blob (VICTIM_FMT descriptors).
 local keys, expected, which = ARGV[1], ARGV[2], ARGV[3]
+local bprefix, nbuckets = ARGV[4], tonumber(ARGV[5])
 local victims = {}
-for i = 1, #KEYS - 1 do
-  local bucket, key = KEYS[1 + i], field(keys, i)
+for i = 1, #keys / 8 do
+  local key = field(keys, i)
+  local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   if rec then
     local want = nil

@@ -65,8 +65,9 @@ local function field(blob, i)
   return string.sub(blob, (i - 1) * 8 + 1, i * 8)
 end
 
--- Bucket key of a block key, for links the caller could not know in advance (parents).
--- Same hash tag as every declared key, so the same cluster slot.
+-- Bucket key of a block key. Scripts declare the instance's fixed keys and derive bucket
+-- keys here: every bucket shares the declared keys' hash tag, hence their cluster slot,
+-- and the caller is spared packing one argument per block.
 local function bucket_of(bucket_prefix, nbuckets, key)
   local low = struct.unpack('>I4', key, 5)
   return bucket_prefix .. string.format('%x', low % nbuckets)

@@ -1,18 +1,24 @@
 -- Read the records of a list of block keys in one call, serving only SERVING locations.
--- KEYS: the bucket of each block key, in request order.
+-- KEYS: [1] meta (routes the call to the instance's slot).
 -- ARGV: keys blob (8 bytes per key), mode (1 prefix, 2 batch, 3 sliding window, 4 raw),
---       sw_size, now (s), touch interval (s), LFU decay period (s).
+--       sw_size, now (s), touch interval (s), LFU decay period (s), bucket prefix, buckets.
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
 -- Served records get their last-access time and LFU counter refreshed, at most once per
 -- touch interval per block, so hot blocks cost no write.
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local n = #KEYS
-local recs, served = {}, {}
+local bprefix, nbuckets = ARGV[7], tonumber(ARGV[8])
+local call, byte, sub = redis.call, string.byte, string.sub
+local n = #keys / 8
+local recs, served, buckets = {}, {}, {}
 local count = n
 for i = 1, n do
-  local rec = redis.call('HGET', KEYS[i], field(keys, i))
-  if rec and (mode == 4 or find_status(rec, SERVING)) then
+  local key = sub(keys, i * 8 - 7, i * 8)
+  local bucket = bucket_of(bprefix, nbuckets, key)
+  buckets[i] = bucket
+  local rec = call('HGET', bucket, key)
+  -- fast path: one location, status byte right after the header
+  if rec and (mode == 4 or byte(rec, 24) == SERVING or find_status(rec, SERVING)) then
     recs[i] = rec
     served[i] = true
   else
@@ -63,7 +69,7 @@ for i = 1, count do
           if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
         end
         rec = string.sub(rec, 1, 11) .. struct.pack('>I4B', now, lfu) .. string.sub(rec, 17)
-        redis.call('HSET', KEYS[i], field(keys, i), rec)
+        call('HSET', buckets[i], field(keys, i), rec)
       end
     end
     out[#out + 1] = struct.pack('>H', #rec) .. rec

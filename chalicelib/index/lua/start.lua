@@ -1,17 +1,17 @@
 -- startWriteCache: add a WRITING location for every key that has no location yet, all
 -- or nothing, with usage and the write session in the same atomic step.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
---       deadlines, [6] session record, [6+i] bucket of key i.
+--       deadlines, [6] session record.
 -- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
 --       [6] storage type, [7] pack count (0 = explicit group ids), [8] block size per spec
 --       group (I6 each, index 0 = all specs), [9] spec group per key (u8 each),
 --       [10] explicit group id per key (I6 each, or empty), [11] group capacity (0 = none),
 --       [12] other instances' group bytes, [13] type capacity (0 = none),
---       [14] other instances' bytes of this type, [15] max key count (0 = none).
+--       [14] other instances' bytes of this type, [15] max key count (0 = none),
+--       [16] bucket prefix, [17] bucket count.
 -- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index}
 --      or {0, reason} with reason 'group', 'type' or 'keys'.
 local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local OFF = 6
 local keys = ARGV[1]
 local now_ms, sid, deadline = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local sname, stype, pack = ARGV[5], ARGV[6], tonumber(ARGV[7])
@@ -19,13 +19,16 @@ local sizes_blob, sg_blob, explicit = ARGV[8], ARGV[9], ARGV[10]
 local group_cap, others_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
 local type_cap, others_type = tonumber(ARGV[13]), tonumber(ARGV[14])
 local max_keys = tonumber(ARGV[15])
-local n = #KEYS - OFF
+local bprefix, nbuckets = ARGV[16], tonumber(ARGV[17])
+local n = #keys / 8
+local buckets = {}
+for i = 1, n do buckets[i] = bucket_of(bprefix, nbuckets, field(keys, i)) end
 
 local new = {}
 local flags = {}
 local new_bytes = 0
 for i = 1, n do
-  if redis.call('HEXISTS', KEYS[OFF + i], field(keys, i)) == 0 then
+  if redis.call('HEXISTS', buckets[i], field(keys, i)) == 0 then
     -- A key repeated in one request is written once.
     local dup = false
     for _, j in ipairs(new) do
@@ -85,10 +88,10 @@ if #new > 0 then
     end
     local rec = struct.pack(HDR_FMT, hflags, parent, 0, math.floor(now_ms / 1000), 5, now_ms, 1)
       .. struct.pack(LOC_FMT, WRITING, sidx, sg, loc, group, slot)
-    redis.call('HSET', KEYS[OFF + i], field(keys, i), rec)
+    redis.call('HSET', buckets[i], field(keys, i), rec)
     if i > 1 then
-      local prec = redis.call('HGET', KEYS[OFF + i - 1], parent)
-      if prec then redis.call('HSET', KEYS[OFF + i - 1], parent, set_children(prec, 1)) end
+      local prec = redis.call('HGET', buckets[i - 1], parent)
+      if prec then redis.call('HSET', buckets[i - 1], parent, set_children(prec, 1)) end
     end
     session_keys[#session_keys + 1] = field(keys, i) .. struct.pack('>I5', loc)
   end

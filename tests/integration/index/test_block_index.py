@@ -23,11 +23,18 @@ def start(index, layout, keys, sid="s1", **kw):
     return index.start(layout, keys, req)
 
 
+def finish(index, layout, sid, success):
+    session = index.session(layout, sid)
+    if session is None:
+        raise WriteSessionError("gone")
+    return index.finish(layout, sid, session, success)
+
+
 def test_start_finish_read_roundtrip(index, layout):
     out = start(index, layout, [1, 2, 3])
     assert out.new_flags == [True, True, True]
     assert index.read(layout, [1, 2, 3], MODE_PREFIX) == []
-    expired, victims = index.finish(layout, "s1", [True, True, False])
+    expired, victims = finish(index, layout, "s1", [True, True, False])
     assert not expired
     assert [v.block_key for v in victims] == [3]
     recs = index.read(layout, [1, 2, 3], MODE_PREFIX)
@@ -51,10 +58,10 @@ def test_duplicate_writer_masked(index, layout):
     out = start(index, layout, [1, 2, 3, 4], sid="s2")
     assert out.new_flags == [False, False, True, True]
     with pytest.raises(WriteSessionError):
-        index.finish(layout, "s2", [True])
-    index.finish(layout, "s2", [True, True])
+        finish(index, layout, "s2", [True])
+    finish(index, layout, "s2", [True, True])
     with pytest.raises(WriteSessionError):
-        index.finish(layout, "s2", [True, True])
+        finish(index, layout, "s2", [True, True])
 
 
 def test_quota_refusal_leaves_nothing(index, layout):
@@ -68,7 +75,7 @@ def test_quota_refusal_leaves_nothing(index, layout):
 
 def test_window_and_batch(index, layout):
     start(index, layout, [1, 2, 3, 4, 5, 6])
-    index.finish(layout, "s1", [True] * 6)
+    finish(index, layout, "s1", [True] * 6)
     victims = index.mark_deleting(layout, [6])
     assert len(victims) == 1
     recs = index.read(layout, [1, 2, 3, 4, 5, 6, 7], MODE_WINDOW, 2)
@@ -81,7 +88,7 @@ def test_window_and_batch(index, layout):
 
 def test_packed_group_released_with_last_block(index, layout):
     out = start(index, layout, [1, 2, 3], pack=2)
-    _, victims = index.finish(layout, "s1", [False, False, False])
+    _, victims = finish(index, layout, "s1", [False, False, False])
     dropped, orphans = index.drop(layout, victims[:1], [200, 100, 100])
     assert orphans == []
     dropped, orphans = index.drop(layout, victims[1:], [200, 100, 100])
@@ -95,6 +102,6 @@ def test_packed_group_released_with_last_block(index, layout):
 def test_expired_session_fails(index, layout, clock):
     start(index, layout, [1, 2])
     clock.advance(31)
-    expired, victims = index.finish(layout, "s1", [True, True])
+    expired, victims = finish(index, layout, "s1", [True, True])
     assert expired and len(victims) == 2
     assert index.read(layout, [1, 2], MODE_PREFIX) == []

@@ -1,0 +1,169 @@
+"""What the hot path knows about an instance: its specs, group, storages and key layout,
+assembled from the per-container config cache (no DynamoDB read per call)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping, Optional, Sequence
+
+from ..index import InstanceLayout
+from ..protocol.codes import CachePreferStrategy, StorageType
+from ..protocol.errors import InvalidArgumentError
+from ..protocol.models import InstanceGroup, LocationSpecGroup, LocationSpecInfo
+from ..storage.base import SpecSlot, StorageBackend
+
+#: Records per bucket hash at full capacity: well inside Valkey's listpack encoding.
+RECORDS_PER_BUCKET = 64
+MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
+#: Block count assumed for a group without a quota or key cap.
+DEFAULT_MAX_BLOCKS = 1 << 20
+
+
+def bucket_bits_for(max_blocks: int) -> int:
+    """Bucket bits so that ``max_blocks`` blocks fill each bucket to about 64 records."""
+    buckets = max(1, math.ceil(max_blocks / RECORDS_PER_BUCKET))
+    return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, math.ceil(math.log2(buckets))))
+
+
+def expected_max_blocks(group: Optional[InstanceGroup], block_bytes: int) -> int:
+    """How many blocks one instance of ``group`` may hold, from its quota and key cap."""
+    limits = []
+    if group is not None and group.quota is not None and group.quota.capacity > 0 and block_bytes > 0:
+        limits.append(group.quota.capacity // block_bytes)
+    cache = group.cache_config if group is not None else None
+    if cache is not None and cache.meta_indexer_config is not None and cache.meta_indexer_config.max_key_count > 0:
+        limits.append(cache.meta_indexer_config.max_key_count)
+    return max(1, min(limits)) if limits else DEFAULT_MAX_BLOCKS
+
+
+@dataclass(frozen=True)
+class SpecLayout:
+    """The instance's specs and spec groups; spec group 0 means every spec."""
+
+    specs: tuple[LocationSpecInfo, ...]
+    groups: tuple[LocationSpecGroup, ...]
+
+    @cached_property
+    def _slots(self) -> list[tuple[SpecSlot, ...]]:
+        index = {s.name: i for i, s in enumerate(self.specs)}
+        members = [list(range(len(self.specs)))]
+        for group in self.groups:
+            members.append(sorted(index[name] for name in group.spec_names if name in index))
+        out = []
+        for idxs in members:
+            offset, slots = 0, []
+            for i in idxs:
+                slots.append(SpecSlot(self.specs[i].name, offset, self.specs[i].size))
+                offset += self.specs[i].size
+            out.append(tuple(slots))
+        return out
+
+    def slots(self, spec_group: int) -> tuple[SpecSlot, ...]:
+        """The specs stored for blocks of ``spec_group``, with offsets inside the block."""
+        return self._slots[spec_group] if spec_group < len(self._slots) else self._slots[0]
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        """Block bytes per spec group index."""
+        return [sum(s.size for s in slots) for slots in self._slots]
+
+    @cached_property
+    def group_index(self) -> dict[str, int]:
+        return {g.name: i + 1 for i, g in enumerate(self.groups)}
+
+    def spec_groups_for(self, names: Sequence[str], count: int) -> list[int]:
+        """Spec group index per key from ``location_spec_group_names`` (empty = all specs)."""
+        if not names:
+            return [0] * count
+        if len(names) != count:
+            raise InvalidArgumentError(
+                f"field 'location_spec_group_names': {len(names)} names for {count} keys")
+        try:
+            return [self.group_index[n] for n in names]
+        except KeyError as exc:
+            raise InvalidArgumentError(
+                f"field 'location_spec_group_names': unknown location spec group {exc.args[0]!r}") from None
+
+
+@dataclass(frozen=True)
+class StorageState:
+    """A candidate storage of the group as the hot path sees it."""
+
+    backend: StorageBackend
+    available: bool
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def storage_type(self) -> StorageType:
+        return self.backend.storage_type
+
+
+_PREFERRED_TYPE = {
+    CachePreferStrategy.CPS_ALWAYS_3FS: (StorageType.ST_3FS, True),
+    CachePreferStrategy.CPS_PREFER_3FS: (StorageType.ST_3FS, False),
+    CachePreferStrategy.CPS_ALWAYS_MOONCAKE: (StorageType.ST_MOONCAKE, True),
+    CachePreferStrategy.CPS_PREFER_MOONCAKE: (StorageType.ST_MOONCAKE, False),
+    CachePreferStrategy.CPS_ALWAYS_TAIR_MEMPOOL: (StorageType.ST_TAIRMEMPOOL, True),
+    CachePreferStrategy.CPS_PREFER_TAIR_MEMPOOL: (StorageType.ST_TAIRMEMPOOL, False),
+    CachePreferStrategy.CPS_ALWAYS_VCNS_3FS: (StorageType.ST_VCNS_3FS, True),
+    CachePreferStrategy.CPS_PREFER_VCNS_3FS: (StorageType.ST_VCNS_3FS, False),
+    CachePreferStrategy.CPS_ALWAYS_S3: (StorageType.ST_S3, True),
+    CachePreferStrategy.CPS_PREFER_S3: (StorageType.ST_S3, False),
+}
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    """One registered instance with its group's live configuration."""
+
+    instance_id: str
+    group: InstanceGroup
+    block_size: int
+    spec_layout: SpecLayout
+    layout: InstanceLayout
+    storages: tuple[StorageState, ...]
+    peer_layouts: tuple[InstanceLayout, ...] = ()
+    #: Every known storage by name, candidates or not: blocks outlive group edits.
+    backends: Mapping[str, StorageBackend] = field(default_factory=dict)
+
+    @cached_property
+    def by_name(self) -> dict[str, StorageState]:
+        return {s.name: s for s in self.storages}
+
+    def backend(self, name: str) -> Optional[StorageBackend]:
+        state = self.by_name.get(name)
+        return state.backend if state is not None else self.backends.get(name)
+
+    def write_candidates(self) -> list[StorageState]:
+        """Candidate storages in the order the group's data_storage_strategy tries them."""
+        strategy = CachePreferStrategy.CPS_UNSPECIFIED
+        if self.group.cache_config is not None:
+            strategy = self.group.cache_config.data_storage_strategy
+        ordered = list(self.storages)
+        if strategy in _PREFERRED_TYPE:
+            wanted, only = _PREFERRED_TYPE[strategy]
+            preferred = [s for s in ordered if s.storage_type == wanted]
+            ordered = preferred if only else preferred + [s for s in ordered if s.storage_type != wanted]
+        return ordered
+
+    def type_capacity(self, storage_type: StorageType) -> int:
+        """The group's quota for a storage type (0 = none)."""
+        quota = self.group.quota
+        if quota is None:
+            return 0
+        return next((q.capacity for q in quota.quota_config if q.storage_type == storage_type), 0)
+
+    @property
+    def group_capacity(self) -> int:
+        return self.group.quota.capacity if self.group.quota is not None else 0
+
+    @property
+    def max_key_count(self) -> int:
+        cache = self.group.cache_config
+        if cache is None or cache.meta_indexer_config is None:
+            return 0
+        return cache.meta_indexer_config.max_key_count

@@ -1,0 +1,320 @@
+"""The meta data plane: cache hits, two-phase writes, removal and trimming.
+
+Every call touches Valkey only (plus the per-container config): a read is one round
+trip, a start one (two when the group has other instances whose usage counts toward the
+quota), a finish two.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Optional, Sequence
+
+from ..clock import Clock
+from ..index import BlockIndex, Status, Usage
+from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
+from ..index.errors import QuotaExceededError, WriteSessionError
+from ..index.records import HEADER_LEN, LOCATION_LEN, decode_record
+from ..protocol.codes import CacheLocationStatus, QueryType, StorageType, TrimStrategy
+from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
+from ..protocol.models import (
+    CacheLocation,
+    FinishWriteCacheRequest,
+    GetCacheLocationRequest,
+    GetCacheLocationResponse,
+    GetCacheMetaRequest,
+    GetCacheMetaResponse,
+    LocationSpec,
+    RemoveCacheRequest,
+    Response,
+    ResponseHeader,
+    StartWriteCacheRequest,
+    StartWriteCacheResponse,
+    TrimCacheRequest,
+)
+from ..settings import Settings
+from ..storage.base import BlockRef, SpecSlot
+from .context import InstanceContext
+from .deletion import Deleter
+from .keys import request_keys
+from .masks import mask_of, masked_flags
+
+_SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
+_STATUS_NAMES = {Status.WRITING: CacheLocationStatus.CLS_WRITING, Status.SERVING: CacheLocationStatus.CLS_SERVING,
+                 Status.DELETING: CacheLocationStatus.CLS_DELETING}
+_SCAN_CHUNK = 512
+
+
+class NoAvailableStorageError(StorageIOError):
+    """Every storage of the group is unavailable."""
+
+
+def new_session_id() -> str:
+    """A random 32-character ``[a-z0-9]`` write session id."""
+    return bytes(_SESSION_ALPHABET[b % 36] for b in os.urandom(32)).decode()
+
+
+def placement(first_location_id: int, j: int, pack_count: int, explicit: Sequence[int], i: int) -> tuple[int, int]:
+    """(group id, slot) of the j-th new key (request index i); mirrors lua/start.lua."""
+    if pack_count > 0:
+        return first_location_id + (j // pack_count) * pack_count, j % pack_count
+    return (explicit[i] if explicit else 0), 0
+
+
+class CacheService:
+    """MetaService's cache methods over one instance context at a time."""
+
+    def __init__(self, index: BlockIndex, contexts: Callable[[str], InstanceContext], deleter: Deleter,
+                 clock: Clock, settings: Settings) -> None:
+        self.index = index
+        self.contexts = contexts
+        self.deleter = deleter
+        self.clock = clock
+        self.settings = settings
+        self._storage_names: dict[str, dict[int, str]] = {}
+
+    # ---------------------------------------------------------------- helpers
+
+    def _keys(self, ctx: InstanceContext, req) -> list[int]:
+        return request_keys(req.block_keys, req.token_ids, ctx.block_size, self.settings.max_keys_per_request)
+
+    def _storage_name(self, ctx: InstanceContext, sidx: int) -> str:
+        names = self._storage_names.get(ctx.instance_id)
+        if names is None or sidx not in names:
+            names = self.index.storage_names(ctx.layout)
+            self._storage_names[ctx.instance_id] = names
+        return names.get(sidx, "")
+
+    def _location(self, ctx: InstanceContext, key: int, raw: bytes, spec_names: Optional[frozenset],
+                  statuses: tuple[int, ...] = (Status.SERVING,)) -> Optional[CacheLocation]:
+        """The best location of a record among ``statuses`` on an available storage."""
+        best = None
+        for off in range(HEADER_LEN, HEADER_LEN + raw[22] * LOCATION_LEN, LOCATION_LEN):
+            if raw[off] not in statuses:
+                continue
+            state = ctx.by_name.get(self._storage_name(ctx, raw[off + 1]))
+            if state is None or not state.available:
+                continue
+            if best is None or state.backend.read_weight < best[0].backend.read_weight:
+                best = (state, off)
+        if best is None:
+            return None
+        state, off = best
+        slots = ctx.spec_layout.slots(raw[off + 2])
+        ref = BlockRef(ctx.instance_id, key, int.from_bytes(raw[off + 3:off + 8], "big"),
+                       int.from_bytes(raw[off + 8:off + 14], "big"), int.from_bytes(raw[off + 14:off + 16], "big"),
+                       slots)
+        return _cache_location(state.backend, ref, slots, spec_names)
+
+    def _padding(self, ctx: InstanceContext, spec_names: Optional[frozenset]) -> CacheLocation:
+        specs = [LocationSpec.model_construct(name=s.name, uri="") for s in ctx.spec_layout.slots(0)
+                 if spec_names is None or s.name in spec_names]
+        return CacheLocation.model_construct(type=StorageType.ST_UNSPECIFIED, spec_size=len(specs), location_specs=specs)
+
+    def _spec_filter(self, ctx: InstanceContext, names: Sequence[str]) -> Optional[frozenset]:
+        if not names:
+            return None
+        known = {s.name for s in ctx.spec_layout.specs}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise InvalidArgumentError(f"field 'location_spec_names': unknown location spec {unknown[0]!r}")
+        return frozenset(names)
+
+    # ---------------------------------------------------------------- reads
+
+    def get_cache_location(self, req: GetCacheLocationRequest) -> GetCacheLocationResponse:
+        """Locations of the cached blocks among the request's keys (API.md, Read semantics)."""
+        ctx = self.contexts(req.instance_id)
+        if req.query_type == QueryType.QT_UNSPECIFIED:
+            raise InvalidArgumentError("field 'query_type' is required")
+        keys = self._keys(ctx, req)
+        names = self._spec_filter(ctx, req.location_spec_names)
+        if ctx.storages and not any(s.available for s in ctx.storages):
+            raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
+        locations: list[CacheLocation] = []
+        if req.query_type == QueryType.QT_PREFIX_MATCH:
+            flags = masked_flags(req.block_mask, len(keys), "block_mask")
+            wanted = [k for k, masked in zip(keys, flags) if not masked]
+            for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_PREFIX)):
+                loc = self._location(ctx, key, raw, names)
+                if loc is None:
+                    break
+                locations.append(loc)
+        else:
+            if req.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH:
+                if not 1 <= req.sw_size <= len(keys):
+                    raise InvalidArgumentError(
+                        f"field 'sw_size': {req.sw_size} must be between 1 and the {len(keys)} keys")
+                raws = self.index.read_raw(ctx.layout, keys, MODE_WINDOW, req.sw_size)
+            else:
+                raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH)
+            for key, raw in zip(keys, raws):
+                loc = self._location(ctx, key, raw, names) if raw is not None else None
+                locations.append(loc if loc is not None else self._padding(ctx, names))
+        return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=locations)
+
+    def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
+        """Status and location id of every unmasked key (metas are JSON strings, as upstream)."""
+        ctx = self.contexts(req.instance_id)
+        keys = self._keys(ctx, req)
+        flags = masked_flags(req.block_mask, len(keys), "block_mask")
+        wanted = [k for k, masked in zip(keys, flags) if not masked]
+        locations, metas = [], []
+        all_statuses = (Status.WRITING, Status.SERVING, Status.DELETING)
+        for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW)):
+            record = decode_record(raw) if raw is not None else None
+            if record is None or not record.locations:
+                metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
+                locations.append(self._padding(ctx, None))
+                continue
+            loc = next((l for s in (Status.SERVING, Status.WRITING, Status.DELETING)
+                        for l in record.locations if l.status == s))
+            metas.append(json.dumps({"id": str(loc.location_id), "status": _STATUS_NAMES[loc.status].name}))
+            locations.append(self._location(ctx, key, raw, None, all_statuses) or self._padding(ctx, None))
+        return GetCacheMetaResponse(locations=locations, metas=metas)
+
+    # ---------------------------------------------------------------- writes
+
+    def _others_usage(self, ctx: InstanceContext) -> Usage:
+        total = Usage()
+        for usage in self.index.usage(list(ctx.peer_layouts)) if ctx.peer_layouts else ():
+            total = total + usage
+        return total
+
+    def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
+        """Reserve locations for the keys nobody has written yet (two-phase write, step 1)."""
+        ctx = self.contexts(req.instance_id)
+        keys = self._keys(ctx, req)
+        spec_groups = ctx.spec_layout.spec_groups_for(req.location_spec_group_names, len(keys))
+        if req.write_timeout_seconds < 0:
+            raise InvalidArgumentError("field 'write_timeout_seconds': must be >= 0")
+        timeout_s = min(req.write_timeout_seconds or self.settings.default_write_timeout_s,
+                        self.settings.max_write_timeout_s)
+        candidates = [s for s in ctx.write_candidates() if s.available]
+        if not candidates:
+            raise CapacityExceededError(
+                f"instance group {ctx.group.name!r} has no available storage to write to")
+        others = self._others_usage(ctx)
+        session_id = new_session_id()
+        now_ms = int(self.clock.now() * 1000)
+        sizes = ctx.spec_layout.sizes
+        refusals = []
+        for state in candidates:
+            backend = state.backend
+            type_name = backend.storage_type.name
+            explicit = backend.reserve(ctx.instance_id, len(keys), sizes[0]) or []
+            try:
+                outcome = self.index.start(ctx.layout, keys, StartRequest(
+                    session_id=session_id, deadline_ms=now_ms + timeout_s * 1000, storage_name=state.name,
+                    storage_type=type_name, pack_count=backend.pack_count, sizes=sizes, spec_groups=spec_groups,
+                    explicit_groups=explicit, group_capacity=ctx.group_capacity, others_bytes=others.bytes,
+                    type_capacity=ctx.type_capacity(backend.storage_type),
+                    others_type_bytes=others.by_type.get(type_name, 0), max_keys=ctx.max_key_count))
+            except QuotaExceededError as exc:
+                if explicit:
+                    backend.unreserve(ctx.instance_id, explicit, sizes[0])
+                if exc.kind != "type":
+                    raise
+                refusals.append(f"{state.name}: {exc}")
+                continue
+            if explicit:
+                unused = [g for g, new in zip(explicit, outcome.new_flags) if not new]
+                if unused:
+                    backend.unreserve(ctx.instance_id, unused, sizes[0])
+            return self._start_response(ctx, keys, spec_groups, session_id, state, outcome, explicit)
+        raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
+
+    def _start_response(self, ctx, keys, spec_groups, session_id, state, outcome, explicit) -> StartWriteCacheResponse:
+        backend = state.backend
+        locations = []
+        refs = []
+        j = 0
+        for i, (key, new) in enumerate(zip(keys, outcome.new_flags)):
+            if not new:
+                continue
+            group, slot = placement(outcome.first_location_id, j, backend.pack_count, explicit, i)
+            slots = ctx.spec_layout.slots(spec_groups[i])
+            ref = BlockRef(ctx.instance_id, key, outcome.first_location_id + j, group, slot, slots)
+            refs.append(ref)
+            locations.append(_cache_location(backend, ref, slots, None))
+            j += 1
+        backend.prepare(refs)
+        return StartWriteCacheResponse(write_session_id=session_id,
+                                       block_mask=mask_of([not new for new in outcome.new_flags]),
+                                       locations=locations)
+
+    def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
+        """Close a write session: successful blocks start serving, the rest are deleted."""
+        ctx = self.contexts(req.instance_id)
+        if not req.write_session_id:
+            raise InvalidArgumentError("field 'write_session_id' is required")
+        if req.success_blocks is None:
+            raise InvalidArgumentError("field 'success_blocks' is required")
+        session = self.index.session(ctx.layout, req.write_session_id)
+        if session is None:
+            raise WriteSessionError(
+                f"write session {req.write_session_id!r} of instance {req.instance_id!r} is unknown, finished or expired")
+        success = masked_flags(req.success_blocks, len(session.entries), "success_blocks")
+        expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success)
+        self.deleter.submit(ctx, victims)
+        if expired:
+            raise WriteSessionError(f"write session {req.write_session_id!r} expired before it was finished")
+        return Response()
+
+    # ---------------------------------------------------------------- removal
+
+    def remove_cache(self, req: RemoveCacheRequest) -> Response:
+        """Every location of the keys stops serving now; deletion follows asynchronously."""
+        ctx = self.contexts(req.instance_id)
+        keys = self._keys(ctx, req)
+        flags = masked_flags(req.block_mask, len(keys), "block_mask")
+        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags) if not m])
+        self.deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
+        return Response()
+
+    def trim_cache(self, req: TrimCacheRequest) -> Response:
+        """REMOVE_ALL_CACHE, REMOVE_ALL_META or TIMESTAMP (blocks written in [begin, end] µs)."""
+        ctx = self.contexts(req.instance_id)
+        if req.strategy == TrimStrategy.TS_UNSPECIFIED:
+            raise InvalidArgumentError("field 'strategy' is required")
+        if req.strategy == TrimStrategy.TS_REMOVE_ALL_META:
+            self.index.drop_all(ctx.layout)
+            self._storage_names.pop(ctx.instance_id, None)
+            return Response()
+        if req.strategy == TrimStrategy.TS_TIMESTAMP and req.begin_timestamp > req.end_timestamp:
+            raise InvalidArgumentError("field 'begin_timestamp': must not be after end_timestamp")
+        self.remove_matching(ctx, None if req.strategy == TrimStrategy.TS_REMOVE_ALL_CACHE
+                             else (req.begin_timestamp, req.end_timestamp))
+        return Response()
+
+    def remove_matching(self, ctx: InstanceContext, written_between_us: Optional[tuple[int, int]]) -> int:
+        """Mark DELETING and submit every block (or those written in the µs range); returns how many."""
+        chunk: list[int] = []
+        total = 0
+        for key, raw in self.index.scan(ctx.layout):
+            if written_between_us is not None:
+                written_us = decode_record(raw).write_time_ms * 1000
+                if not written_between_us[0] <= written_us <= written_between_us[1]:
+                    continue
+            chunk.append(key)
+            if len(chunk) == _SCAN_CHUNK:
+                total += self._remove_chunk(ctx, chunk)
+                chunk = []
+        return total + (self._remove_chunk(ctx, chunk) if chunk else 0)
+
+    def _remove_chunk(self, ctx: InstanceContext, keys: list[int]) -> int:
+        victims = self.index.mark_deleting(ctx.layout, keys)
+        self.deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
+        return len(victims)
+
+    @staticmethod
+    def _delete_delay_ms(ctx: InstanceContext) -> int:
+        cache = ctx.group.cache_config
+        strategy = cache.reclaim_strategy if cache is not None else None
+        return strategy.delay_before_delete_ms if strategy is not None else 0
+
+
+def _cache_location(backend, ref: BlockRef, slots: Sequence[SpecSlot], spec_names: Optional[frozenset]) -> CacheLocation:
+    specs = [LocationSpec.model_construct(name=s.name, uri=backend.uri(ref, s)) for s in slots
+             if spec_names is None or s.name in spec_names]
+    return CacheLocation.model_construct(type=backend.storage_type, spec_size=len(specs), location_specs=specs)
