@@ -101,6 +101,47 @@ class Runtime:
                                key_prefix=self.settings.key_prefix)
 
     @cached_property
+    def index(self):
+        """The block index in Valkey."""
+        from .index import BlockIndex
+
+        return BlockIndex(self.valkey, prefix=self.settings.key_prefix, clock=self.clock)
+
+    @cached_property
+    def contexts(self):
+        """instance id → InstanceContext for the hot path."""
+        from .cache.contexts import ContextProvider
+
+        return ContextProvider(self.config, self.control, self.storages, self.index, self.clock,
+                               refresh_s=self.settings.config_refresh_s)
+
+    @cached_property
+    def deletion(self):
+        from .cache.deletion import DeletionService
+
+        return DeletionService(self.index)
+
+    @cached_property
+    def deleter(self):
+        """Where deletions go."""
+        from .cache.deletion import InlineDeleter
+
+        return InlineDeleter(self.deletion)
+
+    @cached_property
+    def cache(self):
+        """The meta data plane."""
+        from .cache.service import CacheService
+
+        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings)
+
+    @cached_property
+    def events(self):
+        from .observability.events import EventLog
+
+        return EventLog.from_settings(self.settings.event_log_path)
+
+    @cached_property
     def lease(self):
         """The background-job lease ("leader" in upstream's words)."""
         from .index.lease import Lease

@@ -279,7 +279,6 @@ class CacheService:
             raise InvalidArgumentError("field 'strategy' is required")
         if req.strategy == TrimStrategy.TS_REMOVE_ALL_META:
             self.index.drop_all(ctx.layout)
-            self._storage_names.pop(ctx.instance_id, None)
             return Response()
         if req.strategy == TrimStrategy.TS_TIMESTAMP and req.begin_timestamp > req.end_timestamp:
             raise InvalidArgumentError("field 'begin_timestamp': must not be after end_timestamp")

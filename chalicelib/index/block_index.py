@@ -293,6 +293,15 @@ class BlockIndex:
 
     # ---------------------------------------------------------------- usage and tables
 
+    def bucket_bits(self, instance_id: str, wanted: int) -> int:
+        """The instance's bucket bits: ``wanted`` unless already fixed (set once, kept
+        until the instance's keys are dropped)."""
+        meta = InstanceLayout(self.prefix, instance_id, 0).key("m")
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(meta, "bits", wanted)
+        pipe.hget(meta, "bits")
+        return int(pipe.execute()[1])
+
     def usage(self, layouts: Sequence[InstanceLayout]) -> list[Usage]:
         """Usage of several instances in one round trip."""
         pipe = self.client.pipeline(transaction=False)
@@ -327,8 +336,10 @@ class BlockIndex:
         return [(int.from_bytes(f, "big", signed=True), r) for f, r in contents.items()]
 
     def drop_all(self, layout: InstanceLayout) -> None:
-        """Delete every key of an instance (metadata only)."""
-        keys = layout.all_buckets() + [layout.key(s) for s in ("m", "u", "st", "g", "og", "sd")]
+        """Delete an instance's blocks, sessions and usage (metadata only). The small meta
+        hash and the storage table stay: bucket bits, location ids and storage indexes must
+        never restart, or a late deletion of an old location could match a new one."""
+        keys = layout.all_buckets() + [layout.key(s) for s in ("u", "g", "og", "sd")]
         cursor = 0
         pattern = _glob_escape(layout.tag) + b":s:*"
         while True:

@@ -1,9 +1,27 @@
-"""MetaService methods."""
+"""MetaService methods (registerInstance, getInstanceInfo, getCacheMeta and removeCache
+are AdminService methods too; they are served once, here)."""
 from __future__ import annotations
 
+from ..cache import api
+from ..observability.events import record_event
+from ..protocol import models as m
 from .api import api_blueprint
 from .dispatch import Operation
 
-OPERATIONS: list[Operation] = []
+
+def _meta(name: str, request_model, handler) -> Operation:
+    return Operation(name, request_model, handler, service="meta", observer=record_event)
+
+
+OPERATIONS: list[Operation] = [
+    _meta("registerInstance", m.RegisterInstanceRequest, api.register_instance),
+    _meta("getInstanceInfo", m.GetInstanceInfoRequest, api.get_instance_info),
+    _meta("getCacheLocation", m.GetCacheLocationRequest, api.get_cache_location),
+    _meta("getCacheMeta", m.GetCacheMetaRequest, api.get_cache_meta),
+    _meta("startWriteCache", m.StartWriteCacheRequest, api.start_write_cache),
+    _meta("finishWriteCache", m.FinishWriteCacheRequest, api.finish_write_cache),
+    _meta("removeCache", m.RemoveCacheRequest, api.remove_cache),
+    _meta("trimCache", m.TrimCacheRequest, api.trim_cache),
+]
 
 blueprint = api_blueprint(__name__, OPERATIONS)

@@ -1,0 +1,109 @@
+"""Builds InstanceContexts from the per-container config cache, reusing them while the
+config objects they were built from are unchanged."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from ..clock import Clock
+from ..index import BlockIndex, InstanceLayout
+from ..protocol.models import InstanceGroup, StorageConfig
+from ..storage.base import StorageBackend
+from .context import InstanceContext, SpecLayout, StorageState, bucket_bits_for, expected_max_blocks
+
+
+class _KnownBackends(Mapping):
+    """Every storage in the control plane, resolved to its backend on first use."""
+
+    def __init__(self, config: Any, registry: Any) -> None:
+        self._config = config
+        self._registry = registry
+
+    def __getitem__(self, name: str) -> StorageBackend:
+        try:
+            record = self._config.storage(name)
+        except Exception:  # noqa: BLE001 - an unknown storage is simply not there
+            raise KeyError(name) from None
+        return self._registry.backend(record.config)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+@dataclass
+class _Entry:
+    record: Any
+    group: InstanceGroup
+    candidates: list[tuple[StorageConfig, bool]]
+    peers: tuple[InstanceLayout, ...]
+    peers_until: float
+    context: InstanceContext
+
+
+class ContextProvider:
+    """``provider(instance_id) -> InstanceContext``; raises InstanceNotFoundError."""
+
+    def __init__(self, config: Any, control: Any, registry: Any, index: BlockIndex, clock: Clock,
+                 refresh_s: float = 2.0) -> None:
+        self._config = config
+        self._control = control
+        self._registry = registry
+        self._index = index
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._bits: dict[tuple[str, str], int] = {}
+        self._backends = _KnownBackends(config, registry)
+
+    def __call__(self, instance_id: str) -> InstanceContext:
+        record = self._config.instance(instance_id)
+        group = self._config.group(record.group)
+        candidates = self._config.storages_for_group(record.group)
+        now = self._clock.now()
+        entry = self._entries.get(instance_id)
+        if (entry is not None and entry.record is record and entry.group is group
+                and _same(entry.candidates, candidates) and now < entry.peers_until):
+            return entry.context
+        layout = self._index.layout(instance_id, self.bucket_bits(record, group))
+        peers = tuple(self._index.layout(p.instance_id, self.bucket_bits(p, group))
+                      for p in self._control.list_instances(record.group) if p.instance_id != instance_id)
+        context = InstanceContext(
+            instance_id=instance_id,
+            group=group,
+            block_size=record.block_size,
+            spec_layout=SpecLayout(tuple(record.location_spec_infos), tuple(record.location_spec_groups)),
+            layout=layout,
+            storages=tuple(StorageState(self._registry.backend(cfg), available) for cfg, available in candidates),
+            peer_layouts=peers,
+            backends=self._backends,
+        )
+        with self._lock:
+            self._entries[instance_id] = _Entry(record, group, candidates, peers, now + self._refresh_s, context)
+        return context
+
+    def bucket_bits(self, record: Any, group: Optional[InstanceGroup]) -> int:
+        """The instance's bucket bits: fixed at its first use, kept in Valkey."""
+        key = (record.instance_id, record.incarnation)
+        bits = self._bits.get(key)
+        if bits is None:
+            wanted = bucket_bits_for(expected_max_blocks(group, record.block_bytes))
+            bits = self._index.bucket_bits(record.instance_id, wanted)
+            self._bits[key] = bits
+        return bits
+
+    def forget(self, instance_id: str) -> None:
+        """Drop what is cached for an instance (after it is removed)."""
+        with self._lock:
+            self._entries.pop(instance_id, None)
+            for key in [k for k in self._bits if k[0] == instance_id]:
+                del self._bits[key]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x[0] is y[0] and x[1] == y[1] for x, y in zip(a, b))
