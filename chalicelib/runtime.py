@@ -136,6 +136,13 @@ class Runtime:
         return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings)
 
     @cached_property
+    def faults(self):
+        """Debug-service fault injection."""
+        from .index.faults import FaultRegistry
+
+        return FaultRegistry(self.valkey, prefix=self.settings.key_prefix)
+
+    @cached_property
     def events(self):
         from .observability.events import EventLog
 

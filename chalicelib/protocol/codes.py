@@ -76,14 +76,12 @@ class Role(IntEnum):
 
 
 class FaultType(IntEnum):
-    FT_UNSPECIFIED = 0
-    FT_INTERNAL_ERROR = 1
+    FT_INTERNAL_ERROR = 0
 
 
 class FaultTriggerStrategy(IntEnum):
-    FTS_UNSPECIFIED = 0
-    FTS_ALWAYS = 1
-    FTS_ONCE = 2
+    ALWAYS = 0
+    ONCE = 1
 
 
 class LogLevel(IntEnum):

@@ -509,7 +509,7 @@ class UpdateLoggerRequest(Request):
 class InjectFaultRequest(Request):
     api_name: Str = ""
     fault_type: FaultTypeField = FaultType.FT_INTERNAL_ERROR
-    fault_trigger_strategy: FaultTriggerStrategyField = FaultTriggerStrategy.FTS_ALWAYS
+    fault_trigger_strategy: FaultTriggerStrategyField = FaultTriggerStrategy.ALWAYS
     trigger_at_call: Int64 = 0
 
 

@@ -18,7 +18,7 @@ SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 @pytest.fixture
 def runtime(valkey, valkey_url, aws, clock):
     settings = Settings(valkey_url=valkey_url, control_table=f"ctl-{uuid.uuid4().hex[:8]}", config_refresh_s=30.0,
-                        node_id="test-node")
+                        node_id="test-node", debug_service=True)
     rt = Runtime(settings=settings, clock=clock, valkey=valkey)
     ensure_table(rt.aws("dynamodb"), settings.control_table)
     set_runtime(rt)

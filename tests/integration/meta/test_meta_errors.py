@@ -1,0 +1,137 @@
+"""Bad input and refusals on the meta API: the contract's code, a message naming the
+field, HTTP 200 (400 only for a body that is not a JSON object), nothing half-written."""
+import dataclasses
+import json
+
+import pytest
+
+from chalicelib.protocol.models import InstanceGroup
+
+from .conftest import SPECS, code, write
+
+METHODS = ["registerInstance", "getInstanceInfo", "getCacheLocation", "getCacheMeta", "startWriteCache",
+           "finishWriteCache", "removeCache", "trimCache"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("body", ["not json", "[1, 2]", '"text"', "{"])
+def test_body_not_a_json_object(http, instance, method, body):
+    assert http(method, body) == {}
+    assert http.status == 400
+
+
+@pytest.mark.parametrize("method,body,field", [
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": "abc"}, "block_keys"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, "x"]}, "block_keys[1]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [True]}, "block_keys[0]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [2 ** 64]}, "block_keys[0]"),
+    ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, "query_type"),
+    ("getCacheLocation", {"query_type": 77, "block_keys": [1]}, "query_type"),
+    ("getCacheLocation", {"block_keys": [1]}, "query_type"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH"}, "block_keys"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": []}, "block_keys"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2]}, "token_ids"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2],
+                          "block_mask": {"bool_masks": {"values": [True]}}}, "block_mask.bool_masks.values"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2], "block_mask": {"offset": 3}},
+     "block_mask.offset"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1], "block_mask": {"offset": -1}},
+     "block_mask"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1],
+                          "block_mask": {"offset": 1, "bool_masks": {"values": [True]}}}, "block_mask"),
+    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "location_spec_names": ["tp9"]},
+     "location_spec_names"),
+    ("getCacheLocation", {"query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": [1]}, "sw_size"),
+    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "sw_size": "big"}, "sw_size"),
+    ("startWriteCache", {"block_keys": [1, 2], "location_spec_group_names": ["g"]}, "location_spec_group_names"),
+    ("startWriteCache", {"block_keys": [1], "location_spec_group_names": ["nope"]}, "location_spec_group_names"),
+    ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": -1}, "write_timeout_seconds"),
+    ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": 1.5}, "write_timeout_seconds"),
+    ("finishWriteCache", {"write_session_id": "x"}, "success_blocks"),
+    ("finishWriteCache", {"success_blocks": {"offset": 1}}, "write_session_id"),
+    ("finishWriteCache", {"write_session_id": 5, "success_blocks": {"offset": 1}}, "write_session_id"),
+    ("removeCache", {"block_keys": {"a": 1}}, "block_keys"),
+    ("trimCache", {"strategy": "TS_NOPE"}, "strategy"),
+    ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": 5, "end_timestamp": 1}, "begin_timestamp"),
+    ("getCacheMeta", {"block_keys": [1], "block_mask": {"bool_masks": {"values": [1]}}}, "block_mask"),
+    ("registerInstance", {"instance_group": "g1", "block_size": 0}, "block_size"),
+])
+def test_malformed_fields_are_named(http, instance, method, body, field):
+    resp = http(method, {"instance_id": "i1", **body})
+    assert http.status == 200
+    assert code(resp) == "INVALID_ARGUMENT", resp
+    assert field in resp["header"]["status"]["message"], resp
+
+
+def test_camel_case_and_string_int64_are_accepted(http, instance):
+    write(http, [1, 2])
+    resp = http("getCacheLocation", {"instanceId": "i1", "queryType": 2, "blockKeys": ["1", "2"], "extra": {}})
+    assert code(resp) == "OK" and len(resp["locations"]) == 2
+
+
+def test_key_cap(http, instance, runtime):
+    runtime.settings = dataclasses.replace(runtime.settings, max_keys_per_request=4)
+    resp = http("startWriteCache", {"instance_id": "i1", "block_keys": list(range(5))})
+    assert code(resp) == "INVALID_ARGUMENT" and "limit of 4" in resp["header"]["status"]["message"]
+
+
+def _meta_statuses(http, keys):
+    resp = http("getCacheMeta", {"instance_id": "i1", "block_keys": keys})
+    return [json.loads(m)["status"] for m in resp["metas"]]
+
+
+def test_quota_refusal_leaves_nothing_writing(http, runtime, group):
+    runtime.control.update_group(InstanceGroup.model_validate(
+        {**group.model_dump(), "version": 0, "quota": {"capacity": 4096}}), current_version=group.version)
+    http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
+                              "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "f"}})
+    write(http, [1])  # 2 KiB of 4
+    resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
+    assert code(resp) == "REACH_MAX_ENTITY_CAPACITY", resp
+    assert _meta_statuses(http, [2, 3]) == ["CLS_NOT_FOUND", "CLS_NOT_FOUND"]
+    ctx = runtime.contexts("i1")
+    assert runtime.index.usage([ctx.layout])[0].bytes == 2048
+    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2]})) == "OK"
+
+
+def test_max_key_count(http, runtime, group):
+    runtime.control.update_group(InstanceGroup.model_validate(
+        {**group.model_dump(), "version": 0, "cache_config": {"meta_indexer_config": {"max_key_count": 2}}}),
+        current_version=group.version)
+    http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
+                              "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "f"}})
+    write(http, [1, 2])
+    resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
+    assert code(resp) == "REACH_MAX_ENTITY_CAPACITY" and "max_key_count" in resp["header"]["status"]["message"]
+    assert _meta_statuses(http, [3]) == ["CLS_NOT_FOUND"]
+
+
+def test_disabled_storage_serves_nothing_and_takes_no_writes(http, instance, runtime):
+    write(http, [1])
+    runtime.control.set_storage_available("nfs_01", False)
+    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})
+    assert code(resp) == "IO_ERROR"
+    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})) == "REACH_MAX_ENTITY_CAPACITY"
+    runtime.control.set_storage_available("nfs_01", True)
+    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})
+    assert len(resp["locations"]) == 1
+
+
+def test_fault_injection(http, instance):
+    assert code(http("injectFault", {"api_name": "getCacheLocation", "fault_trigger_strategy": "ONCE",
+                                     "trigger_at_call": 3})) == "OK"
+    body = {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [1]}
+    assert code(http("getCacheLocation", {**body, "trace_id": "abc_2"})) == "OK"
+    assert code(http("getCacheLocation", {**body, "trace_id": "abc_3"})) == "INTERNAL_ERROR"
+    http("injectFault", {"api_name": "GetCacheLocation"})
+    assert code(http("getCacheLocation", body)) == "INTERNAL_ERROR"
+    http("removeFault", {"api_name": "getCacheLocation"})
+    assert code(http("getCacheLocation", body)) == "OK"
+    http("injectFault", {"api_name": "startWriteCache"})
+    http("clearFaults", {})
+    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [5]})) == "OK"
+
+
+def test_debug_service_off(http, instance, runtime):
+    runtime.settings = dataclasses.replace(runtime.settings, debug_service=False)
+    assert code(http("injectFault", {"api_name": "getCacheLocation"})) == "UNSUPPORTED"
