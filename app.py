@@ -1,9 +1,35 @@
 """KVCM: wiring only. Routes live in chalicelib/routes; logic below them."""
-from chalice import Chalice
+from chalice import Chalice, Rate
 
 from chalicelib.routes import admin, debug, meta
+from chalicelib.runtime import get_runtime
+from chalicelib.workflows import deletes, reaper
 
 app = Chalice(app_name="kvcm")
 app.register_blueprint(meta.blueprint)
 app.register_blueprint(admin.blueprint)
 app.register_blueprint(debug.blueprint)
+
+
+# ---------------------------------------------------------------- state machine tasks
+
+@app.lambda_function(name="expire_write_sessions")
+def expire_write_sessions(event, context):
+    return reaper.expire_write_sessions(get_runtime())
+
+
+@app.lambda_function(name="reaper_continue")
+def reaper_continue(event, context):
+    return reaper.reaper_continue(get_runtime(), event)
+
+
+@app.lambda_function(name="delete_batch")
+def delete_batch(event, context):
+    return deletes.delete_batch(get_runtime(), event)
+
+
+# ---------------------------------------------------------------- schedules
+
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")
+def reaper_watchdog(event):
+    return reaper.reaper_watchdog(get_runtime())

@@ -123,7 +123,12 @@ class Runtime:
 
     @cached_property
     def deleter(self):
-        """Where deletions go."""
+        """Where deletions go: the batched_delete state machine when one is configured,
+        else inline in the calling request."""
+        if self.settings.delete_state_machine_arn:
+            from .workflows.deletes import StepFunctionsDeleter
+
+            return StepFunctionsDeleter(lambda: self.aws("stepfunctions"), self.settings.delete_state_machine_arn)
         from .cache.deletion import InlineDeleter
 
         return InlineDeleter(self.deletion)

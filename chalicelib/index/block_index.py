@@ -257,9 +257,13 @@ class BlockIndex:
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
         return status == -2, decode_victims(blob)
 
-    def due_sessions(self, layout: InstanceLayout, now_ms: int, limit: int = 1000) -> list[str]:
-        """Ids of sessions whose deadline has passed."""
-        return [s.decode() for s in self.client.zrangebyscore(layout.key("sd"), "-inf", now_ms, start=0, num=limit)]
+    def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
+        """Ids of sessions past their deadline, per instance, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for instance_id in instance_ids:
+            pipe.zrangebyscore(InstanceLayout(self.prefix, instance_id, 0).key("sd"), "-inf", now_ms,
+                               start=0, num=limit)
+        return {i: [s.decode() for s in due] for i, due in zip(instance_ids, pipe.execute()) if due}
 
     def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int],
                       expected_locations: Optional[Sequence[int]] = None,
@@ -349,3 +353,49 @@ class BlockIndex:
                 break
         for start in range(0, len(keys), 1000):
             self.client.unlink(*keys[start:start + 1000])
+
+    # ---------------------------------------------------------------- reclaim support
+    # Added for chalicelib.capacity (the reclaimer): bounded reads of a few buckets, the
+    # storage table with types, a per-instance sweep cursor, and the wake set.
+
+    def sample_buckets(self, layout: InstanceLayout, buckets: Sequence[int]) -> list[tuple[int, bytes]]:
+        """Every (block key, raw record) of several buckets, in one round trip."""
+        if not buckets:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for b in buckets:
+            pipe.hgetall(layout.bucket(b))
+        try:
+            contents = pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+        return [(int.from_bytes(f, "big", signed=True), r) for c in contents for f, r in c.items()]
+
+    def storage_table(self, layout: InstanceLayout) -> dict[int, tuple[str, str]]:
+        """Storage index → (storage name, storage type name), as assigned by starts: the
+        type usage counters were charged to (lua/start.lua, lua/drop.lua)."""
+        raw = self.client.hgetall(layout.key("st"))
+        return {int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode())
+                for k, v in raw.items() if k.startswith(b"#")}
+
+    def advance_sweep(self, layout: InstanceLayout, count: int) -> int:
+        """Claim the next ``count`` buckets of the instance's reclaim sweep (a cursor kept in
+        Valkey, so successive rounds on any node cover every bucket); returns the first."""
+        end = self.client.hincrby(layout.key("m"), "sweep", count)
+        return (end - count) % layout.bucket_count
+
+    @property
+    def _reclaim_wake_key(self) -> str:
+        return f"{{{self.prefix}:reclaim}}:wake"
+
+    def request_reclaim(self, group: str) -> None:
+        """Ask the reclaimer to look at ``group`` in its next round."""
+        self.client.sadd(self._reclaim_wake_key, group)
+
+    def take_reclaim_requests(self) -> set[str]:
+        """The groups asked for since the last call, read and cleared atomically."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.smembers(self._reclaim_wake_key)
+        pipe.delete(self._reclaim_wake_key)
+        members, _ = pipe.execute()
+        return {m.decode() for m in members}

@@ -1,0 +1,35 @@
+"""Starting Step Functions executions (named: names are unique per state machine)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..protocol.errors import ServiceNotReadyError
+
+_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def execution_name(prefix: str) -> str:
+    """A unique execution name (≤ 80 characters, as Step Functions requires)."""
+    return f"{prefix[:40]}-" + bytes(_ALPHABET[b % 36] for b in os.urandom(24)).decode()
+
+
+def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict) -> str:
+    """Start an execution; returns its ARN. Failures become ServiceNotReadyError."""
+    if not state_machine_arn:
+        raise ServiceNotReadyError(f"no state machine configured for {name_prefix}")
+    try:
+        return sfn.start_execution(stateMachineArn=state_machine_arn, name=execution_name(name_prefix),
+                                   input=json.dumps(payload, separators=(",", ":")))["executionArn"]
+    except Exception as exc:  # botocore raises many types; all mean "not started"
+        raise ServiceNotReadyError(f"could not start {name_prefix}: {exc}") from None
+
+
+def running(sfn: Any, state_machine_arn: str) -> list[str]:
+    """ARNs of the running executions of a state machine."""
+    out: list[str] = []
+    for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=state_machine_arn,
+                                                             statusFilter="RUNNING"):
+        out += [e["executionArn"] for e in page["executions"]]
+    return out

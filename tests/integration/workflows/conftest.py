@@ -1,0 +1,76 @@
+"""The real state machines in moto's interpreter, their Lambda tasks dispatched to the
+app's handlers, against real Valkey and a file storage (wall clock: Wait really waits)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chalicelib.control import ensure_table
+from chalicelib.local import asl
+from chalicelib.local.aws import _dummy_zip
+from chalicelib.local.dispatch import LambdaDispatch
+from chalicelib.local.stack import load_app, task_handlers
+from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
+from chalicelib.runtime import Runtime, set_runtime
+from chalicelib.settings import Settings
+
+REPO = Path(__file__).resolve().parents[3]
+SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
+
+
+@pytest.fixture
+def stack(valkey, valkey_url, aws, tmp_path):
+    import boto3
+
+    app = load_app()
+    handlers = task_handlers(app)
+    lam, sfn, iam = boto3.client("lambda"), boto3.client("stepfunctions"), boto3.client("iam")
+    role = iam.create_role(RoleName="kvcm-test", AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17"}))
+    arns = {name: lam.create_function(FunctionName=name, Runtime="python3.11", Role=role["Role"]["Arn"],
+                                      Handler=f"app.{name}", Code={"ZipFile": _dummy_zip()})["FunctionArn"]
+            for name in handlers}
+    values = asl.substitution_map(arns)
+    machines = {name: sfn.create_state_machine(name=name, roleArn=role["Role"]["Arn"], definition=asl.render(
+        path.read_text(), values))["stateMachineArn"] for name, path in asl.discover([REPO / "workflows"]).items()}
+    settings = Settings(valkey_url=valkey_url, control_table=f"ctl-{uuid.uuid4().hex[:8]}", config_refresh_s=30.0,
+                        node_id="wf-node", reaper_state_machine_arn=machines["write_session_reaper"],
+                        delete_state_machine_arn=machines["batched_delete"])
+    runtime = Runtime(settings=settings, valkey=valkey)
+    ensure_table(runtime.aws("dynamodb"), settings.control_table)
+    root = tmp_path / "nfs"
+    root.mkdir()
+    runtime.control.add_storage(StorageConfig.model_validate(
+        {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
+    runtime.control.create_group(InstanceGroup.model_validate(
+        {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}}))
+    from chalicelib.cache.api import register_instance
+
+    register_instance(runtime, RegisterInstanceRequest.model_validate(
+        {"instance_group": "g1", "instance_id": "i1", "block_size": 4, "location_spec_infos": SPECS,
+         "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
+    set_runtime(runtime)
+    with LambdaDispatch(handlers):
+        yield dataclasses.make_dataclass("Stack", ["runtime", "sfn", "machines", "root"])(runtime, sfn, machines, root)
+    set_runtime(None)
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    return predicate()
+
+
+def wait_execution(sfn, arn: str, timeout_s: float = 30) -> dict:
+    result = wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d,
+                      timeout_s)
+    assert result, f"execution {arn} still running"
+    return result
