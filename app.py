@@ -3,7 +3,7 @@ from chalice import Chalice, Rate
 
 from chalicelib.routes import admin, debug, meta
 from chalicelib.runtime import get_runtime
-from chalicelib.workflows import deletes, reaper
+from chalicelib.workflows import deletes, health, reaper
 
 app = Chalice(app_name="kvcm")
 app.register_blueprint(meta.blueprint)
@@ -33,3 +33,8 @@ def delete_batch(event, context):
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")
 def reaper_watchdog(event):
     return reaper.reaper_watchdog(get_runtime())
+
+
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="health_check")
+def health_check(event):
+    return health.run_health_checks(get_runtime())

@@ -112,7 +112,7 @@ class Runtime:
         """instance id → InstanceContext for the hot path."""
         from .cache.contexts import ContextProvider
 
-        return ContextProvider(self.config, self.control, self.storages, self.index, self.clock,
+        return ContextProvider(self.config, self.control, self.storages, self.index, self.health, self.clock,
                                refresh_s=self.settings.config_refresh_s)
 
     @cached_property
@@ -152,6 +152,13 @@ class Runtime:
         from .observability.events import EventLog
 
         return EventLog.from_settings(self.settings.event_log_path)
+
+    @cached_property
+    def health(self):
+        """Storage health shared by every container."""
+        from .storage.health_store import HealthStore
+
+        return HealthStore(self.valkey, prefix=self.settings.key_prefix)
 
     @cached_property
     def lease(self):

@@ -1,5 +1,6 @@
 """Builds InstanceContexts from the per-container config cache, reusing them while the
-config objects they were built from are unchanged."""
+config objects they were built from are unchanged, for at most ``refresh_s`` (peers and
+storage health are re-read then)."""
 from __future__ import annotations
 
 import threading
@@ -48,9 +49,10 @@ class _Entry:
 class ContextProvider:
     """``provider(instance_id) -> InstanceContext``; raises InstanceNotFoundError."""
 
-    def __init__(self, config: Any, control: Any, registry: Any, index: BlockIndex, clock: Clock,
+    def __init__(self, config: Any, control: Any, registry: Any, index: BlockIndex, health: Any, clock: Clock,
                  refresh_s: float = 2.0) -> None:
         self._config = config
+        self._health = health
         self._control = control
         self._registry = registry
         self._index = index
@@ -71,6 +73,7 @@ class ContextProvider:
                 and _same(entry.candidates, candidates) and now < entry.peers_until):
             return entry.context
         layout = self._index.layout(instance_id, self.bucket_bits(record, group))
+        unhealthy = self._health.unhealthy()
         peers = tuple(self._index.layout(p.instance_id, self.bucket_bits(p, group))
                       for p in self._control.list_instances(record.group) if p.instance_id != instance_id)
         context = InstanceContext(
@@ -79,7 +82,8 @@ class ContextProvider:
             block_size=record.block_size,
             spec_layout=SpecLayout(tuple(record.location_spec_infos), tuple(record.location_spec_groups)),
             layout=layout,
-            storages=tuple(StorageState(self._registry.backend(cfg), available) for cfg, available in candidates),
+            storages=tuple(StorageState(self._registry.backend(cfg), available and cfg.global_unique_name not in unhealthy)
+                           for cfg, available in candidates),
             peer_layouts=peers,
             backends=self._backends,
         )

@@ -1,0 +1,32 @@
+"""Storage health as the health checks last saw it, kept in Valkey so that every
+container (and the next scheduled run) shares the hysteresis state."""
+from __future__ import annotations
+
+import json
+from typing import Iterable, Mapping
+
+from .health import StorageHealth
+
+
+class HealthStore:
+    """``{storage name: StorageHealth}`` in one Valkey hash."""
+
+    def __init__(self, client, prefix: str) -> None:
+        self.client = client
+        self.key = f"{prefix}:storage-health"
+
+    def load(self) -> dict[str, StorageHealth]:
+        return {name.decode(): StorageHealth(**json.loads(raw)) for name, raw in self.client.hgetall(self.key).items()}
+
+    def save(self, states: Mapping[str, StorageHealth]) -> None:
+        if states:
+            self.client.hset(self.key, mapping={name: json.dumps(state.__dict__) for name, state in states.items()})
+
+    def forget(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if names:
+            self.client.hdel(self.key, *names)
+
+    def unhealthy(self) -> set[str]:
+        """Names of the storages whose probes put them out of service."""
+        return {name for name, state in self.load().items() if not state.available}

@@ -1,0 +1,41 @@
+"""Health checks: a failing probe takes a storage out of service (writes fail over, reads
+stop), with hysteresis, and it comes back once probes succeed again."""
+import shutil
+
+from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, GetCacheLocationRequest, InstanceGroup,
+                                        StartWriteCacheRequest, StorageConfig)
+from chalicelib.workflows.health import run_health_checks
+
+
+def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
+    rt = stack.runtime
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    rt.control.add_storage(StorageConfig.model_validate(
+        {"global_unique_name": "nfs_02", "nfs": {"root_path": str(backup), "key_count_per_file": 2}}))
+    group = rt.control.get_group("g1")
+    rt.control.update_group(InstanceGroup.model_validate(
+        {**group.model_dump(), "version": 0, "storage_candidates": ["nfs_01", "nfs_02"]}), current_version=group.version)
+    rt.config.invalidate()
+    start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[1]))
+    rt.cache.finish_write_cache(FinishWriteCacheRequest(instance_id="i1", write_session_id=start.write_session_id,
+                                                        success_blocks=BlockMask(offset=1)))
+    assert start.locations[0].location_specs[0].uri.startswith("file://nfs_01/")
+
+    shutil.rmtree(stack.root)  # the mount is gone: probes fail
+    assert run_health_checks(rt)["changes"] == []  # one failure is not enough (hysteresis)
+    report = run_health_checks(rt)
+    assert report["changes"] == [{"storage": "nfs_01", "available": False, "reason": report["changes"][0]["reason"]}]
+    assert rt.metrics.value("data_storage.healthy_status", {"storage": "nfs_01"}) == 0
+    rt.contexts.forget("i1")  # what config_refresh_s does in every container
+    moved = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[2]))
+    assert moved.locations[0].location_specs[0].uri.startswith("file://nfs_02/")
+    read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="i1", query_type=2, block_keys=[1]))
+    assert read.locations == []
+
+    stack.root.mkdir()
+    run_health_checks(rt)
+    assert run_health_checks(rt)["changes"][0]["available"] is True
+    rt.contexts.forget("i1")
+    read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="i1", query_type=2, block_keys=[1]))
+    assert len(read.locations) == 1
