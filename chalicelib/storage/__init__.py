@@ -1,0 +1,37 @@
+"""Data storage backends: URIs for the engines, data deletion, health probes.
+
+``base.StorageBackend`` is the port; ``StorageRegistry`` builds the backend of a
+``StorageConfig``; ``health`` probes backends and tracks their availability.
+"""
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
+from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
+from .health import AvailabilityChange, AvailabilityTracker, ProbeResult, StorageHealth, probe_storage
+from .mempool import PoolExhaustedError, PoolSnapshot, TairMemPoolBackend
+from .mooncake import MooncakeBackend, MooncakeStore
+from .registry import BACKEND_CLASSES, StorageRegistry, boto3_s3_client
+from .s3 import S3Backend
+
+__all__ = [
+    "AvailabilityChange",
+    "AvailabilityTracker",
+    "BACKEND_CLASSES",
+    "BlockRef",
+    "FileBackend",
+    "MooncakeBackend",
+    "MooncakeStore",
+    "PoolExhaustedError",
+    "PoolSnapshot",
+    "ProbeResult",
+    "S3Backend",
+    "SpecSlot",
+    "StorageBackend",
+    "StorageError",
+    "StorageHealth",
+    "StorageRegistry",
+    "StorageUnavailableError",
+    "TairMemPoolBackend",
+    "ThreeFSBackend",
+    "VcnsThreeFSBackend",
+    "boto3_s3_client",
+    "probe_storage",
+]

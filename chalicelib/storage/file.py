@@ -1,0 +1,234 @@
+"""File storages: NFS-style mounts (EFS, FSx, NFS) and 3FS, plain or VCNS.
+
+Layout. Data of one (instance, spec, placement group) lives in one file::
+
+    <data root>/<instance id>/<spec name>/<group id as 16 hex digits>
+
+where the instance id and spec name are escaped (``naming.escape_component``), so no user
+string can leave the data root. With ``key_count_per_file`` N > 1 a file holds N blocks
+of one startWriteCache call, block ``slot`` at byte ``slot * spec size``; the index keeps
+the file's live count and calls ``delete_groups`` when it reaches zero. With N ≤ 1 every
+block has its own file (a group of one, whose id is the block's location id); the index
+deletes it the same way, and ``delete`` removes it too.
+
+KVCM never writes block data: engines create and fill the files. KVCM only removes them,
+checks them, creates empty ones when a 3FS storage asks for it (``prepare``), and writes a
+probe file for health. It never creates the data root: a missing data root means a
+missing mount and must fail the probe, not be papered over on the local disk.
+
+URIs (the host is always the storage's ``global_unique_name``):
+
+- NFS: ``file://<name><absolute file path>?blkid=<slot>&size=<spec size>&offset=<slot*size>``
+- 3FS: ``3fs://<name>/<root_dir>/<instance>/<spec>/<group hex>?blkid=..&size=..&offset=..``
+  (the path is relative to the mountpoint, as each engine host mounts 3FS itself).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+from typing import Iterable, Sequence
+
+from ..protocol.codes import StorageType
+from ..protocol.models import StorageConfig
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
+from .checks import config_error, require, require_absolute, require_contained, require_non_negative, spec_of
+from .naming import build_uri, escape_component, hex64
+
+PROBE_PREFIX = ".kvcm-probe-"
+#: The index stores a block's slot in 16 bits.
+MAX_KEY_COUNT_PER_FILE = 1 << 16
+_MISSING = (FileNotFoundError, NotADirectoryError)
+
+
+def check_key_count(config: StorageConfig, field: str, value: int) -> None:
+    """``key_count_per_file``: 0 (one block per file) up to ``MAX_KEY_COUNT_PER_FILE``."""
+    require_non_negative(config, field, value)
+    if value > MAX_KEY_COUNT_PER_FILE:
+        raise config_error(config, field, f"must be <= {MAX_KEY_COUNT_PER_FILE}, got {value}")
+
+
+class _FileStorage(StorageBackend):
+    """What NFS and 3FS share: the layout, URIs, deletion, existence and the probe."""
+
+    scheme = ""
+
+    def __init__(self, config: StorageConfig, data_root: str, uri_root: str, key_count_per_file: int) -> None:
+        super().__init__(config)
+        self.data_root = os.path.normpath(data_root)
+        # One leading slash: normpath keeps a leading "//", which would read as a URI authority.
+        self._uri_root = posixpath.normpath("/" + uri_root.strip("/"))
+        self._pack = max(1, key_count_per_file)
+
+    @property
+    def pack_count(self) -> int:
+        return self._pack
+
+    def _relative(self, instance_id: str, spec_name: str, group_id: int) -> str:
+        return posixpath.join(escape_component(instance_id), escape_component(spec_name), hex64(group_id))
+
+    def path(self, instance_id: str, spec_name: str, group_id: int) -> str:
+        """Absolute path of the file holding ``spec_name`` of a placement group."""
+        return os.path.join(self.data_root, self._relative(instance_id, spec_name, group_id))
+
+    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
+        path = posixpath.join(self._uri_root, self._relative(block.instance_id, spec.name, block.group_id))
+        params = (("blkid", block.slot), ("size", spec.size), ("offset", block.slot * spec.size))
+        return build_uri(self.scheme, self.name, path, params)
+
+    def delete(self, blocks: Sequence[BlockRef]) -> None:
+        """Remove the files of unpacked blocks; packed files go through ``delete_groups``."""
+        if self._pack > 1:
+            return
+        self._remove(self.path(b.instance_id, s.name, b.group_id) for b in blocks for s in b.specs)
+
+    def delete_groups(self, instance_id: str, group_ids: Sequence[int], specs: Sequence[SpecSlot]) -> None:
+        """Remove every spec file of the given placement groups."""
+        self._remove(self.path(instance_id, s.name, g) for g in group_ids for s in specs)
+
+    def _remove(self, paths: Iterable[str]) -> None:
+        # Try every file before failing, so one bad file does not keep the others alive.
+        failures = []
+        for path in paths:
+            try:
+                os.unlink(path)
+            except _MISSING:
+                pass
+            except OSError as exc:
+                failures.append(f"{path}: {exc.strerror or exc}")
+        if failures:
+            raise StorageError(
+                f"storage {self.name}: could not delete {len(failures)} file(s): {'; '.join(failures[:3])}")
+
+    def exists(self, block: BlockRef) -> bool:
+        """Every spec file exists and is long enough to hold the block's slot.
+
+        Engines write in place into files that may have been created empty, so presence
+        alone does not prove the block was written.
+        """
+        for spec in block.specs:
+            path = self.path(block.instance_id, spec.name, block.group_id)
+            try:
+                size = os.stat(path).st_size
+            except _MISSING:
+                return False
+            except OSError as exc:
+                raise StorageError(f"storage {self.name}: cannot stat {path}: {exc.strerror or exc}") from exc
+            if size < (block.slot + 1) * spec.size:
+                return False
+        return True
+
+    def probe(self) -> None:
+        """Create, write, fsync and remove a uniquely named file in the data root."""
+        path = os.path.join(self.data_root, f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"kvcm health probe\n")
+                # fsync makes a network filesystem commit to its server: a dead server fails here.
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(path)
+        except OSError as exc:
+            raise StorageUnavailableError(
+                f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}") from exc
+
+
+class FileBackend(_FileStorage):
+    """An NFS-style mount (``nfs{root_path, key_count_per_file}``); URIs carry the absolute path."""
+
+    storage_type = StorageType.ST_NFS
+    spec_field = "nfs"
+    read_weight = 5
+    scheme = "file"
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.check_config(config)
+        spec = config.nfs
+        super().__init__(config, spec.root_path, spec.root_path, spec.key_count_per_file)
+
+    @classmethod
+    def check_config(cls, config: StorageConfig) -> None:
+        """Raise InvalidArgumentError naming the first invalid ``nfs`` field."""
+        spec = spec_of(config, cls.spec_field)
+        require_absolute(config, "nfs.root_path", spec.root_path)
+        check_key_count(config, "nfs.key_count_per_file", spec.key_count_per_file)
+
+
+class ThreeFSBackend(_FileStorage):
+    """A 3FS mount (``threefs{mountpoint, root_dir, key_count_per_file, touch_file_when_create}``).
+
+    The data root is ``mountpoint/root_dir``. With ``touch_file_when_create``, ``prepare``
+    (called by startWriteCache for new blocks) creates their files empty, for engines
+    whose 3FS client expects the file to exist before it writes.
+    """
+
+    storage_type = StorageType.ST_3FS
+    spec_field = "threefs"
+    read_weight = 3
+    scheme = "3fs"
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.check_config(config)
+        spec = getattr(config, self.spec_field)
+        root_dir = spec.root_dir.strip("/")
+        super().__init__(config, os.path.join(spec.mountpoint, root_dir), root_dir, spec.key_count_per_file)
+        self.touch_file_when_create = spec.touch_file_when_create
+
+    @classmethod
+    def check_config(cls, config: StorageConfig) -> None:
+        """Raise InvalidArgumentError naming the first invalid 3FS field."""
+        field = cls.spec_field
+        spec = spec_of(config, field)
+        require_absolute(config, f"{field}.mountpoint", spec.mountpoint)
+        # Upstream refuses an empty root_dir too; connectors expect it as the first path part.
+        require(config, f"{field}.root_dir", spec.root_dir.strip("/"))
+        require_contained(config, f"{field}.root_dir", spec.root_dir)
+        check_key_count(config, f"{field}.key_count_per_file", spec.key_count_per_file)
+
+    def prepare(self, blocks: Sequence[BlockRef]) -> None:
+        """Create the missing spec files of ``blocks`` (and their directories), empty."""
+        if not self.touch_file_when_create:
+            return
+        paths = {self.path(b.instance_id, s.name, b.group_id) for b in blocks for s in b.specs}
+        for path in sorted(paths):
+            spec_dir = os.path.dirname(path)
+            try:
+                # Only the instance and spec levels: a missing data root is a missing mount.
+                for directory in (os.path.dirname(spec_dir), spec_dir):
+                    try:
+                        os.mkdir(directory)
+                    except FileExistsError:
+                        pass
+                # No O_TRUNC: a packed file may already hold other blocks' data.
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
+            except OSError as exc:
+                raise StorageError(f"storage {self.name}: cannot create {path}: {exc.strerror or exc}") from exc
+
+
+class VcnsThreeFSBackend(ThreeFSBackend):
+    """3FS reached through VCNS: same files and probe, plus the remote endpoint fields."""
+
+    storage_type = StorageType.ST_VCNS_3FS
+    spec_field = "vcnsthreefs"
+
+    @classmethod
+    def check_config(cls, config: StorageConfig) -> None:
+        """The 3FS checks plus a valid ``remote_port``."""
+        super().check_config(config)
+        port = config.vcnsthreefs.remote_port
+        if not 0 <= port < 65536:
+            raise config_error(config, "vcnsthreefs.remote_port", f"must be a TCP port, got {port}")
+
+    @property
+    def remote_host(self) -> str:
+        return self.config.vcnsthreefs.remote_host
+
+    @property
+    def remote_port(self) -> int:
+        return self.config.vcnsthreefs.remote_port
+
+    @property
+    def meta_storage_uri(self) -> str:
+        return self.config.vcnsthreefs.meta_storage_uri

@@ -1,0 +1,183 @@
+"""File backends on a real directory: layout, confinement, 3FS touch files, failures."""
+import os
+import threading
+
+import pytest
+
+from chalicelib.storage import (
+    BlockRef,
+    FileBackend,
+    SpecSlot,
+    StorageError,
+    StorageUnavailableError,
+    ThreeFSBackend,
+)
+
+from .conftest import storage_config
+
+SPECS = (SpecSlot("tp0", 0, 16), SpecSlot("tp1", 16, 16))
+
+
+def nfs(root, pack=0, name="nfs_01"):
+    return FileBackend(storage_config(name, "nfs", {"root_path": str(root), "key_count_per_file": pack}))
+
+
+def threefs(mount, touch=True, pack=2, root_dir="kv/data/"):
+    return ThreeFSBackend(storage_config("3fs_01", "threefs", {
+        "mountpoint": str(mount), "root_dir": root_dir, "key_count_per_file": pack, "touch_file_when_create": touch}))
+
+
+def ref(instance="inst", key=1, location=10, group=10, slot=0, specs=SPECS):
+    return BlockRef(instance, key, location, group, slot, specs)
+
+
+def all_files(top):
+    return sorted(os.path.relpath(os.path.join(d, f), top) for d, _, files in os.walk(top) for f in files)
+
+
+def test_nfs_uri_and_path(tmp_path):
+    backend = nfs(f"{tmp_path}/", pack=4)
+    block = ref(group=0x1234, slot=3)
+    assert backend.path("inst", "tp1", 0x1234) == f"{tmp_path}/inst/tp1/0000000000001234"
+    assert backend.uri(block, SPECS[1]) == f"file://nfs_01{tmp_path}/inst/tp1/0000000000001234?blkid=3&size=16&offset=48"
+
+
+def test_3fs_uri_is_relative_to_the_mountpoint(tmp_path):
+    backend = threefs(tmp_path, root_dir="/a/b/")
+    assert backend.data_root == f"{tmp_path}/a/b"
+    assert backend.uri(ref(group=255, slot=1), SPECS[0]) == \
+        "3fs://3fs_01/a/b/inst/tp0/00000000000000ff?blkid=1&size=16&offset=16"
+
+
+@pytest.mark.parametrize("instance, spec", [("../../etc", "tp0"), ("..", ".."), ("a/../../..", "/x"),
+                                            ("/abs", "nul\0")])
+def test_hostile_names_stay_inside_the_data_root(tmp_path, instance, spec):
+    root = tmp_path / "root"
+    root.mkdir()
+    backend = threefs(tmp_path / "mnt")
+    (tmp_path / "mnt" / "kv" / "data").mkdir(parents=True)
+    for target in (nfs(root), backend):
+        path = target.path(instance, spec, 7)
+        assert os.path.realpath(path).startswith(os.path.realpath(target.data_root) + os.sep)
+    specs = (SpecSlot(spec, 0, 16),)
+    backend.prepare([ref(instance=instance, specs=specs)])
+    assert all_files(tmp_path / "mnt" / "kv" / "data") and not all_files(root)
+    assert set(os.listdir(tmp_path)) == {"root", "mnt"}, "nothing was created beside the data roots"
+
+
+def test_prepare_creates_empty_files_only_when_asked(tmp_path):
+    (tmp_path / "kv" / "data").mkdir(parents=True)
+    blocks = [ref(key=k, location=10 + k, group=10, slot=k) for k in range(2)]
+    threefs(tmp_path, touch=False).prepare(blocks)
+    assert all_files(tmp_path) == []
+    backend = threefs(tmp_path, touch=True)
+    backend.prepare(blocks)
+    assert all_files(tmp_path) == ["kv/data/inst/tp0/000000000000000a", "kv/data/inst/tp1/000000000000000a"]
+    assert all(os.path.getsize(backend.path("inst", s.name, 10)) == 0 for s in SPECS)
+    assert not backend.exists(blocks[0]), "an empty touched file holds no block"
+
+
+def test_prepare_never_creates_a_missing_data_root(tmp_path):
+    with pytest.raises(StorageError, match="cannot create"):
+        threefs(tmp_path).prepare([ref()])
+    assert os.listdir(tmp_path) == []
+
+
+def test_prepare_never_truncates_written_data(tmp_path):
+    (tmp_path / "kv" / "data").mkdir(parents=True)
+    backend = threefs(tmp_path)
+    block = ref()
+    backend.prepare([block])
+    for spec in SPECS:
+        with open(backend.path("inst", spec.name, 10), "wb") as handle:
+            handle.write(b"x" * spec.size)
+    backend.prepare([block])
+    assert backend.exists(block)
+
+
+def test_packed_exists_needs_the_slot_written(tmp_path):
+    backend = nfs(tmp_path, pack=4)
+    for spec in SPECS:
+        os.makedirs(os.path.dirname(backend.path("inst", spec.name, 10)), exist_ok=True)
+        with open(backend.path("inst", spec.name, 10), "wb") as handle:
+            handle.write(b"x" * (2 * spec.size))  # slots 0 and 1 written
+    assert backend.exists(ref(slot=1))
+    assert not backend.exists(ref(slot=2))
+
+
+def test_packed_delete_leaves_files_to_delete_groups(tmp_path):
+    backend = nfs(tmp_path, pack=4)
+    block = ref(slot=1)
+    for spec in SPECS:
+        os.makedirs(os.path.dirname(backend.path("inst", spec.name, 10)), exist_ok=True)
+        open(backend.path("inst", spec.name, 10), "wb").close()
+    backend.delete([block])
+    assert len(all_files(tmp_path)) == 2, "other blocks of the file may still be live"
+    backend.delete_groups("inst", [10], SPECS)
+    assert all_files(tmp_path) == []
+
+
+def test_unpacked_delete_removes_the_block_files(tmp_path):
+    backend = nfs(tmp_path, pack=0)
+    assert backend.pack_count == 1
+    for spec in SPECS:
+        os.makedirs(os.path.dirname(backend.path("inst", spec.name, 10)), exist_ok=True)
+        open(backend.path("inst", spec.name, 10), "wb").close()
+    backend.delete([ref()])
+    assert all_files(tmp_path) == []
+
+
+def test_delete_tries_every_file_then_reports(tmp_path):
+    backend = nfs(tmp_path, pack=0)
+    os.makedirs(backend.path("inst", "tp0", 10))  # a directory where a file should be: unlink fails
+    os.makedirs(os.path.dirname(backend.path("inst", "tp1", 10)))
+    open(backend.path("inst", "tp1", 10), "wb").close()
+    with pytest.raises(StorageError, match="could not delete 1 file"):
+        backend.delete_groups("inst", [10], SPECS)
+    assert not os.path.exists(backend.path("inst", "tp1", 10))
+
+
+def test_exists_reports_unreadable_metadata(tmp_path):
+    backend = nfs(tmp_path)
+    os.makedirs(tmp_path / "inst")
+    os.symlink(tmp_path / "inst" / "tp0", tmp_path / "inst" / "tp0")  # ELOOP on stat
+    with pytest.raises(StorageError, match="cannot stat"):
+        backend.exists(ref())
+
+
+def test_probe_leaves_nothing_behind_and_runs_concurrently(tmp_path):
+    backend = nfs(tmp_path)
+    errors = []
+
+    def probe():
+        try:
+            backend.probe()
+        except StorageUnavailableError as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("breakage", ["missing", "a file"])
+def test_probe_fails_clearly(tmp_path, breakage):
+    root = tmp_path / "root"
+    if breakage == "a file":
+        root.write_text("not a directory")
+    with pytest.raises(StorageUnavailableError, match=f"nfs_01: cannot write in {root}"):
+        nfs(root).probe()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+def test_probe_fails_on_a_read_only_root(tmp_path):
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        with pytest.raises(StorageUnavailableError, match="Permission denied"):
+            nfs(root).probe()
+    finally:
+        root.chmod(0o700)
