@@ -28,6 +28,20 @@ def delete_batch(event, context):
     return deletes.delete_batch(get_runtime(), event)
 
 
+@app.lambda_function(name="optimizer_run")
+def optimizer_run(event, context):
+    from chalicelib.optimizer import tasks
+
+    return tasks.run_task(event, get_runtime().aws("s3"))
+
+
+@app.lambda_function(name="optimizer_report")
+def optimizer_report(event, context):
+    from chalicelib.optimizer import tasks
+
+    return tasks.report_task(event, get_runtime().aws("s3"))
+
+
 # ---------------------------------------------------------------- schedules
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")

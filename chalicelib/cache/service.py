@@ -24,7 +24,6 @@ from ..protocol.models import (
     GetCacheLocationResponse,
     GetCacheMetaRequest,
     GetCacheMetaResponse,
-    LocationSpec,
     RemoveCacheRequest,
     Response,
     ResponseHeader,
@@ -107,9 +106,9 @@ class CacheService:
         return _cache_location(state.backend, ref, slots, spec_names)
 
     def _padding(self, ctx: InstanceContext, spec_names: Optional[frozenset]) -> CacheLocation:
-        specs = [LocationSpec.model_construct(name=s.name, uri="") for s in ctx.spec_layout.slots(0)
+        specs = [{"name": s.name, "uri": ""} for s in ctx.spec_layout.slots(0)
                  if spec_names is None or s.name in spec_names]
-        return CacheLocation.model_construct(type=StorageType.ST_UNSPECIFIED, spec_size=len(specs), location_specs=specs)
+        return {"type": StorageType.ST_UNSPECIFIED.name, "spec_size": len(specs), "location_specs": specs}
 
     def _spec_filter(self, ctx: InstanceContext, names: Sequence[str]) -> Optional[frozenset]:
         if not names:
@@ -314,6 +313,5 @@ class CacheService:
 
 
 def _cache_location(backend, ref: BlockRef, slots: Sequence[SpecSlot], spec_names: Optional[frozenset]) -> CacheLocation:
-    specs = [LocationSpec.model_construct(name=s.name, uri=backend.uri(ref, s)) for s in slots
-             if spec_names is None or s.name in spec_names]
-    return CacheLocation.model_construct(type=backend.storage_type, spec_size=len(specs), location_specs=specs)
+    specs = [{"name": s.name, "uri": backend.uri(ref, s)} for s in slots if spec_names is None or s.name in spec_names]
+    return {"type": backend.storage_type.name, "spec_size": len(specs), "location_specs": specs}

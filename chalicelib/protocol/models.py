@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from typing_extensions import TypedDict
+
 from pydantic import Field, model_validator
 
 from .codes import (
@@ -92,15 +94,20 @@ class BlockMask(WireModel):
         return self
 
 
-class LocationSpec(WireModel):
-    name: Str = ""
-    uri: Str = ""
+class LocationSpec(TypedDict):
+    """``{name, uri}``; ``uri == ""`` is a miss."""
+
+    name: str
+    uri: str
 
 
-class CacheLocation(WireModel):
-    type: StorageTypeField = StorageType.ST_UNSPECIFIED
-    spec_size: Int32 = 0
-    location_specs: list[LocationSpec] = Field(default_factory=list)
+class CacheLocation(TypedDict):
+    """``{type: StorageType name, spec_size, location_specs}``. A plain dict, not a model:
+    the hot path returns hundreds per call and builds them at dict speed."""
+
+    type: str
+    spec_size: int
+    location_specs: list[LocationSpec]
 
 
 class LocationSpecInfo(WireModel):

@@ -24,6 +24,7 @@ URIs (the host is always the storage's ``global_unique_name``):
 """
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import uuid
@@ -71,10 +72,16 @@ class _FileStorage(StorageBackend):
         """Absolute path of the file holding ``spec_name`` of a placement group."""
         return os.path.join(self.data_root, self._relative(instance_id, spec_name, group_id))
 
+    @functools.lru_cache(maxsize=4096)
+    def _uri_prefix(self, instance_id: str, spec_name: str) -> str:
+        directory = posixpath.join(self._uri_root, escape_component(instance_id), escape_component(spec_name))
+        return build_uri(self.scheme, self.name, directory + "/", ())[:-1]
+
     def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        path = posixpath.join(self._uri_root, self._relative(block.instance_id, spec.name, block.group_id))
-        params = (("blkid", block.slot), ("size", spec.size), ("offset", block.slot * spec.size))
-        return build_uri(self.scheme, self.name, path, params)
+        # The hot path builds one URI per spec per returned block: everything but the file
+        # name and the numbers is rendered once per (instance, spec).
+        return (f"{self._uri_prefix(block.instance_id, spec.name)}{hex64(block.group_id)}"
+                f"?blkid={block.slot}&size={spec.size}&offset={block.slot * spec.size}")
 
     def delete(self, blocks: Sequence[BlockRef]) -> None:
         """Remove the files of unpacked blocks; packed files go through ``delete_groups``."""

@@ -26,6 +26,14 @@ def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict) -> 
         raise ServiceNotReadyError(f"could not start {name_prefix}: {exc}") from None
 
 
+def state_machine_of(execution_arn: str) -> str:
+    """``arn:aws:states:r:a:execution:<machine>:<name>`` → the machine's ARN ("" if not one)."""
+    parts = execution_arn.split(":")
+    if len(parts) != 8 or parts[5] != "execution":
+        return ""
+    return ":".join(parts[:5] + ["stateMachine", parts[6]])
+
+
 def running(sfn: Any, state_machine_arn: str) -> list[str]:
     """ARNs of the running executions of a state machine."""
     out: list[str] = []

@@ -47,8 +47,10 @@ def reaper_input() -> dict:
 
 
 def reaper_continue(runtime, event: dict) -> dict:
-    """Start the reaper's next execution (the current one ends after this task)."""
-    arn = executions.start(runtime.aws("stepfunctions"), runtime.settings.reaper_state_machine_arn, "reaper",
+    """Start the next execution of the state machine running this task (the current
+    execution ends after it)."""
+    machine = executions.state_machine_of(event.get("execution", "")) or runtime.settings.reaper_state_machine_arn
+    arn = executions.start(runtime.aws("stepfunctions"), machine, "reaper",
                            {"interval_s": event.get("interval_s", INTERVAL_S),
                             "max_rounds": event.get("max_rounds", MAX_ROUNDS)})
     return {"next_execution": arn}

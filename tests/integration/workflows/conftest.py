@@ -35,7 +35,9 @@ def stack(valkey, valkey_url, aws, tmp_path):
                                       Handler=f"app.{name}", Code={"ZipFile": _dummy_zip()})["FunctionArn"]
             for name in handlers}
     values = asl.substitution_map(arns)
-    machines = {name: sfn.create_state_machine(name=name, roleArn=role["Role"]["Arn"], definition=asl.render(
+    # Unique names: an execution left running by an earlier test cannot reach these.
+    suffix = uuid.uuid4().hex[:8]
+    machines = {name: sfn.create_state_machine(name=f"{name}-{suffix}", roleArn=role["Role"]["Arn"], definition=asl.render(
         path.read_text(), values))["stateMachineArn"] for name, path in asl.discover([REPO / "workflows"]).items()}
     settings = Settings(valkey_url=valkey_url, control_table=f"ctl-{uuid.uuid4().hex[:8]}", config_refresh_s=30.0,
                         node_id="wf-node", reaper_state_machine_arn=machines["write_session_reaper"],
@@ -56,6 +58,9 @@ def stack(valkey, valkey_url, aws, tmp_path):
     set_runtime(runtime)
     with LambdaDispatch(handlers):
         yield dataclasses.make_dataclass("Stack", ["runtime", "sfn", "machines", "root"])(runtime, sfn, machines, root)
+        # A looping execution's next self-restart fails once its machine is gone.
+        for arn in machines.values():
+            sfn.delete_state_machine(stateMachineArn=arn)
     set_runtime(None)
 
 

@@ -20,7 +20,7 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[1]))
     rt.cache.finish_write_cache(FinishWriteCacheRequest(instance_id="i1", write_session_id=start.write_session_id,
                                                         success_blocks=BlockMask(offset=1)))
-    assert start.locations[0].location_specs[0].uri.startswith("file://nfs_01/")
+    assert start.locations[0]["location_specs"][0]["uri"].startswith("file://nfs_01/")
 
     shutil.rmtree(stack.root)  # the mount is gone: probes fail
     assert run_health_checks(rt)["changes"] == []  # one failure is not enough (hysteresis)
@@ -29,7 +29,7 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     assert rt.metrics.value("data_storage.healthy_status", {"storage": "nfs_01"}) == 0
     rt.contexts.forget("i1")  # what config_refresh_s does in every container
     moved = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[2]))
-    assert moved.locations[0].location_specs[0].uri.startswith("file://nfs_02/")
+    assert moved.locations[0]["location_specs"][0]["uri"].startswith("file://nfs_02/")
     read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="i1", query_type=2, block_keys=[1]))
     assert read.locations == []
 
