@@ -138,7 +138,7 @@ class Runtime:
         """The meta data plane."""
         from .cache.service import CacheService
 
-        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings)
+        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings, self.metrics)
 
     @cached_property
     def faults(self):

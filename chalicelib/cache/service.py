@@ -31,6 +31,7 @@ from ..protocol.models import (
     StartWriteCacheResponse,
     TrimCacheRequest,
 )
+from ..observability.metrics import MetricsRegistry
 from ..settings import Settings
 from ..storage.base import BlockRef, SpecSlot
 from .context import InstanceContext
@@ -42,6 +43,9 @@ _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
 _STATUS_NAMES = {Status.WRITING: CacheLocationStatus.CLS_WRITING, Status.SERVING: CacheLocationStatus.CLS_SERVING,
                  Status.DELETING: CacheLocationStatus.CLS_DELETING}
 _SCAN_CHUNK = 512
+_MATCH_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
+                  QueryType.QT_BATCH_GET: "manager.batch_get_len",
+                  QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_len"}
 
 
 class NoAvailableStorageError(StorageIOError):
@@ -64,8 +68,9 @@ class CacheService:
     """MetaService's cache methods over one instance context at a time."""
 
     def __init__(self, index: BlockIndex, contexts: Callable[[str], InstanceContext], deleter: Deleter,
-                 clock: Clock, settings: Settings) -> None:
+                 clock: Clock, settings: Settings, metrics: MetricsRegistry) -> None:
         self.index = index
+        self.metrics = metrics
         self.contexts = contexts
         self.deleter = deleter
         self.clock = clock
@@ -150,6 +155,8 @@ class CacheService:
             for key, raw in zip(keys, raws):
                 loc = self._location(ctx, key, raw, names) if raw is not None else None
                 locations.append(loc if loc is not None else self._padding(ctx, names))
+        hits = sum(1 for loc in locations if loc["location_specs"] and loc["location_specs"][0]["uri"])
+        self.metrics.observe(_MATCH_METRICS[req.query_type], hits, {"instance_id": ctx.instance_id})
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=locations)
 
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
@@ -201,7 +208,11 @@ class CacheService:
         for state in candidates:
             backend = state.backend
             type_name = backend.storage_type.name
-            explicit = backend.reserve(ctx.instance_id, len(keys), sizes[0]) or []
+            try:
+                explicit = backend.reserve(ctx.instance_id, len(keys), sizes[0]) or []
+            except CapacityExceededError as exc:  # a full memory pool: try the next candidate
+                refusals.append(f"{state.name}: {exc}")
+                continue
             try:
                 outcome = self.index.start(ctx.layout, keys, StartRequest(
                     session_id=session_id, deadline_ms=now_ms + timeout_s * 1000, storage_name=state.name,
@@ -216,6 +227,7 @@ class CacheService:
                     raise
                 refusals.append(f"{state.name}: {exc}")
                 continue
+            self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
             if explicit:
                 unused = [g for g, new in zip(explicit, outcome.new_flags) if not new]
                 if unused:
