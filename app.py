@@ -1,6 +1,7 @@
 """KVCM: wiring only. Routes live in chalicelib/routes; logic below them."""
 from chalice import Chalice, Rate
 
+from chalicelib.capacity.reclaimer import reclaim_handler
 from chalicelib.routes import admin, debug, meta
 from chalicelib.runtime import get_runtime
 from chalicelib.workflows import deletes, health, reaper
@@ -52,3 +53,8 @@ def reaper_watchdog(event):
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="health_check")
 def health_check(event):
     return health.run_health_checks(get_runtime())
+
+
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="reclaim")
+def reclaim(event):
+    return reclaim_handler(get_runtime())

@@ -138,7 +138,10 @@ class Runtime:
         """The meta data plane."""
         from .cache.service import CacheService
 
-        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings, self.metrics)
+        from .capacity.reclaimer import request_reclaim
+
+        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings, self.metrics,
+                            on_capacity_refused=lambda group: request_reclaim(self, group))
 
     @cached_property
     def faults(self):

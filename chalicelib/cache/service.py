@@ -68,8 +68,11 @@ class CacheService:
     """MetaService's cache methods over one instance context at a time."""
 
     def __init__(self, index: BlockIndex, contexts: Callable[[str], InstanceContext], deleter: Deleter,
-                 clock: Clock, settings: Settings, metrics: MetricsRegistry) -> None:
+                 clock: Clock, settings: Settings, metrics: MetricsRegistry,
+                 on_capacity_refused: Callable[[str], None] = lambda group: None) -> None:
         self.index = index
+        #: Called with the group's name when a start is refused for capacity (wakes the reclaimer).
+        self.on_capacity_refused = on_capacity_refused
         self.metrics = metrics
         self.contexts = contexts
         self.deleter = deleter
@@ -224,6 +227,7 @@ class CacheService:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])
                 if exc.kind != "type":
+                    self.on_capacity_refused(ctx.group.name)
                     raise
                 refusals.append(f"{state.name}: {exc}")
                 continue
@@ -233,6 +237,7 @@ class CacheService:
                 if unused:
                     backend.unreserve(ctx.instance_id, unused, sizes[0])
             return self._start_response(ctx, keys, spec_groups, session_id, state, outcome, explicit)
+        self.on_capacity_refused(ctx.group.name)
         raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
 
     def _start_response(self, ctx, keys, spec_groups, session_id, state, outcome, explicit) -> StartWriteCacheResponse:

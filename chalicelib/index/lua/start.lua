@@ -47,7 +47,8 @@ for i = 1, n do
   end
 end
 
-local sidx = redis.call('HGET', stab, sname)
+-- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
+local sidx = redis.call('HGET', stab, 'n:' .. sname)
 local function result(base)
   return {1, base, table.concat(flags), tonumber(sidx or 0)}
 end
@@ -62,7 +63,7 @@ end
 
 if not sidx then
   sidx = redis.call('HINCRBY', meta, 'storages', 1)
-  redis.call('HSET', stab, sname, sidx, '#' .. sidx, sname, 't' .. sidx, stype)
+  redis.call('HSET', stab, 'n:' .. sname, sidx, '#' .. sidx, sname, 't' .. sidx, stype)
 end
 sidx = tonumber(sidx)
 

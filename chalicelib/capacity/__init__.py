@@ -1,0 +1,21 @@
+"""Capacity: watermarks, victim choice and the reclaimer (API.md, "Capacity").
+
+What the rest of the service calls:
+
+- ``reclaim_handler(runtime)`` — one reclaim round; app.py's ``@app.schedule`` handler and
+  the local scheduler (every second) call it;
+- ``request_reclaim(runtime, group_name)`` — the data plane's hook when a write is refused
+  for capacity: the group is reclaimed in the next round. Cheap, never raises.
+
+Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``selection``
+(the candidate pool, leaves only). I/O through the index only: ``sampling``, ``pending``,
+``instance`` and ``reclaimer``.
+"""
+from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for
+from .reclaimer import ControlDirectory, GroupReport, ReclaimReport, Reclaimer, reclaim_handler, request_reclaim
+from .sampling import SamplingConfig
+from .watermark import Limits, Need, Plan, assess, split
+
+__all__ = ["Candidate", "ControlDirectory", "GroupReport", "LFUPolicy", "LRUPolicy", "Limits", "Need", "Plan",
+           "ReclaimReport", "Reclaimer", "SamplingConfig", "TTLPolicy", "VictimPolicy", "assess", "policy_for",
+           "reclaim_handler", "request_reclaim", "split"]

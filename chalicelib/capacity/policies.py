@@ -1,0 +1,104 @@
+"""Victim scoring (pure): which reclaimable blocks go first under each reclaim policy.
+
+A policy ranks candidates by ``score`` — lower goes first — and may declare candidates
+``expired`` (victims whatever the watermark). Ties fall back to the least recently
+accessed block, then the block key, so a ranking is deterministic.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Iterable, Optional
+
+from ..protocol.codes import ReclaimPolicy
+from ..protocol.models import CacheReclaimStrategy
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A block that may be reclaimed: its SERVING location and what the policies score."""
+
+    block_key: int
+    location_id: int
+    parent: Optional[int]
+    #: Live children (blocks whose prefix parent this is), as far as this round knows.
+    children: int
+    last_access_s: int
+    lfu: int
+    size: int
+    storage_type: str
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.children == 0
+
+
+class VictimPolicy(ABC):
+    """Base class of the reclaim policies."""
+
+    name: ClassVar[str]
+    #: Whether the policy expires blocks (then rounds also sweep for expired blocks).
+    expires: bool = False
+
+    @abstractmethod
+    def score(self, candidate: Candidate, now_s: int) -> float:
+        """Lower is reclaimed first."""
+
+    def expired(self, candidate: Candidate, now_s: int) -> bool:
+        """Whether the candidate goes whatever the watermark (only TTL expires blocks)."""
+        return False
+
+    def order(self, candidates: Iterable[Candidate], now_s: int) -> list[Candidate]:
+        """``candidates``, first to reclaim first."""
+        return sorted(candidates, key=lambda c: (self.score(c, now_s), c.last_access_s, c.block_key))
+
+
+class LRUPolicy(VictimPolicy):
+    """Least recently accessed first (a served read refreshes a block's access time)."""
+
+    name = "lru"
+
+    def score(self, candidate: Candidate, now_s: int) -> float:
+        return candidate.last_access_s
+
+
+class LFUPolicy(VictimPolicy):
+    """Lowest access counter first, the counter decayed by one per ``decay_s`` without
+    access — the same decay lua/read.lua applies before counting a new access."""
+
+    name = "lfu"
+
+    def __init__(self, decay_s: int) -> None:
+        self.decay_s = decay_s
+
+    def score(self, candidate: Candidate, now_s: int) -> float:
+        if self.decay_s <= 0:
+            return candidate.lfu
+        return max(0, candidate.lfu - max(0, now_s - candidate.last_access_s) // self.decay_s)
+
+
+class TTLPolicy(VictimPolicy):
+    """Nearest expiry first (expiry = last access + ``ttl_s``); blocks idle for longer
+    than ``ttl_s`` are expired. ``ttl_s`` 0: nothing expires, ranking as LRU."""
+
+    name = "ttl"
+
+    def __init__(self, ttl_s: int) -> None:
+        self.ttl_s = ttl_s
+        self.expires = ttl_s > 0
+
+    def score(self, candidate: Candidate, now_s: int) -> float:
+        return candidate.last_access_s + self.ttl_s
+
+    def expired(self, candidate: Candidate, now_s: int) -> bool:
+        return self.expires and now_s - candidate.last_access_s > self.ttl_s
+
+
+def policy_for(strategy: Optional[CacheReclaimStrategy], lfu_decay_s: int) -> VictimPolicy:
+    """The policy a group's reclaim strategy names (unspecified: LRU, the default)."""
+    policy = strategy.reclaim_policy if strategy is not None else ReclaimPolicy.POLICY_UNSPECIFIED
+    if policy == ReclaimPolicy.POLICY_LFU:
+        return LFUPolicy(lfu_decay_s)
+    if policy == ReclaimPolicy.POLICY_TTL:
+        return TTLPolicy(strategy.ttl_seconds)
+    return LRUPolicy()

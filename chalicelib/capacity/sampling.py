@@ -1,0 +1,147 @@
+"""Reading candidates from the index at a cost bounded by the sample, not the instance.
+
+Block keys are hashes and buckets hold the keys' low bits, so the records of a few random
+buckets are a uniform sample of an instance's blocks. A round reads whole buckets
+(about 64 records each at full capacity), several per round trip, and never scans the
+instance; TTL expiry walks a cursor over the buckets instead, so every block is looked
+at once per pass.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from ..index import BlockIndex, InstanceLayout, Status
+from ..index.block_index import MODE_RAW
+from ..index.records import HEADER, HEADER_LEN, LOCATION_LEN
+from .policies import Candidate
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Bounds of one instance's work in one round."""
+
+    #: Candidates gathered per victim needed: each victim is the worst of about this many.
+    oversample: int = 5
+    #: At most this many candidates in the pool.
+    max_pool: int = 4096
+    #: Buckets read per round trip.
+    buckets_per_trip: int = 32
+    #: Random buckets read per instance and round, at most.
+    max_buckets: int = 512
+    #: Victims per instance and round, at most (the rest waits for the next round).
+    max_victims: int = 8192
+    #: Victims marked per index call.
+    mark_batch: int = 1024
+    #: Buckets the TTL sweep reads per instance and check: at least / at most.
+    min_sweep_buckets: int = 16
+    max_sweep_buckets: int = 512
+
+
+def sweep_buckets(bucket_count: int, period_s: int, ttl_s: int, config: SamplingConfig) -> int:
+    """Buckets to sweep per check, so that one pass over the instance takes about
+    ``ttl_s`` when checks come every ``period_s`` (bounded by the config)."""
+    wanted = math.ceil(bucket_count * max(1, period_s) / max(1, ttl_s))
+    return min(bucket_count, config.max_sweep_buckets, max(config.min_sweep_buckets, wanted))
+
+
+def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, str]], sizes: Sequence[int],
+                 storage_name: str = "") -> Optional[Candidate]:
+    """The candidate a record offers: its first SERVING location (on ``storage_name`` when
+    given), or None. WRITING and DELETING locations are never candidates."""
+    # Thousands of records per round: read the few bytes needed rather than decode it all.
+    end = HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN
+    for off in range(HEADER_LEN, end, LOCATION_LEN):
+        if raw[off] != Status.SERVING:
+            continue
+        name, storage_type = storages.get(raw[off + 1], ("", ""))
+        if storage_name and name != storage_name:
+            continue
+        spec_group = raw[off + 2]
+        flags, parent, children, last_access_s, lfu = HEADER.unpack_from(raw, 0)
+        return Candidate(block_key, int.from_bytes(raw[off + 3:off + 8], "big"),
+                         int.from_bytes(parent, "big", signed=True) if flags & 1 else None, children,
+                         last_access_s, lfu, sizes[spec_group] if spec_group < len(sizes) else sizes[0],
+                         storage_type)
+    return None
+
+
+def location_status(raw: bytes, location_id: int) -> Optional[Status]:
+    """The status of location ``location_id`` in a record, None when it has no such location."""
+    for off in range(HEADER_LEN, HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
+        if int.from_bytes(raw[off + 3:off + 8], "big") == location_id:
+            return Status(raw[off])
+    return None
+
+
+class BucketSampler:
+    """Candidates of one instance, read bucket by bucket. Never reads a bucket twice."""
+
+    def __init__(self, index: BlockIndex, layout: InstanceLayout, storages: Mapping[int, tuple[str, str]],
+                 sizes: Sequence[int], rng: random.Random, config: SamplingConfig, storage_name: str = "") -> None:
+        self.index = index
+        self.layout = layout
+        self.storages = storages
+        self.sizes = sizes
+        self.rng = rng
+        self.config = config
+        self.storage_name = storage_name
+        self._seen: set[int] = set()
+        self._sampled = 0
+        #: Buckets read so far (sampled and swept).
+        self.buckets_read = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """No random bucket left to read this round."""
+        return self._sampled >= self.config.max_buckets or len(self._seen) >= self.layout.bucket_count
+
+    def _read(self, buckets: list[int]) -> list[Candidate]:
+        self._seen.update(buckets)
+        self.buckets_read += len(buckets)
+        entries = self.index.sample_buckets(self.layout, buckets)
+        return [c for c in (self.candidate(key, raw) for key, raw in entries) if c is not None]
+
+    @property
+    def sampled(self) -> int:
+        """Random buckets read so far."""
+        return self._sampled
+
+    def sample(self, buckets: int) -> list[Candidate]:
+        """The candidates of ``buckets`` random, unread buckets (at most one round trip's
+        worth and what the budget has left)."""
+        count = self.layout.bucket_count
+        wanted = min(max(1, buckets), self.config.buckets_per_trip, self.config.max_buckets - self._sampled,
+                     count - len(self._seen))
+        if wanted <= 0:
+            return []
+        if count - len(self._seen) <= 2 * wanted:
+            # Nearly everything read: take the rest in order rather than hunt for it.
+            picks = [b for b in range(count) if b not in self._seen][:wanted]
+        else:
+            picks = []
+            while len(picks) < wanted:
+                b = self.rng.randrange(count)
+                if b not in self._seen and b not in picks:
+                    picks.append(b)
+        self._sampled += len(picks)
+        return self._read(picks)
+
+    def sweep(self, buckets: int) -> list[Candidate]:
+        """The candidates of the next ``buckets`` buckets of the instance's sweep cursor."""
+        count = self.layout.bucket_count
+        buckets = min(buckets, count)
+        start = self.index.advance_sweep(self.layout, buckets)
+        window = [(start + i) % count for i in range(buckets)]
+        step = self.config.buckets_per_trip
+        return [c for i in range(0, len(window), step) for c in self._read(window[i:i + step])]
+
+    def reread(self, block_keys: Sequence[int]) -> dict[int, Optional[bytes]]:
+        """Current raw records of ``block_keys`` (None = gone), one round trip, no touch."""
+        return dict(zip(block_keys, self.index.read_raw(self.layout, list(block_keys), MODE_RAW)))
+
+    def candidate(self, block_key: int, raw: bytes) -> Optional[Candidate]:
+        """``to_candidate`` with this instance's storages and sizes."""
+        return to_candidate(block_key, raw, self.storages, self.sizes, self.storage_name)

@@ -1,0 +1,56 @@
+"""The candidate pool of one instance's round, and victim choice (pure).
+
+Only leaf blocks enter the pool: a block with live children is never a victim, since its
+descendants would no longer match any prefix. A parent becomes a candidate once every
+child is gone — or marked in this same round (the sampler re-reads it then) — so a
+prefix chain is reclaimed from its end towards its root.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .policies import Candidate, VictimPolicy
+from .watermark import Need
+
+
+class CandidatePool:
+    """Reclaimable leaf blocks seen this round, by block key."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, Candidate] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, candidates: Iterable[Candidate]) -> None:
+        """Admit the leaves among ``candidates`` (a later sighting replaces an earlier one)."""
+        for c in candidates:
+            if c.is_leaf:
+                self._items[c.block_key] = c
+            else:
+                self._items.pop(c.block_key, None)
+
+    def discard(self, block_keys: Iterable[int]) -> None:
+        for key in block_keys:
+            self._items.pop(key, None)
+
+    def pick(self, policy: VictimPolicy, need: Need, now_s: int, limit: int, need_limit: int) -> list[Candidate]:
+        """Up to ``limit`` victims: expired candidates first, then — at most ``need_limit``
+        of them — the policy's worst among those that still help ``need``. ``need`` is
+        not changed: what is really freed is known only once the victims are marked."""
+        ordered = policy.order(self._items.values(), now_s)
+        picked = [c for c in ordered if policy.expired(c, now_s)][:limit]
+        scratch = need.copy()
+        for c in picked:
+            scratch.take(c.size, c.storage_type)
+        chosen = {c.block_key for c in picked}
+        by_need = 0
+        for c in ordered:
+            if len(picked) >= limit or by_need >= need_limit or not scratch.pending:
+                break
+            if c.block_key in chosen or not scratch.wants(c.storage_type):
+                continue
+            picked.append(c)
+            scratch.take(c.size, c.storage_type)
+            by_need += 1
+        return picked

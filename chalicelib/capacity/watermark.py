@@ -1,0 +1,188 @@
+"""Watermarks: whether a group needs reclaiming, and how much one round frees (pure).
+
+Three kinds of limit, each with its own trigger (API.md, "Capacity"):
+
+- the group total in bytes: ``quota.capacity`` × ``used_percentage``, or
+  ``trigger_strategy.used_size`` when set (whichever is lower: either one triggers);
+- each storage type in bytes: its ``quota_config`` capacity × ``used_percentage``;
+- each instance's block count: ``max_key_count`` × ``used_percentage``.
+
+A round frees what is over the trigger, bounded by one step: ``reclaim_step_percentage``
+of the limit and, for bytes, ``reclaim_step_size``. After a refused write ("pressure")
+the trigger is also kept at least one step — at most ``PRESSURE_HEADROOM_PERCENT`` of
+the limit — under the hard limit, so that a group configured with ``used_percentage``
+1.0 does not refuse writes forever; with the defaults (0.9, 10 %) it changes nothing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from ..control.groups import DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_USED_PERCENTAGE
+from ..index import Usage
+from ..protocol.models import InstanceGroup
+
+#: Under pressure, the free room kept under a hard limit is one step, at most this % of it.
+PRESSURE_HEADROOM_PERCENT = 10
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The capacity settings of one group, defaults applied (0 = no such limit)."""
+
+    capacity: int = 0
+    type_capacity: Mapping[str, int] = field(default_factory=dict)
+    max_keys: int = 0
+    used_fraction: float = DEFAULT_USED_PERCENTAGE
+    used_size: int = 0
+    step_size: int = 0
+    step_percentage: int = DEFAULT_RECLAIM_STEP_PERCENTAGE
+
+    @classmethod
+    def of(cls, group: InstanceGroup) -> "Limits":
+        """The limits a stored group (see control/groups.py for the defaults) declares."""
+        quota = group.quota
+        cache = group.cache_config
+        strategy = cache.reclaim_strategy if cache is not None else None
+        trigger = strategy.trigger_strategy if strategy is not None else None
+        indexer = cache.meta_indexer_config if cache is not None else None
+        return cls(
+            capacity=quota.capacity if quota is not None else 0,
+            type_capacity={q.storage_type.name: q.capacity for q in (quota.quota_config if quota else ())
+                           if q.capacity > 0},
+            max_keys=indexer.max_key_count if indexer is not None else 0,
+            used_fraction=(trigger.used_percentage if trigger is not None and trigger.used_percentage > 0
+                           else DEFAULT_USED_PERCENTAGE),
+            used_size=trigger.used_size if trigger is not None else 0,
+            step_size=strategy.reclaim_step_size if strategy is not None else 0,
+            step_percentage=(strategy.reclaim_step_percentage if strategy is not None
+                             and strategy.reclaim_step_percentage > 0 else DEFAULT_RECLAIM_STEP_PERCENTAGE),
+        )
+
+    def step(self, reference: int, in_bytes: bool) -> int:
+        """One round's bound for a limit of ``reference`` (bytes, or blocks)."""
+        step = max(1, math.ceil(reference * self.step_percentage / 100))
+        if in_bytes and self.step_size > 0:
+            step = min(step, self.step_size)
+        return step
+
+    def trigger(self, limit: int) -> int:
+        """Where reclaim starts for a hard limit of ``limit``."""
+        # rounded first: 100 × 0.29 is 28.999999999999996 in binary floating point
+        return math.floor(round(limit * self.used_fraction, 6))
+
+
+def _excess(used: int, trigger: Optional[int], limit: int, step: int, pressure: bool) -> int:
+    """What to free now: the amount over ``trigger``, at most one ``step``."""
+    if pressure and limit > 0:
+        ceiling = limit - min(step, math.ceil(limit * PRESSURE_HEADROOM_PERCENT / 100))
+        trigger = ceiling if trigger is None else min(trigger, ceiling)
+    if trigger is None:
+        return 0
+    return min(max(0, used - trigger), step)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one round frees in a group: bytes of the total, bytes per storage type and
+    blocks per instance."""
+
+    bytes: int = 0
+    by_type: Mapping[str, int] = field(default_factory=dict)
+    keys: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def needed(self) -> bool:
+        return self.bytes > 0 or any(self.by_type.values()) or any(self.keys.values())
+
+
+def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) -> Plan:
+    """The round's plan for a group whose instances use ``usages`` (by instance id)."""
+    total = sum(u.bytes for u in usages.values())
+    triggers = []
+    if limits.capacity > 0:
+        triggers.append(limits.trigger(limits.capacity))
+    if limits.used_size > 0:
+        triggers.append(limits.used_size)
+    reference = limits.capacity or limits.used_size
+    free_bytes = 0
+    if reference > 0:
+        free_bytes = _excess(total, min(triggers), limits.capacity, limits.step(reference, True), pressure)
+    by_type = {}
+    for storage_type, capacity in limits.type_capacity.items():
+        used = sum(u.by_type.get(storage_type, 0) for u in usages.values())
+        amount = _excess(used, limits.trigger(capacity), capacity, limits.step(capacity, True), pressure)
+        if amount > 0:
+            by_type[storage_type] = amount
+    keys = {}
+    if limits.max_keys > 0:
+        step = limits.step(limits.max_keys, False)
+        for instance_id, usage in usages.items():
+            amount = _excess(usage.keys, limits.trigger(limits.max_keys), limits.max_keys, step, pressure)
+            if amount > 0:
+                keys[instance_id] = amount
+    return Plan(free_bytes, by_type, keys)
+
+
+def credit(usage: Usage, pending: Usage) -> Usage:
+    """``usage`` without what is already on its way out (marked, not yet deleted)."""
+    return Usage(max(0, usage.bytes - pending.bytes), max(0, usage.keys - pending.keys),
+                 {t: max(0, v - pending.by_type.get(t, 0)) for t, v in usage.by_type.items()},
+                 {s: max(0, v - pending.by_storage.get(s, 0)) for s, v in usage.by_storage.items()})
+
+
+@dataclass
+class Need:
+    """What one instance still has to free this round. Mutable: victims are taken off it."""
+
+    bytes: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    keys: int = 0
+
+    @property
+    def pending(self) -> bool:
+        return self.bytes > 0 or self.keys > 0 or any(v > 0 for v in self.by_type.values())
+
+    def wants(self, storage_type: str) -> bool:
+        """Whether freeing a block stored on ``storage_type`` helps."""
+        return self.bytes > 0 or self.keys > 0 or self.by_type.get(storage_type, 0) > 0
+
+    def take(self, size: int, storage_type: str) -> None:
+        """Account for one freed block of ``size`` bytes."""
+        self.bytes = max(0, self.bytes - size)
+        self.keys = max(0, self.keys - 1)
+        if storage_type in self.by_type:
+            self.by_type[storage_type] = max(0, self.by_type[storage_type] - size)
+
+    def blocks(self, block_bytes: int) -> int:
+        """About how many blocks of ``block_bytes`` meet this need."""
+        largest = max([self.bytes, *self.by_type.values()])
+        return max(self.keys, _ceil_div(largest, block_bytes) if block_bytes > 0 else 0)
+
+    def copy(self) -> "Need":
+        return Need(self.bytes, dict(self.by_type), self.keys)
+
+
+def _share(amount: int, part: int, whole: int) -> int:
+    """``amount`` × part / whole, rounded up, at most ``part``."""
+    return min(part, _ceil_div(amount * part, whole)) if whole > 0 and amount > 0 else 0
+
+
+def split(plan: Plan, usages: Mapping[str, Usage]) -> dict[str, Need]:
+    """The plan spread over the instances in proportion to their usage (bytes of the
+    total, bytes of each type); block counts are per instance already."""
+    total = sum(u.bytes for u in usages.values())
+    type_totals = {t: sum(u.by_type.get(t, 0) for u in usages.values()) for t in plan.by_type}
+    needs = {}
+    for instance_id, usage in usages.items():
+        by_type = {t: _share(n, usage.by_type.get(t, 0), type_totals[t]) for t, n in plan.by_type.items()}
+        need = Need(_share(plan.bytes, usage.bytes, total), {t: n for t, n in by_type.items() if n > 0},
+                    plan.keys.get(instance_id, 0))
+        if need.pending:
+            needs[instance_id] = need
+    return needs

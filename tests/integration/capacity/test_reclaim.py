@@ -1,0 +1,260 @@
+"""The reclaimer on a real Valkey index: watermarks, policies, leaf order, expiry."""
+from __future__ import annotations
+
+from chalicelib.cache.deletion import DeletionService
+from chalicelib.index import Status
+
+from .harness import BLOCK, make_group
+
+
+def run_until_settled(cluster, reclaimer, max_rounds=20):
+    """Rounds until one frees nothing; returns the victims of each round that did."""
+    freed = []
+    for _ in range(max_rounds):
+        report = reclaimer.run_round()
+        for instance_id in cluster.contexts:
+            cluster.assert_no_orphans(instance_id)
+        if report.victims == 0:
+            return freed
+        freed.append(report.victims)
+    raise AssertionError(f"still reclaiming after {max_rounds} rounds: {freed}")
+
+
+def test_usage_settles_under_a_lowered_watermark_one_step_per_round(cluster, index):
+    cluster.group = make_group(capacity_blocks=100, used_percentage=1.0)
+    cluster.add_instance("i1")
+    cluster.chains("i1", count=25, length=4)
+    reclaimer = cluster.reclaimer()
+    assert cluster.used("i1").bytes == 100 * BLOCK
+    report = reclaimer.run_round()
+    assert report.groups[0].reason == "period" and report.victims == 0
+
+    cluster.group = make_group(capacity_blocks=100, used_percentage=0.5)
+    assert reclaimer.run_round().groups == []  # not due before trigger_period_seconds...
+    index.request_reclaim("g")  # ...unless woken
+    assert run_until_settled(cluster, reclaimer) == [10] * 5  # 10 % of the capacity per round
+    assert cluster.used("i1").bytes == 50 * BLOCK
+    assert index.take_reclaim_requests() == set()
+
+
+def test_instances_free_in_proportion_to_their_usage(cluster):
+    cluster.group = make_group(capacity_blocks=80, used_percentage=0.5, step_percentage=25)
+    for instance_id, blocks in (("big", 60), ("small", 20)):
+        cluster.add_instance(instance_id)
+        cluster.chains(instance_id, count=blocks, length=1)
+    report = cluster.reclaimer().run_round()
+    assert {r.instance_id: r.victims for r in report.groups[0].instances} == {"big": 15, "small": 5}
+    assert (cluster.used("big").keys, cluster.used("small").keys) == (45, 15)
+
+
+def test_writing_blocks_are_never_reclaimed(cluster):
+    cluster.group = make_group(capacity_blocks=40, used_percentage=0.25, step_percentage=100)
+    cluster.add_instance("i1")
+    serving = cluster.chains("i1", count=10, length=2)
+    writing = cluster.chains("i1", count=10, length=2, finish=False)
+    run_until_settled(cluster, cluster.reclaimer())
+    statuses = cluster.statuses("i1")
+    assert not any(k in statuses for chain in serving for k in chain)
+    assert all(statuses[k] == Status.WRITING for chain in writing for k in chain)
+    assert cluster.used("i1").keys == 20
+
+
+def test_recently_read_blocks_outlive_older_unread_ones(cluster, clock):
+    cluster.group = make_group(capacity_blocks=40, used_percentage=0.6, step_percentage=100)
+    cluster.add_instance("i1")
+    chains = cluster.chains("i1", count=20, length=2)
+    clock.advance(2)
+    for chain in chains[:10]:
+        cluster.read("i1", chain)
+    assert run_until_settled(cluster, cluster.reclaimer()) == [16]
+    left = cluster.records("i1")
+    read = {k for chain in chains[:10] for k in chain}
+    assert read <= set(left) and len(left) == 24
+
+
+def test_children_go_before_their_parents(cluster, clock):
+    cluster.group = make_group(capacity_blocks=50, used_percentage=0.4, step_percentage=10)
+    cluster.add_instance("i1")
+    chains = cluster.chains("i1", count=10, length=3)
+    clock.advance(30)
+    # Extend every chain: the new blocks are the most recent, their parents the oldest,
+    # so plain LRU would take the parents first.
+    tails = [cluster.keys(2) for _ in chains]
+    for chain, tail in zip(chains, tails):
+        cluster.write("i1", chain + tail)
+    assert run_until_settled(cluster, cluster.reclaimer()) == [5, 5, 5, 5, 5, 5]
+    left = cluster.records("i1")
+    assert len(left) == 20
+    for chain, tail in zip(chains, tails):
+        full = chain + tail
+        kept = [k in left for k in full]
+        assert kept == sorted(kept, reverse=True), "a chain lost a block before its descendants"
+
+
+def test_lfu_prefers_rarely_read_blocks_where_lru_would_not(cluster, index, clock):
+    def scenario(policy):
+        index.client.flushall()
+        cluster.contexts.clear()
+        cluster.group = make_group(capacity_blocks=40, used_percentage=0.5, step_percentage=100, policy=policy)
+        cluster.add_instance("i1")
+        often = cluster.chains("i1", count=20, length=1)
+        for _ in range(3):
+            clock.advance(1.5)
+            for chain in often:
+                cluster.read("i1", chain)
+        clock.advance(10)
+        # written later (more recent), never read: a lower access count
+        rarely = cluster.chains("i1", count=20, length=1)
+        clock.advance(1)
+        run_until_settled(cluster, cluster.reclaimer())
+        left = set(cluster.records("i1"))
+        return left == {c[0] for c in often}, left == {c[0] for c in rarely}
+
+    assert scenario("POLICY_LFU") == (True, False)
+    assert scenario("POLICY_LRU") == (False, True)
+
+
+def test_ttl_expires_idle_blocks_whatever_the_watermark(cluster, clock):
+    cluster.group = make_group(capacity_blocks=10_000, policy="POLICY_TTL", ttl_seconds=60)
+    cluster.add_instance("i1")
+    stale = cluster.chains("i1", count=5, length=3)
+    parent_of_fresh = cluster.keys(1)
+    cluster.write("i1", parent_of_fresh)
+    clock.advance(50)
+    fresh = cluster.chains("i1", count=5, length=1)
+    fresh_child = cluster.keys(1)
+    cluster.write("i1", parent_of_fresh + fresh_child)
+    reclaimer = cluster.reclaimer()
+    assert reclaimer.run_round().victims == 0  # nothing idle for 60 s yet
+
+    clock.advance(20)
+    report = reclaimer.run_round()
+    assert report.groups[0].swept and report.groups[0].plan.needed is False
+    left = set(cluster.records("i1"))
+    # whole stale chains went (leaf first) in one round; a stale parent with a fresh
+    # child stays while the child lives
+    assert left == {c[0] for c in fresh} | set(parent_of_fresh + fresh_child)
+    assert report.victims == report.groups[0].instances[0].expired == 15
+    cluster.assert_no_orphans("i1")
+
+
+def test_a_type_over_its_quota_loses_blocks_of_that_type_only(cluster):
+    cluster.group = make_group(capacity_blocks=1000, used_percentage=0.5, step_percentage=100,
+                               type_quota={"ST_NFS": 20})
+    cluster.add_instance("i1")
+    nfs = cluster.chains("i1", count=20, length=1, storage="nfs_01")
+    s3 = cluster.chains("i1", count=20, length=1, storage="s3_01")
+    run_until_settled(cluster, cluster.reclaimer())
+    left = set(cluster.records("i1"))
+    assert {c[0] for c in s3} <= left
+    assert len(left & {c[0] for c in nfs}) == 10
+    assert cluster.used("i1").by_type == {"ST_NFS": 10 * BLOCK, "ST_S3": 20 * BLOCK}
+
+
+def test_key_count_watermark(cluster):
+    cluster.group = make_group(max_keys=40, used_percentage=0.5, step_percentage=25)
+    cluster.add_instance("i1")
+    cluster.chains("i1", count=40, length=1)
+    assert run_until_settled(cluster, cluster.reclaimer()) == [10, 10]
+    assert cluster.used("i1").keys == 20
+
+
+class ParkedDeleter:
+    """Accepts deletions and runs them only when told (a slow deletion workflow)."""
+
+    def __init__(self, index):
+        self.service = DeletionService(index)
+        self.parked = []
+
+    def submit(self, ctx, victims, delay_ms=0):
+        self.parked.append((ctx, list(victims), delay_ms))
+
+    def run(self):
+        for ctx, victims, _ in self.parked:
+            self.service.delete(ctx, victims)
+        self.parked = []
+
+
+def test_marked_but_undeleted_blocks_are_not_reclaimed_twice(cluster):
+    cluster.group = make_group(capacity_blocks=40, used_percentage=0.5, step_percentage=25, delay_ms=5000)
+    cluster.add_instance("i1")
+    cluster.chains("i1", count=40, length=1)
+    deleter = ParkedDeleter(cluster.index)
+    reclaimer = cluster.reclaimer(deleter=deleter)
+    assert reclaimer.run_round().victims == 10
+    assert {d for _, _, d in deleter.parked} == {5000}
+    # usage still counts the 10 DELETING blocks; the next round credits them
+    assert cluster.used("i1").keys == 40
+    assert reclaimer.run_round().victims == 10
+    assert reclaimer.run_round().victims == 0
+    assert sum(len(v) for _, v, _ in deleter.parked) == 20
+    deleter.run()
+    assert cluster.used("i1").keys == 20
+    assert reclaimer.run_round().victims == 0
+
+
+def test_each_submission_is_published_as_an_event(cluster, clock):
+    cluster.group = make_group(capacity_blocks=10, used_percentage=0.5, step_percentage=100, delay_ms=250)
+    cluster.add_instance("i1")
+    cluster.chains("i1", count=10, length=1)
+    cluster.reclaimer().run_round()
+    events = cluster.event_lines()
+    assert events
+    submitted = []
+    for event in events:
+        assert (event["type"], event["source"], event["component"]) == ("CacheReclaimSubmit", "i1", "cache_manager")
+        assert event["trigger_time_us"] == int(clock.now() * 1_000_000) and event["delay_us"] == 250_000
+        assert len(event["location_ids"]) == len(event["block_keys"])
+        assert all(len(ids) == 1 and ids[0].isdigit() for ids in event["location_ids"])
+        submitted += event["block_keys"]
+    assert len(set(submitted)) == 5 and not set(submitted) & set(cluster.records("i1"))
+
+
+def test_a_concurrently_rewritten_block_is_left_alone(cluster, index):
+    """The compare-and-set: a victim is taken only if its sampled location still serves."""
+    cluster.group = make_group(capacity_blocks=4, used_percentage=0.5, step_percentage=100)
+    ctx = cluster.add_instance("i1", bucket_bits=4)
+    cluster.chains("i1", count=4, length=1)
+    reclaimer = cluster.reclaimer()
+    real_mark = index.mark_deleting
+    rewritten = []
+
+    def racing_mark(layout, block_keys, expected_locations=None, serving_only=False):
+        # between sampling and marking, another call removes and rewrites the first key
+        index.mark_deleting = real_mark
+        victims = real_mark(layout, [block_keys[0]])
+        DeletionService(index).delete(ctx, victims)
+        cluster.write("i1", [block_keys[0]])
+        rewritten.append((block_keys[0], cluster.records("i1")[block_keys[0]].locations[0].location_id))
+        return real_mark(layout, block_keys, expected_locations, serving_only)
+
+    index.mark_deleting = racing_mark
+    report = reclaimer.run_round()
+    (key, location_id), = rewritten
+    records = cluster.records("i1")
+    assert report.victims == 2 and len(records) == 2
+    # the rewritten block was sampled under its old location: its new one is untouched
+    assert records[key].locations[0].location_id == location_id
+    assert records[key].locations[0].status == Status.SERVING
+
+
+def test_a_lost_lease_stops_the_round_and_a_failing_group_is_reported(cluster, index, monkeypatch):
+    cluster.group = make_group(capacity_blocks=10, used_percentage=0.5, step_percentage=100)
+    cluster.add_instance("i1")
+    cluster.chains("i1", count=10, length=1)
+    reclaimer = cluster.reclaimer()
+    report = reclaimer.run_round(keep_going=lambda: False)
+    assert report.interrupted and report.groups == [] and cluster.used("i1").keys == 10
+
+    def broken(layout):
+        raise ConnectionError("Valkey went away")
+
+    monkeypatch.setattr(index, "storage_table", broken)
+    report = reclaimer.run_round()
+    assert report.groups[0].error == "ConnectionError: Valkey went away"
+    assert report.to_dict()["groups"][0]["plan"]["bytes"] == 5 * BLOCK
+    monkeypatch.undo()
+    # the failed group is not "over": it waits for its period, or a wake-up
+    assert reclaimer.run_round().groups == []
+    index.request_reclaim("g")
+    assert reclaimer.run_round().victims == 5
