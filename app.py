@@ -6,7 +6,8 @@ from chalicelib.routes import admin, debug, meta
 from chalicelib.runtime import get_runtime
 from chalicelib.workflows import deletes, health, reaper
 
-app = Chalice(app_name="kvcm")
+# The service logs through Powertools (logger "kvcm"); Chalice must not reconfigure it.
+app = Chalice(app_name="kvcm", configure_logs=False)
 app.register_blueprint(meta.blueprint)
 app.register_blueprint(admin.blueprint)
 app.register_blueprint(debug.blueprint)

@@ -1,8 +1,11 @@
 """MetaService handlers: ``handler(runtime, request) -> response``."""
 from __future__ import annotations
 
+from ..control.validation import invalid, require_name
 from ..control.views import storage_configs_json
-from ..protocol.errors import InvalidArgumentError
+from ..observability.logging import logger
+from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
+from .deletion import InlineDeleter
 from ..protocol.models import (
     FinishWriteCacheRequest,
     GetCacheLocationRequest,
@@ -14,6 +17,7 @@ from ..protocol.models import (
     RegisterInstanceRequest,
     RegisterInstanceResponse,
     RemoveCacheRequest,
+    RemoveInstanceRequest,
     Response,
     StartWriteCacheRequest,
     StartWriteCacheResponse,
@@ -33,7 +37,8 @@ def get_instance_info(runtime, req: GetInstanceInfoRequest) -> GetInstanceInfoRe
     if not req.instance_id:
         raise InvalidArgumentError("field 'instance_id' is required")
     record = runtime.config.instance(req.instance_id)
-    return GetInstanceInfoResponse(instance_group=record.group, instance_info=record.to_instance_info())
+    quota_group = runtime.config.group(record.group).global_quota_group_name
+    return GetInstanceInfoResponse(instance_group=record.group, instance_info=record.to_instance_info(quota_group))
 
 
 def get_cache_location(runtime, req: GetCacheLocationRequest) -> GetCacheLocationResponse:
@@ -60,9 +65,23 @@ def trim_cache(runtime, req: TrimCacheRequest) -> Response:
     return runtime.cache.trim_cache(req)
 
 
-def drop_instance_cache(runtime, instance_id: str) -> None:
-    """Delete every block of an instance (data and metadata), for removeInstance."""
-    ctx = runtime.contexts(instance_id)
-    runtime.cache.remove_matching(ctx, None)
+def remove_instance(runtime, req: RemoveInstanceRequest) -> Response:
+    """removeInstance: delete the instance's cache (data, then metadata), then its record.
+
+    The cache goes first and synchronously: a failure part way leaves a registered
+    instance to remove again, never an unregistered instance's blocks.
+    """
+    record = runtime.control.get_instance(require_name(req.instance_id, "instance_id"))
+    if record is None:
+        raise InstanceNotFoundError(f"instance '{req.instance_id}' does not exist")
+    if req.instance_group and req.instance_group != record.group:
+        raise invalid("instance_group", f"is '{req.instance_group}', but instance '{req.instance_id}' belongs to "
+                                        f"instance group '{record.group}'")
+    ctx = runtime.contexts(req.instance_id)
+    deletion = InlineDeleter(runtime.deletion)
+    chunk_victims = runtime.cache.remove_matching(ctx, None, deleter=deletion)
     runtime.index.drop_all(ctx.layout)
-    runtime.contexts.forget(instance_id)
+    runtime.control.remove_instance(req.instance_id, req.instance_group)
+    runtime.contexts.forget(req.instance_id)
+    logger.info("instance removed", extra={"instance_id": req.instance_id, "blocks": chunk_victims})
+    return Response()

@@ -302,8 +302,11 @@ class CacheService:
                              else (req.begin_timestamp, req.end_timestamp))
         return Response()
 
-    def remove_matching(self, ctx: InstanceContext, written_between_us: Optional[tuple[int, int]]) -> int:
-        """Mark DELETING and submit every block (or those written in the µs range); returns how many."""
+    def remove_matching(self, ctx: InstanceContext, written_between_us: Optional[tuple[int, int]],
+                        deleter: Optional[Deleter] = None) -> int:
+        """Mark DELETING and submit every block (or those written in the µs range) to
+        ``deleter`` (default: the service's); returns how many locations."""
+        deleter = deleter or self.deleter
         chunk: list[int] = []
         total = 0
         for key, raw in self.index.scan(ctx.layout):
@@ -313,13 +316,13 @@ class CacheService:
                     continue
             chunk.append(key)
             if len(chunk) == _SCAN_CHUNK:
-                total += self._remove_chunk(ctx, chunk)
+                total += self._remove_chunk(ctx, chunk, deleter)
                 chunk = []
-        return total + (self._remove_chunk(ctx, chunk) if chunk else 0)
+        return total + (self._remove_chunk(ctx, chunk, deleter) if chunk else 0)
 
-    def _remove_chunk(self, ctx: InstanceContext, keys: list[int]) -> int:
+    def _remove_chunk(self, ctx: InstanceContext, keys: list[int], deleter: Deleter) -> int:
         victims = self.index.mark_deleting(ctx.layout, keys)
-        self.deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
+        deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
         return len(victims)
 
     @staticmethod

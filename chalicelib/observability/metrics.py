@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 Tags = tuple[tuple[str, str], ...]
+COUNTER, MEAN, GAUGE = "counter", "mean", "gauge"
 
 
 @dataclass
@@ -18,6 +19,8 @@ class MetricPoint:
     name: str
     tags: Tags
     value: float | int
+    #: COUNTER (an int that only grows), MEAN (of the observed samples) or GAUGE.
+    kind: str = GAUGE
 
 
 class MetricsRegistry:
@@ -64,9 +67,9 @@ class MetricsRegistry:
     def snapshot(self) -> list[MetricPoint]:
         """Every metric's current value."""
         with self._lock:
-            points = [MetricPoint(n, t, v) for (n, t), v in self._counters.items()]
-            points += [MetricPoint(n, t, self._sums[(n, t)] / c) for (n, t), c in self._counts.items() if c]
-            points += [MetricPoint(n, t, v) for (n, t), v in self._gauges.items()]
+            points = [MetricPoint(n, t, v, COUNTER) for (n, t), v in self._counters.items()]
+            points += [MetricPoint(n, t, self._sums[(n, t)] / c, MEAN) for (n, t), c in self._counts.items() if c]
+            points += [MetricPoint(n, t, v, GAUGE) for (n, t), v in self._gauges.items()]
         return sorted(points, key=lambda p: (p.name, p.tags))
 
     def value(self, name: str, tags: Optional[dict[str, str]] = None) -> Optional[float]:

@@ -157,3 +157,20 @@ def test_token_ids_derive_upstream_keys(http, instance):
     resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH",
                                      "token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]})
     assert len(resp["locations"]) == 2
+
+
+def test_remove_instance_deletes_its_cache(http, instance, nfs_root, runtime):
+    start = write(http, [1, 2, 3])
+    paths = [Path(s["uri"].split("?")[0][len("file://nfs_01"):]) for loc in start["locations"]
+             for s in loc["location_specs"]]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    layout = runtime.contexts("i1").layout
+    assert code(http("removeInstance", {"instance_id": "i1", "instance_group": "other"})) == "INVALID_ARGUMENT"
+    assert len(prefix(http, [1, 2, 3])["locations"]) == 3  # a refused removal deletes nothing
+    assert code(http("removeInstance", {"instance_id": "i1"})) == "OK"
+    assert not any(p.exists() for p in paths)
+    assert list(runtime.index.scan(layout)) == []
+    assert runtime.index.usage([layout])[0].bytes == 0
+    assert code(prefix(http, [1])) == "INSTANCE_NOT_EXIST"

@@ -1,0 +1,53 @@
+# KVCM developer commands. Everything runs from .venv, built from the requirement files
+# with python3 (3.11, like the Lambda runtime) and pip; it is re-installed only when a
+# requirement file changes (the stamp file below).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.requirements.stamp
+BIN := $(VENV)/bin
+STAGE ?= dev
+PACKAGE_DIR := out/$(STAGE)
+MERGE_TEMPLATE := out/$(STAGE)-merge-template.json
+
+.PHONY: run test clean package bench demo
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "KVCM needs Python 3.11 (set PYTHON=...)")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+## run: start the local stack (API on :8000, moto on :4566, Valkey), Ctrl-C to stop
+run: $(STAMP)
+	$(BIN)/python -m chalicelib.local
+
+## test: unit, integration and e2e tests
+test: $(STAMP)
+	$(BIN)/python -m pytest -ra
+
+## clean: forget the local state (control table, Valkey data, file storage) and build outputs
+clean:
+	rm -rf .state out
+
+## package: CloudFormation (SAM) for STAGE (default dev) in out/<stage>/, then cfn-lint
+# chalice package needs a region (any: the template is region-independent), no credentials.
+package: export AWS_DEFAULT_REGION ?= us-east-1
+package: $(STAMP)
+	mkdir -p out
+	$(BIN)/python -m infra.merge_template --stage $(STAGE) --output $(MERGE_TEMPLATE)
+	$(BIN)/chalice package --stage $(STAGE) --merge-template $(MERGE_TEMPLATE) $(PACKAGE_DIR)
+	$(BIN)/cfn-lint $(PACKAGE_DIR)/sam.json
+	@echo "packaged: $(PACKAGE_DIR)/sam.json + deployment.zip"
+
+## bench: run every bench/*.py (files starting with _ are helpers)
+bench: $(STAMP)
+	@set -e; for script in bench/[!_]*.py; do \
+		[ -e "$$script" ] || continue; \
+		echo "== $$script"; $(BIN)/python "$$script"; \
+	done
+
+## demo: optimizer capacity report on the shared conversation trace (out/optimizer-demo)
+demo: $(STAMP)
+	$(BIN)/python -m chalicelib.optimizer report --trace ../shared/traces/mooncake_conversation.jsonl \
+		--format mooncake --out out/optimizer-demo

@@ -1,0 +1,201 @@
+"""AdminService handlers: ``handler(runtime, request) -> Response``.
+
+``routes/admin.py`` declares them as operations; errors are raised (typed) and become
+wire codes in the dispatcher. registerInstance, getInstanceInfo, getCacheMeta and
+removeCache are served by the meta blueprint only.
+"""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from ..clock import now_ms, now_us
+from ..observability.logging import logger, set_level
+from ..observability.metrics import COUNTER
+from ..protocol.errors import InvalidArgumentError, NotLeaderError
+from ..protocol.models import (AddAccountRequest, CheckHealthResponse, CreateInstanceGroupRequest,
+                               DeleteAccountRequest, GetInstanceGroupResponse, GetManagerClusterInfoResponse,
+                               GetMetricsResponse, InstanceGroupNameRequest, LeaderElectorConfigResponse,
+                               ListAccountResponse, ListInstanceGroupResponse, ListInstanceInfoRequest,
+                               ListInstanceInfoResponse, ListRequest, ListStorageResponse, MetricsData, MetricsTag,
+                               MetricValue, Response, StorageConfig, StorageNameRequest,
+                               StorageRequest, UpdateInstanceGroupRequest, UpdateLeaderElectorConfigRequest,
+                               UpdateLoggerRequest, UpdateStorageRequest)
+from ..runtime import Runtime
+from .validation import require, require_name, validate_storage_config
+
+# ------------------------------------------------------------------ storages
+
+
+def _checked_storage(runtime: Runtime, config: StorageConfig | None) -> StorageConfig:
+    """Generic checks first (their messages name ``storage.*``), then the backend's own."""
+    config = validate_storage_config(config)
+    runtime.storages.validate(config)
+    return config
+
+
+def add_storage(runtime: Runtime, request: StorageRequest) -> Response:
+    runtime.control.add_storage(_checked_storage(runtime, request.storage))
+    return Response()
+
+
+def update_storage(runtime: Runtime, request: UpdateStorageRequest) -> Response:
+    runtime.control.update_storage(_checked_storage(runtime, request.storage), force=request.force_update)
+    return Response()
+
+
+def enable_storage(runtime: Runtime, request: StorageNameRequest) -> Response:
+    runtime.control.set_storage_available(request.storage_unique_name, True)
+    return Response()
+
+
+def disable_storage(runtime: Runtime, request: StorageNameRequest) -> Response:
+    runtime.control.set_storage_available(request.storage_unique_name, False)
+    return Response()
+
+
+def remove_storage(runtime: Runtime, request: StorageNameRequest) -> Response:
+    runtime.control.remove_storage(request.storage_unique_name)
+    return Response()
+
+
+def list_storage(runtime: Runtime, request: ListRequest) -> ListStorageResponse:
+    return ListStorageResponse(storage=[record.config for record in runtime.control.list_storages()])
+
+
+# ------------------------------------------------------------------ instance groups
+
+
+def create_instance_group(runtime: Runtime, request: CreateInstanceGroupRequest) -> Response:
+    runtime.control.create_group(request.instance_group)
+    return Response()
+
+
+def update_instance_group(runtime: Runtime, request: UpdateInstanceGroupRequest) -> Response:
+    runtime.control.update_group(request.instance_group, request.current_version)
+    return Response()
+
+
+def remove_instance_group(runtime: Runtime, request: InstanceGroupNameRequest) -> Response:
+    runtime.control.remove_group(request.name)
+    return Response()
+
+
+def get_instance_group(runtime: Runtime, request: InstanceGroupNameRequest) -> GetInstanceGroupResponse:
+    return GetInstanceGroupResponse(instance_group=runtime.control.get_group(require_name(request.name, "name")))
+
+
+def list_instance_group(runtime: Runtime, request: ListRequest) -> ListInstanceGroupResponse:
+    return ListInstanceGroupResponse(instance_group=runtime.control.list_groups())
+
+
+# ------------------------------------------------------------------ instances
+
+
+def list_instance_info(runtime: Runtime, request: ListInstanceInfoRequest) -> ListInstanceInfoResponse:
+    """The instances of ``instance_group_name`` (an unknown group is an error), or all."""
+    control = runtime.control
+    name = request.instance_group_name
+    groups = {name: control.get_group(name)} if name else {g.name: g for g in control.list_groups()}
+    return ListInstanceInfoResponse(instance_info=[
+        record.to_instance_info(groups[record.group].global_quota_group_name if record.group in groups else "")
+        for record in control.list_instances(name)])
+
+
+# ------------------------------------------------------------------ accounts
+
+
+def add_account(runtime: Runtime, request: AddAccountRequest) -> Response:
+    runtime.control.add_account(request.user_name, request.password, request.role)
+    return Response()
+
+
+def delete_account(runtime: Runtime, request: DeleteAccountRequest) -> Response:
+    runtime.control.delete_account(request.user_name)
+    return Response()
+
+
+def list_account(runtime: Runtime, request: ListRequest) -> ListAccountResponse:
+    return ListAccountResponse(accounts=runtime.control.list_accounts())
+
+
+# ------------------------------------------------------------------ metrics and health
+
+
+def get_metrics(runtime: Runtime, request: ListRequest) -> GetMetricsResponse:
+    """This container's metrics: counters as ``int_value``, means and gauges as ``float_value``."""
+    metrics = [
+        MetricsData(
+            metric_name=point.name,
+            metric_value=(MetricValue(int_value=int(point.value)) if point.kind == COUNTER
+                          else MetricValue(float_value=float(point.value))),
+            metric_tags=[MetricsTag(tag_key=k, tag_value=v) for k, v in point.tags])
+        for point in runtime.metrics.snapshot()]
+    return GetMetricsResponse(timestamp=now_ms(runtime.clock), metrics=metrics)
+
+
+def _healthy(what: str, probe: Callable[[], object]) -> bool:
+    try:
+        probe()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means unhealthy, reported as a value
+        logger.warning("health check: %s failed", what, exc_info=True)
+        return False
+
+
+T = TypeVar("T")
+
+
+def _or_default(read: Callable[[], T], default: T) -> T:
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - checkHealth reports, it does not fail
+        return default
+
+
+def check_health(runtime: Runtime, request: ListRequest) -> CheckHealthResponse:
+    """``is_health``: Valkey answers PING and the control table answers a read."""
+    checks = [_healthy("valkey", lambda: runtime.valkey.ping()),
+              _healthy("control table", lambda: runtime.control.ping())]
+    return CheckHealthResponse(is_health=all(checks),
+                               is_leader=_or_default(lambda: runtime.lease.is_held(), False),
+                               elector_last_loop_time_ms=_or_default(lambda: runtime.lease.last_loop_time_ms(), 0))
+
+
+def get_manager_cluster_info(runtime: Runtime, request: ListRequest) -> GetManagerClusterInfoResponse:
+    """The lease holder is the "leader"; ``info_updated_time`` is when this was read (µs)."""
+    lease = runtime.lease
+    status = lease.status()
+    return GetManagerClusterInfoResponse(
+        self_node_id=lease.node_id,
+        leader_node_id=status.holder or "",
+        self_leader_expiration_time=status.expires_at_us if status.holder == lease.node_id else 0,
+        info_updated_time=now_us(runtime.clock))
+
+
+def leader_demote(runtime: Runtime, request: ListRequest) -> Response:
+    """Release the lease if this node holds it; otherwise SERVER_NOT_LEADER (as upstream)."""
+    lease = runtime.lease
+    if not lease.release():
+        holder = lease.holder()
+        raise NotLeaderError(f"node '{lease.node_id}' does not hold the background-job lease "
+                             f"(holder: {repr(holder) if holder else 'none'})")
+    return Response()
+
+
+def get_leader_elector_config(runtime: Runtime, request: ListRequest) -> LeaderElectorConfigResponse:
+    return LeaderElectorConfigResponse(campaign_delay_time_ms=runtime.lease.campaign_delay_ms())
+
+
+def update_leader_elector_config(runtime: Runtime, request: UpdateLeaderElectorConfigRequest) -> Response:
+    runtime.lease.set_campaign_delay_ms(request.campaign_delay_time_ms)
+    return Response()
+
+
+def update_logger(runtime: Runtime, request: UpdateLoggerRequest) -> Response:
+    """Set this container's log level (``module_name`` is accepted; KVCM has one logger)."""
+    require(request.log_level, "log_level")
+    try:
+        set_level(request.log_level)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"field 'log_level': {exc}") from None
+    return Response()

@@ -1,0 +1,153 @@
+"""Per-container cache of the control plane for the hot path.
+
+A data-plane call never reads DynamoDB when the cache is warm. At most once every
+``refresh_s`` a call reads the config epoch (one Query; every control-plane write bumps
+it in the same transaction); when it moved, everything cached is dropped and reloaded
+on demand: storages and groups as one snapshot (two Queries), instances one GetItem each.
+So a change made in another container is seen within ``refresh_s``; a change made through
+this container's ControlPlane is seen by the next call (the plane notifies the cache).
+
+Unknown instances are cached too (as misses), until the next epoch change, so a client
+polling with a bad id costs no DynamoDB reads. If DynamoDB cannot be reached at refresh
+time, the cache keeps serving what it has and tries again after ``refresh_s``.
+
+Returned records and models are shared: callers must not mutate them.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from ..clock import Clock
+from ..observability.logging import logger
+from ..protocol.errors import InstanceNotFoundError, ServiceNotReadyError
+from ..protocol.models import InstanceGroup, StorageConfig
+from .errors import UnknownEntityError
+from .plane import ControlPlane
+from .records import InstanceRecord, StorageRecord, candidate_storages
+from .validation import require
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    """Storages and groups as of one load, with each group's candidate storages resolved."""
+
+    storages: dict[str, StorageRecord]
+    groups: dict[str, InstanceGroup]
+    candidates: dict[str, list[tuple[StorageConfig, bool]]]
+
+    @classmethod
+    def load(cls, control: ControlPlane) -> "_Catalog":
+        storages = {s.name: s for s in control.list_storages()}
+        groups = {g.name: g for g in control.list_groups()}
+        return cls(storages, groups, {name: candidate_storages(g, storages) for name, g in groups.items()})
+
+
+class ConfigCache:
+    """Version-refreshed, thread-safe cache of instances, groups and storages."""
+
+    def __init__(self, control: ControlPlane, clock: Clock, refresh_s: float = 2.0,
+                 max_instances: int = 100_000) -> None:
+        self._control = control
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._max_instances = max_instances
+        self._lock = threading.Lock()
+        self._epoch: Optional[int] = None
+        self._next_check = float("-inf")
+        # Bumped whenever cached data is dropped, so a load that started before the drop
+        # never stores its (possibly stale) result afterwards.
+        self._generation = 0
+        self._catalog: Optional[_Catalog] = None
+        self._instances: dict[str, Optional[InstanceRecord]] = {}
+        control.add_listener(self._on_local_write)
+
+    # ---------------------------------------------------------------- lookups
+
+    def instance(self, instance_id: str) -> InstanceRecord:
+        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST)."""
+        require(instance_id, "instance_id")
+        generation = self._check()
+        with self._lock:
+            cached = instance_id in self._instances
+            record = self._instances.get(instance_id)
+        if not cached:
+            record = self._control.get_instance(instance_id)
+            with self._lock:
+                if self._generation == generation:
+                    if len(self._instances) >= self._max_instances:
+                        self._instances.clear()  # bounded memory, whatever ids clients send
+                    self._instances[instance_id] = record
+        if record is None:
+            raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
+        return record
+
+    def group(self, name: str) -> InstanceGroup:
+        """The instance group (defaults filled in), or UnknownEntityError."""
+        group = self._current().groups.get(name)
+        if group is None:
+            raise UnknownEntityError(f"instance group '{name}' does not exist")
+        return group
+
+    def storage(self, name: str) -> StorageRecord:
+        """The storage with its availability, or UnknownEntityError."""
+        record = self._current().storages.get(name)
+        if record is None:
+            raise UnknownEntityError(f"storage '{name}' does not exist")
+        return record
+
+    def storages_for_group(self, group: str) -> list[tuple[StorageConfig, bool]]:
+        """The group's candidate storages that exist, in candidate order, with availability."""
+        catalog = self._current()
+        if group not in catalog.candidates:
+            raise UnknownEntityError(f"instance group '{group}' does not exist")
+        return list(catalog.candidates[group])
+
+    def invalidate(self) -> None:
+        """Drop everything; the next lookup reloads (tests, or after an out-of-band change)."""
+        with self._lock:
+            self._drop()
+            self._epoch = None
+            self._next_check = float("-inf")
+
+    # ---------------------------------------------------------------- refresh
+
+    def _on_local_write(self) -> None:
+        with self._lock:
+            self._next_check = float("-inf")
+
+    def _drop(self) -> None:
+        self._catalog = None
+        self._instances = {}
+        self._generation += 1
+
+    def _check(self) -> int:
+        """Re-read the epoch if it is time; returns the generation the caller works in.
+
+        The read happens under the lock: concurrent lookups in this container wait for
+        that one small read instead of each issuing their own."""
+        with self._lock:
+            now = self._clock.now()
+            if now < self._next_check:
+                return self._generation
+            self._next_check = now + self._refresh_s
+            try:
+                epoch = self._control.epoch()
+            except ServiceNotReadyError:
+                logger.warning("config epoch unreadable; serving cached control-plane data")
+                return self._generation
+            if epoch != self._epoch:
+                self._epoch = epoch
+                self._drop()
+            return self._generation
+
+    def _current(self) -> _Catalog:
+        generation = self._check()
+        catalog = self._catalog
+        if catalog is None:
+            catalog = _Catalog.load(self._control)
+            with self._lock:
+                if self._generation == generation:
+                    self._catalog = catalog
+        return catalog

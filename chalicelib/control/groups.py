@@ -1,0 +1,111 @@
+"""Instance group validation and defaults.
+
+A stored group is always complete: every sub-message is present and every number that
+would break later as a silent 0 is replaced by its default when the group is created or
+updated. What a 0 means where it is kept:
+
+- ``max_instance_count`` 0: unlimited instances.
+- ``quota.capacity`` 0: no group-wide byte quota (unlimited); ``quota.quota_config[].capacity``
+  0: no quota for that storage type. With no capacity, only ``trigger_strategy.used_size``
+  can trigger a byte-based reclaim.
+- ``cache_config.reclaim_strategy``:
+  ``reclaim_policy`` unspecified → ``POLICY_LRU``;
+  ``trigger_strategy.used_percentage`` 0 → ``0.9`` (a fraction of capacity, in (0, 1]);
+  ``trigger_strategy.used_size`` 0: no absolute byte trigger;
+  ``trigger_period_seconds`` 0 → ``10``;
+  ``reclaim_step_size`` 0: no byte bound per reclaim round;
+  ``reclaim_step_percentage`` 0 → ``10`` (% of capacity freed at most per round, 1..100);
+  ``delay_before_delete_ms`` 0: delete right away;
+  ``ttl_seconds`` 0: no TTL expiry;
+  ``storage_unique_name`` empty: the policy covers all of the group's storages (otherwise it
+  must be one of the candidates).
+- ``cache_config.meta_indexer_config.max_key_count`` 0: unlimited blocks per instance.
+- ``global_quota_group_name`` empty → the group's own name.
+- ``data_storage_strategy`` unspecified: candidates in list order.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..protocol.codes import ReclaimPolicy, StorageType
+from ..protocol.models import (CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
+                               MetaIndexerConfig, TriggerStrategy)
+from .validation import invalid, require_name, require_non_negative, require_unique
+
+#: Keeps an update (old and new candidates' references) inside one 100-item transaction.
+MAX_STORAGE_CANDIDATES = 32
+DEFAULT_RECLAIM_POLICY = ReclaimPolicy.POLICY_LRU
+DEFAULT_USED_PERCENTAGE = 0.9
+DEFAULT_TRIGGER_PERIOD_S = 10
+DEFAULT_RECLAIM_STEP_PERCENTAGE = 10
+
+
+def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group") -> InstanceGroup:
+    """A validated copy of ``group`` with every default filled in (``version`` untouched).
+
+    Raises InvalidArgumentError naming the first bad field.
+    """
+    if group is None:
+        raise invalid(path, "is required")
+    g = group.model_copy(deep=True)
+    require_name(g.name, f"{path}.name")
+    if not g.storage_candidates:
+        raise invalid(f"{path}.storage_candidates", "needs at least one storage name")
+    if len(g.storage_candidates) > MAX_STORAGE_CANDIDATES:
+        raise invalid(f"{path}.storage_candidates", f"lists more than {MAX_STORAGE_CANDIDATES} storages")
+    for i, name in enumerate(g.storage_candidates):
+        require_name(name, f"{path}.storage_candidates[{i}]")
+    require_unique(g.storage_candidates, f"{path}.storage_candidates")
+    g.global_quota_group_name = g.global_quota_group_name or g.name
+    require_non_negative(g.max_instance_count, f"{path}.max_instance_count")
+    require_non_negative(g.version, f"{path}.version")
+    g.quota = _quota(g.quota or InstanceGroupQuota(), f"{path}.quota")
+    g.cache_config = _cache_config(g.cache_config or CacheConfig(), g.storage_candidates, f"{path}.cache_config")
+    return g
+
+
+def _quota(quota: InstanceGroupQuota, path: str) -> InstanceGroupQuota:
+    require_non_negative(quota.capacity, f"{path}.capacity")
+    for i, entry in enumerate(quota.quota_config):
+        if entry.storage_type == StorageType.ST_UNSPECIFIED:
+            raise invalid(f"{path}.quota_config[{i}].storage_type", "is required")
+        require_non_negative(entry.capacity, f"{path}.quota_config[{i}].capacity")
+    require_unique((e.storage_type.name for e in quota.quota_config), f"{path}.quota_config")
+    return quota
+
+
+def _cache_config(config: CacheConfig, candidates: list[str], path: str) -> CacheConfig:
+    config.reclaim_strategy = _reclaim(config.reclaim_strategy or CacheReclaimStrategy(), candidates,
+                                       f"{path}.reclaim_strategy")
+    indexer = config.meta_indexer_config or MetaIndexerConfig()
+    for name in ("max_key_count", "mutex_shard_num", "batch_key_size"):
+        require_non_negative(getattr(indexer, name), f"{path}.meta_indexer_config.{name}")
+    config.meta_indexer_config = indexer
+    return config
+
+
+def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -> CacheReclaimStrategy:
+    if strategy.storage_unique_name and strategy.storage_unique_name not in candidates:
+        raise invalid(f"{path}.storage_unique_name",
+                      f"names {strategy.storage_unique_name!r}, which is not one of the storage_candidates")
+    if strategy.reclaim_policy == ReclaimPolicy.POLICY_UNSPECIFIED:
+        strategy.reclaim_policy = DEFAULT_RECLAIM_POLICY
+    trigger = strategy.trigger_strategy or TriggerStrategy()
+    require_non_negative(trigger.used_size, f"{path}.trigger_strategy.used_size")
+    if trigger.used_percentage == 0:
+        trigger.used_percentage = DEFAULT_USED_PERCENTAGE
+    if not (math.isfinite(trigger.used_percentage) and 0 < trigger.used_percentage <= 1):
+        raise invalid(f"{path}.trigger_strategy.used_percentage",
+                      f"must be a fraction in (0, 1] (e.g. 0.9), got {trigger.used_percentage}")
+    strategy.trigger_strategy = trigger
+    require_non_negative(strategy.trigger_period_seconds, f"{path}.trigger_period_seconds")
+    strategy.trigger_period_seconds = strategy.trigger_period_seconds or DEFAULT_TRIGGER_PERIOD_S
+    require_non_negative(strategy.reclaim_step_size, f"{path}.reclaim_step_size")
+    strategy.reclaim_step_percentage = strategy.reclaim_step_percentage or DEFAULT_RECLAIM_STEP_PERCENTAGE
+    if not 1 <= strategy.reclaim_step_percentage <= 100:
+        raise invalid(f"{path}.reclaim_step_percentage",
+                      f"must be in [1, 100], got {strategy.reclaim_step_percentage}")
+    require_non_negative(strategy.delay_before_delete_ms, f"{path}.delay_before_delete_ms")
+    require_non_negative(strategy.ttl_seconds, f"{path}.ttl_seconds")
+    return strategy

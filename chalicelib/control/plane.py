@@ -1,0 +1,351 @@
+"""The control plane: storages, instance groups, instances and accounts in DynamoDB.
+
+Invariants are kept by conditions inside the write transactions, never by a read followed
+by a blind write, so concurrent admin calls (from any number of Lambda containers) cannot
+break them:
+
+- a group's ``instance_count`` equals its registered instances; registration checks
+  ``max_instance_count`` in the same transaction that increments it;
+- a group is removed only at ``instance_count = 0``;
+- a storage is removed only while no group lists it (``STORAGE_REF`` sets, maintained in
+  the transactions that create, update and remove groups);
+- group updates are optimistic on ``version``.
+
+Reads are strongly consistent. Unreachable DynamoDB → ServiceNotReadyError.
+"""
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, Callable, Optional
+
+from ..clock import Clock, now_us
+from ..protocol.codes import Role
+from ..protocol.errors import (CapacityExceededError, DuplicateEntityError, InstanceNotFoundError,
+                               KvcmError)
+from ..protocol.models import Account, InstanceGroup, RegisterInstanceRequest, StorageConfig
+from .errors import EntityInUseError, UnknownEntityError, VersionConflictError
+from .groups import normalize_group
+from .passwords import dummy_hash, hash_password, verify_password
+from .records import InstanceRecord, StorageRecord, candidate_storages, dump_doc, load_doc
+from .table import Cancelled, ControlTable, Op, check, delete, put, update
+from .validation import (invalid, require_name, validate_credentials, validate_register_request,
+                         validate_storage_config)
+
+STORAGE, STORAGE_REF, GROUP, INSTANCE, ACCOUNT = "STORAGE", "STORAGE_REF", "GROUP", "INSTANCE", "ACCOUNT"
+
+# Attribute names go through placeholders: several (e.g. GROUP, ROLE) are DynamoDB reserved words.
+_N = {"#pk": "pk", "#doc": "doc", "#ver": "version", "#avail": "available",
+      "#count": "instance_count", "#max": "max_instance_count", "#groups": "groups", "#inc": "incarnation",
+      "#at": "updated_us"}
+_EXISTS = "attribute_exists(#pk)"
+_ABSENT = "attribute_not_exists(#pk)"
+# Bounded retries when a concurrent writer changed what a conditional write was based on.
+_OPTIMISTIC_ATTEMPTS = 4
+
+
+def _names(expression: str) -> dict:
+    """The placeholders ``expression`` uses (DynamoDB rejects unused ones)."""
+    return {k: _N[k] for k in set(re.findall(r"#\w+", expression))}
+
+
+def _op(factory: Callable[..., Op], pk: str, sk: str, *expressions: str, values: Optional[dict] = None) -> Op:
+    """``factory(pk, sk, *expressions)`` (update and/or condition expressions) with the
+    attribute-name placeholders they use."""
+    return factory(pk, sk, *expressions, names=_names(" ".join(expressions)), values=values)
+
+
+def _create(pk: str, sk: str, attrs: dict) -> Op:
+    """Put an item that must not exist yet."""
+    return put(pk, sk, attrs, _ABSENT, names=_names(_ABSENT))
+
+
+def _ref_op(storage: str, group: str, action: str) -> Op:
+    """Add (ADD) or drop (DELETE) ``group`` in the set of groups that list ``storage``."""
+    return _op(update, STORAGE_REF, storage, f"{action} #groups :g", values={":g": {group}})
+
+
+class ControlPlane:
+    """All control-plane reads and writes. Thread-safe; one per container."""
+
+    def __init__(self, dynamodb: Callable[[], Any], table_name: str, clock: Clock) -> None:
+        self.table = ControlTable(dynamodb, table_name, clock)
+        self.clock = clock
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every successful write made through this object
+        (the container's ConfigCache uses it to see its own writes at once)."""
+        self._listeners.append(callback)
+
+    def _write(self, ops: list[Op]) -> None:
+        self.table.write(ops)
+        for callback in list(self._listeners):
+            callback()
+
+    # ---------------------------------------------------------------- health
+
+    def epoch(self) -> int:
+        """The config epoch; changes with every write."""
+        return self.table.epoch()
+
+    def ping(self) -> None:
+        """Raise ServiceNotReadyError unless the table answers."""
+        self.table.epoch()
+
+    # ---------------------------------------------------------------- storages
+
+    def add_storage(self, config: StorageConfig) -> StorageRecord:
+        """Add a storage, available. A name that exists → DuplicateEntityError, nothing changed."""
+        config = validate_storage_config(config)
+        name = config.global_unique_name
+        attrs = {"doc": dump_doc(config), "available": True, "version": 1, "updated_us": now_us(self.clock)}
+        try:
+            self._write([_create(STORAGE, name, attrs)])
+        except Cancelled:
+            raise DuplicateEntityError(f"storage '{name}' already exists") from None
+        return StorageRecord(config, True, 1)
+
+    def update_storage(self, config: StorageConfig, force: bool = False) -> None:
+        """Replace a storage's config atomically (availability kept). Changing the storage
+        type needs ``force``: locations already stored there were written for the old type."""
+        config = validate_storage_config(config)
+        name = config.global_unique_name
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            current = self.get_storage(name)
+            if not force and current.storage_type != config.storage_type:
+                raise invalid("storage", f"would change storage '{name}' from {current.storage_type.name} to "
+                                         f"{config.storage_type.name}; set force_update to replace its type")
+            op = _op(update, STORAGE, name, "SET #doc = :doc, #ver = #ver + :one, #at = :now", "#ver = :ver",
+                     values={":doc": dump_doc(config), ":one": 1, ":now": now_us(self.clock), ":ver": current.version})
+            try:
+                self._write([op])
+                return
+            except Cancelled:
+                continue  # changed or removed since we read it: decide again on what is there now
+        raise VersionConflictError(f"storage '{name}' kept changing during the update, retry")
+
+    def set_storage_available(self, name: str, available: bool) -> None:
+        """enableStorage / disableStorage."""
+        require_name(name, "storage_unique_name")
+        op = _op(update, STORAGE, name, "SET #avail = :a, #ver = #ver + :one, #at = :now", _EXISTS,
+                 values={":a": available, ":one": 1, ":now": now_us(self.clock)})
+        try:
+            self._write([op])
+        except Cancelled:
+            raise UnknownEntityError(f"storage '{name}' does not exist") from None
+
+    def remove_storage(self, name: str) -> None:
+        """Remove a storage; refused while an instance group lists it as a candidate."""
+        require_name(name, "storage_unique_name")
+        ops = [_op(delete, STORAGE, name, _EXISTS),
+               _op(check, STORAGE_REF, name, "attribute_not_exists(#groups)")]
+        try:
+            self._write(ops)
+        except Cancelled as cancelled:
+            if cancelled.failed(0):
+                raise UnknownEntityError(f"storage '{name}' does not exist") from None
+            ref = self.table.get(STORAGE_REF, name) or {}
+            groups = ", ".join(f"'{g}'" for g in sorted(ref.get("groups", ())))
+            raise EntityInUseError(f"storage '{name}' is a storage candidate of instance group(s) {groups}") from None
+
+    def get_storage(self, name: str) -> StorageRecord:
+        """One storage, or UnknownEntityError."""
+        item = self.table.get(STORAGE, name)
+        if item is None:
+            raise UnknownEntityError(f"storage '{name}' does not exist")
+        return self._storage(item)
+
+    def list_storages(self) -> list[StorageRecord]:
+        """Every storage, by name."""
+        return [self._storage(item) for item in self.table.query(STORAGE)]
+
+    @staticmethod
+    def _storage(item: dict) -> StorageRecord:
+        return StorageRecord(load_doc(StorageConfig, item["doc"]), bool(item["available"]), int(item["version"]))
+
+    # ---------------------------------------------------------------- instance groups
+
+    def create_group(self, group: InstanceGroup) -> InstanceGroup:
+        """Create a group (defaults filled in; version 1 unless the request sets one).
+        An existing name → DuplicateEntityError."""
+        g = normalize_group(group)
+        g.version = g.version or 1
+        attrs = {"doc": dump_doc(g), "version": g.version, "instance_count": 0,
+                 "max_instance_count": g.max_instance_count}
+        ops = [_create(GROUP, g.name, attrs)]
+        ops += [_ref_op(storage, g.name, "ADD") for storage in g.storage_candidates]
+        try:
+            self._write(ops)
+        except Cancelled:
+            raise DuplicateEntityError(f"instance group '{g.name}' already exists") from None
+        return g
+
+    def update_group(self, group: InstanceGroup, current_version: int) -> InstanceGroup:
+        """Replace a group if ``current_version`` is the stored version; the new version is
+        ``group.version``, or stored + 1 when that is 0, and must be greater than the stored
+        one. Of concurrent updates from the same version exactly one succeeds; the others
+        get VersionConflictError."""
+        g = normalize_group(group)
+        item = self._group_item(g.name)
+        stored = int(item["version"])
+        if current_version != stored:
+            raise VersionConflictError(f"instance group '{g.name}' is at version {stored}, "
+                                       f"not current_version {current_version}")
+        g.version = g.version or stored + 1
+        if g.version <= stored:
+            raise VersionConflictError(f"field 'instance_group.version' must be greater than the stored "
+                                       f"version {stored}, got {g.version}")
+        old = set(load_doc(InstanceGroup, item["doc"]).storage_candidates)
+        new = set(g.storage_candidates)
+        ops = [_op(update, GROUP, g.name, "SET #doc = :doc, #ver = :new, #max = :max", "#ver = :cur",
+                   values={":doc": dump_doc(g), ":new": g.version, ":max": g.max_instance_count, ":cur": stored})]
+        ops += [_ref_op(s, g.name, "ADD") for s in sorted(new - old)]
+        ops += [_ref_op(s, g.name, "DELETE") for s in sorted(old - new)]
+        try:
+            self._write(ops)
+        except Cancelled:
+            now = int(self._group_item(g.name)["version"])
+            raise VersionConflictError(f"instance group '{g.name}' was updated concurrently: it is at "
+                                       f"version {now}, not current_version {current_version}") from None
+        return g
+
+    def remove_group(self, name: str) -> None:
+        """Remove a group; refused (EntityInUseError) while instances belong to it."""
+        require_name(name, "name")
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            item = self._group_item(name)
+            count = int(item["instance_count"])
+            if count:
+                raise EntityInUseError(f"instance group '{name}' still has {count} registered instance(s)")
+            candidates = load_doc(InstanceGroup, item["doc"]).storage_candidates
+            ops = [_op(delete, GROUP, name, "#ver = :ver AND #count = :zero",
+                       values={":ver": int(item["version"]), ":zero": 0})]
+            ops += [_ref_op(s, name, "DELETE") for s in candidates]
+            try:
+                self._write(ops)
+                return
+            except Cancelled:
+                continue  # an instance registered or the group changed meanwhile: re-read and decide again
+        raise VersionConflictError(f"instance group '{name}' kept changing during removal, retry")
+
+    def get_group(self, name: str) -> InstanceGroup:
+        """One group, or UnknownEntityError."""
+        return load_doc(InstanceGroup, self._group_item(name)["doc"])
+
+    def list_groups(self) -> list[InstanceGroup]:
+        """Every group, by name."""
+        return [load_doc(InstanceGroup, item["doc"]) for item in self.table.query(GROUP)]
+
+    def storages_for_group(self, name: str) -> list[tuple[StorageConfig, bool]]:
+        """The group's candidate storages that exist, in candidate order, with availability."""
+        group = self.get_group(name)
+        return candidate_storages(group, {s.name: s for s in self.list_storages()})
+
+    def _group_item(self, name: str) -> dict:
+        item = self.table.get(GROUP, name)
+        if item is None:
+            raise UnknownEntityError(f"instance group '{name}' does not exist")
+        return item
+
+    # ---------------------------------------------------------------- instances
+
+    def register_instance(self, request: RegisterInstanceRequest) -> InstanceRecord:
+        """Register an instance (MetaService.registerInstance).
+
+        The same id with the same config (``model_deployment.user_data`` aside) returns the
+        stored record; a different config → DuplicateEntityError; unknown group →
+        UnknownEntityError; group at ``max_instance_count`` → CapacityExceededError.
+        """
+        validate_register_request(request)
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            existing = self.get_instance(request.instance_id)
+            if existing is not None:
+                return self._same_instance(existing, request)
+            record = InstanceRecord.from_request(request, now_us(self.clock), uuid.uuid4().hex)
+            attrs = {"doc": record.to_doc(), "group": record.group, "incarnation": record.incarnation}
+            ops = [_create(INSTANCE, record.instance_id, attrs),
+                   _op(update, GROUP, record.group, "SET #count = #count + :one",
+                       f"{_EXISTS} AND (#max = :zero OR #count < #max)", values={":one": 1, ":zero": 0})]
+            try:
+                self._write(ops)
+                return record
+            except Cancelled as cancelled:
+                if cancelled.failed(0):
+                    continue  # registered concurrently: compare with what won
+                item = self._group_item(record.group)
+                raise CapacityExceededError(f"instance group '{record.group}' already has its maximum of "
+                                            f"{int(item['max_instance_count'])} instance(s)") from None
+        raise VersionConflictError(f"instance '{request.instance_id}' kept changing during registration, retry")
+
+    @staticmethod
+    def _same_instance(existing: InstanceRecord, request: RegisterInstanceRequest) -> InstanceRecord:
+        wanted = InstanceRecord.from_request(request, existing.created_us, existing.incarnation).identity()
+        stored = existing.identity()
+        if wanted != stored:
+            differing = sorted(k for k, v in wanted.items() if stored[k] != v)
+            raise DuplicateEntityError(f"instance '{existing.instance_id}' is already registered with a "
+                                       f"different {', '.join(differing)}")
+        return existing
+
+    def get_instance(self, instance_id: str) -> Optional[InstanceRecord]:
+        """One instance, or None."""
+        item = self.table.get(INSTANCE, instance_id)
+        return InstanceRecord.from_doc(item["doc"]) if item else None
+
+    def remove_instance(self, instance_id: str, group: str = "") -> InstanceRecord:
+        """Remove an instance's record and release its place in the group. When ``group``
+        is given it must be the instance's group. Unknown id → InstanceNotFoundError."""
+        require_name(instance_id, "instance_id")
+        record = self.get_instance(instance_id)
+        if record is None:
+            raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
+        if group and group != record.group:
+            raise invalid("instance_group", f"is '{group}', but instance '{instance_id}' belongs to "
+                                            f"instance group '{record.group}'")
+        ops = [_op(delete, INSTANCE, instance_id, "#inc = :inc", values={":inc": record.incarnation}),
+               _op(update, GROUP, record.group, "SET #count = #count - :one", f"{_EXISTS} AND #count > :zero",
+                   values={":one": 1, ":zero": 0})]
+        try:
+            self._write(ops)
+        except Cancelled as cancelled:
+            if cancelled.failed(0):
+                raise InstanceNotFoundError(f"instance '{instance_id}' does not exist") from None
+            raise KvcmError(f"instance group '{record.group}' has no count for instance '{instance_id}'") from None
+        return record
+
+    def list_instances(self, group: str = "") -> list[InstanceRecord]:
+        """The instances of ``group`` (all when empty), by id."""
+        return [InstanceRecord.from_doc(item["doc"]) for item in self.table.query(INSTANCE)
+                if not group or item["group"] == group]
+
+    # ---------------------------------------------------------------- accounts
+
+    def add_account(self, user_name: str, password: str, role: Role) -> None:
+        """Add an account; only a salted hash of the password is stored."""
+        validate_credentials(user_name, password)
+        attrs = {"role": int(role), "password": hash_password(password), "created_us": now_us(self.clock)}
+        try:
+            self._write([_create(ACCOUNT, user_name, attrs)])
+        except Cancelled:
+            raise DuplicateEntityError(f"account '{user_name}' already exists") from None
+
+    def delete_account(self, user_name: str) -> None:
+        """Delete an account; unknown → UnknownEntityError."""
+        require_name(user_name, "user_name")
+        try:
+            self._write([_op(delete, ACCOUNT, user_name, _EXISTS)])
+        except Cancelled:
+            raise UnknownEntityError(f"account '{user_name}' does not exist") from None
+
+    def list_accounts(self) -> list[Account]:
+        """Every account's name and role (never the hash)."""
+        return [Account(user_name=item["sk"], role=Role(int(item["role"]))) for item in self.table.query(ACCOUNT)]
+
+    def verify_account(self, user_name: str, password: str) -> Optional[Role]:
+        """The account's role if the password matches, else None (slow on purpose: scrypt)."""
+        item = self.table.get(ACCOUNT, user_name) if user_name else None
+        encoded = item["password"] if item else dummy_hash()
+        if verify_password(password, encoded) and item is not None:
+            return Role(int(item["role"]))
+        return None

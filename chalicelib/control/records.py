@@ -1,0 +1,138 @@
+"""What the control plane stores, as read back by the data plane.
+
+Records are immutable snapshots shared between threads by ``ConfigCache``: treat them and
+the wire models inside them as read-only.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, TypeVar
+
+from pydantic import BaseModel
+
+from ..protocol.codes import StorageType
+from ..protocol.models import (InstanceGroup, InstanceInfo, LocationSpecGroup, LocationSpecInfo, ModelDeployment,
+                               RegisterInstanceRequest, StorageConfig)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def dump_doc(model: Any) -> str:
+    """A wire model as the compact JSON kept in the table (absent sub-messages omitted)."""
+    return json.dumps(model.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+
+
+def load_doc(model: type[M], doc: str) -> M:
+    """The inverse of ``dump_doc``."""
+    return model.model_validate(json.loads(doc))
+
+
+@dataclass(frozen=True)
+class StorageRecord:
+    """A storage: its config, whether it may be used now, and its write version."""
+
+    config: StorageConfig
+    available: bool
+    version: int
+
+    @property
+    def name(self) -> str:
+        return self.config.global_unique_name
+
+    @property
+    def storage_type(self) -> StorageType:
+        return self.config.storage_type
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    """A registered inference instance.
+
+    ``location_spec_infos`` are in registration order: a spec's byte offset inside a block
+    is the sum of the sizes before it. ``incarnation`` is unique per registration, so a
+    removal that raced with a re-registration of the same id never deletes the new one.
+    """
+
+    instance_id: str
+    group: str
+    block_size: int
+    location_spec_infos: tuple[LocationSpecInfo, ...]
+    model_deployment: ModelDeployment
+    location_spec_groups: tuple[LocationSpecGroup, ...]
+    created_us: int
+    incarnation: str
+
+    @classmethod
+    def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> "InstanceRecord":
+        """The record a (validated) registerInstance request asks for."""
+        return cls(
+            instance_id=request.instance_id,
+            group=request.instance_group,
+            block_size=request.block_size,
+            location_spec_infos=tuple(s.model_copy() for s in request.location_spec_infos),
+            model_deployment=request.model_deployment.model_copy(),
+            location_spec_groups=tuple(g.model_copy() for g in request.location_spec_groups),
+            created_us=created_us,
+            incarnation=incarnation,
+        )
+
+    @property
+    def spec_names(self) -> list[str]:
+        return [s.name for s in self.location_spec_infos]
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block across all specs."""
+        return sum(s.size for s in self.location_spec_infos)
+
+    def identity(self) -> dict:
+        """What must match for a re-registration to be the same instance
+        (everything but ``model_deployment.user_data`` and bookkeeping)."""
+        return {
+            "instance_group": self.group,
+            "block_size": self.block_size,
+            "location_spec_infos": [s.model_dump() for s in self.location_spec_infos],
+            "model_deployment": self.model_deployment.identity(),
+            "location_spec_groups": [g.model_dump() for g in self.location_spec_groups],
+        }
+
+    def to_instance_info(self, quota_group_name: str = "") -> InstanceInfo:
+        """The wire ``InstanceInfo`` of this instance."""
+        return InstanceInfo(
+            quota_group_name=quota_group_name,
+            instance_group_name=self.group,
+            instance_id=self.instance_id,
+            block_size=self.block_size,
+            location_spec_infos=[s.model_copy() for s in self.location_spec_infos],
+            model_deployment=self.model_deployment.model_copy(),
+            location_spec_groups=[g.model_copy() for g in self.location_spec_groups],
+        )
+
+    def to_doc(self) -> str:
+        info = self.to_instance_info().model_dump(mode="json", exclude_none=True)
+        return json.dumps({"info": info, "created_us": self.created_us, "incarnation": self.incarnation},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_doc(cls, doc: str) -> "InstanceRecord":
+        data = json.loads(doc)
+        info = InstanceInfo.model_validate(data["info"])
+        return cls(
+            instance_id=info.instance_id,
+            group=info.instance_group_name,
+            block_size=info.block_size,
+            location_spec_infos=tuple(info.location_spec_infos),
+            model_deployment=info.model_deployment or ModelDeployment(),
+            location_spec_groups=tuple(info.location_spec_groups),
+            created_us=int(data["created_us"]),
+            incarnation=data["incarnation"],
+        )
+
+
+def candidate_storages(group: InstanceGroup,
+                       storages: Mapping[str, StorageRecord]) -> list[tuple[StorageConfig, bool]]:
+    """The group's candidate storages that exist, in candidate order, with their availability
+    (candidates not added yet are skipped)."""
+    return [(storages[name].config, storages[name].available)
+            for name in group.storage_candidates if name in storages]

@@ -1,0 +1,233 @@
+"""The control table: one DynamoDB table, single-table design.
+
+Every item has a string partition key ``pk`` naming the entity kind and a string sort key
+``sk`` naming the entity, so listing a kind is one Query and reading an entity one GetItem:
+
+==============  ===============  ==========================================================
+pk              sk               attributes
+==============  ===============  ==========================================================
+``STORAGE``     storage name     ``doc`` (StorageConfig JSON), ``available``, ``version``,
+                                 ``updated_us``
+``STORAGE_REF`` storage name     ``groups``: string set of the groups listing it as candidate
+``GROUP``       group name       ``doc`` (InstanceGroup JSON), ``version``,
+                                 ``instance_count``, ``max_instance_count``
+``INSTANCE``    instance id      ``doc`` (InstanceRecord JSON, creation time included),
+                                 ``group``, ``incarnation``
+``ACCOUNT``     user name        ``role``, ``password`` (salted hash), ``created_us``
+``EPOCH``       ``0`` .. ``7``   ``epoch``: counter shards of the config epoch
+==============  ===============  ==========================================================
+
+Every write is a ``TransactWriteItems`` that also increments one epoch shard (chosen at
+random), so the config epoch — the sum of the shards — changes with every write and
+``ConfigCache`` checks for changes with a single Query. Sharding keeps concurrent writes
+(e.g. a burst of instance registrations) from all conflicting on one counter item.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import (ClientError, ConnectionError as BotoConnectionError, HTTPClientError,
+                                 NoCredentialsError, NoRegionError)
+
+from ..clock import Clock
+from ..protocol.errors import ServiceNotReadyError
+
+PK, SK = "pk", "sk"
+EPOCH_PK = "EPOCH"
+EPOCH_SHARDS = 8
+
+# Client errors that mean "DynamoDB cannot serve us now", not "the request is wrong".
+_UNAVAILABLE_CODES = frozenset({
+    "ResourceNotFoundException", "ThrottlingException", "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "AccessDeniedException",
+    "UnrecognizedClientException", "TransactionInProgressException",
+})
+# Cancellation reasons worth retrying: another transaction held an item, or throttling.
+_RETRYABLE_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def table_definition(name: str) -> dict:
+    """The table's shape, valid both as ``create_table(**...)`` and as the CloudFormation
+    ``AWS::DynamoDB::Table`` properties (the two share these property names)."""
+    return {
+        "TableName": name,
+        "AttributeDefinitions": [{"AttributeName": PK, "AttributeType": "S"},
+                                 {"AttributeName": SK, "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
+
+
+def ensure_table(dynamodb: Any, name: str) -> None:
+    """Create the control table if it does not exist and wait until it is usable
+    (local stack and tests; deployed stages get it from the infra template)."""
+    try:
+        status = dynamodb.create_table(**table_definition(name))["TableDescription"]["TableStatus"]
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "ResourceInUseException":
+            raise
+        status = "EXISTS"  # created before, maybe still CREATING: the waiter tells
+    if status != "ACTIVE":
+        dynamodb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+
+
+def encode(values: Mapping[str, Any]) -> dict:
+    """Python values → DynamoDB attribute values."""
+    return {k: _serializer.serialize(v) for k, v in values.items()}
+
+
+def decode(item: Mapping[str, Any]) -> dict:
+    """A DynamoDB item → Python values (numbers come back as ``Decimal``)."""
+    return {k: _deserializer.deserialize(v) for k, v in item.items()}
+
+
+def key(pk: str, sk: str) -> dict:
+    return {PK: {"S": pk}, SK: {"S": sk}}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One element of a TransactWriteItems call (the table fills in its name)."""
+
+    kind: str  # "Put", "Update", "Delete" or "ConditionCheck"
+    body: dict
+
+
+def _expression(body: dict, condition: Optional[str], names: Optional[dict], values: Optional[dict]) -> dict:
+    if condition:
+        body["ConditionExpression"] = condition
+    if names:
+        body["ExpressionAttributeNames"] = names
+    if values:
+        body["ExpressionAttributeValues"] = encode(values)
+    return body
+
+
+def put(pk: str, sk: str, attrs: Mapping[str, Any], condition: Optional[str] = None,
+        names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+    """Replace an item."""
+    item = {**key(pk, sk), **encode(attrs)}
+    return Op("Put", _expression({"Item": item}, condition, names, values))
+
+
+def update(pk: str, sk: str, expression: str, condition: Optional[str] = None,
+           names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+    """Update an item in place (creating it unless the condition forbids it)."""
+    return Op("Update", _expression({"Key": key(pk, sk), "UpdateExpression": expression}, condition, names, values))
+
+
+def delete(pk: str, sk: str, condition: Optional[str] = None,
+           names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+    """Delete an item."""
+    return Op("Delete", _expression({"Key": key(pk, sk)}, condition, names, values))
+
+
+def check(pk: str, sk: str, condition: str, names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+    """Require a condition on an item without writing it."""
+    return Op("ConditionCheck", _expression({"Key": key(pk, sk)}, condition, names, values))
+
+
+class Cancelled(Exception):
+    """A transaction was refused because a condition failed; ``failed(i)`` tells which."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__(", ".join(reasons))
+        self.reasons = reasons
+
+    def failed(self, index: int) -> bool:
+        return index < len(self.reasons) and self.reasons[index] == "ConditionalCheckFailed"
+
+
+@contextmanager
+def aws_errors(action: str) -> Iterator[None]:
+    """Turn "DynamoDB unreachable/unavailable" failures into ServiceNotReadyError."""
+    try:
+        yield
+    except (BotoConnectionError, HTTPClientError, NoCredentialsError, NoRegionError) as exc:
+        raise ServiceNotReadyError(f"control table unreachable during {action}: {exc}") from exc
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in _UNAVAILABLE_CODES:
+            raise ServiceNotReadyError(f"control table unavailable during {action}: {code}") from exc
+        raise
+
+
+class ControlTable:
+    """Reads and transactional writes on the control table."""
+
+    def __init__(self, client_factory: Callable[[], Any], name: str, clock: Clock, max_attempts: int = 6) -> None:
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self.name = name
+        self._clock = clock
+        self._max_attempts = max_attempts
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._client_factory()
+        return self._client
+
+    def get(self, pk: str, sk: str) -> Optional[dict]:
+        """One item, strongly consistent, or None."""
+        with aws_errors(f"get {pk}/{sk}"):
+            response = self.client.get_item(TableName=self.name, Key=key(pk, sk), ConsistentRead=True)
+        item = response.get("Item")
+        return decode(item) if item else None
+
+    def query(self, pk: str) -> list[dict]:
+        """Every item of one partition, in sort-key order, strongly consistent."""
+        items: list[dict] = []
+        kwargs: dict = {"TableName": self.name, "KeyConditionExpression": "#pk = :pk",
+                        "ExpressionAttributeNames": {"#pk": PK},
+                        "ExpressionAttributeValues": {":pk": {"S": pk}}, "ConsistentRead": True}
+        with aws_errors(f"query {pk}"):
+            while True:
+                page = self.client.query(**kwargs)
+                items.extend(decode(i) for i in page.get("Items", []))
+                if "LastEvaluatedKey" not in page:
+                    return items
+                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def epoch(self) -> int:
+        """The config epoch: grows by one with every write (0 before the first)."""
+        return sum(int(item["epoch"]) for item in self.query(EPOCH_PK))
+
+    def write(self, ops: list[Op]) -> None:
+        """Apply ``ops`` and bump the epoch atomically.
+
+        Raises ``Cancelled`` when a condition fails (reasons index ``ops``), and
+        ServiceNotReadyError when conflicts or throttling persist past the retries.
+        """
+        items = [{op.kind: {"TableName": self.name, **op.body}} for op in ops]
+        shard = str(random.randrange(EPOCH_SHARDS))
+        items.append({"Update": {"TableName": self.name, "Key": key(EPOCH_PK, shard),
+                                 "UpdateExpression": "ADD epoch :one",
+                                 "ExpressionAttributeValues": {":one": {"N": "1"}}}})
+        for attempt in range(self._max_attempts):
+            try:
+                with aws_errors("transaction"):
+                    self.client.transact_write_items(TransactItems=items)
+                return
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                    raise
+                reasons = [r.get("Code", "None") for r in exc.response.get("CancellationReasons", [])]
+                if "ConditionalCheckFailed" in reasons:
+                    raise Cancelled(reasons) from None
+                if not any(r in _RETRYABLE_REASONS for r in reasons):
+                    raise
+            # Full jitter: concurrent writers of the same item spread out instead of colliding again.
+            self._clock.sleep(random.uniform(0, 0.025 * 2 ** attempt))
+        raise ServiceNotReadyError("control table busy: transaction kept conflicting, retry later")

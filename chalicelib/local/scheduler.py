@@ -1,0 +1,108 @@
+"""EventBridge schedules, locally: a thread per job calling it at start, then at its period.
+
+Jobs come from the app's ``@app.schedule`` handlers (called with a CloudWatch scheduled
+event, like EventBridge does) plus the stack's own housekeeping. A job that raises is
+logged and called again at its next period, as a failed scheduled Lambda would be.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from ..clock import Clock
+from ..observability.logging import logger
+from .config import schedule_key
+from .dispatch import LambdaContext
+
+LOCAL_ACCOUNT = "123456789012"
+#: Period of a ``cron(...)`` schedule locally (cron is not interpreted; override per name).
+CRON_PERIOD_S = 60.0
+_UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
+_RATE = re.compile(r"^rate\(\s*(\d+)\s+(minute|hour|day)s?\s*\)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Something to call at start, then every ``period_s`` seconds."""
+
+    name: str
+    period_s: float
+    run: Callable[[], Any]
+
+
+def period_of(expression: Any) -> float:
+    """Seconds between runs of a schedule expression (``rate(...)``, ``Rate``, ``cron(...)``)."""
+    text = expression if isinstance(expression, str) else expression.to_string()
+    match = _RATE.match(text.strip())
+    if match:
+        return int(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    if text.strip().lower().startswith("cron("):
+        return CRON_PERIOD_S
+    raise ValueError(f"unsupported schedule expression {text!r}")
+
+
+def scheduled_event(rule_name: str, region: str, clock: Clock) -> dict:
+    """The event EventBridge passes to a scheduled Lambda."""
+    when = datetime.fromtimestamp(clock.now(), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event",
+            "source": "aws.events", "account": LOCAL_ACCOUNT, "time": when, "region": region,
+            "resources": [f"arn:aws:events:{region}:{LOCAL_ACCOUNT}:rule/{rule_name}"], "detail": {}}
+
+
+def app_jobs(app: Any, overrides: Mapping[str, float], region: str, clock: Clock) -> list[Job]:
+    """A job per ``@app.schedule`` handler; ``overrides`` (by ``schedule_key``) replace its rate."""
+    from chalice.app import ScheduledEventConfig
+
+    jobs = []
+    for source in app.event_sources:
+        if isinstance(source, ScheduledEventConfig):
+            handler = app.handler_map[source.name]
+            period = overrides.get(schedule_key(source.name)) or period_of(source.schedule_expression)
+
+            def run(handler: Callable[[Any, Any], Any] = handler, name: str = source.name) -> Any:
+                context = LambdaContext(name, f"arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{name}",
+                                        clock=clock)
+                return handler(scheduled_event(name, region, clock), context)
+
+            jobs.append(Job(source.name, float(period), run))
+    return jobs
+
+
+class Scheduler:
+    """Runs jobs on daemon threads until ``stop``; a job never overlaps with itself."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        self.jobs = jobs
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._loop, args=(job,), name=f"kvcm-local-schedule-{job.name}",
+                                          daemon=True) for job in self.jobs]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Signal every job and wait for a running call to finish."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self._threads = []
+
+    def _loop(self, job: Job) -> None:
+        # The first call is at start, not one period later: a minute without, say, the
+        # reaper watchdog would leave expired write sessions alone for that long. Waiting on
+        # the event rather than sleeping makes stop immediate; the period runs from the end
+        # of a call, so a slow call delays the next one instead of piling calls up.
+        while True:
+            try:
+                job.run()
+            except Exception:  # noqa: BLE001 - a failed run is logged and retried next period
+                logger.exception("scheduled job %s failed", job.name)
+            if self._stop.wait(job.period_s):
+                return

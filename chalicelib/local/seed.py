@@ -1,0 +1,51 @@
+"""The configuration a fresh local stack starts with, like upstream's startup config:
+one file-backed storage and one instance group using it.
+
+It goes through ``ControlPlane`` like an admin call would (same validation, same
+records) and only adds what is absent, so changes made to them survive restarts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..protocol.errors import DuplicateEntityError
+from ..protocol.models import InstanceGroup, InstanceGroupQuota, NfsStorageSpec, StorageConfig
+
+STORAGE_NAME = "nfs_01"
+GROUP_NAME = "default"
+GROUP_QUOTA_BYTES = 100 * 1024 ** 3
+KEY_COUNT_PER_FILE = 8
+
+
+def default_storage(data_dir: Path) -> StorageConfig:
+    """``nfs_01``: the file backend rooted in the stack's state folder."""
+    return StorageConfig(global_unique_name=STORAGE_NAME,
+                         nfs=NfsStorageSpec(root_path=str((data_dir / STORAGE_NAME).resolve()),
+                                            key_count_per_file=KEY_COUNT_PER_FILE))
+
+
+def default_group() -> InstanceGroup:
+    """``default``: writes to ``nfs_01``, 100 GiB quota, every other setting defaulted."""
+    return InstanceGroup(name=GROUP_NAME, storage_candidates=[STORAGE_NAME],
+                         quota=InstanceGroupQuota(capacity=GROUP_QUOTA_BYTES))
+
+
+def _add_absent(add: Callable[[Any], Any], entity: Any) -> bool:
+    try:
+        add(entity)
+        return True
+    except DuplicateEntityError:
+        return False
+
+
+def seed_defaults(control: Any, data_dir: Path) -> list[str]:
+    """Add the default storage and group unless they exist; returns the names added."""
+    storage = default_storage(data_dir)
+    Path(storage.nfs.root_path).mkdir(parents=True, exist_ok=True)
+    added = []
+    if _add_absent(control.add_storage, storage):
+        added.append(STORAGE_NAME)
+    if _add_absent(control.create_group, default_group()):
+        added.append(GROUP_NAME)
+    return added

@@ -1,0 +1,75 @@
+"""The app's HTTP API, served by Chalice's local server on a thread.
+
+The server logs one line per request on stderr (``BaseHTTPRequestHandler``'s format),
+next to the app's own JSON access line.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import REPO_ROOT
+
+LOCAL_STAGE = "local"
+POLL_INTERVAL_S = 0.05
+
+
+def chalice_config(project_dir: Path = REPO_ROOT) -> Any:
+    """The ``local`` stage of ``.chalice/config.json`` (environment variables included)."""
+    from chalice.config import Config
+
+    config_file = project_dir / ".chalice" / "config.json"
+    from_disk = json.loads(config_file.read_text(encoding="utf-8")) if config_file.exists() else {}
+    # Config.create would take config_from_disk for a user parameter; the constructor does not.
+    return Config(chalice_stage=LOCAL_STAGE, config_from_disk=from_disk,
+                  user_provided_params={"app_name": "kvcm", "project_dir": str(project_dir)})
+
+
+class ApiServer:
+    """Serves ``app`` on ``host:port`` (0 = free port) until ``stop``."""
+
+    def __init__(self, app: Any, config: Any, host: str, port: int) -> None:
+        self.app = app
+        self.config = config
+        self.host = host
+        self._requested_port = port
+        self._server: Optional[Any] = None
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("API server is not started")
+        return self._server.server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> str:
+        """Bind and serve; returns the base URL."""
+        from chalice.local import LocalChalice, LocalDevServer, create_local_server
+
+        # create_local_server turns the app into a LocalChalice (thread-local current
+        # request) by rebasing its class, which cannot be done twice: reuse it on restart.
+        if isinstance(self.app, LocalChalice):
+            self._server = LocalDevServer(self.app, self.config, self.host, self._requested_port)
+        else:
+            self._server = create_local_server(self.app, self.config, self.host, self._requested_port)
+        # Not LocalDevServer.serve_forever: it prints the requested port (wrong for port 0)
+        # and polls for shutdown every 0.5 s, which would slow every stop down.
+        self._thread = threading.Thread(target=self._server.server.serve_forever, args=(POLL_INTERVAL_S,),
+                                        name="kvcm-local-api", daemon=True)
+        self._thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.shutdown()
+            server.server.server_close()
+            if self._thread is not None:
+                self._thread.join()

@@ -1,0 +1,353 @@
+"""Command line: ``python -m chalicelib.optimizer replay|mrc|sweep|report ...``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from chalicelib.optimizer.cost import CostModel
+from chalicelib.optimizer.errors import ConfigError, OptimizerError
+from chalicelib.optimizer.mrc import lru_curve, shards_error
+from chalicelib.optimizer.policies import POLICIES
+from chalicelib.optimizer.replay import EvictionMode, replay
+from chalicelib.optimizer.report import (build_report, log_capacities, summary_line,
+                                         write_report)
+from chalicelib.optimizer.sweep import SweepSettings, TraceSpec, curve_is_exact, sweep
+from chalicelib.optimizer.traces import FORMATS
+
+_SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+
+DESCRIPTION = """\
+KVCM optimizer: replay KV-cache traces to answer "how much cache does this workload
+need, and what does it save?".
+
+Capacities are in blocks (one block = --block-size tokens of one instance). Trace
+formats: {formats} (or auto to sniff). Policies: {policies}.
+""".format(formats=", ".join(FORMATS), policies=", ".join(POLICIES))
+
+EPILOG = """\
+examples:
+  # exact LRU hit ratio at several capacities, in one pass over the trace
+  python -m chalicelib.optimizer mrc --trace ../shared/traces/mooncake_conversation.jsonl \\
+      --format mooncake --capacities 1000,5000,20k --json
+
+  # one replay with time series (hit rate per 60 s window, per instance)
+  python -m chalicelib.optimizer replay --trace ../shared/traces/kvcm_event_publisher.log \\
+      --capacity 2000 --policy leaf_aware_lru --timeseries out/ts.csv
+
+  # a sweep of policies x capacities on all CPUs
+  python -m chalicelib.optimizer sweep --trace trace.jsonl --capacities log:1000:100k:10 \\
+      --policies lru,random_lru,lfu --json
+
+  # the full capacity report: report.json, hit-ratio and hit-rate-over-time PNGs
+  python -m chalicelib.optimizer report --trace ../shared/traces/mooncake_conversation.jsonl \\
+      --format mooncake --out out/optimizer-demo --model-params 70e9 --gpu-price 2.5
+
+capacity lists: "1000,5000", "20k,1M", or "log:LOW:HIGH:COUNT" for COUNT log-spaced values.
+"""
+
+_SHARED = "../shared/traces"
+EXAMPLES = {
+    "replay": f"""example:
+  python -m chalicelib.optimizer replay --trace {_SHARED}/kvcm_event_publisher.log \\
+      --capacity 2000 --policy leaf_aware_lru --timeseries out/ts.csv""",
+    "mrc": f"""example:
+  python -m chalicelib.optimizer mrc --trace {_SHARED}/mooncake_conversation.jsonl \\
+      --format mooncake --capacities 1000,5000 --json
+  {{"hit_ratio": {{"1000": 0.0445..., "5000": 0.1118...}}}}""",
+    "sweep": f"""example:
+  python -m chalicelib.optimizer sweep --trace {_SHARED}/mooncake_conversation.jsonl \\
+      --capacities log:1k:100k:8 --policies lru,random_lru,lfu --workers 2""",
+    "report": f"""example:
+  python -m chalicelib.optimizer report --trace {_SHARED}/mooncake_conversation.jsonl \\
+      --format mooncake --out out/optimizer-demo""",
+}
+
+
+def parse_capacity(text: str) -> int:
+    """``20000``, ``20k``, ``1.5M`` -> blocks."""
+    value = text.strip().lower().replace("_", "")
+    scale = _SUFFIXES.get(value[-1:], 1)
+    number = value[:-1] if scale != 1 else value
+    try:
+        blocks = float(number) * scale
+    except ValueError:
+        raise ConfigError(f"not a capacity: {text!r}") from None
+    if blocks < 0 or blocks != int(blocks):
+        raise ConfigError(f"capacity must be a whole number of blocks >= 0: {text!r}")
+    return int(blocks)
+
+
+def parse_capacities(text: str) -> list[int]:
+    """A comma list of capacities, or ``log:LOW:HIGH:COUNT``."""
+    if text.strip().lower().startswith("log:"):
+        parts = text.split(":")
+        if len(parts) != 4:
+            raise ConfigError(f"expected log:LOW:HIGH:COUNT, got {text!r}")
+        return log_capacities(parse_capacity(parts[1]), parse_capacity(parts[2]),
+                              int(parse_capacity(parts[3])))
+    caps = [parse_capacity(part) for part in text.split(",") if part.strip()]
+    if not caps:
+        raise ConfigError("no capacities given")
+    return caps
+
+
+def _policies(text: str) -> list[str]:
+    return [p for p in (part.strip() for part in text.split(",")) if p]
+
+
+def _trace_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("trace")
+    group.add_argument("--trace", required=True, metavar="FILE", help="trace file (JSONL)")
+    group.add_argument("--format", default="auto", choices=["auto", *FORMATS],
+                       help="trace format (default: auto = sniff the first line)")
+    group.add_argument("--instance", metavar="NAME",
+                       help="instance name for single-instance formats (mooncake, qwen_bailian)")
+    group.add_argument("--block-size", type=int, metavar="TOKENS",
+                       help="tokens per block (default: the format's, e.g. 512 for mooncake); "
+                            "token hit ratios and keys derived from tokens use it")
+
+
+def _replay_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("replay")
+    group.add_argument("--mode", default="instance_precise",
+                       choices=[m.value for m in EvictionMode],
+                       help="instance_precise: own capacity per instance, enforced after every "
+                            "block; instance_rough: own capacity, evicted in batches after each "
+                            "write; group_rough: one capacity shared by all instances "
+                            "(default: instance_precise)")
+    group.add_argument("--batch-size", type=int, default=64,
+                       help="blocks per eviction batch in the rough modes (default 64)")
+    group.add_argument("--seed", type=int, default=0, help="seed of random_lru (default 0)")
+    group.add_argument("--samples", type=int, default=5,
+                       help="blocks random_lru samples per eviction (default 5, as Redis)")
+    group.add_argument("--window", type=float, default=60.0, metavar="SECONDS",
+                       help="time-series window (default 60 s)")
+    group.add_argument("--no-read-refresh", action="store_true",
+                       help="reads do not refresh recency (upstream KVCM's behaviour; "
+                            "KVCM refreshes by default)")
+
+
+def _settings(args: argparse.Namespace, block_size: int) -> SweepSettings:
+    return SweepSettings(mode=args.mode, batch_size=args.batch_size, block_size=block_size,
+                         window_s=args.window, seed=args.seed,
+                         read_refresh=not args.no_read_refresh,
+                         policy_params={"random_lru": {"samples": args.samples}})
+
+
+def _spec(args: argparse.Namespace) -> TraceSpec:
+    return TraceSpec(args.trace, args.format, args.instance, args.block_size).resolved()
+
+
+def _print_json(data: Any, indent: int | None = 2) -> None:
+    json.dump(data, sys.stdout, indent=indent)
+    sys.stdout.write("\n")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    settings = _settings(args, spec.block_size or 16)
+    config = settings.replay_config(args.policy, parse_capacity(args.capacity))
+    result = replay(spec.records(), config)
+    if args.timeseries:
+        with open(args.timeseries, "w", newline="", encoding="utf-8") as handle:
+            result.write_timeseries_csv(handle)
+    if args.json:
+        _print_json(result.to_dict())
+        return 0
+    t = result.totals
+    print(f"{config.policy} at {config.capacity:,} blocks ({config.mode.value}), "
+          f"{len(result.instances)} instance(s), {result.duration_s:,.0f} s of trace")
+    print(f"  block hit ratio     {_pct(t.block_hit_ratio)}  "
+          f"(external {_pct(t.external_block_hit_ratio)}, {t.read_blocks:,} blocks read)")
+    print(f"  token hit ratio     {_pct(t.token_hit_ratio)}")
+    print(f"  replay              {result.elapsed_s:.3f} s, "
+          f"{result.block_accesses / max(result.elapsed_s, 1e-9):,.0f} block accesses/s")
+    if args.timeseries:
+        print(f"  time series         {args.timeseries}")
+    return 0
+
+
+def _pct(value: float | None) -> str:
+    return "   n/a" if value is None else f"{value:7.2%}"
+
+
+def cmd_mrc(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    caps = parse_capacities(args.capacities)
+    records = spec.records()
+    curve = lru_curve(records, block_size=spec.block_size or 16, sample_rate=args.sample_rate)
+    if args.json:
+        data: dict[str, Any] = {"hit_ratio": {str(c): curve.block_hit_ratio(c) for c in caps}}
+        if args.tokens:
+            data["token_hit_ratio"] = {str(c): curve.token_hit_ratio(c) for c in caps}
+        _print_json(data, indent=None)
+        return 0
+    kind = "exact" if curve.exact else f"SHARDS estimate at rate {args.sample_rate:g}"
+    print(f"prefix-aware LRU hit ratio ({kind}; one pass, {curve.elapsed_s:.3f} s)")
+    print(f"{'capacity':>12}  {'block hit':>9}  {'token hit':>9}")
+    for c in caps:
+        print(f"{c:>12,}  {_pct(curve.block_hit_ratio(c)):>9}  {_pct(curve.token_hit_ratio(c)):>9}")
+    print(f"saturates at {curve.saturation_capacity:,} blocks")
+    if not curve.exact:
+        exact = lru_curve(records, block_size=spec.block_size or 16)
+        error = shards_error(exact, curve, caps)
+        print(f"measured SHARDS error: mean {error['mean_abs_error']:.4f}, "
+              f"max {error['max_abs_error']:.4f}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    result = sweep(spec, parse_capacities(args.capacities), _policies(args.policies),
+                   settings=_settings(args, spec.block_size or 16),
+                   split_instances=args.split_instances, workers=args.workers,
+                   use_curve=not args.no_curve)
+    data = result.to_dict()
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+    if args.json:
+        _print_json(data)
+        return 0
+    print(f"{len(result.points)} points in {result.elapsed_s:.2f} s")
+    print(f"{'policy':<16}{'capacity':>12}{'instance':>14}{'block hit':>11}{'token hit':>11}  method")
+    for p in result.points:
+        print(f"{p.policy:<16}{p.capacity:>12,}{(p.instance or 'all')[:13]:>14}"
+              f"{_pct(p.totals.block_hit_ratio):>11}{_pct(p.totals.token_hit_ratio):>11}  {p.method}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    settings = _settings(args, spec.block_size or 16)
+    records = spec.records()
+    exact = curve_is_exact(records, settings)
+    curve = lru_curve(records, block_size=settings.block_size)
+    caps = (parse_capacities(args.capacities) if args.capacities else
+            log_capacities(max(1, curve.saturation_capacity // 500), curve.saturation_capacity, 10))
+    result = sweep(spec, caps, _policies(args.policies), settings=settings,
+                   workers=args.workers)
+    cost = CostModel(model_params=args.model_params, flops_per_token=args.flops_per_token,
+                     gpu_flops=args.gpu_flops, mfu=args.mfu, gpu_hour_price=args.gpu_price,
+                     currency=args.currency)
+    report = build_report(
+        trace={"name": Path(spec.path).name, "path": spec.path, "format": spec.format,
+               "block_size": spec.block_size, **result.summary.to_dict()},
+        settings=settings.to_dict(), points=result.points, duration_s=result.summary.duration_s,
+        target=args.target, cost=cost, curve=curve if exact else None)
+    rec = report["recommendation"]
+    policy, capacity = ("lru", max(caps)) if rec is None else (rec["policy"], rec["capacity"])
+    if args.timeseries_capacity:
+        policy, capacity = "lru", parse_capacity(args.timeseries_capacity)
+    timeseries = replay(records, settings.replay_config(policy, capacity))
+    files = write_report(report, args.out, timeseries=timeseries)
+    print(summary_line(report))
+    for path in files:
+        print(f"  wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of the four commands."""
+    parser = argparse.ArgumentParser(
+        prog="python -m chalicelib.optimizer", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("replay", help="replay a trace at one capacity with one policy",
+                            description="Replay a trace through one policy at one capacity and "
+                                        "print hit ratios (optionally a per-window CSV).",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=EXAMPLES["replay"])
+    _trace_args(p)
+    _replay_args(p)
+    p.add_argument("--capacity", required=True, help="blocks per instance (or per group), e.g. 20k")
+    p.add_argument("--policy", default="lru", choices=list(POLICIES),
+                   help="eviction policy (default: lru)")
+    p.add_argument("--timeseries", metavar="CSV", help="write hit rates per window and instance")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(handler=cmd_replay)
+
+    p = commands.add_parser("mrc", help="exact LRU hit ratio at many capacities in one pass",
+                            description="Exact prefix-aware LRU hit-ratio curve from stack "
+                                        "distances (one pass, every capacity at once). Reads do "
+                                        "not refresh recency in this model; for request traces "
+                                        "(mooncake, qwen_bailian) that changes nothing.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=EXAMPLES["mrc"])
+    _trace_args(p)
+    p.add_argument("--capacities", required=True, help='e.g. "1000,5000" or "log:1k:1M:20"')
+    p.add_argument("--sample-rate", type=float, default=1.0,
+                   help="SHARDS spatial sampling rate (default 1 = exact); below 1 the table "
+                        "also prints the error measured against the exact curve")
+    p.add_argument("--json", action="store_true",
+                   help='print {"hit_ratio": {"<capacity>": ratio, ...}}')
+    p.add_argument("--tokens", action="store_true", help="with --json, add token_hit_ratio")
+    p.set_defaults(handler=cmd_mrc)
+
+    all_policies = ",".join(POLICIES)
+    p = commands.add_parser("sweep", help="replay policies x capacities in parallel",
+                            description="Replay every (policy, capacity) point on all CPUs; "
+                                        "LRU points come from the exact one-pass curve when it "
+                                        "applies.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=EXAMPLES["sweep"])
+    _trace_args(p)
+    _replay_args(p)
+    p.add_argument("--capacities", required=True, help='e.g. "1000,5000" or "log:1k:1M:20"')
+    p.add_argument("--policies", default=all_policies,
+                   help=f"comma-separated policies (default: {all_policies})")
+    p.add_argument("--split-instances", action="store_true",
+                   help="one point per instance too (instance modes only)")
+    p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
+    p.add_argument("--no-curve", action="store_true", help="replay LRU points one by one")
+    p.add_argument("--out", metavar="JSON", help="also write the results to this file")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(handler=cmd_sweep)
+
+    p = commands.add_parser("report", help="capacity report: JSON + PNG plots + savings",
+                            description="Sweep, find the smallest capacity reaching a target hit "
+                                        "ratio, price the prefill it saves and plot it all.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=EXAMPLES["report"])
+    _trace_args(p)
+    _replay_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--capacities", help="grid (default: 10 log-spaced up to where LRU saturates)")
+    p.add_argument("--policies", default=all_policies,
+                   help=f"comma-separated policies (default: {all_policies})")
+    p.add_argument("--target", type=float,
+                   help="target block hit ratio (default: 90%% of the best one reached)")
+    p.add_argument("--timeseries-capacity",
+                   help="LRU capacity of the hit-rate-over-time plot (default: the recommended)")
+    p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
+    cost = p.add_argument_group("cost model (prefill saved -> GPUs -> money)")
+    cost.add_argument("--model-params", type=float, default=8e9,
+                      help="model parameters; prefill FLOPs per token = 2 x params (default 8e9)")
+    cost.add_argument("--flops-per-token", type=float, help="override FLOPs per prefill token")
+    cost.add_argument("--gpu-flops", type=float, default=989e12,
+                      help="GPU peak FLOP/s (default 989e12: H100 SXM dense BF16)")
+    cost.add_argument("--mfu", type=float, default=0.4,
+                      help="model FLOP utilisation in prefill (default 0.4)")
+    cost.add_argument("--gpu-price", type=float, default=2.5,
+                      help="price per GPU-hour (default 2.5)")
+    cost.add_argument("--currency", default="USD", help="label of --gpu-price (default USD)")
+    p.set_defaults(handler=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input, with the reason on stderr)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except OptimizerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

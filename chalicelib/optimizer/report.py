@@ -1,0 +1,298 @@
+"""Capacity reports: JSON plus PNG plots.
+
+A report answers "how much cache does this workload need, and what does it save?":
+
+* hit ratio versus capacity per policy (exact for LRU when the one-pass curve applies,
+  replayed grid points otherwise),
+* the smallest capacity reaching a target hit ratio, per policy,
+* the prefill compute, GPUs and money the hits save (see :mod:`cost`),
+* hit rate over time per instance at the recommended capacity.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from chalicelib.optimizer.cost import CostModel
+from chalicelib.optimizer.mrc import HitRatioCurve
+from chalicelib.optimizer.replay import ReplayResult, Totals
+from chalicelib.optimizer.sweep import PointResult, aggregate
+
+REPORT_JSON = "report.json"
+TIMESERIES_CSV = "timeseries.csv"
+CAPACITY_PNG = "hit_ratio_vs_capacity.png"
+TIMESERIES_PNG = "hit_rate_over_time.png"
+
+
+def log_capacities(low: int, high: int, count: int) -> list[int]:
+    """About ``count`` distinct integer capacities spaced evenly on a log scale."""
+    low, high = max(1, low), max(1, high)
+    if count < 2 or low >= high:
+        return [low]
+    step = (math.log(high) - math.log(low)) / (count - 1)
+    return sorted({int(round(math.exp(math.log(low) + i * step))) for i in range(count)})
+
+
+def smallest_capacities(table: Mapping[str, Mapping[int, Totals]], target: float,
+                        curve: HitRatioCurve | None) -> dict[str, dict[str, Any]]:
+    """Per policy, the smallest capacity whose block hit ratio reaches ``target``: exact
+    (any integer) from the LRU curve, else the smallest grid capacity that does."""
+    found: dict[str, dict[str, Any]] = {}
+    for policy, caps in table.items():
+        if policy == "lru" and curve is not None:
+            capacity = curve.smallest_capacity(target)
+            ratio = None if capacity is None else curve.block_hit_ratio(capacity)
+            found[policy] = {"capacity": capacity, "block_hit_ratio": ratio, "exact": True}
+            continue
+        hit = next(((c, t) for c, t in caps.items()
+                    if (t.block_hit_ratio or 0.0) >= target - 1e-12), None)
+        found[policy] = {"capacity": hit[0] if hit else None,
+                         "block_hit_ratio": hit[1].block_hit_ratio if hit else None,
+                         "exact": False}
+    return found
+
+
+DEFAULT_TARGET_SHARE = 0.9
+
+
+def default_target(table: Mapping[str, Mapping[int, Totals]], curve: HitRatioCurve | None) -> float:
+    """90 % of the best block hit ratio anything in the sweep reaches: the capacity past
+    which more cache buys little."""
+    ratios = [t.block_hit_ratio or 0.0 for caps in table.values() for t in caps.values()]
+    if curve is not None:
+        ratios.append(curve.block_hit_ratio(curve.saturation_capacity) or 0.0)
+    return round(DEFAULT_TARGET_SHARE * max(ratios, default=0.0), 6)
+
+
+def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
+                 points: Sequence[PointResult], duration_s: float, target: float | None,
+                 cost: CostModel, curve: HitRatioCurve | None = None) -> dict[str, Any]:
+    """Assemble the report dictionary (JSON-able). ``target`` None means
+    :func:`default_target`."""
+    table = aggregate(points)
+    target_rule = "given"
+    if target is None:
+        target, target_rule = default_target(table, curve), "90% of the best hit ratio"
+    policies = {
+        policy: {
+            "capacities": list(caps),
+            "block_hit_ratio": [t.block_hit_ratio for t in caps.values()],
+            "token_hit_ratio": [t.token_hit_ratio for t in caps.values()],
+            "external_block_hit_ratio": [t.external_block_hit_ratio for t in caps.values()],
+        }
+        for policy, caps in table.items()
+    }
+    savings = [
+        {"policy": policy, "capacity": capacity, "block_hit_ratio": t.block_hit_ratio,
+         "token_hit_ratio": t.token_hit_ratio,
+         **cost.savings(t.external_hit_tokens, duration_s)}
+        for policy, caps in table.items() for capacity, t in caps.items()
+    ]
+    smallest = smallest_capacities(table, target, curve)
+    reachable = [(v["capacity"], policy) for policy, v in smallest.items() if v["capacity"] is not None]
+    recommendation = None
+    if reachable:
+        capacity, policy = min(reachable, key=lambda cp: (cp[0], cp[1] != "lru"))
+        totals = (curve.totals(capacity) if policy == "lru" and curve is not None
+                  else table[policy][capacity])
+        recommendation = {"policy": policy, "capacity": capacity,
+                          "block_hit_ratio": totals.block_hit_ratio,
+                          "token_hit_ratio": totals.token_hit_ratio,
+                          **cost.savings(totals.external_hit_tokens, duration_s)}
+    curve_part = None
+    if curve is not None:
+        grid = [c for caps in table.values() for c in caps if c > 0] or [1]
+        high = max(curve.saturation_capacity, max(grid)) * 2
+        curve_part = curve.to_dict(log_capacities(max(1, min(grid) // 2), high, 120))
+    return {
+        "trace": dict(trace),
+        "settings": dict(settings),
+        "target_hit_ratio": target,
+        "target_rule": target_rule,
+        "policies": policies,
+        "points": [p.to_dict() for p in points],
+        "smallest_capacity": smallest,
+        "recommendation": recommendation,
+        "savings": savings,
+        "cost_model": cost.to_dict(),
+        "curve": curve_part,
+        "timeseries": None,
+        "plots": [],
+    }
+
+
+def attach_timeseries(report: dict[str, Any], result: ReplayResult) -> None:
+    """Record in ``report`` which replay the time series (CSV and plot) come from."""
+    report["timeseries"] = {
+        "policy": result.config.policy, "capacity": result.config.capacity,
+        "window_s": result.config.window_s, "csv": TIMESERIES_CSV,
+        "windows": len(result.windows),
+        "instances": {name: t.to_dict() for name, t in result.instances.items()},
+    }
+
+
+def _thousands(value: float, _: Any = None) -> str:
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=120)
+    curve = report.get("curve")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^vP*X"
+    policies = sorted(report["policies"].items(), key=lambda item: (item[0] != "lru", item[0]))
+    grid = [c for _, data in policies for c in data["capacities"] if c > 0]
+    for n, (policy, data) in enumerate(policies):
+        color, marker = colors[n % len(colors)], markers[n % len(markers)]
+        caps = [c for c in data["capacities"] if c > 0]
+        ratios = [r for c, r in zip(data["capacities"], data["block_hit_ratio"]) if c > 0]
+        if policy == "lru" and curve:
+            # the exact curve over the plotted range: a bit wider than the grid
+            low, high = min(grid, default=1) / 2, max(grid, default=1) * 2
+            dense = [(c, r) for c, r in zip(curve["capacities"], curve["block_hit_ratio"])
+                     if r is not None and low <= c <= high]
+            ax.plot([c for c, _ in dense], [r for _, r in dense], "-", color=color, lw=2,
+                    label="lru (exact one-pass curve)")
+            ax.plot(caps, ratios, marker, color=color, ms=6)
+        else:
+            ax.plot(caps, ratios, marker + "--", color=color, ms=6, lw=1.5, mfc="none",
+                    mew=1.5, label=f"{policy} (replay)")
+    target = report["target_hit_ratio"]
+    ax.axhline(target, color="grey", ls=":", lw=1.2, label=f"target {target:.1%}")
+    rec = report.get("recommendation")
+    if rec:
+        ax.axvline(rec["capacity"], color="grey", ls="--", lw=0.8)
+        ax.annotate(f"{rec['policy']} reaches {target:.1%}\nat {rec['capacity']:,} blocks",
+                    xy=(rec["capacity"], rec["block_hit_ratio"]), xytext=(-150, 14),
+                    textcoords="offset points", fontsize=9,
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9},
+                    arrowprops={"arrowstyle": "->", "color": "grey"})
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_thousands))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(bottom=0)
+    mode = report["settings"].get("mode", "instance_precise")
+    per = "shared by the group" if mode == "group_rough" else "per instance"
+    ax.set_xlabel(f"cache capacity (blocks {per}, log scale)")
+    ax.set_ylabel("block hit ratio")
+    ax.set_title(f"Hit ratio vs capacity - {report['trace'].get('name', 'trace')}")
+    ax.grid(True, which="major", alpha=0.35)
+    ax.grid(True, which="minor", alpha=0.12)
+    ax.legend(loc="upper left", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_timeseries(result: ReplayResult, path: Path, top: int = 8) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    by_instance: dict[str, list[Any]] = {}
+    for window in result.windows:
+        by_instance.setdefault(window.instance, []).append(window)
+    ranked = sorted(by_instance, key=lambda i: -result.instances[i].read_blocks)
+    shown = ranked[:top]
+    span = max((w.end_s for w in result.windows), default=0.0)
+    unit, scale = ("hours", 3600.0) if span > 3 * 3600 else ("minutes", 60.0)
+    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=120)
+    volume = ax.twinx()
+    totals: dict[float, int] = {}
+    for window in result.windows:
+        totals[window.start_s] = totals.get(window.start_s, 0) + window.totals.read_blocks
+    width = result.config.window_s / scale
+    volume.bar([s / scale + width / 2 for s in totals], list(totals.values()), width=width * 0.9,
+               color="lightgrey", alpha=0.6, label="blocks read (right axis)")
+    volume.set_ylabel("blocks read per window")
+    # keep the volume bars in the lower third, under the hit-ratio lines and the legend
+    volume.set_ylim(0, 3 * max(totals.values(), default=1))
+    ax.set_zorder(volume.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    for instance in shown:
+        windows = [w for w in by_instance[instance] if w.totals.read_blocks]
+        label = instance if len(instance) <= 24 else instance[:21] + "..."
+        ax.plot([(w.start_s + result.config.window_s / 2) / scale for w in windows],
+                [w.totals.block_hit_ratio for w in windows], "-o", ms=3, lw=1.4, label=label)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(f"time since trace start ({unit})")
+    ax.set_ylabel("block hit ratio per window")
+    config = result.config
+    hidden = len(ranked) - len(shown)
+    title = (f"{config.policy} at {config.capacity:,} blocks: hit ratio per "
+             f"{config.window_s:g} s window")
+    ax.set_title(title + (f" (top {top} of {len(ranked)} instances)" if hidden else ""))
+    ax.grid(True, alpha=0.35)
+    lines, labels = ax.get_legend_handles_labels()
+    bars, bar_labels = volume.get_legend_handles_labels()
+    ax.legend(lines + bars, labels + bar_labels, loc="upper right", fontsize=9,
+              title="instance")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path, *,
+                 timeseries: ReplayResult | None = None) -> list[Path]:
+    """Write report.json, the time-series CSV and the PNG plots into ``out_dir``.
+
+    Plots need matplotlib (Agg backend); without it the report lists no plots and says why.
+    Returns the written files.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if timeseries is not None:
+        attach_timeseries(report, timeseries)
+        with open(out / TIMESERIES_CSV, "w", newline="", encoding="utf-8") as handle:
+            timeseries.write_timeseries_csv(handle)
+        written.append(out / TIMESERIES_CSV)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        report["plots_skipped"] = "matplotlib is not installed"
+    else:
+        _plot_capacity(report, out / CAPACITY_PNG)
+        report["plots"] = [CAPACITY_PNG]
+        written.append(out / CAPACITY_PNG)
+        if timeseries is not None and timeseries.windows:
+            _plot_timeseries(timeseries, out / TIMESERIES_PNG)
+            report["plots"].append(TIMESERIES_PNG)
+            written.append(out / TIMESERIES_PNG)
+    with open(out / REPORT_JSON, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=2)
+        handle.write("\n")
+    written.append(out / REPORT_JSON)
+    return written
+
+
+def summary_line(report: Mapping[str, Any]) -> str:
+    """One human sentence for a terminal."""
+    rec = report.get("recommendation")
+    target = report["target_hit_ratio"]
+    if not rec:
+        return f"no capacity in the sweep reaches a {target:.0%} block hit ratio"
+    gpus = rec.get("gpus")
+    extra = "" if gpus is None else (
+        f", saving {gpus:.2f} GPUs on average ({rec['cost_per_hour']:.2f} {rec['currency']}/h)")
+    return (f"{rec['policy']} reaches {target:.0%} block hit ratio at {rec['capacity']:,} blocks"
+            f"{extra}")
+
+
+def flatten_results(results: Iterable[Any]) -> list[dict[str, Any]]:
+    """Flatten the nested lists a Step Functions Map of Maps returns."""
+    flat: list[dict[str, Any]] = []
+    for item in results:
+        if isinstance(item, list):
+            flat.extend(flatten_results(item))
+        elif isinstance(item, dict):
+            flat.append(item)
+    return flat

@@ -1,0 +1,1 @@
+"""Deployment template sources (``python -m infra.merge_template``)."""

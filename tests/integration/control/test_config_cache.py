@@ -1,0 +1,186 @@
+"""ConfigCache: no DynamoDB reads when warm, epoch-driven refresh, negatives, staleness bounds."""
+import threading
+
+import pytest
+
+from chalicelib.control import ConfigCache, ControlPlane, UnknownEntityError
+from chalicelib.protocol.errors import InstanceNotFoundError, InvalidArgumentError, ServiceNotReadyError
+from chalicelib.protocol.models import StorageConfig
+
+from .harness import TABLE, group, nfs, register_request
+
+REFRESH_S = 2.0
+
+
+@pytest.fixture
+def cache(control, clock):
+    return ConfigCache(control, clock=clock, refresh_s=REFRESH_S)
+
+
+@pytest.fixture
+def other(runtime, clock):
+    """The control plane as another container sees it (same table, its own objects)."""
+    return ControlPlane(dynamodb=lambda: runtime.aws("dynamodb"), table_name=TABLE, clock=clock)
+
+
+@pytest.fixture
+def reads(control, monkeypatch):
+    """Counts DynamoDB reads made through ``control``."""
+    counts = {"get": 0, "query": 0}
+    table = control.table
+    for name in counts:
+        real = getattr(table, name)
+
+        def counted(*args, _real=real, _name=name):
+            counts[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(table, name, counted)
+    return counts
+
+
+@pytest.fixture
+def populated(control):
+    control.add_storage(StorageConfig.model_validate(nfs("nfs1")))
+    control.add_storage(StorageConfig.model_validate(nfs("nfs2")))
+    control.create_group(group("g1", "nfs2", "missing", "nfs1"))
+    control.register_instance(register_request("i1"))
+
+
+def test_warm_cache_reads_nothing_until_refresh_is_due(cache, populated, reads, clock):
+    assert cache.instance("i1").block_size == 16
+    assert cache.group("g1").storage_candidates == ["nfs2", "missing", "nfs1"]
+    assert [c.global_unique_name for c, _ in cache.storages_for_group("g1")] == ["nfs2", "nfs1"]
+    assert cache.storage("nfs1").available
+    cold = dict(reads)
+    for _ in range(50):
+        cache.instance("i1")
+        cache.group("g1")
+        cache.storages_for_group("g1")
+        clock.advance(REFRESH_S / 100)
+    assert reads == cold
+    clock.advance(REFRESH_S)
+    cache.instance("i1")
+    assert reads["query"] == cold["query"] + 1  # only the epoch: nothing changed
+    assert reads["get"] == cold["get"]
+
+
+def test_unknowns(cache, populated):
+    with pytest.raises(InstanceNotFoundError, match="instance 'ghost' does not exist"):
+        cache.instance("ghost")
+    with pytest.raises(UnknownEntityError, match="instance group 'nope'"):
+        cache.group("nope")
+    with pytest.raises(UnknownEntityError, match="instance group 'nope'"):
+        cache.storages_for_group("nope")
+    with pytest.raises(UnknownEntityError, match="storage 'missing'"):
+        cache.storage("missing")
+    with pytest.raises(InvalidArgumentError, match="field 'instance_id' is required"):
+        cache.instance("")
+
+
+def test_misses_are_cached_until_the_epoch_moves(cache, populated, other, reads, clock):
+    for _ in range(5):
+        with pytest.raises(InstanceNotFoundError):
+            cache.instance("late")
+    instance_reads = reads["get"]
+    other.register_instance(register_request("late"))
+    with pytest.raises(InstanceNotFoundError):
+        cache.instance("late")  # another container's write: seen after refresh_s at most
+    assert reads["get"] == instance_reads
+    clock.advance(REFRESH_S)
+    assert cache.instance("late").instance_id == "late"
+
+
+def test_own_writes_are_seen_by_the_next_call(cache, populated, control):
+    with pytest.raises(InstanceNotFoundError):
+        cache.instance("mine")
+    control.register_instance(register_request("mine"))
+    assert cache.instance("mine").instance_id == "mine"
+    control.set_storage_available("nfs1", False)
+    assert cache.storages_for_group("g1")[1][1] is False
+    control.remove_instance("mine")
+    with pytest.raises(InstanceNotFoundError):
+        cache.instance("mine")
+
+
+def test_other_containers_changes_are_seen_within_refresh(cache, populated, other, clock):
+    assert cache.storage("nfs2").available and cache.instance("i1")
+    other.set_storage_available("nfs2", False)
+    other.update_group(group("g1", "nfs1"), current_version=1)
+    other.remove_instance("i1")
+    clock.advance(REFRESH_S * 0.9)
+    assert cache.storage("nfs2").available and cache.instance("i1")
+    clock.advance(REFRESH_S * 0.1)
+    assert not cache.storage("nfs2").available
+    assert cache.storages_for_group("g1") == [(cache.storage("nfs1").config, True)]
+    with pytest.raises(InstanceNotFoundError):
+        cache.instance("i1")
+
+
+def test_invalidate_forces_a_reload(cache, populated, reads):
+    cache.group("g1")
+    before = reads["query"]
+    cache.invalidate()
+    cache.group("g1")
+    assert reads["query"] == before + 3  # the epoch, then storages and groups
+
+
+def test_serves_cached_data_while_dynamodb_is_unreachable(cache, populated, control, clock, monkeypatch):
+    cache.instance("i1")
+    cache.group("g1")
+
+    def down(*args):
+        raise ServiceNotReadyError("control table unreachable")
+
+    monkeypatch.setattr(control.table, "get", down)
+    monkeypatch.setattr(control.table, "query", down)
+    clock.advance(REFRESH_S)
+    assert cache.instance("i1").instance_id == "i1"
+    assert cache.group("g1").name == "g1"
+    with pytest.raises(ServiceNotReadyError):
+        cache.instance("not-cached")
+
+
+def test_a_load_racing_with_a_change_is_not_kept(cache, populated, control, monkeypatch):
+    real_get_instance = control.get_instance
+    stale = real_get_instance("i1")
+    calls = []
+
+    def racing_get_instance(instance_id):
+        calls.append(instance_id)
+        if len(calls) == 1:
+            monkeypatch.setattr(control, "get_instance", real_get_instance)
+            control.remove_instance("i1")  # the change lands while our read is in flight...
+            cache.group("g1")              # ...and another call sees the new epoch first
+            return stale
+        return real_get_instance(instance_id)
+
+    monkeypatch.setattr(control, "get_instance", racing_get_instance)
+    assert cache.instance("i1") is stale  # the in-flight call answers with what it read
+    with pytest.raises(InstanceNotFoundError):
+        cache.instance("i1")  # but the stale record was not cached
+
+
+def test_concurrent_readers_and_writers(cache, populated, control):
+    errors = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                cache.instance("i1")
+                assert cache.group("g1").name == "g1"
+                cache.storages_for_group("g1")
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for i in range(5):
+        control.set_storage_available("nfs1", i % 2 == 0)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache.storage("nfs1").available is True

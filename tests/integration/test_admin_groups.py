@@ -1,0 +1,85 @@
+"""AdminService instance group methods over HTTP."""
+import pytest
+
+from tests.integration.control.harness import (call, client, code, control, group_json, message,  # noqa: F401
+                                               register_request, runtime)
+
+
+def get(client, name="g1") -> dict:
+    return call(client, "getInstanceGroup", {"name": name})
+
+
+def test_create_get_list_with_defaults(client):
+    body = {"instanceGroup": {"name": "g1", "storageCandidates": ["nfs1", "later"], "maxInstanceCount": "2",
+                              "quota": {"capacity": "1073741824",
+                                        "quotaConfig": [{"storageType": "ST_NFS", "capacity": 10}]}}}
+    assert code(call(client, "createInstanceGroup", body)) == "OK"
+    group = get(client)["instance_group"]
+    assert group["version"] == "1" and group["max_instance_count"] == "2"
+    assert group["quota"] == {"capacity": "1073741824", "quota_config": [{"storage_type": "ST_NFS", "capacity": "10"}]}
+    reclaim = group["cache_config"]["reclaim_strategy"]
+    assert (reclaim["reclaim_policy"], reclaim["trigger_strategy"]["used_percentage"],
+            reclaim["trigger_period_seconds"]) == ("POLICY_LRU", 0.9, 10)
+    call(client, "createInstanceGroup", {"instance_group": group_json("g0")})
+    assert [g["name"] for g in call(client, "listInstanceGroup")["instance_group"]] == ["g0", "g1"]
+
+
+def test_duplicate_group(client):
+    call(client, "createInstanceGroup", {"instance_group": group_json("g1", "a")})
+    data = call(client, "createInstanceGroup", {"instance_group": group_json("g1", "b")})
+    assert code(data) == "DUPLICATE_ENTITY"
+    assert get(client)["instance_group"]["storage_candidates"] == ["a"]
+
+
+def test_unknown_group_is_named(client):
+    for method in ("getInstanceGroup", "removeInstanceGroup"):
+        data = call(client, method, {"name": "nope"})
+        assert (code(data), message(data)) == ("INVALID_ARGUMENT", "instance group 'nope' does not exist")
+    data = call(client, "updateInstanceGroup", {"instance_group": group_json("nope"), "current_version": 1})
+    assert (code(data), message(data)) == ("INVALID_ARGUMENT", "instance group 'nope' does not exist")
+
+
+def test_update_is_optimistic(client):
+    call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
+    ok = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="v2"),
+                                              "current_version": "1"})
+    assert code(ok) == "OK"
+    stale = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="late"),
+                                                 "current_version": 1})
+    assert code(stale) == "INVALID_ARGUMENT" and "version 2" in message(stale)
+    same = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", version=2), "current_version": 2})
+    assert code(same) == "INVALID_ARGUMENT" and "instance_group.version" in message(same)
+    group = get(client)["instance_group"]
+    assert (group["version"], group["user_data"]) == ("2", "v2")
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_concurrent_updates_over_http_exactly_one_wins(client, round_):
+    import threading
+
+    call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
+    codes, barrier = [], threading.Barrier(2)
+
+    def update(tag):
+        barrier.wait()
+        codes.append(code(call(client, "updateInstanceGroup",
+                               {"instance_group": group_json("g1", user_data=tag), "current_version": 1})))
+
+    threads = [threading.Thread(target=update, args=(t,)) for t in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == ["INVALID_ARGUMENT", "OK"]
+    assert get(client)["instance_group"]["version"] == "2"
+
+
+def test_group_with_members_cannot_be_removed(client, control):
+    call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
+    control.register_instance(register_request("i1"))
+    data = call(client, "removeInstanceGroup", {"name": "g1"})
+    assert code(data) == "INVALID_ARGUMENT" and "1 registered instance" in message(data)
+    assert code(get(client)) == "OK"
+    call(client, "removeInstance", {"instance_id": "i1"})
+    assert code(call(client, "removeInstanceGroup", {"name": "g1"})) == "OK"
+    assert call(client, "listInstanceGroup")["instance_group"] == []

@@ -1,0 +1,87 @@
+"""AdminService metrics, health, lease ("leader") and logger methods over HTTP."""
+import pytest
+
+from chalicelib.observability.logging import logger
+from tests.integration.control.harness import call, client, code, message, runtime  # noqa: F401
+
+
+def test_get_metrics_counts_calls(client, runtime, clock):
+    call(client, "listStorage")
+    call(client, "listStorage")
+    call(client, "removeStorage", {"storage_unique_name": "ghost"})
+    data = call(client, "getMetrics")
+    assert data["timestamp"] == str(int(clock.now() * 1000))
+    by_key = {(m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])): m["metric_value"]
+              for m in data["metrics"]}
+    assert by_key[("service.query_counter", (("api_name", "listStorage"),))] == {"int_value": "2"}
+    assert by_key[("service.query_counter", (("api_name", "removeStorage"),))] == {"int_value": "1"}
+    assert by_key[("service.error_counter", (("api_name", "removeStorage"), ("code", "INVALID_ARGUMENT")))] == {
+        "int_value": "1"}
+    rt = by_key[("service.query_rt_us", (("api_name", "listStorage"),))]
+    assert set(rt) == {"float_value"} and rt["float_value"] > 0
+    assert ("service.query_counter", (("api_name", "getMetrics"),)) not in by_key  # recorded after answering
+    again = call(client, "getMetrics")
+    assert any(m["metric_name"] == "service.query_counter" and m["metric_tags"][0]["tag_value"] == "getMetrics"
+               for m in again["metrics"])
+
+
+def test_check_health(client, runtime, clock):
+    data = call(client, "checkHealth")
+    assert (code(data), data["is_health"], data["is_leader"], data["elector_last_loop_time_ms"]) == (
+        "OK", True, False, "0")
+    runtime.lease.try_acquire()
+    data = call(client, "checkHealth")
+    assert data["is_leader"] is True and data["elector_last_loop_time_ms"] == str(int(clock.now() * 1000))
+
+
+def test_check_health_reports_a_missing_control_table(client, runtime):
+    runtime.aws("dynamodb").delete_table(TableName=runtime.settings.control_table)
+    data = call(client, "checkHealth")
+    assert (code(data), data["is_health"]) == ("OK", False)
+
+
+def test_cluster_info_and_demote(client, runtime, clock, valkey):
+    info = call(client, "getManagerClusterInfo")
+    assert (info["self_node_id"], info["leader_node_id"], info["self_leader_expiration_time"]) == ("node-a", "", "0")
+    assert info["info_updated_time"] == str(int(clock.now() * 1e6))
+    assert runtime.lease.try_acquire()
+    info = call(client, "getManagerClusterInfo")
+    assert info["leader_node_id"] == "node-a"
+    expiry = int(info["self_leader_expiration_time"])
+    assert abs(expiry - (clock.now() * 1e6 + runtime.settings.lease_ttl_ms * 1000)) < 100_000
+    assert code(call(client, "leaderDemote")) == "OK"
+    assert runtime.lease.holder() is None
+    data = call(client, "leaderDemote")
+    assert code(data) == "SERVER_NOT_LEADER" and "node-a" in message(data)
+
+
+def test_demote_refused_when_another_node_leads(client, runtime, clock, valkey):
+    from chalicelib.index.lease import Lease
+
+    other = Lease(valkey, prefix=runtime.settings.key_prefix, node_id="node-b", ttl_ms=10_000, clock=clock)
+    assert other.try_acquire()
+    data = call(client, "leaderDemote")
+    assert code(data) == "SERVER_NOT_LEADER" and "node-b" in message(data)
+    info = call(client, "getManagerClusterInfo")
+    assert (info["leader_node_id"], info["self_leader_expiration_time"]) == ("node-b", "0")
+    assert other.holder() == "node-b"
+
+
+def test_leader_elector_config(client, runtime):
+    assert call(client, "getLeaderElectorConfig")["campaign_delay_time_ms"] == "0"
+    assert code(call(client, "updateLeaderElectorConfig", {"campaignDelayTimeMs": "1500"})) == "OK"
+    assert call(client, "getLeaderElectorConfig")["campaign_delay_time_ms"] == "1500"
+    assert runtime.lease.campaign_delay_ms() == 1500
+
+
+@pytest.fixture
+def restore_log_level():
+    level = logger.log_level
+    yield
+    logger.setLevel(level)
+
+
+@pytest.mark.parametrize("name, level", [("DEBUG", 10), ("warn", 30), ("ERROR", 40), ("INFO", 20)])
+def test_update_logger(client, restore_log_level, name, level):
+    assert code(call(client, "updateLogger", {"module_name": "kvcm", "log_level": name})) == "OK"
+    assert logger.log_level == level

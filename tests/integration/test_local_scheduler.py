@@ -1,0 +1,79 @@
+"""Scheduled handlers run locally: periods, overrides, events, failures, prompt stop."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from chalice import Chalice, Rate
+
+from chalicelib.clock import ManualClock
+from chalicelib.local.config import LOCAL_SCHEDULE_DEFAULTS, StackConfig, schedule_key
+from chalicelib.local.scheduler import CRON_PERIOD_S, Job, Scheduler, app_jobs, period_of
+
+
+@pytest.mark.parametrize("expression, seconds", [
+    ("rate(1 minute)", 60), ("rate(5 minutes)", 300), ("rate(2 hours)", 7200), ("rate(1 day)", 86400),
+    (Rate(10, unit=Rate.MINUTES), 600), ("cron(0 12 * * ? *)", CRON_PERIOD_S),
+])
+def test_period_of(expression, seconds):
+    assert period_of(expression) == seconds
+
+
+def test_period_of_rejects_what_it_cannot_schedule():
+    with pytest.raises(ValueError):
+        period_of("every now and then")
+
+
+def test_overrides_come_from_the_environment():
+    config = StackConfig.from_env({"KVCM_LOCAL_SCHEDULE_WRITE_SESSION_WATCHDOG_S": "0.5"})
+    assert config.schedule_periods == {**LOCAL_SCHEDULE_DEFAULTS, "WRITE_SESSION_WATCHDOG": 0.5}
+    assert schedule_key("write-session.watchdog") == "WRITE_SESSION_WATCHDOG"
+
+
+def test_app_schedules_become_jobs_called_with_a_cloudwatch_event():
+    app = Chalice(app_name="scheduled")
+    seen = []
+
+    @app.schedule("rate(1 hour)", name="reclaim")
+    def reclaim(event):
+        seen.append(event)
+
+    @app.schedule(Rate(2, unit=Rate.MINUTES))
+    def watchdog(event):
+        return None
+
+    clock = ManualClock(start=1_700_000_000)
+    jobs = {job.name: job for job in app_jobs(app, {"RECLAIM": 1.0}, "eu-west-1", clock)}
+    assert {name: job.period_s for name, job in jobs.items()} == {"reclaim": 1.0, "watchdog": 120.0}
+    jobs["reclaim"].run()
+    event = seen[0]
+    assert (event.detail_type, event.source, event.region) == ("Scheduled Event", "aws.events", "eu-west-1")
+    assert event.time == "2023-11-14T22:13:20Z"
+    assert event.resources == ["arn:aws:events:eu-west-1:123456789012:rule/reclaim"]
+
+
+def test_an_app_without_schedules_has_no_jobs():
+    assert app_jobs(Chalice(app_name="plain"), {}, "us-east-1", ManualClock()) == []
+
+
+def test_scheduler_calls_at_start_keeps_calling_after_failures_and_stops_at_once():
+    calls, hourly = [], threading.Event()
+    done = threading.Event()
+
+    def flaky():
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            done.set()
+        raise RuntimeError("a failed run is retried next period")
+
+    scheduler = Scheduler([Job("flaky", 0.02, flaky), Job("hourly", 3600, hourly.set)])
+    scheduler.start()
+    try:
+        assert hourly.wait(5)  # at start, not an hour later
+        assert done.wait(5)
+    finally:
+        began = time.monotonic()
+        scheduler.stop()
+    assert time.monotonic() - began < 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvcm-local-schedule-")]
