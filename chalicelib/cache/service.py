@@ -14,8 +14,8 @@ from ..clock import Clock
 from ..index import BlockIndex, Status, Usage
 from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 from ..index.errors import QuotaExceededError, WriteSessionError
-from ..index.records import HEADER_LEN, LOCATION_LEN, decode_record
-from ..protocol.codes import CacheLocationStatus, QueryType, StorageType, TrimStrategy
+from ..index.records import decode_record
+from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
     CacheLocation,
@@ -33,10 +33,11 @@ from ..protocol.models import (
 )
 from ..observability.metrics import MetricsRegistry
 from ..settings import Settings
-from ..storage.base import BlockRef, SpecSlot
+from ..storage.base import BlockRef
 from .context import InstanceContext
 from .deletion import Deleter
 from .keys import request_keys
+from .locations import ANY_STATUS, LocationRenderer, cache_location
 from .masks import mask_of, masked_flags
 
 _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
@@ -92,31 +93,8 @@ class CacheService:
             self._storage_names[ctx.instance_id] = names
         return names.get(sidx, "")
 
-    def _location(self, ctx: InstanceContext, key: int, raw: bytes, spec_names: Optional[frozenset],
-                  statuses: tuple[int, ...] = (Status.SERVING,)) -> Optional[CacheLocation]:
-        """The best location of a record among ``statuses`` on an available storage."""
-        best = None
-        for off in range(HEADER_LEN, HEADER_LEN + raw[22] * LOCATION_LEN, LOCATION_LEN):
-            if raw[off] not in statuses:
-                continue
-            state = ctx.by_name.get(self._storage_name(ctx, raw[off + 1]))
-            if state is None or not state.available:
-                continue
-            if best is None or state.backend.read_weight < best[0].backend.read_weight:
-                best = (state, off)
-        if best is None:
-            return None
-        state, off = best
-        slots = ctx.spec_layout.slots(raw[off + 2])
-        ref = BlockRef(ctx.instance_id, key, int.from_bytes(raw[off + 3:off + 8], "big"),
-                       int.from_bytes(raw[off + 8:off + 14], "big"), int.from_bytes(raw[off + 14:off + 16], "big"),
-                       slots)
-        return _cache_location(state.backend, ref, slots, spec_names)
-
-    def _padding(self, ctx: InstanceContext, spec_names: Optional[frozenset]) -> CacheLocation:
-        specs = [{"name": s.name, "uri": ""} for s in ctx.spec_layout.slots(0)
-                 if spec_names is None or s.name in spec_names]
-        return {"type": StorageType.ST_UNSPECIFIED.name, "spec_size": len(specs), "location_specs": specs}
+    def _renderer(self, ctx: InstanceContext, spec_names: Optional[frozenset] = None) -> LocationRenderer:
+        return LocationRenderer(ctx, lambda sidx: self._storage_name(ctx, sidx), spec_names)
 
     def _spec_filter(self, ctx: InstanceContext, names: Sequence[str]) -> Optional[frozenset]:
         if not names:
@@ -138,12 +116,13 @@ class CacheService:
         names = self._spec_filter(ctx, req.location_spec_names)
         if ctx.storages and not any(s.available for s in ctx.storages):
             raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
+        renderer = self._renderer(ctx, names)
         locations: list[CacheLocation] = []
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             flags = masked_flags(req.block_mask, len(keys), "block_mask")
             wanted = [k for k, masked in zip(keys, flags) if not masked]
             for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_PREFIX)):
-                loc = self._location(ctx, key, raw, names)
+                loc = renderer.location(key, raw)
                 if loc is None:
                     break
                 locations.append(loc)
@@ -156,8 +135,8 @@ class CacheService:
             else:
                 raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH)
             for key, raw in zip(keys, raws):
-                loc = self._location(ctx, key, raw, names) if raw is not None else None
-                locations.append(loc if loc is not None else self._padding(ctx, names))
+                loc = renderer.location(key, raw) if raw is not None else None
+                locations.append(loc if loc is not None else renderer.padding())
         hits = sum(1 for loc in locations if loc["location_specs"] and loc["location_specs"][0]["uri"])
         self.metrics.observe(_MATCH_METRICS[req.query_type], hits, {"instance_id": ctx.instance_id})
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=locations)
@@ -168,18 +147,18 @@ class CacheService:
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         wanted = [k for k, masked in zip(keys, flags) if not masked]
+        renderer = self._renderer(ctx)
         locations, metas = [], []
-        all_statuses = (Status.WRITING, Status.SERVING, Status.DELETING)
         for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW)):
             record = decode_record(raw) if raw is not None else None
             if record is None or not record.locations:
                 metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
-                locations.append(self._padding(ctx, None))
+                locations.append(renderer.padding())
                 continue
             loc = next((l for s in (Status.SERVING, Status.WRITING, Status.DELETING)
                         for l in record.locations if l.status == s))
             metas.append(json.dumps({"id": str(loc.location_id), "status": _STATUS_NAMES[loc.status].name}))
-            locations.append(self._location(ctx, key, raw, None, all_statuses) or self._padding(ctx, None))
+            locations.append(renderer.location(key, raw, ANY_STATUS) or renderer.padding())
         return GetCacheMetaResponse(locations=locations, metas=metas)
 
     # ---------------------------------------------------------------- writes
@@ -242,6 +221,7 @@ class CacheService:
 
     def _start_response(self, ctx, keys, spec_groups, session_id, state, outcome, explicit) -> StartWriteCacheResponse:
         backend = state.backend
+        renderer = self._renderer(ctx)
         locations = []
         refs = []
         j = 0
@@ -249,10 +229,11 @@ class CacheService:
             if not new:
                 continue
             group, slot = placement(outcome.first_location_id, j, backend.pack_count, explicit, i)
-            slots = ctx.spec_layout.slots(spec_groups[i])
-            ref = BlockRef(ctx.instance_id, key, outcome.first_location_id + j, group, slot, slots)
+            ref = BlockRef(ctx.instance_id, key, outcome.first_location_id + j, group, slot,
+                           ctx.spec_layout.slots(spec_groups[i]))
             refs.append(ref)
-            locations.append(_cache_location(backend, ref, slots, None))
+            type_name, names, build = renderer.builder(state, outcome.storage_index, spec_groups[i])
+            locations.append(cache_location(type_name, names, build(key, ref.location_id, group, slot)))
             j += 1
         backend.prepare(refs)
         return StartWriteCacheResponse(write_session_id=session_id,
@@ -332,6 +313,3 @@ class CacheService:
         return strategy.delay_before_delete_ms if strategy is not None else 0
 
 
-def _cache_location(backend, ref: BlockRef, slots: Sequence[SpecSlot], spec_names: Optional[frozenset]) -> CacheLocation:
-    specs = [{"name": s.name, "uri": backend.uri(ref, s)} for s in slots if spec_names is None or s.name in spec_names]
-    return {"type": backend.storage_type.name, "spec_size": len(specs), "location_specs": specs}

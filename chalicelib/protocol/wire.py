@@ -154,6 +154,7 @@ def parse_model(model: type[M], data: dict) -> M:
         raise InvalidArgumentError(describe_validation_error(err)) from None
 
 
-def render(model: BaseModel) -> dict:
-    """The proto3-JSON form of a response model (absent sub-messages omitted)."""
-    return model.model_dump(mode="json", exclude_none=True)
+def render(model: BaseModel) -> str:
+    """The proto3-JSON text of a response model (absent sub-messages omitted), encoded by
+    pydantic-core: a response can carry hundreds of locations."""
+    return model.model_dump_json(exclude_none=True)

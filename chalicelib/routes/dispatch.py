@@ -6,6 +6,7 @@ before any middleware saw it, so nothing escapes ``Dispatcher.handle``.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
@@ -32,8 +33,8 @@ class Operation:
     observer: Optional[Callable[[Runtime, "Operation", Request, Optional[Response], ErrorCode], None]] = None
 
 
-def _error_body(code: ErrorCode, message: str, request_id: str) -> dict:
-    return {"header": {"status": {"code": code.name, "message": message}, "request_id": request_id}}
+def _error_body(code: ErrorCode, message: str, request_id: str) -> str:
+    return json.dumps({"header": {"status": {"code": code.name, "message": message}, "request_id": request_id}})
 
 
 class Dispatcher:
@@ -43,8 +44,8 @@ class Dispatcher:
         self.operations = {op.api_name: op for op in operations}
 
     def handle(self, runtime: Runtime, api_name: str, raw_body: Any,
-               headers: Mapping[str, str]) -> tuple[int, dict]:
-        """Run one call; returns (HTTP status, JSON body). Never raises."""
+               headers: Mapping[str, str]) -> tuple[int, str]:
+        """Run one call; returns (HTTP status, JSON text). Never raises."""
         start = time.perf_counter()
         op = self.operations[api_name]
         trace_id = ""
@@ -70,7 +71,7 @@ class Dispatcher:
                 logger.exception("unexpected error in %s", api_name)
             status = http_status_of(exc)
             request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
-            body = {} if isinstance(exc, MalformedBodyError) else _error_body(code, message, request_id)
+            body = "{}" if isinstance(exc, MalformedBodyError) else _error_body(code, message, request_id)
         latency_us = int((time.perf_counter() - start) * 1e6)
         runtime.metrics.record_call(api_name, code.name, latency_us)
         if op.observer is not None and request is not None:

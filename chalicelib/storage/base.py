@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.errors import StorageIOError
@@ -31,6 +31,9 @@ class StorageError(StorageIOError):
 
 class StorageUnavailableError(StorageError):
     """A health probe failed."""
+
+
+UriBuilder = Callable[[int, int, int, int], list[str]]
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,16 @@ class StorageBackend(ABC):
 
     def unreserve(self, instance_id: str, group_ids: Sequence[int], block_bytes: int) -> None:
         """Give back reservations that were not used (a key turned out to exist)."""
+
+    def uri_builder(self, instance_id: str, specs: tuple[SpecSlot, ...]) -> UriBuilder:
+        """``build(block_key, location_id, group_id, slot) -> [uri per spec]`` for blocks of
+        one instance and spec list: the hot path renders hundreds of URIs per call, so a
+        backend can prepare everything that does not depend on the block once."""
+        def build(block_key: int, location_id: int, group_id: int, slot: int) -> list[str]:
+            ref = BlockRef(instance_id, block_key, location_id, group_id, slot, specs)
+            return [self.uri(ref, spec) for spec in specs]
+
+        return build
 
     def prepare(self, blocks: Sequence[BlockRef]) -> None:
         """Get new blocks' data place ready before engines write (e.g. create empty files).

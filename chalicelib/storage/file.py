@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.models import StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriBuilder
 from .checks import config_error, require, require_absolute, require_contained, require_non_negative, spec_of
 from .naming import build_uri, escape_component, hex64
 
@@ -47,6 +47,10 @@ def check_key_count(config: StorageConfig, field: str, value: int) -> None:
     require_non_negative(config, field, value)
     if value > MAX_KEY_COUNT_PER_FILE:
         raise config_error(config, field, f"must be <= {MAX_KEY_COUNT_PER_FILE}, got {value}")
+
+
+def _file_uri(prefix: str, group_id: int, slot: int, size: int) -> str:
+    return f"{prefix}{hex64(group_id)}?blkid={slot}&size={size}&offset={slot * size}"
 
 
 class _FileStorage(StorageBackend):
@@ -78,10 +82,16 @@ class _FileStorage(StorageBackend):
         return build_uri(self.scheme, self.name, directory + "/", ())[:-1]
 
     def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        # The hot path builds one URI per spec per returned block: everything but the file
-        # name and the numbers is rendered once per (instance, spec).
-        return (f"{self._uri_prefix(block.instance_id, spec.name)}{hex64(block.group_id)}"
-                f"?blkid={block.slot}&size={spec.size}&offset={block.slot * spec.size}")
+        return _file_uri(self._uri_prefix(block.instance_id, spec.name), block.group_id, block.slot, spec.size)
+
+    def uri_builder(self, instance_id: str, specs: tuple[SpecSlot, ...]) -> UriBuilder:
+        # Everything but the file name and the numbers is rendered once per (instance, spec).
+        parts = [(self._uri_prefix(instance_id, spec.name), spec.size) for spec in specs]
+
+        def build(block_key: int, location_id: int, group_id: int, slot: int) -> list[str]:
+            return [_file_uri(prefix, group_id, slot, size) for prefix, size in parts]
+
+        return build
 
     def delete(self, blocks: Sequence[BlockRef]) -> None:
         """Remove the files of unpacked blocks; packed files go through ``delete_groups``."""
