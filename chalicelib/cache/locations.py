@@ -23,6 +23,17 @@ def cache_location(type_name: str, names: list[str], uris: list[str]) -> CacheLo
             "location_specs": [{"name": n, "uri": u} for n, u in zip(names, uris)]}
 
 
+def _location_factory(type_name: str, names: list[str], build: UriBuilder) -> Callable[[int, int, int, int], CacheLocation]:
+    count = len(names)
+
+    def make(block_key: int, location_id: int, group_id: int, slot: int) -> CacheLocation:
+        uris = build(block_key, location_id, group_id, slot)
+        return {"type": type_name, "spec_size": count,
+                "location_specs": [{"name": n, "uri": u} for n, u in zip(names, uris)]}
+
+    return make
+
+
 class LocationRenderer:
     """Renders the best location of records of one instance, filtered to ``spec_names``."""
 
@@ -32,7 +43,7 @@ class LocationRenderer:
         self._storage_name = storage_name
         self._filter = spec_names
         self._states: dict[int, Optional[StorageState]] = {}
-        self._builders: dict[tuple[int, int], tuple[str, list[str], UriBuilder]] = {}
+        self._builders: dict[tuple[int, int], Callable[[int, int, int, int], CacheLocation]] = {}
 
     def _slots(self, spec_group: int) -> tuple[SpecSlot, ...]:
         slots = self._ctx.spec_layout.slots(spec_group)
@@ -45,16 +56,33 @@ class LocationRenderer:
             self._states[sidx] = state if state is not None and state.available else None
         return self._states[sidx]
 
-    def builder(self, state: StorageState, sidx: int, spec_group: int) -> tuple[str, list[str], UriBuilder]:
+    def builder(self, state: StorageState, sidx: int, spec_group: int) -> Callable[[int, int, int, int], CacheLocation]:
+        """``make(block_key, location_id, group_id, slot) -> CacheLocation`` for one storage
+        and spec group, prepared once per request."""
         key = (sidx, spec_group)
-        if key not in self._builders:
+        make = self._builders.get(key)
+        if make is None:
             slots = self._slots(spec_group)
-            self._builders[key] = (state.storage_type.name, [s.name for s in slots],
-                                   state.backend.uri_builder(self._ctx.instance_id, slots))
-        return self._builders[key]
+            make = _location_factory(state.storage_type.name, [s.name for s in slots],
+                                     state.backend.uri_builder(self._ctx.instance_id, slots))
+            self._builders[key] = make
+        return make
 
     def location(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> Optional[CacheLocation]:
         """The fastest available location of a record among ``statuses``, or None."""
+        if raw[22] == 1:  # the usual record: one location
+            off = HEADER_LEN
+            best = self._state(raw[off + 1]) if raw[off] in statuses else None
+        else:
+            best, off = self._best(raw, statuses)
+        if best is None:
+            return None
+        make = self.builder(best, raw[off + 1], raw[off + 2])
+        return make(block_key, int.from_bytes(raw[off + 3:off + 8], "big"),
+                    int.from_bytes(raw[off + 8:off + 14], "big"), (raw[off + 14] << 8) | raw[off + 15])
+
+    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> tuple[Optional[StorageState], int]:
+        """Among replicas, the available storage with the lowest read weight."""
         best, best_off = None, 0
         for off in range(HEADER_LEN, HEADER_LEN + raw[22] * LOCATION_LEN, LOCATION_LEN):
             if raw[off] not in statuses:
@@ -62,13 +90,7 @@ class LocationRenderer:
             state = self._state(raw[off + 1])
             if state is not None and (best is None or state.backend.read_weight < best.backend.read_weight):
                 best, best_off = state, off
-        if best is None:
-            return None
-        off = best_off
-        type_name, names, build = self.builder(best, raw[off + 1], raw[off + 2])
-        uris = build(block_key, int.from_bytes(raw[off + 3:off + 8], "big"),
-                     int.from_bytes(raw[off + 8:off + 14], "big"), int.from_bytes(raw[off + 14:off + 16], "big"))
-        return cache_location(type_name, names, uris)
+        return best, best_off
 
     def padding(self) -> CacheLocation:
         """A miss: every (filtered) spec with an empty URI."""

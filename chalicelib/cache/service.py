@@ -37,7 +37,7 @@ from ..storage.base import BlockRef
 from .context import InstanceContext
 from .deletion import Deleter
 from .keys import request_keys
-from .locations import ANY_STATUS, LocationRenderer, cache_location
+from .locations import ANY_STATUS, LocationRenderer
 from .masks import mask_of, masked_flags
 
 _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
@@ -232,8 +232,8 @@ class CacheService:
             ref = BlockRef(ctx.instance_id, key, outcome.first_location_id + j, group, slot,
                            ctx.spec_layout.slots(spec_groups[i]))
             refs.append(ref)
-            type_name, names, build = renderer.builder(state, outcome.storage_index, spec_groups[i])
-            locations.append(cache_location(type_name, names, build(key, ref.location_id, group, slot)))
+            make = renderer.builder(state, outcome.storage_index, spec_groups[i])
+            locations.append(make(key, ref.location_id, group, slot))
             j += 1
         backend.prepare(refs)
         return StartWriteCacheResponse(write_session_id=session_id,

@@ -50,7 +50,8 @@ def check_key_count(config: StorageConfig, field: str, value: int) -> None:
 
 
 def _file_uri(prefix: str, group_id: int, slot: int, size: int) -> str:
-    return f"{prefix}{hex64(group_id)}?blkid={slot}&size={size}&offset={slot * size}"
+    # Group ids are non-negative (index-assigned location ids): no two's complement needed.
+    return f"{prefix}{group_id:016x}?blkid={slot}&size={size}&offset={slot * size}"
 
 
 class _FileStorage(StorageBackend):
