@@ -34,8 +34,12 @@ class Runtime:
             with self._lock:
                 if self._valkey is None:
                     import redis
+                    from redis.cluster import RedisCluster
 
-                    self._valkey = redis.Redis.from_url(
+                    # Every key of an instance shares one hash tag, so each script call and
+                    # each per-instance pipeline stays on one slot in cluster mode too.
+                    client_class = RedisCluster if self.settings.valkey_cluster else redis.Redis
+                    self._valkey = client_class.from_url(
                         self.settings.valkey_url,
                         socket_connect_timeout=2.0,
                         socket_timeout=5.0,

@@ -30,6 +30,8 @@ class Settings:
 
     stage: str = "local"
     valkey_url: str = "redis://127.0.0.1:6379/0"
+    #: Talk to Valkey as a cluster (ElastiCache Serverless, cluster mode enabled).
+    valkey_cluster: bool = False
     key_prefix: str = "kvcm"
     control_table: str = "kvcm-control"
     aws_region: str = "us-east-1"
@@ -53,6 +55,7 @@ class Settings:
         return cls(
             stage=os.environ.get("KVCM_STAGE", base.stage),
             valkey_url=os.environ.get("KVCM_VALKEY_URL", base.valkey_url),
+            valkey_cluster=_env_bool("KVCM_VALKEY_CLUSTER", base.valkey_cluster),
             key_prefix=os.environ.get("KVCM_KEY_PREFIX", base.key_prefix),
             control_table=os.environ.get("KVCM_CONTROL_TABLE", base.control_table),
             aws_region=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", base.aws_region)),

@@ -73,10 +73,6 @@ class InstanceLayout:
         return self.key(f"s:{session_id}")
 
 
-def _glob_escape(raw: bytes) -> bytes:
-    return b"".join(b"\\" + bytes((c,)) if c in b"\\*?[]" else bytes((c,)) for c in raw)
-
-
 def pack_keys(block_keys: Sequence[int]) -> bytes:
     return struct.pack(f">{len(block_keys)}q", *block_keys)
 
@@ -343,14 +339,8 @@ class BlockIndex:
         """Delete an instance's blocks, sessions and usage (metadata only). The small meta
         hash and the storage table stay: bucket bits, location ids and storage indexes must
         never restart, or a late deletion of an old location could match a new one."""
-        keys = layout.all_buckets() + [layout.key(s) for s in ("u", "g", "og", "sd")]
-        cursor = 0
-        pattern = _glob_escape(layout.tag) + b":s:*"
-        while True:
-            cursor, found = self.client.scan(cursor, match=pattern, count=1000)
-            keys.extend(found)
-            if cursor == 0:
-                break
+        sessions = [layout.session(sid.decode()) for sid in self.client.zrange(layout.key("sd"), 0, -1)]
+        keys = layout.all_buckets() + sessions + [layout.key(s) for s in ("u", "g", "og", "sd")]
         for start in range(0, len(keys), 1000):
             self.client.unlink(*keys[start:start + 1000])
 
