@@ -7,21 +7,12 @@ from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from .deletion import InlineDeleter
 from ..protocol.models import (
-    FinishWriteCacheRequest,
-    GetCacheLocationRequest,
-    GetCacheLocationResponse,
-    GetCacheMetaRequest,
-    GetCacheMetaResponse,
     GetInstanceInfoRequest,
     GetInstanceInfoResponse,
     RegisterInstanceRequest,
     RegisterInstanceResponse,
-    RemoveCacheRequest,
     RemoveInstanceRequest,
     Response,
-    StartWriteCacheRequest,
-    StartWriteCacheResponse,
-    TrimCacheRequest,
 )
 
 
@@ -41,28 +32,21 @@ def get_instance_info(runtime, req: GetInstanceInfoRequest) -> GetInstanceInfoRe
     return GetInstanceInfoResponse(instance_group=record.group, instance_info=record.to_instance_info(quota_group))
 
 
-def get_cache_location(runtime, req: GetCacheLocationRequest) -> GetCacheLocationResponse:
-    return runtime.cache.get_cache_location(req)
+def _cache_method(name: str):
+    """The handler of a method served by ``runtime.cache`` as it is."""
+    def handler(runtime, req):
+        return getattr(runtime.cache, name)(req)
+
+    handler.__name__ = name
+    return handler
 
 
-def get_cache_meta(runtime, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
-    return runtime.cache.get_cache_meta(req)
-
-
-def start_write_cache(runtime, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
-    return runtime.cache.start_write_cache(req)
-
-
-def finish_write_cache(runtime, req: FinishWriteCacheRequest) -> Response:
-    return runtime.cache.finish_write_cache(req)
-
-
-def remove_cache(runtime, req: RemoveCacheRequest) -> Response:
-    return runtime.cache.remove_cache(req)
-
-
-def trim_cache(runtime, req: TrimCacheRequest) -> Response:
-    return runtime.cache.trim_cache(req)
+get_cache_location = _cache_method("get_cache_location")
+get_cache_meta = _cache_method("get_cache_meta")
+start_write_cache = _cache_method("start_write_cache")
+finish_write_cache = _cache_method("finish_write_cache")
+remove_cache = _cache_method("remove_cache")
+trim_cache = _cache_method("trim_cache")
 
 
 def remove_instance(runtime, req: RemoveInstanceRequest) -> Response:
