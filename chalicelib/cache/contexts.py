@@ -61,6 +61,7 @@ class ContextProvider:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._bits: dict[tuple[str, str], int] = {}
+        self._members: dict[str, tuple[float, list[Any]]] = {}
         self._backends = _KnownBackends(config, registry)
 
     def __call__(self, instance_id: str) -> InstanceContext:
@@ -75,7 +76,7 @@ class ContextProvider:
         layout = self._index.layout(instance_id, self.bucket_bits(record, group))
         unhealthy = self._health.unhealthy()
         peers = tuple(self._index.layout(p.instance_id, self.bucket_bits(p, group))
-                      for p in self._control.list_instances(record.group) if p.instance_id != instance_id)
+                      for p in self._group_members(record.group, now) if p.instance_id != instance_id)
         context = InstanceContext(
             instance_id=instance_id,
             group=group,
@@ -91,6 +92,16 @@ class ContextProvider:
             self._entries[instance_id] = _Entry(record, group, candidates, peers, now + self._refresh_s, context)
         return context
 
+    def _group_members(self, group_name: str, now: float) -> list[Any]:
+        """The group's instances, read at most once per ``refresh_s`` for all its members."""
+        cached = self._members.get(group_name)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        members = self._control.list_instances(group_name)
+        with self._lock:
+            self._members[group_name] = (now + self._refresh_s, members)
+        return members
+
     def bucket_bits(self, record: Any, group: Optional[InstanceGroup]) -> int:
         """The instance's bucket bits: fixed at its first use, kept in Valkey."""
         key = (record.instance_id, record.incarnation)
@@ -105,6 +116,7 @@ class ContextProvider:
         """Drop what is cached for an instance (after it is removed)."""
         with self._lock:
             self._entries.pop(instance_id, None)
+            self._members.clear()
             for key in [k for k in self._bits if k[0] == instance_id]:
                 del self._bits[key]
 
