@@ -98,3 +98,20 @@ def aws(moto_endpoint):
 def clock():
     """A manual clock: tests advance time instead of sleeping."""
     return ManualClock()
+
+
+def build_runtime(valkey, valkey_url: str, clock=None, **settings):
+    """A Runtime on the test Valkey and moto, with its own control table, installed as the
+    process's runtime (callers reset it with ``set_runtime(None)``)."""
+    import uuid
+
+    from chalicelib.control import ensure_table
+    from chalicelib.runtime import Runtime, set_runtime
+    from chalicelib.settings import Settings
+
+    settings.setdefault("control_table", f"ctl-{uuid.uuid4().hex[:8]}")
+    settings.setdefault("config_refresh_s", 30.0)
+    runtime = Runtime(settings=Settings(valkey_url=valkey_url, **settings), clock=clock, valkey=valkey)
+    ensure_table(runtime.aws("dynamodb"), runtime.settings.control_table)
+    set_runtime(runtime)
+    return runtime

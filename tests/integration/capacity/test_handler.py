@@ -3,18 +3,16 @@ a refused write wakes the reclaimer, the next round makes room, the lease is hon
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 import redis
 from chalice.test import Client
 
+from tests.conftest import build_runtime
 from chalicelib.capacity import reclaim_handler, request_reclaim
-from chalicelib.control import ensure_table
 from chalicelib.index.lease import Lease
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from chalicelib.runtime import Runtime, set_runtime
-from chalicelib.settings import Settings
+from chalicelib.runtime import set_runtime
 
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 BLOCK = 2048
@@ -23,12 +21,7 @@ WAKE_KEY = "{kvcm:reclaim}:wake"
 
 @pytest.fixture
 def runtime(valkey, valkey_url, aws, clock, tmp_path):
-    settings = Settings(valkey_url=valkey_url, control_table=f"ctl-{uuid.uuid4().hex[:8]}", config_refresh_s=30.0,
-                        node_id="this-node", event_log_path=str(tmp_path / "events.log"))
-    rt = Runtime(settings=settings, clock=clock, valkey=valkey)
-    ensure_table(rt.aws("dynamodb"), settings.control_table)
-    set_runtime(rt)
-    yield rt
+    yield build_runtime(valkey, valkey_url, clock, node_id="this-node", event_log_path=str(tmp_path / "events.log"))
     set_runtime(None)
 
 

@@ -2,27 +2,20 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 from chalice.test import Client
 
-from chalicelib.control import ensure_table
+from tests.conftest import build_runtime
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from chalicelib.runtime import Runtime, set_runtime
-from chalicelib.settings import Settings
+from chalicelib.runtime import set_runtime
 
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 
 
 @pytest.fixture
 def runtime(valkey, valkey_url, aws, clock):
-    settings = Settings(valkey_url=valkey_url, control_table=f"ctl-{uuid.uuid4().hex[:8]}", config_refresh_s=30.0,
-                        node_id="test-node", debug_service=True)
-    rt = Runtime(settings=settings, clock=clock, valkey=valkey)
-    ensure_table(rt.aws("dynamodb"), settings.control_table)
-    set_runtime(rt)
-    yield rt
+    yield build_runtime(valkey, valkey_url, clock, node_id="test-node", debug_service=True)
     set_runtime(None)
 
 

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import uuid
+import time
 from pathlib import Path
 
 import pytest
 
-from chalicelib.control import ensure_table
+from tests.conftest import build_runtime
 from chalicelib.local import asl
 from chalicelib.local.aws import _dummy_zip
 from chalicelib.local.dispatch import LambdaDispatch
 from chalicelib.local.stack import load_app, task_handlers
 from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
-from chalicelib.runtime import Runtime, set_runtime
-from chalicelib.settings import Settings
+from chalicelib.runtime import set_runtime
 
 REPO = Path(__file__).resolve().parents[3]
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
@@ -39,11 +38,9 @@ def stack(valkey, valkey_url, aws, tmp_path):
     suffix = uuid.uuid4().hex[:8]
     machines = {name: sfn.create_state_machine(name=f"{name}-{suffix}", roleArn=role["Role"]["Arn"], definition=asl.render(
         path.read_text(), values))["stateMachineArn"] for name, path in asl.discover([REPO / "workflows"]).items()}
-    settings = Settings(valkey_url=valkey_url, control_table=f"ctl-{uuid.uuid4().hex[:8]}", config_refresh_s=30.0,
-                        node_id="wf-node", reaper_state_machine_arn=machines["write_session_reaper"],
-                        delete_state_machine_arn=machines["batched_delete"])
-    runtime = Runtime(settings=settings, valkey=valkey)
-    ensure_table(runtime.aws("dynamodb"), settings.control_table)
+    runtime = build_runtime(valkey, valkey_url, node_id="wf-node",
+                            reaper_state_machine_arn=machines["write_session_reaper"],
+                            delete_state_machine_arn=machines["batched_delete"])
     root = tmp_path / "nfs"
     root.mkdir()
     runtime.control.add_storage(StorageConfig.model_validate(
@@ -55,7 +52,6 @@ def stack(valkey, valkey_url, aws, tmp_path):
     register_instance(runtime, RegisterInstanceRequest.model_validate(
         {"instance_group": "g1", "instance_id": "i1", "block_size": 4, "location_spec_infos": SPECS,
          "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
-    set_runtime(runtime)
     with LambdaDispatch(handlers):
         yield dataclasses.make_dataclass("Stack", ["runtime", "sfn", "machines", "root"])(runtime, sfn, machines, root)
         # A looping execution's next self-restart fails once its machine is gone.
