@@ -15,6 +15,7 @@ from ..storage.base import SpecSlot, StorageBackend
 
 #: Records per bucket hash at full capacity: well inside Valkey's listpack encoding.
 RECORDS_PER_BUCKET = 64
+# At most 24: lua/prelude.lua bucket_of reads the bucket from a key's low three bytes.
 MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
 #: Block count assumed for a group without a quota or key cap.
 DEFAULT_MAX_BLOCKS = 1 << 20

@@ -1,41 +1,71 @@
 """Index records → wire CacheLocations, for one request at a time.
 
-A response can carry hundreds of locations; the renderer resolves each storage index
-and spec group once per request and lets the backend prepare its URI builder once.
+A response can carry hundreds of locations. Per (storage, spec group) the renderer
+prepares once the JSON text of a whole location as a %-template (static text escaped,
+the backend's URI placeholders left in) plus the function giving its arguments, so one
+location costs one struct unpack and one %-format, and the response splices the texts in
+(``protocol.wire.JsonArray``).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import json
+import struct
+from typing import Callable, Optional, Sequence
 
 from ..index import Status
 from ..index.records import HEADER_LEN, LOCATION_LEN
 from ..protocol.codes import StorageType
-from ..protocol.models import CacheLocation
-from ..storage.base import SpecSlot, UriBuilder
+from ..storage.base import SpecSlot, UriArgs, UriFormat
 from .context import InstanceContext, StorageState
 
-SERVING_ONLY = (Status.SERVING,)
-ANY_STATUS = (Status.WRITING, Status.SERVING, Status.DELETING)
+# Plain ints: the hot path compares raw status bytes with them.
+SERVING_ONLY = (int(Status.SERVING),)
+ANY_STATUS = (int(Status.WRITING), int(Status.SERVING), int(Status.DELETING))
+_UNKNOWN = object()
+
+#: A location in a record (records.py): status, storage index, spec group, location id
+#: (high 8 and low 32 bits), group id (high 16 and low 32 bits), slot.
+_LOCATION = struct.Struct(">BBBBIHIH")
+
+#: A location's JSON %-template and the function giving its arguments.
+Prepared = tuple[str, UriArgs]
 
 
-def cache_location(type_name: str, names: list[str], uris: list[str]) -> CacheLocation:
-    return {"type": type_name, "spec_size": len(names),
-            "location_specs": [{"name": n, "uri": u} for n, u in zip(names, uris)]}
+def _literal(value: str) -> str:
+    """``value`` as a JSON string inside a %-template."""
+    return json.dumps(value).replace("%", "%%")
 
 
-def _location_factory(type_name: str, names: list[str], build: UriBuilder) -> Callable[[int, int, int, int], CacheLocation]:
-    count = len(names)
+def location_template(type_name: str, names: Sequence[str], formats: Sequence[UriFormat]) -> str:
+    """The JSON of a CacheLocation as a %-template taking the URIs' arguments in order."""
+    # A URI template's static text has its '%' doubled already, and JSON escaping never
+    # adds or removes one: json.dumps of the template is the template of the JSON string.
+    specs = ",".join(f'{{"name":{_literal(name)},"uri":{json.dumps(fmt.template)}}}'
+                     for name, fmt in zip(names, formats))
+    return f'{{"type":{_literal(type_name)},"spec_size":{len(names)},"location_specs":[{specs}]}}'
 
-    def make(block_key: int, location_id: int, group_id: int, slot: int) -> CacheLocation:
-        uris = build(block_key, location_id, group_id, slot)
-        return {"type": type_name, "spec_size": count,
-                "location_specs": [{"name": n, "uri": u} for n, u in zip(names, uris)]}
 
-    return make
+def joined_args(formats: Sequence[UriFormat]) -> UriArgs:
+    """The arguments of every URI of a location, in order."""
+    if not formats:
+        return _no_args
+    first = formats[0].args
+    if len(formats) == 1:
+        return first
+    rest = joined_args(formats[1:])
+
+    def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+        return first(block_key, location_id, group_id, slot) + rest(block_key, location_id, group_id, slot)
+
+    return args
+
+
+def _no_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+    return ()
 
 
 class LocationRenderer:
-    """Renders the best location of records of one instance, filtered to ``spec_names``."""
+    """Renders locations of one instance's records as JSON, filtered to ``spec_names``."""
 
     def __init__(self, ctx: InstanceContext, storage_name: Callable[[int], str],
                  spec_names: Optional[frozenset] = None) -> None:
@@ -43,7 +73,8 @@ class LocationRenderer:
         self._storage_name = storage_name
         self._filter = spec_names
         self._states: dict[int, Optional[StorageState]] = {}
-        self._builders: dict[tuple[int, int], Callable[[int, int, int, int], CacheLocation]] = {}
+        self._by_storage: dict[tuple[str, int], Prepared] = {}
+        self._by_index: dict[tuple[int, int], Optional[Prepared]] = {}
 
     def _slots(self, spec_group: int) -> tuple[SpecSlot, ...]:
         slots = self._ctx.spec_layout.slots(spec_group)
@@ -56,43 +87,59 @@ class LocationRenderer:
             self._states[sidx] = state if state is not None and state.available else None
         return self._states[sidx]
 
-    def builder(self, state: StorageState, sidx: int, spec_group: int) -> Callable[[int, int, int, int], CacheLocation]:
-        """``make(block_key, location_id, group_id, slot) -> CacheLocation`` for one storage
-        and spec group, prepared once per request."""
-        key = (sidx, spec_group)
-        make = self._builders.get(key)
-        if make is None:
+    def prepared(self, state: StorageState, spec_group: int) -> Prepared:
+        """Template and arguments of locations on ``state`` for one spec group."""
+        key = (state.name, spec_group)
+        found = self._by_storage.get(key)
+        if found is None:
             slots = self._slots(spec_group)
-            make = _location_factory(state.storage_type.name, [s.name for s in slots],
-                                     state.backend.uri_builder(self._ctx.instance_id, slots))
-            self._builders[key] = make
-        return make
+            formats = [state.backend.uri_format(self._ctx.instance_id, slot) for slot in slots]
+            found = (location_template(state.storage_type.name, [s.name for s in slots], formats),
+                     joined_args(formats))
+            self._by_storage[key] = found
+        return found
 
-    def location(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> Optional[CacheLocation]:
-        """The fastest available location of a record among ``statuses``, or None."""
+    def _prepared_at(self, sidx: int, spec_group: int) -> Optional[Prepared]:
+        """Like ``prepared`` for a storage index; None when that storage may not serve now."""
+        key = (sidx, spec_group)
+        if key not in self._by_index:
+            state = self._state(sidx)
+            self._by_index[key] = self.prepared(state, spec_group) if state is not None else None
+        return self._by_index[key]
+
+    def render(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> Optional[str]:
+        """JSON of the fastest available location of a record among ``statuses``, or None."""
         if raw[22] == 1:  # the usual record: one location
-            off = HEADER_LEN
-            best = self._state(raw[off + 1]) if raw[off] in statuses else None
+            status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(raw, HEADER_LEN)
+            if status not in statuses:
+                return None
+            prepared = self._by_index.get((sidx, spec_group), _UNKNOWN)
+            if prepared is _UNKNOWN:
+                prepared = self._prepared_at(sidx, spec_group)
         else:
-            best, off = self._best(raw, statuses)
-        if best is None:
+            offset = self._best(raw, statuses)
+            if offset is None:
+                return None
+            status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(raw, offset)
+            prepared = self._prepared_at(sidx, spec_group)
+        if prepared is None:
             return None
-        make = self.builder(best, raw[off + 1], raw[off + 2])
-        return make(block_key, int.from_bytes(raw[off + 3:off + 8], "big"),
-                    int.from_bytes(raw[off + 8:off + 14], "big"), (raw[off + 14] << 8) | raw[off + 15])
+        template, args = prepared
+        return template % args(block_key, (id_hi << 32) | id_lo, (group_hi << 32) | group_lo, slot)
 
-    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> tuple[Optional[StorageState], int]:
-        """Among replicas, the available storage with the lowest read weight."""
-        best, best_off = None, 0
-        for off in range(HEADER_LEN, HEADER_LEN + raw[22] * LOCATION_LEN, LOCATION_LEN):
-            if raw[off] not in statuses:
+    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> Optional[int]:
+        """Among replicas, the offset of the available one with the lowest read weight."""
+        best, best_offset = None, None
+        for offset in range(HEADER_LEN, HEADER_LEN + raw[22] * LOCATION_LEN, LOCATION_LEN):
+            if raw[offset] not in statuses:
                 continue
-            state = self._state(raw[off + 1])
+            state = self._state(raw[offset + 1])
             if state is not None and (best is None or state.backend.read_weight < best.backend.read_weight):
-                best, best_off = state, off
-        return best, best_off
+                best, best_offset = state, offset
+        return best_offset
 
-    def padding(self) -> CacheLocation:
-        """A miss: every (filtered) spec with an empty URI."""
+    def padding(self) -> str:
+        """JSON of a miss: every (filtered) spec with an empty URI."""
         names = [s.name for s in self._slots(0)]
-        return cache_location(StorageType.ST_UNSPECIFIED.name, names, [""] * len(names))
+        empty = UriFormat("", _no_args)
+        return location_template(StorageType.ST_UNSPECIFIED.name, names, [empty] * len(names)) % ()

@@ -18,7 +18,7 @@ from ..index.records import decode_record
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
-    CacheLocation,
+    CacheLocations,
     FinishWriteCacheRequest,
     GetCacheLocationRequest,
     GetCacheLocationResponse,
@@ -117,15 +117,16 @@ class CacheService:
         if ctx.storages and not any(s.available for s in ctx.storages):
             raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
         renderer = self._renderer(ctx, names)
-        locations: list[CacheLocation] = []
+        texts: list[str] = []
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             flags = masked_flags(req.block_mask, len(keys), "block_mask")
             wanted = [k for k, masked in zip(keys, flags) if not masked]
             for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_PREFIX)):
-                loc = renderer.location(key, raw)
-                if loc is None:
+                text = renderer.render(key, raw)
+                if text is None:
                     break
-                locations.append(loc)
+                texts.append(text)
+            hits = len(texts)
         else:
             if req.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH:
                 if not 1 <= req.sw_size <= len(keys):
@@ -134,12 +135,17 @@ class CacheService:
                 raws = self.index.read_raw(ctx.layout, keys, MODE_WINDOW, req.sw_size)
             else:
                 raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH)
+            padding = renderer.padding()
+            hits = 0
             for key, raw in zip(keys, raws):
-                loc = renderer.location(key, raw) if raw is not None else None
-                locations.append(loc if loc is not None else renderer.padding())
-        hits = sum(1 for loc in locations if loc["location_specs"] and loc["location_specs"][0]["uri"])
+                text = renderer.render(key, raw) if raw is not None else None
+                if text is None:
+                    text = padding
+                else:
+                    hits += 1
+                texts.append(text)
         self.metrics.observe(_MATCH_METRICS[req.query_type], hits, {"instance_id": ctx.instance_id})
-        return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=locations)
+        return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
 
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
         """Status and location id of every unmasked key (metas are JSON strings, as upstream)."""
@@ -148,18 +154,19 @@ class CacheService:
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         wanted = [k for k, masked in zip(keys, flags) if not masked]
         renderer = self._renderer(ctx)
-        locations, metas = [], []
+        padding = renderer.padding()
+        texts, metas = [], []
         for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW)):
             record = decode_record(raw) if raw is not None else None
             if record is None or not record.locations:
                 metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
-                locations.append(renderer.padding())
+                texts.append(padding)
                 continue
             loc = next((l for s in (Status.SERVING, Status.WRITING, Status.DELETING)
                         for l in record.locations if l.status == s))
             metas.append(json.dumps({"id": str(loc.location_id), "status": _STATUS_NAMES[loc.status].name}))
-            locations.append(renderer.location(key, raw, ANY_STATUS) or renderer.padding())
-        return GetCacheMetaResponse(locations=locations, metas=metas)
+            texts.append(renderer.render(key, raw, ANY_STATUS) or padding)
+        return GetCacheMetaResponse(locations=CacheLocations(texts), metas=metas)
 
     # ---------------------------------------------------------------- writes
 
@@ -222,7 +229,7 @@ class CacheService:
     def _start_response(self, ctx, keys, spec_groups, session_id, state, outcome, explicit) -> StartWriteCacheResponse:
         backend = state.backend
         renderer = self._renderer(ctx)
-        locations = []
+        texts = []
         refs = []
         j = 0
         for i, (key, new) in enumerate(zip(keys, outcome.new_flags)):
@@ -232,13 +239,13 @@ class CacheService:
             ref = BlockRef(ctx.instance_id, key, outcome.first_location_id + j, group, slot,
                            ctx.spec_layout.slots(spec_groups[i]))
             refs.append(ref)
-            make = renderer.builder(state, outcome.storage_index, spec_groups[i])
-            locations.append(make(key, ref.location_id, group, slot))
+            template, args = renderer.prepared(state, spec_groups[i])
+            texts.append(template % args(key, ref.location_id, group, slot))
             j += 1
         backend.prepare(refs)
         return StartWriteCacheResponse(write_session_id=session_id,
                                        block_mask=mask_of([not new for new in outcome.new_flags]),
-                                       locations=locations)
+                                       locations=CacheLocations(texts))
 
     def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
         """Close a write session: successful blocks start serving, the rest are deleted."""

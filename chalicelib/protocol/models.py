@@ -24,7 +24,7 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
-from .wire import Bool, Int32, Int64, Str, WireModel, wire_enum
+from .wire import Bool, Int32, Int64, JsonArray, Str, WireModel, wire_enum
 
 ErrorCodeField = wire_enum(ErrorCode)
 StorageTypeField = wire_enum(StorageType)
@@ -102,12 +102,17 @@ class LocationSpec(TypedDict):
 
 
 class CacheLocation(TypedDict):
-    """``{type: StorageType name, spec_size, location_specs}``. A plain dict, not a model:
-    the hot path returns hundreds per call and builds them at dict speed."""
+    """``{type: StorageType name, spec_size, location_specs}``."""
 
     type: str
     spec_size: int
     location_specs: list[LocationSpec]
+
+
+class CacheLocations(JsonArray):
+    """The locations of a response, each rendered to JSON once (``cache.locations``)."""
+
+    item_type = CacheLocation
 
 
 class LocationSpecInfo(WireModel):
@@ -340,7 +345,7 @@ class GetCacheLocationRequest(KeysRequest):
 
 
 class GetCacheLocationResponse(Response):
-    locations: list[CacheLocation] = Field(default_factory=list)
+    locations: CacheLocations = Field(default_factory=CacheLocations)
 
 
 class GetCacheMetaRequest(KeysRequest):
@@ -349,7 +354,7 @@ class GetCacheMetaRequest(KeysRequest):
 
 
 class GetCacheMetaResponse(Response):
-    locations: list[CacheLocation] = Field(default_factory=list)
+    locations: CacheLocations = Field(default_factory=CacheLocations)
     metas: list[Str] = Field(default_factory=list)
 
 
@@ -361,7 +366,7 @@ class StartWriteCacheRequest(KeysRequest):
 class StartWriteCacheResponse(Response):
     write_session_id: Str = ""
     block_mask: Optional[BlockMask] = None
-    locations: list[CacheLocation] = Field(default_factory=list)
+    locations: CacheLocations = Field(default_factory=CacheLocations)
 
 
 class FinishWriteCacheRequest(Request):

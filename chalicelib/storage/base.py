@@ -33,7 +33,26 @@ class StorageUnavailableError(StorageError):
     """A health probe failed."""
 
 
-UriBuilder = Callable[[int, int, int, int], list[str]]
+#: ``args(block_key, location_id, group_id, slot)``: the values a URI template takes.
+UriArgs = Callable[[int, int, int, int], tuple]
+
+
+@dataclass(frozen=True)
+class UriFormat:
+    """The URI of one spec, for every block of one instance:
+    ``template % args(block_key, location_id, group_id, slot)``.
+
+    The hot path renders hundreds of URIs per call, so everything that does not depend on
+    the block is rendered once into ``template`` (its literal ``%`` doubled), and ``args``
+    yields only URI-safe text (digits, hex, escaped components): a URI never needs JSON
+    escaping beyond what the template's static text gets once.
+    """
+
+    template: str
+    args: UriArgs
+
+    def render(self, block_key: int, location_id: int, group_id: int, slot: int) -> str:
+        return self.template % self.args(block_key, location_id, group_id, slot)
 
 
 @dataclass(frozen=True)
@@ -91,16 +110,6 @@ class StorageBackend(ABC):
     def unreserve(self, instance_id: str, group_ids: Sequence[int], block_bytes: int) -> None:
         """Give back reservations that were not used (a key turned out to exist)."""
 
-    def uri_builder(self, instance_id: str, specs: tuple[SpecSlot, ...]) -> UriBuilder:
-        """``build(block_key, location_id, group_id, slot) -> [uri per spec]`` for blocks of
-        one instance and spec list: the hot path renders hundreds of URIs per call, so a
-        backend can prepare everything that does not depend on the block once."""
-        def build(block_key: int, location_id: int, group_id: int, slot: int) -> list[str]:
-            ref = BlockRef(instance_id, block_key, location_id, group_id, slot, specs)
-            return [self.uri(ref, spec) for spec in specs]
-
-        return build
-
     def prepare(self, blocks: Sequence[BlockRef]) -> None:
         """Get new blocks' data place ready before engines write (e.g. create empty files).
 
@@ -108,8 +117,14 @@ class StorageBackend(ABC):
         """
 
     @abstractmethod
+    def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
+        """How URIs of one spec of an instance's blocks are made; their host is always
+        ``global_unique_name``."""
+
     def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        """The URI of one spec of a block; its host is always ``global_unique_name``."""
+        """The URI of one spec of a block."""
+        return self.uri_format(block.instance_id, spec).render(block.block_key, block.location_id,
+                                                               block.group_id, block.slot)
 
     @abstractmethod
     def delete(self, blocks: Sequence[BlockRef]) -> None:

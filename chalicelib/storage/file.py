@@ -32,9 +32,9 @@ from typing import Iterable, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.models import StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriBuilder
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriFormat
 from .checks import config_error, require, require_absolute, require_contained, require_non_negative, spec_of
-from .naming import build_uri, escape_component, hex64
+from .naming import DECIMAL, HEX64, escape_component, hex64, uri_template
 
 PROBE_PREFIX = ".kvcm-probe-"
 #: The index stores a block's slot in 16 bits.
@@ -47,11 +47,6 @@ def check_key_count(config: StorageConfig, field: str, value: int) -> None:
     require_non_negative(config, field, value)
     if value > MAX_KEY_COUNT_PER_FILE:
         raise config_error(config, field, f"must be <= {MAX_KEY_COUNT_PER_FILE}, got {value}")
-
-
-def _file_uri(prefix: str, group_id: int, slot: int, size: int) -> str:
-    # Group ids are non-negative (index-assigned location ids): no two's complement needed.
-    return f"{prefix}{group_id:016x}?blkid={slot}&size={size}&offset={slot * size}"
 
 
 class _FileStorage(StorageBackend):
@@ -78,21 +73,19 @@ class _FileStorage(StorageBackend):
         return os.path.join(self.data_root, self._relative(instance_id, spec_name, group_id))
 
     @functools.lru_cache(maxsize=4096)
-    def _uri_prefix(self, instance_id: str, spec_name: str) -> str:
+    def _uri_template(self, instance_id: str, spec_name: str, size: int) -> str:
         directory = posixpath.join(self._uri_root, escape_component(instance_id), escape_component(spec_name))
-        return build_uri(self.scheme, self.name, directory + "/", ())[:-1]
+        # Group ids are non-negative (index-assigned location ids): no two's complement needed.
+        return uri_template(self.scheme, self.name, (directory + "/", HEX64),
+                            (("blkid", DECIMAL), ("size", size), ("offset", DECIMAL)))
 
-    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        return _file_uri(self._uri_prefix(block.instance_id, spec.name), block.group_id, block.slot, spec.size)
+    def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
+        size = spec.size
 
-    def uri_builder(self, instance_id: str, specs: tuple[SpecSlot, ...]) -> UriBuilder:
-        # Everything but the file name and the numbers is rendered once per (instance, spec).
-        parts = [(self._uri_prefix(instance_id, spec.name), spec.size) for spec in specs]
+        def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+            return group_id, slot, slot * size
 
-        def build(block_key: int, location_id: int, group_id: int, slot: int) -> list[str]:
-            return [_file_uri(prefix, group_id, slot, size) for prefix, size in parts]
-
-        return build
+        return UriFormat(self._uri_template(instance_id, spec.name, size), args)
 
     def delete(self, blocks: Sequence[BlockRef]) -> None:
         """Remove the files of unpacked blocks; packed files go through ``delete_groups``."""

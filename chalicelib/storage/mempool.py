@@ -50,9 +50,9 @@ import redis
 from ..protocol.codes import StorageType
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
 from ..protocol.models import StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, UriFormat
 from .checks import config_error, spec_of
-from .naming import build_uri
+from .naming import DECIMAL, uri_template
 from .net import parse_host_port, probe_tcp
 
 #: Group ids are addresses, and the index stores 48-bit group ids.
@@ -398,8 +398,13 @@ class TairMemPoolBackend(StorageBackend):
             hit = self._valkey.zrangebyscore(self._keys[2], block.group_id, block.group_id, start=0, num=1)
         return bool(hit) and _used_range(hit[0])[2] == owner_of(block)
 
-    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        return build_uri("pace", self.name, "/", (("offset", block.group_id + spec.offset), ("size", spec.size)))
+    def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
+        offset = spec.offset
+
+        def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+            return (group_id + offset,)
+
+        return UriFormat(uri_template("pace", self.name, "/", (("offset", DECIMAL), ("size", spec.size))), args)
 
     def probe(self) -> None:
         """TCP connect to ``domain`` within ``timeout`` ms."""

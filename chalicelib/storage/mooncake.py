@@ -31,9 +31,9 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.models import MooncakeStorageSpec, StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, UriFormat
 from .checks import config_error, require, spec_of
-from .naming import build_uri, escape_component, hex64
+from .naming import HEX64, block_key_args, escape_component, hex64, uri_template
 from .net import parse_endpoints, probe_tcp
 
 #: Mooncake's ErrorCode::OBJECT_NOT_FOUND: removing an absent object succeeded already.
@@ -114,13 +114,17 @@ class MooncakeBackend(StorageBackend):
         except ValueError as exc:
             raise config_error(config, "mooncake.master_service_entry", f"is not usable: {exc}") from None
 
+    @staticmethod
+    def _key_head(instance_id: str, spec_name: str) -> str:
+        return f"{escape_component(instance_id)}_{escape_component(spec_name, also='_')}_"
+
     def key(self, instance_id: str, spec_name: str, block_key: int) -> str:
         """The Mooncake object key of one spec of a block."""
-        return f"{escape_component(instance_id)}_{escape_component(spec_name, also='_')}_{hex64(block_key)}"
+        return self._key_head(instance_id, spec_name) + hex64(block_key)
 
-    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        key = self.key(block.instance_id, spec.name, block.block_key)
-        return build_uri("mooncake", self.name, "/", (("key", key), ("size", spec.size)))
+    def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
+        return UriFormat(uri_template("mooncake", self.name, "/", (
+            ("key", (self._key_head(instance_id, spec.name), HEX64)), ("size", spec.size))), block_key_args)
 
     def _client(self) -> MooncakeStore:
         # Set up once: a failed setup is not cached, the next call tries again.

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import string
-from typing import Sequence
-from urllib.parse import quote, urlencode
+from typing import Sequence, Union
+from urllib.parse import quote
 
 from ..protocol.errors import InvalidArgumentError
 
@@ -63,7 +63,35 @@ def hex64(value: int) -> str:
     return f"{value & _UINT64:016x}"
 
 
-def build_uri(scheme: str, host: str, path: str, params: Sequence[tuple[str, object]]) -> str:
-    """``scheme://host/path?k=v&...`` with the path and the values percent-encoded."""
-    query = urlencode([(key, str(value)) for key, value in params], quote_via=quote)
-    return f"{scheme}://{host}{quote(path, safe='/')}?{query}"
+class Placeholder(str):
+    """A ``%`` directive a URI template keeps verbatim (the block-dependent part of a URI)."""
+
+
+#: A 64-bit value as 16 hex digits (the argument must already be non-negative).
+HEX64 = Placeholder("%016x")
+#: A non-negative integer in decimal.
+DECIMAL = Placeholder("%d")
+
+Part = Union[str, int, Placeholder]
+
+
+def block_key_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+    """URI template arguments of backends addressed by block key: the key for ``HEX64``."""
+    return (block_key & _UINT64,)
+
+
+def _template_text(parts: Union[Part, Sequence[Part]], safe: str) -> str:
+    if isinstance(parts, (str, int)):
+        parts = (parts,)
+    return "".join(p if isinstance(p, Placeholder) else quote(str(p), safe=safe).replace("%", "%%")
+                   for p in parts)
+
+
+def uri_template(scheme: str, host: str, path: Union[Part, Sequence[Part]],
+                 params: Sequence[tuple[str, Union[Part, Sequence[Part]]]] = ()) -> str:
+    """``scheme://host/path?k=v&...`` as a %-template: path and values are percent-encoded
+    (literal ``%`` doubled), ``Placeholder`` parts are kept as directives. A path or value
+    is one part or a sequence of parts joined together."""
+    query = "&".join(f"{_template_text(key, '')}={_template_text(value, '')}" for key, value in params)
+    head = f"{scheme}://{host}".replace("%", "%%") + _template_text(path, "/")
+    return f"{head}?{query}" if params else head

@@ -22,9 +22,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ..protocol.codes import StorageType
 from ..protocol.models import StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriFormat
 from .checks import config_error, require, spec_of
-from .naming import build_uri, escape_component, hex64
+from .naming import HEX64, block_key_args, escape_component, hex64, uri_template
 
 #: S3's limit of keys per DeleteObjects call.
 DELETE_BATCH = 1000
@@ -74,14 +74,17 @@ class S3Backend(StorageBackend):
                     self._client = self._client_factory()
         return self._client
 
-    def object_key(self, instance_id: str, spec_name: str, block_key: int) -> str:
-        """The object key of one spec of a block."""
-        parts = [escape_component(instance_id), escape_component(spec_name), hex64(block_key)]
+    def _key_head(self, instance_id: str, spec_name: str) -> str:
+        parts = [escape_component(instance_id), escape_component(spec_name), ""]
         return "/".join([self.prefix, *parts] if self.prefix else parts)
 
-    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        key = self.object_key(block.instance_id, spec.name, block.block_key)
-        return build_uri("s3", self.name, "/" + key, (("size", spec.size),))
+    def object_key(self, instance_id: str, spec_name: str, block_key: int) -> str:
+        """The object key of one spec of a block."""
+        return self._key_head(instance_id, spec_name) + hex64(block_key)
+
+    def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
+        return UriFormat(uri_template("s3", self.name, ("/" + self._key_head(instance_id, spec.name), HEX64),
+                                      (("size", spec.size),)), block_key_args)
 
     def _keys(self, blocks: Sequence[BlockRef]) -> Iterator[str]:
         for block in blocks:

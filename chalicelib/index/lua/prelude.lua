@@ -67,10 +67,11 @@ end
 
 -- Bucket key of a block key. Scripts declare the instance's fixed keys and derive bucket
 -- keys here: every bucket shares the declared keys' hash tag, hence their cluster slot,
--- and the caller is spared packing one argument per block.
+-- and the caller is spared packing one argument per block. The bucket count is a power
+-- of two of at most 2^24 (MAX_BUCKET_BITS), so the key's low three bytes decide it.
 local function bucket_of(bucket_prefix, nbuckets, key)
-  local low = struct.unpack('>I4', key, 5)
-  return bucket_prefix .. string.format('%x', low % nbuckets)
+  local a, b, c = string.byte(key, 6, 8)
+  return bucket_prefix .. string.format('%x', ((a * 256 + b) * 256 + c) % nbuckets)
 end
 
 -- Victim descriptor (23 bytes): key, location id, storage index, spec group, group id, slot.

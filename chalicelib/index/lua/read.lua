@@ -5,25 +5,25 @@
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
 -- Served records get their last-access time and LFU counter refreshed, at most once per
 -- touch interval per block, so hot blocks cost no write.
+--
+-- This is the hot path: one redis.call per key is the floor, so the loops avoid every
+-- other per-key call they can (struct, string.format, building strings).
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local bprefix, nbuckets = ARGV[7], tonumber(ARGV[8])
 local call, byte, sub = redis.call, string.byte, string.sub
 local n = #keys / 8
-local recs, served, buckets = {}, {}, {}
+local stale = now - interval
+local recs = {}  -- per position: the record if it serves, else false
 local count = n
 for i = 1, n do
   local key = sub(keys, i * 8 - 7, i * 8)
-  local bucket = bucket_of(bprefix, nbuckets, key)
-  buckets[i] = bucket
-  local rec = call('HGET', bucket, key)
+  local rec = call('HGET', bucket_of(bprefix, nbuckets, key), key)
   -- fast path: one location, status byte right after the header
   if rec and (mode == 4 or byte(rec, 24) == SERVING or find_status(rec, SERVING)) then
     recs[i] = rec
-    served[i] = true
   else
-    recs[i] = rec
-    served[i] = false
+    recs[i] = false
     if mode == 1 then
       count = i - 1
       break
@@ -39,7 +39,7 @@ if mode == 3 then
   while base >= 0 do
     local failed = nil
     for o = 0, sw - 1 do
-      if not served[base + o + 1] then failed = o break end
+      if not recs[base + o + 1] then failed = o break end
     end
     if failed == nil then
       lo, hi = base + 1, base + sw
@@ -49,16 +49,17 @@ if mode == 3 then
   end
 end
 
-local out = {}
+local out, lengths = {}, {}
 for i = 1, count do
   local rec = recs[i]
-  if i < lo or i > hi or not served[i] then
-    out[#out + 1] = '\0\0'
+  if i < lo or i > hi or not rec then
+    out[i] = '\0\0'
   else
     if mode ~= 4 then
-      local atime = struct.unpack('>I4', rec, 12)
-      if now - atime >= interval then
-        local lfu = struct.unpack('>B', rec, 16)
+      local a, b, c, d = byte(rec, 12, 15)
+      local atime = ((a * 256 + b) * 256 + c) * 256 + d
+      if atime <= stale then
+        local lfu = byte(rec, 16)
         if decay > 0 then
           lfu = lfu - math.floor((now - atime) / decay)
           if lfu < 0 then lfu = 0 end
@@ -68,11 +69,19 @@ for i = 1, count do
           if base_val < 0 then base_val = 0 end
           if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
         end
-        rec = string.sub(rec, 1, 11) .. struct.pack('>I4B', now, lfu) .. string.sub(rec, 17)
-        call('HSET', buckets[i], field(keys, i), rec)
+        rec = sub(rec, 1, 11) .. struct.pack('>I4B', now, lfu) .. sub(rec, 17)
+        local key = field(keys, i)
+        call('HSET', bucket_of(bprefix, nbuckets, key), key, rec)
       end
     end
-    out[#out + 1] = struct.pack('>H', #rec) .. rec
+    -- records come in a few lengths (one per location count): pack each prefix once
+    local length = #rec
+    local prefix = lengths[length]
+    if not prefix then
+      prefix = struct.pack('>H', length)
+      lengths[length] = prefix
+    end
+    out[i] = prefix .. rec
   end
 end
 return table.concat(out)

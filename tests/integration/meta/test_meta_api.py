@@ -2,11 +2,15 @@
 import json
 from pathlib import Path
 
+from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from chalicelib.storage.base import BlockRef
+
 from .conftest import SPECS, code, write
 
 
 def prefix(http, keys, **extra):
-    return http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": keys, **extra})
+    return http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": keys,
+                                     **extra})
 
 
 def test_register_is_idempotent_and_returns_storages(http, instance):
@@ -174,3 +178,28 @@ def test_remove_instance_deletes_its_cache(http, instance, nfs_root, runtime):
     assert list(runtime.index.scan(layout)) == []
     assert runtime.index.usage([layout])[0].bytes == 0
     assert code(prefix(http, [1])) == "INSTANCE_NOT_EXIST"
+
+
+def test_awkward_names_reach_uris_and_json_intact(http, runtime, tmp_path):
+    """User strings with '%', quotes, backslashes, spaces and non-ASCII go through the
+    prepared location templates: every response parses, and its URIs are the backend's own."""
+    root = tmp_path / 'da"ta 100% \\ é'
+    root.mkdir()
+    runtime.control.add_storage(StorageConfig.model_validate(
+        {"global_unique_name": "nfs_~2", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
+    runtime.control.create_group(InstanceGroup.model_validate(
+        {"name": "g2", "storage_candidates": ["nfs_~2"], "quota": {"capacity": 1 << 30}}))
+    instance, specs = 'in%st"ance é', [{"name": 'tp"0%s', "size": 16}, {"name": "tp\\1%", "size": 32}]
+    assert code(http("registerInstance", {"instance_group": "g2", "instance_id": instance, "block_size": 4,
+                                          "location_spec_infos": specs,
+                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    start = write(http, [-1, 7, 9], instance=instance)
+    backend = runtime.contexts(instance).by_name["nfs_~2"].backend
+    slots = runtime.contexts(instance).spec_layout.slots(0)
+    expected = [[backend.uri(BlockRef(instance, key, 0, group, slot, slots), spec) for spec in slots]
+                for key, (group, slot) in zip([-1, 7, 9], [(1, 0), (1, 1), (3, 0)])]
+    for resp in (start, prefix(http, [-1, 7, 9], instance_id=instance),
+                 http("getCacheMeta", {"instance_id": instance, "block_keys": [-1, 7, 9]})):
+        assert [[s["uri"] for s in loc["location_specs"]] for loc in resp["locations"]] == expected
+        assert {s["name"] for loc in resp["locations"] for s in loc["location_specs"]} == {'tp"0%s', "tp\\1%"}
+    assert expected[0][0].startswith("file://nfs_~2/") and "%25" in expected[0][0] and "%22" in expected[0][0]

@@ -4,7 +4,7 @@ import threading
 import pytest
 
 from chalicelib.protocol.models import StorageConfig
-from chalicelib.storage.base import BlockRef, SpecSlot, StorageBackend, StorageUnavailableError
+from chalicelib.storage.base import BlockRef, SpecSlot, StorageBackend, StorageUnavailableError, UriFormat
 from chalicelib.storage.health import AvailabilityChange, AvailabilityTracker, ProbeResult, probe_storage
 
 OK = ProbeResult(True, "", 1.0)
@@ -18,8 +18,8 @@ class ScriptedBackend(StorageBackend):
         super().__init__(StorageConfig(global_unique_name="scripted"))
         self._probe = probe
 
-    def uri(self, block: BlockRef, spec: SpecSlot) -> str:
-        return f"test://scripted/{block.block_key}"
+    def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
+        return UriFormat("test://scripted/%d", lambda block_key, location_id, group_id, slot: (block_key,))
 
     def delete(self, blocks) -> None:
         pass

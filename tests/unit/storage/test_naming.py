@@ -6,7 +6,7 @@ import string
 import pytest
 
 from chalicelib.protocol.errors import InvalidArgumentError
-from chalicelib.storage.naming import MAX_COMPONENT, build_uri, escape_component, hex64
+from chalicelib.storage.naming import DECIMAL, HEX64, MAX_COMPONENT, escape_component, hex64, uri_template
 from chalicelib.storage.net import parse_endpoints, parse_host_port
 
 UNRESERVED = set(string.ascii_letters + string.digits + "-._~")
@@ -60,9 +60,14 @@ def test_hex64_is_fixed_width_twos_complement():
     assert hex64(-(2**63)) == "8000000000000000"
 
 
-def test_build_uri_encodes_path_and_values():
-    uri = build_uri("file", "nfs_01", "/mnt/a b/x~2F", [("key", "a&b=c"), ("size", 10)])
-    assert uri == "file://nfs_01/mnt/a%20b/x~2F?key=a%26b%3Dc&size=10"
+def test_uri_template_encodes_path_and_values_and_keeps_placeholders():
+    template = uri_template("file", "nfs_01", ("/mnt/a b/x~2F/", HEX64),
+                            [("key", ("a&b=c", DECIMAL)), ("size", 10), ("100%", "50%")])
+    assert template % (255, 7) == "file://nfs_01/mnt/a%20b/x~2F/00000000000000ff?key=a%26b%3Dc7&size=10&100%25=50%25"
+
+
+def test_uri_template_doubles_a_literal_percent_in_the_host():
+    assert uri_template("s3", "odd%host", "/") % () == "s3://odd%host/"
 
 
 @pytest.mark.parametrize("entry, expected", [
