@@ -24,7 +24,7 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
-from .wire import Bool, Int32, Int64, JsonArray, Str, WireModel, wire_enum
+from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireModel, wire_enum
 
 ErrorCodeField = wire_enum(ErrorCode)
 StorageTypeField = wire_enum(StorageType)
@@ -311,8 +311,8 @@ class KeysRequest(Request):
     """A request naming blocks by ``block_keys`` or by ``token_ids`` (keys win)."""
 
     instance_id: Str = ""
-    block_keys: list[Int64] = Field(default_factory=list)
-    token_ids: list[Int64] = Field(default_factory=list)
+    block_keys: Int64List = Field(default_factory=list)
+    token_ids: Int64List = Field(default_factory=list)
 
 
 class RegisterInstanceRequest(Request):

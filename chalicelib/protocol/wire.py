@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Annotated, Any, Iterable, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, GetCoreSchemaHandler, PlainSerializer, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    GetCoreSchemaHandler,
+    PlainSerializer,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_core import core_schema
 
@@ -61,6 +70,19 @@ def _string(value: Any) -> str:
 
 
 Int64 = Annotated[int, BeforeValidator(_int64), PlainSerializer(str, return_type=str, when_used="json")]
+
+
+def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
+    # Requests carry thousands of keys or token ids, nearly always a JSON array of in-range
+    # integers: checked in C loops here. Anything else goes item by item, so an error
+    # names the offending index.
+    if type(value) is list and set(map(type, value)) <= {int} and (
+            not value or (INT64_MIN <= min(value) and max(value) <= INT64_MAX)):
+        return value
+    return handler(value)
+
+
+Int64List = Annotated[list[Int64], WrapValidator(_int64_list)]
 Int32 = Annotated[int, BeforeValidator(_int32)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_string)]

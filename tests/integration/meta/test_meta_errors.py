@@ -25,6 +25,8 @@ def test_body_not_a_json_object(http, instance, method, body):
     ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, "x"]}, "block_keys[1]"),
     ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [True]}, "block_keys[0]"),
     ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [2 ** 64]}, "block_keys[0]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [5, -(2 ** 63) - 1]}, "block_keys[1]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2, 2.5]}, "token_ids[2]"),
     ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, "query_type"),
     ("getCacheLocation", {"query_type": 77, "block_keys": [1]}, "query_type"),
     ("getCacheLocation", {"block_keys": [1]}, "query_type"),
