@@ -103,10 +103,11 @@ class InstanceReclaim:
     def _take(self, picked: list[Candidate]) -> None:
         self.pool.discard(c.block_key for c in picked)
         by_key = {c.block_key: c for c in picked}
-        # Only locations still SERVING under the same id are taken: a block rewritten or
-        # removed since it was sampled is left alone.
-        victims = self.index.mark_deleting(self.ctx.layout, list(by_key), expected_locations=[
-            c.location_id for c in by_key.values()], serving_only=True)
+        # Only locations still SERVING under the same id are taken, of blocks that gained
+        # no child: a block rewritten, removed or extended since it was read is left alone.
+        victims = self.index.mark_deleting(
+            self.ctx.layout, list(by_key), expected_locations=[c.location_id for c in by_key.values()],
+            serving_only=True, max_children=[c.recorded_children for c in by_key.values()])
         taken = [(v, by_key[v.block_key]) for v in victims]
         if not taken:
             return

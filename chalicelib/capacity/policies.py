@@ -27,6 +27,9 @@ class Candidate:
     lfu: int
     size: int
     storage_type: str
+    #: The child count its record held when read, marked children not dropped yet
+    #: included: the block is taken only if the record holds no more by then.
+    recorded_children: int = 0
 
     @property
     def is_leaf(self) -> bool:

@@ -64,7 +64,7 @@ def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, s
         return Candidate(block_key, int.from_bytes(raw[off + 3:off + 8], "big"),
                          int.from_bytes(parent, "big", signed=True) if flags & 1 else None, children,
                          last_access_s, lfu, sizes[spec_group] if spec_group < len(sizes) else sizes[0],
-                         storage_type)
+                         storage_type, children)
     return None
 
 

@@ -263,14 +263,19 @@ class BlockIndex:
 
     def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int],
                       expected_locations: Optional[Sequence[int]] = None,
-                      serving_only: bool = False) -> list[Victim]:
-        """Locations of ``block_keys`` → DELETING (they stop serving now); returns them."""
+                      serving_only: bool = False, max_children: Optional[Sequence[int]] = None) -> list[Victim]:
+        """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
+
+        ``expected_locations`` takes only those location ids; ``max_children`` skips a key
+        whose record counts more children than its entry (one gained a child meanwhile).
+        """
         if not block_keys:
             return []
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
+        limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
         blob = self._call(self._mark, [layout.key("m")],
                           [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
-                           layout.bucket_count])
+                           layout.bucket_count, limits])
         return decode_victims(blob)
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:

@@ -2,15 +2,20 @@
 -- KEYS: [1] meta (routes the call to the instance's slot).
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
 --       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
---       SERVING (removeCache, trim), [4] bucket prefix, [5] bucket count.
+--       SERVING (removeCache, trim), [4] bucket prefix, [5] bucket count, [6] the most
+--       children each key may have (>H each) or empty for no limit: the reclaimer takes
+--       a block only if no child was added since it read it as a leaf.
 -- Returns the victims blob (VICTIM_FMT descriptors).
-local keys, expected, which = ARGV[1], ARGV[2], ARGV[3]
+local keys, expected, which, limits = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local bprefix, nbuckets = ARGV[4], tonumber(ARGV[5])
 local victims = {}
 for i = 1, #keys / 8 do
   local key = field(keys, i)
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
+  if rec and #limits > 0 and struct.unpack('>H', rec, 10) > struct.unpack('>H', limits, i * 2 - 1) then
+    rec = nil
+  end
   if rec then
     local want = nil
     if #expected > 0 then want = struct.unpack('>I5', expected, (i - 1) * 5 + 1) end

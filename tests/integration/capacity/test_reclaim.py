@@ -219,14 +219,14 @@ def test_a_concurrently_rewritten_block_is_left_alone(cluster, index):
     real_mark = index.mark_deleting
     rewritten = []
 
-    def racing_mark(layout, block_keys, expected_locations=None, serving_only=False):
+    def racing_mark(layout, block_keys, expected_locations=None, serving_only=False, max_children=None):
         # between sampling and marking, another call removes and rewrites the first key
         index.mark_deleting = real_mark
         victims = real_mark(layout, [block_keys[0]])
         DeletionService(index).delete(ctx, victims)
         cluster.write("i1", [block_keys[0]])
         rewritten.append((block_keys[0], cluster.records("i1")[block_keys[0]].locations[0].location_id))
-        return real_mark(layout, block_keys, expected_locations, serving_only)
+        return real_mark(layout, block_keys, expected_locations, serving_only, max_children)
 
     index.mark_deleting = racing_mark
     report = reclaimer.run_round()
@@ -236,6 +236,32 @@ def test_a_concurrently_rewritten_block_is_left_alone(cluster, index):
     # the rewritten block was sampled under its old location: its new one is untouched
     assert records[key].locations[0].location_id == location_id
     assert records[key].locations[0].status == Status.SERVING
+
+
+def test_a_leaf_that_gains_a_child_before_its_mark_is_left_alone(cluster, index):
+    """Leaves before parents holds under a racing write: the mark re-checks the child count."""
+    cluster.group = make_group(capacity_blocks=6, used_percentage=0.5, step_percentage=100)
+    cluster.add_instance("i1", bucket_bits=4)
+    cluster.chains("i1", count=4, length=1)
+    reclaimer = cluster.reclaimer()
+    real_mark = index.mark_deleting
+    extended = []
+
+    def racing_mark(layout, block_keys, expected_locations=None, serving_only=False, max_children=None):
+        # between sampling and marking, an engine writes a block after the first key
+        index.mark_deleting = real_mark
+        child = cluster.keys(1)[0]
+        cluster.write("i1", [block_keys[0], child])
+        extended.append((block_keys[0], child))
+        return real_mark(layout, block_keys, expected_locations, serving_only, max_children)
+
+    index.mark_deleting = racing_mark
+    reclaimer.run_round()
+    (parent, child), = extended
+    records = cluster.records("i1")
+    assert records[parent].children == 1
+    assert records[parent].locations[0].status == Status.SERVING
+    assert records[child].locations[0].status == Status.SERVING
 
 
 def test_a_lost_lease_stops_the_round_and_a_failing_group_is_reported(cluster, index, monkeypatch):

@@ -19,8 +19,11 @@ def cluster(tmp_path):
 
     from tests.conftest import free_port
 
+    # The bus port is given: by default it is the port + 10000, beyond 65535 for a high
+    # ephemeral port.
     server = ValkeyServer(port=free_port(), data_dir=tmp_path, persist=False,
-                          config={"cluster-enabled": "yes", "cluster-config-file": str(tmp_path / "nodes.conf")})
+                          config={"cluster-enabled": "yes", "cluster-config-file": str(tmp_path / "nodes.conf"),
+                                  "cluster-port": str(free_port())})
     server.start()
     try:
         node = redis.Redis(port=server.port)
