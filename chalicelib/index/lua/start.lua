@@ -20,28 +20,27 @@ local group_cap, others_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
 local type_cap, others_type = tonumber(ARGV[13]), tonumber(ARGV[14])
 local max_keys = tonumber(ARGV[15])
 local bprefix, nbuckets = ARGV[16], tonumber(ARGV[17])
+local byte = string.byte
 local n = #keys / 8
-local buckets = {}
-for i = 1, n do buckets[i] = bucket_of(bprefix, nbuckets, field(keys, i)) end
+local fields, buckets = {}, {}
+for i = 1, n do
+  fields[i] = field(keys, i)
+  buckets[i] = bucket_of(bprefix, nbuckets, fields[i])
+end
 
+local NO_PARENT = string.rep('\0', 8)
 local new = {}
 local flags = {}
+local seen = {}  -- a key repeated in one request is written once
 local new_bytes = 0
 for i = 1, n do
-  if redis.call('HEXISTS', buckets[i], field(keys, i)) == 0 then
-    -- A key repeated in one request is written once.
-    local dup = false
-    for _, j in ipairs(new) do
-      if field(keys, j) == field(keys, i) then dup = true break end
-    end
-    if not dup then
-      new[#new + 1] = i
-      local sg = struct.unpack('>B', sg_blob, i)
-      new_bytes = new_bytes + struct.unpack('>I6', sizes_blob, sg * 6 + 1)
-      flags[i] = '1'
-    else
-      flags[i] = '0'
-    end
+  local key = fields[i]
+  if not seen[key] and redis.call('HEXISTS', buckets[i], key) == 0 then
+    seen[key] = true
+    new[#new + 1] = i
+    local sg = byte(sg_blob, i)
+    new_bytes = new_bytes + struct.unpack('>I6', sizes_blob, sg * 6 + 1)
+    flags[i] = '1'
   else
     flags[i] = '0'
   end
@@ -72,7 +71,15 @@ local session_keys = {}
 if #new > 0 then
   base = redis.call('HINCRBY', meta, 'loc', #new) - #new + 1
   local group_counts = {}
+  -- Children each key gains from this call's new keys: a new record is written with its
+  -- count at once, an existing parent is updated once, whatever its number of new children.
+  local gained = {}
+  for _, i in ipairs(new) do
+    if i > 1 then gained[fields[i - 1]] = (gained[fields[i - 1]] or 0) + 1 end
+  end
+  local parent_bucket = {}
   for j, i in ipairs(new) do
+    local key = fields[i]
     local loc = base + j - 1
     local group, slot = 0, 0
     if pack > 0 then
@@ -82,19 +89,22 @@ if #new > 0 then
     elseif #explicit > 0 then
       group = struct.unpack('>I6', explicit, (i - 1) * 6 + 1)
     end
-    local sg = struct.unpack('>B', sg_blob, i)
-    local hflags, parent = 0, string.rep('\0', 8)
+    local hflags, parent = 0, NO_PARENT
     if i > 1 then
-      hflags, parent = 1, field(keys, i - 1)
+      hflags, parent = 1, fields[i - 1]
+      parent_bucket[parent] = buckets[i - 1]
     end
-    local rec = struct.pack(HDR_FMT, hflags, parent, 0, math.floor(now_ms / 1000), 5, now_ms, 1)
-      .. struct.pack(LOC_FMT, WRITING, sidx, sg, loc, group, slot)
-    redis.call('HSET', buckets[i], field(keys, i), rec)
-    if i > 1 then
-      local prec = redis.call('HGET', buckets[i - 1], parent)
-      if prec then redis.call('HSET', buckets[i - 1], parent, set_children(prec, 1)) end
-    end
-    session_keys[#session_keys + 1] = field(keys, i) .. struct.pack('>I5', loc)
+    local children = math.min(gained[key] or 0, 65535)
+    gained[key] = nil
+    local rec = struct.pack(HDR_FMT, hflags, parent, children, math.floor(now_ms / 1000), 5, now_ms, 1)
+      .. struct.pack(LOC_FMT, WRITING, sidx, byte(sg_blob, i), loc, group, slot)
+    redis.call('HSET', buckets[i], key, rec)
+    session_keys[#session_keys + 1] = key .. struct.pack('>I5', loc)
+  end
+  for parent, count in pairs(gained) do
+    local bucket = parent_bucket[parent]
+    local prec = redis.call('HGET', bucket, parent)
+    if prec then redis.call('HSET', bucket, parent, set_children(prec, count)) end
   end
   for group, count in pairs(group_counts) do
     redis.call('HINCRBY', groups, struct.pack('>BI6', sidx, group), count)

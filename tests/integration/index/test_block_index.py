@@ -53,6 +53,16 @@ def test_start_finish_read_roundtrip(index, layout):
     assert index.read(layout, [1, 2], MODE_RAW)[0].children == 1
 
 
+def test_child_counts_follow_new_keys_within_and_across_starts(index, layout):
+    """A parent counts each new key written right after it, whether it is new in the same
+    call, already stored, or named twice; a repeated key is written once."""
+    assert start(index, layout, [1, 2, 3]).new_flags == [True, True, True]
+    assert start(index, layout, [1, 2, 4, 2, 5], sid="s2").new_flags == [False, False, True, False, True]
+    records = dict(zip([1, 2, 3, 4, 5], index.read(layout, [1, 2, 3, 4, 5], MODE_RAW)))
+    assert {k: r.children for k, r in records.items()} == {1: 1, 2: 3, 3: 0, 4: 0, 5: 0}
+    assert {k: r.parent for k, r in records.items()} == {1: None, 2: 1, 3: 2, 4: 2, 5: 2}
+
+
 def test_duplicate_writer_masked(index, layout):
     start(index, layout, [1, 2])
     out = start(index, layout, [1, 2, 3, 4], sid="s2")
