@@ -21,6 +21,9 @@ local function storage(sidx)
   return info[1], info[2]
 end
 
+-- Counter changes are summed and applied once at the end: a batch is one atomic step
+-- anyway, and most of a victim's cost would otherwise be counter calls.
+local bytes_freed, keys_freed, by_type, by_storage, by_group = 0, 0, {}, {}, {}
 for v = 1, #victims / VICTIM_LEN do
   local key, loc, sidx, sg, group, slot = struct.unpack(VICTIM_FMT, victims, (v - 1) * VICTIM_LEN + 1)
   local bucket = bucket_of(bucket_prefix, nbuckets, key)
@@ -31,12 +34,12 @@ for v = 1, #victims / VICTIM_LEN do
     rec = remove_loc(rec, i)
     local flags, parent = struct.unpack('>Bc8', rec)
     local sname, stype = storage(sidx)
-    redis.call('HINCRBY', usage, 'bytes', -size)
-    redis.call('HINCRBY', usage, 't:' .. stype, -size)
-    redis.call('HINCRBY', usage, 's:' .. sname, -size)
+    bytes_freed = bytes_freed + size
+    by_type[stype] = (by_type[stype] or 0) + size
+    by_storage[sname] = (by_storage[sname] or 0) + size
     if struct.unpack('>B', rec, HDR_LEN) == 0 then
       redis.call('HDEL', bucket, key)
-      redis.call('HINCRBY', usage, 'keys', -1)
+      keys_freed = keys_freed + 1
       if flags % 2 == 1 then
         local pbucket = bucket_of(bucket_prefix, nbuckets, parent)
         local prec = redis.call('HGET', pbucket, parent)
@@ -46,14 +49,25 @@ for v = 1, #victims / VICTIM_LEN do
       redis.call('HSET', bucket, key, rec)
     end
     local gfield = struct.pack('>BI6', sidx, group)
-    if redis.call('HEXISTS', groups, gfield) == 1 then
-      if redis.call('HINCRBY', groups, gfield, -1) <= 0 then
-        redis.call('HDEL', groups, gfield)
-        redis.call('SADD', orphans, gfield)
-        released[#released + 1] = gfield
-      end
-    end
+    by_group[gfield] = (by_group[gfield] or 0) + 1
     dropped = dropped + 1
+  end
+end
+
+if dropped > 0 then
+  redis.call('HINCRBY', usage, 'bytes', -bytes_freed)
+  redis.call('HINCRBY', usage, 'keys', -keys_freed)
+  for stype, size in pairs(by_type) do redis.call('HINCRBY', usage, 't:' .. stype, -size) end
+  for sname, size in pairs(by_storage) do redis.call('HINCRBY', usage, 's:' .. sname, -size) end
+end
+-- Only packed groups are counted (file backends); others have no entry to release.
+for gfield, count in pairs(by_group) do
+  if redis.call('HEXISTS', groups, gfield) == 1 then
+    if redis.call('HINCRBY', groups, gfield, -count) <= 0 then
+      redis.call('HDEL', groups, gfield)
+      redis.call('SADD', orphans, gfield)
+      released[#released + 1] = gfield
+    end
   end
 end
 return {dropped, table.concat(released)}
