@@ -7,6 +7,10 @@ placeholders are the ``Fn::GetAtt`` ARNs of the functions Chalice packages (logi
 CamelCase of the function name), the permission to invoke them, and the ARN exported to
 every function as the ``KVCM_*_STATE_MACHINE_ARN`` variable the settings read.
 
+Every function of the app also gets the storages' EFS mount and its role the mount
+permission when the ``EfsAccessPointArn`` parameter is set: SAM's ``Globals`` has no
+``FileSystemConfigs``, so they are added per packaged function and role.
+
 Usage: ``python -m infra.merge_template --stage dev --output out/dev-merge-template.json``
 """
 from __future__ import annotations
@@ -55,8 +59,32 @@ def state_machine_resource(workflow: str, definition: dict, functions: Iterable[
     }
 
 
-def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE) -> dict:
-    """The merge template for ``stage``."""
+def app_functions(app: Any) -> list[str]:
+    """Names of every Lambda function ``chalice package`` makes of ``app``."""
+    names = [f.name for f in app.pure_lambda_functions] + [e.name for e in app.event_sources]
+    return names + (["api_handler"] if app.routes else [])
+
+
+def function_logical_id(name: str) -> str:
+    return "APIHandler" if name == "api_handler" else asl.logical_id(name)
+
+
+def efs_mount(function_names: Iterable[str]) -> dict:
+    """Resources fragments: the EFS mount on each function, the mount policy on its role
+    (named ``<function>_role`` by Chalice for a stage with an ``iam_policy_file``)."""
+    mount = {"Fn::If": ["MountEfs", [{"Arn": {"Ref": "EfsAccessPointArn"}, "LocalMountPath": {"Ref": "EfsMountPath"}}],
+                        {"Ref": "AWS::NoValue"}]}
+    policy = {"Fn::If": ["MountEfs", [{"Ref": "EfsClientPolicy"}], {"Ref": "AWS::NoValue"}]}
+    resources = {}
+    for name in function_names:
+        resources[function_logical_id(name)] = {"Properties": {"FileSystemConfigs": mount}}
+        resources[asl.logical_id(f"{name}_role")] = {"Properties": {"ManagedPolicyArns": policy}}
+    return resources
+
+
+def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
+          function_names: Iterable[str] | None = None) -> dict:
+    """The merge template for ``stage`` (``function_names``: the app's, by default)."""
     template: dict[str, Any] = yaml.safe_load(base.read_text(encoding="utf-8"))
     template["Parameters"]["Stage"]["Default"] = stage
     table = template["Resources"]["ControlTable"]["Properties"]
@@ -77,6 +105,11 @@ def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEM
         document["Statement"].append({
             "Sid": "InvokeTaskFunctions", "Effect": "Allow", "Action": "lambda:InvokeFunction",
             "Resource": [{"Fn::GetAtt": [name, "Arn"]} for name in sorted(invoked)]})
+    if function_names is None:
+        from app import app
+
+        function_names = app_functions(app)
+    template["Resources"].update(efs_mount(function_names))
     return template
 
 

@@ -46,7 +46,7 @@ def package(project_dir: Path, merge_template: dict, out_dir: Path, stage: str =
 
 def state_machines(template: dict) -> dict[str, dict]:
     return {name: resource["Properties"] for name, resource in template["Resources"].items()
-            if resource["Type"] == "AWS::StepFunctions::StateMachine"}
+            if resource.get("Type") == "AWS::StepFunctions::StateMachine"}
 
 
 def test_every_workflow_substitution_is_provided_by_the_template():
@@ -96,7 +96,8 @@ def test_workflow_state_machines_package_and_lint(tmp_path: Path):
     shutil.copy(ECHO_ASL, workflows / ECHO_ASL.name)
     shutil.copy(ECHO_ASL, workflows / "write_session_reaper.asl.json")
 
-    template = package(project, build("dev", workflows_dir=workflows), tmp_path / "out")
+    template = package(project, build("dev", workflows_dir=workflows, function_names=["e2e_echo", "api_handler"]),
+                       tmp_path / "out")
 
     machines = state_machines(template)
     assert set(machines) == {"E2eEchoStateMachine", "WriteSessionReaperStateMachine"}
@@ -113,4 +114,16 @@ def test_the_app_packages_and_lints(tmp_path: Path):
     # One stage is enough: the others differ in policy file and variables, checked above.
     template = package(REPO_ROOT, build("dev"), tmp_path / "out")
     assert template["Parameters"]["Stage"]["Default"] == "dev"
-    assert "ValkeyCache" in template["Resources"] and "APIHandler" in template["Resources"]
+    resources = template["Resources"]
+    assert "ValkeyCache" in resources and "APIHandler" in resources
+    functions = {name: r["Properties"] for name, r in resources.items() if r["Type"] == "AWS::Serverless::Function"}
+    assert len(functions) == 9
+    # every function mounts the storages' EFS when it is given, through a role allowed to
+    for name, properties in functions.items():
+        assert properties["FileSystemConfigs"]["Fn::If"][0] == "MountEfs", name
+        role = properties["Role"]["Fn::GetAtt"][0]
+        assert resources[role]["Type"] == "AWS::IAM::Role", name
+        assert resources[role]["Properties"]["ManagedPolicyArns"]["Fn::If"][1] == [{"Ref": "EfsClientPolicy"}]
+    # a full vCPU for the request path; room for the optimizer
+    assert (functions["APIHandler"]["MemorySize"], functions["APIHandler"]["Timeout"]) == (1769, 29)
+    assert (functions["OptimizerRun"]["MemorySize"], functions["OptimizerRun"]["Timeout"]) == (3008, 900)
