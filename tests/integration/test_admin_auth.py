@@ -81,3 +81,27 @@ def test_passwords_never_reach_responses_or_logs(secured, service_log):
     assert "'api': 'addAccount'" in logged  # the access logs were captured, extras included
     for secret in (ADMIN_PW, USER_PW, "t0p-secret"):
         assert secret not in repr(bodies) and secret not in logged
+
+
+def test_the_first_admin_comes_from_the_control_cli(runtime, client, monkeypatch, capsys):
+    """With auth on and no account, nothing over HTTP can add one: the CLI writes it into
+    the control table with the operator's AWS credentials."""
+    from chalicelib.control.__main__ import main
+    from tests.integration.control.harness import TABLE
+
+    enable_auth(runtime)
+    assert post(client, "listAccount", {}, headers=bearer("root", ADMIN_PW))[0] == 401
+    monkeypatch.setenv("KVCM_CONTROL_TABLE", TABLE)
+    monkeypatch.setenv("KVCM_PASSWORD", ADMIN_PW)
+    assert main(["add-account", "--user", "root"]) == 0  # a runtime of its own, from the environment
+    status, data = post(client, "listAccount", {}, headers=bearer("root", ADMIN_PW))
+    assert (status, code(data)) == (200, "OK")
+    assert [(a["user_name"], a["role"]) for a in data["accounts"]] == [("root", "ROLE_ADMIN")]
+
+    assert main(["add-account", "--user", "root", "--role", "ROLE_USER"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    monkeypatch.setenv("KVCM_PASSWORD", "")
+    assert main(["add-account", "--user", "eve"]) == 1
+    assert "password" in capsys.readouterr().err
+    assert main(["list-accounts"]) == 0
+    assert capsys.readouterr().out == "root\tROLE_ADMIN\n"
