@@ -71,9 +71,26 @@ class Runtime:
 
     @cached_property
     def metrics(self):
+        """This container's metrics registry (published to ``metrics_store``)."""
         from .observability.metrics import MetricsRegistry
 
         return MetricsRegistry()
+
+    @cached_property
+    def metrics_store(self):
+        """Every container's metrics, added up in Valkey."""
+        from .index.metrics_store import MetricsStore
+
+        return MetricsStore(self.valkey, self.settings.key_prefix)
+
+    @cached_property
+    def metrics_publisher(self):
+        """Publishes ``metrics`` to ``metrics_store``: ``publish(force=False)`` on the
+        request path (at most once a second), ``publish()`` when a job or getMetrics needs
+        everything out."""
+        from .observability.metrics import MetricsPublisher
+
+        return MetricsPublisher(self.metrics, lambda delta: self.metrics_store.add(delta), self.clock)
 
     @cached_property
     def control(self):

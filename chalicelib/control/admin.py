@@ -11,7 +11,7 @@ from typing import Callable, TypeVar
 from ..clock import now_ms, now_us
 from ..observability.logging import logger, set_level
 from ..observability.metrics import COUNTER
-from ..protocol.errors import InvalidArgumentError, NotLeaderError
+from ..protocol.errors import InvalidArgumentError, NotLeaderError, ServiceNotReadyError
 from ..protocol.models import (AddAccountRequest, CheckHealthResponse, CreateInstanceGroupRequest,
                                DeleteAccountRequest, GetInstanceGroupResponse, GetManagerClusterInfoResponse,
                                GetMetricsResponse, InstanceGroupNameRequest, LeaderElectorConfigResponse,
@@ -122,14 +122,17 @@ def list_account(runtime: Runtime, request: ListRequest) -> ListAccountResponse:
 
 
 def get_metrics(runtime: Runtime, request: ListRequest) -> GetMetricsResponse:
-    """This container's metrics: counters as ``int_value``, means and gauges as ``float_value``."""
+    """The service's metrics, every container's added up: counters as ``int_value``, means
+    and gauges as ``float_value``."""
+    if not runtime.metrics_publisher.publish():
+        raise ServiceNotReadyError("metrics store unavailable: this container's latest metrics are not published")
     metrics = [
         MetricsData(
             metric_name=point.name,
             metric_value=(MetricValue(int_value=int(point.value)) if point.kind == COUNTER
                           else MetricValue(float_value=float(point.value))),
             metric_tags=[MetricsTag(tag_key=k, tag_value=v) for k, v in point.tags])
-        for point in runtime.metrics.snapshot()]
+        for point in runtime.metrics_store.points()]
     return GetMetricsResponse(timestamp=now_ms(runtime.clock), metrics=metrics)
 
 

@@ -1,16 +1,24 @@
-"""In-process metrics, exposed by getMetrics and (on Lambda) flushed as CloudWatch EMF.
+"""Metrics: each container records into its registry and publishes the changes to a
+shared store (a Valkey hash, ``index.metrics_store``), so getMetrics reports the whole
+service whichever container answers: counters and means summed over every container,
+gauges as last set anywhere.
 
-Each container keeps its own counters; on AWS the EMF lines are what CloudWatch sums
-across containers.
+A container publishes at most once per ``period_s`` on the request path (one round trip
+a second at most), and at the end of every scheduled job. A change that could not be
+published is kept and goes with the next publication.
 """
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..clock import Clock
+from .logging import logger
 
 Tags = tuple[tuple[str, str], ...]
+MetricKey = tuple[str, Tags]
 COUNTER, MEAN, GAUGE = "counter", "mean", "gauge"
 
 
@@ -23,38 +31,81 @@ class MetricPoint:
     kind: str = GAUGE
 
 
+@dataclass
+class MetricsDelta:
+    """Metric changes: counter increments, sums and counts of samples, gauges set."""
+
+    counters: dict[MetricKey, int] = field(default_factory=lambda: defaultdict(int))
+    sums: dict[MetricKey, float] = field(default_factory=lambda: defaultdict(float))
+    counts: dict[MetricKey, int] = field(default_factory=lambda: defaultdict(int))
+    gauges: dict[MetricKey, float] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.counters or self.counts or self.gauges)
+
+    def merge(self, other: "MetricsDelta") -> None:
+        """Add ``other``'s changes (``other``'s gauges are older: they yield to ours)."""
+        for key, value in other.counters.items():
+            self.counters[key] += value
+        for key, value in other.sums.items():
+            self.sums[key] += value
+        for key, value in other.counts.items():
+            self.counts[key] += value
+        self.gauges = {**other.gauges, **self.gauges}
+
+    def points(self) -> list[MetricPoint]:
+        """The values these totals stand for: counters, means of the samples, gauges."""
+        points = [MetricPoint(n, t, v, COUNTER) for (n, t), v in self.counters.items()]
+        points += [MetricPoint(n, t, self.sums[(n, t)] / c, MEAN) for (n, t), c in self.counts.items() if c]
+        points += [MetricPoint(n, t, v, GAUGE) for (n, t), v in self.gauges.items()]
+        return sorted(points, key=lambda p: (p.name, p.tags))
+
+
 class MetricsRegistry:
-    """Counters and gauges keyed by (name, tags); thread-safe."""
+    """Counters, means and gauges keyed by (name, tags), with the changes not published
+    yet; thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[tuple[str, Tags], int] = defaultdict(int)
-        self._sums: dict[tuple[str, Tags], float] = defaultdict(float)
-        self._counts: dict[tuple[str, Tags], int] = defaultdict(int)
-        self._gauges: dict[tuple[str, Tags], float] = {}
+        self._totals = MetricsDelta()
+        self._pending = MetricsDelta()
 
     @staticmethod
-    def _key(name: str, tags: Optional[dict[str, str]]) -> tuple[str, Tags]:
+    def _key(name: str, tags: Optional[dict[str, str]]) -> MetricKey:
         return name, tuple(sorted((tags or {}).items()))
 
     def incr(self, name: str, value: int = 1, tags: Optional[dict[str, str]] = None) -> None:
         """Add to a counter."""
         key = self._key(name, tags)
         with self._lock:
-            self._counters[key] += value
+            self._totals.counters[key] += value
+            self._pending.counters[key] += value
 
     def observe(self, name: str, value: float, tags: Optional[dict[str, str]] = None) -> None:
         """Record a sample; reported as the mean of the samples."""
         key = self._key(name, tags)
         with self._lock:
-            self._sums[key] += value
-            self._counts[key] += 1
+            for delta in (self._totals, self._pending):
+                delta.sums[key] += value
+                delta.counts[key] += 1
 
     def gauge(self, name: str, value: float, tags: Optional[dict[str, str]] = None) -> None:
         """Set a gauge to its current value."""
         key = self._key(name, tags)
         with self._lock:
-            self._gauges[key] = value
+            self._totals.gauges[key] = value
+            self._pending.gauges[key] = value
+
+    def drain(self) -> MetricsDelta:
+        """The changes since the last drain (to publish), forgotten here."""
+        with self._lock:
+            pending, self._pending = self._pending, MetricsDelta()
+        return pending
+
+    def restore(self, delta: MetricsDelta) -> None:
+        """Take back drained changes that could not be published."""
+        with self._lock:
+            self._pending.merge(delta)
 
     def record_call(self, api_name: str, code: str, latency_us: int) -> None:
         """The per-call metrics of every API method (upstream names)."""
@@ -65,30 +116,51 @@ class MetricsRegistry:
             self.incr("service.error_counter", 1, {"api_name": api_name, "code": code})
 
     def snapshot(self) -> list[MetricPoint]:
-        """Every metric's current value."""
+        """This container's metrics."""
         with self._lock:
-            points = [MetricPoint(n, t, v, COUNTER) for (n, t), v in self._counters.items()]
-            points += [MetricPoint(n, t, self._sums[(n, t)] / c, MEAN) for (n, t), c in self._counts.items() if c]
-            points += [MetricPoint(n, t, v, GAUGE) for (n, t), v in self._gauges.items()]
-        return sorted(points, key=lambda p: (p.name, p.tags))
+            return self._totals.points()
 
     def value(self, name: str, tags: Optional[dict[str, str]] = None) -> Optional[float]:
-        """One metric's value (None when never recorded); for tests and health pages."""
+        """One metric's value in this container (None when never recorded); for tests and
+        health pages."""
         key = self._key(name, tags)
         with self._lock:
-            if key in self._counters:
-                return self._counters[key]
-            if self._counts.get(key):
-                return self._sums[key] / self._counts[key]
-            return self._gauges.get(key)
+            totals = self._totals
+            if key in totals.counters:
+                return totals.counters[key]
+            if totals.counts.get(key):
+                return totals.sums[key] / totals.counts[key]
+            return totals.gauges.get(key)
 
-    def emf_lines(self, namespace: str = "KVCM") -> Iterable[dict]:
-        """CloudWatch Embedded Metric Format documents for the current values."""
-        for point in self.snapshot():
-            dims = dict(point.tags)
-            yield {
-                "_aws": {"CloudWatchMetrics": [{"Namespace": namespace, "Dimensions": [sorted(dims)],
-                                                 "Metrics": [{"Name": point.name}]}]},
-                point.name: point.value,
-                **dims,
-            }
+
+class MetricsPublisher:
+    """Hands a registry's changes to a shared store's ``add``, at most once per period
+    unless forced. Never raises: metrics must not fail a call or a job."""
+
+    def __init__(self, registry: MetricsRegistry, add: Callable[[MetricsDelta], None], clock: Clock,
+                 period_s: float = 1.0) -> None:
+        self._registry = registry
+        self._add = add
+        self._clock = clock
+        self._period_s = period_s
+        self._lock = threading.Lock()
+        self._next = float("-inf")
+
+    def publish(self, force: bool = True) -> bool:
+        """Publish the pending changes (when due, or always with ``force``); returns
+        whether the store has every change made before the call."""
+        with self._lock:
+            now = self._clock.now()
+            if not force and now < self._next:
+                return False
+            self._next = now + self._period_s
+            delta = self._registry.drain()
+            if not delta:
+                return True
+            try:
+                self._add(delta)
+                return True
+            except Exception as exc:  # noqa: BLE001 - kept for the next publication
+                self._registry.restore(delta)
+                logger.warning("metrics not published: %s", exc)
+                return False

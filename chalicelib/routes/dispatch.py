@@ -74,6 +74,7 @@ class Dispatcher:
             body = "{}" if isinstance(exc, MalformedBodyError) else _error_body(code, message, request_id)
         latency_us = int((time.perf_counter() - start) * 1e6)
         runtime.metrics.record_call(api_name, code.name, latency_us)
+        runtime.metrics_publisher.publish(force=False)
         if op.observer is not None and request is not None:
             try:
                 op.observer(runtime, op, request, response, code)

@@ -25,6 +25,52 @@ def test_get_metrics_counts_calls(client, runtime, clock):
                for m in again["metrics"])
 
 
+def metric_values(data: dict) -> dict:
+    return {(m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])):
+            next(iter(m["metric_value"].values())) for m in data["metrics"]}
+
+
+def test_get_metrics_adds_up_every_container(client, runtime, clock, valkey, valkey_url):
+    """Another container (another Runtime on the same Valkey) publishes its calls and its
+    jobs' gauges; whichever container answers getMetrics reports the sums."""
+    from chalicelib.routes.admin import OPERATIONS
+    from chalicelib.routes.dispatch import Dispatcher
+    from tests.integration.control.harness import build_runtime
+
+    other = build_runtime(valkey_url, clock, valkey, node_id="node-b")
+    dispatcher = Dispatcher(OPERATIONS)
+    for _ in range(3):
+        assert dispatcher.handle(other, "listStorage", "{}", {})[0] == 200
+        clock.advance(0.4)
+    other.metrics.gauge("data_storage.healthy_status", 0, {"storage": "nfs_01"})
+    other.metrics_publisher.publish()  # what a job does at its end
+    call(client, "listStorage")
+    values = metric_values(call(client, "getMetrics"))
+    assert values[("service.query_counter", (("api_name", "listStorage"),))] == "4"
+    assert values[("data_storage.healthy_status", (("storage", "nfs_01"),))] == 0.0
+    mean = values[("service.query_rt_us", (("api_name", "listStorage"),))]
+    latencies = [p.value for rt in (runtime, other) for p in rt.metrics.snapshot()
+                 if p.name == "service.query_rt_us" and p.tags == (("api_name", "listStorage"),)]
+    assert mean == pytest.approx((latencies[0] * 1 + latencies[1] * 3) / 4)
+
+
+def test_get_metrics_without_valkey_is_service_not_ready(client, runtime, monkeypatch):
+    import redis
+
+    def down(*args, **kwargs):
+        raise redis.ConnectionError("valkey down")
+
+    call(client, "listStorage")
+    monkeypatch.setattr(runtime.metrics_store.client, "hgetall", down)
+    monkeypatch.setattr(runtime.metrics_store, "_add", down)
+    data = call(client, "getMetrics")
+    assert code(data) == "SERVICE_NOT_READY" and "metrics" in message(data)
+    monkeypatch.undo()
+    values = metric_values(call(client, "getMetrics"))  # nothing was lost meanwhile
+    assert values[("service.query_counter", (("api_name", "listStorage"),))] == "1"
+    assert values[("service.error_counter", (("api_name", "getMetrics"), ("code", "SERVICE_NOT_READY")))] == "1"
+
+
 def test_check_health(client, runtime, clock):
     data = call(client, "checkHealth")
     assert (code(data), data["is_health"], data["is_leader"], data["elector_last_loop_time_ms"]) == (

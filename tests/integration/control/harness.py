@@ -44,8 +44,9 @@ def serialize_transactions(monkeypatch) -> None:
 
 def build_runtime(valkey_url: str, clock, valkey, **settings: Any) -> Runtime:
     """A Runtime on the test Valkey and moto (the control table created)."""
-    rt = Runtime(settings=Settings(control_table=TABLE, valkey_url=valkey_url, key_prefix="kvcmtest",
-                                   node_id="node-a", **settings), clock=clock, valkey=valkey)
+    settings.setdefault("node_id", "node-a")
+    rt = Runtime(settings=Settings(control_table=TABLE, valkey_url=valkey_url, key_prefix="kvcmtest", **settings),
+                 clock=clock, valkey=valkey)
     ensure_table(rt.aws("dynamodb"), TABLE)
     return rt
 

@@ -1,0 +1,63 @@
+"""Service-wide metrics in one Valkey hash: what every container published.
+
+Fields are a kind letter then the JSON ``[name, tags]``: ``c`` counter, ``s`` sum and
+``n`` count of a mean's samples, ``g`` gauge. One script call adds a container's changes
+atomically.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import redis
+
+from ..observability.metrics import MetricKey, MetricPoint, MetricsDelta
+from .errors import IndexUnavailableError
+
+_SCRIPT = (Path(__file__).with_name("lua") / "metrics_add.lua").read_text()
+
+
+def _field(kind: str, key: MetricKey) -> str:
+    name, tags = key
+    return kind + json.dumps([name, [list(t) for t in tags]], separators=(",", ":"))
+
+
+def _key_of(field: str) -> MetricKey:
+    name, tags = json.loads(field[1:])
+    return name, tuple((k, v) for k, v in tags)
+
+
+class MetricsStore:
+    """Adds containers' metric changes up; reads the service's metrics."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.key = f"{{{prefix}:metrics}}"
+        self._add = client.register_script(_SCRIPT)
+
+    def add(self, delta: MetricsDelta) -> None:
+        """Add ``delta`` (counters, sums and counts added, gauges set) in one atomic step."""
+        args: list = []
+        for kind, op, values in (("c", "i", delta.counters), ("s", "f", delta.sums), ("n", "i", delta.counts),
+                                 ("g", "s", delta.gauges)):
+            for key, value in values.items():
+                args += [op, _field(kind, key), repr(float(value)) if op != "i" else int(value)]
+        if args:
+            try:
+                self._add(keys=[self.key], args=args)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise IndexUnavailableError(f"metrics store unavailable: {exc}") from None
+
+    def points(self) -> list[MetricPoint]:
+        """Every metric of the service."""
+        try:
+            raw = self.client.hgetall(self.key)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise IndexUnavailableError(f"metrics store unavailable: {exc}") from None
+        totals = MetricsDelta()
+        parts = {"c": totals.counters, "s": totals.sums, "n": totals.counts, "g": totals.gauges}
+        for field, value in raw.items():
+            text = field.decode()
+            target = parts[text[0]]
+            target[_key_of(text)] = int(value) if text[0] in "cn" else float(value)
+        return totals.points()

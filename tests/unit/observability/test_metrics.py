@@ -1,0 +1,57 @@
+"""The metrics registry's pending changes and the publisher's period (pure logic)."""
+from chalicelib.clock import ManualClock
+from chalicelib.observability.metrics import COUNTER, GAUGE, MEAN, MetricsDelta, MetricsPublisher, MetricsRegistry
+
+TAGS = {"api_name": "x"}
+KEY = ("c", (("api_name", "x"),))
+
+
+def test_drain_hands_over_the_changes_once_and_keeps_the_totals():
+    registry = MetricsRegistry()
+    registry.incr("c", 2, TAGS)
+    registry.observe("m", 10)
+    registry.observe("m", 20)
+    registry.gauge("g", 1)
+    delta = registry.drain()
+    assert delta.counters == {KEY: 2} and delta.sums == {("m", ()): 30} and delta.counts == {("m", ()): 2}
+    assert delta.gauges == {("g", ()): 1}
+    assert not registry.drain()
+    registry.incr("c", 1, TAGS)
+    assert registry.drain().counters == {KEY: 1}
+    assert registry.value("c", TAGS) == 3 and registry.value("m") == 15
+    assert [(p.name, p.kind) for p in registry.snapshot()] == [("c", COUNTER), ("g", GAUGE), ("m", MEAN)]
+
+
+def test_restored_changes_add_to_newer_ones_and_newer_gauges_win():
+    registry = MetricsRegistry()
+    registry.incr("c", 2, TAGS)
+    registry.gauge("g", 1)
+    failed = registry.drain()
+    registry.incr("c", 3, TAGS)
+    registry.gauge("g", 5)
+    registry.restore(failed)
+    delta = registry.drain()
+    assert delta.counters == {KEY: 5} and delta.gauges == {("g", ()): 5}
+
+
+def test_the_publisher_waits_a_period_unless_forced_and_keeps_what_failed():
+    registry, clock, published = MetricsRegistry(), ManualClock(), []
+    failing = [True]
+
+    def add(delta: MetricsDelta) -> None:
+        if failing[0]:
+            raise ConnectionError("store down")
+        published.append(delta)
+
+    publisher = MetricsPublisher(registry, add, clock, period_s=1.0)
+    registry.incr("c", 1, TAGS)
+    assert publisher.publish(force=False) is False  # the store is down: kept
+    registry.incr("c", 1, TAGS)
+    failing[0] = False
+    assert publisher.publish(force=False) is False and published == []  # not due yet
+    clock.advance(1.0)
+    assert publisher.publish(force=False) is True
+    assert [d.counters for d in published] == [{KEY: 2}]
+    registry.incr("c", 4, TAGS)
+    assert publisher.publish() is True and published[-1].counters == {KEY: 4}  # forced
+    assert publisher.publish() is True and len(published) == 2  # nothing new: nothing sent
