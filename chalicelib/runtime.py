@@ -104,8 +104,10 @@ class Runtime:
     def config(self):
         """Per-container, version-refreshed cache of the control plane for the hot path."""
         from .control import ConfigCache
+        from .observability.logging import apply_level
 
-        return ConfigCache(self.control, clock=self.clock, refresh_s=self.settings.config_refresh_s)
+        return ConfigCache(self.control, clock=self.clock, refresh_s=self.settings.config_refresh_s,
+                           on_log_level=apply_level)
 
     @cached_property
     def auth(self):

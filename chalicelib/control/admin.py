@@ -195,10 +195,12 @@ def update_leader_elector_config(runtime: Runtime, request: UpdateLeaderElectorC
 
 
 def update_logger(runtime: Runtime, request: UpdateLoggerRequest) -> Response:
-    """Set this container's log level (``module_name`` is accepted; KVCM has one logger)."""
+    """Set the service's log level: here at once, in every other API container within the
+    config refresh period (``module_name`` is accepted; KVCM has one logger)."""
     require(request.log_level, "log_level")
     try:
         set_level(request.log_level)
     except ValueError as exc:
         raise InvalidArgumentError(f"field 'log_level': {exc}") from None
+    runtime.control.set_log_level(request.log_level.strip().upper())
     return Response()

@@ -5,7 +5,9 @@ A data-plane call never reads DynamoDB when the cache is warm. At most once ever
 it in the same transaction); when it moved, everything cached is dropped and reloaded
 on demand: storages and groups as one snapshot (two Queries), instances one GetItem each.
 So a change made in another container is seen within ``refresh_s``; a change made through
-this container's ControlPlane is seen by the next call (the plane notifies the cache).
+this container's ControlPlane is seen by the next call (the plane notifies the cache). The
+service's log level (``updateLogger``) travels the same way: it is applied whenever the
+catalog is loaded.
 
 Unknown instances are cached too (as misses), until the next epoch change, so a client
 polling with a bad id costs no DynamoDB reads. If DynamoDB cannot be reached at refresh
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..clock import Clock
 from ..observability.logging import logger
@@ -31,25 +33,30 @@ from .validation import require
 
 @dataclass(frozen=True)
 class _Catalog:
-    """Storages and groups as of one load, with each group's candidate storages resolved."""
+    """Storages, groups and service settings as of one load, with each group's candidate
+    storages resolved."""
 
     storages: dict[str, StorageRecord]
     groups: dict[str, InstanceGroup]
     candidates: dict[str, list[tuple[StorageConfig, bool]]]
+    log_level: Optional[str]
 
     @classmethod
     def load(cls, control: ControlPlane) -> "_Catalog":
         storages = {s.name: s for s in control.list_storages()}
         groups = {g.name: g for g in control.list_groups()}
-        return cls(storages, groups, {name: candidate_storages(g, storages) for name, g in groups.items()})
+        return cls(storages, groups, {name: candidate_storages(g, storages) for name, g in groups.items()},
+                   control.log_level())
 
 
 class ConfigCache:
     """Version-refreshed, thread-safe cache of instances, groups and storages."""
 
     def __init__(self, control: ControlPlane, clock: Clock, refresh_s: float = 2.0,
-                 max_instances: int = 100_000) -> None:
+                 max_instances: int = 100_000, on_log_level: Callable[[str], None] = lambda level: None) -> None:
         self._control = control
+        #: Applies the service's log level, when set, each time the catalog is loaded.
+        self._on_log_level = on_log_level
         self._clock = clock
         self._refresh_s = refresh_s
         self._max_instances = max_instances
@@ -150,4 +157,6 @@ class ConfigCache:
             with self._lock:
                 if self._generation == generation:
                     self._catalog = catalog
+            if catalog.log_level:
+                self._on_log_level(catalog.log_level)
         return catalog

@@ -33,6 +33,7 @@ from .validation import (invalid, require_name, validate_credentials, validate_r
                          validate_storage_config)
 
 STORAGE, STORAGE_REF, GROUP, INSTANCE, ACCOUNT = "STORAGE", "STORAGE_REF", "GROUP", "INSTANCE", "ACCOUNT"
+SETTING = "SETTING"
 
 # Attribute names go through placeholders: several (e.g. GROUP, ROLE) are DynamoDB reserved words.
 _N = {"#pk": "pk", "#doc": "doc", "#ver": "version", "#avail": "available",
@@ -320,6 +321,18 @@ class ControlPlane:
                 if not group or item["group"] == group]
 
     # ---------------------------------------------------------------- accounts
+
+    # ---------------------------------------------------------------- service settings
+
+    def set_log_level(self, level: str) -> None:
+        """The log level every container applies (``updateLogger``); ``level`` is a name
+        ``observability.logging`` accepts."""
+        self._write([put(SETTING, "log_level", {"value": level})])
+
+    def log_level(self) -> Optional[str]:
+        """The level set by ``set_log_level``, or None."""
+        item = self.table.get(SETTING, "log_level")
+        return item["value"] if item else None
 
     def add_account(self, user_name: str, password: str, role: Role) -> None:
         """Add an account; only a salted hash of the password is stored."""

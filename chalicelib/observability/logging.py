@@ -20,6 +20,15 @@ def set_level(name: str) -> None:
     logger.setLevel(level)
 
 
+def apply_level(name: str) -> None:
+    """Like ``set_level`` for a level stored by another container: a name this version does
+    not know is logged, not raised (the caller is serving a request)."""
+    try:
+        set_level(name)
+    except ValueError as exc:
+        logger.warning("stored log level ignored: %s", exc)
+
+
 def access_log(api: str, trace_id: str, code: str, latency_us: int) -> None:
     """One line per API call."""
     logger.info("access", extra={"api": api, "trace_id": trace_id, "code": code, "latency_us": latency_us})

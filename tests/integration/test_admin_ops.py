@@ -131,3 +131,27 @@ def restore_log_level():
 def test_update_logger(client, restore_log_level, name, level):
     assert code(call(client, "updateLogger", {"module_name": "kvcm", "log_level": name})) == "OK"
     assert logger.log_level == level
+
+
+def test_update_logger_reaches_other_containers(client, runtime, clock, valkey, valkey_url, restore_log_level):
+    """The level is stored in the control plane: another container (its own config cache)
+    applies it when its catalog is next loaded, that is within the config refresh period."""
+    from tests.integration.control.harness import build_runtime
+
+    from chalicelib.control.errors import UnknownEntityError
+
+    other = build_runtime(valkey_url, clock, valkey, node_id="node-b")
+
+    def lookup():  # any lookup loads the catalog when it is stale
+        with pytest.raises(UnknownEntityError):
+            other.config.group("g")
+
+    lookup()  # warm: this container loaded its catalog before the change
+    assert code(call(client, "updateLogger", {"log_level": "debug"})) == "OK"
+    logger.setLevel("INFO")  # the process's logger stands for the other container's
+    lookup()
+    assert logger.log_level == 20  # cached: not seen yet
+    clock.advance(other.settings.config_refresh_s)
+    lookup()
+    assert logger.log_level == 10
+    assert runtime.control.log_level() == "DEBUG"

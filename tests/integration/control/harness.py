@@ -130,10 +130,12 @@ def table_items(runtime, pk: str) -> list[dict]:
 
 
 def snapshot(runtime) -> tuple[list, dict]:
-    """Everything the control plane and the lease keep: all table items and Valkey keys."""
+    """Everything the control plane and the lease keep: all table items and Valkey keys
+    (but the metrics, which count refused calls too)."""
     items = runtime.aws("dynamodb").scan(TableName=TABLE, ConsistentRead=True)["Items"]
     valkey = runtime.valkey
-    keys = {key: (valkey.type(key), valkey.dump(key)) for key in sorted(valkey.keys("*"))}
+    keys = {key: (valkey.type(key), valkey.dump(key)) for key in sorted(valkey.keys("*"))
+            if key.decode() != runtime.metrics_store.key}
     return sorted(items, key=lambda i: (i["pk"]["S"], i["sk"]["S"])), keys
 
 
