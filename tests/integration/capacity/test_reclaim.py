@@ -134,6 +134,7 @@ def test_ttl_expires_idle_blocks_whatever_the_watermark(cluster, clock):
     # whole stale chains went (leaf first) in one round; a stale parent with a fresh
     # child stays while the child lives
     assert left == {c[0] for c in fresh} | set(parent_of_fresh + fresh_child)
+    assert not left & {key for chain in stale for key in chain}
     assert report.victims == report.groups[0].instances[0].expired == 15
     cluster.assert_no_orphans("i1")
 
