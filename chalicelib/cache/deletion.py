@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 
 from ..index import BlockIndex, Status, Victim
 from ..index.block_index import MODE_RAW
-from ..index.records import decode_record
+from ..index.records import location_status
 from ..storage.base import BlockRef
 from .context import InstanceContext
 
@@ -44,7 +44,8 @@ class DeletionService:
     def delete(self, ctx: InstanceContext, victims: Sequence[Victim]) -> DeletionReport:
         layout = ctx.layout
         raws = self.index.read_raw(layout, [v.block_key for v in victims], MODE_RAW)
-        claimed = [v for v, raw in zip(victims, raws) if raw is not None and _is_deleting(raw, v.location_id)]
+        claimed = [v for v, raw in zip(victims, raws)
+                   if raw is not None and location_status(raw, v.location_id) == Status.DELETING]
         names = self.index.storage_names(layout) if claimed else {}
         per_storage: dict[str, list[Victim]] = defaultdict(list)
         for v in claimed:
@@ -78,11 +79,6 @@ class DeletionService:
     def _ref(ctx: InstanceContext, v: Victim) -> BlockRef:
         return BlockRef(ctx.instance_id, v.block_key, v.location_id, v.group_id, v.slot,
                         ctx.spec_layout.slots(v.spec_group))
-
-
-def _is_deleting(raw: bytes, location_id: int) -> bool:
-    return any(loc.location_id == location_id and loc.status == Status.DELETING
-               for loc in decode_record(raw).locations)
 
 
 class InlineDeleter:

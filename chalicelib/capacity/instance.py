@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..index import BlockIndex, Victim
+from ..index.records import location_status
 from .policies import Candidate, VictimPolicy
-from .sampling import BucketSampler, SamplingConfig, location_status
+from .sampling import BucketSampler, SamplingConfig
 from .selection import CandidatePool
 from .watermark import Need
 

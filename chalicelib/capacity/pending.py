@@ -15,7 +15,7 @@ from typing import Iterable
 
 from ..index import BlockIndex, InstanceLayout, Status, Usage
 from ..index.block_index import MODE_RAW
-from .sampling import location_status
+from ..index.records import location_status
 
 
 @dataclass(frozen=True)

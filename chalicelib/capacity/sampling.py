@@ -68,14 +68,6 @@ def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, s
     return None
 
 
-def location_status(raw: bytes, location_id: int) -> Optional[Status]:
-    """The status of location ``location_id`` in a record, None when it has no such location."""
-    for off in range(HEADER_LEN, HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
-        if int.from_bytes(raw[off + 3:off + 8], "big") == location_id:
-            return Status(raw[off])
-    return None
-
-
 class BucketSampler:
     """Candidates of one instance, read bucket by bucket. Never reads a bucket twice."""
 

@@ -58,6 +58,15 @@ def decode_location(rec: bytes, offset: int) -> LocationRecord:
                           _u(rec, offset + 8, 6), _u(rec, offset + 14, 2))
 
 
+def location_status(rec: bytes, location_id: int) -> Optional[Status]:
+    """The status of location ``location_id`` in a record, None when it has no such
+    location (reads the few bytes needed: callers check thousands of records)."""
+    for off in range(HEADER_LEN, HEADER_LEN + rec[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
+        if int.from_bytes(rec[off + 3:off + 8], "big") == location_id:
+            return Status(rec[off])
+    return None
+
+
 def decode_record(rec: bytes) -> BlockRecord:
     """Parse one stored record."""
     flags, parent, children, atime, lfu = HEADER.unpack_from(rec, 0)
@@ -97,13 +106,14 @@ class Victim:
         return cls(*(int(v) for v in data))
 
 
+#: A victim descriptor with its 5- and 6-byte fields split in two (struct has no such sizes).
+_VICTIM = struct.Struct(">qBIBBHIH")
+
+
 def decode_victims(blob: bytes) -> list[Victim]:
     """Parse the victims blob a script returned."""
-    out = []
-    for off in range(0, len(blob), VICTIM_LEN):
-        out.append(Victim(int.from_bytes(blob[off:off + 8], "big", signed=True), _u(blob, off + 8, 5),
-                          blob[off + 13], blob[off + 14], _u(blob, off + 15, 6), _u(blob, off + 21, 2)))
-    return out
+    return [Victim(key, (id_hi << 32) | id_lo, sidx, spec_group, (group_hi << 32) | group_lo, slot)
+            for key, id_hi, id_lo, sidx, spec_group, group_hi, group_lo, slot in _VICTIM.iter_unpack(blob)]
 
 
 def encode_victims(victims: list[Victim]) -> bytes:

@@ -2,7 +2,8 @@
 import pytest
 
 from chalicelib.capacity.policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, policy_for
-from chalicelib.capacity.sampling import SamplingConfig, location_status, sweep_buckets, to_candidate
+from chalicelib.capacity.sampling import SamplingConfig, sweep_buckets, to_candidate
+from chalicelib.index.records import location_status
 from chalicelib.index import Status
 from chalicelib.protocol.codes import ReclaimPolicy
 from chalicelib.protocol.models import CacheReclaimStrategy
