@@ -115,11 +115,6 @@ class MetricsRegistry:
         if code != "OK":
             self.incr("service.error_counter", 1, {"api_name": api_name, "code": code})
 
-    def snapshot(self) -> list[MetricPoint]:
-        """This container's metrics."""
-        with self._lock:
-            return self._totals.points()
-
     def value(self, name: str, tags: Optional[dict[str, str]] = None) -> Optional[float]:
         """One metric's value in this container (None when never recorded); for tests and
         health pages."""
@@ -148,8 +143,11 @@ class MetricsPublisher:
 
     def publish(self, force: bool = True) -> bool:
         """Publish the pending changes (when due, or always with ``force``); returns
-        whether the store has every change made before the call."""
-        with self._lock:
+        whether the store has every change made before the call. Unforced, a call while
+        another thread publishes returns at once rather than wait."""
+        if not self._lock.acquire(blocking=force):
+            return False
+        try:
             now = self._clock.now()
             if not force and now < self._next:
                 return False
@@ -164,3 +162,5 @@ class MetricsPublisher:
                 self._registry.restore(delta)
                 logger.warning("metrics not published: %s", exc)
                 return False
+        finally:
+            self._lock.release()

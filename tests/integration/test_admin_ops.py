@@ -49,8 +49,7 @@ def test_get_metrics_adds_up_every_container(client, runtime, clock, valkey, val
     assert values[("service.query_counter", (("api_name", "listStorage"),))] == "4"
     assert values[("data_storage.healthy_status", (("storage", "nfs_01"),))] == 0.0
     mean = values[("service.query_rt_us", (("api_name", "listStorage"),))]
-    latencies = [p.value for rt in (runtime, other) for p in rt.metrics.snapshot()
-                 if p.name == "service.query_rt_us" and p.tags == (("api_name", "listStorage"),)]
+    latencies = [rt.metrics.value("service.query_rt_us", {"api_name": "listStorage"}) for rt in (runtime, other)]
     assert mean == pytest.approx((latencies[0] * 1 + latencies[1] * 3) / 4)
 
 

@@ -15,11 +15,12 @@ def test_drain_hands_over_the_changes_once_and_keeps_the_totals():
     delta = registry.drain()
     assert delta.counters == {KEY: 2} and delta.sums == {("m", ()): 30} and delta.counts == {("m", ()): 2}
     assert delta.gauges == {("g", ()): 1}
+    assert [(p.name, p.kind, p.value) for p in delta.points()] == [("c", COUNTER, 2), ("g", GAUGE, 1),
+                                                                    ("m", MEAN, 15)]
     assert not registry.drain()
     registry.incr("c", 1, TAGS)
     assert registry.drain().counters == {KEY: 1}
-    assert registry.value("c", TAGS) == 3 and registry.value("m") == 15
-    assert [(p.name, p.kind) for p in registry.snapshot()] == [("c", COUNTER), ("g", GAUGE), ("m", MEAN)]
+    assert registry.value("c", TAGS) == 3 and registry.value("m") == 15 and registry.value("g") == 1
 
 
 def test_restored_changes_add_to_newer_ones_and_newer_gauges_win():
@@ -55,3 +56,24 @@ def test_the_publisher_waits_a_period_unless_forced_and_keeps_what_failed():
     registry.incr("c", 4, TAGS)
     assert publisher.publish() is True and published[-1].counters == {KEY: 4}  # forced
     assert publisher.publish() is True and len(published) == 2  # nothing new: nothing sent
+
+
+def test_an_unforced_publication_never_waits_for_another_thread():
+    import threading
+
+    registry, entered, release = MetricsRegistry(), threading.Event(), threading.Event()
+
+    def slow_add(delta: MetricsDelta) -> None:
+        entered.set()
+        release.wait(5)
+
+    publisher = MetricsPublisher(registry, slow_add, ManualClock(), period_s=0)
+    registry.incr("c")
+    worker = threading.Thread(target=publisher.publish)
+    worker.start()
+    assert entered.wait(5)
+    registry.incr("c")
+    assert publisher.publish(force=False) is False  # returns at once: the other thread publishes
+    release.set()
+    worker.join(5)
+    assert registry.drain().counters == {("c", ()): 1}  # still pending for the next one
