@@ -181,8 +181,11 @@ def main() -> None:
             finish_trips = trips.measure(lambda: rt.cache.finish_write_cache(FinishWriteCacheRequest(
                 instance_id="bench", write_session_id=holder["s"].write_session_id,
                 success_blocks=BlockMask(offset=N))))
-            print(f"  getCacheLocation {trips.measure(handler)}, startWriteCache {start_trips}, "
-                  f"finishWriteCache {finish_trips}  (whatever the number of keys)")
+            # Through the dispatcher, which also publishes metrics: once a second per container.
+            calls = 200
+            read_trips = trips.measure(lambda: [handler() for _ in range(calls)])
+            print(f"  getCacheLocation {read_trips / calls:.2f} (over {calls} calls, metrics publications included), "
+                  f"startWriteCache {start_trips}, finishWriteCache {finish_trips}  (whatever the number of keys)")
 
             print("(e) Valkey memory per block, 100,000 two-spec blocks")
             client.execute_command("FLUSHALL", "SYNC")
