@@ -3,7 +3,7 @@ from chalice import Chalice, Rate
 
 from chalicelib.capacity.reclaimer import reclaim_handler
 from chalicelib.routes import admin, debug, meta
-from chalicelib.runtime import get_runtime
+from chalicelib.runtime import get_runtime, job
 from chalicelib.workflows import deletes, health, reaper
 
 # The service logs through Powertools (logger "kvcm"); Chalice must not reconfigure it.
@@ -16,21 +16,25 @@ app.register_blueprint(debug.blueprint)
 # ---------------------------------------------------------------- state machine tasks
 
 @app.lambda_function(name="expire_write_sessions")
+@job
 def expire_write_sessions(event, context):
     return reaper.expire_write_sessions(get_runtime())
 
 
 @app.lambda_function(name="reaper_continue")
+@job
 def reaper_continue(event, context):
     return reaper.reaper_continue(get_runtime(), event)
 
 
 @app.lambda_function(name="delete_batch")
+@job
 def delete_batch(event, context):
     return deletes.delete_batch(get_runtime(), event)
 
 
 @app.lambda_function(name="optimizer_run")
+@job
 def optimizer_run(event, context):
     from chalicelib.optimizer import tasks
 
@@ -38,6 +42,7 @@ def optimizer_run(event, context):
 
 
 @app.lambda_function(name="optimizer_report")
+@job
 def optimizer_report(event, context):
     from chalicelib.optimizer import tasks
 
@@ -47,15 +52,18 @@ def optimizer_report(event, context):
 # ---------------------------------------------------------------- schedules
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")
+@job
 def reaper_watchdog(event):
     return reaper.reaper_watchdog(get_runtime())
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="health_check")
+@job
 def health_check(event):
     return health.run_health_checks(get_runtime())
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reclaim")
+@job
 def reclaim(event):
     return reclaim_handler(get_runtime())

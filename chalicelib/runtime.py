@@ -6,12 +6,15 @@
 """
 from __future__ import annotations
 
+import functools
 import threading
 from functools import cached_property
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from .clock import Clock, SystemClock
 from .settings import Settings
+
+T = TypeVar("T")
 
 
 class Runtime:
@@ -207,6 +210,27 @@ def get_runtime() -> Runtime:
             if _runtime is None:
                 _runtime = Runtime()
     return _runtime
+
+
+def job(handler: Callable[..., T]) -> Callable[..., T]:
+    """A scheduled or state-machine task function with its container's duties around the
+    work: the service's shared settings applied first (the log level ``updateLogger``
+    stored), this container's metrics published last. Neither can fail the job."""
+    @functools.wraps(handler)
+    def run(*args: Any) -> T:
+        runtime = get_runtime()
+        try:
+            runtime.config.sync()
+        except Exception as exc:  # noqa: BLE001 - the job runs on the settings it has
+            from .observability.logging import logger
+
+            logger.warning("shared settings not refreshed: %s", exc)
+        try:
+            return handler(*args)
+        finally:
+            runtime.metrics_publisher.publish()
+
+    return run
 
 
 def set_runtime(runtime: Optional[Runtime]) -> None:

@@ -314,7 +314,6 @@ def reclaim_handler(runtime: Any) -> dict:
         return report.to_dict()
     finally:
         state.round_lock.release()
-        runtime.metrics_publisher.publish()
 
 
 def request_reclaim(runtime: Any, group_name: str) -> None:

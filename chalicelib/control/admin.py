@@ -196,7 +196,8 @@ def update_leader_elector_config(runtime: Runtime, request: UpdateLeaderElectorC
 
 def update_logger(runtime: Runtime, request: UpdateLoggerRequest) -> Response:
     """Set the service's log level: here at once, in every other API container within the
-    config refresh period (``module_name`` is accepted; KVCM has one logger)."""
+    config refresh period, in scheduled and task functions at their next run
+    (``module_name`` is accepted; KVCM has one logger)."""
     require(request.log_level, "log_level")
     try:
         set_level(request.log_level)

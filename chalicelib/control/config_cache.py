@@ -7,7 +7,7 @@ on demand: storages and groups as one snapshot (two Queries), instances one GetI
 So a change made in another container is seen within ``refresh_s``; a change made through
 this container's ControlPlane is seen by the next call (the plane notifies the cache). The
 service's log level (``updateLogger``) travels the same way: it is applied whenever the
-catalog is loaded.
+catalog is loaded (``sync`` loads it for containers that make no lookups).
 
 Unknown instances are cached too (as misses), until the next epoch change, so a client
 polling with a bad id costs no DynamoDB reads. If DynamoDB cannot be reached at refresh
@@ -110,6 +110,11 @@ class ConfigCache:
         if group not in catalog.candidates:
             raise UnknownEntityError(f"instance group '{group}' does not exist")
         return list(catalog.candidates[group])
+
+    def sync(self) -> None:
+        """Bring the catalog up to date, and with it the service settings it applies, for
+        a container that makes no lookups of its own (scheduled jobs)."""
+        self._current()
 
     def invalidate(self) -> None:
         """Drop everything; the next lookup reloads (tests, or after an out-of-band change)."""

@@ -4,8 +4,8 @@ service whichever container answers: counters and means summed over every contai
 gauges as last set anywhere.
 
 A container publishes at most once per ``period_s`` on the request path (one round trip
-a second at most), and at the end of every scheduled job. A change that could not be
-published is kept and goes with the next publication.
+a second at most), and at the end of every scheduled or task function (``runtime.job``).
+A change that could not be published is kept and goes with the next publication.
 """
 from __future__ import annotations
 

@@ -40,6 +40,5 @@ def run_health_checks(runtime) -> dict:
     names = {b.name for b in backends}
     store.save({name: tracker.status(name) for name in names})
     store.forget(set(saved) - names)
-    runtime.metrics_publisher.publish()
     return {"probed": len(backends), "changes": changes,
             "unavailable": sorted(n for n in names if not tracker.is_available(n))}

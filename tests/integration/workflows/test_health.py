@@ -39,3 +39,23 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     rt.contexts.forget("i1")
     read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="i1", query_type=2, block_keys=[1]))
     assert len(read.locations) == 1
+
+
+def test_scheduled_functions_apply_the_stored_log_level_and_publish_their_metrics(stack):
+    """What ``@job`` adds around every scheduled and task function of the app."""
+    from app import app
+    from chalicelib.clock import SystemClock
+    from chalicelib.local.scheduler import scheduled_event
+    from chalicelib.observability.logging import logger
+
+    rt = stack.runtime
+    level = logger.log_level
+    try:
+        rt.control.set_log_level("ERROR")
+        logger.setLevel("INFO")  # this container started before the change
+        app.handler_map["health_check"](scheduled_event("health_check", "us-east-1", SystemClock()), None)
+        assert logger.log_level == 40
+    finally:
+        logger.setLevel(level)
+    published = {(p.name, p.tags): p.value for p in rt.metrics_store.points()}
+    assert published[("data_storage.healthy_status", (("storage", "nfs_01"),))] == 1.0
