@@ -2,7 +2,7 @@
 from chalice import Chalice, Rate
 
 from chalicelib.capacity.reclaimer import reclaim_handler
-from chalicelib.routes import admin, debug, meta
+from chalicelib.routes import admin, debug, meta, ops
 from chalicelib.runtime import get_runtime, job
 from chalicelib.workflows import deletes, health, reaper
 
@@ -11,6 +11,7 @@ app = Chalice(app_name="kvcm", configure_logs=False)
 app.register_blueprint(meta.blueprint)
 app.register_blueprint(admin.blueprint)
 app.register_blueprint(debug.blueprint)
+app.register_blueprint(ops.blueprint)
 
 
 # ---------------------------------------------------------------- state machine tasks

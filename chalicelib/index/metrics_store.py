@@ -50,6 +50,10 @@ class MetricsStore:
 
     def points(self) -> list[MetricPoint]:
         """Every metric of the service."""
+        return self.totals().points()
+
+    def totals(self) -> MetricsDelta:
+        """Every metric of the service as totals: counters, sums and counts, gauges."""
         try:
             raw = self.client.hgetall(self.key)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -60,4 +64,4 @@ class MetricsStore:
             text = field.decode()
             target = parts[text[0]]
             target[_key_of(text)] = int(value) if text[0] in "cn" else float(value)
-        return totals.points()
+        return totals
