@@ -28,7 +28,7 @@ def metrics_text(runtime: Runtime, headers) -> tuple[int, str]:
     except Exception as exc:  # noqa: BLE001 - a scrape gets a status, never a 500 traceback
         code, message = status_of(exc)
         status = http_status_of(exc)
-        if status == 200:  # errors of the JSON API that answer 200 there: the store is down
+        if status == 200:  # the JSON API reports these in the body; a scrape needs a failing status
             status = 503
             if code == ErrorCode.INTERNAL_ERROR:
                 logger.exception("metrics scrape failed")
