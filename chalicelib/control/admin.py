@@ -10,7 +10,7 @@ from typing import Callable, TypeVar
 
 from ..clock import now_ms, now_us
 from ..observability.logging import logger, set_level
-from ..observability.metrics import COUNTER
+from ..observability.metrics import COUNTER, MetricsDelta
 from ..protocol.errors import InvalidArgumentError, NotLeaderError, ServiceNotReadyError
 from ..protocol.models import (AddAccountRequest, CheckHealthResponse, CreateInstanceGroupRequest,
                                DeleteAccountRequest, GetInstanceGroupResponse, GetManagerClusterInfoResponse,
@@ -121,18 +121,23 @@ def list_account(runtime: Runtime, request: ListRequest) -> ListAccountResponse:
 # ------------------------------------------------------------------ metrics and health
 
 
-def get_metrics(runtime: Runtime, request: ListRequest) -> GetMetricsResponse:
-    """The service's metrics, every container's added up: counters as ``int_value``, means
-    and gauges as ``float_value``."""
+def service_metrics(runtime: Runtime) -> MetricsDelta:
+    """Every container's metrics added up, this one's latest changes included (getMetrics,
+    ``GET /metrics``); ServiceNotReadyError when the store cannot be reached."""
     if not runtime.metrics_publisher.publish():
         raise ServiceNotReadyError("metrics store unavailable: this container's latest metrics are not published")
+    return runtime.metrics_store.totals()
+
+
+def get_metrics(runtime: Runtime, request: ListRequest) -> GetMetricsResponse:
+    """The service's metrics: counters as ``int_value``, means and gauges as ``float_value``."""
     metrics = [
         MetricsData(
             metric_name=point.name,
             metric_value=(MetricValue(int_value=int(point.value)) if point.kind == COUNTER
                           else MetricValue(float_value=float(point.value))),
             metric_tags=[MetricsTag(tag_key=k, tag_value=v) for k, v in point.tags])
-        for point in runtime.metrics_store.points()]
+        for point in service_metrics(runtime).points()]
     return GetMetricsResponse(timestamp=now_ms(runtime.clock), metrics=metrics)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from ..observability.metrics import MetricKey, MetricPoint, MetricsDelta
+from ..observability.metrics import MetricKey, MetricsDelta
 from .errors import IndexUnavailableError
 
 _SCRIPT = (Path(__file__).with_name("lua") / "metrics_add.lua").read_text()
@@ -47,10 +47,6 @@ class MetricsStore:
                 self._add(keys=[self.key], args=args)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise IndexUnavailableError(f"metrics store unavailable: {exc}") from None
-
-    def points(self) -> list[MetricPoint]:
-        """Every metric of the service."""
-        return self.totals().points()
 
     def totals(self) -> MetricsDelta:
         """Every metric of the service as totals: counters, sums and counts, gauges."""

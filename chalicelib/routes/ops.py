@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from chalice import Blueprint, Response
 
+from ..control import admin
 from ..observability.logging import logger
 from ..observability.prometheus import CONTENT_TYPE, exposition
 from ..protocol.codes import ErrorCode
-from ..protocol.errors import ServiceNotReadyError, http_status_of, status_of
+from ..protocol.errors import http_status_of, status_of
 from ..runtime import Runtime, get_runtime
 
 blueprint = Blueprint(__name__)
@@ -22,9 +23,7 @@ def metrics_text(runtime: Runtime, headers) -> tuple[int, str]:
     try:
         if runtime.settings.auth_enabled:
             runtime.auth.authorize(headers, "admin")
-        if not runtime.metrics_publisher.publish():
-            raise ServiceNotReadyError("metrics store unavailable: this container's latest metrics are not published")
-        return 200, exposition(runtime.metrics_store.totals(), prefix=runtime.settings.key_prefix)
+        return 200, exposition(admin.service_metrics(runtime), prefix=runtime.settings.key_prefix)
     except Exception as exc:  # noqa: BLE001 - a scrape gets a status, never a 500 traceback
         code, message = status_of(exc)
         status = http_status_of(exc)

@@ -211,25 +211,32 @@ def test_each_submission_is_published_as_an_event(cluster, clock):
     assert len(set(submitted)) == 5 and not set(submitted) & set(cluster.records("i1"))
 
 
+def race_before_mark(index, action) -> None:
+    """Run ``action(block_keys)`` between the reclaimer's sampling and its next mark."""
+    real_mark = index.mark_deleting
+
+    def racing_mark(layout, block_keys, *args, **kwargs):
+        index.mark_deleting = real_mark
+        action(block_keys)
+        return real_mark(layout, block_keys, *args, **kwargs)
+
+    index.mark_deleting = racing_mark
+
+
 def test_a_concurrently_rewritten_block_is_left_alone(cluster, index):
     """The compare-and-set: a victim is taken only if its sampled location still serves."""
     cluster.group = make_group(capacity_blocks=4, used_percentage=0.5, step_percentage=100)
     ctx = cluster.add_instance("i1", bucket_bits=4)
     cluster.chains("i1", count=4, length=1)
     reclaimer = cluster.reclaimer()
-    real_mark = index.mark_deleting
     rewritten = []
 
-    def racing_mark(layout, block_keys, expected_locations=None, serving_only=False, max_children=None):
-        # between sampling and marking, another call removes and rewrites the first key
-        index.mark_deleting = real_mark
-        victims = real_mark(layout, [block_keys[0]])
-        DeletionService(index).delete(ctx, victims)
+    def rewrite_first(block_keys):  # another call removes and rewrites the first key
+        DeletionService(index).delete(ctx, index.mark_deleting(ctx.layout, [block_keys[0]]))
         cluster.write("i1", [block_keys[0]])
         rewritten.append((block_keys[0], cluster.records("i1")[block_keys[0]].locations[0].location_id))
-        return real_mark(layout, block_keys, expected_locations, serving_only, max_children)
 
-    index.mark_deleting = racing_mark
+    race_before_mark(index, rewrite_first)
     report = reclaimer.run_round()
     (key, location_id), = rewritten
     records = cluster.records("i1")
@@ -245,18 +252,14 @@ def test_a_leaf_that_gains_a_child_before_its_mark_is_left_alone(cluster, index)
     cluster.add_instance("i1", bucket_bits=4)
     cluster.chains("i1", count=4, length=1)
     reclaimer = cluster.reclaimer()
-    real_mark = index.mark_deleting
     extended = []
 
-    def racing_mark(layout, block_keys, expected_locations=None, serving_only=False, max_children=None):
-        # between sampling and marking, an engine writes a block after the first key
-        index.mark_deleting = real_mark
+    def extend_first(block_keys):  # an engine writes a block after the first key
         child = cluster.keys(1)[0]
         cluster.write("i1", [block_keys[0], child])
         extended.append((block_keys[0], child))
-        return real_mark(layout, block_keys, expected_locations, serving_only, max_children)
 
-    index.mark_deleting = racing_mark
+    race_before_mark(index, extend_first)
     reclaimer.run_round()
     (parent, child), = extended
     records = cluster.records("i1")

@@ -57,5 +57,5 @@ def test_scheduled_functions_apply_the_stored_log_level_and_publish_their_metric
         assert logger.log_level == 40
     finally:
         logger.setLevel(level)
-    published = {(p.name, p.tags): p.value for p in rt.metrics_store.points()}
+    published = {(p.name, p.tags): p.value for p in rt.metrics_store.totals().points()}
     assert published[("data_storage.healthy_status", (("storage", "nfs_01"),))] == 1.0
