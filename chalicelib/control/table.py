@@ -202,7 +202,9 @@ class ControlTable:
 
     def epoch(self) -> int:
         """The config epoch: grows by one with every write (0 before the first)."""
-        return sum(int(item["epoch"]) for item in self.query(EPOCH_PK))
+        # A shard item without the attribute counts 0: moto's transactions create an updated
+        # item before applying the update, so a concurrent Query can see the bare key.
+        return sum(int(item.get("epoch", 0)) for item in self.query(EPOCH_PK))
 
     def write(self, ops: list[Op]) -> None:
         """Apply ``ops`` and bump the epoch atomically.
