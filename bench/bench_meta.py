@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -25,12 +24,6 @@ from bench._common import row, timeit_interleaved, timeit_us, valkey_server  # n
 
 N = 128
 SPECS = [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RoundTrips:
@@ -53,13 +46,12 @@ class RoundTrips:
 
 
 def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
-    from moto.server import ThreadedMotoServer
+    from chalicelib.local.aws import DUMMY_CREDENTIALS, LocalAws
 
-    port = free_port()
-    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "x",
-                       "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "MOTO_PORT": str(port)})
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    aws = LocalAws(port=0, region="us-east-1")
+    endpoint = aws.start()
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region,
+                       "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS})
     from chalicelib.control import ensure_table
     from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
     from chalicelib.runtime import Runtime, set_runtime
@@ -78,7 +70,7 @@ def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
         {"instance_group": "g", "instance_id": "bench", "block_size": 16, "location_spec_infos": SPECS,
          "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
     set_runtime(rt)
-    return rt, server
+    return rt, aws
 
 
 def write_blocks(rt, keys) -> None:
@@ -101,7 +93,7 @@ def upstream_location_json(key: int) -> str:
 def main() -> None:
     trips = RoundTrips()
     with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
-        rt, moto = build_runtime(client, data_dir, capacity_blocks=100_000)
+        rt, aws = build_runtime(client, data_dir, capacity_blocks=100_000)
         try:
             from chalicelib.index.block_index import MODE_PREFIX
             from chalicelib.routes.meta import OPERATIONS
@@ -210,7 +202,7 @@ def main() -> None:
                       kvcm_bytes, upstream_bytes, unit="B"))
             print("targets: (a) ≤ 1.5× MGET, (b) ≤ 3× MGET, (e) ≤ 64 B per block")
         finally:
-            moto.stop()
+            aws.stop()
 
 
 if __name__ == "__main__":
