@@ -24,7 +24,7 @@ from typing import Iterator, Optional, Sequence
 import redis
 
 from ..clock import Clock
-from .errors import IndexUnavailableError, QuotaExceededError, WriteSessionError
+from .errors import QuotaExceededError, WriteSessionError, valkey_errors
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -174,10 +174,8 @@ class BlockIndex:
         return InstanceLayout(self.prefix, instance_id, bucket_bits)
 
     def _call(self, script, keys, args):
-        try:
+        with valkey_errors("index"):
             return script(keys=keys, args=args)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
     # ---------------------------------------------------------------- reads
 
@@ -230,7 +228,8 @@ class BlockIndex:
 
     def session(self, layout: InstanceLayout, session_id: str) -> Optional[Session]:
         """A write session's deadline and (key, location id) entries, or None."""
-        deadline, raw = self.client.hmget(layout.session(session_id), "d", "k")
+        with valkey_errors("index"):
+            deadline, raw = self.client.hmget(layout.session(session_id), "d", "k")
         if deadline is None:
             return None
         entries = [(int.from_bytes(raw[o:o + 8], "big", signed=True), int.from_bytes(raw[o + 8:o + 13], "big"))
@@ -259,7 +258,9 @@ class BlockIndex:
         for instance_id in instance_ids:
             pipe.zrangebyscore(InstanceLayout(self.prefix, instance_id, 0).key("sd"), "-inf", now_ms,
                                start=0, num=limit)
-        return {i: [s.decode() for s in due] for i, due in zip(instance_ids, pipe.execute()) if due}
+        with valkey_errors("index"):
+            results = pipe.execute()
+        return {i: [s.decode() for s in due] for i, due in zip(instance_ids, results) if due}
 
     def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int],
                       expected_locations: Optional[Sequence[int]] = None,
@@ -289,12 +290,15 @@ class BlockIndex:
 
     def orphan_groups(self, layout: InstanceLayout) -> list[tuple[int, int]]:
         """Packed groups whose last block is gone and whose files are not deleted yet."""
-        return [(m[0], int.from_bytes(m[1:7], "big")) for m in self.client.smembers(layout.key("og"))]
+        with valkey_errors("index"):
+            members = self.client.smembers(layout.key("og"))
+        return [(m[0], int.from_bytes(m[1:7], "big")) for m in members]
 
     def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
         """Called once the files of ``groups`` are deleted."""
         if groups:
-            self.client.srem(layout.key("og"), *[bytes((s,)) + g.to_bytes(6, "big") for s, g in groups])
+            with valkey_errors("index"):
+                self.client.srem(layout.key("og"), *[bytes((s,)) + g.to_bytes(6, "big") for s, g in groups])
 
     # ---------------------------------------------------------------- usage and tables
 
@@ -305,21 +309,22 @@ class BlockIndex:
         pipe = self.client.pipeline(transaction=False)
         pipe.hsetnx(meta, "bits", wanted)
         pipe.hget(meta, "bits")
-        return int(pipe.execute()[1])
+        with valkey_errors("index"):
+            return int(pipe.execute()[1])
 
     def usage(self, layouts: Sequence[InstanceLayout]) -> list[Usage]:
         """Usage of several instances in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for layout in layouts:
             pipe.hgetall(layout.key("u"))
-        try:
-            return [Usage.from_hash(raw) for raw in pipe.execute()]
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+        with valkey_errors("index"):
+            results = pipe.execute()
+        return [Usage.from_hash(raw) for raw in results]
 
     def storage_names(self, layout: InstanceLayout) -> dict[int, str]:
         """Storage index → storage name, as assigned by starts (append-only)."""
-        raw = self.client.hgetall(layout.key("st"))
+        with valkey_errors("index"):
+            raw = self.client.hgetall(layout.key("st"))
         return {int(k[1:]): v.decode() for k, v in raw.items() if k.startswith(b"#")}
 
     # ---------------------------------------------------------------- scans
@@ -331,23 +336,27 @@ class BlockIndex:
             pipe = self.client.pipeline(transaction=False)
             for b in buckets[start:start + batch]:
                 pipe.hgetall(b)
-            for contents in pipe.execute():
+            with valkey_errors("index"):
+                results = pipe.execute()
+            for contents in results:
                 for fld, rec in contents.items():
                     yield int.from_bytes(fld, "big", signed=True), rec
 
     def sample_bucket(self, layout: InstanceLayout, bucket: int) -> list[tuple[int, bytes]]:
         """Every (block key, raw record) of one bucket."""
-        contents = self.client.hgetall(layout.bucket(bucket))
+        with valkey_errors("index"):
+            contents = self.client.hgetall(layout.bucket(bucket))
         return [(int.from_bytes(f, "big", signed=True), r) for f, r in contents.items()]
 
     def drop_all(self, layout: InstanceLayout) -> None:
         """Delete an instance's blocks, sessions and usage (metadata only). The small meta
         hash and the storage table stay: bucket bits, location ids and storage indexes must
         never restart, or a late deletion of an old location could match a new one."""
-        sessions = [layout.session(sid.decode()) for sid in self.client.zrange(layout.key("sd"), 0, -1)]
-        keys = layout.all_buckets() + sessions + [layout.key(s) for s in ("u", "g", "og", "sd")]
-        for start in range(0, len(keys), 1000):
-            self.client.unlink(*keys[start:start + 1000])
+        with valkey_errors("index"):
+            sessions = [layout.session(sid.decode()) for sid in self.client.zrange(layout.key("sd"), 0, -1)]
+            keys = layout.all_buckets() + sessions + [layout.key(s) for s in ("u", "g", "og", "sd")]
+            for start in range(0, len(keys), 1000):
+                self.client.unlink(*keys[start:start + 1000])
 
     # ---------------------------------------------------------------- reclaim support
     # Added for chalicelib.capacity (the reclaimer): bounded reads of a few buckets, the
@@ -360,23 +369,23 @@ class BlockIndex:
         pipe = self.client.pipeline(transaction=False)
         for b in buckets:
             pipe.hgetall(layout.bucket(b))
-        try:
+        with valkey_errors("index"):
             contents = pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise IndexUnavailableError(f"index unavailable: {exc}") from None
         return [(int.from_bytes(f, "big", signed=True), r) for c in contents for f, r in c.items()]
 
     def storage_table(self, layout: InstanceLayout) -> dict[int, tuple[str, str]]:
         """Storage index → (storage name, storage type name), as assigned by starts: the
         type usage counters were charged to (lua/start.lua, lua/drop.lua)."""
-        raw = self.client.hgetall(layout.key("st"))
+        with valkey_errors("index"):
+            raw = self.client.hgetall(layout.key("st"))
         return {int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode())
                 for k, v in raw.items() if k.startswith(b"#")}
 
     def advance_sweep(self, layout: InstanceLayout, count: int) -> int:
         """Claim the next ``count`` buckets of the instance's reclaim sweep (a cursor kept in
         Valkey, so successive rounds on any node cover every bucket); returns the first."""
-        end = self.client.hincrby(layout.key("m"), "sweep", count)
+        with valkey_errors("index"):
+            end = self.client.hincrby(layout.key("m"), "sweep", count)
         return (end - count) % layout.bucket_count
 
     @property
@@ -385,12 +394,14 @@ class BlockIndex:
 
     def request_reclaim(self, group: str) -> None:
         """Ask the reclaimer to look at ``group`` in its next round."""
-        self.client.sadd(self._reclaim_wake_key, group)
+        with valkey_errors("index"):
+            self.client.sadd(self._reclaim_wake_key, group)
 
     def take_reclaim_requests(self) -> set[str]:
         """The groups asked for since the last call, read and cleared atomically."""
         pipe = self.client.pipeline(transaction=True)
         pipe.smembers(self._reclaim_wake_key)
         pipe.delete(self._reclaim_wake_key)
-        members, _ = pipe.execute()
+        with valkey_errors("index"):
+            members, _ = pipe.execute()
         return {m.decode() for m in members}

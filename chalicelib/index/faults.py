@@ -7,6 +7,7 @@ import redis
 
 from ..protocol.codes import FaultTriggerStrategy, FaultType
 from ..protocol.errors import InjectedFaultError
+from .errors import valkey_errors
 
 
 class FaultRegistry:
@@ -18,14 +19,17 @@ class FaultRegistry:
 
     def inject(self, api_name: str, fault_type: FaultType, strategy: FaultTriggerStrategy,
                trigger_at_call: int) -> None:
-        self.client.hset(self.key, api_name, json.dumps(
-            {"type": fault_type.name, "strategy": strategy.name, "at": trigger_at_call}))
+        with valkey_errors("fault registry"):
+            self.client.hset(self.key, api_name, json.dumps(
+                {"type": fault_type.name, "strategy": strategy.name, "at": trigger_at_call}))
 
     def remove(self, api_name: str) -> bool:
-        return bool(self.client.hdel(self.key, api_name))
+        with valkey_errors("fault registry"):
+            return bool(self.client.hdel(self.key, api_name))
 
     def clear(self) -> None:
-        self.client.delete(self.key)
+        with valkey_errors("fault registry"):
+            self.client.delete(self.key)
 
     def check(self, api_name: str, trace_id: str) -> None:
         """Raise the fault injected for ``api_name``, if it triggers for this call.
@@ -33,7 +37,8 @@ class FaultRegistry:
         ONCE triggers only when the integer after the last ``_`` of ``trace_id`` equals
         ``trigger_at_call`` (upstream's rule); ALWAYS on every call.
         """
-        raw = self.client.hget(self.key, api_name)
+        with valkey_errors("fault registry"):
+            raw = self.client.hget(self.key, api_name)
         if raw is None:
             return
         fault = json.loads(raw)

@@ -16,15 +16,12 @@ Keys share the hash tag ``{<prefix>:lease}`` (one cluster slot):
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
-
-import redis
+from typing import Any, Optional
 
 from ..clock import Clock, now_ms, now_us
 from ..protocol.errors import InvalidArgumentError
-from .errors import IndexUnavailableError
+from .errors import valkey_errors
 
 # KEYS: holder, state. ARGV: node id, ttl ms, now ms, may campaign (1/0), default delay ms.
 # Extends the lease if we hold it, else takes it if free and we may campaign; records the
@@ -64,14 +61,6 @@ class LeaseStatus:
     expires_at_us: int
 
 
-@contextmanager
-def _valkey_errors() -> Iterator[None]:
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise IndexUnavailableError(f"Valkey unreachable (lease): {exc}") from exc
-
-
 class Lease:
     """This node's view of the background-job lease. Thread-safe."""
 
@@ -104,7 +93,7 @@ class Lease:
 
     def _run_step(self, may_campaign: bool) -> bool:
         now = now_ms(self._clock)
-        with _valkey_errors():
+        with valkey_errors("lease store"):
             held, delay = self._step(keys=[self._holder_key, self._state_key],
                                      args=[self.node_id, self.ttl_ms, now, int(may_campaign), self._default_delay_ms])
         with self._lock:
@@ -117,7 +106,7 @@ class Lease:
         """Give the lease up if this node holds it (compare-and-delete); True if it did.
         Either way this node then waits the campaign delay before campaigning again."""
         now = now_ms(self._clock)
-        with _valkey_errors():
+        with valkey_errors("lease store"):
             released, delay = self._release(keys=[self._holder_key, self._state_key],
                                             args=[self.node_id, self._default_delay_ms])
         with self._lock:
@@ -127,7 +116,7 @@ class Lease:
 
     def status(self) -> LeaseStatus:
         """Holder and expiry, read atomically."""
-        with _valkey_errors():
+        with valkey_errors("lease store"):
             pipe = self._valkey.pipeline(transaction=True)
             pipe.get(self._holder_key)
             pipe.pttl(self._holder_key)
@@ -151,7 +140,7 @@ class Lease:
 
     def campaign_delay_ms(self) -> int:
         """How long a node waits after losing or releasing the lease before campaigning."""
-        with _valkey_errors():
+        with valkey_errors("lease store"):
             raw = self._valkey.hget(self._state_key, "campaign_delay_ms")
         return int(raw) if raw is not None else self._default_delay_ms
 
@@ -159,11 +148,11 @@ class Lease:
         """Change the campaign delay for every node."""
         if delay_ms < 0:
             raise InvalidArgumentError(f"field 'campaign_delay_time_ms' must be >= 0, got {delay_ms}")
-        with _valkey_errors():
+        with valkey_errors("lease store"):
             self._valkey.hset(self._state_key, "campaign_delay_ms", delay_ms)
 
     def last_loop_time_ms(self) -> int:
         """When any node last ran an elector step (ms since the epoch, 0 if never)."""
-        with _valkey_errors():
+        with valkey_errors("lease store"):
             raw = self._valkey.hget(self._state_key, "last_loop_ms")
         return int(raw) if raw is not None else 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 
 from ..observability.metrics import MetricKey, MetricsDelta
-from .errors import IndexUnavailableError
+from .errors import valkey_errors
 
 _SCRIPT = (Path(__file__).with_name("lua") / "metrics_add.lua").read_text()
 
@@ -43,17 +43,13 @@ class MetricsStore:
             for key, value in values.items():
                 args += [op, _field(kind, key), repr(float(value)) if op != "i" else int(value)]
         if args:
-            try:
+            with valkey_errors("metrics store"):
                 self._add(keys=[self.key], args=args)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise IndexUnavailableError(f"metrics store unavailable: {exc}") from None
 
     def totals(self) -> MetricsDelta:
         """Every metric of the service as totals: counters, sums and counts, gauges."""
-        try:
+        with valkey_errors("metrics store"):
             raw = self.client.hgetall(self.key)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise IndexUnavailableError(f"metrics store unavailable: {exc}") from None
         totals = MetricsDelta()
         parts = {"c": totals.counters, "s": totals.sums, "n": totals.counts, "g": totals.gauges}
         for field, value in raw.items():

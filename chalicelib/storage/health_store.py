@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping
 
+from ..index.errors import valkey_errors
 from .health import StorageHealth
 
 
@@ -16,16 +17,20 @@ class HealthStore:
         self.key = f"{prefix}:storage-health"
 
     def load(self) -> dict[str, StorageHealth]:
-        return {name.decode(): StorageHealth(**json.loads(raw)) for name, raw in self.client.hgetall(self.key).items()}
+        with valkey_errors("storage health store"):
+            raw_states = self.client.hgetall(self.key)
+        return {name.decode(): StorageHealth(**json.loads(raw)) for name, raw in raw_states.items()}
 
     def save(self, states: Mapping[str, StorageHealth]) -> None:
         if states:
-            self.client.hset(self.key, mapping={name: json.dumps(state.__dict__) for name, state in states.items()})
+            with valkey_errors("storage health store"):
+                self.client.hset(self.key, mapping={name: json.dumps(state.__dict__) for name, state in states.items()})
 
     def forget(self, names: Iterable[str]) -> None:
         names = list(names)
         if names:
-            self.client.hdel(self.key, *names)
+            with valkey_errors("storage health store"):
+                self.client.hdel(self.key, *names)
 
     def unhealthy(self) -> set[str]:
         """Names of the storages whose probes put them out of service."""
