@@ -16,7 +16,7 @@ from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, 
 from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.records import decode_record
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
-from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
+from ..protocol.errors import CapacityExceededError, InvalidArgumentError, KvcmError, StorageIOError
 from ..protocol.models import (
     CacheLocations,
     FinishWriteCacheRequest,
@@ -31,6 +31,7 @@ from ..protocol.models import (
     StartWriteCacheResponse,
     TrimCacheRequest,
 )
+from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
 from ..settings import Settings
 from ..storage.base import BlockRef
@@ -222,7 +223,14 @@ class CacheService:
                 unused = [g for g, new in zip(explicit, outcome.new_flags) if not new]
                 if unused:
                     backend.unreserve(ctx.instance_id, unused, sizes[0])
-            return self._start_response(ctx, keys, spec_groups, session_id, state, outcome, explicit)
+            try:
+                return self._start_response(ctx, keys, spec_groups, session_id, state, outcome, explicit)
+            except Exception:
+                # The grant is committed but the caller gets an error and never learns the
+                # session id: fail the session now rather than leave its keys WRITING (and
+                # blocked for other writers) until the deadline.
+                self._fail_after_error(ctx, session_id)
+                raise
         self.on_capacity_refused(ctx.group.name)
         raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
 
@@ -246,6 +254,27 @@ class CacheService:
         return StartWriteCacheResponse(write_session_id=session_id,
                                        block_mask=mask_of([not new for new in outcome.new_flags]),
                                        locations=CacheLocations(texts))
+
+    def fail_session(self, ctx: InstanceContext, session_id: str) -> Optional[int]:
+        """Fail a write session now: its WRITING locations go to deletion and a later finish
+        is refused. Returns how many locations, or None when the session is already gone
+        (finished or failed meanwhile)."""
+        session = self.index.session(ctx.layout, session_id)
+        if session is None:
+            return None
+        try:
+            _, victims = self.index.finish(ctx.layout, session_id, session, (), force_fail=True)
+        except WriteSessionError:
+            return None  # finished between the read and the finish
+        self.deleter.submit(ctx, victims)
+        return len(victims)
+
+    def _fail_after_error(self, ctx: InstanceContext, session_id: str) -> None:
+        try:
+            self.fail_session(ctx, session_id)
+        except KvcmError as exc:  # the reaper fails it at the deadline; the first error is the one to report
+            logger.warning("could not fail the write session of a failed start",
+                           extra={"write_session_id": session_id, "error": str(exc)})
 
     def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
         """Close a write session: successful blocks start serving, the rest are deleted."""

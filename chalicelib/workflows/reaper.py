@@ -30,13 +30,10 @@ def expire_write_sessions(runtime) -> dict:
         except InstanceNotFoundError:
             continue
         for session_id in session_ids:
-            session = runtime.index.session(ctx.layout, session_id)
-            if session is None:
-                continue  # finished meanwhile
-            _, victims = runtime.index.finish(ctx.layout, session_id, session, [], force_fail=True)
-            runtime.deleter.submit(ctx, victims)
-            expired += 1
-            blocks += len(victims)
+            failed = runtime.cache.fail_session(ctx, session_id)
+            if failed is not None:  # None: finished meanwhile
+                expired += 1
+                blocks += failed
     if expired:
         logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
     return {"expired": expired, "blocks": blocks}

@@ -1,0 +1,64 @@
+"""Failures after a write was granted leave nothing WRITING: a start whose storage fails to
+prepare the files, and a reaper round that races a client's late finish."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from tests.integration.meta.conftest import SPECS, code
+from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from chalicelib.workflows.reaper import expire_write_sessions
+
+
+def statuses(http, keys) -> list[str]:
+    metas = http("getCacheMeta", {"instance_id": "i1", "block_keys": keys})["metas"]
+    return [json.loads(m)["status"] for m in metas]
+
+
+def test_a_start_whose_files_cannot_be_created_leaves_nothing_writing(runtime, http, tmp_path):
+    mount = tmp_path / "3fs"
+    (mount / "kv").mkdir(parents=True)
+    runtime.control.add_storage(StorageConfig.model_validate({"global_unique_name": "tfs", "threefs": {
+        "mountpoint": str(mount), "root_dir": "kv", "key_count_per_file": 4, "touch_file_when_create": True}}))
+    runtime.control.create_group(InstanceGroup.model_validate(
+        {"name": "g1", "storage_candidates": ["tfs"], "quota": {"capacity": 1 << 30}}))
+    assert code(http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
+                                          "location_spec_infos": SPECS,
+                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    shutil.rmtree(mount / "kv")  # the mount's root gone for a moment
+
+    failed = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
+
+    assert code(failed) == "IO_ERROR", failed
+    assert statuses(http, [1, 2, 3]) == ["CLS_NOT_FOUND"] * 3
+    usage = runtime.index.usage([runtime.contexts("i1").layout])[0]
+    assert (usage.bytes, usage.keys) == (0, 0)
+    (mount / "kv").mkdir()
+    retried = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
+    assert code(retried) == "OK" and len(retried["locations"]) == 3
+
+
+def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance, clock, monkeypatch):
+    sessions = {key: http("startWriteCache", {"instance_id": "i1", "block_keys": [key]})["write_session_id"]
+                for key in (1, 2, 3)}
+    clock.advance(3600)
+    due = runtime.index.due_sessions(["i1"], int(clock.now() * 1000))["i1"]
+    racing = due[0]
+    read_session = runtime.index.session
+    raced = []
+
+    def session_then_late_finish(layout, session_id):
+        session = read_session(layout, session_id)
+        # The client's late finish lands between the reaper's read and its finish.
+        if session_id == racing and not raced:
+            raced.append(session_id)
+            late = http("finishWriteCache", {"instance_id": "i1", "write_session_id": session_id,
+                                             "success_blocks": {"offset": 1}})
+            assert code(late) == "INVALID_ARGUMENT"
+        return session
+
+    monkeypatch.setattr(runtime.index, "session", session_then_late_finish)
+    result = expire_write_sessions(runtime)
+
+    assert result == {"expired": 2, "blocks": 2}
+    assert statuses(http, sorted(sessions)) == ["CLS_NOT_FOUND"] * 3
