@@ -135,6 +135,11 @@ class InstanceContext:
     def by_name(self) -> dict[str, StorageState]:
         return {s.name: s for s in self.storages}
 
+    @cached_property
+    def servable(self) -> tuple[str, ...]:
+        """Names of the storages whose blocks may be served now."""
+        return tuple(s.name for s in self.storages if s.available)
+
     def backend(self, name: str) -> Optional[StorageBackend]:
         state = self.by_name.get(name)
         return state.backend if state is not None else self.backends.get(name)

@@ -122,7 +122,7 @@ class CacheService:
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             flags = masked_flags(req.block_mask, len(keys), "block_mask")
             wanted = [k for k, masked in zip(keys, flags) if not masked]
-            for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_PREFIX)):
+            for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_PREFIX, servable=ctx.servable)):
                 text = renderer.render(key, raw)
                 if text is None:
                     break
@@ -133,9 +133,9 @@ class CacheService:
                 if not 1 <= req.sw_size <= len(keys):
                     raise InvalidArgumentError(
                         f"field 'sw_size': {req.sw_size} must be between 1 and the {len(keys)} keys")
-                raws = self.index.read_raw(ctx.layout, keys, MODE_WINDOW, req.sw_size)
+                raws = self.index.read_raw(ctx.layout, keys, MODE_WINDOW, req.sw_size, ctx.servable)
             else:
-                raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH)
+                raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH, servable=ctx.servable)
             padding = renderer.padding()
             hits = 0
             for key, raw in zip(keys, raws):

@@ -180,17 +180,19 @@ class BlockIndex:
     # ---------------------------------------------------------------- reads
 
     def read_raw(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
-                 sw_size: int = 0) -> list[Optional[bytes]]:
+                 sw_size: int = 0, servable: Optional[Sequence[str]] = None) -> list[Optional[bytes]]:
         """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes).
 
         Prefix mode stops at the first key without a SERVING location; batch and window
         modes return one entry per key. Entries are raw records (None = not served).
+        ``servable`` names the storages whose locations may serve (None: any).
         """
         if not block_keys:
             return []
-        blob = self._call(self._read, [layout.key("m")],
+        blob = self._call(self._read, [layout.key("m"), layout.key("st")],
                           [pack_keys(block_keys), mode, sw_size, int(self.clock.now()),
-                           self.TOUCH_INTERVAL_S, self.LFU_DECAY_S, layout.bucket_prefix, layout.bucket_count])
+                           self.TOUCH_INTERVAL_S, self.LFU_DECAY_S, layout.bucket_prefix, layout.bucket_count,
+                           "*" if servable is None else "\n".join(servable)])
         out: list[Optional[bytes]] = []
         pos, end = 0, len(blob)
         while pos < end:

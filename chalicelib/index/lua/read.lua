@@ -1,8 +1,12 @@
 -- Read the records of a list of block keys in one call, serving only SERVING locations.
--- KEYS: [1] meta (routes the call to the instance's slot).
+-- KEYS: [1] meta (routes the call to the instance's slot), [2] storage table.
 -- ARGV: keys blob (8 bytes per key), mode (1 prefix, 2 batch, 3 sliding window, 4 raw),
---       sw_size, now (s), touch interval (s), LFU decay period (s), bucket prefix, buckets.
+--       sw_size, now (s), touch interval (s), LFU decay period (s), bucket prefix, buckets,
+--       servable storages: '*' (any) or their names joined by '\n'.
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
+-- A location on a storage that may not serve (disabled, unhealthy, not a candidate) is a
+-- miss here, not only when rendered: the window and the prefix are found among blocks
+-- that will be served, and only those get their recency refreshed.
 -- Served records get their last-access time and LFU counter refreshed, at most once per
 -- touch interval per block, so hot blocks cost no write.
 --
@@ -12,6 +16,29 @@ local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local bprefix, nbuckets = ARGV[7], tonumber(ARGV[8])
 local call, byte, sub = redis.call, string.byte, string.sub
+
+-- storage index -> true for storages that may not serve; false when every one may (the
+-- usual case, which keeps the per-key check to one byte compare)
+local blocked = false
+if ARGV[9] ~= '*' and mode ~= 4 then
+  local servable = {}
+  for name in string.gmatch(ARGV[9], '[^\n]+') do servable[name] = true end
+  local table_ = call('HGETALL', KEYS[2])
+  for j = 1, #table_, 2 do
+    local f = table_[j]
+    if byte(f, 1) == 35 and not servable[table_[j + 1]] then  -- '#<index>' -> storage name
+      blocked = blocked or {}
+      blocked[tonumber(sub(f, 2))] = true
+    end
+  end
+end
+
+local function serves(rec)
+  for pos = HDR_LEN + 1, HDR_LEN + byte(rec, HDR_LEN) * LOC_LEN, LOC_LEN do
+    if byte(rec, pos) == SERVING and not blocked[byte(rec, pos + 1)] then return true end
+  end
+  return false
+end
 local n = #keys / 8
 local stale = now - interval
 local recs = {}  -- per position: the record if it serves, else false
@@ -20,7 +47,8 @@ for i = 1, n do
   local key = sub(keys, i * 8 - 7, i * 8)
   local rec = call('HGET', bucket_of(bprefix, nbuckets, key), key)
   -- fast path: one location, status byte right after the header
-  if rec and (mode == 4 or byte(rec, 24) == SERVING or find_status(rec, SERVING)) then
+  if rec and (mode == 4 or (blocked and serves(rec))
+              or (not blocked and (byte(rec, 24) == SERVING or find_status(rec, SERVING)))) then
     recs[i] = rec
   else
     recs[i] = false

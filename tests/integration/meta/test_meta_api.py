@@ -203,3 +203,37 @@ def test_awkward_names_reach_uris_and_json_intact(http, runtime, tmp_path):
         assert [[s["uri"] for s in loc["location_specs"]] for loc in resp["locations"]] == expected
         assert {s["name"] for loc in resp["locations"] for s in loc["location_specs"]} == {'tp"0%s', "tp\\1%"}
     assert expected[0][0].startswith("file://nfs_~2/") and "%25" in expected[0][0] and "%22" in expected[0][0]
+
+
+def test_reads_skip_blocks_on_a_storage_that_may_not_serve(runtime, http, tmp_path, clock):
+    for name in ("nfs_a", "nfs_b"):
+        (tmp_path / name).mkdir()
+        runtime.control.add_storage(StorageConfig.model_validate(
+            {"global_unique_name": name, "nfs": {"root_path": str(tmp_path / name), "key_count_per_file": 4}}))
+    runtime.control.create_group(InstanceGroup.model_validate(
+        {"name": "g1", "storage_candidates": ["nfs_a", "nfs_b"], "quota": {"capacity": 1 << 30}}))
+    assert code(http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
+                                          "location_spec_infos": SPECS,
+                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    write(http, [1, 2, 3, 4])  # on nfs_a, the first candidate
+    runtime.control.set_storage_available("nfs_a", False)
+    clock.advance(60)  # the config cache reloads
+    write(http, [1, 2, 3, 4, 5, 6])  # only 5 and 6 are new: on nfs_b
+    runtime.control.set_storage_available("nfs_a", True)
+    runtime.control.set_storage_available("nfs_b", False)
+    clock.advance(60)
+
+    def served(query_type: str, **extra) -> list[bool]:
+        resp = http("getCacheLocation", {"instance_id": "i1", "query_type": query_type,
+                                         "block_keys": [1, 2, 3, 4, 5, 6], **extra})
+        assert code(resp) == "OK", resp
+        return [bool(loc["location_specs"][0]["uri"]) for loc in resp["locations"]]
+
+    # The right-most window of blocks that will be served, not a window padded out.
+    assert served("QT_REVERSE_ROLL_SW_MATCH", sw_size=2) == [False, False, True, True, False, False]
+    assert served("QT_REVERSE_ROLL_SW_MATCH", sw_size=5) == [False] * 6
+    assert served("QT_BATCH_GET") == [True] * 4 + [False] * 2
+    assert served("QT_PREFIX_MATCH") == [True] * 4
+    runtime.control.set_storage_available("nfs_b", True)
+    clock.advance(60)
+    assert served("QT_REVERSE_ROLL_SW_MATCH", sw_size=2) == [False] * 4 + [True, True]
