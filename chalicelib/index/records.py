@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Optional
 
-HEADER = struct.Struct(">B8sHIB")  # flags, parent, children, last access (s), LFU counter
+HEADER = struct.Struct(">B8sHIB")  # flags (bit 0: has parent), parent, children, last access (s), LFU counter
 HEADER_LEN = 23
 LOCATION_LEN = 16
 VICTIM_LEN = 23

@@ -1,6 +1,9 @@
 -- Compare-and-delete: remove DELETING locations whose id still matches, release their
 -- usage, unlink them from their parent, and hand packed groups whose last block is gone
 -- to the orphan set (their files are deleted next, retried until done).
+-- A gone record is taken off its parent's child count only if it was linked to the
+-- parent's current record (start.lua, "Child counts"): not if that record was written
+-- after it, the one that counted it being gone.
 -- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups.
 -- ARGV: [1] victims blob (VICTIM_FMT), [2] block size per spec group (I6 each),
 --       [3] bucket key prefix, [4] bucket count.
@@ -31,6 +34,7 @@ for v = 1, #victims / VICTIM_LEN do
   local i = rec and find_loc(rec, loc)
   if i and struct.unpack('>B', rec, HDR_LEN + (i - 1) * LOC_LEN + 1) == DELETING then
     local size = struct.unpack('>I6', sizes, sg * 6 + 1)
+    local seq = struct.unpack('>I5', rec, HDR_LEN + 4)  -- the record's sequence number
     rec = remove_loc(rec, i)
     local flags, parent = struct.unpack('>Bc8', rec)
     local sname, stype = storage(sidx)
@@ -43,7 +47,16 @@ for v = 1, #victims / VICTIM_LEN do
       if flags % 2 == 1 then
         local pbucket = bucket_of(bucket_prefix, nbuckets, parent)
         local prec = redis.call('HGET', pbucket, parent)
-        if prec then redis.call('HSET', pbucket, parent, set_children(prec, -1)) end
+        if prec then
+          local pseq = struct.unpack('>I5', prec, HDR_LEN + 4)
+          local linked
+          if flags % 4 < 2 then
+            linked = pseq < seq
+          else
+            linked = pseq > seq and math.floor(flags / 4) == pseq % 64
+          end
+          if linked then redis.call('HSET', pbucket, parent, set_children(prec, -1)) end
+        end
       end
     else
       redis.call('HSET', bucket, key, rec)

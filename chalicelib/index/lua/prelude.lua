@@ -2,7 +2,8 @@
 --
 -- A block record (hash field = 8-byte big-endian block key, value = this record):
 --   header (23 bytes) '>Bc8HI4BI6B':
---     flags (bit 0: has parent), parent key, child count, last access (s),
+--     flags (bit 0: has parent; bit 1: adopted, bits 2-7: the adopter's sequence mod 64,
+--     see start.lua "Child counts"), parent key, child count, last access (s),
 --     LFU counter, write time (ms), location count
 --   location (16 bytes each) '>BBBI5I6H':
 --     status, storage index, spec group index, location id, group id, slot

@@ -11,6 +11,20 @@
 --       [16] bucket prefix, [17] bucket count.
 -- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index}
 --      or {0, reason} with reason 'group', 'type' or 'keys'.
+--
+-- Child counts. A record's sequence number is the id of its location: ids come from one
+-- counter per instance, a record is created with one location and never gains another,
+-- so a key written again gets a record with a higher number than every record that was
+-- live before. A record C links to the record R of its parent key P (R counts C) when
+--   * C is not adopted and R predates C (seq R < seq C): C was created while R was P's
+--     record, and R was counted then (R existed, or was created earlier in the same call);
+--   * or C is adopted (flags bit 1) by R: R was created after C, C being the key right
+--     after P in the request, and flags bits 2-7 hold R's sequence number mod 64.
+-- Invariant: a record's child count is the number of live records linked to it. A child
+-- whose parent record went away while it lived is linked to no record until a later
+-- write creates its parent again with it as the next key (adoption); drop.lua decrements
+-- a parent only for a child linked to it. Adoption costs one read per new record whose
+-- next key already existed, nothing in the usual existing-prefix, new-suffix request.
 local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local keys = ARGV[1]
 local now_ms, sid, deadline = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
@@ -94,8 +108,19 @@ if #new > 0 then
       hflags, parent = 1, fields[i - 1]
       parent_bucket[parent] = buckets[i - 1]
     end
-    local children = math.min(gained[key] or 0, 65535)
+    local children = gained[key] or 0
     gained[key] = nil
+    -- Adopt the next key if it existed before this call and names this key its parent:
+    -- this key had no record, so that child was linked to no record (see the header).
+    local c = i + 1
+    if c <= n and flags[c] == '0' and not seen[fields[c]] then
+      local crec = redis.call('HGET', buckets[c], fields[c])
+      if crec and byte(crec, 1) % 2 == 1 and string.sub(crec, 2, 9) == key then
+        redis.call('HSET', buckets[c], fields[c], string.char(3 + (loc % 64) * 4) .. string.sub(crec, 2))
+        children = children + 1
+      end
+    end
+    children = math.min(children, 65535)
     local rec = struct.pack(HDR_FMT, hflags, parent, children, math.floor(now_ms / 1000), 5, now_ms, 1)
       .. struct.pack(LOC_FMT, WRITING, sidx, byte(sg_blob, i), loc, group, slot)
     redis.call('HSET', buckets[i], key, rec)
