@@ -269,8 +269,10 @@ class BlockIndex:
                       serving_only: bool = False, max_children: Optional[Sequence[int]] = None) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
-        ``expected_locations`` takes only those location ids; ``max_children`` skips a key
-        whose record counts more children than its entry (one gained a child meanwhile).
+        Unless ``serving_only``, locations already DELETING are returned too, so removing
+        a block again retries a deletion whose hand-off failed. ``expected_locations``
+        takes only those location ids; ``max_children`` skips a key whose record counts
+        more children than its entry (one gained a child meanwhile).
         """
         if not block_keys:
             return []

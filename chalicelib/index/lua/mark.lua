@@ -2,7 +2,9 @@
 -- KEYS: [1] meta (routes the call to the instance's slot).
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
 --       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
---       SERVING (removeCache, trim), [4] bucket prefix, [5] bucket count, [6] the most
+--       SERVING (removeCache, trim) and DELETING ones again as they are: a deletion
+--       whose hand-off failed is retried by removing the block again (deletion is
+--       idempotent), [4] bucket prefix, [5] bucket count, [6] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
 --       a block only if no child was added since it read it as a leaf.
 -- Returns the victims blob (VICTIM_FMT descriptors).
@@ -24,10 +26,14 @@ for i = 1, #keys / 8 do
     for l = 1, nloc do
       local st, sidx, sg, id, group, slot = loc_at(rec, l)
       local eligible = st == SERVING or (which == 'A' and st == WRITING)
-      if eligible and (want == nil or want == id) then
-        rec = set_loc_status(rec, l, DELETING)
-        changed = true
-        victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
+      if want == nil or want == id then
+        if eligible then
+          rec = set_loc_status(rec, l, DELETING)
+          changed = true
+        end
+        if eligible or (which == 'A' and st == DELETING) then
+          victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
+        end
       end
     end
     if changed then redis.call('HSET', bucket, key, rec) end

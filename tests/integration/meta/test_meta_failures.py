@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.integration.meta.conftest import SPECS, code
+from tests.integration.meta.conftest import SPECS, code, write
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.workflows.reaper import expire_write_sessions
 
@@ -62,3 +62,27 @@ def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance
 
     assert result == {"expired": 2, "blocks": 2}
     assert statuses(http, sorted(sessions)) == ["CLS_NOT_FOUND"] * 3
+
+
+def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, http):
+    s3 = runtime.aws("s3")
+    s3.create_bucket(Bucket="kv-blocks")
+    runtime.control.add_storage(StorageConfig.model_validate(
+        {"global_unique_name": "s3_01", "s3": {"bucket": "kv-blocks", "prefix": "p", "region": "us-east-1"}}))
+    runtime.control.create_group(InstanceGroup.model_validate(
+        {"name": "g1", "storage_candidates": ["s3_01"], "quota": {"capacity": 1 << 30}}))
+    assert code(http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
+                                          "location_spec_infos": SPECS,
+                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    write(http, [1, 2])
+    s3.delete_bucket(Bucket="kv-blocks")  # S3 fails the deletion
+
+    assert code(http("removeCache", {"instance_id": "i1", "block_keys": [2]})) == "IO_ERROR"
+    assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_DELETING"]  # no longer served, not deleted
+
+    s3.create_bucket(Bucket="kv-blocks")
+    assert code(http("removeCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
+    assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_NOT_FOUND"]
+    assert runtime.index.usage([runtime.contexts("i1").layout])[0].keys == 1
+    rewritten = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2]})
+    assert rewritten["block_mask"] == {"offset": 1} and len(rewritten["locations"]) == 1
