@@ -213,7 +213,7 @@ class CacheService:
             except QuotaExceededError as exc:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])
-                if exc.kind != "type":
+                if exc.kind not in ("type", "storages"):  # another candidate may take it
                     self.on_capacity_refused(ctx.group.name)
                     raise
                 refusals.append(f"{state.name}: {exc}")

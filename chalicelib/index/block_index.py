@@ -225,6 +225,8 @@ class BlockIndex:
                 "group": "instance group quota reached",
                 "type": f"quota of storage type {req.storage_type} reached",
                 "keys": "max_key_count of the instance reached",
+                "storages": f"the instance has written to 255 storages, the most it can address; "
+                            f"{req.storage_name} is not one of them",
             }[reason])
         return StartOutcome(int(result[1]), [c == ord("1") for c in result[2]], int(result[3]))
 

@@ -10,7 +10,7 @@
 --       [14] other instances' bytes of this type, [15] max key count (0 = none),
 --       [16] bucket prefix, [17] bucket count.
 -- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index}
---      or {0, reason} with reason 'group', 'type' or 'keys'.
+--      or {0, reason} with reason 'group', 'type', 'keys' or 'storages'.
 --
 -- Child counts. A record's sequence number is the id of its location: ids come from one
 -- counter per instance, a record is created with one location and never gains another,
@@ -75,6 +75,8 @@ if #new > 0 then
 end
 
 if not sidx then
+  -- A location holds its storage index in one byte.
+  if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return {0, 'storages'} end
   sidx = redis.call('HINCRBY', meta, 'storages', 1)
   redis.call('HSET', stab, 'n:' .. sname, sidx, '#' .. sidx, sname, 't' .. sidx, stype)
 end

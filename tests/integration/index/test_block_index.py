@@ -83,6 +83,18 @@ def test_quota_refusal_leaves_nothing(index, layout):
         start(index, layout, [1, 2, 3], max_keys=2)
 
 
+def test_a_256th_storage_is_refused_not_wrapped_to_index_0(index, layout, valkey):
+    start(index, layout, [1])  # nfs_01 gets index 1
+    valkey.hset(layout.key("m"), "storages", 255)  # as if 254 more storages had been written to
+    req = StartRequest(session_id="s2", deadline_ms=int(index.clock.now() * 1000) + 30_000, storage_name="nfs_99",
+                       storage_type="ST_NFS", pack_count=8, sizes=[200, 100, 100], spec_groups=[0])
+    with pytest.raises(QuotaExceededError) as refused:
+        index.start(layout, [2], req)
+    assert refused.value.kind == "storages" and "nfs_99" in str(refused.value)
+    assert index.read(layout, [2], MODE_RAW) == [None]
+    assert start(index, layout, [3], sid="s3").storage_index == 1  # storages it knows still take writes
+
+
 def test_window_and_batch(index, layout):
     start(index, layout, [1, 2, 3, 4, 5, 6])
     finish(index, layout, "s1", [True] * 6)
