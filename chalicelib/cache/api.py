@@ -1,11 +1,14 @@
 """MetaService handlers: ``handler(runtime, request) -> response``."""
 from __future__ import annotations
 
+import functools
+
 from ..control.validation import invalid, require_name
 from ..control.views import storage_configs_json
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from .deletion import InlineDeleter
+from .service import CacheService
 from ..protocol.models import (
     GetInstanceInfoRequest,
     GetInstanceInfoResponse,
@@ -33,12 +36,12 @@ def get_instance_info(runtime, req: GetInstanceInfoRequest) -> GetInstanceInfoRe
 
 
 def _cache_method(name: str):
-    """The handler of a method served by ``runtime.cache`` as it is."""
+    """The handler of a method served by ``runtime.cache`` as it is (with its name,
+    docstring and annotations, so the response type reads from it)."""
     def handler(runtime, req):
         return getattr(runtime.cache, name)(req)
 
-    handler.__name__ = name
-    return handler
+    return functools.update_wrapper(handler, getattr(CacheService, name))
 
 
 get_cache_location = _cache_method("get_cache_location")

@@ -1,12 +1,14 @@
 """proto3-JSON on pydantic: field names, int64, enums, parsing and rendering.
 
-Parsing accepts snake_case or lowerCamelCase names, enums by name or number, int64 as a
-number or a decimal string, and ignores unknown fields. Rendering prints snake_case
-names, default values, enum names and int64 values as strings.
+Parsing accepts snake_case or lowerCamelCase names, enums by name or number (a JSON
+number or a decimal string), integers as a number or a decimal string, ``null`` for a
+field as its default, and ignores unknown fields. Rendering prints snake_case names,
+default values, enum names and int64 values as strings.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from enum import IntEnum
 from typing import Annotated, Any, Iterable, TypeVar
@@ -20,6 +22,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import core_schema
@@ -28,6 +31,9 @@ from .errors import InvalidArgumentError, MalformedBodyError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# The decimal strings proto3 JSON takes for integers and enum numbers. int() alone would
+# also take " 1 ", "+3", "1_0" (as 10) and non-ASCII digits.
+_DECIMAL = re.compile(r"-?[0-9]+")
 
 
 def _integer(value: Any, lo: int, hi: int) -> int:
@@ -38,10 +44,9 @@ def _integer(value: Any, lo: int, hi: int) -> int:
     elif isinstance(value, float) and value.is_integer():
         result = int(value)
     elif isinstance(value, str):
-        try:
-            result = int(value.strip(), 10)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {value!r}") from None
+        if not _DECIMAL.fullmatch(value):
+            raise ValueError(f"expected an integer, got {value!r}")
+        result = int(value)
     else:
         raise ValueError(f"expected an integer, got {type(value).__name__}")
     if not lo <= result <= hi:
@@ -99,14 +104,17 @@ def wire_enum(enum_cls: type[E]) -> Any:
     def parse(value: Any) -> E:
         if isinstance(value, enum_cls):
             return value
+        number = value
         if isinstance(value, str):
             try:
                 return enum_cls[value]
             except KeyError:
                 pass
-        elif isinstance(value, int) and not isinstance(value, bool):
+            # protobuf's json_format also takes the number as a string ("2").
+            number = int(value) if _DECIMAL.fullmatch(value) else None
+        if isinstance(number, int) and not isinstance(number, bool):
             try:
-                return enum_cls(value)
+                return enum_cls(number)
             except ValueError:
                 pass
         names = ", ".join(m.name for m in enum_cls)
@@ -180,6 +188,15 @@ class WireModel(BaseModel):
         # One mutable default per instance, never shared between requests.
         validate_default=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        # proto3 JSON: a field given as null has its default value (json_format clears it).
+        # Only the object's own keys: a null item of a list stays an error at its index.
+        if type(data) is dict and None in data.values():
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 M = TypeVar("M", bound=BaseModel)

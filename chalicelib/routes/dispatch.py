@@ -6,15 +6,14 @@ before any middleware saw it, so nothing escapes ``Dispatcher.handle``.
 """
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, get_type_hints
 
 from ..observability.logging import access_log, logger
 from ..protocol.codes import ErrorCode
 from ..protocol.errors import MalformedBodyError, http_status_of, status_of
-from ..protocol.models import Request, Response
+from ..protocol.models import Request, Response, ResponseHeader, Status
 from ..protocol.wire import decode_body, parse_model, render
 from ..runtime import Runtime
 
@@ -32,9 +31,18 @@ class Operation:
     #: Hook called after every call of a meta method (event log, debug faults...).
     observer: Optional[Callable[[Runtime, "Operation", Request, Optional[Response], ErrorCode], None]] = None
 
+    #: What the handler answers (its return annotation); errors render it too.
+    response_model: type[Response] = field(init=False)
 
-def _error_body(code: ErrorCode, message: str, request_id: str) -> str:
-    return json.dumps({"header": {"status": {"code": code.name, "message": message}, "request_id": request_id}})
+    def __post_init__(self) -> None:
+        # Resolved at import, so a handler without a resolvable return annotation fails
+        # the app's import, not its first error response.
+        object.__setattr__(self, "response_model", get_type_hints(self.handler)["return"])
+
+
+def _error_body(model: type[Response], code: ErrorCode, message: str, request_id: str) -> str:
+    """The response with its defaults (API.md: defaults are printed) and the error's header."""
+    return render(model(header=ResponseHeader(status=Status(code=code, message=message), request_id=request_id)))
 
 
 class Dispatcher:
@@ -71,7 +79,12 @@ class Dispatcher:
                 logger.exception("unexpected error in %s", api_name)
             status = http_status_of(exc)
             request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
-            body = "{}" if isinstance(exc, MalformedBodyError) else _error_body(code, message, request_id)
+            if isinstance(exc, MalformedBodyError):
+                body = "{}"
+            else:
+                # API.md spells the body of an auth refusal (HTTP 401/403) as the header alone.
+                model = op.response_model if status == 200 else Response
+                body = _error_body(model, code, message, request_id)
         latency_us = int((time.perf_counter() - start) * 1e6)
         runtime.metrics.record_call(api_name, code.name, latency_us)
         runtime.metrics_publisher.publish(force=False)

@@ -57,6 +57,15 @@ def test_body_not_a_json_object(http, instance, method, body):
     ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": 5, "end_timestamp": 1}, "begin_timestamp"),
     ("getCacheMeta", {"block_keys": [1], "block_mask": {"bool_masks": {"values": [1]}}}, "block_mask"),
     ("registerInstance", {"instance_group": "g1", "block_size": 0}, "block_size"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, None]}, "block_keys[1]"),
+    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "location_spec_names": [None]},
+     "location_spec_names[0]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": ["1_0"]}, "block_keys[0]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [" 1 "]}, "block_keys[0]"),
+    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": ["+3"]}, "block_keys[0]"),
+    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "sw_size": "+1"}, "sw_size"),
+    ("getCacheLocation", {"query_type": "77", "block_keys": [1]}, "query_type"),
+    ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": "1_0", "end_timestamp": 20}, "begin_timestamp"),
 ])
 def test_malformed_fields_are_named(http, instance, method, body, field):
     resp = http(method, {"instance_id": "i1", **body})
@@ -69,6 +78,45 @@ def test_camel_case_and_string_int64_are_accepted(http, instance):
     write(http, [1, 2])
     resp = http("getCacheLocation", {"instanceId": "i1", "queryType": 2, "blockKeys": ["1", "2"], "extra": {}})
     assert code(resp) == "OK" and len(resp["locations"]) == 2
+
+
+def test_null_fields_are_their_defaults(http, instance):
+    write(http, [1, 2])
+    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2],
+                                     "location_spec_names": None, "tokenIds": None, "trace_id": None,
+                                     "sw_size": None, "header": None, "block_mask": {"offset": None}})
+    assert code(resp) == "OK" and len(resp["locations"]) == 2, resp
+    resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [3], "location_spec_group_names": None,
+                                    "writeTimeoutSeconds": None})
+    assert code(resp) == "OK" and len(resp["locations"]) == 1, resp
+
+
+def test_an_enum_number_may_be_a_string(http, instance):
+    write(http, [1, 2])
+    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "2", "block_keys": [1, 2]})
+    assert code(resp) == "OK" and len(resp["locations"]) == 2, resp
+
+
+@pytest.mark.parametrize("method,body,defaults", [
+    ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, {"locations": []}),
+    ("getCacheMeta", {"block_keys": "x"}, {"locations": [], "metas": []}),
+    ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": -1}, {"write_session_id": "", "locations": []}),
+    ("registerInstance", {"instance_group": "g1", "block_size": 0}, {"storage_configs": ""}),
+    ("getInstanceInfo", {"instance_id": "nope"}, {"instance_group": ""}),
+    ("finishWriteCache", {"write_session_id": "x"}, {}),
+    ("getMetrics", {"trace_id": {}}, {"timestamp": "0", "metrics": [], "extra_data": ""}),
+])
+def test_an_error_prints_the_response_defaults(http, instance, method, body, defaults):
+    resp = http(method, {"instance_id": "i1", **body})
+    assert http.status == 200 and code(resp) != "OK", resp
+    assert set(resp["header"]) == {"status", "request_id"} and resp["header"]["status"]["message"]
+    assert {name: value for name, value in resp.items() if name != "header"} == defaults
+
+
+def test_an_auth_refusal_is_the_header_alone(http, instance, runtime):
+    runtime.settings = dataclasses.replace(runtime.settings, auth_enabled=True)
+    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})
+    assert http.status == 401 and list(resp) == ["header"], resp
 
 
 def test_key_cap(http, instance, runtime):
