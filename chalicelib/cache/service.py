@@ -322,23 +322,29 @@ class CacheService:
     def remove_matching(self, ctx: InstanceContext, written_between_us: Optional[tuple[int, int]],
                         deleter: Optional[Deleter] = None) -> int:
         """Mark DELETING and submit every block (or those written in the µs range) to
-        ``deleter`` (default: the service's); returns how many locations."""
+        ``deleter`` (default: the service's); returns how many locations.
+
+        Only the locations the scan saw are taken: a block removed and written again
+        meanwhile is a new location, which the range may not cover.
+        """
         deleter = deleter or self.deleter
-        chunk: list[int] = []
+        chunk: list[tuple[int, int]] = []
         total = 0
         for key, raw in self.index.scan(ctx.layout):
-            if written_between_us is not None:
-                written_us = decode_record(raw).write_time_ms * 1000
-                if not written_between_us[0] <= written_us <= written_between_us[1]:
-                    continue
-            chunk.append(key)
+            record = decode_record(raw)
+            if written_between_us is not None and not (
+                    written_between_us[0] <= record.write_time_ms * 1000 <= written_between_us[1]):
+                continue
+            # A record holds one location (lua/start.lua creates it with one, nothing adds any).
+            chunk.append((key, record.locations[0].location_id))
             if len(chunk) == _SCAN_CHUNK:
                 total += self._remove_chunk(ctx, chunk, deleter)
                 chunk = []
         return total + (self._remove_chunk(ctx, chunk, deleter) if chunk else 0)
 
-    def _remove_chunk(self, ctx: InstanceContext, keys: list[int], deleter: Deleter) -> int:
-        victims = self.index.mark_deleting(ctx.layout, keys)
+    def _remove_chunk(self, ctx: InstanceContext, entries: list[tuple[int, int]], deleter: Deleter) -> int:
+        victims = self.index.mark_deleting(ctx.layout, [key for key, _ in entries],
+                                           expected_locations=[location for _, location in entries])
         deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
         return len(victims)
 

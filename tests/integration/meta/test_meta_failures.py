@@ -86,3 +86,24 @@ def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, h
     assert runtime.index.usage([runtime.contexts("i1").layout])[0].keys == 1
     rewritten = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2]})
     assert rewritten["block_mask"] == {"offset": 1} and len(rewritten["locations"]) == 1
+
+
+def test_a_timestamp_trim_leaves_a_block_written_again_during_its_scan(runtime, http, instance, clock, monkeypatch):
+    write(http, [1, 2])
+    written_us = int(clock.now() * 1e6)
+    clock.advance(60)
+    scan = runtime.index.scan
+
+    def scan_racing_a_rewrite(layout, *args):
+        for i, entry in enumerate(scan(layout, *args)):
+            yield entry
+            if i == 0:  # key 1 is removed and written again after the scan saw it
+                assert code(http("removeCache", {"instance_id": "i1", "block_keys": [1, 2]})) == "OK"
+                write(http, [1, 2])
+
+    monkeypatch.setattr(runtime.index, "scan", scan_racing_a_rewrite)
+    trimmed = http("trimCache", {"instance_id": "i1", "strategy": "TS_TIMESTAMP",
+                                 "begin_timestamp": written_us - 1000, "end_timestamp": written_us + 1000})
+
+    assert code(trimmed) == "OK"
+    assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_SERVING"]  # written a minute after the range
