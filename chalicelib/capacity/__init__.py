@@ -8,8 +8,8 @@ What the rest of the service calls:
   for capacity: the group is reclaimed in the next round. Cheap, never raises.
 
 Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``selection``
-(the candidate pool, leaves only). I/O through the index only: ``sampling``, ``pending``,
-``instance`` and ``reclaimer``.
+(the candidate pool, leaves only), ``stranded`` (deletions that never finished). I/O
+through the index only: ``sampling``, ``pending``, ``instance`` and ``reclaimer``.
 """
 from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for
 from .reclaimer import ControlDirectory, GroupReport, ReclaimReport, Reclaimer, reclaim_handler, request_reclaim

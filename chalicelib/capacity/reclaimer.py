@@ -7,7 +7,8 @@ its last look. It then reads the usage of the group's instances (one round trip)
 what earlier rounds marked and is not deleted yet, decides what to free
 (``watermark.assess``), spreads that over the instances in proportion to their usage and
 frees it by sampling (``instance.InstanceReclaim``). With ``POLICY_TTL`` and
-``ttl_seconds`` each look also sweeps part of every instance for expired blocks.
+``ttl_seconds`` each look also sweeps part of every instance for expired blocks, and every
+look sweeps part of every instance for deletions that never finished (``stranded``).
 
 Only the holder of the background lease reclaims (``reclaim_handler``).
 """
@@ -31,6 +32,7 @@ from .instance import InstanceReclaim, InstanceReport, Submit
 from .pending import PendingDeletions
 from .policies import Candidate, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
+from .stranded import PASS_S, STRANDED_AFTER_S, stranded_victims
 from .watermark import Limits, Need, Plan, assess, credit, split
 
 if TYPE_CHECKING:
@@ -72,6 +74,8 @@ class GroupReport:
     reason: str
     plan: Plan = field(default_factory=Plan)
     swept: bool = False
+    #: Stranded deletions handed to deletion again.
+    resubmitted: int = 0
     instances: list[InstanceReport] = field(default_factory=list)
     error: str = ""
 
@@ -84,7 +88,8 @@ class GroupReport:
         return sum(r.bytes for r in self.instances)
 
     def to_dict(self) -> dict:
-        return {"group": self.group, "reason": self.reason, "swept": self.swept, "victims": self.victims,
+        return {"group": self.group, "reason": self.reason, "swept": self.swept, "resubmitted": self.resubmitted,
+                "victims": self.victims,
                 "bytes": self.bytes, "error": self.error,
                 "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
                 "instances": [r.to_dict() for r in self.instances]}
@@ -197,6 +202,9 @@ class Reclaimer:
             delay_ms = strategy.delay_before_delete_ms if strategy is not None else 0
             storage_name = strategy.storage_unique_name if strategy is not None else ""
             submit = self._submitter(group.name, delay_ms)
+            deleting_since_s = int(now) - delay_ms // 1000 - STRANDED_AFTER_S
+            for ctx in contexts:
+                report.resubmitted += self._resubmit_stranded(ctx, period, deleting_since_s)
             for ctx, usage in zip(contexts, usages):
                 need = needs.get(ctx.instance_id)
                 if need is None and not report.swept:
@@ -215,6 +223,23 @@ class Reclaimer:
         # blocks are all in flight would otherwise be sampled every round for nothing.
         state.over = report.plan.needed and report.victims > 0
         return report
+
+    def _resubmit_stranded(self, ctx: "InstanceContext", period_s: int, deleting_since_s: int) -> int:
+        """Hand the deletions of the next buckets of the instance's stranded sweep that
+        never finished to the deleter again (see ``stranded``); returns how many."""
+        count = sweep_buckets(ctx.layout.bucket_count, period_s, PASS_S, self.config)
+        first = self.index.advance_sweep(ctx.layout, count, cursor="stranded")
+        window = [(first + i) % ctx.layout.bucket_count for i in range(count)]
+        step = self.config.buckets_per_trip
+        victims = [v for i in range(0, count, step)
+                   for v in stranded_victims(self.index.sample_buckets(ctx.layout, window[i:i + step]),
+                                             deleting_since_s)]
+        if victims:
+            self.deleter.submit(ctx, victims)
+            if self.metrics is not None:
+                self.metrics.incr("cache_reclaimer.stranded_resubmit_count", len(victims),
+                                  {"instance_group": ctx.group.name})
+        return len(victims)
 
     def _contexts(self, instance_ids: Sequence[str]) -> list["InstanceContext"]:
         out = []

@@ -282,7 +282,7 @@ class BlockIndex:
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
         blob = self._call(self._mark, [layout.key("m")],
                           [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
-                           layout.bucket_count, limits])
+                           layout.bucket_count, limits, int(self.clock.now())])
         return decode_victims(blob)
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
@@ -387,11 +387,11 @@ class BlockIndex:
         return {int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode())
                 for k, v in raw.items() if k.startswith(b"#")}
 
-    def advance_sweep(self, layout: InstanceLayout, count: int) -> int:
-        """Claim the next ``count`` buckets of the instance's reclaim sweep (a cursor kept in
+    def advance_sweep(self, layout: InstanceLayout, count: int, cursor: str = "sweep") -> int:
+        """Claim the next ``count`` buckets of one of the instance's sweeps (a cursor kept in
         Valkey, so successive rounds on any node cover every bucket); returns the first."""
         with valkey_errors("index"):
-            end = self.client.hincrby(layout.key("m"), "sweep", count)
+            end = self.client.hincrby(layout.key("m"), cursor, count)
         return (end - count) % layout.bucket_count
 
     @property

@@ -6,10 +6,10 @@
 --       whose hand-off failed is retried by removing the block again (deletion is
 --       idempotent), [4] bucket prefix, [5] bucket count, [6] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
---       a block only if no child was added since it read it as a leaf.
+--       a block only if no child was added since it read it as a leaf, [7] now (s).
 -- Returns the victims blob (VICTIM_FMT descriptors).
 local keys, expected, which, limits = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-local bprefix, nbuckets = ARGV[4], tonumber(ARGV[5])
+local bprefix, nbuckets, now_s = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[7])
 local victims = {}
 for i = 1, #keys / 8 do
   local key = field(keys, i)
@@ -36,7 +36,7 @@ for i = 1, #keys / 8 do
         end
       end
     end
-    if changed then redis.call('HSET', bucket, key, rec) end
+    if changed then redis.call('HSET', bucket, key, stamp_deleting(rec, now_s)) end
   end
 end
 return table.concat(victims)

@@ -288,3 +288,28 @@ def test_a_lost_lease_stops_the_round_and_a_failing_group_is_reported(cluster, i
     assert reclaimer.run_round().groups == []
     index.request_reclaim("g")
     assert reclaimer.run_round().victims == 5
+
+
+def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, index, clock):
+    from chalicelib.capacity.stranded import STRANDED_AFTER_S
+
+    cluster.group = make_group(capacity_blocks=1000, delay_ms=30_000)
+    ctx = cluster.add_instance("i1")
+    cluster.write("i1", [1, 2, 3])
+    cluster.write("i1", [4, 5], finish=False)
+    clock.advance(7200)  # written long ago: what counts is when they turned DELETING
+    # Marked DELETING by removeCache and a failed finish, neither handed to deletion.
+    index.mark_deleting(ctx.layout, [3])
+    session = index.session(ctx.layout, "s2")
+    index.finish(ctx.layout, "s2", session, [False, False])
+    reclaimer = cluster.reclaimer()
+
+    clock.advance(30 + STRANDED_AFTER_S - 1)  # still within the delay and the grace
+    assert reclaimer.run_round().groups[0].resubmitted == 0
+    assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING, 3: Status.DELETING,
+                                      4: Status.DELETING, 5: Status.DELETING}
+
+    clock.advance(10)  # the group's next look (trigger_period_seconds)
+    assert reclaimer.run_round().groups[0].resubmitted == 3  # 16 buckets: one look sweeps them all
+    assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING}
+    assert (cluster.used("i1").keys, cluster.used("i1").bytes) == (2, 2 * BLOCK)

@@ -1,0 +1,36 @@
+"""Deletions that never finished, found by a slow sweep and handed to deletion again.
+
+A location is DELETING from its mark until its deletion drops it: seconds, plus the
+group's ``delay_before_delete_ms``. When the hand-off fails (the storage or Step Functions
+refused it, a batch ran out of retries) nothing else would pick it up again: the key
+could never be written again and its bytes would stay counted. The index scripts stamp a
+record's access time when its location turns DELETING; the reclaimer sweeps every
+instance slowly (a full pass about every ``PASS_S``) and re-submits the locations
+DELETING for longer than the delay plus ``STRANDED_AFTER_S``. Deletion is idempotent, so
+re-submitting one that was merely slow deletes nothing twice.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..index import Status, Victim
+from ..index.records import HEADER_LEN, LOCATION_LEN, decode_location
+
+#: A deletion is stranded when its location is DELETING this much longer than the delay.
+STRANDED_AFTER_S = 600
+#: One sweep over an instance takes about this long.
+PASS_S = 3600
+
+
+def stranded_victims(records: Iterable[tuple[int, bytes]], deleting_since_s: int) -> list[Victim]:
+    """The DELETING locations of ``records`` ((block key, raw record) pairs) whose record
+    turned DELETING at or before ``deleting_since_s``."""
+    victims = []
+    for key, raw in records:
+        if int.from_bytes(raw[11:15], "big") > deleting_since_s:  # the header's access time
+            continue
+        for off in range(HEADER_LEN, HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
+            if raw[off] == Status.DELETING:
+                loc = decode_location(raw, off)
+                victims.append(Victim(key, loc.location_id, loc.storage_index, loc.spec_group, loc.group_id, loc.slot))
+    return victims
