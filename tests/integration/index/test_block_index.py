@@ -1,19 +1,9 @@
 """The index scripts against a real Valkey: transitions, usage, sessions."""
 import pytest
 
-from chalicelib.index import BlockIndex, Status
+from chalicelib.index import Status
 from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
-
-
-@pytest.fixture
-def index(valkey, clock):
-    return BlockIndex(valkey, "t", clock)
-
-
-@pytest.fixture
-def layout(index):
-    return index.layout("inst", 4)
 
 
 def start(index, layout, keys, sid="s1", **kw):

@@ -10,20 +10,9 @@ import random
 
 import pytest
 
-from chalicelib.index import BlockIndex
 from chalicelib.index.block_index import MODE_RAW, StartRequest
 
 SIZES = [100]
-
-
-@pytest.fixture
-def index(valkey, clock):
-    return BlockIndex(valkey, "t", clock)
-
-
-@pytest.fixture
-def layout(index):
-    return index.layout("inst", 4)
 
 
 def start(index, layout, keys, sid):
@@ -37,6 +26,12 @@ def finish(index, layout, sid, success=None):
     ok = [True] * len(session.entries) if success is None else list(success)
     _, victims = index.finish(layout, sid, session, ok)
     index.drop(layout, victims, SIZES)
+
+
+def write(index, layout, keys, sid, success=None):
+    """startWriteCache then finishWriteCache (``success``: per new key, default all)."""
+    start(index, layout, keys, sid)
+    finish(index, layout, sid, success)
 
 
 def remove(index, layout, keys):
@@ -54,8 +49,7 @@ P, C, D = 10, 11, 12
 def test_parent_rewritten_after_a_failed_write_counts_its_live_child(index, layout):
     """finish fails P and keeps C: writing [P, C] again gives P a record that counts C,
     and dropping C then takes that count back."""
-    start(index, layout, [P, C], "a")
-    finish(index, layout, "a", [False, True])
+    write(index, layout, [P, C], "a", [False, True])
     assert children(index, layout, [P, C]) == {P: None, C: 0}
     assert start(index, layout, [P, C], "b").new_flags == [True, False]
     finish(index, layout, "b")
@@ -67,14 +61,11 @@ def test_parent_rewritten_after_a_failed_write_counts_its_live_child(index, layo
 def test_old_child_drop_leaves_the_rewritten_parent_count_alone(index, layout):
     """P has children C and D; P is removed and written again with D: it counts D only
     (C's parent record is gone), and dropping C does not take D's count."""
-    start(index, layout, [P, C], "a")
-    finish(index, layout, "a")
-    start(index, layout, [P, D], "b")
-    finish(index, layout, "b")
+    write(index, layout, [P, C], "a")
+    write(index, layout, [P, D], "b")
     assert children(index, layout, [P]) == {P: 2}
     remove(index, layout, [P])
-    start(index, layout, [P, D], "c")
-    finish(index, layout, "c")
+    write(index, layout, [P, D], "c")
     assert children(index, layout, [P, C, D]) == {P: 1, C: 0, D: 0}
     remove(index, layout, [C])
     assert children(index, layout, [P, D]) == {P: 1, D: 0}
@@ -84,11 +75,9 @@ def test_old_child_drop_leaves_the_rewritten_parent_count_alone(index, layout):
 
 def test_child_of_a_gone_parent_record_is_not_taken_off_a_new_child_count(index, layout):
     """P removed while C lives; P written again with a new child D: C's drop leaves P at 1."""
-    start(index, layout, [P, C], "a")
-    finish(index, layout, "a")
+    write(index, layout, [P, C], "a")
     remove(index, layout, [P])
-    start(index, layout, [P, D], "b")
-    finish(index, layout, "b")
+    write(index, layout, [P, D], "b")
     assert children(index, layout, [P, C, D]) == {P: 1, C: 0, D: 0}
     remove(index, layout, [C])
     assert children(index, layout, [P, D]) == {P: 1, D: 0}
@@ -97,14 +86,11 @@ def test_child_of_a_gone_parent_record_is_not_taken_off_a_new_child_count(index,
 def test_adopted_child_keeps_its_link_across_rewrites_of_its_parent(index, layout):
     """C adopted by a rewritten P; P goes again and is written a third time without C:
     the third record does not count C, and C's drop leaves it alone."""
-    start(index, layout, [P, C], "a")
-    finish(index, layout, "a", [False, True])
-    start(index, layout, [P, C], "b")
-    finish(index, layout, "b")
+    write(index, layout, [P, C], "a", [False, True])
+    write(index, layout, [P, C], "b")
     assert children(index, layout, [P]) == {P: 1}
     remove(index, layout, [P])
-    start(index, layout, [P, D], "c")
-    finish(index, layout, "c")
+    write(index, layout, [P, D], "c")
     assert children(index, layout, [P]) == {P: 1}
     remove(index, layout, [C])
     assert children(index, layout, [P, D]) == {P: 1, D: 0}
@@ -113,12 +99,10 @@ def test_adopted_child_keeps_its_link_across_rewrites_of_its_parent(index, layou
 def test_parent_with_a_child_deleting_but_not_dropped_yet(index, layout):
     """The child's location is DELETING (marked, not dropped) when its parent is removed and
     written again: the child still exists, so it is adopted, and its drop takes it back."""
-    start(index, layout, [P, C], "a")
-    finish(index, layout, "a")
+    write(index, layout, [P, C], "a")
     victims = index.mark_deleting(layout, [C])
     remove(index, layout, [P])
-    start(index, layout, [P, C], "b")
-    finish(index, layout, "b")
+    write(index, layout, [P, C], "b")
     assert children(index, layout, [P]) == {P: 1}
     index.drop(layout, victims, SIZES)
     assert children(index, layout, [P, C]) == {P: 0, C: None}
