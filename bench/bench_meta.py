@@ -131,7 +131,8 @@ def main() -> None:
                 "ping": client.ping,
                 "mget": lambda: client.mget(mget_keys),
                 "upstream": upstream_read,
-                "read": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX),
+                "read": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX, servable=ctx.servable),
+                "read_any": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX),
                 "handler": handler,
             })
             mget = figures["mget"]
@@ -140,6 +141,7 @@ def main() -> None:
             print(row("bare MGET of 128 keys (baseline)", mget))
             print(row("upstream layout: pipeline of 128 HMGETs", figures["upstream"], mget))
             print(row("KVCM index read behind a 128-key prefix match", figures["read"], mget))
+            print(row("  the same without the servable-storage filter", figures["read_any"], mget))
             print("(b) whole getCacheLocation handler, JSON in to JSON out")
             print(row("KVCM getCacheLocation (prefix, 128 hits)", figures["handler"], mget))
 
