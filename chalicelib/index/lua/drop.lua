@@ -52,8 +52,8 @@ for v = 1, #victims / VICTIM_LEN do
           local linked
           if flags % 4 < 2 then
             linked = pseq < seq
-          else
-            linked = pseq > seq and math.floor(flags / 4) == pseq % 64
+          else  -- adopted: the record's tail names its adopter (start.lua, "Child counts")
+            linked = pseq == struct.unpack('>I5', rec, HDR_LEN + 1)
           end
           if linked then redis.call('HSET', pbucket, parent, set_children(prec, -1)) end
         end

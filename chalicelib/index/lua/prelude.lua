@@ -2,11 +2,11 @@
 --
 -- A block record (hash field = 8-byte big-endian block key, value = this record):
 --   header (23 bytes) '>Bc8HI4BI6B':
---     flags (bit 0: has parent; bit 1: adopted, bits 2-7: the adopter's sequence mod 64,
---     see start.lua "Child counts"), parent key, child count, last access (s),
---     LFU counter, write time (ms), location count
+--     flags (bit 0: has parent; bit 1: adopted, see start.lua "Child counts"), parent
+--     key, child count, last access (s), LFU counter, write time (ms), location count
 --   location (16 bytes each) '>BBBI5I6H':
 --     status, storage index, spec group index, location id, group id, slot
+--   an adopted record's adopter (5 bytes '>I5') after its locations
 local HDR_FMT = '>Bc8HI4BI6B'
 local LOC_FMT = '>BBBI5I6H'
 local HDR_LEN = 23

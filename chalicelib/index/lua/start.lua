@@ -19,7 +19,8 @@
 --   * C is not adopted and R predates C (seq R < seq C): C was created while R was P's
 --     record, and R was counted then (R existed, or was created earlier in the same call);
 --   * or C is adopted (flags bit 1) by R: R was created after C, C being the key right
---     after P in the request, and flags bits 2-7 hold R's sequence number mod 64.
+--     after P in the request, and C's record ends with R's sequence number (I5, after
+--     its locations: every reader walks locations by count, so the tail is invisible).
 -- Invariant: a record's child count is the number of live records linked to it. A child
 -- whose parent record went away while it lived is linked to no record until a later
 -- write creates its parent again with it as the next key (adoption); drop.lua decrements
@@ -118,7 +119,9 @@ if #new > 0 then
     if c <= n and flags[c] == '0' and not seen[fields[c]] then
       local crec = redis.call('HGET', buckets[c], fields[c])
       if crec and byte(crec, 1) % 2 == 1 and string.sub(crec, 2, 9) == key then
-        redis.call('HSET', buckets[c], fields[c], string.char(3 + (loc % 64) * 4) .. string.sub(crec, 2))
+        local body_end = HDR_LEN + byte(crec, HDR_LEN) * LOC_LEN  -- drops an earlier adopter
+        redis.call('HSET', buckets[c], fields[c],
+                   string.char(3) .. string.sub(crec, 2, body_end) .. struct.pack('>I5', loc))
         children = children + 1
       end
     end

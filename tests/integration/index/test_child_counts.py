@@ -96,6 +96,23 @@ def test_adopted_child_keeps_its_link_across_rewrites_of_its_parent(index, layou
     assert children(index, layout, [P, D]) == {P: 1, D: 0}
 
 
+def test_a_later_parent_record_is_not_mistaken_for_the_adopter(index, layout):
+    """C adopted by P's second record; that record goes, and P's third record gets a
+    location id 64 higher (one that a 6-bit tag of the adopter would confuse): C's drop
+    must leave the third record's count alone."""
+    write(index, layout, [P, C], "a", [False, True])
+    write(index, layout, [P, C], "b")  # P's record adopts C
+    adopter = index.read(layout, [P], MODE_RAW)[0].locations[0].location_id
+    remove(index, layout, [P])
+    filler = list(range(1000, 1000 + 63))
+    write(index, layout, filler, "filler")
+    write(index, layout, [P, D], "c")
+    assert index.read(layout, [P], MODE_RAW)[0].locations[0].location_id == adopter + 64
+    assert children(index, layout, [P, D]) == {P: 1, D: 0}
+    remove(index, layout, [C])
+    assert children(index, layout, [P, D]) == {P: 1, D: 0}
+
+
 def test_parent_with_a_child_deleting_but_not_dropped_yet(index, layout):
     """The child's location is DELETING (marked, not dropped) when its parent is removed and
     written again: the child still exists, so it is adopted, and its drop takes it back."""
