@@ -16,7 +16,7 @@ from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, 
 from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.records import decode_record
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
-from ..protocol.errors import CapacityExceededError, InvalidArgumentError, KvcmError, StorageIOError
+from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
     CacheLocations,
     FinishWriteCacheRequest,
@@ -272,7 +272,7 @@ class CacheService:
     def _fail_after_error(self, ctx: InstanceContext, session_id: str) -> None:
         try:
             self.fail_session(ctx, session_id)
-        except KvcmError as exc:  # the reaper fails it at the deadline; the first error is the one to report
+        except Exception as exc:  # noqa: BLE001 - the reaper fails it at the deadline; the first error is the one to report
             logger.warning("could not fail the write session of a failed start",
                            extra={"write_session_id": session_id, "error": str(exc)})
 
@@ -301,8 +301,10 @@ class CacheService:
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
-        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags) if not m])
-        self.deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
+        delay_ms = self._delete_delay_ms(ctx)
+        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags) if not m],
+                                           resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
+        self.deleter.submit(ctx, victims, delay_ms)
         return Response()
 
     def trim_cache(self, req: TrimCacheRequest) -> Response:
@@ -343,9 +345,11 @@ class CacheService:
         return total + (self._remove_chunk(ctx, chunk, deleter) if chunk else 0)
 
     def _remove_chunk(self, ctx: InstanceContext, entries: list[tuple[int, int]], deleter: Deleter) -> int:
+        delay_ms = self._delete_delay_ms(ctx)
         victims = self.index.mark_deleting(ctx.layout, [key for key, _ in entries],
-                                           expected_locations=[location for _, location in entries])
-        deleter.submit(ctx, victims, self._delete_delay_ms(ctx))
+                                           expected_locations=[location for _, location in entries],
+                                           resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
+        deleter.submit(ctx, victims, delay_ms)
         return len(victims)
 
     @staticmethod

@@ -32,7 +32,7 @@ from .instance import InstanceReclaim, InstanceReport, Submit
 from .pending import PendingDeletions
 from .policies import Candidate, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
-from .stranded import PASS_S, STRANDED_AFTER_S, stranded_victims
+from .stranded import PASS_S, stranded_victims
 from .watermark import Limits, Need, Plan, assess, credit, split
 
 if TYPE_CHECKING:
@@ -202,9 +202,9 @@ class Reclaimer:
             delay_ms = strategy.delay_before_delete_ms if strategy is not None else 0
             storage_name = strategy.storage_unique_name if strategy is not None else ""
             submit = self._submitter(group.name, delay_ms)
-            deleting_since_s = int(now) - delay_ms // 1000 - STRANDED_AFTER_S
+            lost_before_s = self.index.lost_deletions_before_s(delay_ms)
             for ctx in contexts:
-                report.resubmitted += self._resubmit_stranded(ctx, period, deleting_since_s)
+                report.resubmitted += self._resubmit_stranded(ctx, period, lost_before_s)
             for ctx, usage in zip(contexts, usages):
                 need = needs.get(ctx.instance_id)
                 if need is None and not report.swept:
@@ -224,21 +224,28 @@ class Reclaimer:
         state.over = report.plan.needed and report.victims > 0
         return report
 
-    def _resubmit_stranded(self, ctx: "InstanceContext", period_s: int, deleting_since_s: int) -> int:
+    def _resubmit_stranded(self, ctx: "InstanceContext", period_s: int, lost_before_s: int) -> int:
         """Hand the deletions of the next buckets of the instance's stranded sweep that
-        never finished to the deleter again (see ``stranded``); returns how many."""
+        never finished to the deleter again (see ``stranded``); returns how many. A
+        deletion failing again is logged: it must not stop the group's reclaim."""
         count = sweep_buckets(ctx.layout.bucket_count, period_s, PASS_S, self.config)
         first = self.index.advance_sweep(ctx.layout, count, cursor="stranded")
         window = [(first + i) % ctx.layout.bucket_count for i in range(count)]
         step = self.config.buckets_per_trip
         victims = [v for i in range(0, count, step)
                    for v in stranded_victims(self.index.sample_buckets(ctx.layout, window[i:i + step]),
-                                             deleting_since_s)]
-        if victims:
+                                             lost_before_s)]
+        if not victims:
+            return 0
+        try:
             self.deleter.submit(ctx, victims)
-            if self.metrics is not None:
-                self.metrics.incr("cache_reclaimer.stranded_resubmit_count", len(victims),
-                                  {"instance_group": ctx.group.name})
+        except Exception as exc:  # noqa: BLE001 - one instance's storage must not stop the group's reclaim
+            logger.warning("stranded deletions failed again", extra={
+                "instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)})
+            return 0
+        if self.metrics is not None:
+            self.metrics.incr("cache_reclaimer.stranded_resubmit_count", len(victims),
+                              {"instance_group": ctx.group.name})
         return len(victims)
 
     def _contexts(self, instance_ids: Sequence[str]) -> list["InstanceContext"]:

@@ -6,8 +6,7 @@ refused it, a batch ran out of retries) nothing else would pick it up again: the
 could never be written again and its bytes would stay counted. The index scripts stamp a
 record's access time when its location turns DELETING; the reclaimer sweeps every
 instance slowly (a full pass about every ``PASS_S``) and re-submits the locations
-DELETING for longer than the delay plus ``STRANDED_AFTER_S``. Deletion is idempotent, so
-re-submitting one that was merely slow deletes nothing twice.
+DELETING for longer than the delay plus ``BlockIndex.DELETION_LOST_AFTER_S``.
 """
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ from typing import Iterable
 from ..index import Status, Victim
 from ..index.records import HEADER_LEN, LOCATION_LEN, decode_location
 
-#: A deletion is stranded when its location is DELETING this much longer than the delay.
-STRANDED_AFTER_S = 600
 #: One sweep over an instance takes about this long.
 PASS_S = 3600
 

@@ -159,6 +159,11 @@ class BlockIndex:
     TOUCH_INTERVAL_S = 1
     #: LFU counters lose one per this many seconds without access.
     LFU_DECAY_S = 60
+    #: A location DELETING this much longer than its group's delete delay counts as a lost
+    #: deletion (its hand-off failed) and may be handed to deletion again. Any sooner, a
+    #: second deletion could overlap the first, and for storages naming objects by block
+    #: key alone the late one could delete the object of a block written again meanwhile.
+    DELETION_LOST_AFTER_S = 600
 
     def __init__(self, client: redis.Redis, prefix: str, clock: Clock) -> None:
         self.client = client
@@ -192,7 +197,7 @@ class BlockIndex:
         blob = self._call(self._read, [layout.key("m"), layout.key("st")],
                           [pack_keys(block_keys), mode, sw_size, int(self.clock.now()),
                            self.TOUCH_INTERVAL_S, self.LFU_DECAY_S, layout.bucket_prefix, layout.bucket_count,
-                           "*" if servable is None else "\n".join(servable)])
+                           "" if servable is None else "\n" + "\n".join(servable)])
         out: list[Optional[bytes]] = []
         pos, end = 0, len(blob)
         while pos < end:
@@ -266,15 +271,22 @@ class BlockIndex:
             results = pipe.execute()
         return {i: [s.decode() for s in due] for i, due in zip(instance_ids, results) if due}
 
+    def lost_deletions_before_s(self, delay_ms: int) -> int:
+        """Locations that turned DELETING at or before this time (s) count as lost
+        deletions, for a group deleting ``delay_ms`` after the mark."""
+        return int(self.clock.now()) - delay_ms // 1000 - self.DELETION_LOST_AFTER_S
+
     def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int],
                       expected_locations: Optional[Sequence[int]] = None,
-                      serving_only: bool = False, max_children: Optional[Sequence[int]] = None) -> list[Victim]:
+                      serving_only: bool = False, max_children: Optional[Sequence[int]] = None,
+                      resubmit_before_s: int = 0) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
-        Unless ``serving_only``, locations already DELETING are returned too, so removing
-        a block again retries a deletion whose hand-off failed. ``expected_locations``
-        takes only those location ids; ``max_children`` skips a key whose record counts
-        more children than its entry (one gained a child meanwhile).
+        Unless ``serving_only``, locations that turned DELETING at or before
+        ``resubmit_before_s`` are returned too (lost deletions, see
+        ``lost_deletions_before_s``): removing a block again retries them.
+        ``expected_locations`` takes only those location ids; ``max_children`` skips a key
+        whose record counts more children than its entry (one gained a child meanwhile).
         """
         if not block_keys:
             return []
@@ -282,7 +294,7 @@ class BlockIndex:
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
         blob = self._call(self._mark, [layout.key("m")],
                           [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
-                           layout.bucket_count, limits, int(self.clock.now())])
+                           layout.bucket_count, limits, int(self.clock.now()), resubmit_before_s])
         return decode_victims(blob)
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:

@@ -2,14 +2,15 @@
 -- KEYS: [1] meta (routes the call to the instance's slot).
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
 --       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
---       SERVING (removeCache, trim) and DELETING ones again as they are: a deletion
---       whose hand-off failed is retried by removing the block again (deletion is
---       idempotent), [4] bucket prefix, [5] bucket count, [6] the most
+--       SERVING (removeCache, trim), and DELETING ones again as they are when they
+--       turned DELETING at or before ARGV[8] (lost deletions: removing the block again
+--       retries them), [4] bucket prefix, [5] bucket count, [6] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
---       a block only if no child was added since it read it as a leaf, [7] now (s).
+--       a block only if no child was added since it read it as a leaf, [7] now (s),
+--       [8] lost-deletion time (s, 0: none).
 -- Returns the victims blob (VICTIM_FMT descriptors).
 local keys, expected, which, limits = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-local bprefix, nbuckets, now_s = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[7])
+local bprefix, nbuckets, now_s, lost_s = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local victims = {}
 for i = 1, #keys / 8 do
   local key = field(keys, i)
@@ -31,7 +32,7 @@ for i = 1, #keys / 8 do
           rec = set_loc_status(rec, l, DELETING)
           changed = true
         end
-        if eligible or (which == 'A' and st == DELETING) then
+        if eligible or (which == 'A' and st == DELETING and struct.unpack('>I4', rec, 12) <= lost_s) then
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
         end
       end

@@ -2,7 +2,7 @@
 -- KEYS: [1] meta (routes the call to the instance's slot), [2] storage table.
 -- ARGV: keys blob (8 bytes per key), mode (1 prefix, 2 batch, 3 sliding window, 4 raw),
 --       sw_size, now (s), touch interval (s), LFU decay period (s), bucket prefix, buckets,
---       servable storages: '*' (any) or their names joined by '\n'.
+--       servable storages: '' (any) or '\n' followed by their names joined by '\n'.
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
 -- A location on a storage that may not serve (disabled, unhealthy, not a candidate) is a
 -- miss here, not only when rendered: the window and the prefix are found among blocks
@@ -20,7 +20,7 @@ local call, byte, sub = redis.call, string.byte, string.sub
 -- storage index -> true for storages that may not serve; false when every one may (the
 -- usual case, which keeps the per-key check to one byte compare)
 local blocked = false
-if ARGV[9] ~= '*' and mode ~= 4 then
+if ARGV[9] ~= '' and mode ~= 4 then
   local servable = {}
   for name in string.gmatch(ARGV[9], '[^\n]+') do servable[name] = true end
   local table_ = call('HGETALL', KEYS[2])

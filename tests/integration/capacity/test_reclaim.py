@@ -1,7 +1,7 @@
 """The reclaimer on a real Valkey index: watermarks, policies, leaf order, expiry."""
 from __future__ import annotations
 
-from chalicelib.cache.deletion import DeletionService
+from chalicelib.cache.deletion import DeletionService, InlineDeleter
 from chalicelib.index import Status
 
 from .harness import BLOCK, make_group
@@ -291,8 +291,6 @@ def test_a_lost_lease_stops_the_round_and_a_failing_group_is_reported(cluster, i
 
 
 def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, index, clock):
-    from chalicelib.capacity.stranded import STRANDED_AFTER_S
-
     cluster.group = make_group(capacity_blocks=1000, delay_ms=30_000)
     ctx = cluster.add_instance("i1")
     cluster.write("i1", [1, 2, 3])
@@ -304,7 +302,7 @@ def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, 
     index.finish(ctx.layout, "s2", session, [False, False])
     reclaimer = cluster.reclaimer()
 
-    clock.advance(30 + STRANDED_AFTER_S - 1)  # still within the delay and the grace
+    clock.advance(30 + index.DELETION_LOST_AFTER_S - 1)  # still within the delay and the grace
     assert reclaimer.run_round().groups[0].resubmitted == 0
     assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING, 3: Status.DELETING,
                                       4: Status.DELETING, 5: Status.DELETING}
@@ -313,3 +311,28 @@ def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, 
     assert reclaimer.run_round().groups[0].resubmitted == 3  # 16 buckets: one look sweeps them all
     assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING}
     assert (cluster.used("i1").keys, cluster.used("i1").bytes) == (2, 2 * BLOCK)
+
+
+def test_a_stranded_deletion_failing_again_does_not_stop_the_reclaim(cluster, index, clock):
+    from chalicelib.protocol.errors import StorageIOError
+
+    cluster.group = make_group(capacity_blocks=100, used_percentage=0.5)
+    ctx = cluster.add_instance("i1")
+    cluster.chains("i1", count=20, length=4)
+    stranded = cluster.keys(1)
+    cluster.write("i1", stranded)
+    index.mark_deleting(ctx.layout, stranded)  # its deletion was never handed over
+    clock.advance(index.DELETION_LOST_AFTER_S + 1)
+    inline = InlineDeleter(DeletionService(index))
+
+    class BrokenStorage:
+        def submit(self, ctx, victims, delay_ms=0):
+            if any(v.block_key in stranded for v in victims):
+                raise StorageIOError("nfs_01: delete failed")
+            inline.submit(ctx, victims, delay_ms)
+
+    report = cluster.reclaimer(deleter=BrokenStorage()).run_round()
+
+    group = report.groups[0]
+    assert (group.error, group.resubmitted) == ("", 0)
+    assert report.victims > 0 and cluster.statuses("i1")[stranded[0]] == Status.DELETING

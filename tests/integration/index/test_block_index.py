@@ -98,6 +98,16 @@ def test_window_and_batch(index, layout):
     assert [r is not None for r in recs] == [True, False, True]
 
 
+@pytest.mark.parametrize("servable,served", [
+    (None, [True, True]), (["nfs_01"], [True, True]), (["*", "nfs_02"], [False, False]), ([], [False, False])])
+def test_reads_serve_only_the_servable_storages(index, layout, servable, served):
+    start(index, layout, [1, 2])
+    finish(index, layout, "s1", [True, True])
+    assert [r is not None for r in index.read_raw(layout, [1, 2], MODE_BATCH, servable=servable)] == served
+    assert len(index.read_raw(layout, [1, 2], MODE_PREFIX, servable=servable)) == sum(served)
+    assert [r is not None for r in index.read_raw(layout, [1, 2], MODE_RAW, servable=servable)] == [True, True]
+
+
 def test_packed_group_released_with_last_block(index, layout):
     out = start(index, layout, [1, 2, 3], pack=2)
     _, victims = finish(index, layout, "s1", [False, False, False])

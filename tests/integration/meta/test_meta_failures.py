@@ -64,7 +64,7 @@ def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance
     assert statuses(http, sorted(sessions)) == ["CLS_NOT_FOUND"] * 3
 
 
-def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, http):
+def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, http, clock):
     s3 = runtime.aws("s3")
     s3.create_bucket(Bucket="kv-blocks")
     runtime.control.add_storage(StorageConfig.model_validate(
@@ -81,6 +81,10 @@ def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, h
     assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_DELETING"]  # no longer served, not deleted
 
     s3.create_bucket(Bucket="kv-blocks")
+    # Right away it could still be in flight: a second deletion must not overlap it.
+    assert code(http("removeCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
+    assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_DELETING"]
+    clock.advance(runtime.index.DELETION_LOST_AFTER_S + 1)  # now it counts as lost
     assert code(http("removeCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
     assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_NOT_FOUND"]
     assert runtime.index.usage([runtime.contexts("i1").layout])[0].keys == 1
