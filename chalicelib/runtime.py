@@ -39,16 +39,19 @@ class Runtime:
                     import redis
                     from redis.cluster import RedisCluster
 
+                    from .index.errors import valkey_errors
+
                     # Every key of an instance shares one hash tag, so each script call and
                     # each per-instance pipeline stays on one slot in cluster mode too.
                     client_class = RedisCluster if self.settings.valkey_cluster else redis.Redis
-                    self._valkey = client_class.from_url(
-                        self.settings.valkey_url,
-                        socket_connect_timeout=2.0,
-                        socket_timeout=5.0,
-                        health_check_interval=30,
-                        retry_on_timeout=True,
-                    )
+                    with valkey_errors("Valkey"):  # a cluster client connects here
+                        self._valkey = client_class.from_url(
+                            self.settings.valkey_url,
+                            socket_connect_timeout=2.0,
+                            socket_timeout=5.0,
+                            health_check_interval=30,
+                            retry_on_timeout=True,
+                        )
         return self._valkey
 
     def aws(self, service: str):

@@ -3,6 +3,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import redis
+from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
 
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
 
@@ -11,13 +12,27 @@ class IndexUnavailableError(ServiceNotReadyError):
     """Valkey did not answer."""
 
 
+# Valkey cannot serve now, as opposed to "the request is wrong": no connection or a
+# timeout, a cluster failing over or re-sharding, a replica answering a write.
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError)
+
+
 @contextmanager
 def valkey_errors(what: str) -> Iterator[None]:
-    """Turn "Valkey did not answer" into IndexUnavailableError (SERVICE_NOT_READY on the
+    """Turn "Valkey cannot serve now" into IndexUnavailableError (SERVICE_NOT_READY on the
     wire), so an outage reads as "retry later", never as an internal error."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except _UNAVAILABLE as exc:
+        raise IndexUnavailableError(f"{what} unavailable: {exc}") from None
+    except redis.ResponseError as exc:
+        if not str(exc).startswith("BUSY"):  # BUSY: another client's script is still running
+            raise
+        raise IndexUnavailableError(f"{what} unavailable: {exc}") from None
+    except RedisClusterException as exc:
+        # Raised for no reachable node, but also for a request spanning slots (a bug).
+        if "cannot be connected" not in str(exc):
+            raise
         raise IndexUnavailableError(f"{what} unavailable: {exc}") from None
 
 

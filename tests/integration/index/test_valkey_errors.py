@@ -1,0 +1,37 @@
+"""What counts as "Valkey cannot serve now" (SERVICE_NOT_READY) and what stays an error."""
+import pytest
+import redis
+from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, TryAgainError
+
+from tests.conftest import free_port
+from chalicelib.index.errors import IndexUnavailableError, valkey_errors
+from chalicelib.runtime import Runtime
+from chalicelib.settings import Settings
+
+
+@pytest.mark.parametrize("error", [
+    redis.ConnectionError("refused"), redis.TimeoutError("timed out"), ClusterDownError("CLUSTERDOWN"),
+    TryAgainError("TRYAGAIN"), ReadOnlyError("READONLY replica"),
+    redis.ResponseError("BUSY Redis is busy running a script"),
+    RedisClusterException("Redis Cluster cannot be connected. Please provide at least one reachable node"),
+])
+def test_unavailable_answers_become_index_unavailable(error):
+    with pytest.raises(IndexUnavailableError, match="^index unavailable: "):
+        with valkey_errors("index"):
+            raise error
+
+
+@pytest.mark.parametrize("error", [
+    redis.ResponseError("ERR wrong number of arguments"),
+    RedisClusterException("Keys in request don't hash to the same slot"),
+])
+def test_other_errors_stay_what_they_are(error):
+    with pytest.raises(type(error)):
+        with valkey_errors("index"):
+            raise error
+
+
+def test_a_cluster_client_that_cannot_connect_is_service_not_ready():
+    runtime = Runtime(settings=Settings(valkey_url=f"redis://127.0.0.1:{free_port()}/0", valkey_cluster=True))
+    with pytest.raises(IndexUnavailableError, match="cannot be connected"):
+        runtime.valkey
