@@ -272,7 +272,8 @@ class CacheService:
     def _fail_after_error(self, ctx: InstanceContext, session_id: str) -> None:
         try:
             self.fail_session(ctx, session_id)
-        except Exception as exc:  # noqa: BLE001 - the reaper fails it at the deadline; the first error is the one to report
+        # The reaper fails it at the deadline; the start's own error is the one to report.
+        except Exception as exc:  # noqa: BLE001
             logger.warning("could not fail the write session of a failed start",
                            extra={"write_session_id": session_id, "error": str(exc)})
 
@@ -301,10 +302,7 @@ class CacheService:
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
-        delay_ms = self._delete_delay_ms(ctx)
-        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags) if not m],
-                                           resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
-        self.deleter.submit(ctx, victims, delay_ms)
+        self._remove(ctx, [k for k, m in zip(keys, flags) if not m], self.deleter)
         return Response()
 
     def trim_cache(self, req: TrimCacheRequest) -> Response:
@@ -330,24 +328,28 @@ class CacheService:
         meanwhile is a new location, which the range may not cover.
         """
         deleter = deleter or self.deleter
-        chunk: list[tuple[int, int]] = []
+        keys: list[int] = []
+        locations: list[int] = []
         total = 0
         for key, raw in self.index.scan(ctx.layout):
             record = decode_record(raw)
             if written_between_us is not None and not (
                     written_between_us[0] <= record.write_time_ms * 1000 <= written_between_us[1]):
                 continue
+            keys.append(key)
             # A record holds one location (lua/start.lua creates it with one, nothing adds any).
-            chunk.append((key, record.locations[0].location_id))
-            if len(chunk) == _SCAN_CHUNK:
-                total += self._remove_chunk(ctx, chunk, deleter)
-                chunk = []
-        return total + (self._remove_chunk(ctx, chunk, deleter) if chunk else 0)
+            locations.append(record.locations[0].location_id)
+            if len(keys) == _SCAN_CHUNK:
+                total += self._remove(ctx, keys, deleter, locations)
+                keys, locations = [], []
+        return total + (self._remove(ctx, keys, deleter, locations) if keys else 0)
 
-    def _remove_chunk(self, ctx: InstanceContext, entries: list[tuple[int, int]], deleter: Deleter) -> int:
+    def _remove(self, ctx: InstanceContext, keys: list[int], deleter: Deleter,
+                expected_locations: Optional[list[int]] = None) -> int:
+        """Mark the keys' locations (only ``expected_locations`` when given) DELETING and
+        hand them, with the lost deletions among them, to ``deleter``; returns how many."""
         delay_ms = self._delete_delay_ms(ctx)
-        victims = self.index.mark_deleting(ctx.layout, [key for key, _ in entries],
-                                           expected_locations=[location for _, location in entries],
+        victims = self.index.mark_deleting(ctx.layout, keys, expected_locations=expected_locations,
                                            resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
         deleter.submit(ctx, victims, delay_ms)
         return len(victims)
