@@ -32,7 +32,7 @@ from .instance import InstanceReclaim, InstanceReport, Submit
 from .pending import PendingDeletions
 from .policies import Candidate, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
-from .stranded import PASS_S, stranded_victims
+from .stranded import PASS_S, stranded_locations
 from .watermark import Limits, Need, Plan, assess, credit, split
 
 if TYPE_CHECKING:
@@ -232,9 +232,16 @@ class Reclaimer:
         first = self.index.advance_sweep(ctx.layout, count, cursor="stranded")
         window = [(first + i) % ctx.layout.bucket_count for i in range(count)]
         step = self.config.buckets_per_trip
-        victims = [v for i in range(0, count, step)
-                   for v in stranded_victims(self.index.sample_buckets(ctx.layout, window[i:i + step]),
-                                             lost_before_s)]
+        found = [entry for i in range(0, count, step)
+                 for entry in stranded_locations(self.index.sample_buckets(ctx.layout, window[i:i + step]),
+                                                 lost_before_s)]
+        if not found:
+            return 0
+        # Through the mark script: only what is still lost is taken, and stamped again, so
+        # a removeCache right after this cannot hand the same deletion over a second time.
+        victims = self.index.mark_deleting(ctx.layout, [key for key, _ in found],
+                                           expected_locations=[location for _, location in found],
+                                           resubmit_before_s=lost_before_s)
         if not victims:
             return 0
         try:

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..index import Status, Victim
-from ..index.records import HEADER_LEN, LOCATION_LEN, decode_location
+from ..index import Status
+from ..index.records import HEADER_LEN, LOCATION_LEN
 
 #: One sweep over an instance takes about this long.
 PASS_S = 3600
 
 
-def stranded_victims(records: Iterable[tuple[int, bytes]], deleting_since_s: int) -> list[Victim]:
-    """The DELETING locations of ``records`` ((block key, raw record) pairs) whose record
-    turned DELETING at or before ``deleting_since_s``."""
-    victims = []
+def stranded_locations(records: Iterable[tuple[int, bytes]], deleting_since_s: int) -> list[tuple[int, int]]:
+    """(block key, location id) of the DELETING locations of ``records`` ((block key, raw
+    record) pairs) whose record turned DELETING at or before ``deleting_since_s``."""
+    found = []
     for key, raw in records:
         if int.from_bytes(raw[11:15], "big") > deleting_since_s:  # the header's access time
             continue
         for off in range(HEADER_LEN, HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
             if raw[off] == Status.DELETING:
-                loc = decode_location(raw, off)
-                victims.append(Victim(key, loc.location_id, loc.storage_index, loc.spec_group, loc.group_id, loc.slot))
-    return victims
+                found.append((key, int.from_bytes(raw[off + 3:off + 8], "big")))
+    return found

@@ -1,4 +1,5 @@
 """The index's errors (all in the protocol's exception family)."""
+import re
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -15,6 +16,8 @@ class IndexUnavailableError(ServiceNotReadyError):
 # Valkey cannot serve now, as opposed to "the request is wrong": no connection or a
 # timeout, a cluster failing over or re-sharding, a replica answering a write.
 _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError)
+# Another client's script still running; redis-py prefixes a pipeline's errors.
+_BUSY = re.compile(r"(^|caused error: )BUSY\b")
 
 
 @contextmanager
@@ -26,7 +29,7 @@ def valkey_errors(what: str) -> Iterator[None]:
     except _UNAVAILABLE as exc:
         raise IndexUnavailableError(f"{what} unavailable: {exc}") from None
     except redis.ResponseError as exc:
-        if not str(exc).startswith("BUSY"):  # BUSY: another client's script is still running
+        if not _BUSY.search(str(exc)):
             raise
         raise IndexUnavailableError(f"{what} unavailable: {exc}") from None
     except RedisClusterException as exc:

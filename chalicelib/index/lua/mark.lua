@@ -4,7 +4,7 @@
 --       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
 --       SERVING (removeCache, trim), and DELETING ones again as they are when they
 --       turned DELETING at or before ARGV[8] (lost deletions: removing the block again
---       retries them), [4] bucket prefix, [5] bucket count, [6] the most
+--       retries them, stamped anew), [4] bucket prefix, [5] bucket count, [6] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
 --       a block only if no child was added since it read it as a leaf, [7] now (s),
 --       [8] lost-deletion time (s, 0: none).
@@ -28,12 +28,11 @@ for i = 1, #keys / 8 do
       local st, sidx, sg, id, group, slot = loc_at(rec, l)
       local eligible = st == SERVING or (which == 'A' and st == WRITING)
       if want == nil or want == id then
-        if eligible then
-          rec = set_loc_status(rec, l, DELETING)
-          changed = true
-        end
-        if eligible or (which == 'A' and st == DELETING and struct.unpack('>I4', rec, 12) <= lost_s) then
+        if eligible then rec = set_loc_status(rec, l, DELETING) end
+        local lost = which == 'A' and st == DELETING and struct.unpack('>I4', rec, 12) <= lost_s
+        if eligible or lost then
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
+          changed = true  -- stamped below: a retry counts as lost only after its own grace
         end
       end
     end

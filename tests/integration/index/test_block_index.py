@@ -108,6 +108,20 @@ def test_reads_serve_only_the_servable_storages(index, layout, servable, served)
     assert [r is not None for r in index.read_raw(layout, [1, 2], MODE_RAW, servable=servable)] == [True, True]
 
 
+def test_a_lost_deletion_is_handed_over_again_once_per_grace(index, layout, clock):
+    start(index, layout, [1])
+    finish(index, layout, "s1", [True])
+    assert len(index.mark_deleting(layout, [1])) == 1  # its deletion is then lost
+    delay_ms = 5000
+    assert index.mark_deleting(layout, [1], resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
+    clock.advance(5 + index.DELETION_LOST_AFTER_S)
+    again = index.mark_deleting(layout, [1], resubmit_before_s=index.lost_deletions_before_s(delay_ms))
+    assert [v.block_key for v in again] == [1]
+    clock.advance(1)  # the retry may still be running: not handed over a second time
+    assert index.mark_deleting(layout, [1], resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
+    assert index.mark_deleting(layout, [1], serving_only=True, resubmit_before_s=int(clock.now()) + 1) == []
+
+
 def test_packed_group_released_with_last_block(index, layout):
     out = start(index, layout, [1, 2, 3], pack=2)
     _, victims = finish(index, layout, "s1", [False, False, False])

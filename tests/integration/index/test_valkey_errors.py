@@ -13,6 +13,7 @@ from chalicelib.settings import Settings
     redis.ConnectionError("refused"), redis.TimeoutError("timed out"), ClusterDownError("CLUSTERDOWN"),
     TryAgainError("TRYAGAIN"), ReadOnlyError("READONLY replica"),
     redis.ResponseError("BUSY Redis is busy running a script"),
+    redis.ResponseError("Command # 1 (HGETALL {t:i}:u) of pipeline caused error: BUSY Valkey is busy running a script"),
     RedisClusterException("Redis Cluster cannot be connected. Please provide at least one reachable node"),
 ])
 def test_unavailable_answers_become_index_unavailable(error):
@@ -23,6 +24,7 @@ def test_unavailable_answers_become_index_unavailable(error):
 
 @pytest.mark.parametrize("error", [
     redis.ResponseError("ERR wrong number of arguments"),
+    redis.ResponseError("BUSYGROUP Consumer Group name already exists"),
     RedisClusterException("Keys in request don't hash to the same slot"),
 ])
 def test_other_errors_stay_what_they_are(error):
