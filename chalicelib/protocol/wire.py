@@ -70,6 +70,13 @@ def _boolean(value: Any) -> bool:
 
 def _string(value: Any) -> str:
     if isinstance(value, str):
+        # JSON can spell an unpaired UTF-16 surrogate ("\ud800"); no UTF-8 text holds one,
+        # so it could be neither stored nor sent back.
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("contains an unpaired UTF-16 surrogate") from None
         return value
     raise ValueError(f"expected a string, got {type(value).__name__}")
 
@@ -232,6 +239,8 @@ def decode_body(raw: bytes | str | None) -> dict:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise MalformedBodyError("request body is not valid JSON") from None
+    except RecursionError:
+        raise MalformedBodyError("request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise MalformedBodyError("request body is not a JSON object")
     return data

@@ -42,6 +42,8 @@ class Operation:
 
 def _error_body(model: type[Response], code: ErrorCode, message: str, request_id: str) -> str:
     """The response with its defaults (API.md: defaults are printed) and the error's header."""
+    # A message quoting the client's input must not fail the error response itself.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return render(model(header=ResponseHeader(status=Status(code=code, message=message), request_id=request_id)))
 
 

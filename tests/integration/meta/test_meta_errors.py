@@ -14,7 +14,7 @@ METHODS = ["registerInstance", "getInstanceInfo", "getCacheLocation", "getCacheM
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("body", ["not json", "[1, 2]", '"text"', "{"])
+@pytest.mark.parametrize("body", ["not json", "[1, 2]", '"text"', "{", '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"])
 def test_body_not_a_json_object(http, instance, method, body):
     assert http(method, body) == {}
     assert http.status == 400
@@ -185,3 +185,22 @@ def test_fault_injection(http, instance):
 def test_debug_service_off(http, instance, runtime):
     runtime.settings = dataclasses.replace(runtime.settings, debug_service=False)
     assert code(http("injectFault", {"api_name": "getCacheLocation"})) == "UNSUPPORTED"
+
+
+@pytest.mark.parametrize("method,body,field", [
+    ("getCacheLocation", {"trace_id": "\ud800", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]}, "trace_id"),
+    ("getInstanceInfo", {"instance_id": "\udfff"}, "instance_id"),
+    ("finishWriteCache", {"write_session_id": "a\ud800", "success_blocks": {"offset": 0}}, "write_session_id"),
+    ("registerInstance", {"instance_group": "g1", "instance_id": "i2", "block_size": 4, "location_spec_infos": SPECS,
+                          "model_deployment": {"model_name": "m", "dtype": "\ud800"}}, "model_deployment.dtype"),
+])
+def test_an_unpaired_surrogate_is_refused_naming_the_field(http, instance, method, body, field):
+    # JSON can spell a lone UTF-16 surrogate; no UTF-8 text can hold it, so it is refused
+    # before anything is stored or echoed back.
+    raw = json.dumps({"instance_id": instance, **body})
+    resp = http(method, raw)
+    assert http.status == 200 and code(resp) == "INVALID_ARGUMENT", resp
+    assert f"field '{field}': contains an unpaired UTF-16 surrogate" in resp["header"]["status"]["message"]
+    assert code(http("getInstanceInfo", {"instance_id": "i2"})) == "INSTANCE_NOT_EXIST"
+    # A pair is a character like any other.
+    assert code(http("getInstanceInfo", {"instance_id": instance, "trace_id": "\ud83d\ude00"})) == "OK"
