@@ -89,8 +89,7 @@ class GroupReport:
 
     def to_dict(self) -> dict:
         return {"group": self.group, "reason": self.reason, "swept": self.swept, "resubmitted": self.resubmitted,
-                "victims": self.victims,
-                "bytes": self.bytes, "error": self.error,
+                "victims": self.victims, "bytes": self.bytes, "error": self.error,
                 "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
                 "instances": [r.to_dict() for r in self.instances]}
 
@@ -228,11 +227,10 @@ class Reclaimer:
         """Hand the deletions of the next buckets of the instance's stranded sweep that
         never finished to the deleter again (see ``stranded``); returns how many. A
         deletion failing again is logged: it must not stop the group's reclaim."""
-        count = sweep_buckets(ctx.layout.bucket_count, period_s, PASS_S, self.config)
-        first = self.index.advance_sweep(ctx.layout, count, cursor="stranded")
-        window = [(first + i) % ctx.layout.bucket_count for i in range(count)]
+        window = self.index.advance_sweep(
+            ctx.layout, sweep_buckets(ctx.layout.bucket_count, period_s, PASS_S, self.config), cursor="stranded")
         step = self.config.buckets_per_trip
-        found = [entry for i in range(0, count, step)
+        found = [entry for i in range(0, len(window), step)
                  for entry in stranded_locations(self.index.sample_buckets(ctx.layout, window[i:i + step]),
                                                  lost_before_s)]
         if not found:

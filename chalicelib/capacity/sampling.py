@@ -123,10 +123,7 @@ class BucketSampler:
 
     def sweep(self, buckets: int) -> list[Candidate]:
         """The candidates of the next ``buckets`` buckets of the instance's sweep cursor."""
-        count = self.layout.bucket_count
-        buckets = min(buckets, count)
-        start = self.index.advance_sweep(self.layout, buckets)
-        window = [(start + i) % count for i in range(buckets)]
+        window = self.index.advance_sweep(self.layout, buckets)
         step = self.config.buckets_per_trip
         return [c for i in range(0, len(window), step) for c in self._read(window[i:i + step])]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..index import Status
-from ..index.records import HEADER_LEN, LOCATION_LEN
+from ..index.records import last_access_s, location_ids
 
 #: One sweep over an instance takes about this long.
 PASS_S = 3600
@@ -22,11 +22,5 @@ PASS_S = 3600
 def stranded_locations(records: Iterable[tuple[int, bytes]], deleting_since_s: int) -> list[tuple[int, int]]:
     """(block key, location id) of the DELETING locations of ``records`` ((block key, raw
     record) pairs) whose record turned DELETING at or before ``deleting_since_s``."""
-    found = []
-    for key, raw in records:
-        if int.from_bytes(raw[11:15], "big") > deleting_since_s:  # the header's access time
-            continue
-        for off in range(HEADER_LEN, HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
-            if raw[off] == Status.DELETING:
-                found.append((key, int.from_bytes(raw[off + 3:off + 8], "big")))
-    return found
+    return [(key, location) for key, raw in records if last_access_s(raw) <= deleting_since_s
+            for location in location_ids(raw, Status.DELETING)]

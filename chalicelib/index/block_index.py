@@ -399,12 +399,13 @@ class BlockIndex:
         return {int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode())
                 for k, v in raw.items() if k.startswith(b"#")}
 
-    def advance_sweep(self, layout: InstanceLayout, count: int, cursor: str = "sweep") -> int:
-        """Claim the next ``count`` buckets of one of the instance's sweeps (a cursor kept in
-        Valkey, so successive rounds on any node cover every bucket); returns the first."""
+    def advance_sweep(self, layout: InstanceLayout, count: int, cursor: str = "sweep") -> list[int]:
+        """Claim the next ``count`` buckets (at most all) of one of the instance's sweeps (a
+        cursor kept in Valkey, so successive rounds on any node cover every bucket)."""
+        count = min(count, layout.bucket_count)
         with valkey_errors("index"):
             end = self.client.hincrby(layout.key("m"), cursor, count)
-        return (end - count) % layout.bucket_count
+        return [(end - count + i) % layout.bucket_count for i in range(count)]
 
     @property
     def _reclaim_wake_key(self) -> str:

@@ -67,6 +67,18 @@ def location_status(rec: bytes, location_id: int) -> Optional[Status]:
     return None
 
 
+def location_ids(rec: bytes, status: Status) -> list[int]:
+    """The ids of a record's locations in ``status`` (the few bytes needed, as above)."""
+    return [int.from_bytes(rec[off + 3:off + 8], "big")
+            for off in range(HEADER_LEN, HEADER_LEN + rec[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN)
+            if rec[off] == status]
+
+
+def last_access_s(rec: bytes) -> int:
+    """The header's access time: a served block's last read, or when it turned DELETING."""
+    return HEADER.unpack_from(rec, 0)[3]
+
+
 def decode_record(rec: bytes) -> BlockRecord:
     """Parse one stored record."""
     flags, parent, children, atime, lfu = HEADER.unpack_from(rec, 0)
