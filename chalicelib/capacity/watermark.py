@@ -12,6 +12,8 @@ of the limit and, for bytes, ``reclaim_step_size``. After a refused write ("pres
 the trigger is also kept at least one step — at most ``PRESSURE_HEADROOM_PERCENT`` of
 the limit — under the hard limit, so that a group configured with ``used_percentage``
 1.0 does not refuse writes forever; with the defaults (0.9, 10 %) it changes nothing.
+A ``used_percentage`` above 1 switches that off too: it never triggers (upstream's reclaim
+cases use 3.2 so that a full group refuses writes rather than reclaim).
 """
 from __future__ import annotations
 
@@ -103,6 +105,7 @@ class Plan:
 
 def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) -> Plan:
     """The round's plan for a group whose instances use ``usages`` (by instance id)."""
+    pressure = pressure and limits.used_fraction <= 1
     total = sum(u.bytes for u in usages.values())
     triggers = []
     if limits.capacity > 0:

@@ -21,6 +21,7 @@ from ..protocol.models import (AddAccountRequest, CheckHealthResponse, CreateIns
                                StorageRequest, UpdateInstanceGroupRequest, UpdateLeaderElectorConfigRequest,
                                UpdateLoggerRequest, UpdateStorageRequest)
 from ..runtime import Runtime
+from .errors import UnknownEntityError
 from .validation import require, require_name, validate_storage_config
 
 # ------------------------------------------------------------------ storages
@@ -92,10 +93,17 @@ def list_instance_group(runtime: Runtime, request: ListRequest) -> ListInstanceG
 
 
 def list_instance_info(runtime: Runtime, request: ListInstanceInfoRequest) -> ListInstanceInfoResponse:
-    """The instances of ``instance_group_name`` (an unknown group is an error), or all."""
+    """The instances of ``instance_group_name``, or all; a group that does not exist has
+    none (upstream answers OK with an empty list, and its admin cases rely on it)."""
     control = runtime.control
     name = request.instance_group_name
-    groups = {name: control.get_group(name)} if name else {g.name: g for g in control.list_groups()}
+    if name:
+        try:
+            groups = {name: control.get_group(name)}
+        except UnknownEntityError:
+            return ListInstanceInfoResponse()
+    else:
+        groups = {g.name: g for g in control.list_groups()}
     return ListInstanceInfoResponse(instance_info=[
         record.to_instance_info(groups[record.group].global_quota_group_name if record.group in groups else "")
         for record in control.list_instances(name)])

@@ -10,7 +10,9 @@ updated. What a 0 means where it is kept:
   can trigger a byte-based reclaim.
 - ``cache_config.reclaim_strategy``:
   ``reclaim_policy`` unspecified → ``POLICY_LRU``;
-  ``trigger_strategy.used_percentage`` 0 → ``0.9`` (a fraction of capacity, in (0, 1]);
+  ``trigger_strategy.used_percentage`` 0 → ``0.9`` (a fraction of capacity; any positive
+  value: above 1 it never triggers, which upstream's own reclaim cases use, with 3.2, to
+  switch percentage-triggered reclaim off);
   ``trigger_strategy.used_size`` 0: no absolute byte trigger;
   ``trigger_period_seconds`` 0 → ``10``;
   ``reclaim_step_size`` 0: no byte bound per reclaim round;
@@ -95,9 +97,9 @@ def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -
     require_non_negative(trigger.used_size, f"{path}.trigger_strategy.used_size")
     if trigger.used_percentage == 0:
         trigger.used_percentage = DEFAULT_USED_PERCENTAGE
-    if not (math.isfinite(trigger.used_percentage) and 0 < trigger.used_percentage <= 1):
+    if not (math.isfinite(trigger.used_percentage) and trigger.used_percentage > 0):
         raise invalid(f"{path}.trigger_strategy.used_percentage",
-                      f"must be a fraction in (0, 1] (e.g. 0.9), got {trigger.used_percentage}")
+                      f"must be a positive fraction (e.g. 0.9; above 1: never), got {trigger.used_percentage}")
     strategy.trigger_strategy = trigger
     require_non_negative(strategy.trigger_period_seconds, f"{path}.trigger_period_seconds")
     strategy.trigger_period_seconds = strategy.trigger_period_seconds or DEFAULT_TRIGGER_PERIOD_S

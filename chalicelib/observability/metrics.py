@@ -107,13 +107,14 @@ class MetricsRegistry:
         with self._lock:
             self._pending.merge(delta)
 
-    def record_call(self, api_name: str, code: str, latency_us: int) -> None:
-        """The per-call metrics of every API method (upstream names)."""
-        tags = {"api_name": api_name}
+    def record_call(self, method: str, code: str, latency_us: int) -> None:
+        """The per-call metrics of the API method ``method`` (its lowerCamel HTTP name),
+        tagged ``api_name`` with the upstream RPC name (``rpc_name``)."""
+        tags = {"api_name": rpc_name(method)}
         self.incr("service.query_counter", 1, tags)
         self.observe("service.query_rt_us", latency_us, tags)
         if code != "OK":
-            self.incr("service.error_counter", 1, {"api_name": api_name, "code": code})
+            self.incr("service.error_counter", 1, {**tags, "code": code})
 
     def value(self, name: str, tags: Optional[dict[str, str]] = None) -> Optional[float]:
         """One metric's value in this container (None when never recorded); for tests and
@@ -126,6 +127,13 @@ class MetricsRegistry:
             if totals.counts.get(key):
                 return totals.sums[key] / totals.counts[key]
             return totals.gauges.get(key)
+
+
+def rpc_name(method: str) -> str:
+    """The upstream RPC name of an HTTP method name: ``getCacheLocation`` →
+    ``GetCacheLocation``. Upstream's tests and dashboards select ``service.*`` metrics by
+    this ``api_name`` tag."""
+    return method[:1].upper() + method[1:]
 
 
 class MetricsPublisher:

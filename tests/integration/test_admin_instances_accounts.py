@@ -22,7 +22,7 @@ def test_list_instance_info(client, control):
     assert only_g2[0]["location_spec_infos"] == [{"name": "tp0", "size": "1024"}, {"name": "tp1", "size": "1024"}]
     assert only_g2[0]["model_deployment"]["model_name"] == "qwen"
     unknown = call(client, "listInstanceInfo", {"instance_group_name": "nope"})
-    assert (code(unknown), message(unknown)) == ("INVALID_ARGUMENT", "instance group 'nope' does not exist")
+    assert (code(unknown), unknown["instance_info"]) == ("OK", [])  # as upstream answers
 
 
 def test_remove_instance(client, control):

@@ -55,7 +55,7 @@ CASES = {
         ({"instance_group": {**VALID_GROUP, "quota": {"quota_config": [{"storage_type": "ST_FLOPPY"}]}}},
          "field 'instance_group.quota.quota_config[0].storage_type'"),
         ({"instance_group": {**VALID_GROUP, "cache_config": {"reclaim_strategy": {
-            "trigger_strategy": {"used_percentage": 90}}}}},
+            "trigger_strategy": {"used_percentage": -0.5}}}}},
          "field 'instance_group.cache_config.reclaim_strategy.trigger_strategy.used_percentage'"),
         ({"instance_group": group_json("g1", "nfs9")}, "instance group 'g1' already exists"),
     ],
@@ -72,8 +72,7 @@ CASES = {
     "listInstanceGroup": [({"header": {"trace_id": 1}}, "field 'header.trace_id'")],
     "removeInstance": [({}, "field 'instance_id' is required"), ({"instance_id": 3}, "field 'instance_id'"),
                        ({"instance_id": "i1", "instance_group": "g2"}, "field 'instance_group'")],
-    "listInstanceInfo": [({"instance_group_name": 3}, "field 'instance_group_name'"),
-                         ({"instance_group_name": "nope"}, "instance group 'nope' does not exist")],
+    "listInstanceInfo": [({"instance_group_name": 3}, "field 'instance_group_name'")],
     "addAccount": [
         ({"password": "p"}, "field 'user_name' is required"),
         ({"user_name": "carol"}, "field 'password' is required"),

@@ -13,15 +13,15 @@ def test_get_metrics_counts_calls(client, runtime, clock):
     assert data["timestamp"] == str(int(clock.now() * 1000))
     by_key = {(m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])): m["metric_value"]
               for m in data["metrics"]}
-    assert by_key[("service.query_counter", (("api_name", "listStorage"),))] == {"int_value": "2"}
-    assert by_key[("service.query_counter", (("api_name", "removeStorage"),))] == {"int_value": "1"}
-    assert by_key[("service.error_counter", (("api_name", "removeStorage"), ("code", "INVALID_ARGUMENT")))] == {
+    assert by_key[("service.query_counter", (("api_name", "ListStorage"),))] == {"int_value": "2"}
+    assert by_key[("service.query_counter", (("api_name", "RemoveStorage"),))] == {"int_value": "1"}
+    assert by_key[("service.error_counter", (("api_name", "RemoveStorage"), ("code", "INVALID_ARGUMENT")))] == {
         "int_value": "1"}
-    rt = by_key[("service.query_rt_us", (("api_name", "listStorage"),))]
+    rt = by_key[("service.query_rt_us", (("api_name", "ListStorage"),))]
     assert set(rt) == {"float_value"} and rt["float_value"] > 0
-    assert ("service.query_counter", (("api_name", "getMetrics"),)) not in by_key  # recorded after answering
+    assert ("service.query_counter", (("api_name", "GetMetrics"),)) not in by_key  # recorded after answering
     again = call(client, "getMetrics")
-    assert any(m["metric_name"] == "service.query_counter" and m["metric_tags"][0]["tag_value"] == "getMetrics"
+    assert any(m["metric_name"] == "service.query_counter" and m["metric_tags"][0]["tag_value"] == "GetMetrics"
                for m in again["metrics"])
 
 
@@ -46,10 +46,10 @@ def test_get_metrics_adds_up_every_container(client, runtime, clock, valkey, val
     other.metrics_publisher.publish()  # what a job does at its end
     call(client, "listStorage")
     values = metric_values(call(client, "getMetrics"))
-    assert values[("service.query_counter", (("api_name", "listStorage"),))] == "4"
+    assert values[("service.query_counter", (("api_name", "ListStorage"),))] == "4"
     assert values[("data_storage.healthy_status", (("storage", "nfs_01"),))] == 0.0
-    mean = values[("service.query_rt_us", (("api_name", "listStorage"),))]
-    latencies = [rt.metrics.value("service.query_rt_us", {"api_name": "listStorage"}) for rt in (runtime, other)]
+    mean = values[("service.query_rt_us", (("api_name", "ListStorage"),))]
+    latencies = [rt.metrics.value("service.query_rt_us", {"api_name": "ListStorage"}) for rt in (runtime, other)]
     assert mean == pytest.approx((latencies[0] * 1 + latencies[1] * 3) / 4)
 
 
@@ -66,8 +66,8 @@ def test_get_metrics_without_valkey_is_service_not_ready(client, runtime, monkey
     assert code(data) == "SERVICE_NOT_READY" and "metrics" in message(data)
     monkeypatch.undo()
     values = metric_values(call(client, "getMetrics"))  # nothing was lost meanwhile
-    assert values[("service.query_counter", (("api_name", "listStorage"),))] == "1"
-    assert values[("service.error_counter", (("api_name", "getMetrics"), ("code", "SERVICE_NOT_READY")))] == "1"
+    assert values[("service.query_counter", (("api_name", "ListStorage"),))] == "1"
+    assert values[("service.error_counter", (("api_name", "GetMetrics"), ("code", "SERVICE_NOT_READY")))] == "1"
 
 
 def test_check_health(client, runtime, clock):

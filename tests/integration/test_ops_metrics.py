@@ -14,7 +14,7 @@ def test_metrics_of_every_container_in_the_text_format(client, runtime, clock, v
     from tests.integration.control.harness import build_runtime
 
     other = build_runtime(valkey_url, clock, valkey, node_id="node-b")
-    other.metrics.incr("service.query_counter", 3, {"api_name": "listStorage"})
+    other.metrics.incr("service.query_counter", 3, {"api_name": "ListStorage"})
     other.metrics.gauge("data_storage.healthy_status", 1, {"storage": "nfs_01"})
     other.metrics_publisher.publish()
     call(client, "listStorage")
@@ -22,8 +22,8 @@ def test_metrics_of_every_container_in_the_text_format(client, runtime, clock, v
     assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
     lines = body.splitlines()
     assert "# TYPE kvcmtest_service_query_counter_total counter" in lines
-    assert 'kvcmtest_service_query_counter_total{api_name="listStorage"} 4' in lines
-    assert 'kvcmtest_service_query_rt_us_count{api_name="listStorage"} 1' in lines
+    assert 'kvcmtest_service_query_counter_total{api_name="ListStorage"} 4' in lines
+    assert 'kvcmtest_service_query_rt_us_count{api_name="ListStorage"} 1' in lines
     assert 'kvcmtest_data_storage_healthy_status{storage="nfs_01"} 1.0' in lines
 
 

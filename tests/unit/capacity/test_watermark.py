@@ -134,3 +134,15 @@ def test_need_take_and_block_estimate():
     for _ in range(4):
         need.take(2048, "ST_NFS")
     assert not need.pending and need == Need(0, {"ST_NFS": 0}, 0)
+
+
+def test_used_percentage_above_one_never_triggers_even_under_pressure():
+    """Upstream's reclaim cases switch percentage reclaim off with 3.2: a full group then
+    refuses writes instead of reclaiming."""
+    off = Limits(capacity=1000, type_capacity={"ST_NFS": 500}, max_keys=10, used_fraction=3.2, step_percentage=10)
+    full = {"a": usage(1000, keys=10, ST_NFS=500)}
+    assert not assess(off, full).needed
+    assert not assess(off, full, pressure=True).needed
+    assert Limits.of(normalize_group(InstanceGroup.model_validate(
+        {"name": "g", "storage_candidates": ["a"],
+         "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}}}))).used_fraction == 3.2

@@ -42,6 +42,14 @@ def test_given_values_are_kept_and_the_input_is_not_mutated():
     assert original.cache_config.meta_indexer_config is None
 
 
+def test_used_percentage_above_one_is_kept():
+    """Above 1 never triggers: upstream's reclaim cases create their groups with 3.2."""
+    g = normalize_group(InstanceGroup.model_validate(
+        {"name": "g", "storage_candidates": ["a"],
+         "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}}}))
+    assert g.cache_config.reclaim_strategy.trigger_strategy.used_percentage == 3.2
+
+
 @pytest.mark.parametrize("fields, path", [
     ({"name": ""}, "instance_group.name"),
     ({"storage_candidates": []}, "instance_group.storage_candidates"),
@@ -56,7 +64,7 @@ def test_given_values_are_kept_and_the_input_is_not_mutated():
      "instance_group.quota.quota_config[0].capacity"),
     ({"quota": {"quota_config": [{"storage_type": "ST_S3"}, {"storage_type": "ST_S3"}]}},
      "instance_group.quota.quota_config[1]"),
-    ({"cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 1.5}}}},
+    ({"cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": float("inf")}}}},
      "instance_group.cache_config.reclaim_strategy.trigger_strategy.used_percentage"),
     ({"cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": -0.1}}}},
      "instance_group.cache_config.reclaim_strategy.trigger_strategy.used_percentage"),

@@ -5,18 +5,18 @@ from chalicelib.observability.prometheus import exposition
 
 def test_counters_summaries_and_gauges():
     totals = MetricsDelta()
-    totals.counters[("service.query_counter", (("api_name", "getCacheLocation"),))] = 7
-    totals.counters[("service.query_counter", (("api_name", "startWriteCache"),))] = 2
-    totals.sums[("service.query_rt_us", (("api_name", "getCacheLocation"),))] = 350.5
-    totals.counts[("service.query_rt_us", (("api_name", "getCacheLocation"),))] = 7
+    totals.counters[("service.query_counter", (("api_name", "GetCacheLocation"),))] = 7
+    totals.counters[("service.query_counter", (("api_name", "StartWriteCache"),))] = 2
+    totals.sums[("service.query_rt_us", (("api_name", "GetCacheLocation"),))] = 350.5
+    totals.counts[("service.query_rt_us", (("api_name", "GetCacheLocation"),))] = 7
     totals.gauges[("data_storage.healthy_status", (("storage", 'nfs "a"\\b\nc'),))] = 1.0
     assert exposition(totals).splitlines() == [
         "# TYPE kvcm_service_query_counter_total counter",
-        'kvcm_service_query_counter_total{api_name="getCacheLocation"} 7',
-        'kvcm_service_query_counter_total{api_name="startWriteCache"} 2',
+        'kvcm_service_query_counter_total{api_name="GetCacheLocation"} 7',
+        'kvcm_service_query_counter_total{api_name="StartWriteCache"} 2',
         "# TYPE kvcm_service_query_rt_us summary",
-        'kvcm_service_query_rt_us_sum{api_name="getCacheLocation"} 350.5',
-        'kvcm_service_query_rt_us_count{api_name="getCacheLocation"} 7',
+        'kvcm_service_query_rt_us_sum{api_name="GetCacheLocation"} 350.5',
+        'kvcm_service_query_rt_us_count{api_name="GetCacheLocation"} 7',
         "# TYPE kvcm_data_storage_healthy_status gauge",
         'kvcm_data_storage_healthy_status{storage="nfs \\"a\\"\\\\b\\nc"} 1.0',
     ]
