@@ -24,9 +24,9 @@ positions form runs ``a, a-1, a-2, ...``; inside a run the distances are consecu
 integers, so each run costs one dead-count query, one bit-mask update and two histogram
 updates -- not one per key. The whole curve costs about one replay.
 
-SHARDS spatial sampling (``sample_rate < 1``) keeps the keys whose hash falls under the
-rate and scales capacities by it: the state (one entry per distinct key) shrinks with the
-rate, at an error that :func:`shards_error` measures against the exact curve.
+With ``sample_rate < 1`` the curve is a SHARDS estimate from a stratified spatial sample
+of the keys (:mod:`chalicelib.optimizer.shards`): the state shrinks with the rate, at an
+error that :func:`shards_error` measures against the exact curve.
 """
 from __future__ import annotations
 
@@ -45,8 +45,6 @@ from chalicelib.optimizer.replay import Totals
 from chalicelib.optimizer.traces import Op, Query, Record
 
 _READ, _WRITE, _REQUEST, _PREFIX = Op.READ, Op.WRITE, Op.REQUEST, Query.PREFIX_MATCH
-_SALT = 0x5BD1E995  # hash((key, salt)) mixes even small sequential ids (xxHash-based
-# tuple hash); int hashing is not randomized per process, so samples are reproducible
 
 
 class _Stack:
@@ -114,20 +112,24 @@ def _cumulative(diff: list[int], top: int) -> list[int]:
     return list(accumulate(accumulate(diff[:top + 1])))
 
 
-def _masked(mask: int | tuple[bool, ...], index: int) -> bool:
+def is_masked(mask: int | tuple[bool, ...], index: int) -> bool:
+    """Whether key ``index`` of a record is masked (an int masks the indices below it)."""
     return index < mask if type(mask) is int else index < len(mask) and mask[index]
 
 
-def _sampled(keys: Sequence[int], mask: int | tuple[bool, ...], threshold: int
-             ) -> tuple[list[int], tuple[bool, ...] | int]:
-    """The keys (and their mask flags) whose hash is under the SHARDS threshold."""
-    kept: list[int] = []
-    flags: list[bool] = []
-    for index, key in enumerate(keys):
-        if hash((key, _SALT)) & 0xFFFFFF < threshold:
-            kept.append(key)
-            flags.append(_masked(mask, index))
-    return kept, (tuple(flags) if any(flags) else 0)
+def window_threshold(dists: Sequence[int | None], size: int) -> list[int]:
+    """Reverse-roll sliding-window match: ``size`` hits once the capacity reaches the
+    smallest, over windows of ``size`` keys, of the largest distance in the window."""
+    if size < 1 or size > len(dists):
+        return []
+    best = None
+    for start in range(len(dists) - size + 1):
+        window = dists[start:start + size]
+        if None in window:
+            continue
+        worst = max(window)  # type: ignore[type-var]
+        best = worst if best is None else min(best, worst)
+    return [] if best is None else [best] * size
 
 
 @dataclass
@@ -143,11 +145,14 @@ class HitRatioCurve:
     written_blocks: int
     distinct_written: int  # written keys counted once per write
     internal_hit_tokens: int  # capacity-independent part of the token hits
-    _hits: list[int] = field(repr=False)  # cumulative external hit blocks by capacity
+    # cumulative external hit blocks by capacity (exact), or estimated by bin of 1/rate
+    # blocks (sampled)
+    _hits: list[int] | list[float] = field(repr=False)
     _writes: list[int] = field(repr=False)  # pre-write distances of written keys (diff array)
     _loss: list[int] = field(repr=False)  # tokens hits count past input_tokens (diff array)
     _top: int = field(repr=False)  # the largest stack distance any histogram holds
     elapsed_s: float = 0.0
+    bins_per_block: float = 1.0  # histogram resolution: 1 for exact curves, coarser sampled
 
     @cached_property
     def _write_hits(self) -> list[int]:
@@ -168,7 +173,11 @@ class HitRatioCurve:
     def _index(self, capacity: int) -> int:
         if capacity < 0:
             raise ConfigError(f"capacity must be >= 0, got {capacity}")
-        return int(capacity * self.sample_rate)
+        return capacity if self.exact else int(capacity * self.bins_per_block + 1e-9)
+
+    def _capacity(self, index: int) -> int:
+        """The smallest capacity whose hits include histogram bin ``index``."""
+        return index if self.exact else math.ceil(index / self.bins_per_block - 1e-9)
 
     @property
     def exact(self) -> bool:
@@ -179,11 +188,11 @@ class HitRatioCurve:
         """The smallest capacity beyond which the hit ratio no longer grows."""
         top = self._hits[-1]
         index = bisect.bisect_left(self._hits, top)
-        return int(round(index / self.sample_rate))
+        return self._capacity(index)
 
     def external_hits(self, capacity: int) -> float:
         """External hit blocks at ``capacity`` (an estimate, scaled up, when sampled)."""
-        return self._at(self._hits, self._index(capacity)) / self.sample_rate
+        return self._at(self._hits, self._index(capacity))
 
     def block_hit_ratio(self, capacity: int) -> float | None:
         """(internal + external hit blocks) / read blocks at ``capacity``."""
@@ -227,7 +236,7 @@ class HitRatioCurve:
         index = bisect.bisect_left(self._hits, needed - 1e-9 * self.read_blocks)
         if index >= len(self._hits):
             return None
-        return index if self.exact else math.ceil(index / self.sample_rate)
+        return self._capacity(index)
 
     def to_dict(self, capacities: Iterable[int]) -> dict[str, Any]:
         """JSON-able curve sampled at ``capacities``."""
@@ -249,14 +258,10 @@ class CurveBuilder:
     are kept longer than the largest possible distance, the clock of the busiest stack.
     """
 
-    def __init__(self, *, block_size: int, sample_rate: float = 1.0) -> None:
+    def __init__(self, *, block_size: int) -> None:
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {block_size}")
-        if not 0 < sample_rate <= 1:
-            raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate}")
         self.block_size = block_size
-        self.sample_rate = sample_rate
-        self._threshold = int(sample_rate * (1 << 24)) if sample_rate < 1 else 0
         self._stacks: dict[str, _Stack] = {}
         self._reads = [0] * 1024  # m_i of read keys: an external hit at capacities >= m_i
         self._writes = [0] * 1024  # pre-write distances of written keys: no insertion then
@@ -271,9 +276,6 @@ class CurveBuilder:
         stack = self._stacks.get(instance)
         if stack is None:
             stack = self._stacks[instance] = _Stack()
-        if self._threshold:
-            keys, mask = _sampled(keys, mask, self._threshold)
-            input_tokens = 0
         need = stack.clock + 2  # distances of this record are <= the clock before it
         if need > len(self._reads):
             grow = max(need, len(self._reads))  # at least double
@@ -297,7 +299,7 @@ class CurveBuilder:
             self._read(stack, keys, olds, mask, input_tokens, query, sw_size)
         if op is not _READ:
             if op is _WRITE and mask:
-                keys = [k for i, k in enumerate(keys) if not _masked(mask, i)]
+                keys = [k for i, k in enumerate(keys) if not is_masked(mask, i)]
                 olds = list(map(stack.last.get, keys))
             self._write(stack, keys, olds)
 
@@ -310,7 +312,7 @@ class CurveBuilder:
         tokens = input_tokens or n * bs
         internal = 0
         if mask and query is _PREFIX:
-            flags = [_masked(mask, i) for i in range(n)]
+            flags = [is_masked(mask, i) for i in range(n)]
             internal = sum(flags)
             olds = [a for a, masked in zip(olds, flags) if not masked]
         self.reads += 1
@@ -425,7 +427,7 @@ class CurveBuilder:
         if query is Query.BATCH_GET:
             thresholds = sorted(d for d in dists if d is not None)
         else:
-            thresholds = self._window_threshold(dists, sw_size)
+            thresholds = window_threshold(dists, sw_size)
         hist = self._reads
         for d in thresholds:
             hist[d] += 1
@@ -433,21 +435,6 @@ class CurveBuilder:
         self._top = max(self._top, *thresholds) if thresholds else self._top
         first = max(tokens // self.block_size + 1, 1)
         self._lose(thresholds[first - 1:], first, 0, tokens)
-
-    @staticmethod
-    def _window_threshold(dists: list[int | None], size: int) -> list[int]:
-        """Reverse-roll sliding-window match: ``size`` hits once the capacity reaches the
-        smallest, over windows of ``size`` keys, of the largest distance in the window."""
-        if size < 1 or size > len(dists):
-            return []
-        best = None
-        for start in range(len(dists) - size + 1):
-            window = dists[start:start + size]
-            if None in window:
-                continue
-            worst = max(window)  # type: ignore[type-var]
-            best = worst if best is None else min(best, worst)
-        return [] if best is None else [best] * size
 
     def _write(self, stack: _Stack, keys: Sequence[int], olds: list[int | None]) -> None:
         """A write on its own (or after a read that could not share its pass)."""
@@ -462,7 +449,7 @@ class CurveBuilder:
     def curve(self, elapsed_s: float = 0.0) -> HitRatioCurve:
         """The curve of everything added so far."""
         return HitRatioCurve(
-            block_size=self.block_size, sample_rate=self.sample_rate, reads=self.reads,
+            block_size=self.block_size, sample_rate=1.0, reads=self.reads,
             read_blocks=self.read_blocks, internal_hit_blocks=self.internal,
             input_tokens=self.input_tokens, written_blocks=self.written_blocks,
             distinct_written=self.distinct_written, internal_hit_tokens=self.internal_tokens, _hits=_cumulative(self._reads, self._top),
@@ -471,9 +458,17 @@ class CurveBuilder:
 
 def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float = 1.0
               ) -> HitRatioCurve:
-    """One pass over ``records``: the prefix-aware LRU hit ratio at every capacity."""
+    """One pass over ``records``: the prefix-aware LRU hit ratio at every capacity (a
+    SHARDS estimate when ``sample_rate < 1``)."""
+    # imported here: shards builds on this module's curve
+    from chalicelib.optimizer.shards import SampledCurveBuilder
+
+    if not 0 < sample_rate <= 1:
+        raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate}")
     started = time.perf_counter()
-    builder = CurveBuilder(block_size=block_size, sample_rate=sample_rate)
+    builder: CurveBuilder | SampledCurveBuilder = (
+        CurveBuilder(block_size=block_size) if sample_rate == 1
+        else SampledCurveBuilder(block_size=block_size, sample_rate=sample_rate))
     add = builder.add
     with gc_paused():
         for record in records:
