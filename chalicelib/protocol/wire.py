@@ -21,6 +21,7 @@ from pydantic import (
     PlainSerializer,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     model_validator,
 )
@@ -81,7 +82,16 @@ def _string(value: Any) -> str:
     raise ValueError(f"expected a string, got {type(value).__name__}")
 
 
-Int64 = Annotated[int, BeforeValidator(_int64), PlainSerializer(str, return_type=str, when_used="json")]
+def _integer_json_schema(lo: int, hi: int) -> WithJsonSchema:
+    """What a request may carry for an integer (the OpenAPI document's request side)."""
+    return WithJsonSchema({"anyOf": [{"type": "integer", "minimum": lo, "maximum": hi},
+                                     {"type": "string", "pattern": _DECIMAL.pattern.join("^$")}]},
+                          mode="validation")
+
+
+Int64 = Annotated[int, BeforeValidator(_int64), PlainSerializer(str, return_type=str, when_used="json"),
+                  _integer_json_schema(INT64_MIN, INT64_MAX),
+                  WithJsonSchema({"type": "string", "pattern": _DECIMAL.pattern.join("^$")}, mode="serialization")]
 
 
 def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
@@ -95,7 +105,7 @@ def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
 
 
 Int64List = Annotated[list[Int64], WrapValidator(_int64_list)]
-Int32 = Annotated[int, BeforeValidator(_int32)]
+Int32 = Annotated[int, BeforeValidator(_int32), _integer_json_schema(INT32_MIN, INT32_MAX)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_string)]
 
@@ -127,7 +137,13 @@ def wire_enum(enum_cls: type[E]) -> Any:
         names = ", ".join(m.name for m in enum_cls)
         raise ValueError(f"unknown {enum_cls.__name__} {value!r} (one of {names})")
 
-    annotated = Annotated[enum_cls, BeforeValidator(parse), PlainSerializer(lambda e: e.name, return_type=str)]
+    member_names = [member.name for member in enum_cls]
+    numbers = [member.value for member in enum_cls]
+    annotated = Annotated[enum_cls, BeforeValidator(parse), PlainSerializer(lambda e: e.name, return_type=str),
+                          WithJsonSchema({"title": enum_cls.__name__, "enum": member_names + numbers + list(map(str, numbers))},
+                                         mode="validation"),
+                          WithJsonSchema({"title": enum_cls.__name__, "type": "string", "enum": member_names},
+                                         mode="serialization")]
     _ENUM_TYPES[enum_cls] = annotated
     return annotated
 
