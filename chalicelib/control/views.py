@@ -5,18 +5,15 @@ import json
 from typing import Iterable
 
 from ..protocol.models import StorageConfig
+from ..storage.registry import sdk_entry
 
 
 def storage_configs_json(storages: Iterable[tuple[StorageConfig, bool]]) -> str:
-    """registerInstance's ``storage_configs`` string:
-    ``[{"type": "ST_NFS", "global_unique_name": ..., "is_available": true, "storage_spec": {...}}]``.
+    """registerInstance's ``storage_configs`` string, which engine SDKs parse to build their
+    backends: ``[{"type": "file", "is_available": true, "global_unique_name": ...,
+    "storage_spec": {...}}]`` with upstream's type strings and spec field names.
 
     Spec numbers stay JSON numbers (upstream writes this string with its own JSON writer,
     not with proto3-JSON's int64-as-string rule).
     """
-    entries = [{"type": config.storage_type.name,
-                "global_unique_name": config.global_unique_name,
-                "is_available": available,
-                "storage_spec": config.spec.model_dump() if config.spec is not None else {}}
-               for config, available in storages]
-    return json.dumps(entries, separators=(",", ":"))
+    return json.dumps([sdk_entry(config, available) for config, available in storages], separators=(",", ":"))

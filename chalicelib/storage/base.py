@@ -84,6 +84,10 @@ class StorageBackend(ABC):
     """A data storage (one ``StorageConfig``)."""
 
     storage_type: StorageType = StorageType.ST_UNSPECIFIED
+    #: The type as upstream's engine SDK names it: the ``type`` of the storage's
+    #: ``storage_configs`` entry and the scheme of its URIs (``file``, ``hf3fs``,
+    #: ``vcns_hf3fs``, ``mooncake``, ``pace``; types KVCM adds use their own names).
+    sdk_type: str = ""
     #: Fixed weight for choosing among replicas on read: lower is faster.
     read_weight: int = 5
     #: True when the storage evicts its own data and KVCM only drops metadata.
@@ -91,6 +95,12 @@ class StorageBackend(ABC):
 
     def __init__(self, config: StorageConfig) -> None:
         self.config = config
+
+    @classmethod
+    def sdk_spec(cls, config: StorageConfig) -> dict:
+        """The ``storage_spec`` of ``config``'s ``storage_configs`` entry: the fields
+        upstream's engine SDK reads for this type, under its names (here: the spec as is)."""
+        return config.spec.model_dump()
 
     @property
     def name(self) -> str:

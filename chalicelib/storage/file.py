@@ -16,11 +16,15 @@ checks them, creates empty ones when a 3FS storage asks for it (``prepare``), an
 probe file for health. It never creates the data root: a missing data root means a
 missing mount and must fail the probe, not be papered over on the local disk.
 
-URIs (the host is always the storage's ``global_unique_name``):
+URIs are what upstream's engine SDK reads (API.md, "What engine SDKs parse"): the scheme
+is the upstream type, the host the storage's ``global_unique_name``, the path the file's
+absolute path on the engine's mount, and the block sits at byte ``blkid × size``:
 
-- NFS: ``file://<name><absolute file path>?blkid=<slot>&size=<spec size>&offset=<slot*size>``
-- 3FS: ``3fs://<name>/<root_dir>/<instance>/<spec>/<group hex>?blkid=..&size=..&offset=..``
-  (the path is relative to the mountpoint, as each engine host mounts 3FS itself).
+- NFS: ``file://<name><root_path>/<instance>/<spec>/<group hex>?blkid=<slot>&size=<spec size>``
+- 3FS: ``hf3fs://<name><mountpoint>/<root_dir>/<instance>/<spec>/<group hex>?blkid=..&size=..``
+  (``vcns_hf3fs://`` for 3FS over VCNS; engines mount 3FS at the same mountpoint).
+
+``blkid`` is present whenever ``key_count_per_file`` > 1, as upstream writes it.
 """
 from __future__ import annotations
 
@@ -52,13 +56,11 @@ def check_key_count(config: StorageConfig, field: str, value: int) -> None:
 class _FileStorage(StorageBackend):
     """What NFS and 3FS share: the layout, URIs, deletion, existence and the probe."""
 
-    scheme = ""
-
-    def __init__(self, config: StorageConfig, data_root: str, uri_root: str, key_count_per_file: int) -> None:
+    def __init__(self, config: StorageConfig, data_root: str, key_count_per_file: int) -> None:
         super().__init__(config)
         self.data_root = os.path.normpath(data_root)
         # One leading slash: normpath keeps a leading "//", which would read as a URI authority.
-        self._uri_root = posixpath.normpath("/" + uri_root.strip("/"))
+        self._uri_root = posixpath.normpath("/" + self.data_root.strip("/"))
         self._pack = max(1, key_count_per_file)
 
     @property
@@ -75,17 +77,13 @@ class _FileStorage(StorageBackend):
     @functools.lru_cache(maxsize=4096)
     def _uri_template(self, instance_id: str, spec_name: str, size: int) -> str:
         directory = posixpath.join(self._uri_root, escape_component(instance_id), escape_component(spec_name))
+        params = (("blkid", DECIMAL), ("size", size)) if self._pack > 1 else (("size", size),)
         # Group ids are non-negative (index-assigned location ids): no two's complement needed.
-        return uri_template(self.scheme, self.name, (directory + "/", HEX64),
-                            (("blkid", DECIMAL), ("size", size), ("offset", DECIMAL)))
+        return uri_template(self.sdk_type, self.name, (directory + "/", HEX64), params)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
-        size = spec.size
-
-        def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
-            return group_id, slot, slot * size
-
-        return UriFormat(self._uri_template(instance_id, spec.name, size), args)
+        return UriFormat(self._uri_template(instance_id, spec.name, spec.size),
+                         _packed_args if self._pack > 1 else _file_args)
 
     def delete(self, blocks: Sequence[BlockRef]) -> None:
         """Remove the files of unpacked blocks; packed files go through ``delete_groups``."""
@@ -146,18 +144,26 @@ class _FileStorage(StorageBackend):
                 f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}") from exc
 
 
+def _packed_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+    return group_id, slot
+
+
+def _file_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+    return (group_id,)
+
+
 class FileBackend(_FileStorage):
     """An NFS-style mount (``nfs{root_path, key_count_per_file}``); URIs carry the absolute path."""
 
     storage_type = StorageType.ST_NFS
     spec_field = "nfs"
+    sdk_type = "file"
     read_weight = 5
-    scheme = "file"
 
     def __init__(self, config: StorageConfig) -> None:
         self.check_config(config)
         spec = config.nfs
-        super().__init__(config, spec.root_path, spec.root_path, spec.key_count_per_file)
+        super().__init__(config, spec.root_path, spec.key_count_per_file)
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:
@@ -170,22 +176,27 @@ class FileBackend(_FileStorage):
 class ThreeFSBackend(_FileStorage):
     """A 3FS mount (``threefs{mountpoint, root_dir, key_count_per_file, touch_file_when_create}``).
 
-    The data root is ``mountpoint/root_dir``. With ``touch_file_when_create``, ``prepare``
+    The data root is ``mountpoint/root_dir``, on KVCM's host and on the engines' alike.
+    With ``touch_file_when_create``, ``prepare``
     (called by startWriteCache for new blocks) creates their files empty, for engines
     whose 3FS client expects the file to exist before it writes.
     """
 
     storage_type = StorageType.ST_3FS
     spec_field = "threefs"
+    sdk_type = "hf3fs"
     read_weight = 3
-    scheme = "3fs"
 
     def __init__(self, config: StorageConfig) -> None:
         self.check_config(config)
         spec = getattr(config, self.spec_field)
-        root_dir = spec.root_dir.strip("/")
-        super().__init__(config, os.path.join(spec.mountpoint, root_dir), root_dir, spec.key_count_per_file)
+        super().__init__(config, os.path.join(spec.mountpoint, spec.root_dir.strip("/")), spec.key_count_per_file)
         self.touch_file_when_create = spec.touch_file_when_create
+
+    @classmethod
+    def sdk_spec(cls, config: StorageConfig) -> dict:
+        """The 3FS spec without ``touch_file_when_create`` (only KVCM acts on it)."""
+        return getattr(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:
@@ -223,6 +234,7 @@ class VcnsThreeFSBackend(ThreeFSBackend):
 
     storage_type = StorageType.ST_VCNS_3FS
     spec_field = "vcnsthreefs"
+    sdk_type = "vcns_hf3fs"
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:

@@ -304,6 +304,7 @@ class TairMemPoolBackend(StorageBackend):
 
     storage_type = StorageType.ST_TAIRMEMPOOL
     spec_field = "tair_mem_pool"
+    sdk_type = "pace"
     read_weight = 3
 
     def __init__(self, config: StorageConfig, valkey: redis.Redis, key_prefix: str = "kvcm",
@@ -334,6 +335,15 @@ class TairMemPoolBackend(StorageBackend):
             parse_host_port(spec.domain)
         except ValueError as exc:
             raise config_error(config, "tair_mem_pool.domain", f"must be host:port ({exc})") from None
+
+    @classmethod
+    def sdk_spec(cls, config: StorageConfig) -> dict:
+        """Upstream's pace spec: ``enable_vipserver``, ``domain`` and ``timeout`` (older
+        SDKs require all three) plus ``service_discovery_url`` (newer SDKs); the pool's
+        ``capacity`` is KVCM's allocator setting, not the engines' business."""
+        spec = config.tair_mem_pool
+        return {"enable_vipserver": spec.service_discovery_url.startswith("vipserver://"), "domain": spec.domain,
+                "timeout": spec.timeout, "service_discovery_url": spec.service_discovery_url}
 
     @property
     def pack_count(self) -> int:
@@ -404,7 +414,7 @@ class TairMemPoolBackend(StorageBackend):
         def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
             return (group_id + offset,)
 
-        return UriFormat(uri_template("pace", self.name, "/", (("offset", DECIMAL), ("size", spec.size))), args)
+        return UriFormat(uri_template(self.sdk_type, self.name, "/", (("offset", DECIMAL), ("size", spec.size))), args)
 
     def probe(self) -> None:
         """TCP connect to ``domain`` within ``timeout`` ms."""

@@ -93,6 +93,7 @@ class MooncakeBackend(StorageBackend):
 
     storage_type = StorageType.ST_MOONCAKE
     spec_field = "mooncake"
+    sdk_type = "mooncake"
     read_weight = 3
 
     def __init__(self, config: StorageConfig, store_factory: Optional[StoreFactory] = None) -> None:
@@ -114,6 +115,13 @@ class MooncakeBackend(StorageBackend):
         except ValueError as exc:
             raise config_error(config, "mooncake.master_service_entry", f"is not usable: {exc}") from None
 
+    @classmethod
+    def sdk_spec(cls, config: StorageConfig) -> dict:
+        """The spec with upstream's ``master_server_entry`` for ``master_service_entry``."""
+        spec = config.mooncake.model_dump()
+        spec["master_server_entry"] = spec.pop("master_service_entry")
+        return spec
+
     @staticmethod
     def _key_head(instance_id: str, spec_name: str) -> str:
         return f"{escape_component(instance_id)}_{escape_component(spec_name, also='_')}_"
@@ -123,7 +131,7 @@ class MooncakeBackend(StorageBackend):
         return self._key_head(instance_id, spec_name) + hex64(block_key)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
-        return UriFormat(uri_template("mooncake", self.name, "/", (
+        return UriFormat(uri_template(self.sdk_type, self.name, "/", (
             ("key", (self._key_head(instance_id, spec.name), HEX64)), ("size", spec.size))), block_key_args)
 
     def _client(self) -> MooncakeStore:

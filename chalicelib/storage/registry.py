@@ -37,6 +37,14 @@ BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
 _NAME = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 
+def sdk_entry(config: StorageConfig, available: bool) -> dict:
+    """``config``'s entry in registerInstance's ``storage_configs``, as upstream's engine
+    SDK parses it (API.md): its upstream type string and spec field names, in upstream's order."""
+    cls = BACKEND_CLASSES[config.spec_field]
+    return {"type": cls.sdk_type, "is_available": available, "global_unique_name": config.global_unique_name,
+            "storage_spec": cls.sdk_spec(config)}
+
+
 def boto3_s3_client() -> Any:
     """A default boto3 S3 client (honours ``AWS_ENDPOINT_URL`` like any boto3 client)."""
     import boto3

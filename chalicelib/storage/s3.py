@@ -45,6 +45,7 @@ class S3Backend(StorageBackend):
 
     storage_type = StorageType.ST_S3
     spec_field = "s3"
+    sdk_type = "s3"
     read_weight = 8
 
     def __init__(self, config: StorageConfig, client_factory: S3ClientFactory) -> None:
@@ -83,7 +84,7 @@ class S3Backend(StorageBackend):
         return self._key_head(instance_id, spec_name) + hex64(block_key)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
-        return UriFormat(uri_template("s3", self.name, ("/" + self._key_head(instance_id, spec.name), HEX64),
+        return UriFormat(uri_template(self.sdk_type, self.name, ("/" + self._key_head(instance_id, spec.name), HEX64),
                                       (("size", spec.size),)), block_key_args)
 
     def _keys(self, blocks: Sequence[BlockRef]) -> Iterator[str]:

@@ -19,7 +19,7 @@ def test_register_is_idempotent_and_returns_storages(http, instance):
     resp = http("registerInstance", body)
     assert code(resp) == "OK"
     storages = json.loads(resp["storage_configs"])
-    assert storages[0]["global_unique_name"] == "nfs_01" and storages[0]["type"] == "ST_NFS"
+    assert storages[0]["global_unique_name"] == "nfs_01" and storages[0]["type"] == "file"
     body["model_deployment"]["model_name"] = "other-model"
     assert code(http("registerInstance", body)) == "DUPLICATE_ENTITY"
     info = http("getInstanceInfo", {"instance_id": "i1"})

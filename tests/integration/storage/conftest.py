@@ -36,7 +36,7 @@ SPECS = (SpecSlot("tp0", 0, 64), SpecSlot("tp1", 64, 32))
 
 
 def split_uri(uri: str) -> tuple[str, str, str, dict[str, str]]:
-    """scheme, host, unquoted path, query of a KVCM URI (urlsplit rejects the "3fs" scheme)."""
+    """scheme, host, unquoted path, query of a KVCM URI (urlsplit rejects "vcns_hf3fs")."""
     scheme, _, rest = uri.partition("://")
     rest, _, query = rest.partition("?")
     host, slash, path = rest.partition("/")
@@ -102,17 +102,13 @@ class Harness(ABC):
 
 
 class FileHarness(Harness):
-    def __init__(self, backend, mount: str = "") -> None:
-        super().__init__(backend)
-        self.mount = mount  # 3FS URIs are relative to the mountpoint
-
     def write_uri(self, uri, size):
+        """At byte ``blkid × size`` of the URI's path, as upstream's engine SDK does."""
         _, _, path, query = split_uri(uri)
-        path = self.mount + path
-        assert int(query["offset"]) == int(query["blkid"]) * size
+        assert int(query["size"]) == size
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "r+b" if os.path.exists(path) else "wb") as handle:
-            handle.seek(int(query["offset"]))
+            handle.seek(int(query.get("blkid", 0)) * size)
             handle.write(os.urandom(size))
 
     def broken(self):
@@ -190,9 +186,9 @@ def harness(request, tmp_path, listening_port) -> Harness:
         spec = {"mountpoint": str(mount), "root_dir": "kv/data/", "key_count_per_file": 2,
                 "touch_file_when_create": True}
         if kind == "3fs":
-            return FileHarness(ThreeFSBackend(storage_config("3fs_01", "threefs", spec)), str(mount))
+            return FileHarness(ThreeFSBackend(storage_config("3fs_01", "threefs", spec)))
         spec.update(remote_host="10.1.1.1", remote_port=9000, key_count_per_file=1)
-        return FileHarness(VcnsThreeFSBackend(storage_config("vcns_01", "vcnsthreefs", spec)), str(mount))
+        return FileHarness(VcnsThreeFSBackend(storage_config("vcns_01", "vcnsthreefs", spec)))
     if kind == "s3":
         request.getfixturevalue("aws")
         boto3.client("s3").create_bucket(Bucket="kvcm-data")

@@ -39,14 +39,20 @@ def test_nfs_uri_and_path(tmp_path):
     backend = nfs(f"{tmp_path}/", pack=4)
     block = ref(group=0x1234, slot=3)
     assert backend.path("inst", "tp1", 0x1234) == f"{tmp_path}/inst/tp1/0000000000001234"
-    assert backend.uri(block, SPECS[1]) == f"file://nfs_01{tmp_path}/inst/tp1/0000000000001234?blkid=3&size=16&offset=48"
+    assert backend.uri(block, SPECS[1]) == f"file://nfs_01{tmp_path}/inst/tp1/0000000000001234?blkid=3&size=16"
 
 
-def test_3fs_uri_is_relative_to_the_mountpoint(tmp_path):
+@pytest.mark.parametrize("pack", [0, 1])
+def test_a_file_per_block_has_no_blkid(tmp_path, pack):
+    backend = nfs(tmp_path, pack=pack)
+    assert backend.uri(ref(group=0x1234), SPECS[0]) == f"file://nfs_01{tmp_path}/inst/tp0/0000000000001234?size=16"
+
+
+def test_3fs_uri_path_is_absolute_on_the_mount(tmp_path):
     backend = threefs(tmp_path, root_dir="/a/b/")
     assert backend.data_root == f"{tmp_path}/a/b"
     assert backend.uri(ref(group=255, slot=1), SPECS[0]) == \
-        "3fs://3fs_01/a/b/inst/tp0/00000000000000ff?blkid=1&size=16&offset=16"
+        f"hf3fs://3fs_01{tmp_path}/a/b/inst/tp0/00000000000000ff?blkid=1&size=16"
 
 
 @pytest.mark.parametrize("instance, spec", [("../../etc", "tp0"), ("..", ".."), ("a/../../..", "/x"),

@@ -47,8 +47,8 @@ def test_storage_configs_json_lists_candidates_in_order_skipping_missing():
     group = InstanceGroup(name="g", storage_candidates=["pool", "not-yet", "nfs1"])
     entries = json.loads(storage_configs_json(candidate_storages(group, storages)))
     assert entries == [
-        {"type": "ST_TAIRMEMPOOL", "global_unique_name": "pool", "is_available": False,
-         "storage_spec": {"domain": "d", "timeout": 0, "service_discovery_url": "", "capacity": 77}},
-        {"type": "ST_NFS", "global_unique_name": "nfs1", "is_available": True,
+        {"type": "pace", "is_available": False, "global_unique_name": "pool",
+         "storage_spec": {"enable_vipserver": False, "domain": "d", "timeout": 0, "service_discovery_url": ""}},
+        {"type": "file", "is_available": True, "global_unique_name": "nfs1",
          "storage_spec": {"root_path": "/r", "key_count_per_file": 2}},
     ]

@@ -14,6 +14,7 @@ from chalicelib.storage import (
     ThreeFSBackend,
     VcnsThreeFSBackend,
 )
+from chalicelib.storage.registry import sdk_entry
 
 VALID = {
     "nfs": {"root_path": "/mnt/nfs/", "key_count_per_file": 8},
@@ -121,3 +122,30 @@ def test_s3_client_is_built_lazily_once(registry, s3_clients):
     assert backend.client is backend.client
     assert s3_clients == [backend.client]
     assert (backend.bucket, backend.prefix, backend.region) == ("kv-bucket", "cache", "eu-west-1")
+
+
+#: What upstream's engine SDK reads from ``storage_configs`` per type (API.md).
+SDK_ENTRIES = {
+    "nfs": ("file", {"root_path": "/mnt/nfs/", "key_count_per_file": 8}),
+    "threefs": ("hf3fs", {"cluster_name": "", "mountpoint": "/3fs", "root_dir": "kv/", "key_count_per_file": 0}),
+    "vcnsthreefs": ("vcns_hf3fs", {"cluster_name": "", "mountpoint": "/3fs", "root_dir": "kv", "key_count_per_file": 0,
+                                   "remote_host": "10.0.0.1", "remote_port": 8000, "meta_storage_uri": "meta://x"}),
+    "mooncake": ("mooncake", {"local_hostname": "", "metadata_connstring": "", "protocol": "", "rdma_device": "",
+                              "master_server_entry": "127.0.0.1:50051"}),
+    "tair_mem_pool": ("pace", {"enable_vipserver": False, "domain": "pool.local:6379", "timeout": 0,
+                               "service_discovery_url": ""}),
+    "s3": ("s3", {"bucket": "kv-bucket", "prefix": "/cache/", "region": "eu-west-1"}),
+}
+
+
+@pytest.mark.parametrize("field", sorted(VALID))
+def test_sdk_entry_uses_upstream_type_strings_and_field_names(field):
+    sdk_type, storage_spec = SDK_ENTRIES[field]
+    assert CLASSES[field].sdk_type == sdk_type
+    assert sdk_entry(config(field), True) == {"type": sdk_type, "is_available": True, "global_unique_name": "st_01",
+                                              "storage_spec": storage_spec}
+
+
+def test_a_vipserver_discovery_url_enables_vipserver_for_older_sdks():
+    entry = sdk_entry(config("tair_mem_pool", service_discovery_url="vipserver://pace.meta"), False)
+    assert entry["storage_spec"]["enable_vipserver"] is True and entry["is_available"] is False
