@@ -11,9 +11,12 @@ from typing import Any
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError, OptimizerError
 from chalicelib.optimizer.mrc import lru_curve, shards_error
+from chalicelib.optimizer.planner import (DEFAULT_MODEL, DEFAULT_TIER, MODEL_PRESETS,
+                                          STORAGE_TIERS, CapacityPlan, model_preset,
+                                          parse_prices, storage_tier)
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import EvictionMode, replay
-from chalicelib.optimizer.report import (build_report, log_capacities, summary_line,
+from chalicelib.optimizer.report import (build_report, log_capacities, summary_lines,
                                          write_report)
 from chalicelib.optimizer.sweep import SweepSettings, TraceSpec, curve_is_exact, sweep
 from chalicelib.optimizer.traces import FORMATS
@@ -225,30 +228,81 @@ def cmd_report(args: argparse.Namespace) -> int:
     spec = _spec(args)
     settings = _settings(args, spec.block_size or 16)
     records = spec.records()
+    cost, plan = _cost_and_plan(args, settings, len({r.instance for r in records}))
     exact = curve_is_exact(records, settings)
     curve = lru_curve(records, block_size=settings.block_size)
     caps = (parse_capacities(args.capacities) if args.capacities else
             log_capacities(max(1, curve.saturation_capacity // 500), curve.saturation_capacity, 10))
     result = sweep(spec, caps, _policies(args.policies), settings=settings,
                    workers=args.workers)
-    cost = CostModel(model_params=args.model_params, flops_per_token=args.flops_per_token,
-                     gpu_flops=args.gpu_flops, mfu=args.mfu, gpu_hour_price=args.gpu_price,
-                     currency=args.currency)
     report = build_report(
         trace={"name": Path(spec.path).name, "path": spec.path, "format": spec.format,
                "block_size": spec.block_size, **result.summary.to_dict()},
         settings=settings.to_dict(), points=result.points, duration_s=result.summary.duration_s,
-        target=args.target, cost=cost, curve=curve if exact else None)
+        target=args.target, cost=cost, curve=curve if exact else None, plan=plan)
     rec = report["recommendation"]
     policy, capacity = ("lru", max(caps)) if rec is None else (rec["policy"], rec["capacity"])
     if args.timeseries_capacity:
         policy, capacity = "lru", parse_capacity(args.timeseries_capacity)
     timeseries = replay(records, settings.replay_config(policy, capacity))
     files = write_report(report, args.out, timeseries=timeseries)
-    print(summary_line(report))
+    print("\n".join(summary_lines(report)))
     for path in files:
         print(f"  wrote {path}")
     return 0
+
+
+def _cost_and_plan(args: argparse.Namespace, settings: SweepSettings, instances: int
+                   ) -> tuple[CostModel, CapacityPlan]:
+    """The cost model and the capacity plan the report's options describe."""
+    preset = model_preset(args.model, args.kv_dtype)
+    if args.kv_bytes_per_token is not None:
+        kv_bytes, model = args.kv_bytes_per_token, "given"
+    else:
+        kv_bytes, model = preset.kv_bytes_per_token, preset.describe()
+    params = args.model_params if args.model_params is not None else preset.params
+    cost = CostModel(model_params=params, flops_per_token=args.flops_per_token,
+                     gpu_flops=args.gpu_flops, mfu=args.mfu, gpu_hour_price=args.gpu_price,
+                     currency=args.currency)
+    shared = settings.mode is EvictionMode.GROUP_ROUGH
+    plan = CapacityPlan(block_size=settings.block_size, kv_bytes_per_token=kv_bytes, model=model,
+                        tier=storage_tier(args.storage_tier, parse_prices(args.storage_price)),
+                        instances=1 if shared else max(1, instances),
+                        used_fraction=args.used_percentage,
+                        step_percentage=args.reclaim_step_percentage, currency=args.currency)
+    return cost, plan
+
+
+def _planner_args(parser: argparse.ArgumentParser) -> None:
+    cost = parser.add_argument_group("cost model (prefill saved -> GPUs -> money)")
+    cost.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODEL_PRESETS),
+                      help="model preset: KV bytes per token (layers x KV heads x head dim x "
+                           f"dtype) and parameters (default {DEFAULT_MODEL})")
+    cost.add_argument("--kv-dtype", help="KV cache dtype, overriding the preset's (bf16, fp8, ...)")
+    cost.add_argument("--kv-bytes-per-token", type=float,
+                      help="KV bytes per token, instead of the preset's")
+    cost.add_argument("--model-params", type=float,
+                      help="model parameters; prefill FLOPs per token = 2 x params "
+                           "(default: the preset's)")
+    cost.add_argument("--flops-per-token", type=float, help="override FLOPs per prefill token")
+    cost.add_argument("--gpu-flops", type=float, default=989e12,
+                      help="GPU peak FLOP/s (default 989e12: H100 SXM dense BF16)")
+    cost.add_argument("--mfu", type=float, default=0.4,
+                      help="model FLOP utilisation in prefill (default 0.4)")
+    cost.add_argument("--gpu-price", type=float, default=2.5,
+                      help="price per GPU-hour (default 2.5)")
+    cost.add_argument("--currency", default="USD", help="label of the prices (default USD)")
+    tiers = ", ".join(f"{t.name} {t.gib_hour_price:g}" for t in STORAGE_TIERS.values())
+    cost.add_argument("--storage-tier", default=DEFAULT_TIER, choices=list(STORAGE_TIERS),
+                      help=f"where the blocks live (default {DEFAULT_TIER}); prices per "
+                           f"GiB-hour: {tiers}")
+    cost.add_argument("--storage-price", action="append", default=[], metavar="TIER=PRICE",
+                      help="replace a tier's price per GiB-hour (repeatable)")
+    kvcm = parser.add_argument_group("KVCM settings the recommended quota is for")
+    kvcm.add_argument("--used-percentage", type=float, default=0.9,
+                      help="trigger_strategy.used_percentage (default 0.9)")
+    kvcm.add_argument("--reclaim-step-percentage", type=int, default=10,
+                      help="reclaim_step_percentage (default 10)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,17 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeseries-capacity",
                    help="LRU capacity of the hit-rate-over-time plot (default: the recommended)")
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
-    cost = p.add_argument_group("cost model (prefill saved -> GPUs -> money)")
-    cost.add_argument("--model-params", type=float, default=8e9,
-                      help="model parameters; prefill FLOPs per token = 2 x params (default 8e9)")
-    cost.add_argument("--flops-per-token", type=float, help="override FLOPs per prefill token")
-    cost.add_argument("--gpu-flops", type=float, default=989e12,
-                      help="GPU peak FLOP/s (default 989e12: H100 SXM dense BF16)")
-    cost.add_argument("--mfu", type=float, default=0.4,
-                      help="model FLOP utilisation in prefill (default 0.4)")
-    cost.add_argument("--gpu-price", type=float, default=2.5,
-                      help="price per GPU-hour (default 2.5)")
-    cost.add_argument("--currency", default="USD", help="label of --gpu-price (default USD)")
+    _planner_args(p)
     p.set_defaults(handler=cmd_report)
     return parser
 

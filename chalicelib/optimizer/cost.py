@@ -67,6 +67,13 @@ class CostModel:
             "duration_s": duration_s,
         }
 
+    def assumptions(self) -> list[str]:
+        """The model's assumptions, one line each, for stdout and the plots."""
+        source = (f"{self.flops_per_token:.3g} FLOP/token given" if self.flops_per_token
+                  else f"2 x {self.model_params:.3g} params = {self.token_flops:.3g} FLOP/token")
+        return [f"prefill {source}; GPU {self.gpu_flops / 1e12:g} TFLOP/s at "
+                f"{self.mfu:.0%} MFU, {self.gpu_hour_price:g} {self.currency}/GPU-h"]
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["token_flops"] = self.token_flops

@@ -18,6 +18,7 @@ from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.mrc import HitRatioCurve
+from chalicelib.optimizer.planner import CapacityPlan, for_people, human_bytes
 from chalicelib.optimizer.replay import ReplayResult, Totals
 from chalicelib.optimizer.sweep import PointResult, aggregate
 
@@ -69,9 +70,11 @@ def default_target(table: Mapping[str, Mapping[int, Totals]], curve: HitRatioCur
 
 def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
                  points: Sequence[PointResult], duration_s: float, target: float | None,
-                 cost: CostModel, curve: HitRatioCurve | None = None) -> dict[str, Any]:
+                 cost: CostModel, curve: HitRatioCurve | None = None,
+                 plan: CapacityPlan | None = None) -> dict[str, Any]:
     """Assemble the report dictionary (JSON-able). ``target`` None means
-    :func:`default_target`."""
+    :func:`default_target`; with a ``plan``, capacities also come in GiB, priced against
+    the GPU time they save, with the quota to configure in KVCM."""
     table = aggregate(points)
     target_rule = "given"
     if target is None:
@@ -107,7 +110,7 @@ def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
         grid = [c for caps in table.values() for c in caps if c > 0] or [1]
         high = max(curve.saturation_capacity, max(grid)) * 2
         curve_part = curve.to_dict(log_capacities(max(1, min(grid) // 2), high, 120))
-    return {
+    report = {
         "trace": dict(trace),
         "settings": dict(settings),
         "target_hit_ratio": target,
@@ -121,7 +124,39 @@ def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
         "curve": curve_part,
         "timeseries": None,
         "plots": [],
+        "assumptions": cost.assumptions() + [f"target {target:.1%} ({target_rule})"],
     }
+    if plan is not None:
+        _plan_capacities(report, plan, table, cost, duration_s, curve)
+    return report
+
+
+def _plan_capacities(report: dict[str, Any], plan: CapacityPlan,
+                     table: Mapping[str, Mapping[int, Totals]], cost: CostModel,
+                     duration_s: float, curve: HitRatioCurve | None) -> None:
+    """Add GiB, storage cost and net per capacity, the net-optimal capacity and the KVCM
+    quota of the recommendation to ``report``."""
+    def row(policy: str, capacity: int, totals: Totals) -> dict[str, Any]:
+        savings = cost.savings(totals.external_hit_tokens, duration_s)
+        return plan.row(policy, capacity, totals.block_hit_ratio, savings)
+
+    rows = [row(policy, c, t) for policy, caps in table.items() for c, t in caps.items()]
+    curve_rows = []
+    if curve is not None and report["curve"] is not None:
+        curve_rows = [row("lru", c, curve.totals(c)) for c in report["curve"]["capacities"]]
+    priced = [r for r in rows + curve_rows if r["net_per_hour"] is not None]
+    report["plan"] = plan.to_dict()
+    report["assumptions"] += plan.assumptions()
+    report["net"] = rows
+    report["net_curve"] = curve_rows
+    report["net_optimal"] = max(priced, key=lambda r: r["net_per_hour"], default=None)
+    rec = report["recommendation"]
+    report["quota"] = None
+    if rec is not None:
+        rec.update({k: v for k, v in plan.row(rec["policy"], rec["capacity"],
+                                              rec["block_hit_ratio"], rec).items()
+                    if k not in ("policy", "block_hit_ratio")})
+        report["quota"] = plan.quota(rec["policy"], rec["capacity"])
 
 
 def attach_timeseries(report: dict[str, Any], result: ReplayResult) -> None:
@@ -142,19 +177,26 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-    fig, ax = plt.subplots(figsize=(10, 6), dpi=120)
+    plan = report.get("plan")
+    assumptions = report.get("assumptions", [])
+    if plan:
+        fig, (ax, money) = plt.subplots(2, 1, figsize=(10, 9.5), dpi=120, sharex=True,
+                                        gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
+        money = None
     curve = report.get("curve")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^vP*X"
     policies = sorted(report["policies"].items(), key=lambda item: (item[0] != "lru", item[0]))
     grid = [c for _, data in policies for c in data["capacities"] if c > 0]
+    low, high = min(grid, default=1) / 2, max(grid, default=1) * 2
     for n, (policy, data) in enumerate(policies):
         color, marker = colors[n % len(colors)], markers[n % len(markers)]
         caps = [c for c in data["capacities"] if c > 0]
         ratios = [r for c, r in zip(data["capacities"], data["block_hit_ratio"]) if c > 0]
         if policy == "lru" and curve:
             # the exact curve over the plotted range: a bit wider than the grid
-            low, high = min(grid, default=1) / 2, max(grid, default=1) * 2
             dense = [(c, r) for c, r in zip(curve["capacities"], curve["block_hit_ratio"])
                      if r is not None and low <= c <= high]
             ax.plot([c for c, _ in dense], [r for _, r in dense], "-", color=color, lw=2,
@@ -163,31 +205,88 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
         else:
             ax.plot(caps, ratios, marker + "--", color=color, ms=6, lw=1.5, mfc="none",
                     mew=1.5, label=f"{policy} (replay)")
+        if money is not None:
+            _plot_net(money, report, policy, color, marker, low, high)
     target = report["target_hit_ratio"]
     ax.axhline(target, color="grey", ls=":", lw=1.2, label=f"target {target:.1%}")
     rec = report.get("recommendation")
     if rec:
-        ax.axvline(rec["capacity"], color="grey", ls="--", lw=0.8)
-        ax.annotate(f"{rec['policy']} reaches {target:.1%}\nat {rec['capacity']:,} blocks",
-                    xy=(rec["capacity"], rec["block_hit_ratio"]), xytext=(-150, 14),
+        size = f" = {rec['capacity_gib']:,.0f} GiB" if "capacity_gib" in rec else ""
+        for axis in (ax, money):
+            if axis is not None:
+                axis.axvline(rec["capacity"], color="grey", ls="--", lw=0.8)
+        ax.annotate(f"{rec['policy']} reaches {target:.1%}\nat {rec['capacity']:,} blocks{size}",
+                    xy=(rec["capacity"], rec["block_hit_ratio"]), xytext=(-170, 14),
                     textcoords="offset points", fontsize=9,
                     bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9},
                     arrowprops={"arrowstyle": "->", "color": "grey"})
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(_thousands))
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(bottom=0)
     mode = report["settings"].get("mode", "instance_precise")
     per = "shared by the group" if mode == "group_rough" else "per instance"
-    ax.set_xlabel(f"cache capacity (blocks {per}, log scale)")
+    bottom = money if money is not None else ax
+    bottom.xaxis.set_major_formatter(FuncFormatter(_thousands))
+    bottom.set_xlabel(f"cache capacity (blocks {per}, log scale)")
     ax.set_ylabel("block hit ratio")
     ax.set_title(f"Hit ratio vs capacity - {report['trace'].get('name', 'trace')}")
-    ax.grid(True, which="major", alpha=0.35)
-    ax.grid(True, which="minor", alpha=0.12)
+    if plan:
+        gib_per_block = plan["block_bytes"] / 2**30
+        top = ax.secondary_xaxis("top", functions=(lambda b: b * gib_per_block,
+                                                   lambda g: g / gib_per_block))
+        top.xaxis.set_major_formatter(FuncFormatter(_thousands))
+        top.set_xlabel("GiB per instance")
+    for axis in (ax, money):
+        if axis is not None:
+            axis.grid(True, which="major", alpha=0.35)
+            axis.grid(True, which="minor", alpha=0.12)
     ax.legend(loc="upper left", fontsize=9)
-    fig.tight_layout()
+    if money is not None:
+        money.axhline(0, color="black", lw=0.8)
+        money.set_ylabel(f"{plan['currency']} per hour")
+        money.set_title("Value per hour: GPU time saved minus the storage of the quota",
+                        fontsize=10)
+        money.legend(loc="best", fontsize=8)
+        # storage grows without bound with capacity: keep the region where the savings are
+        saved = [r["gpu_cost_saved_per_hour"] or 0.0 for r in report["net"] + report["net_curve"]]
+        nets = [r["net_per_hour"] for r in report["net"] + report["net_curve"]
+                if r["net_per_hour"] is not None]
+        if saved and nets and max(saved) > 0:
+            money.set_ylim(max(min(nets), -3 * max(saved)) * 1.05, max(saved) * 1.3)
+    if assumptions:
+        fig.text(0.01, 0.005, "assumptions: " + "\n".join(assumptions), fontsize=7.5,
+                 va="bottom", ha="left", family="monospace", color="dimgrey")
+    fig.tight_layout(rect=(0, 0.013 * (len(assumptions) + 1) if assumptions else 0, 1, 1))
     fig.savefig(path)
     plt.close(fig)
+
+
+def _plot_net(axis: Any, report: Mapping[str, Any], policy: str, color: str, marker: str,
+              low: float, high: float) -> None:
+    """Net value per hour of ``policy``'s capacities: GPU time saved minus storage."""
+    currency = report["plan"]["currency"]
+    if policy == "lru" and report.get("net_curve"):
+        rows = [r for r in report["net_curve"]
+                if low <= r["capacity_blocks"] <= high and r["net_per_hour"] is not None]
+        caps = [r["capacity_blocks"] for r in rows]
+        axis.plot(caps, [r["net_per_hour"] for r in rows], "-", color=color, lw=2,
+                  label="lru net (saved - storage)")
+        axis.plot(caps, [r["gpu_cost_saved_per_hour"] for r in rows], ":", color=color, lw=1.2,
+                  label="lru GPU time saved")
+        axis.plot(caps, [-r["storage_cost_per_hour"] for r in rows], "-.", color="grey",
+                  lw=1.2, label="storage cost (negative)")
+        best = report.get("net_optimal")
+        if best is not None:
+            axis.plot([best["capacity_blocks"]], [best["net_per_hour"]], "*", color="black",
+                      ms=12, label=f"net-optimal: {best['policy']} at "
+                                   f"{best['capacity_blocks']:,} blocks "
+                                   f"({_money(best['net_per_hour'])} {currency}/h)")
+    else:
+        rows = sorted((r for r in report["net"] if r["policy"] == policy
+                       and r["capacity_blocks"] > 0 and r["net_per_hour"] is not None),
+                      key=lambda r: r["capacity_blocks"])
+        axis.plot([r["capacity_blocks"] for r in rows], [r["net_per_hour"] for r in rows],
+                  marker + "--", color=color, ms=5, lw=1.2, mfc="none", label=f"{policy} net")
 
 
 def _plot_timeseries(result: ReplayResult, path: Path, top: int = 8) -> None:
@@ -268,7 +367,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path, *,
             report["plots"].append(TIMESERIES_PNG)
             written.append(out / TIMESERIES_PNG)
     with open(out / REPORT_JSON, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2)
+        json.dump(for_people(report), handle, indent=2)
         handle.write("\n")
     written.append(out / REPORT_JSON)
     return written
@@ -280,11 +379,50 @@ def summary_line(report: Mapping[str, Any]) -> str:
     target = report["target_hit_ratio"]
     if not rec:
         return f"no capacity in the sweep reaches a {target:.0%} block hit ratio"
+    size = f" ({rec['capacity_gib']:,.0f} GiB)" if "capacity_gib" in rec else ""
     gpus = rec.get("gpus")
     extra = "" if gpus is None else (
         f", saving {gpus:.2f} GPUs on average ({rec['cost_per_hour']:.2f} {rec['currency']}/h)")
     return (f"{rec['policy']} reaches {target:.0%} block hit ratio at {rec['capacity']:,} blocks"
-            f"{extra}")
+            f"{size}{extra}")
+
+
+def _money(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+,.2f}" if abs(value) >= 0.01 else f"{value:+.2g}"
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """The report for a terminal: the answer, the assumptions, the net per capacity and
+    the quota to configure."""
+    lines = [summary_line(report), "assumptions:"]
+    lines += [f"  {a}" for a in report.get("assumptions", [])]
+    if "net" not in report:
+        return lines
+    currency = report["plan"]["currency"]
+    lines.append(f"  {'policy':<16}{'blocks':>10}{'GiB':>10}{'hit ratio':>11}{'GPUs saved':>12}"
+                 f"{'saved/h':>10}{'storage/h':>11}{'net/h':>10}  ({currency})")
+    for r in sorted(report["net"], key=lambda r: (r["policy"] != "lru", r["policy"],
+                                                  r["capacity_blocks"])):
+        gpus = "n/a" if r["gpus_saved"] is None else f"{r['gpus_saved']:.2f}"
+        ratio = "n/a" if r["block_hit_ratio"] is None else f"{r['block_hit_ratio']:.1%}"
+        lines.append(f"  {r['policy']:<16}{r['capacity_blocks']:>10,}{r['capacity_gib']:>10,.0f}"
+                     f"{ratio:>11}{gpus:>12}{_money(r['gpu_cost_saved_per_hour']):>10}"
+                     f"{_money(-r['storage_cost_per_hour']):>11}{_money(r['net_per_hour']):>10}")
+    best = report.get("net_optimal")
+    if best is not None:
+        verdict = ("the cache pays for itself" if best["net_per_hour"] > 0
+                   else "no capacity pays for itself at these prices")
+        lines.append(f"net-optimal: {best['policy']} at {best['capacity_blocks']:,} blocks "
+                     f"({best['capacity_gib']:,.0f} GiB), net {_money(best['net_per_hour'])} "
+                     f"{currency}/h: {verdict}")
+    quota = report.get("quota")
+    if quota is not None:
+        lines.append(f"KVCM quota for {quota['policy']} at the target: max_key_count "
+                     f"{quota['max_key_count']:,} per instance, group quota "
+                     f"{quota['group_quota']} ({quota['group_quota_bytes']:,} bytes) on "
+                     f"{report['plan']['storage_tier']['storage_type']}, used_percentage "
+                     f"{report['plan']['used_percentage']:g}")
+    return lines
 
 
 def flatten_results(results: Iterable[Any]) -> list[dict[str, Any]]:
