@@ -18,6 +18,7 @@ IDEMPOTENT = frozenset({
     "getInstanceGroup",
     "listInstanceGroup",
     "listInstanceInfo",
+    "getInstanceGroupUsage",
     "listAccount",
     "getMetrics",
     "checkHealth",
@@ -52,6 +53,7 @@ OPERATIONS = {
     "listInstanceGroup": (m.ListRequest, m.ListInstanceGroupResponse, "admin"),
     "removeInstance": (m.RemoveInstanceRequest, m.Response, "admin"),
     "listInstanceInfo": (m.ListInstanceInfoRequest, m.ListInstanceInfoResponse, "admin"),
+    "getInstanceGroupUsage": (m.GetInstanceGroupUsageRequest, m.GetInstanceGroupUsageResponse, "admin"),
     "addAccount": (m.AddAccountRequest, m.Response, "admin"),
     "deleteAccount": (m.DeleteAccountRequest, m.Response, "admin"),
     "listAccount": (m.ListRequest, m.ListAccountResponse, "admin"),
@@ -178,6 +180,11 @@ class Methods:
             **fields: Any) -> m.ListInstanceInfoResponse:
         """``listInstanceInfo`` (admin service; see API.md)."""
         return self.call("listInstanceInfo", request, fields)
+
+    def get_instance_group_usage(self, request: Optional[m.GetInstanceGroupUsageRequest] = None, /,
+            **fields: Any) -> m.GetInstanceGroupUsageResponse:
+        """``getInstanceGroupUsage`` (admin service; see API.md)."""
+        return self.call("getInstanceGroupUsage", request, fields)
 
     def add_account(self, request: Optional[m.AddAccountRequest] = None, /,
             **fields: Any) -> m.Response:

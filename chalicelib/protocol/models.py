@@ -515,6 +515,43 @@ class UpdateLoggerRequest(Request):
     log_level: Str = ""
 
 
+# ---------------------------------------------------------------- usage (KVCM addition)
+
+
+class GetInstanceGroupUsageRequest(Request):
+    instance_group_name: Str = ""  # empty = every group
+
+
+class InstanceUsage(WireModel):
+    instance_id: Str = ""
+    used_bytes: Int64 = 0
+    key_count: Int64 = 0
+
+
+class StorageTypeUsage(WireModel):
+    storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    used_bytes: Int64 = 0
+    capacity: Int64 = 0  # the type's quota_config capacity, 0 = none
+    watermark_bytes: Int64 = 0  # where reclaim starts for this type, 0 = never
+
+
+class InstanceGroupUsage(WireModel):
+    name: Str = ""
+    capacity: Int64 = 0  # quota.capacity, 0 = unlimited
+    #: Where reclaim starts: capacity × used_percentage, or trigger_strategy.used_size when lower.
+    watermark_bytes: Int64 = 0
+    used_bytes: Int64 = 0
+    key_count: Int64 = 0
+    max_key_count: Int64 = 0  # per instance, 0 = unlimited
+    by_storage_type: list[StorageTypeUsage] = Field(default_factory=list)
+    #: The group's instances, most used first.
+    instances: list[InstanceUsage] = Field(default_factory=list)
+
+
+class GetInstanceGroupUsageResponse(Response):
+    usage: list[InstanceGroupUsage] = Field(default_factory=list)
+
+
 # ---------------------------------------------------------------- debug service
 
 

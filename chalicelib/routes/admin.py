@@ -3,11 +3,13 @@ deletes the instance's cache, in ``chalicelib.cache.api``)."""
 from __future__ import annotations
 
 from ..cache import api
+from ..capacity import usage
 from ..control import admin
 from ..protocol.models import (AddAccountRequest, CreateInstanceGroupRequest, DeleteAccountRequest,
                                InstanceGroupNameRequest, ListInstanceInfoRequest, ListRequest, RemoveInstanceRequest,
                                StorageNameRequest, StorageRequest, UpdateInstanceGroupRequest,
                                UpdateLeaderElectorConfigRequest, UpdateLoggerRequest, UpdateStorageRequest)
+from ..protocol.models import GetInstanceGroupUsageRequest
 from .api import api_blueprint
 from .dispatch import Operation
 
@@ -27,6 +29,7 @@ OPERATIONS: list[Operation] = [
         ("listInstanceGroup", ListRequest, admin.list_instance_group),
         ("removeInstance", RemoveInstanceRequest, api.remove_instance),
         ("listInstanceInfo", ListInstanceInfoRequest, admin.list_instance_info),
+        ("getInstanceGroupUsage", GetInstanceGroupUsageRequest, usage.get_instance_group_usage),
         ("addAccount", AddAccountRequest, admin.add_account),
         ("deleteAccount", DeleteAccountRequest, admin.delete_account),
         ("listAccount", ListRequest, admin.list_account),
