@@ -63,6 +63,15 @@ class _FileStorage(StorageBackend):
         self._uri_root = posixpath.normpath("/" + self.data_root.strip("/"))
         self._pack = max(1, key_count_per_file)
 
+    @classmethod
+    def sdk_spec(cls, config: StorageConfig) -> dict:
+        """The spec as upstream writes it for its SDK: ``key_count_per_file`` as the URIs
+        follow it (0 packs one block per file, upstream's default of 1), and without
+        ``touch_file_when_create`` (only KVCM acts on it)."""
+        spec = getattr(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
+        spec["key_count_per_file"] = max(1, spec["key_count_per_file"])
+        return spec
+
     @property
     def pack_count(self) -> int:
         return self._pack
@@ -192,11 +201,6 @@ class ThreeFSBackend(_FileStorage):
         spec = getattr(config, self.spec_field)
         super().__init__(config, os.path.join(spec.mountpoint, spec.root_dir.strip("/")), spec.key_count_per_file)
         self.touch_file_when_create = spec.touch_file_when_create
-
-    @classmethod
-    def sdk_spec(cls, config: StorageConfig) -> dict:
-        """The 3FS spec without ``touch_file_when_create`` (only KVCM acts on it)."""
-        return getattr(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:

@@ -124,11 +124,12 @@ def test_s3_client_is_built_lazily_once(registry, s3_clients):
     assert (backend.bucket, backend.prefix, backend.region) == ("kv-bucket", "cache", "eu-west-1")
 
 
-#: What upstream's engine SDK reads from ``storage_configs`` per type (API.md).
+#: What upstream's engine SDK reads from ``storage_configs`` per type (API.md); an unset
+#: ``key_count_per_file`` shows as 1, the file size KVCM's URIs follow (upstream's default).
 SDK_ENTRIES = {
     "nfs": ("file", {"root_path": "/mnt/nfs/", "key_count_per_file": 8}),
-    "threefs": ("hf3fs", {"cluster_name": "", "mountpoint": "/3fs", "root_dir": "kv/", "key_count_per_file": 0}),
-    "vcnsthreefs": ("vcns_hf3fs", {"cluster_name": "", "mountpoint": "/3fs", "root_dir": "kv", "key_count_per_file": 0,
+    "threefs": ("hf3fs", {"cluster_name": "", "mountpoint": "/3fs", "root_dir": "kv/", "key_count_per_file": 1}),
+    "vcnsthreefs": ("vcns_hf3fs", {"cluster_name": "", "mountpoint": "/3fs", "root_dir": "kv", "key_count_per_file": 1,
                                    "remote_host": "10.0.0.1", "remote_port": 8000, "meta_storage_uri": "meta://x"}),
     "mooncake": ("mooncake", {"local_hostname": "", "metadata_connstring": "", "protocol": "", "rdma_device": "",
                               "master_server_entry": "127.0.0.1:50051"}),
