@@ -33,7 +33,8 @@ Capacity changes (updateStorage) are applied by the next script call: growing fr
 new tail, shrinking drops free space past the end; ranges in use past a new end stay
 allocated until freed and are then dropped.
 
-URI: ``pace://<global_unique_name>/?offset=<address + spec.offset>&size=<spec size>``.
+URI: ``pace://<global_unique_name>/<address + spec.offset>?size=<spec size>`` (the address is
+the path, where upstream's engine SDK reads it).
 Health: TCP connect to ``domain`` (``host:port``) within ``timeout`` ms (default 1000).
 ``exists`` reports whether the block's range is still allocated to it: KVCM cannot see the
 pool's bytes, and the allocation is what it owns.
@@ -414,7 +415,8 @@ class TairMemPoolBackend(StorageBackend):
         def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
             return (group_id + offset,)
 
-        return UriFormat(uri_template(self.sdk_type, self.name, "/", (("offset", DECIMAL), ("size", spec.size))), args)
+        # Upstream's SDK reads the address from the path (``pace://<name>/<address>``).
+        return UriFormat(uri_template(self.sdk_type, self.name, ("/", DECIMAL), (("size", spec.size),)), args)
 
     def probe(self) -> None:
         """TCP connect to ``domain`` within ``timeout`` ms."""

@@ -65,7 +65,7 @@ class Engine:
         assert all(list(e) == ["type", "is_available", "global_unique_name", "storage_spec"] for e in entries), entries
         self.configs = {e["global_unique_name"]: e for e in entries}
         self.objects: dict[str, bytes] = {}  # mooncake's store, keyed by ?key=
-        self.pool = bytearray(1 << 16)  # the TairMemPool's memory, addressed by ?offset=
+        self.pool = bytearray(1 << 16)  # the TairMemPool's memory, addressed by the URI's path
 
     def _target(self, uri: str) -> tuple[dict, Uri, int]:
         """The storage config the URI's host names, the URI, and the byte size it covers."""
@@ -84,6 +84,12 @@ class Engine:
             assert "blkid" in parsed.params, uri
         return parsed.path, int(parsed.params.get("blkid", 0)) * size, size
 
+    @staticmethod
+    def _pace_offset(parsed: Uri) -> int:
+        """The SDK reads a memory pool address from the path: ``pace://<name>/<offset>``."""
+        assert parsed.path[1:].isdigit(), parsed
+        return int(parsed.path[1:])
+
     def write(self, uri: str, data: bytes) -> None:
         config, parsed, size = self._target(uri)
         assert len(data) == size
@@ -97,7 +103,7 @@ class Engine:
         elif kind == "mooncake":
             self.objects[parsed.params["key"]] = data
         elif kind == "pace":
-            offset = int(parsed.params["offset"])
+            offset = self._pace_offset(parsed)
             self.pool[offset:offset + size] = data
         else:
             assert kind == "s3"
@@ -114,7 +120,7 @@ class Engine:
         if kind == "mooncake":
             return self.objects[parsed.params["key"]]
         if kind == "pace":
-            offset = int(parsed.params["offset"])
+            offset = self._pace_offset(parsed)
             return bytes(self.pool[offset:offset + size])
         return boto3.client("s3").get_object(Bucket=config["storage_spec"]["bucket"],
                                              Key=parsed.path[1:])["Body"].read()

@@ -155,8 +155,9 @@ class MemPoolHarness(Harness):
         self.valkey = valkey
 
     def write_uri(self, uri, size):
-        _, _, _, query = split_uri(uri)
-        assert int(query["offset"]) + size <= self.backend.capacity  # engines write into the pool
+        _, _, path, query = split_uri(uri)
+        assert int(query["size"]) == size
+        assert int(path[1:]) + size <= self.backend.capacity  # engines write at the path's address
 
     def broken(self):
         cfg = self.backend.config.model_copy(deep=True)

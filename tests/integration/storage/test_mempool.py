@@ -47,7 +47,7 @@ def test_uri_points_at_address_plus_spec_offset(valkey):
     backend = pool(valkey)
     blocks = place(backend, 2)
     assert [b.group_id for b in blocks] == [0, 100]
-    assert backend.uri(blocks[1], SPECS[1]) == "pace://pool_01/?offset=160&size=40"
+    assert backend.uri(blocks[1], SPECS[1]) == "pace://pool_01/160?size=40"
 
 
 def test_freed_ranges_are_reused_and_merged(valkey):
