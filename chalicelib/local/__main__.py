@@ -1,25 +1,48 @@
-"""``python -m chalicelib.local``: run the local stack until Ctrl-C or SIGTERM."""
+"""``python -m chalicelib.local``: run the local stack until Ctrl-C or SIGTERM.
+
+``python -m chalicelib.local clean``: delete the stack's state directory (``make clean``),
+refused while a stack runs on it.
+
+Exit status: 0 after a requested stop, 2 when the stack cannot start or the state cannot
+be cleaned (the message says which variable to change), 130 when stopped while starting.
+"""
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import threading
+from typing import Callable, Optional, Sequence
 
-from .stack import LocalStack
+from .config import StackConfig
+from .guard import StackStartError, StartCancelled, StateLock
+from .valkey import stop_leftover_servers
+
+EXIT_CANNOT_START = 2
+EXIT_INTERRUPTED = 130
 
 
-def main() -> int:
-    stop = threading.Event()
-
+def _on_signal(stop: threading.Event) -> Callable[[int, object], None]:
+    """A handler that only sets ``stop`` (raising from a handler could leave a lock held
+    by the interrupted code, e.g. logging's); once: a second signal, during shutdown, gets
+    the default action (immediate exit)."""
     def request_stop(signum: int, frame: object) -> None:
-        # A second signal during shutdown falls back to the default (immediate exit).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stop.set()
+    return request_stop
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    stack = LocalStack().start()
+
+def run(stop: threading.Event) -> int:
+    """Start the stack, serve until ``stop`` is set, stop it."""
+    from .stack import LocalStack
+
+    stack = LocalStack()
+    try:
+        stack.start(stop)  # stops what it started if cancelled or failing
+    except StartCancelled:
+        print("KVCM local stack: stopped while starting", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     try:
         print(stack.banner(), flush=True)
         stop.wait()
@@ -28,6 +51,37 @@ def main() -> int:
         stack.stop()
     print("KVCM local stack stopped", flush=True)
     return 0
+
+
+def clean(config: StackConfig) -> int:
+    """Delete the state directory under its lock (refused while a stack holds it), after
+    stopping a Valkey a killed stack may have left running on it."""
+    lock = StateLock(config.state_dir)
+    if not config.state_dir.exists():
+        return 0
+    lock.acquire(hint=", then clean")
+    try:
+        stop_leftover_servers(config.valkey_dir)
+        shutil.rmtree(config.state_dir)
+    finally:
+        lock.release()
+    print(f"removed {config.state_dir}", flush=True)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in ([], ["clean"]):
+        print("usage: python -m chalicelib.local [clean]", file=sys.stderr)
+        return EXIT_CANNOT_START
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, _on_signal(stop))
+    signal.signal(signal.SIGTERM, _on_signal(stop))
+    try:
+        return clean(StackConfig.from_env()) if args else run(stop)
+    except StackStartError as error:
+        print(f"KVCM local stack: {error}", file=sys.stderr, flush=True)
+        return EXIT_CANNOT_START
 
 
 if __name__ == "__main__":

@@ -9,18 +9,22 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 import time
 import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from . import asl
+from .guard import port_of
 
 #: moto runs state machines and keeps Lambda in-process (no Docker) with this config.
 MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 #: moto accepts any credentials; fixed ones keep a developer's real keys out of it.
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                      "AWS_SESSION_TOKEN": "testing"}
+PORT_VARIABLE = "KVCM_AWS_PORT"
+POLL_INTERVAL_S = 0.05
 ROLE_NAME = "kvcm-local"
 LAMBDA_RUNTIME = "python3.11"
 
@@ -45,27 +49,37 @@ class LocalAws:
         self.region = region
         self._port = port
         self._server: Optional[Any] = None
+        self._thread: Optional[threading.Thread] = None
         self._clients: dict[str, Any] = {}
 
     @property
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError("moto is not started")
-        return self._server.get_host_and_port()[1]
+        return self._server.server_address[1]
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> str:
-        """Start the server, empty; returns its endpoint URL."""
+        """Bind (a taken port fails here, naming ``KVCM_AWS_PORT``), serve on a thread, and
+        return the endpoint URL. Not ``ThreadedMotoServer``: it binds on its thread and
+        waits without a timeout for a bind that failed."""
         from moto.moto_api._internal.models import moto_api_backend
-        from moto.server import ThreadedMotoServer
+        from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
+                                                   create_backend_app)
+        from werkzeug.serving import make_server
 
         # moto logs every request (the state machines poll a lot); the app logs its own.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self._port, verbose=False)
-        self._server.start()
+        with port_of(PORT_VARIABLE, "127.0.0.1", self._port):
+            self._server = make_server("127.0.0.1", self._port, DomainDispatcherApplication(create_backend_app),
+                                       threaded=True, request_handler=MotoRequestHandler)
+        # A short poll interval: shutdown waits for the next poll.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(POLL_INTERVAL_S,),
+                                        name="kvcm-local-moto", daemon=True)
+        self._thread.start()
         # Backends live in the process, not in the server: an earlier stack of this process
         # would otherwise still be there.
         moto_api_backend.reset()
@@ -79,7 +93,8 @@ class LocalAws:
         self._clients.clear()
         if self._server is not None:
             server, self._server = self._server, None
-            server.stop()
+            server.shutdown()  # serve_forever closes the socket on its way out
+            self._thread.join()
 
     def client(self, service: str) -> Any:
         """A boto3 client bound to this server, whatever the process environment says."""

@@ -1,7 +1,12 @@
-"""The control table of the local stack, kept between runs.
+"""The control table of the local stack, kept between runs and across crashes.
 
-moto forgets everything when it stops, so the table is saved to a JSON file (DynamoDB's
-typed item format; binary values as base64) and put back at the next start.
+moto forgets everything when it stops, so the table lives on disk as a snapshot
+(``control.json``: DynamoDB's typed item format, binary values as base64) plus a journal
+(``control.journal``) of every write since. Every write request moto receives for the
+table (from the app, a task or a state machine) appends the written items' new state to
+the journal and fsyncs it *before moto answers*: a change that was acknowledged survives
+a SIGKILL of the stack. The journal is folded into the snapshot at start, at stop, and
+when it grows past ``COMPACT_BYTES``.
 """
 from __future__ import annotations
 
@@ -10,9 +15,13 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Optional
 
 BATCH_SIZE = 25  # DynamoDB's BatchWriteItem limit (moto does not enforce it)
+GET_BATCH_SIZE = 100  # BatchGetItem's limit
+COMPACT_BYTES = 1 << 20
+#: moto's DynamoDB request handlers that write items (PartiQL statements are not used here).
+WRITE_ACTIONS = ("put_item", "update_item", "delete_item", "batch_write_item", "transact_write_items")
 
 
 def _encode(value: Any) -> Any:
@@ -37,37 +46,169 @@ def _decode(value: Any) -> Any:
     return value
 
 
-class ControlSnapshot:
-    """Saves a table to ``path`` and restores it from there."""
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    def __init__(self, dynamodb: Any, table_name: str, path: Path) -> None:
+
+def _written_keys(action: str, body: dict) -> Iterable[tuple[str, dict]]:
+    """``(table, item or key)`` of every item a write request changes."""
+    if action == "put_item":
+        yield body["TableName"], body["Item"]
+    elif action in ("update_item", "delete_item"):
+        yield body["TableName"], body["Key"]
+    elif action == "batch_write_item":
+        for table, requests in body["RequestItems"].items():
+            for request in requests:
+                yield table, (request["PutRequest"]["Item"] if "PutRequest" in request
+                              else request["DeleteRequest"]["Key"])
+    else:  # transact_write_items
+        for operation in body["TransactItems"]:
+            kind, spec = next(iter(operation.items()))
+            if kind != "ConditionCheck":
+                yield spec["TableName"], spec.get("Item") or spec["Key"]
+
+
+class ControlSnapshot:
+    """The table ``table_name`` saved to ``path`` (snapshot) and ``path.journal`` (writes since)."""
+
+    #: The one instance whose journal moto's handlers write to (they are patched process-wide).
+    _attached: Optional["ControlSnapshot"] = None
+
+    def __init__(self, dynamodb: Any, table_name: str, path: Path,
+                 key_names: tuple[str, ...] = ("pk", "sk")) -> None:
         self.dynamodb = dynamodb
         self.table_name = table_name
         self.path = path
+        self.journal_path = path.with_suffix(".journal")
+        self.key_names = key_names
+        # Held across a write request and its journal append, and across a compaction:
+        # the journal's order is the order moto applied the writes in.
         self._lock = threading.Lock()
+        self._journal_fd: Optional[int] = None
+        self._originals: dict[str, Callable] = {}
+
+    # ------------------------------------------------------------ snapshot
 
     def save(self) -> int:
-        """Write every item to the file atomically; returns the item count."""
-        items: list[dict] = []
-        for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.table_name,
-                                                                 ConsistentRead=True):
-            items.extend(page["Items"])
+        """Fold everything into the snapshot (written atomically, fsync'd), then empty the
+        journal; returns the item count."""
         with self._lock:
+            items = [item for page in self.dynamodb.get_paginator("scan").paginate(
+                TableName=self.table_name, ConsistentRead=True) for item in page["Items"]]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             partial = self.path.with_suffix(".json.partial")
-            partial.write_text(json.dumps({"table": self.table_name, "items": _encode(items)}),
-                               encoding="utf-8")
+            with open(partial, "w", encoding="utf-8") as file:
+                json.dump({"table": self.table_name, "items": _encode(items)}, file)
+                file.flush()
+                os.fsync(file.fileno())
             os.replace(partial, self.path)
+            _fsync_dir(self.path.parent)
+            if self._journal_fd is not None:
+                os.ftruncate(self._journal_fd, 0)
+                os.fsync(self._journal_fd)
+            elif self.journal_path.exists():
+                os.truncate(self.journal_path, 0)
         return len(items)
 
+    def compact_if_grown(self, limit_bytes: int = COMPACT_BYTES) -> None:
+        """``save`` once the journal is larger than ``limit_bytes``."""
+        if self.journal_path.exists() and self.journal_path.stat().st_size > limit_bytes:
+            self.save()
+
+    def _key(self, item: dict) -> str:
+        return json.dumps([item[name] for name in self.key_names if name in item], sort_keys=True)
+
+    def _saved_items(self) -> list[dict]:
+        """The snapshot's items with the journal replayed over them (encoded form). A last
+        line cut short by a crash was never acknowledged and is ignored."""
+        items: dict[str, dict] = {}
+        if self.path.exists():
+            for item in json.loads(self.path.read_text(encoding="utf-8"))["items"]:
+                items[self._key(item)] = item
+        if self.journal_path.exists():
+            lines = self.journal_path.read_bytes().split(b"\n")
+            for number, line in enumerate(lines, 1):
+                try:
+                    entry = json.loads(line) if line else None
+                except ValueError:
+                    if number == len(lines):
+                        break
+                    raise ValueError(f"{self.journal_path}: line {number} is damaged") from None
+                if entry is None:
+                    continue
+                if entry["item"] is None:
+                    items.pop(self._key(entry["key"]), None)
+                else:
+                    items[self._key(entry["key"])] = entry["item"]
+        return list(items.values())
+
     def restore(self) -> int:
-        """Put every saved item back; returns the item count (0 without a file)."""
-        if not self.path.exists():
-            return 0
-        items = _decode(json.loads(self.path.read_text(encoding="utf-8"))["items"])
+        """Put every saved item (snapshot + journal) back; returns the item count."""
+        items = _decode(self._saved_items())
         for start in range(0, len(items), BATCH_SIZE):
             requests = [{"PutRequest": {"Item": item}} for item in items[start:start + BATCH_SIZE]]
             while requests:
                 response = self.dynamodb.batch_write_item(RequestItems={self.table_name: requests})
                 requests = response.get("UnprocessedItems", {}).get(self.table_name, [])
         return len(items)
+
+    # ------------------------------------------------------------ journal
+
+    def attach(self) -> None:
+        """Journal every write moto receives for the table from now on, durably, before
+        moto answers it."""
+        from moto.dynamodb.responses import DynamoHandler
+
+        if ControlSnapshot._attached is not None:
+            raise RuntimeError("a control-table journal is already attached in this process")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                                   0o644)
+        ControlSnapshot._attached = self
+        for action in WRITE_ACTIONS:
+            self._originals[action] = original = getattr(DynamoHandler, action)
+            setattr(DynamoHandler, action, self._journaled(action, original))
+
+    def detach(self) -> None:
+        """Undo ``attach`` (idempotent)."""
+        from moto.dynamodb.responses import DynamoHandler
+
+        for action, original in self._originals.items():
+            setattr(DynamoHandler, action, original)
+        self._originals.clear()
+        if ControlSnapshot._attached is self:
+            ControlSnapshot._attached = None
+        fd, self._journal_fd = self._journal_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _journaled(self, action: str, original: Callable) -> Callable:
+        def write_then_journal(handler: Any) -> Any:
+            keys = {self._key(item): {name: item[name] for name in self.key_names if name in item}
+                    for table, item in _written_keys(action, handler.body) if table == self.table_name}
+            if not keys:
+                return original(handler)
+            with self._lock:
+                answer = original(handler)  # raises (nothing written) on a failed condition
+                self._append(list(keys.values()))
+            return answer
+        return write_then_journal
+
+    def _append(self, keys: list[dict]) -> None:
+        """Journal the current state of ``keys`` (read back: an update's result is only
+        known to moto) in one fsync'd write."""
+        found: dict[str, dict] = {}
+        for start in range(0, len(keys), GET_BATCH_SIZE):
+            request = {self.table_name: {"Keys": keys[start:start + GET_BATCH_SIZE], "ConsistentRead": True}}
+            while request:
+                response = self.dynamodb.batch_get_item(RequestItems=request)
+                for item in _encode(response["Responses"].get(self.table_name, [])):
+                    found[self._key(item)] = item
+                request = response.get("UnprocessedKeys") or {}
+        lines = [json.dumps({"key": key, "item": found.get(self._key(key))}) for key in keys]
+        os.write(self._journal_fd, ("\n".join(lines) + "\n").encode())
+        os.fsync(self._journal_fd)

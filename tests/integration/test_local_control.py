@@ -1,13 +1,16 @@
-"""The local stack's control table: snapshot round trip and idempotent seeding."""
+"""The local stack's control table: snapshot round trip, the journal of every write, and
+idempotent seeding."""
 from __future__ import annotations
 
 import urllib.request
 
 import boto3
+import pytest
 
 from chalicelib.clock import ManualClock
 from chalicelib.control import ControlPlane, ensure_table
 from chalicelib.local.control import ControlSnapshot
+from chalicelib.protocol.codes import Role
 from chalicelib.local.seed import GROUP_NAME, GROUP_QUOTA_BYTES, STORAGE_NAME, seed_defaults
 
 TABLE = "kvcm-control-test"
@@ -55,3 +58,82 @@ def test_seeding_adds_only_what_is_absent(aws, tmp_path):
     assert storage.config.nfs.key_count_per_file == 8
     assert (tmp_path / "data" / STORAGE_NAME).is_dir()
     assert control.get_group(GROUP_NAME).quota.capacity == GROUP_QUOTA_BYTES
+
+
+def _items(dynamodb) -> list[dict]:
+    return sorted(dynamodb.scan(TableName=TABLE, ConsistentRead=True)["Items"],
+                  key=lambda item: (item["pk"]["S"], item["sk"]["S"]))
+
+
+def _reset(aws: str, dynamodb) -> None:
+    urllib.request.urlopen(urllib.request.Request(f"{aws}/moto-api/reset", method="POST")).read()
+    ensure_table(dynamodb, TABLE)
+
+
+def test_every_acknowledged_write_is_in_the_journal_before_the_answer(aws, tmp_path):
+    dynamodb = boto3.client("dynamodb")
+    ensure_table(dynamodb, TABLE)
+    snapshot = ControlSnapshot(dynamodb, TABLE, tmp_path / "control.json")
+    snapshot.attach()
+    try:
+        control = control_plane(dynamodb)
+        seed_defaults(control, tmp_path / "data")  # transactions
+        control.add_account("alice", "pw-alice-1", Role.ROLE_USER)
+        control.add_account("bob", "pw-bob-12", Role.ROLE_USER)
+        control.delete_account("alice")
+        key = {"pk": {"S": "TEST"}, "sk": {"S": "binary"}}
+        dynamodb.put_item(TableName=TABLE, Item={**key, "b": {"B": b"\x00\xff"}, "bs": {"BS": [b"\x01"]}})
+        dynamodb.update_item(TableName=TABLE, Key=key, UpdateExpression="SET m = :m",
+                             ExpressionAttributeValues={":m": {"M": {"l": {"L": [{"B": b"\x03"}]}}}})
+        dynamodb.batch_write_item(RequestItems={TABLE: [
+            {"PutRequest": {"Item": {"pk": {"S": "TEST"}, "sk": {"S": f"item-{n}"}}}} for n in range(3)]})
+        dynamodb.delete_item(TableName=TABLE, Key={"pk": {"S": "TEST"}, "sk": {"S": "item-1"}})
+        with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
+            dynamodb.put_item(TableName=TABLE, Item=key, ConditionExpression="attribute_not_exists(pk)")
+        written = _items(dynamodb)
+        # Nothing was ever saved: all of it is in the journal, as a crash would leave it.
+        assert not snapshot.path.exists()
+    finally:
+        snapshot.detach()
+
+    _reset(aws, dynamodb)
+    assert ControlSnapshot(dynamodb, TABLE, snapshot.path).restore() == len(written)
+    assert _items(dynamodb) == written
+    assert control_plane(dynamodb).verify_account("alice", "pw-alice-1") is None
+
+
+def test_a_journal_line_cut_short_by_a_crash_is_ignored_a_damaged_one_is_not(aws, tmp_path):
+    dynamodb = boto3.client("dynamodb")
+    ensure_table(dynamodb, TABLE)
+    snapshot = ControlSnapshot(dynamodb, TABLE, tmp_path / "control.json")
+    snapshot.attach()
+    try:
+        dynamodb.put_item(TableName=TABLE, Item={"pk": {"S": "TEST"}, "sk": {"S": "a"}})
+    finally:
+        snapshot.detach()
+    complete = snapshot.journal_path.read_bytes()
+    snapshot.journal_path.write_bytes(complete + b'{"key": {"pk"')
+    _reset(aws, dynamodb)
+    assert snapshot.restore() == 1
+
+    snapshot.journal_path.write_bytes(b'{"key": {"pk"\n' + complete)
+    with pytest.raises(ValueError, match="line 1"):
+        snapshot.restore()
+
+
+def test_saving_folds_the_journal_into_the_snapshot(aws, tmp_path):
+    dynamodb = boto3.client("dynamodb")
+    ensure_table(dynamodb, TABLE)
+    snapshot = ControlSnapshot(dynamodb, TABLE, tmp_path / "control.json")
+    snapshot.attach()
+    try:
+        dynamodb.put_item(TableName=TABLE, Item={"pk": {"S": "TEST"}, "sk": {"S": "a"}})
+        snapshot.compact_if_grown(limit_bytes=1 << 20)
+        assert snapshot.journal_path.stat().st_size > 0  # below the limit: kept
+        snapshot.compact_if_grown(limit_bytes=0)
+        assert snapshot.journal_path.stat().st_size == 0
+        dynamodb.delete_item(TableName=TABLE, Key={"pk": {"S": "TEST"}, "sk": {"S": "a"}})
+    finally:
+        snapshot.detach()
+    _reset(aws, dynamodb)
+    assert snapshot.restore() == 0  # the snapshot has the item, the journal its deletion

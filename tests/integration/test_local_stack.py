@@ -12,6 +12,8 @@ import pytest
 import redis
 
 from chalicelib.local import LocalStack
+from chalicelib.local.guard import PortInUseError
+from chalicelib.local.valkey import valkey_servers_in
 from chalicelib.runtime import get_runtime
 from chalicelib.protocol.models import NfsStorageSpec, StorageConfig
 from tests.e2e.harness import ECHO_WORKFLOW, FIXTURES, Api, e2e_stack, run_execution
@@ -90,16 +92,18 @@ def test_a_workflow_without_its_function_is_skipped(tmp_path: Path):
         assert "SKIPPED" in stack.banner()
 
 
-def test_a_failed_start_stops_what_it_started(tmp_path: Path):
+def test_a_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch):
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
     original_invoke, environ = LambdaSimpleBackend.invoke, dict(os.environ)
     threads_before = set(threading.enumerate())
-    with socket.socket() as taken:  # the API port is in use: the last step of start fails
+    # The API port is taken after the check (a race): the last step of start fails.
+    monkeypatch.setattr("chalicelib.local.stack.check_ports_free", lambda host, ports: None)
+    with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         stack = e2e_stack(tmp_path / "state", port=taken.getsockname()[1])
-        with pytest.raises(OSError):
+        with pytest.raises(PortInUseError, match="KVCM_PORT"):
             stack.start()
     assert LambdaSimpleBackend.invoke is original_invoke
     assert dict(os.environ) == environ
@@ -107,3 +111,5 @@ def test_a_failed_start_stops_what_it_started(tmp_path: Path):
     with pytest.raises(RuntimeError):
         stack.valkey.url  # stopped
     assert (tmp_path / "state" / "control.json").exists()  # what was seeded got saved
+    assert valkey_servers_in(tmp_path / "state" / "valkey") == []
+    e2e_stack(tmp_path / "state").start().stop()  # the state lock was released

