@@ -45,8 +45,7 @@ run: $(STAMP) $(BIN)/kvcm
 test: $(STAMP) $(BIN)/kvcm chromium
 	$(BIN)/python -m pytest -ra
 
-## clean: forget the local state (control table, Valkey data, file storage) and build outputs;
-## refused while a local stack runs on that state
+## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
 clean:
 	if [ -x $(BIN)/python ]; then $(BIN)/python -m chalicelib.local clean; else rm -rf .state; fi
 	rm -rf out
