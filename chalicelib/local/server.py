@@ -1,10 +1,12 @@
 """The app's HTTP API, served by Chalice's local server on a thread.
 
-The server logs one line per request on stderr (``BaseHTTPRequestHandler``'s format),
-next to the app's own JSON access line.
+One access line per request: the app writes its JSON access line for every ``/api/``
+call, so the server's own line (``BaseHTTPRequestHandler``'s format, on stderr) is kept
+only for the other paths (``/metrics``, ``/docs``...).
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from pathlib import Path
@@ -25,6 +27,18 @@ def chalice_config(project_dir: Path = REPO_ROOT) -> Any:
     # Config.create would take config_from_disk for a user parameter; the constructor does not.
     return Config(chalice_stage=LOCAL_STAGE, config_from_disk=from_disk,
                   user_provided_params={"app_name": "kvcm", "project_dir": str(project_dir)})
+
+
+def _quiet_for_api(handler_cls: type) -> type:
+    """``handler_cls`` without its log line for ``/api/`` paths (the app logs those)."""
+
+    class Handler(handler_cls):
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:
+            # 405 (a GET on a POST method) is Chalice's own answer: the app never saw it.
+            if not self.path.startswith("/api/") or code == 405:
+                super().log_request(code, size)
+
+    return Handler
 
 
 class ApiServer:
@@ -58,6 +72,9 @@ class ApiServer:
             self._server = LocalDevServer(self.app, self.config, self.host, self._requested_port)
         else:
             self._server = create_local_server(self.app, self.config, self.host, self._requested_port)
+        handler = self._server.server.RequestHandlerClass  # functools.partial(handler class, app, config)
+        self._server.server.RequestHandlerClass = functools.partial(
+            _quiet_for_api(handler.func), *handler.args, **handler.keywords)
         # Not LocalDevServer.serve_forever: it prints the requested port (wrong for port 0)
         # and polls for shutdown every 0.5 s, which would slow every stop down.
         self._thread = threading.Thread(target=self._server.server.serve_forever, args=(POLL_INTERVAL_S,),

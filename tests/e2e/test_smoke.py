@@ -18,10 +18,26 @@ def test_non_json_body_is_400_with_empty_object(api: Api):
     assert api.call("checkHealth", b"not json") == (400, {})
 
 
-def test_unknown_method_is_refused_as_json(api: Api):
-    status, body = api.call("noSuchMethod", {})
-    # API Gateway (and Chalice's local gateway) answer an unknown path with 403 JSON.
-    assert status == 403 and "message" in body
+def test_unknown_method_is_404_with_an_empty_body_as_upstream(api: Api):
+    # Not API Gateway's 403 "Missing Authentication Token" (routes/unknown.py).
+    assert api.call("noSuchMethod", {}) == (404, None)
+    assert api.call("getcachelocation", {}) == (404, None)
+
+
+def test_one_access_line_per_request(stack: LocalStack, api: Api, capsys, caplog):
+    """The app's JSON line for /api/ calls (caplog), the dev server's line for the rest (stderr)."""
+    import logging
+    import urllib.request
+
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="kvcm"):
+        api.call("checkHealth", {"trace_id": "one-line"})
+        api.call("noSuchMethod", {})
+        urllib.request.urlopen(f"{stack.api_url}/openapi.json", timeout=10).read()
+    server_lines = capsys.readouterr().err.splitlines()
+    app_lines = [(r.api, r.code) for r in caplog.records if r.getMessage() == "access"]
+    assert app_lines == [("checkHealth", "OK"), ("noSuchMethod", "NOT_FOUND")]
+    assert [line.split('"')[1] for line in server_lines if " - - [" in line] == ["GET /openapi.json HTTP/1.1"]
 
 
 def test_state_machine_task_runs_the_handler(stack: LocalStack):
