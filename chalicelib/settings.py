@@ -32,6 +32,11 @@ class Settings:
     valkey_url: str = "redis://127.0.0.1:6379/0"
     #: Talk to Valkey as a cluster (ElastiCache Serverless, cluster mode enabled).
     valkey_cluster: bool = False
+    #: Valkey AUTH user (ElastiCache RBAC); a password from the environment or, deployed,
+    #: from a Secrets Manager secret holding ``{"username": ..., "password": ...}``.
+    valkey_username: str = ""
+    valkey_password: str = ""
+    valkey_secret_arn: str = ""
     key_prefix: str = "kvcm"
     control_table: str = "kvcm-control"
     aws_region: str = "us-east-1"
@@ -44,9 +49,24 @@ class Settings:
     config_refresh_s: float = 2.0
     lease_ttl_ms: int = 10_000
     event_log_path: str = ""
+    #: Event lines carry the request's raw token_ids (prompt content) only when set.
+    event_log_tokens: bool = False
+    #: Valkey socket timeouts on the request path: a hung Valkey fails a call with
+    #: SERVICE_NOT_READY after about this long instead of tens of seconds.
+    valkey_connect_timeout_s: float = 0.5
+    valkey_socket_timeout_s: float = 1.0
+    #: Request limits, checked before anything is parsed or echoed.
+    max_body_bytes: int = 6 * 1024 * 1024
+    max_trace_id_length: int = 256
+    #: API key lifetimes (createApiKey's expire_seconds: 0 = default, at most max).
+    api_key_default_ttl_s: int = 90 * 86400
+    api_key_max_ttl_s: int = 365 * 86400
+    #: How long audit records are kept (DynamoDB TTL).
+    audit_ttl_days: int = 90
     reaper_state_machine_arn: str = ""
     delete_state_machine_arn: str = ""
     sweep_state_machine_arn: str = ""
+    purge_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -56,6 +76,9 @@ class Settings:
             stage=os.environ.get("KVCM_STAGE", base.stage),
             valkey_url=os.environ.get("KVCM_VALKEY_URL", base.valkey_url),
             valkey_cluster=_env_bool("KVCM_VALKEY_CLUSTER", base.valkey_cluster),
+            valkey_username=os.environ.get("KVCM_VALKEY_USERNAME", base.valkey_username),
+            valkey_password=os.environ.get("KVCM_VALKEY_PASSWORD", base.valkey_password),
+            valkey_secret_arn=os.environ.get("KVCM_VALKEY_SECRET_ARN", base.valkey_secret_arn),
             key_prefix=os.environ.get("KVCM_KEY_PREFIX", base.key_prefix),
             control_table=os.environ.get("KVCM_CONTROL_TABLE", base.control_table),
             aws_region=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", base.aws_region)),
@@ -68,7 +91,16 @@ class Settings:
             config_refresh_s=_env_float("KVCM_CONFIG_REFRESH_S", base.config_refresh_s),
             lease_ttl_ms=_env_int("KVCM_LEASE_TTL_MS", base.lease_ttl_ms),
             event_log_path=os.environ.get("KVCM_EVENT_LOG", base.event_log_path),
+            event_log_tokens=_env_bool("KVCM_EVENT_LOG_TOKENS", base.event_log_tokens),
+            valkey_connect_timeout_s=_env_float("KVCM_VALKEY_CONNECT_TIMEOUT_S", base.valkey_connect_timeout_s),
+            valkey_socket_timeout_s=_env_float("KVCM_VALKEY_SOCKET_TIMEOUT_S", base.valkey_socket_timeout_s),
+            max_body_bytes=_env_int("KVCM_MAX_BODY_BYTES", base.max_body_bytes),
+            max_trace_id_length=_env_int("KVCM_MAX_TRACE_ID_LENGTH", base.max_trace_id_length),
+            api_key_default_ttl_s=_env_int("KVCM_API_KEY_DEFAULT_TTL_S", base.api_key_default_ttl_s),
+            api_key_max_ttl_s=_env_int("KVCM_API_KEY_MAX_TTL_S", base.api_key_max_ttl_s),
+            audit_ttl_days=_env_int("KVCM_AUDIT_TTL_DAYS", base.audit_ttl_days),
             reaper_state_machine_arn=os.environ.get("KVCM_REAPER_STATE_MACHINE_ARN", ""),
             delete_state_machine_arn=os.environ.get("KVCM_DELETE_STATE_MACHINE_ARN", ""),
             sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),
+            purge_state_machine_arn=os.environ.get("KVCM_PURGE_STATE_MACHINE_ARN", ""),
         )

@@ -6,6 +6,9 @@ is the privilege). The password is read from ``KVCM_PASSWORD`` or prompted for, 
 taken from the command line, where it would show in the process list and shell history.
 
     KVCM_CONTROL_TABLE=kvcm-control-prod python -m chalicelib.control add-account --user admin --role ROLE_ADMIN
+    KVCM_CONTROL_TABLE=kvcm-control-prod python -m chalicelib.control add-account --user vllm-a \
+        --role ROLE_ENGINE --groups g1
+    KVCM_CONTROL_TABLE=kvcm-control-prod python -m chalicelib.control create-api-key --user vllm-a
 """
 from __future__ import annotations
 
@@ -37,24 +40,40 @@ def read_password() -> str:
 def main(argv: Optional[Sequence[str]] = None, runtime: Optional[Runtime] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chalicelib.control", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    add = commands.add_parser("add-account", help="add an account (password from KVCM_PASSWORD or a prompt)")
+    add = commands.add_parser("add-account", help="add an account (an admin's password from KVCM_PASSWORD or a "
+                                                  "prompt; other roles use API keys)")
     add.add_argument("--user", required=True)
-    add.add_argument("--role", choices=[Role.ROLE_ADMIN.name, Role.ROLE_USER.name], default=Role.ROLE_ADMIN.name)
-    commands.add_parser("list-accounts", help="every account's name and role")
+    add.add_argument("--role", choices=[role.name for role in Role], default=Role.ROLE_ADMIN.name)
+    add.add_argument("--groups", default="", help="comma-separated instance groups (default: all)")
+    add.add_argument("--instance-prefixes", default="", help="comma-separated instance-id prefixes")
+    key = commands.add_parser("create-api-key", help="print a new API key of an account (shown only now)")
+    key.add_argument("--user", required=True)
+    key.add_argument("--expire-seconds", type=int, default=0, help="lifetime (default: KVCM_API_KEY_DEFAULT_TTL_S)")
+    commands.add_parser("list-accounts", help="every account's name, role and groups")
     args = parser.parse_args(argv)
 
-    control = (runtime or Runtime(settings=Settings.from_env())).control
+    runtime = runtime or Runtime(settings=Settings.from_env())
+    control = runtime.control
     try:
         if args.command == "add-account":
-            control.add_account(args.user, read_password(), Role[args.role])
+            role = Role[args.role]
+            password = read_password() if role == Role.ROLE_ADMIN else ""
+            control.add_account(args.user, password, role, _list(args.groups), _list(args.instance_prefixes))
             print(f"added {args.role} account {args.user!r} to {control.table.name}")
+        elif args.command == "create-api-key":
+            api_key, _ = control.create_api_key(args.user, args.expire_seconds or runtime.settings.api_key_default_ttl_s)
+            print(api_key)
         else:
             for account in control.list_accounts():
-                print(f"{account.user_name}\t{account.role.name}")
+                print(f"{account.user_name}\t{account.role.name}\t{','.join(account.instance_groups)}")
     except KvcmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ from ..protocol.models import (AddAccountRequest, CheckHealthResponse, CreateIns
                                MetricValue, Response, StorageConfig, StorageNameRequest,
                                StorageRequest, UpdateInstanceGroupRequest, UpdateLeaderElectorConfigRequest,
                                UpdateLoggerRequest, UpdateStorageRequest)
+from ..protocol.models import (ApiKeyInfo, CreateApiKeyRequest, CreateApiKeyResponse, ListApiKeyRequest,
+                               ListApiKeyResponse, ListAuditLogRequest, ListAuditLogResponse, RevokeApiKeyRequest)
 from ..runtime import Runtime
+from .api_keys import ApiKeyRecord
 from .errors import UnknownEntityError
 from .validation import require, require_name, validate_storage_config
 
@@ -113,7 +116,8 @@ def list_instance_info(runtime: Runtime, request: ListInstanceInfoRequest) -> Li
 
 
 def add_account(runtime: Runtime, request: AddAccountRequest) -> Response:
-    runtime.control.add_account(request.user_name, request.password, request.role)
+    runtime.control.add_account(request.user_name, request.password, request.role, request.instance_groups,
+                                request.instance_id_prefixes)
     return Response()
 
 
@@ -124,6 +128,46 @@ def delete_account(runtime: Runtime, request: DeleteAccountRequest) -> Response:
 
 def list_account(runtime: Runtime, request: ListRequest) -> ListAccountResponse:
     return ListAccountResponse(accounts=runtime.control.list_accounts())
+
+
+def _key_info(record: ApiKeyRecord) -> ApiKeyInfo:
+    return ApiKeyInfo(key_id=record.key_id, user_name=record.user_name, created_time=record.created_us,
+                      expire_time=record.expires_us)
+
+
+def create_api_key(runtime: Runtime, request: CreateApiKeyRequest) -> CreateApiKeyResponse:
+    """A new API key for an account: the key is in this response only."""
+    settings = runtime.settings
+    ttl_s = request.expire_seconds or settings.api_key_default_ttl_s
+    if not 0 < ttl_s <= settings.api_key_max_ttl_s:
+        raise InvalidArgumentError(f"field 'expire_seconds' must be in (0, {settings.api_key_max_ttl_s}], "
+                                   f"got {request.expire_seconds}")
+    api_key, record = runtime.control.create_api_key(request.user_name, ttl_s)
+    return CreateApiKeyResponse(api_key=api_key, key_info=_key_info(record))
+
+
+def revoke_api_key(runtime: Runtime, request: RevokeApiKeyRequest) -> Response:
+    runtime.control.revoke_api_key(request.key_id)
+    return Response()
+
+
+def list_api_key(runtime: Runtime, request: ListApiKeyRequest) -> ListApiKeyResponse:
+    """Key ids, owners and lifetimes (never a key or its hash)."""
+    return ListApiKeyResponse(keys=[_key_info(r) for r in runtime.control.list_api_keys(request.user_name)])
+
+
+MAX_AUDIT_RECORDS = 1000
+
+
+def list_audit_log(runtime: Runtime, request: ListAuditLogRequest) -> ListAuditLogResponse:
+    """Audit records between ``start_time_ms`` (default: a day ago) and ``end_time_ms``
+    (default: now), newest first."""
+    # The default end includes the records of this very millisecond.
+    end_s = request.end_time_ms / 1000 if request.end_time_ms else runtime.clock.now() + 0.001
+    start_s = request.start_time_ms / 1000 if request.start_time_ms else end_s - 86400
+    if not 0 <= request.limit <= MAX_AUDIT_RECORDS:
+        raise InvalidArgumentError(f"field 'limit' must be in [0, {MAX_AUDIT_RECORDS}], got {request.limit}")
+    return ListAuditLogResponse(records=runtime.audit.query(start_s, end_s, request.limit or 100))
 
 
 # ------------------------------------------------------------------ metrics and health

@@ -3,13 +3,14 @@
 A data-plane call never reads DynamoDB when the cache is warm. At most once every
 ``refresh_s`` a call reads the config epoch (one Query; every control-plane write bumps
 it in the same transaction); when it moved, everything cached is dropped and reloaded
-on demand: storages and groups as one snapshot (two Queries), instances one GetItem each.
+on demand: storages and groups as one snapshot (two Queries), instances, accounts and API
+keys one GetItem each.
 So a change made in another container is seen within ``refresh_s``; a change made through
 this container's ControlPlane is seen by the next call (the plane notifies the cache). The
 service's log level (``updateLogger``) travels the same way: it is applied whenever the
 catalog is loaded (``sync`` loads it for containers that make no lookups).
 
-Unknown instances are cached too (as misses), until the next epoch change, so a client
+Unknown instances (accounts, keys) are cached too (as misses), until the next epoch change, so a client
 polling with a bad id costs no DynamoDB reads. If DynamoDB cannot be reached at refresh
 time, the cache keeps serving what it has and tries again after ``refresh_s``.
 
@@ -19,16 +20,19 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from ..clock import Clock
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError, ServiceNotReadyError
 from ..protocol.models import InstanceGroup, StorageConfig
 from .errors import UnknownEntityError
-from .plane import ControlPlane
-from .records import InstanceRecord, StorageRecord, candidate_storages
+from .api_keys import ApiKeyRecord
+from .plane import ACCOUNT, API_KEY, INSTANCE, ControlPlane
+from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages
 from .validation import require
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,13 @@ class ConfigCache:
     """Version-refreshed, thread-safe cache of instances, groups and storages."""
 
     def __init__(self, control: ControlPlane, clock: Clock, refresh_s: float = 2.0,
-                 max_instances: int = 100_000, on_log_level: Callable[[str], None] = lambda level: None) -> None:
+                 max_entries: int = 100_000, on_log_level: Callable[[str], None] = lambda level: None) -> None:
         self._control = control
         #: Applies the service's log level, when set, each time the catalog is loaded.
         self._on_log_level = on_log_level
         self._clock = clock
         self._refresh_s = refresh_s
-        self._max_instances = max_instances
+        self._max_entries = max_entries
         self._lock = threading.Lock()
         self._epoch: Optional[int] = None
         self._next_check = float("-inf")
@@ -67,27 +71,42 @@ class ConfigCache:
         # never stores its (possibly stale) result afterwards.
         self._generation = 0
         self._catalog: Optional[_Catalog] = None
-        self._instances: dict[str, Optional[InstanceRecord]] = {}
+        self._entities: dict[tuple[str, str], Any] = {}
         control.add_listener(self._on_local_write)
 
     # ---------------------------------------------------------------- lookups
 
     def instance(self, instance_id: str) -> InstanceRecord:
-        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST)."""
+        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST); an
+        instance being removed does not exist any more."""
         require(instance_id, "instance_id")
+        record = self._lookup(INSTANCE, instance_id, self._control.get_instance)
+        if record is None or record.removing_us:
+            raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
+        return record
+
+    def account(self, user_name: str) -> Optional[AccountRecord]:
+        """The account, or None (a deleted account is gone within ``refresh_s``)."""
+        return self._lookup(ACCOUNT, user_name, self._control.get_account)
+
+    def api_key(self, key_id: str) -> Optional[ApiKeyRecord]:
+        """The API key's record, or None (a revoked key is gone within ``refresh_s``)."""
+        return self._lookup(API_KEY, key_id, self._control.get_api_key)
+
+    def _lookup(self, kind: str, name: str, load: Callable[[str], Optional[T]]) -> Optional[T]:
+        """One entity from the cache, or loaded (hits and misses both cached until the
+        next epoch change)."""
         generation = self._check()
         with self._lock:
-            cached = instance_id in self._instances
-            record = self._instances.get(instance_id)
+            cached = (kind, name) in self._entities
+            record = self._entities.get((kind, name))
         if not cached:
-            record = self._control.get_instance(instance_id)
+            record = load(name)
             with self._lock:
                 if self._generation == generation:
-                    if len(self._instances) >= self._max_instances:
-                        self._instances.clear()  # bounded memory, whatever ids clients send
-                    self._instances[instance_id] = record
-        if record is None:
-            raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
+                    if len(self._entities) >= self._max_entries:
+                        self._entities.clear()  # bounded memory, whatever names clients send
+                    self._entities[(kind, name)] = record
         return record
 
     def group(self, name: str) -> InstanceGroup:
@@ -131,7 +150,7 @@ class ConfigCache:
 
     def _drop(self) -> None:
         self._catalog = None
-        self._instances = {}
+        self._entities = {}
         self._generation += 1
 
     def _check(self) -> int:

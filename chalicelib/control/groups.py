@@ -33,7 +33,7 @@ from typing import Optional
 from ..protocol.codes import ReclaimPolicy, StorageType
 from ..protocol.models import (CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
                                MetaIndexerConfig, TriggerStrategy)
-from .validation import invalid, require_name, require_non_negative, require_unique
+from .validation import invalid, require_key_name, require_non_negative, require_unique
 
 #: Keeps an update (old and new candidates' references) inside one 100-item transaction.
 MAX_STORAGE_CANDIDATES = 32
@@ -51,13 +51,13 @@ def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group"
     if group is None:
         raise invalid(path, "is required")
     g = group.model_copy(deep=True)
-    require_name(g.name, f"{path}.name")
+    require_key_name(g.name, f"{path}.name")
     if not g.storage_candidates:
         raise invalid(f"{path}.storage_candidates", "needs at least one storage name")
     if len(g.storage_candidates) > MAX_STORAGE_CANDIDATES:
         raise invalid(f"{path}.storage_candidates", f"lists more than {MAX_STORAGE_CANDIDATES} storages")
     for i, name in enumerate(g.storage_candidates):
-        require_name(name, f"{path}.storage_candidates[{i}]")
+        require_key_name(name, f"{path}.storage_candidates[{i}]")
     require_unique(g.storage_candidates, f"{path}.storage_candidates")
     g.global_quota_group_name = g.global_quota_group_name or g.name
     require_non_negative(g.max_instance_count, f"{path}.max_instance_count")

@@ -17,22 +17,29 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, Callable, Optional
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence
 
 from ..clock import Clock, now_us
 from ..protocol.codes import Role
 from ..protocol.errors import (CapacityExceededError, DuplicateEntityError, InstanceNotFoundError,
                                KvcmError)
 from ..protocol.models import Account, InstanceGroup, RegisterInstanceRequest, StorageConfig
-from .errors import EntityInUseError, UnknownEntityError, VersionConflictError
+from .errors import EntityInUseError, InstanceRemovingError, UnknownEntityError, VersionConflictError
 from .groups import normalize_group
+from .api_keys import ApiKeyRecord, digest, new_api_key
 from .passwords import dummy_hash, hash_password, verify_password
-from .records import InstanceRecord, StorageRecord, candidate_storages, dump_doc, load_doc
+from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages, dump_doc, load_doc
 from .table import Cancelled, ControlTable, Op, check, delete, put, update
-from .validation import (invalid, require_name, validate_credentials, validate_register_request,
+from .validation import (invalid, require_name, validate_account, validate_register_request,
                          validate_storage_config)
 
 STORAGE, STORAGE_REF, GROUP, INSTANCE, ACCOUNT = "STORAGE", "STORAGE_REF", "GROUP", "INSTANCE", "ACCOUNT"
+API_KEY = "API_KEY"
+#: Enough to rotate keys with overlap; keeps deleteAccount within one transaction.
+MAX_API_KEYS_PER_ACCOUNT = 10
+#: An account's scope covering every instance group (auth.policy.ALL_GROUPS).
+ALL_GROUPS = "*"
 SETTING = "SETTING"
 
 # Attribute names go through placeholders: several (e.g. GROUP, ROLE) are DynamoDB reserved words.
@@ -256,11 +263,15 @@ class ControlPlane:
 
         The same id with the same config (``model_deployment.user_data`` aside) returns the
         stored record; a different config → DuplicateEntityError; unknown group →
-        UnknownEntityError; group at ``max_instance_count`` → CapacityExceededError.
+        UnknownEntityError; group at ``max_instance_count`` → CapacityExceededError; an
+        instance still being removed → InstanceRemovingError.
         """
         validate_register_request(request)
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             existing = self.get_instance(request.instance_id)
+            if existing is not None and existing.removing_us:
+                raise InstanceRemovingError(f"instance '{request.instance_id}' is being removed: register it "
+                                            f"again once its removal has finished")
             if existing is not None:
                 return self._same_instance(existing, request)
             record = InstanceRecord.from_request(request, now_us(self.clock), uuid.uuid4().hex)
@@ -294,16 +305,36 @@ class ControlPlane:
         item = self.table.get(INSTANCE, instance_id)
         return InstanceRecord.from_doc(item["doc"]) if item else None
 
-    def remove_instance(self, instance_id: str, group: str = "") -> InstanceRecord:
-        """Remove an instance's record and release its place in the group. When ``group``
-        is given it must be the instance's group. Unknown id → InstanceNotFoundError."""
+    def begin_instance_removal(self, instance_id: str, group: str = "") -> InstanceRecord:
+        """Mark an instance as being removed (from now on it is unknown to every call, and
+        its id cannot be registered again until ``remove_instance``); returns the marked
+        record, as it is when already marked. When ``group`` is given it must be the
+        instance's group. Unknown id → InstanceNotFoundError."""
         require_name(instance_id, "instance_id")
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            record = self.get_instance(instance_id)
+            if record is None:
+                raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
+            if group and group != record.group:
+                raise invalid("instance_group", f"is '{group}', but instance '{instance_id}' belongs to "
+                                                f"instance group '{record.group}'")
+            if record.removing_us:
+                return record
+            marked = replace(record, removing_us=now_us(self.clock))
+            try:
+                self._write([_op(update, INSTANCE, instance_id, "SET #doc = :doc", "#inc = :inc",
+                                 values={":doc": marked.to_doc(), ":inc": record.incarnation})])
+                return marked
+            except Cancelled:
+                continue  # removed and registered again meanwhile: look again
+        raise VersionConflictError(f"instance '{instance_id}' kept changing during removal, retry")
+
+    def remove_instance(self, instance_id: str, incarnation: str) -> InstanceRecord:
+        """Delete the record of ``incarnation`` of an instance (the end of its removal) and
+        release its place in the group. Another incarnation or none → InstanceNotFoundError."""
         record = self.get_instance(instance_id)
-        if record is None:
+        if record is None or record.incarnation != incarnation:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
-        if group and group != record.group:
-            raise invalid("instance_group", f"is '{group}', but instance '{instance_id}' belongs to "
-                                            f"instance group '{record.group}'")
         ops = [_op(delete, INSTANCE, instance_id, "#inc = :inc", values={":inc": record.incarnation}),
                _op(update, GROUP, record.group, "SET #count = #count - :one", f"{_EXISTS} AND #count > :zero",
                    values={":one": 1, ":zero": 0})]
@@ -315,12 +346,12 @@ class ControlPlane:
             raise KvcmError(f"instance group '{record.group}' has no count for instance '{instance_id}'") from None
         return record
 
-    def list_instances(self, group: str = "") -> list[InstanceRecord]:
-        """The instances of ``group`` (all when empty), by id."""
-        return [InstanceRecord.from_doc(item["doc"]) for item in self.table.query(INSTANCE)
-                if not group or item["group"] == group]
-
-    # ---------------------------------------------------------------- accounts
+    def list_instances(self, group: str = "", removing: bool = False) -> list[InstanceRecord]:
+        """The instances of ``group`` (all when empty), by id; those being removed only
+        with ``removing`` (then only those)."""
+        records = [InstanceRecord.from_doc(item["doc"]) for item in self.table.query(INSTANCE)
+                   if not group or item["group"] == group]
+        return [r for r in records if bool(r.removing_us) == removing]
 
     # ---------------------------------------------------------------- service settings
 
@@ -334,31 +365,86 @@ class ControlPlane:
         item = self.table.get(SETTING, "log_level")
         return item["value"] if item else None
 
-    def add_account(self, user_name: str, password: str, role: Role) -> None:
-        """Add an account; only a salted hash of the password is stored."""
-        validate_credentials(user_name, password)
-        attrs = {"role": int(role), "password": hash_password(password), "created_us": now_us(self.clock)}
+    # ---------------------------------------------------------------- accounts and API keys
+
+    def add_account(self, user_name: str, password: str, role: Role, groups: Sequence[str] = (),
+                    instance_prefixes: Sequence[str] = ()) -> None:
+        """Add an account with its scope (no groups = every group). Only admin accounts keep
+        a password (a salted hash of it), for bootstrapping; the others use API keys."""
+        validate_account(user_name, password, role, groups, instance_prefixes)
+        attrs: dict[str, Any] = {"role": int(role), "created_us": now_us(self.clock),
+                                 "groups": list(groups) or [ALL_GROUPS], "prefixes": list(instance_prefixes)}
+        if role == Role.ROLE_ADMIN:
+            attrs["password"] = hash_password(password)
         try:
             self._write([_create(ACCOUNT, user_name, attrs)])
         except Cancelled:
             raise DuplicateEntityError(f"account '{user_name}' already exists") from None
 
     def delete_account(self, user_name: str) -> None:
-        """Delete an account; unknown → UnknownEntityError."""
+        """Delete an account and its API keys; unknown → UnknownEntityError."""
         require_name(user_name, "user_name")
+        keys = [k.key_id for k in self.list_api_keys(user_name)]
         try:
-            self._write([_op(delete, ACCOUNT, user_name, _EXISTS)])
+            self._write([_op(delete, ACCOUNT, user_name, _EXISTS)] + [delete(API_KEY, k) for k in keys])
         except Cancelled:
             raise UnknownEntityError(f"account '{user_name}' does not exist") from None
 
     def list_accounts(self) -> list[Account]:
-        """Every account's name and role (never the hash)."""
-        return [Account(user_name=item["sk"], role=Role(int(item["role"]))) for item in self.table.query(ACCOUNT)]
+        """Every account's name, role and scope (never a hash)."""
+        return [AccountRecord.from_item(item).to_account() for item in self.table.query(ACCOUNT)]
 
-    def verify_account(self, user_name: str, password: str) -> Optional[Role]:
-        """The account's role if the password matches, else None (slow on purpose: scrypt)."""
+    def get_account(self, user_name: str) -> Optional[AccountRecord]:
+        """One account, or None."""
         item = self.table.get(ACCOUNT, user_name) if user_name else None
-        encoded = item["password"] if item else dummy_hash()
-        if verify_password(password, encoded) and item is not None:
-            return Role(int(item["role"]))
+        return AccountRecord.from_item(item) if item else None
+
+    def verify_account(self, user_name: str, password: str) -> Optional[AccountRecord]:
+        """The account if it has a password and ``password`` matches, else None (slow on
+        purpose: scrypt; a missing account or password costs the same)."""
+        account = self.get_account(user_name)
+        encoded = account.password_hash if account and account.password_hash else dummy_hash()
+        if verify_password(password, encoded) and account is not None and account.password_hash:
+            return account
         return None
+
+    def create_api_key(self, user_name: str, ttl_s: int) -> tuple[str, ApiKeyRecord]:
+        """A new key of an existing account, valid ``ttl_s`` seconds: (the key, shown only
+        now; its record). Unknown account → UnknownEntityError."""
+        require_name(user_name, "user_name")
+        if len(self.list_api_keys(user_name)) >= MAX_API_KEYS_PER_ACCOUNT:
+            raise CapacityExceededError(f"account '{user_name}' already has {MAX_API_KEYS_PER_ACCOUNT} API keys: "
+                                        f"revoke one first")
+        key_id, api_key = new_api_key()
+        created = now_us(self.clock)
+        record = ApiKeyRecord(key_id, user_name, digest(api_key), created, created + ttl_s * 1_000_000)
+        attrs = {"user_name": user_name, "digest": record.digest, "created_us": created,
+                 "expires_us": record.expires_us}
+        try:
+            self._write([_create(API_KEY, key_id, attrs), _op(check, ACCOUNT, user_name, _EXISTS)])
+        except Cancelled:
+            raise UnknownEntityError(f"account '{user_name}' does not exist") from None
+        return api_key, record
+
+    def revoke_api_key(self, key_id: str) -> None:
+        """Delete a key; it stops working in every container within the config refresh."""
+        require_name(key_id, "key_id")
+        try:
+            self._write([_op(delete, API_KEY, key_id, _EXISTS)])
+        except Cancelled:
+            raise UnknownEntityError(f"API key '{key_id}' does not exist") from None
+
+    def get_api_key(self, key_id: str) -> Optional[ApiKeyRecord]:
+        """One key's record, or None."""
+        item = self.table.get(API_KEY, key_id)
+        return self._api_key(item) if item else None
+
+    def list_api_keys(self, user_name: str = "") -> list[ApiKeyRecord]:
+        """The keys of ``user_name`` (every account's when empty), by key id."""
+        return [self._api_key(item) for item in self.table.query(API_KEY)
+                if not user_name or item["user_name"] == user_name]
+
+    @staticmethod
+    def _api_key(item: dict) -> ApiKeyRecord:
+        return ApiKeyRecord(item["sk"], item["user_name"], item["digest"], int(item["created_us"]),
+                            int(item["expires_us"]))

@@ -11,9 +11,9 @@ from typing import Any, Mapping, TypeVar
 
 from pydantic import BaseModel
 
-from ..protocol.codes import StorageType
-from ..protocol.models import (InstanceGroup, InstanceInfo, LocationSpecGroup, LocationSpecInfo, ModelDeployment,
-                               RegisterInstanceRequest, StorageConfig)
+from ..protocol.codes import Role, StorageType
+from ..protocol.models import (Account, InstanceGroup, InstanceInfo, LocationSpecGroup, LocationSpecInfo,
+                               ModelDeployment, RegisterInstanceRequest, StorageConfig)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,6 +52,8 @@ class InstanceRecord:
     ``location_spec_infos`` are in registration order: a spec's byte offset inside a block
     is the sum of the sizes before it. ``incarnation`` is unique per registration, so a
     removal that raced with a re-registration of the same id never deletes the new one.
+    ``removing_us`` is when its removal began (0: not being removed): the record stays
+    until every block is gone, and the instance is unknown to every call meanwhile.
     """
 
     instance_id: str
@@ -62,6 +64,7 @@ class InstanceRecord:
     location_spec_groups: tuple[LocationSpecGroup, ...]
     created_us: int
     incarnation: str
+    removing_us: int = 0
 
     @classmethod
     def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> "InstanceRecord":
@@ -111,7 +114,8 @@ class InstanceRecord:
 
     def to_doc(self) -> str:
         info = self.to_instance_info().model_dump(mode="json", exclude_none=True)
-        return json.dumps({"info": info, "created_us": self.created_us, "incarnation": self.incarnation},
+        return json.dumps({"info": info, "created_us": self.created_us, "incarnation": self.incarnation,
+                           **({"removing_us": self.removing_us} if self.removing_us else {})},
                           separators=(",", ":"))
 
     @classmethod
@@ -127,7 +131,30 @@ class InstanceRecord:
             location_spec_groups=tuple(info.location_spec_groups),
             created_us=int(data["created_us"]),
             incarnation=data["incarnation"],
+            removing_us=int(data.get("removing_us", 0)),
         )
+
+
+@dataclass(frozen=True)
+class AccountRecord:
+    """An account: its role, scope (instance groups, ``*`` = all; optional instance-id
+    prefixes) and, for admin accounts, the salted hash of the bootstrap password."""
+
+    user_name: str
+    role: Role
+    groups: tuple[str, ...]
+    instance_prefixes: tuple[str, ...]
+    password_hash: str = ""
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> "AccountRecord":
+        return cls(user_name=item["sk"], role=Role(int(item["role"])), groups=tuple(item.get("groups") or ("*",)),
+                   instance_prefixes=tuple(item.get("prefixes") or ()), password_hash=item.get("password", ""))
+
+    def to_account(self) -> Account:
+        """The wire ``Account`` (never the hash)."""
+        return Account(user_name=self.user_name, role=self.role, instance_groups=list(self.groups),
+                       instance_id_prefixes=list(self.instance_prefixes))
 
 
 def candidate_storages(group: InstanceGroup,

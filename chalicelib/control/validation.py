@@ -4,14 +4,25 @@ Field paths use the wire's snake_case names, e.g. ``instance_group.quota.capacit
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+import re
+from typing import Any, Iterable, Optional, Sequence
 
+from ..protocol.codes import Role
 from ..protocol.errors import InvalidArgumentError
-from ..protocol.models import STORAGE_SPEC_FIELDS, RegisterInstanceRequest, StorageConfig
+from ..protocol.models import STORAGE_SPEC_FIELDS, FinishWriteCacheRequest, RegisterInstanceRequest, StorageConfig
 
 #: DynamoDB sort keys are at most 1024 bytes; names stay well below that.
 MAX_NAME_LENGTH = 256
 MAX_PASSWORD_LENGTH = 1024
+MIN_PASSWORD_LENGTH = 12
+#: Names that become part of Valkey keys (instance ids, instance group and storage names):
+#: printable characters but for '{' and '}' (a '}' would end the cluster hash tag and put
+#: the key into another instance's key space), no whitespace. Storage paths escape names
+#: on their own (storage.naming), so '/', '%' or non-ASCII letters stay allowed.
+KEY_NAME_RULE = "1 to 128 characters, none of them '{', '}', whitespace or a control character"
+_KEY_NAME = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]{1,128}")
+#: Write session ids are made by the server (``cache.service.new_session_id``).
+_SESSION_ID = re.compile(r"[a-z0-9]{32}")
 
 
 def invalid(path: str, problem: str) -> InvalidArgumentError:
@@ -33,6 +44,25 @@ def require_name(value: str, path: str) -> str:
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise invalid(path, "must not contain control characters")
     return value
+
+
+def require_key_name(value: str, path: str) -> str:
+    """A required name that enters Valkey keys (``KEY_NAME_RULE``)."""
+    require(value, path)
+    if not _KEY_NAME.fullmatch(value):
+        raise invalid(path, f"must be {KEY_NAME_RULE}")
+    return value
+
+
+def validate_key_fields(request: Any) -> None:
+    """Check the request fields that name Valkey keys before any key is built: a set
+    ``instance_id`` must be a key name, a finishWriteCache ``write_session_id`` a session id."""
+    instance_id = getattr(request, "instance_id", "")
+    if instance_id:
+        require_key_name(instance_id, "instance_id")
+    if isinstance(request, FinishWriteCacheRequest) and request.write_session_id \
+            and not _SESSION_ID.fullmatch(request.write_session_id):
+        raise invalid("write_session_id", "is not a write session id (32 characters of a-z, 0-9)")
 
 
 def require_positive(value: int, path: str) -> None:
@@ -58,7 +88,7 @@ def validate_storage_config(config: Optional[StorageConfig], path: str = "storag
     checks belong to the storage registry."""
     if config is None:
         raise invalid(path, "is required")
-    require_name(config.global_unique_name, f"{path}.global_unique_name")
+    require_key_name(config.global_unique_name, f"{path}.global_unique_name")
     if config.spec_field is None:
         raise invalid(path, f"must set one of {', '.join(STORAGE_SPEC_FIELDS)}")
     return config
@@ -66,8 +96,8 @@ def validate_storage_config(config: Optional[StorageConfig], path: str = "storag
 
 def validate_register_request(request: RegisterInstanceRequest) -> None:
     """The rules of MetaService.registerInstance (API.md): raises InvalidArgumentError."""
-    require_name(request.instance_group, "instance_group")
-    require_name(request.instance_id, "instance_id")
+    require_key_name(request.instance_group, "instance_group")
+    require_key_name(request.instance_id, "instance_id")
     require_positive(request.block_size, "block_size")
     if not request.location_spec_infos:
         raise invalid("location_spec_infos", "needs at least one entry")
@@ -95,12 +125,32 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
     require_unique((g.name for g in request.location_spec_groups), "location_spec_groups")
 
 
-def validate_credentials(user_name: str, password: str) -> None:
-    """An account's user name and password as addAccount accepts them."""
+def validate_account(user_name: str, password: str, role: Role, groups: Sequence[str],
+                     instance_prefixes: Sequence[str]) -> None:
+    """An account as addAccount accepts it: a name, a password meeting the policy for
+    admin accounts (the others' is ignored: they authenticate with API keys), a scope of
+    instance group names (``*`` = every group) and instance-id prefixes."""
     require_name(user_name, "user_name")
-    # The bearer token is "<user_name>:<password>", split at the first colon.
+    # The password bearer token is "<user_name>:<password>", split at the first colon.
     if ":" in user_name:
         raise invalid("user_name", "must not contain ':'")
+    if role == Role.ROLE_ADMIN:
+        validate_password(user_name, password)
+    for i, group in enumerate(groups):
+        if group != "*":
+            require_key_name(group, f"instance_groups[{i}]")
+    require_unique(groups, "instance_groups")
+    for i, prefix in enumerate(instance_prefixes):
+        require_key_name(prefix, f"instance_id_prefixes[{i}]")
+
+
+def validate_password(user_name: str, password: str) -> None:
+    """The minimum password policy: 12 to 1024 characters, not the user name, at least 4
+    distinct characters."""
     require(password, "password")
     if len(password) > MAX_PASSWORD_LENGTH:
         raise invalid("password", f"is longer than {MAX_PASSWORD_LENGTH} characters")
+    if len(password) < MIN_PASSWORD_LENGTH:
+        raise invalid("password", f"must have at least {MIN_PASSWORD_LENGTH} characters")
+    if password.casefold() == user_name.casefold() or len(set(password)) < 4:
+        raise invalid("password", "is too easy to guess (the user name, or fewer than 4 distinct characters)")

@@ -29,6 +29,7 @@ def apply_level(name: str) -> None:
         logger.warning("stored log level ignored: %s", exc)
 
 
-def access_log(api: str, trace_id: str, code: str, latency_us: int) -> None:
-    """One line per API call."""
-    logger.info("access", extra={"api": api, "trace_id": trace_id, "code": code, "latency_us": latency_us})
+def access_log(api: str, trace_id: str, code: str, latency_us: int, principal: str = "") -> None:
+    """One line per API call; ``principal`` names the caller when auth is on (account/key id)."""
+    logger.info("access", extra={"api": api, "trace_id": trace_id, "code": code, "latency_us": latency_us,
+                                 "principal": principal})

@@ -15,6 +15,9 @@ class ErrorCode(IntEnum):
     SERVER_NOT_LEADER = 9
     IO_ERROR = 20
     UNKNOWN_ERROR = 100
+    # KVCM additions (HTTP 401 / 403 / 429 answers; upstream has no auth).
+    UNAUTHENTICATED = 101
+    PERMISSION_DENIED = 102
 
 
 class StorageType(IntEnum):
@@ -71,8 +74,15 @@ class CachePreferStrategy(IntEnum):
 
 
 class Role(IntEnum):
+    """Account roles (docs/security.md). Upstream knows ROLE_USER 0 and ROLE_ADMIN 1;
+    ROLE_USER is the engine role (``ROLE_ENGINE`` is accepted as its alias and renders as
+    ``ROLE_USER``, so upstream clients read it back)."""
+
     ROLE_USER = 0
+    ROLE_ENGINE = 0
     ROLE_ADMIN = 1
+    ROLE_OPERATOR = 2
+    ROLE_READ_ONLY = 3
 
 
 class FaultType(IntEnum):

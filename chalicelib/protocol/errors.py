@@ -57,8 +57,16 @@ class UnauthorizedError(KvcmError):
     """Missing or invalid credentials (HTTP 401)."""
 
 
+class TooManyAttemptsError(UnauthorizedError):
+    """Credentials not even checked: too many failed attempts lately (HTTP 429)."""
+
+
 class ForbiddenError(KvcmError):
-    """Valid credentials without the needed role (HTTP 403)."""
+    """Valid credentials without the needed role or scope (HTTP 403)."""
+
+
+class RequestTooLargeError(InvalidArgumentError):
+    """The HTTP body exceeds the configured limit (HTTP 413)."""
 
 
 _CODES: dict[type[KvcmError], ErrorCode] = {
@@ -72,14 +80,16 @@ _CODES: dict[type[KvcmError], ErrorCode] = {
     UnsupportedError: ErrorCode.UNSUPPORTED,
     NotLeaderError: ErrorCode.SERVER_NOT_LEADER,
     InjectedFaultError: ErrorCode.INTERNAL_ERROR,
-    UnauthorizedError: ErrorCode.INVALID_ARGUMENT,
-    ForbiddenError: ErrorCode.INVALID_ARGUMENT,
+    UnauthorizedError: ErrorCode.UNAUTHENTICATED,
+    ForbiddenError: ErrorCode.PERMISSION_DENIED,
 }
 
 _HTTP_STATUS: dict[type[KvcmError], int] = {
     MalformedBodyError: 400,
     UnauthorizedError: 401,
+    TooManyAttemptsError: 429,
     ForbiddenError: 403,
+    RequestTooLargeError: 413,
 }
 
 

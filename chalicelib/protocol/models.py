@@ -450,12 +450,70 @@ class AdminGetInstanceInfoResponse(Response):
 class Account(WireModel):
     user_name: Str = ""
     role: RoleField = Role.ROLE_USER
+    # KVCM additions (docs/security.md): the account's scope; no groups = every group ("*").
+    instance_groups: list[Str] = Field(default_factory=list)
+    instance_id_prefixes: list[Str] = Field(default_factory=list)
 
 
 class AddAccountRequest(Request):
     user_name: Str = ""
     password: Str = ""
     role: RoleField = Role.ROLE_USER
+    instance_groups: list[Str] = Field(default_factory=list)
+    instance_id_prefixes: list[Str] = Field(default_factory=list)
+
+
+class ApiKeyInfo(WireModel):
+    key_id: Str = ""
+    user_name: Str = ""
+    created_time: Int64 = 0  # µs
+    expire_time: Int64 = 0  # µs, 0 = never
+
+
+class CreateApiKeyRequest(Request):
+    user_name: Str = ""
+    #: Lifetime in seconds; 0 = the service default (KVCM_API_KEY_DEFAULT_TTL_S).
+    expire_seconds: Int64 = 0
+
+
+class CreateApiKeyResponse(Response):
+    #: The bearer token, shown this once; only its hash is stored.
+    api_key: Str = ""
+    key_info: Optional[ApiKeyInfo] = None
+
+
+class RevokeApiKeyRequest(Request):
+    key_id: Str = ""
+
+
+class ListApiKeyRequest(Request):
+    user_name: Str = ""  # empty = every account's
+
+
+class ListApiKeyResponse(Response):
+    keys: list[ApiKeyInfo] = Field(default_factory=list)
+
+
+class AuditRecord(WireModel):
+    time: Int64 = 0  # µs
+    principal: Str = ""
+    source: Str = ""
+    api_name: Str = ""
+    target: Str = ""
+    code: Str = ""
+    message: Str = ""
+
+
+class ListAuditLogRequest(Request):
+    #: Records at or after this time (ms since the epoch); 0 = the last 24 hours.
+    start_time_ms: Int64 = 0
+    #: Records before this time (ms); 0 = now.
+    end_time_ms: Int64 = 0
+    limit: Int32 = 0  # 0 = 100, at most 1000
+
+
+class ListAuditLogResponse(Response):
+    records: list[AuditRecord] = Field(default_factory=list)
 
 
 class DeleteAccountRequest(Request):
@@ -550,6 +608,31 @@ class InstanceGroupUsage(WireModel):
 
 class GetInstanceGroupUsageResponse(Response):
     usage: list[InstanceGroupUsage] = Field(default_factory=list)
+
+
+class CapacityCurve(WireModel):
+    """One policy's block hit ratio at each capacity (blocks) of an optimizer sweep."""
+
+    policy: Str = ""
+    capacities: list[Int64] = Field(default_factory=list)
+    block_hit_ratio: list[Optional[float]] = Field(default_factory=list)  # null: no reads replayed
+
+
+class CapacityRecommendation(WireModel):
+    policy: Str = ""
+    capacity: Int64 = 0  # blocks
+    block_hit_ratio: float = 0.0
+
+
+class GetCapacityReportResponse(Response):
+    """The latest successful optimizer sweep (KVCM addition); empty when there is none."""
+
+    execution_name: Str = ""
+    finished_time_ms: Int64 = 0
+    report_uri: Str = ""  # s3://bucket/key of the whole report.json
+    target_hit_ratio: float = 0.0
+    curves: list[CapacityCurve] = Field(default_factory=list)
+    recommendation: Optional[CapacityRecommendation] = None
 
 
 # ---------------------------------------------------------------- debug service

@@ -17,7 +17,8 @@ def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:
     def make_view(api_name: str):
         def view():
             request = blueprint.current_request
-            status, body = dispatcher.handle(get_runtime(), api_name, request.raw_body, request.headers)
+            source = (request.context or {}).get("identity", {}).get("sourceIp", "")
+            status, body = dispatcher.handle(get_runtime(), api_name, request.raw_body, request.headers, source)
             return Response(body=body, status_code=status, headers=JSON_HEADERS)
 
         view.__name__ = api_name

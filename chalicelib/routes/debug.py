@@ -1,6 +1,7 @@
 """DebugService methods: fault injection, when the stage turns the debug service on."""
 from __future__ import annotations
 
+from ..auth import Action, targets
 from ..protocol import models as m
 from ..protocol.errors import InvalidArgumentError, UnsupportedError
 from .api import api_blueprint
@@ -40,9 +41,10 @@ def clear_faults(runtime, req: m.ListRequest) -> m.Response:
 
 
 OPERATIONS: list[Operation] = [
-    Operation("injectFault", m.InjectFaultRequest, inject_fault, service="debug"),
-    Operation("removeFault", m.RemoveFaultRequest, remove_fault, service="debug"),
-    Operation("clearFaults", m.ListRequest, clear_faults, service="debug"),
+    Operation(name, request_model, handler, service="debug", action=Action.DEBUG, target=targets.service)
+    for name, request_model, handler in (("injectFault", m.InjectFaultRequest, inject_fault),
+                                         ("removeFault", m.RemoveFaultRequest, remove_fault),
+                                         ("clearFaults", m.ListRequest, clear_faults))
 ]
 
 blueprint = api_blueprint(__name__, OPERATIONS)

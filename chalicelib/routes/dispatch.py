@@ -1,8 +1,11 @@
-"""The one path every API call takes: body → model → handler → model → JSON.
+"""The one path every API call takes: limits → credentials → body → model → scope →
+handler → model → JSON.
 
 This is also the single place where exceptions become wire status codes (through
 ``protocol.errors.status_of``): Chalice would turn a stray exception into an HTTP 500
-before any middleware saw it, so nothing escapes ``Dispatcher.handle``.
+before any middleware saw it, so nothing escapes ``Dispatcher.handle``. And it is the one
+place where, with auth on, every method's role and scope are checked (``auth.policy``)
+and admin mutations and denied calls are audited.
 """
 from __future__ import annotations
 
@@ -10,14 +13,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, get_type_hints
 
+from ..auth import Action, Principal, check_action, check_target, parse_bearer
+from ..auth.targets import TargetOf
+from ..control.api_keys import key_id_of
+from ..control.audit import AuditEntry
+from ..control.validation import invalid, validate_key_fields
 from ..observability.logging import access_log, logger
 from ..protocol.codes import ErrorCode
-from ..protocol.errors import MalformedBodyError, http_status_of, status_of
+from ..protocol.errors import MalformedBodyError, RequestTooLargeError, http_status_of, status_of
 from ..protocol.models import Request, Response, ResponseHeader, Status
 from ..protocol.wire import decode_body, parse_model, render
 from ..runtime import Runtime
 
 Handler = Callable[[Runtime, Any], Response]
+_DENIED = (401, 403, 429)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,9 @@ class Operation:
     request_model: type[Request]
     handler: Handler
     service: str  # "meta", "admin" or "debug"
+    #: What the method does (the roles allowed it) and what it acts on (the scope checked).
+    action: Action
+    target: TargetOf
     #: Hook called after every call of a meta method (event log, debug faults...).
     observer: Optional[Callable[[Runtime, "Operation", Request, Optional[Response], ErrorCode], None]] = None
 
@@ -47,6 +59,28 @@ def _error_body(model: type[Response], code: ErrorCode, message: str, request_id
     return render(model(header=ResponseHeader(status=Status(code=code, message=message), request_id=request_id)))
 
 
+def _body_size(raw_body: Any) -> int:
+    return len(raw_body) if isinstance(raw_body, (bytes, str)) else 0
+
+
+def _target_label(request: Optional[Request]) -> str:
+    """The names a request acts on, for the audit log (names only, never a secret)."""
+    if request is None:
+        return ""
+    parts = []
+    for name in ("instance_id", "instance_group", "instance_group_name", "name", "storage_unique_name",
+                 "user_name", "key_id", "api_name"):
+        value = getattr(request, name, None)
+        if isinstance(value, str) and value:
+            parts.append(f"{name}={value[:128]}")
+        elif value is not None and getattr(value, "name", None):
+            parts.append(f"{name}={value.name[:128]}")  # a group or storage in the body
+    storage = getattr(request, "storage", None)
+    if storage is not None and storage.global_unique_name:
+        parts.append(f"storage={storage.global_unique_name[:128]}")
+    return " ".join(parts)
+
+
 class Dispatcher:
     """Routes ``api_name`` to its operation and runs the call end to end."""
 
@@ -54,27 +88,40 @@ class Dispatcher:
         self.operations = {op.api_name: op for op in operations}
 
     def handle(self, runtime: Runtime, api_name: str, raw_body: Any,
-               headers: Mapping[str, str]) -> tuple[int, str]:
-        """Run one call; returns (HTTP status, JSON text). Never raises."""
+               headers: Mapping[str, str], source: str = "") -> tuple[int, str]:
+        """Run one call; returns (HTTP status, JSON text). Never raises. ``source`` is the
+        caller's address (audit log)."""
         start = time.perf_counter()
         op = self.operations[api_name]
+        settings = runtime.settings
         trace_id = ""
+        principal: Optional[Principal] = None
         request: Optional[Request] = None
         response: Optional[Response] = None
         try:
-            data = decode_body(raw_body)
-            request = parse_model(op.request_model, data)
+            if _body_size(raw_body) > settings.max_body_bytes:
+                raise RequestTooLargeError(f"request body exceeds {settings.max_body_bytes} bytes")
+            # Credentials and role before the body is even decoded: an unauthenticated
+            # caller costs no JSON parsing.
+            if settings.auth_enabled:
+                principal = runtime.auth.authenticate(headers)
+                check_action(principal, op.action, api_name)
+            request = parse_model(op.request_model, decode_body(raw_body))
+            if len(request.effective_trace_id) > settings.max_trace_id_length:
+                raise invalid("trace_id", f"is longer than {settings.max_trace_id_length} characters")
             trace_id = request.effective_trace_id
             logger.set_correlation_id(trace_id or None)
-            if runtime.settings.auth_enabled:
-                runtime.auth.authorize(headers, op.service)
-            if op.service == "meta" and runtime.settings.debug_service:
+            validate_key_fields(request)
+            if principal is not None:
+                check_target(principal, op.target(runtime, request), api_name)
+            if op.service == "meta" and settings.debug_service:
                 runtime.faults.check(api_name, trace_id)
             response = op.handler(runtime, request)
             code = ErrorCode.OK
             request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
             response.header.request_id = request_id
             status, body = 200, render(response)
+            message = ""
         except Exception as exc:  # noqa: BLE001 - every failure becomes a wire status
             code, message = status_of(exc)
             if code == ErrorCode.INTERNAL_ERROR and not isinstance(exc, MalformedBodyError):
@@ -95,5 +142,31 @@ class Dispatcher:
                 op.observer(runtime, op, request, response, code)
             except Exception:  # noqa: BLE001 - observers never fail a call
                 logger.exception("observer of %s failed", api_name)
-        access_log(api_name, trace_id, code.name, latency_us)
+        caller = principal.label if principal is not None else ""
+        if settings.auth_enabled and (op.action.audited or status in _DENIED):
+            self._audit(runtime, AuditEntry(principal=caller or _claimed(headers), source=source, api_name=api_name,
+                                            target=_target_label(request), code=code.name, message=message,
+                                            denied=status in _DENIED))
+        access_log(api_name, trace_id, code.name, latency_us, principal=caller)
         return status, body
+
+    @staticmethod
+    def _audit(runtime: Runtime, entry: AuditEntry) -> None:
+        try:
+            runtime.audit.record(entry)
+        except Exception:  # noqa: BLE001 - the call's outcome stands; the loss is logged
+            logger.exception("audit record of %s not written", entry.api_name)
+
+
+def _claimed(headers: Mapping[str, str]) -> str:
+    """Who an unauthenticated caller claimed to be: the user of a password bearer or the
+    key id of an API key (the secret part never), else "anonymous"."""
+    try:
+        token = parse_bearer(headers)
+    except Exception:  # noqa: BLE001 - no usable header at all
+        return "anonymous"
+    user_name, colon, _ = token.partition(":")
+    if colon:
+        return f"unauthenticated:{user_name[:128]}"
+    key_id = key_id_of(token)
+    return f"unauthenticated:key/{key_id}" if key_id else "anonymous"

@@ -2,6 +2,8 @@
 are AdminService methods too; they are served once, here)."""
 from __future__ import annotations
 
+from ..auth import Action as A
+from ..auth import targets as t
 from ..cache import api
 from ..observability.events import record_event
 from ..protocol import models as m
@@ -9,15 +11,17 @@ from .api import api_blueprint
 from .dispatch import Operation
 
 
-def _meta(name: str, request_model, handler) -> Operation:
-    return Operation(name, request_model, handler, service="meta", observer=record_event)
+def _meta(name: str, request_model, handler, action: A = A.META_WRITE, target=t.instance) -> Operation:
+    return Operation(name, request_model, handler, service="meta", action=action, target=target,
+                     observer=record_event)
 
 
 OPERATIONS: list[Operation] = [
-    _meta("registerInstance", m.RegisterInstanceRequest, api.register_instance),
-    _meta("getInstanceInfo", m.GetInstanceInfoRequest, api.get_instance_info),
+    _meta("registerInstance", m.RegisterInstanceRequest, api.register_instance, target=t.registration),
+    _meta("getInstanceInfo", m.GetInstanceInfoRequest, api.get_instance_info, action=A.META_READ),
+    # getCacheLocation is the engine's read path and refreshes recency: not a read-only call.
     _meta("getCacheLocation", m.GetCacheLocationRequest, api.get_cache_location),
-    _meta("getCacheMeta", m.GetCacheMetaRequest, api.get_cache_meta),
+    _meta("getCacheMeta", m.GetCacheMetaRequest, api.get_cache_meta, action=A.META_READ),
     _meta("startWriteCache", m.StartWriteCacheRequest, api.start_write_cache),
     _meta("finishWriteCache", m.FinishWriteCacheRequest, api.finish_write_cache),
     _meta("removeCache", m.RemoveCacheRequest, api.remove_cache),

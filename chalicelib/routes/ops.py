@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from chalice import Blueprint, Response
 
+from ..auth.policy import SERVICE, Action
 from ..control import admin
 from ..observability.logging import logger
 from ..observability.prometheus import CONTENT_TYPE, exposition
@@ -22,7 +23,7 @@ def metrics_text(runtime: Runtime, headers) -> tuple[int, str]:
     """(HTTP status, body) of a scrape. Never raises."""
     try:
         if runtime.settings.auth_enabled:
-            runtime.auth.authorize(headers, "admin")
+            runtime.auth.authorize(headers, Action.SERVICE_READ, "/metrics", SERVICE)
         return 200, exposition(admin.service_metrics(runtime), prefix=runtime.settings.key_prefix)
     except Exception as exc:  # noqa: BLE001 - a scrape gets a status, never a 500 traceback
         code, message = status_of(exc)

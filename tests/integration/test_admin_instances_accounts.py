@@ -43,8 +43,9 @@ def test_accounts_never_return_secrets(client, runtime):
     dup = call(client, "addAccount", {"user_name": "alice", "password": "x"})
     assert code(dup) == "DUPLICATE_ENTITY"
     listed = call(client, "listAccount")
-    assert listed["accounts"] == [{"user_name": "alice", "role": "ROLE_ADMIN"},
-                                  {"user_name": "bob", "role": "ROLE_USER"}]
+    assert listed["accounts"] == [
+        {"user_name": "alice", "role": "ROLE_ADMIN", "instance_groups": ["*"], "instance_id_prefixes": []},
+        {"user_name": "bob", "role": "ROLE_USER", "instance_groups": ["*"], "instance_id_prefixes": []}]
     text = json.dumps(listed)
     assert "scrypt" not in text and "correct horse" not in text and "battery" not in text
     assert runtime.control.verify_account("alice", "correct horse") is not None

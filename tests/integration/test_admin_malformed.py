@@ -75,12 +75,21 @@ CASES = {
     "listInstanceInfo": [({"instance_group_name": 3}, "field 'instance_group_name'")],
     "addAccount": [
         ({"password": "p"}, "field 'user_name' is required"),
-        ({"user_name": "carol"}, "field 'password' is required"),
+        ({"user_name": "carol", "role": "ROLE_ADMIN"}, "field 'password' is required"),
+        ({"user_name": "carol", "password": "short", "role": "ROLE_ADMIN"}, "field 'password' must have at least"),
         ({"user_name": "carol", "password": "p", "role": "ROLE_ROOT"}, "field 'role'"),
         ({"user_name": "carol", "password": "p", "role": 7}, "field 'role'"),
         ({"user_name": "ca:rol", "password": "p"}, "field 'user_name' must not contain ':'"),
+        ({"user_name": "carol", "instance_groups": ["g}"]}, "field 'instance_groups[0]'"),
+        ({"user_name": "carol", "instance_id_prefixes": ["a b"]}, "field 'instance_id_prefixes[0]'"),
         ({"user_name": "alice", "password": "p"}, "account 'alice' already exists"),
     ],
+    "createApiKey": [({}, "field 'user_name' is required"), ({"user_name": "ghost"}, "account 'ghost' does not exist"),
+                     ({"user_name": "alice", "expire_seconds": -1}, "field 'expire_seconds'"),
+                     ({"user_name": "alice", "expire_seconds": 10**12}, "field 'expire_seconds'")],
+    "revokeApiKey": [({}, "field 'key_id' is required"), ({"key_id": "0123456789abcdef"}, "does not exist")],
+    "listApiKey": [({"user_name": 5}, "field 'user_name'")],
+    "listAuditLog": [({"limit": 5000}, "field 'limit'"), ({"start_time_ms": "soon"}, "field 'start_time_ms'")],
     "deleteAccount": [({}, "field 'user_name' is required"), ({"user_name": False}, "field 'user_name'"),
                       ({"user_name": "ghost"}, "account 'ghost' does not exist")],
     "listAccount": [({"trace_id": []}, "field 'trace_id'")],
@@ -115,8 +124,8 @@ def populated(client, control, request):
     control.add_storage(StorageConfig.model_validate(nfs("nfs1")))
     control.create_group(group("g1", "nfs1"))
     control.register_instance(register_request("i1"))
-    if "Account" in request.node.callspec.params["method"]:
-        control.add_account("alice", "secret", Role.ROLE_ADMIN)
+    if "Account" in request.node.callspec.params["method"] or "ApiKey" in request.node.callspec.params["method"]:
+        control.add_account("alice", "secret-pass-1", Role.ROLE_ADMIN)
     return client
 
 

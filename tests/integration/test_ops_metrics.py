@@ -27,13 +27,20 @@ def test_metrics_of_every_container_in_the_text_format(client, runtime, clock, v
     assert 'kvcmtest_data_storage_healthy_status{storage="nfs_01"} 1.0' in lines
 
 
-def test_with_auth_on_a_scrape_needs_an_admin(client, runtime):
-    runtime.control.add_account("prom", "scrape-pass", Role.ROLE_ADMIN)
-    runtime.control.add_account("bob", "user-pass", Role.ROLE_USER)
+def test_with_auth_on_a_scrape_needs_a_service_wide_reader(client, runtime):
+    control = runtime.control
+    control.add_account("root", "admin-pass-12", Role.ROLE_ADMIN)
+    control.add_account("prom", "", Role.ROLE_READ_ONLY)
+    control.add_account("bob", "", Role.ROLE_ENGINE)
+    control.add_account("g1-reader", "", Role.ROLE_READ_ONLY, groups=["g1"])
+    keys = {name: {"Authorization": f"Bearer {control.create_api_key(name, 3600)[0]}"}
+            for name in ("prom", "bob", "g1-reader")}
     enable_auth(runtime)
     assert scrape(client)[0] == 401
-    assert scrape(client, {"Authorization": "Bearer bob:user-pass"})[0] == 403
-    assert scrape(client, {"Authorization": "Bearer prom:scrape-pass"})[0] == 200
+    assert scrape(client, keys["bob"])[0] == 403
+    assert scrape(client, keys["g1-reader"])[0] == 403
+    assert scrape(client, keys["prom"])[0] == 200
+    assert scrape(client, {"Authorization": "Bearer root:admin-pass-12"})[0] == 200
 
 
 def test_an_unreachable_store_is_503_not_a_traceback(client, runtime, monkeypatch):

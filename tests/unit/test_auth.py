@@ -1,24 +1,42 @@
-"""Authorizer: bearer parsing, roles, verified-credential caching (control plane faked)."""
+"""Authorizer: bearer parsing, API keys, admin passwords, the failure limiter, roles and
+scopes (config cache and control plane faked: pure logic)."""
 import pytest
 
-from chalicelib.auth import Authorizer, allowed, parse_bearer
+from chalicelib.auth import (ALL_GROUPS, Action, Authorizer, FailureLimiter, Principal, Scope, Target, check_action,
+                             check_target, parse_bearer)
 from chalicelib.clock import ManualClock
-from chalicelib.protocol.codes import Role
-from chalicelib.protocol.errors import ForbiddenError, UnauthorizedError, http_status_of
+from chalicelib.control.api_keys import ApiKeyRecord, digest, key_id_of, new_api_key
+from chalicelib.control.records import AccountRecord
+from chalicelib.protocol.codes import ErrorCode, Role
+from chalicelib.protocol.errors import (ForbiddenError, TooManyAttemptsError, UnauthorizedError, http_status_of,
+                                        status_of)
 
 
-class FakeAccounts:
-    """Stands in for ControlPlane.verify_account; counts the (slow) verifications."""
+class FakeDirectory:
+    """Stands in for ConfigCache (accounts, keys) and ControlPlane.verify_account."""
 
     def __init__(self, clock):
         self.clock = clock
-        self.accounts = {"admin": ("pw-admin", Role.ROLE_ADMIN), "user": ("pw:with:colons", Role.ROLE_USER)}
+        self.accounts = {"admin": AccountRecord("admin", Role.ROLE_ADMIN, (ALL_GROUPS,), (), "pw-admin"),
+                         "eng": AccountRecord("eng", Role.ROLE_USER, ("g1",), ("eng-",))}
+        self.keys = {}
         self.verifications = 0
+
+    def add_key(self, user_name, expires_us=0):
+        key_id, api_key = new_api_key()
+        self.keys[key_id] = ApiKeyRecord(key_id, user_name, digest(api_key), 0, expires_us)
+        return api_key
+
+    def account(self, user_name):
+        return self.accounts.get(user_name)
+
+    def api_key(self, key_id):
+        return self.keys.get(key_id)
 
     def verify_account(self, user_name, password):
         self.verifications += 1
-        stored = self.accounts.get(user_name)
-        return stored[1] if stored and stored[0] == password else None
+        account = self.accounts.get(user_name)
+        return account if account and account.password_hash and account.password_hash == password else None
 
 
 @pytest.fixture
@@ -27,79 +45,130 @@ def clock():
 
 
 @pytest.fixture
-def accounts(clock):
-    return FakeAccounts(clock)
+def directory(clock):
+    return FakeDirectory(clock)
 
 
 @pytest.fixture
-def authorizer(accounts):
-    return Authorizer(accounts, ttl_s=10.0)
+def authorizer(directory, clock):
+    return Authorizer(directory, directory, clock, password_ttl_s=10.0)
 
 
 def bearer(token):
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.mark.parametrize("headers", [
-    {}, {"Authorization": ""}, {"Authorization": "Basic YWRtaW46cHc="}, bearer(""), bearer("nocolon"),
-    bearer(":pw"), bearer("admin:"),
-])
-def test_missing_or_malformed_credentials_are_401(headers):
+@pytest.mark.parametrize("headers", [{}, {"Authorization": ""}, {"Authorization": "Basic YWRtaW46cHc="}, bearer("")])
+def test_missing_or_malformed_headers_are_401_with_an_auth_code(headers):
     with pytest.raises(UnauthorizedError) as err:
         parse_bearer(headers)
-    assert http_status_of(err.value) == 401
+    assert http_status_of(err.value) == 401 and status_of(err.value)[0] == ErrorCode.UNAUTHENTICATED
 
 
-def test_header_name_is_case_insensitive_and_password_may_contain_colons():
-    assert parse_bearer({"authorization": "bearer user:pw:with:colons"}) == ("user", "pw:with:colons")
-
-
-def test_roles():
-    assert allowed(Role.ROLE_ADMIN, "admin") and allowed(Role.ROLE_ADMIN, "meta") and allowed(Role.ROLE_ADMIN, "debug")
-    assert allowed(Role.ROLE_USER, "meta")
-    assert not allowed(Role.ROLE_USER, "admin") and not allowed(Role.ROLE_USER, "debug")
-
-
-def test_wrong_password_is_401_and_names_no_secret(authorizer):
-    with pytest.raises(UnauthorizedError) as err:
-        authorizer.authorize(bearer("admin:wrong"), "admin")
-    assert "wrong" not in str(err.value) and "pw-admin" not in str(err.value)
+@pytest.mark.parametrize("token", ["nocolon", ":pw", "admin:", "kvcm_0123.short", "kvcm_" + "g" * 16 + "." + "a" * 43])
+def test_malformed_tokens_are_401(authorizer, token):
     with pytest.raises(UnauthorizedError):
-        authorizer.authorize(bearer("ghost:pw"), "meta")
+        authorizer.authenticate(bearer(token))
 
 
-def test_user_role_is_forbidden_outside_meta(authorizer):
-    assert authorizer.authorize(bearer("user:pw:with:colons"), "meta").role == Role.ROLE_USER
-    with pytest.raises(ForbiddenError) as err:
-        authorizer.authorize(bearer("user:pw:with:colons"), "admin")
-    assert http_status_of(err.value) == 403
-    assert "pw:with:colons" not in str(err.value)
+def test_header_name_is_case_insensitive_and_password_may_contain_colons(authorizer, directory):
+    directory.accounts["admin"] = AccountRecord("admin", Role.ROLE_ADMIN, (ALL_GROUPS,), (), "pw:with:colons")
+    assert authorizer.authenticate({"authorization": "bearer admin:pw:with:colons"}).user_name == "admin"
 
 
-def test_verified_credentials_are_cached_for_ttl(authorizer, accounts, clock):
+def test_an_api_key_names_its_account_role_scope_and_key(authorizer, directory):
+    api_key = directory.add_key("eng")
+    principal = authorizer.authenticate(bearer(api_key))
+    assert principal == Principal("eng", Role.ROLE_USER, Scope(frozenset({"g1"}), ("eng-",)), key_id_of(api_key))
+    assert principal.label == f"eng/{key_id_of(api_key)}"
+
+
+def test_a_wrong_secret_an_expired_or_revoked_key_or_a_deleted_account_is_401(authorizer, directory, clock):
+    api_key = directory.add_key("eng")
+    key_id = key_id_of(api_key)
+    forged = api_key[:-1] + ("A" if api_key[-1] != "A" else "B")
+    with pytest.raises(UnauthorizedError, match=f"invalid API key '{key_id}'") as err:
+        authorizer.authenticate(bearer(forged))
+    assert api_key.split(".")[1] not in str(err.value)
+    expiring = directory.add_key("eng", expires_us=int((clock.now() + 5) * 1e6))
+    authorizer.authenticate(bearer(expiring))
+    clock.advance(5)
+    with pytest.raises(UnauthorizedError, match="has expired"):
+        authorizer.authenticate(bearer(expiring))
+    del directory.accounts["eng"]
+    with pytest.raises(UnauthorizedError, match="belongs to no account"):
+        authorizer.authenticate(bearer(api_key))
+    directory.keys.clear()
+    with pytest.raises(UnauthorizedError):
+        authorizer.authenticate(bearer(api_key))
+
+
+def test_passwords_are_for_admin_accounts_only_and_cached_for_their_ttl(authorizer, directory, clock):
     for _ in range(5):
-        assert authorizer.authorize(bearer("admin:pw-admin"), "admin").user_name == "admin"
-    assert accounts.verifications == 1
-    del accounts.accounts["admin"]
+        assert authorizer.authenticate(bearer("admin:pw-admin")).role == Role.ROLE_ADMIN
+    assert directory.verifications == 1
+    with pytest.raises(UnauthorizedError, match="admin accounts only"):
+        authorizer.authenticate(bearer("eng:anything"))
+    del directory.accounts["admin"]
     clock.advance(9.9)
-    authorizer.authorize(bearer("admin:pw-admin"), "admin")
+    authorizer.authenticate(bearer("admin:pw-admin"))
     clock.advance(0.2)
     with pytest.raises(UnauthorizedError):
-        authorizer.authorize(bearer("admin:pw-admin"), "admin")
+        authorizer.authenticate(bearer("admin:pw-admin"))
 
 
-def test_failures_are_not_cached_as_successes(authorizer, accounts):
-    with pytest.raises(UnauthorizedError):
-        authorizer.authorize(bearer("admin:guess"), "admin")
-    authorizer.authorize(bearer("admin:pw-admin"), "admin")
-    with pytest.raises(UnauthorizedError):
-        authorizer.authorize(bearer("admin:guess"), "admin")
-    assert accounts.verifications == 3
+def test_failed_passwords_lock_the_user_then_the_node_without_checking(directory, clock):
+    limiter = FailureLimiter(clock, per_user=3, per_window=5, window_s=60)
+    authorizer = Authorizer(directory, directory, clock, limiter=limiter)
+    for _ in range(3):
+        with pytest.raises(UnauthorizedError):
+            authorizer.authenticate(bearer("admin:guess"))
+    checked = directory.verifications
+    with pytest.raises(TooManyAttemptsError, match="user 'admin'") as err:
+        authorizer.authenticate(bearer("admin:pw-admin"))
+    assert http_status_of(err.value) == 429 and directory.verifications == checked  # no scrypt spent
+    for user in ("u1", "u2"):
+        with pytest.raises(UnauthorizedError):
+            authorizer.authenticate(bearer(f"{user}:guess"))
+    with pytest.raises(TooManyAttemptsError, match="on this node"):
+        authorizer.authenticate(bearer("u3:guess"))
+    clock.advance(60)
+    assert authorizer.authenticate(bearer("admin:pw-admin")).user_name == "admin"
 
 
-def test_cache_is_bounded(accounts):
-    authorizer = Authorizer(accounts, ttl_s=10.0, max_entries=2)
-    accounts.accounts.update({f"u{i}": ("pw", Role.ROLE_USER) for i in range(5)})
+def test_the_verified_cache_is_bounded(directory, clock):
+    authorizer = Authorizer(directory, directory, clock, max_entries=2)
+    directory.accounts.update({f"u{i}": AccountRecord(f"u{i}", Role.ROLE_ADMIN, ("*",), (), "pw") for i in range(5)})
     for i in range(5):
-        authorizer.authorize(bearer(f"u{i}:pw"), "meta")
+        authorizer.authenticate(bearer(f"u{i}:pw"))
     assert len(authorizer._verified) <= 2
+
+
+@pytest.mark.parametrize("role, allowed", [
+    (Role.ROLE_ADMIN, set(Action)),
+    (Role.ROLE_OPERATOR, {Action.META_READ, Action.META_WRITE, Action.GROUP_READ, Action.GROUP_WRITE,
+                          Action.SERVICE_READ, Action.SERVICE_WRITE}),
+    (Role.ROLE_ENGINE, {Action.META_READ, Action.META_WRITE}),
+    (Role.ROLE_READ_ONLY, {Action.META_READ, Action.GROUP_READ, Action.SERVICE_READ}),
+])
+def test_roles(role, allowed):
+    principal = Principal("p", role)
+    for action in Action:
+        if action in allowed:
+            check_action(principal, action, "m")
+        else:
+            with pytest.raises(ForbiddenError) as err:
+                check_action(principal, action, "m")
+            assert status_of(err.value)[0] == ErrorCode.PERMISSION_DENIED and http_status_of(err.value) == 403
+
+
+def test_scopes():
+    scoped = Principal("eng", Role.ROLE_USER, Scope(frozenset({"g1"}), ("eng-",)))
+    check_target(scoped, Target(group="g1", instance_id="eng-1"), "m")
+    check_target(scoped, Target(group=None, instance_id="eng-2"), "m")  # not registered: the call says so
+    for target in (Target(service=True), Target(group="g2", instance_id="eng-1"), Target(group="g1", instance_id="x")):
+        with pytest.raises(ForbiddenError):
+            check_target(scoped, target, "m")
+    everywhere = Principal("ops", Role.ROLE_OPERATOR)
+    check_target(everywhere, Target(service=True), "m")
+    check_target(everywhere, Target(group="any"), "m")

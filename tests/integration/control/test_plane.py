@@ -230,21 +230,37 @@ def test_list_instances_by_group(control):
 
 
 def test_accounts_store_only_salted_hashes(control, runtime):
-    control.add_account("alice", "wonderland", Role.ROLE_ADMIN)
-    control.add_account("bob", "builder", Role.ROLE_USER)
+    control.add_account("alice", "wonderland-42", Role.ROLE_ADMIN)
+    control.add_account("bob", "builder-12345", Role.ROLE_USER, groups=["g1"], instance_prefixes=["bob-"])
     with pytest.raises(DuplicateEntityError):
-        control.add_account("alice", "other", Role.ROLE_USER)
+        control.add_account("alice", "other-password", Role.ROLE_USER)
     raw = {item["sk"]: item for item in table_items(runtime, "ACCOUNT")}
     assert "wonderland" not in repr(raw) and raw["alice"]["password"].startswith("scrypt$")
-    assert [(a.user_name, a.role) for a in control.list_accounts()] == [("alice", Role.ROLE_ADMIN),
-                                                                        ("bob", Role.ROLE_USER)]
-    assert control.verify_account("alice", "wonderland") == Role.ROLE_ADMIN
+    assert "password" not in raw["bob"]  # only admin accounts keep one (bootstrap); the others use API keys
+    assert [(a.user_name, a.role, a.instance_groups, a.instance_id_prefixes) for a in control.list_accounts()] == [
+        ("alice", Role.ROLE_ADMIN, ["*"], []), ("bob", Role.ROLE_USER, ["g1"], ["bob-"])]
+    assert control.verify_account("alice", "wonderland-42").role == Role.ROLE_ADMIN
     assert control.verify_account("alice", "other") is None
-    assert control.verify_account("nobody", "wonderland") is None
+    assert control.verify_account("nobody", "wonderland-42") is None
+    assert control.verify_account("bob", "builder-12345") is None
     control.delete_account("alice")
-    assert control.verify_account("alice", "wonderland") is None
+    assert control.verify_account("alice", "wonderland-42") is None
     with pytest.raises(UnknownEntityError, match="account 'alice' does not exist"):
         control.delete_account("alice")
+
+
+def test_api_keys_are_stored_hashed_and_go_with_their_account(control, runtime, clock):
+    control.add_account("eng", "", Role.ROLE_USER)
+    api_key, record = control.create_api_key("eng", ttl_s=60)
+    assert api_key.startswith(f"kvcm_{record.key_id}.") and len(api_key) == 5 + 16 + 1 + 43
+    assert record.expires_us - record.created_us == 60_000_000
+    raw = table_items(runtime, "API_KEY")
+    assert api_key.split(".")[1] not in repr(raw) and raw[0]["digest"] == record.digest
+    assert control.get_api_key(record.key_id) == record
+    with pytest.raises(UnknownEntityError, match="account 'ghost'"):
+        control.create_api_key("ghost", ttl_s=60)
+    control.delete_account("eng")
+    assert table_items(runtime, "API_KEY") == []
 
 
 def test_every_write_bumps_the_epoch_and_refused_writes_do_not(control):

@@ -189,7 +189,7 @@ def test_awkward_names_reach_uris_and_json_intact(http, runtime, tmp_path):
         {"global_unique_name": "nfs_~2", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
     runtime.control.create_group(InstanceGroup.model_validate(
         {"name": "g2", "storage_candidates": ["nfs_~2"], "quota": {"capacity": 1 << 30}}))
-    instance, specs = 'in%st"ance é', [{"name": 'tp"0%s', "size": 16}, {"name": "tp\\1%", "size": 32}]
+    instance, specs = 'in%st"ance_é', [{"name": 'tp"0%s', "size": 16}, {"name": "tp\\1%", "size": 32}]
     assert code(http("registerInstance", {"instance_group": "g2", "instance_id": instance, "block_size": 4,
                                           "location_spec_infos": specs,
                                           "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"

@@ -1,10 +1,12 @@
 """registerInstance, storage config and account validation."""
 import pytest
 
-from chalicelib.control.validation import (validate_credentials, validate_register_request,
+from chalicelib.control.validation import (validate_account, validate_key_fields, validate_register_request,
                                            validate_storage_config)
+from chalicelib.protocol.codes import Role
 from chalicelib.protocol.errors import InvalidArgumentError
-from chalicelib.protocol.models import RegisterInstanceRequest, StorageConfig
+from chalicelib.protocol.models import (FinishWriteCacheRequest, GetCacheLocationRequest, RegisterInstanceRequest,
+                                       StorageConfig)
 
 
 def request(**overrides) -> RegisterInstanceRequest:
@@ -64,8 +66,39 @@ def test_storage_config_generic_checks(config, message):
 
 @pytest.mark.parametrize("user, password, path", [
     ("", "pw", "user_name"), ("a:b", "pw", "user_name"), ("alice", "", "password"),
-    ("alice", "p" * 1025, "password"),
+    ("alice", "p" * 1025, "password"), ("alice", "short-pw", "password"), ("alicealice12", "AliceAlice12", "password"),
+    ("alice", "abababababababab", "password"),
 ])
-def test_credentials(user, password, path):
+def test_admin_credentials(user, password, path):
     with pytest.raises(InvalidArgumentError, match=f"field '{path}'"):
-        validate_credentials(user, password)
+        validate_account(user, password, Role.ROLE_ADMIN, (), ())
+
+
+def test_other_roles_need_no_password_but_a_safe_scope():
+    validate_account("engine", "", Role.ROLE_USER, ("g1", "*"), ("inst-",))
+    with pytest.raises(InvalidArgumentError, match=r"field 'instance_groups\[1\]'"):
+        validate_account("engine", "", Role.ROLE_USER, ("g1", "g}"), ())
+    with pytest.raises(InvalidArgumentError, match=r"field 'instance_id_prefixes\[0\]'"):
+        validate_account("engine", "", Role.ROLE_USER, (), ("a b",))
+
+
+@pytest.mark.parametrize("instance_id", ["victim}:s:x", "{victim}", "a b", "a\tb", "x" * 129, "a\u00a0b", "a\x85"])
+def test_instance_ids_outside_the_key_alphabet_are_refused(instance_id):
+    with pytest.raises(InvalidArgumentError, match="field 'instance_id'"):
+        validate_register_request(request(instance_id=instance_id))
+    with pytest.raises(InvalidArgumentError, match="field 'instance_id'"):
+        validate_key_fields(GetCacheLocationRequest(instance_id=instance_id))
+
+
+@pytest.mark.parametrize("instance_id", ["instance_1", "inst-a", "3780643326877293460", "Qwen/Qwen3-8B@10.0.0.1:8000",
+                                         "x" * 128, 'in%st"ance_é'])
+def test_upstream_style_instance_ids_are_accepted(instance_id):
+    validate_register_request(request(instance_id=instance_id))
+    validate_key_fields(GetCacheLocationRequest(instance_id=instance_id))
+
+
+@pytest.mark.parametrize("session_id", ["x}", "A" * 32, "a" * 31, "a" * 33, "../" + "a" * 29])
+def test_finish_takes_only_server_made_session_ids(session_id):
+    with pytest.raises(InvalidArgumentError, match="field 'write_session_id'"):
+        validate_key_fields(FinishWriteCacheRequest(instance_id="i1", write_session_id=session_id))
+    validate_key_fields(FinishWriteCacheRequest(instance_id="i1", write_session_id="0a" * 16))
