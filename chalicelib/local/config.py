@@ -50,7 +50,8 @@ class StackConfig:
     workflow_dirs: tuple[Path, ...] = (REPO_ROOT / "workflows",)
     #: Period overrides by ``schedule_key(name)``, in seconds.
     schedule_periods: Mapping[str, float] = field(default_factory=lambda: dict(LOCAL_SCHEDULE_DEFAULTS))
-    #: How often the control table is saved to ``state_dir/control.json`` (0 = only at stop).
+    #: How often the control-table journal is checked and, once large, folded into
+    #: ``state_dir/control.json`` (0 = only at start and stop).
     snapshot_period_s: float = 5.0
     seed: bool = True
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 BATCH_SIZE = 25  # DynamoDB's BatchWriteItem limit (moto does not enforce it)
-GET_BATCH_SIZE = 100  # BatchGetItem's limit
 COMPACT_BYTES = 1 << 20
 #: moto's DynamoDB request handlers that write items (PartiQL statements are not used here).
 WRITE_ACTIONS = ("put_item", "update_item", "delete_item", "batch_write_item", "transact_write_items")
@@ -44,6 +43,24 @@ def _decode(value: Any) -> Any:
     if isinstance(value, list):
         return [_decode(item) for item in value]
     return value
+
+
+def _b64(value: Any) -> str:
+    return base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
+
+
+def _wire(value: Any) -> dict:
+    """A moto ``DynamoType`` in the form ``_encode`` gives a scanned value (moto keeps a
+    binary value as bytes or as its base64 text, depending on how it arrived)."""
+    if value.type == "B":
+        return {"B": _b64(value.value)}
+    if value.type == "BS":
+        return {"BS": [_b64(item) for item in value.value]}
+    if value.type == "M":
+        return {"M": {name: _wire(item) for name, item in value.value.items()}}
+    if value.type == "L":
+        return {"L": [_wire(item) for item in value.value]}
+    return {value.type: value.value}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -194,21 +211,19 @@ class ControlSnapshot:
                 return original(handler)
             with self._lock:
                 answer = original(handler)  # raises (nothing written) on a failed condition
-                self._append(list(keys.values()))
+                self._append(handler.dynamodb_backend.get_table(self.table_name), list(keys.values()))
             return answer
         return write_then_journal
 
-    def _append(self, keys: list[dict]) -> None:
-        """Journal the current state of ``keys`` (read back: an update's result is only
-        known to moto) in one fsync'd write."""
-        found: dict[str, dict] = {}
-        for start in range(0, len(keys), GET_BATCH_SIZE):
-            request = {self.table_name: {"Keys": keys[start:start + GET_BATCH_SIZE], "ConsistentRead": True}}
-            while request:
-                response = self.dynamodb.batch_get_item(RequestItems=request)
-                for item in _encode(response["Responses"].get(self.table_name, [])):
-                    found[self._key(item)] = item
-                request = response.get("UnprocessedKeys") or {}
-        lines = [json.dumps({"key": key, "item": found.get(self._key(key))}) for key in keys]
+    def _append(self, table: Any, keys: list[dict]) -> None:
+        """Journal the current state of ``keys`` in moto's ``table`` (read back: an
+        update's result is only known to moto) in one fsync'd write."""
+        from moto.dynamodb.models.dynamo_type import DynamoType
+
+        lines = []
+        for key in keys:
+            item = table.get_item(*(DynamoType(key[name]) for name in self.key_names if name in key))
+            lines.append(json.dumps({"key": key, "item": item and {
+                name: _wire(value) for name, value in item.attrs.items()}}))
         os.write(self._journal_fd, ("\n".join(lines) + "\n").encode())
         os.fsync(self._journal_fd)

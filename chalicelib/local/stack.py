@@ -60,6 +60,8 @@ class LocalStack:
         self.skipped_workflows: dict[str, str] = {}
         self.jobs: list[Job] = []
         self.restored_items = 0
+        #: The control table on disk (snapshot + journal), once started.
+        self.snapshot: Optional[ControlSnapshot] = None
         self.seeded: list[str] = []
         self.started_in_s = 0.0
         self._exits: Optional[ExitStack] = None
@@ -173,7 +175,8 @@ class LocalStack:
 
         dynamodb = self.aws.client("dynamodb")
         ensure_table(dynamodb, runtime.settings.control_table)
-        snapshot = ControlSnapshot(dynamodb, runtime.settings.control_table, self.config.control_snapshot)
+        snapshot = self.snapshot = ControlSnapshot(dynamodb, runtime.settings.control_table,
+                                                   self.config.control_snapshot)
         self.restored_items = snapshot.restore()
         exits.callback(snapshot.detach)
         snapshot.attach()

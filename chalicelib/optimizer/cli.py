@@ -19,9 +19,12 @@ from chalicelib.optimizer.replay import EvictionMode, replay
 from chalicelib.optimizer.report import (build_report, log_capacities, summary_lines,
                                          write_report)
 from chalicelib.optimizer.sweep import SweepSettings, TraceSpec, curve_is_exact, sweep
+from chalicelib.optimizer.synthetic import Workload, generate, workload_summary
 from chalicelib.optimizer.traces import FORMATS
 
 _SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+SYNTHETIC_TRACE = "synthetic_trace.jsonl"
+DEFAULT_SYNTHETIC_BLOCK = 16  # tokens per block of a synthetic workload (vLLM's default)
 
 DESCRIPTION = """\
 KVCM optimizer: replay KV-cache traces to answer "how much cache does this workload
@@ -64,9 +67,13 @@ EXAMPLES = {
     "sweep": f"""example:
   python -m chalicelib.optimizer sweep --trace {_SHARED}/mooncake_conversation.jsonl \\
       --capacities log:1k:100k:8 --policies lru,random_lru,lfu --workers 2""",
-    "report": f"""example:
+    "report": f"""examples:
   python -m chalicelib.optimizer report --trace {_SHARED}/mooncake_conversation.jsonl \\
-      --format mooncake --out out/optimizer-demo""",
+      --format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd
+
+  # ROI before going online: a synthetic workload of a model not served yet
+  python -m chalicelib.optimizer report --out out/roi --model qwen2.5-32b \\
+      --workload rate=5,duration=3600,prompt=lognormal:1500:1,system=2048,followup=0.6,think=90""",
 }
 
 
@@ -102,9 +109,17 @@ def _policies(text: str) -> list[str]:
     return [p for p in (part.strip() for part in text.split(",")) if p]
 
 
-def _trace_args(parser: argparse.ArgumentParser) -> None:
+def _trace_args(parser: argparse.ArgumentParser, synthetic: bool = False) -> None:
     group = parser.add_argument_group("trace")
-    group.add_argument("--trace", required=True, metavar="FILE", help="trace file (JSONL)")
+    group.add_argument("--trace", required=not synthetic, metavar="FILE",
+                       help="trace file (JSONL)" + (", or --workload" if synthetic else ""))
+    if synthetic:
+        group.add_argument("--workload", metavar="SPEC",
+                           help="instead of a trace, a synthetic workload of a model not served "
+                                "yet, e.g. 'rate=2,duration=3600,prompt=lognormal:1500:1,"
+                                "output=fixed:300,system=1024,system_prompts=4,followup=0.5,"
+                                "think=60' (any subset; see docs/optimizer.md); its trace is "
+                                "written to the output directory")
     group.add_argument("--format", default="auto", choices=["auto", *FORMATS],
                        help="trace format (default: auto = sniff the first line)")
     group.add_argument("--instance", metavar="NAME",
@@ -225,6 +240,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    workload = None
+    if args.workload is not None:
+        if args.trace:
+            raise ConfigError("give --trace or --workload, not both")
+        workload = Workload.parse(args.workload)
+        args.trace = str(Path(args.out) / SYNTHETIC_TRACE)
+        args.format, args.block_size = "mooncake", args.block_size or DEFAULT_SYNTHETIC_BLOCK
+        if generate(workload, args.block_size, args.trace) == 0:
+            raise ConfigError("the workload makes no request in its duration")
+    elif not args.trace:
+        raise ConfigError("give --trace or --workload")
     spec = _spec(args)
     settings = _settings(args, spec.block_size or 16)
     records = spec.records()
@@ -237,7 +263,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                    workers=args.workers)
     report = build_report(
         trace={"name": Path(spec.path).name, "path": spec.path, "format": spec.format,
-               "block_size": spec.block_size, **result.summary.to_dict()},
+               "block_size": spec.block_size, **result.summary.to_dict(),
+               **({"workload": workload_summary(workload)} if workload else {})},
         settings=settings.to_dict(), points=result.points, duration_s=result.summary.duration_s,
         target=args.target, cost=cost, curve=curve if exact else None, plan=plan)
     rec = report["recommendation"]
@@ -368,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "ratio, price the prefill it saves and plot it all.",
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog=EXAMPLES["report"])
-    _trace_args(p)
+    _trace_args(p, synthetic=True)
     _replay_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--capacities", help="grid (default: 10 log-spaced up to where LRU saturates)")

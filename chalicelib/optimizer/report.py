@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,8 @@ def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
         "curve": curve_part,
         "timeseries": None,
         "plots": [],
-        "assumptions": cost.assumptions() + [f"target {target:.1%} ({target_rule})"],
+        "assumptions": ([trace["workload"]["description"]] if "workload" in trace else [])
+        + cost.assumptions() + [f"target {target:.1%} ({target_rule})"],
     }
     if plan is not None:
         _plan_capacities(report, plan, table, cost, duration_s, curve)
@@ -151,12 +153,45 @@ def _plan_capacities(report: dict[str, Any], plan: CapacityPlan,
     report["net_curve"] = curve_rows
     report["net_optimal"] = max(priced, key=lambda r: r["net_per_hour"], default=None)
     rec = report["recommendation"]
-    report["quota"] = None
+    report["quota"] = report["break_even"] = None
     if rec is not None:
         rec.update({k: v for k, v in plan.row(rec["policy"], rec["capacity"],
                                               rec["block_hit_ratio"], rec).items()
                     if k not in ("policy", "block_hit_ratio")})
         report["quota"] = plan.quota(rec["policy"], rec["capacity"])
+        report["break_even"] = break_even(rec, [r for r in rows + curve_rows
+                                                if r["policy"] == rec["policy"]],
+                                          report["trace"], cost)
+
+
+def break_even(rec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+               trace: Mapping[str, Any], cost: CostModel) -> dict[str, Any] | None:
+    """Where the recommended cache stops paying: the traffic and the GPU price at which
+    its GPU time saved equals its storage cost (savings scale with traffic at the same hit
+    ratio, storage does not), and the largest capacity of its policy that still pays."""
+    saved, storage = rec.get("gpu_cost_saved_per_hour"), rec["storage_cost_per_hour"]
+    if saved is None:
+        return None
+    duration = trace.get("duration_s") or 0.0
+    rate = trace.get("reads", 0) / duration if duration > 0 else None
+    share = storage / saved if saved > 0 else math.inf
+    rows = sorted(rows, key=lambda r: r["capacity_blocks"])
+    paying = [r["capacity_blocks"] for r in rows if (r["net_per_hour"] or 0.0) >= 0]
+    if rows and paying and paying[-1] == rows[-1]["capacity_blocks"] and paying[-1] > 0:
+        # past the last row the savings are taken as flat (the LRU curve runs to twice
+        # its saturation; for a grid this is a floor) and the storage grows: it pays
+        # until the storage reaches the last row's savings
+        last = rows[-1]
+        per_block = last["storage_cost_per_hour"] / last["capacity_blocks"]
+        if per_block > 0:
+            paying.append(int(last["gpu_cost_saved_per_hour"] / per_block))
+    return {
+        "traffic_share": share,
+        "request_rate": None if rate is None or math.isinf(share) else rate * share,
+        "current_request_rate": rate,
+        "gpu_hour_price": None if math.isinf(share) else cost.gpu_hour_price * share,
+        "largest_paying_capacity": max(paying, default=None),
+    }
 
 
 def attach_timeseries(report: dict[str, Any], result: ReplayResult) -> None:
@@ -248,15 +283,18 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
                         fontsize=10)
         money.legend(loc="best", fontsize=8)
         # storage grows without bound with capacity: keep the region where the savings are
-        saved = [r["gpu_cost_saved_per_hour"] or 0.0 for r in report["net"] + report["net_curve"]]
-        nets = [r["net_per_hour"] for r in report["net"] + report["net_curve"]
-                if r["net_per_hour"] is not None]
-        if saved and nets and max(saved) > 0:
-            money.set_ylim(max(min(nets), -3 * max(saved)) * 1.05, max(saved) * 1.3)
-    if assumptions:
-        fig.text(0.01, 0.005, "assumptions: " + "\n".join(assumptions), fontsize=7.5,
+        rows = report["net"] + report["net_curve"]
+        top = max((r["gpu_cost_saved_per_hour"] or 0.0 for r in rows), default=0.0)
+        lows = [v for r in rows for v in (r["net_per_hour"], -r["storage_cost_per_hour"])
+                if v is not None]
+        if top > 0 and lows:
+            money.set_ylim(1.05 * min(-0.1 * top, max(min(lows), -3 * top)), 1.3 * top)
+    lines = [part for line in assumptions
+             for part in textwrap.wrap(line, 130, subsequent_indent="    ")]
+    if lines:
+        fig.text(0.01, 0.005, "assumptions:\n" + "\n".join(lines), fontsize=7.5,
                  va="bottom", ha="left", family="monospace", color="dimgrey")
-    fig.tight_layout(rect=(0, 0.013 * (len(assumptions) + 1) if assumptions else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.0125 * (len(lines) + 2) if lines else 0, 1, 1))
     fig.savefig(path)
     plt.close(fig)
 
@@ -415,6 +453,14 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(f"net-optimal: {best['policy']} at {best['capacity_blocks']:,} blocks "
                      f"({best['capacity_gib']:,.0f} GiB), net {_money(best['net_per_hour'])} "
                      f"{currency}/h: {verdict}")
+    even = report.get("break_even")
+    if even is not None and even["request_rate"] is not None:
+        lines.append(
+            f"break-even of the recommendation: {even['request_rate']:.3g} requests/s "
+            f"({even['traffic_share']:.0%} of the {even['current_request_rate']:.3g}/s here) "
+            f"or a GPU price of {even['gpu_hour_price']:.3g} {currency}/GPU-h; it pays up to "
+            + ("no capacity" if even["largest_paying_capacity"] is None
+               else f"{even['largest_paying_capacity']:,} blocks"))
     quota = report.get("quota")
     if quota is not None:
         lines.append(f"KVCM quota for {quota['policy']} at the target: max_key_count "

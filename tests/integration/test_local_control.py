@@ -81,6 +81,7 @@ def test_every_acknowledged_write_is_in_the_journal_before_the_answer(aws, tmp_p
         control.add_account("alice", "pw-alice-1", Role.ROLE_USER)
         control.add_account("bob", "pw-bob-12", Role.ROLE_USER)
         control.delete_account("alice")
+        control.set_storage_available(STORAGE_NAME, False)  # SET #ver = #ver + :one
         key = {"pk": {"S": "TEST"}, "sk": {"S": "binary"}}
         dynamodb.put_item(TableName=TABLE, Item={**key, "b": {"B": b"\x00\xff"}, "bs": {"BS": [b"\x01"]}})
         dynamodb.update_item(TableName=TABLE, Key=key, UpdateExpression="SET m = :m",
@@ -100,6 +101,7 @@ def test_every_acknowledged_write_is_in_the_journal_before_the_answer(aws, tmp_p
     assert ControlSnapshot(dynamodb, TABLE, snapshot.path).restore() == len(written)
     assert _items(dynamodb) == written
     assert control_plane(dynamodb).verify_account("alice", "pw-alice-1") is None
+    assert control_plane(dynamodb).get_storage(STORAGE_NAME).version == 2
 
 
 def test_a_journal_line_cut_short_by_a_crash_is_ignored_a_damaged_one_is_not(aws, tmp_path):
