@@ -19,7 +19,10 @@ IDEMPOTENT = frozenset({
     "listInstanceGroup",
     "listInstanceInfo",
     "getInstanceGroupUsage",
+    "getCapacityReport",
     "listAccount",
+    "listApiKey",
+    "listAuditLog",
     "getMetrics",
     "checkHealth",
     "getManagerClusterInfo",
@@ -54,9 +57,14 @@ OPERATIONS = {
     "removeInstance": (m.RemoveInstanceRequest, m.Response, "admin"),
     "listInstanceInfo": (m.ListInstanceInfoRequest, m.ListInstanceInfoResponse, "admin"),
     "getInstanceGroupUsage": (m.GetInstanceGroupUsageRequest, m.GetInstanceGroupUsageResponse, "admin"),
+    "getCapacityReport": (m.ListRequest, m.GetCapacityReportResponse, "admin"),
     "addAccount": (m.AddAccountRequest, m.Response, "admin"),
     "deleteAccount": (m.DeleteAccountRequest, m.Response, "admin"),
     "listAccount": (m.ListRequest, m.ListAccountResponse, "admin"),
+    "createApiKey": (m.CreateApiKeyRequest, m.CreateApiKeyResponse, "admin"),
+    "revokeApiKey": (m.RevokeApiKeyRequest, m.Response, "admin"),
+    "listApiKey": (m.ListApiKeyRequest, m.ListApiKeyResponse, "admin"),
+    "listAuditLog": (m.ListAuditLogRequest, m.ListAuditLogResponse, "admin"),
     "getMetrics": (m.ListRequest, m.GetMetricsResponse, "admin"),
     "checkHealth": (m.ListRequest, m.CheckHealthResponse, "admin"),
     "getManagerClusterInfo": (m.ListRequest, m.GetManagerClusterInfoResponse, "admin"),
@@ -186,6 +194,11 @@ class Methods:
         """``getInstanceGroupUsage`` (admin service; see API.md)."""
         return self.call("getInstanceGroupUsage", request, fields)
 
+    def get_capacity_report(self, request: Optional[m.ListRequest] = None, /,
+            **fields: Any) -> m.GetCapacityReportResponse:
+        """``getCapacityReport`` (admin service; see API.md)."""
+        return self.call("getCapacityReport", request, fields)
+
     def add_account(self, request: Optional[m.AddAccountRequest] = None, /,
             **fields: Any) -> m.Response:
         """``addAccount`` (admin service; see API.md)."""
@@ -200,6 +213,26 @@ class Methods:
             **fields: Any) -> m.ListAccountResponse:
         """``listAccount`` (admin service; see API.md)."""
         return self.call("listAccount", request, fields)
+
+    def create_api_key(self, request: Optional[m.CreateApiKeyRequest] = None, /,
+            **fields: Any) -> m.CreateApiKeyResponse:
+        """``createApiKey`` (admin service; see API.md)."""
+        return self.call("createApiKey", request, fields)
+
+    def revoke_api_key(self, request: Optional[m.RevokeApiKeyRequest] = None, /,
+            **fields: Any) -> m.Response:
+        """``revokeApiKey`` (admin service; see API.md)."""
+        return self.call("revokeApiKey", request, fields)
+
+    def list_api_key(self, request: Optional[m.ListApiKeyRequest] = None, /,
+            **fields: Any) -> m.ListApiKeyResponse:
+        """``listApiKey`` (admin service; see API.md)."""
+        return self.call("listApiKey", request, fields)
+
+    def list_audit_log(self, request: Optional[m.ListAuditLogRequest] = None, /,
+            **fields: Any) -> m.ListAuditLogResponse:
+        """``listAuditLog`` (admin service; see API.md)."""
+        return self.call("listAuditLog", request, fields)
 
     def get_metrics(self, request: Optional[m.ListRequest] = None, /,
             **fields: Any) -> m.GetMetricsResponse:

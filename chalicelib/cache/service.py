@@ -48,6 +48,10 @@ _SCAN_CHUNK = 512
 _MATCH_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
                   QueryType.QT_BATCH_GET: "manager.batch_get_len",
                   QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_len"}
+#: The blocks a read asked for (unmasked ones for a prefix match): hit ratio = found / asked.
+_ASKED_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_asked",
+                  QueryType.QT_BATCH_GET: "manager.batch_get_asked",
+                  QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_asked"}
 
 
 class NoAvailableStorageError(StorageIOError):
@@ -146,6 +150,8 @@ class CacheService:
                     hits += 1
                 texts.append(text)
         self.metrics.observe(_MATCH_METRICS[req.query_type], hits, {"instance_id": ctx.instance_id})
+        asked = len(wanted) if req.query_type == QueryType.QT_PREFIX_MATCH else len(keys)
+        self.metrics.observe(_ASKED_METRICS[req.query_type], asked, {"instance_id": ctx.instance_id})
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
 
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:

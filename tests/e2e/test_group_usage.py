@@ -9,8 +9,8 @@ from kvcm_client import KvcmClient, KvcmError
 SPEC_BYTES = 1024
 
 
-def write(client: KvcmClient, instance_id: str, keys: list[int]) -> None:
-    client.register_instance(instance_group="usage", instance_id=instance_id, block_size=16,
+def write(client: KvcmClient, instance_id: str, keys: list[int], group: str = "usage") -> None:
+    client.register_instance(instance_group=group, instance_id=instance_id, block_size=16,
                              location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
                              model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"))
     session = client.start_write_cache(instance_id=instance_id, block_keys=keys).write_session_id
@@ -45,3 +45,17 @@ def test_usage_of_a_group_against_its_quota_and_watermark(stack: LocalStack):
         (StorageType.ST_NFS, 8 * SPEC_BYTES, 50 * SPEC_BYTES, 40 * SPEC_BYTES)]
     assert {"default", "usage"} <= {g.name for g in everything}
     assert unknown_group_code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_reads_report_the_blocks_asked_and_found(stack: LocalStack):
+    """The console's hit ratio: manager.prefix_match_len / manager.prefix_match_asked (means per read)."""
+    with KvcmClient(stack.api_url) as client:
+        write(client, "usage-reads", [11, 12, 13], group="default")
+        client.get_cache_location(instance_id="usage-reads", query_type="QT_PREFIX_MATCH", block_keys=[11, 12, 99, 13])
+        client.get_cache_location(instance_id="usage-reads", query_type="QT_PREFIX_MATCH", block_keys=[11, 12, 13, 14],
+                                  block_mask=m.BlockMask(offset=2))
+        points = {p.metric_name: p.metric_value.float_value for p in client.get_metrics().metrics
+                  if [(t.tag_key, t.tag_value) for t in p.metric_tags] == [("instance_id", "usage-reads")]}
+    # Read 1 asks 4 and finds 2 (stops at 99); read 2 asks the 2 unmasked and finds 1 (13).
+    assert points["manager.prefix_match_asked"] == (4 + 2) / 2
+    assert points["manager.prefix_match_len"] == (2 + 1) / 2

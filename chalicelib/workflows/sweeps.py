@@ -1,0 +1,53 @@
+"""getCapacityReport (KVCM addition): the capacity curves and recommendation of the latest
+optimizer sweep (workflows/optimizer_sweep.asl.json), read from where the state machine left
+them (its execution output names ``report.json`` in S3). The console plots them.
+
+Reads no optimizer code: importing ``chalicelib.optimizer`` costs the API a third of a second.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from ..protocol.models import (CapacityCurve, CapacityRecommendation, GetCapacityReportResponse, ListRequest)
+
+#: Successful executions looked at for the newest (one ListExecutions page).
+EXECUTIONS_PAGE = 100
+
+
+def latest_sweep(sfn: Any, state_machine_arn: str) -> Optional[dict]:
+    """describe_execution of the newest SUCCEEDED sweep, or None."""
+    executions = sfn.list_executions(stateMachineArn=state_machine_arn, statusFilter="SUCCEEDED",
+                                     maxResults=EXECUTIONS_PAGE)["executions"]
+    if not executions:
+        return None
+    newest = max(executions, key=lambda e: e.get("stopDate") or e["startDate"])
+    return sfn.describe_execution(executionArn=newest["executionArn"])
+
+
+def report_response(execution: dict, report: dict, report_uri: str) -> GetCapacityReportResponse:
+    """The answer for one sweep's ``report.json`` (see optimizer.report.build_report)."""
+    recommendation = report.get("recommendation")
+    stopped = execution.get("stopDate")
+    return GetCapacityReportResponse(
+        execution_name=execution.get("name", ""),
+        finished_time_ms=int(stopped.timestamp() * 1000) if stopped is not None else 0,
+        report_uri=report_uri,
+        target_hit_ratio=report.get("target_hit_ratio") or 0.0,
+        curves=[CapacityCurve(policy=policy, capacities=curve["capacities"], block_hit_ratio=curve["block_hit_ratio"])
+                for policy, curve in sorted(report.get("policies", {}).items())],
+        recommendation=(CapacityRecommendation(policy=recommendation["policy"], capacity=recommendation["capacity"],
+                                               block_hit_ratio=recommendation.get("block_hit_ratio") or 0.0)
+                        if recommendation else None))
+
+
+def get_capacity_report(runtime: Any, request: ListRequest) -> GetCapacityReportResponse:
+    """The newest successful sweep's report; an empty answer when no sweep ran (or none is configured)."""
+    arn = runtime.settings.sweep_state_machine_arn
+    execution = latest_sweep(runtime.aws("stepfunctions"), arn) if arn else None
+    if execution is None:
+        return GetCapacityReportResponse()
+    bucket = json.loads(execution["input"])["output"]["bucket"]
+    key = json.loads(execution["output"])["report_key"]
+    report = json.loads(runtime.aws("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    return report_response(execution, report, f"s3://{bucket}/{key}")
