@@ -34,7 +34,6 @@ class Runtime:
     def valkey(self):
         """The redis-py client (one connection pool per container)."""
         if self._valkey is None:
-            credentials = self._valkey_credentials()  # outside the lock: it takes it for a boto3 client
             with self._lock:
                 if self._valkey is None:
                     import redis
@@ -50,7 +49,6 @@ class Runtime:
                     with valkey_errors("Valkey"):  # a cluster client connects here
                         self._valkey = client_class.from_url(
                             self.settings.valkey_url,
-                            **credentials,
                             # Sized for the request path: a hung Valkey fails the call within
                             # about a second (SERVICE_NOT_READY). redis-py's default retries
                             # timeouts 10 times with backoff (10-20 s); a dropped connection is
@@ -62,18 +60,6 @@ class Runtime:
                             retry_on_timeout=False,
                         )
         return self._valkey
-
-    def _valkey_credentials(self) -> dict[str, str]:
-        """``username``/``password`` for Valkey AUTH: the secret's when one is configured,
-        else the settings' (a URL ``rediss://user:password@host`` works too)."""
-        username, password = self.settings.valkey_username, self.settings.valkey_password
-        if self.settings.valkey_secret_arn:
-            import json
-
-            secret = json.loads(self.aws("secretsmanager").get_secret_value(
-                SecretId=self.settings.valkey_secret_arn)["SecretString"])
-            username, password = secret.get("username", username), secret["password"]
-        return {key: value for key, value in (("username", username), ("password", password)) if value}
 
     def aws(self, service: str):
         """A boto3 client (endpoint from ``AWS_ENDPOINT_URL`` when set, e.g. the moto server)."""
@@ -170,7 +156,7 @@ class Runtime:
         """instance id → InstanceContext for the hot path."""
         from .cache.contexts import ContextProvider
 
-        return ContextProvider(self.config, self.storages, self.index, self.health, self.clock,
+        return ContextProvider(self.config, self.control, self.storages, self.index, self.health, self.clock,
                                refresh_s=self.settings.config_refresh_s)
 
     @cached_property
@@ -195,24 +181,11 @@ class Runtime:
     def cache(self):
         """The meta data plane."""
         from .cache.service import CacheService
-        from .capacity.eviction import WritePathEviction
+
         from .capacity.reclaimer import request_reclaim
 
-        return CacheService(self.index, self.contexts, self.deleter, self.purge, self.clock, self.settings,
-                            self.metrics,
-                            on_capacity_refused=lambda group: request_reclaim(self, group),
-                            make_room=WritePathEviction(self.index, self.deleter, self.clock, self.events,
-                                                        self.metrics))
-
-    @cached_property
-    def purge(self):
-        """Whole-instance purges (removeInstance, trimCache): inline, then the
-        instance_purge state machine when one is configured."""
-        from .cache.purge import PurgeService
-        from .workflows.purges import starter
-
-        return PurgeService(self.index, self.control, self.contexts, self.deletion, self.deleter, self.clock,
-                            start_execution=starter(self))
+        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings, self.metrics,
+                            on_capacity_refused=lambda group: request_reclaim(self, group))
 
     @cached_property
     def faults(self):

@@ -77,11 +77,10 @@ class ConfigCache:
     # ---------------------------------------------------------------- lookups
 
     def instance(self, instance_id: str) -> InstanceRecord:
-        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST); an
-        instance being removed does not exist any more."""
+        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST)."""
         require(instance_id, "instance_id")
         record = self._lookup(INSTANCE, instance_id, self._control.get_instance)
-        if record is None or record.removing_us:
+        if record is None:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
         return record
 
