@@ -77,3 +77,15 @@ def test_an_unforced_publication_never_waits_for_another_thread():
     release.set()
     worker.join(5)
     assert registry.drain().counters == {("c", ()): 1}  # still pending for the next one
+
+
+def test_calls_are_tagged_with_the_upstream_rpc_name():
+    registry = MetricsRegistry()
+    registry.record_call("getCacheLocation", "OK", 120)
+    registry.record_call("addStorage", "INVALID_ARGUMENT", 80)
+    delta = registry.drain()
+    assert delta.counters == {
+        ("service.query_counter", (("api_name", "GetCacheLocation"),)): 1,
+        ("service.query_counter", (("api_name", "AddStorage"),)): 1,
+        ("service.error_counter", (("api_name", "AddStorage"), ("code", "INVALID_ARGUMENT"))): 1}
+    assert registry.value("service.query_rt_us", {"api_name": "GetCacheLocation"}) == 120
