@@ -73,11 +73,11 @@ class StateLock:
             os.close(fd)
 
 
-def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
-    """Raise PortInUseError for the first ``{variable: port}`` that cannot be bound on
-    ``host`` (0 = any free port, not checked) or that two variables share."""
+def check_ports_free(addresses: Mapping[str, tuple[str, int]]) -> None:
+    """Raise PortInUseError for the first ``{variable: (host, port)}`` that cannot be bound
+    (port 0 = any free port, not checked) or whose port another variable also names."""
     seen: dict[int, str] = {}
-    for variable, port in ports.items():
+    for variable, (host, port) in addresses.items():
         if not port:
             continue
         if port in seen:

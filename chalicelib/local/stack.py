@@ -25,6 +25,8 @@ from .server import ApiServer, chalice_config
 from .valkey import PORT_VARIABLE as VALKEY_PORT_VARIABLE, LocalValkey
 
 API_PORT_VARIABLE = "KVCM_PORT"
+#: Where moto and the embedded Valkey listen, whatever ``KVCM_HOST`` says.
+LOOPBACK = "127.0.0.1"
 
 
 def load_app() -> Any:
@@ -108,9 +110,9 @@ class LocalStack:
         exits.callback(self.state_lock.release)
         self.state_lock.acquire()
         # Every port before anything starts: a taken one must not cost a half-started stack.
-        check_ports_free(self.config.host, {
-            API_PORT_VARIABLE: self.config.port, AWS_PORT_VARIABLE: self.config.aws_port,
-            VALKEY_PORT_VARIABLE: self.config.valkey_port if self.valkey.embedded else 0})
+        check_ports_free({API_PORT_VARIABLE: (self.config.host, self.config.port),
+                          AWS_PORT_VARIABLE: (LOOPBACK, self.config.aws_port),
+                          VALKEY_PORT_VARIABLE: (LOOPBACK, self.config.valkey_port if self.valkey.embedded else 0)})
         env = EnvPatch()
         exits.callback(env.restore)
         # What `chalice local` would set: the stage's variables (the user's environment

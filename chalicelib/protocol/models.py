@@ -610,6 +610,31 @@ class GetInstanceGroupUsageResponse(Response):
     usage: list[InstanceGroupUsage] = Field(default_factory=list)
 
 
+class CapacityCurve(WireModel):
+    """One policy's block hit ratio at each capacity (blocks) of an optimizer sweep."""
+
+    policy: Str = ""
+    capacities: list[Int64] = Field(default_factory=list)
+    block_hit_ratio: list[Optional[float]] = Field(default_factory=list)  # null: no reads replayed
+
+
+class CapacityRecommendation(WireModel):
+    policy: Str = ""
+    capacity: Int64 = 0  # blocks
+    block_hit_ratio: float = 0.0
+
+
+class GetCapacityReportResponse(Response):
+    """The latest successful optimizer sweep (KVCM addition); empty when there is none."""
+
+    execution_name: Str = ""
+    finished_time_ms: Int64 = 0
+    report_uri: Str = ""  # s3://bucket/key of the whole report.json
+    target_hit_ratio: float = 0.0
+    curves: list[CapacityCurve] = Field(default_factory=list)
+    recommendation: Optional[CapacityRecommendation] = None
+
+
 # ---------------------------------------------------------------- debug service
 
 

@@ -6,6 +6,7 @@ from ..auth import Action as A
 from ..auth import targets as t
 from ..cache import api
 from ..capacity import usage
+from ..workflows import sweeps
 from ..control import admin
 from ..protocol.models import (AddAccountRequest, CreateApiKeyRequest, CreateInstanceGroupRequest,
                                DeleteAccountRequest, InstanceGroupNameRequest, ListApiKeyRequest,
@@ -35,6 +36,7 @@ OPERATIONS: list[Operation] = [
         ("removeInstance", RemoveInstanceRequest, api.remove_instance, A.GROUP_WRITE, t.instance),
         ("listInstanceInfo", ListInstanceInfoRequest, admin.list_instance_info, A.GROUP_READ, t.group_listing),
         ("getInstanceGroupUsage", GetInstanceGroupUsageRequest, usage.get_instance_group_usage, A.GROUP_READ, t.group_listing),
+        ("getCapacityReport", ListRequest, sweeps.get_capacity_report, A.SERVICE_READ, t.service),
         ("addAccount", AddAccountRequest, admin.add_account, A.ACCOUNTS_WRITE, t.service),
         ("deleteAccount", DeleteAccountRequest, admin.delete_account, A.ACCOUNTS_WRITE, t.service),
         ("listAccount", ListRequest, admin.list_account, A.ACCOUNTS_READ, t.service),

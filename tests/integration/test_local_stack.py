@@ -98,7 +98,7 @@ def test_a_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch):
     original_invoke, environ = LambdaSimpleBackend.invoke, dict(os.environ)
     threads_before = set(threading.enumerate())
     # The API port is taken after the check (a race): the last step of start fails.
-    monkeypatch.setattr("chalicelib.local.stack.check_ports_free", lambda host, ports: None)
+    monkeypatch.setattr("chalicelib.local.stack.check_ports_free", lambda addresses: None)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
