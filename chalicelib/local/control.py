@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from .guard import StackStartError
+
 BATCH_SIZE = 25  # DynamoDB's BatchWriteItem limit (moto does not enforce it)
 COMPACT_BYTES = 1 << 20
 #: moto's DynamoDB request handlers that write items (PartiQL statements are not used here).
@@ -43,6 +45,11 @@ def _decode(value: Any) -> Any:
     if isinstance(value, list):
         return [_decode(item) for item in value]
     return value
+
+
+class JournalDamagedError(StackStartError):
+    """A journal line other than the last cannot be read: replaying around it could bring
+    back a deleted entity, so the start stops."""
 
 
 def _b64(value: Any) -> str:
@@ -154,7 +161,9 @@ class ControlSnapshot:
                 except ValueError:
                     if number == len(lines):
                         break
-                    raise ValueError(f"{self.journal_path}: line {number} is damaged") from None
+                    raise JournalDamagedError(
+                        f"the control-table journal {self.journal_path} is damaged at line {number}: repair "
+                        f"or move it away (its changes since the last snapshot are then lost)") from None
                 if entry is None:
                     continue
                 if entry["item"] is None:

@@ -162,8 +162,10 @@ class LocalValkey:
         with open(self.log_path, "ab") as log:
             log_offset = log.tell()
             # Output to the log, not a pipe: nothing reads a pipe, and a full one blocks the server.
+            # Its own process group: a Ctrl-C in the terminal reaches the stack only, which
+            # stops Valkey last, after everything that uses it.
             self._process = subprocess.Popen([str(get_binary_path()), str(config)], stdout=log,
-                                             stderr=subprocess.STDOUT, cwd=self.data_dir,
+                                             stderr=subprocess.STDOUT, cwd=self.data_dir, process_group=0,
                                              preexec_fn=lambda parent=os.getpid(): _die_with(parent))
         self._port = port
         self._wait_ready(timeout_s, log_offset, cancelled)

@@ -9,7 +9,7 @@ import pytest
 
 from chalicelib.clock import ManualClock
 from chalicelib.control import ControlPlane, ensure_table
-from chalicelib.local.control import ControlSnapshot
+from chalicelib.local.control import ControlSnapshot, JournalDamagedError
 from chalicelib.protocol.codes import Role
 from chalicelib.local.seed import GROUP_NAME, GROUP_QUOTA_BYTES, STORAGE_NAME, seed_defaults
 
@@ -119,7 +119,7 @@ def test_a_journal_line_cut_short_by_a_crash_is_ignored_a_damaged_one_is_not(aws
     assert snapshot.restore() == 1
 
     snapshot.journal_path.write_bytes(b'{"key": {"pk"\n' + complete)
-    with pytest.raises(ValueError, match="line 1"):
+    with pytest.raises(JournalDamagedError, match="damaged at line 1"):
         snapshot.restore()
 
 
