@@ -2,7 +2,7 @@
 from chalice import Chalice, Rate
 
 from chalicelib.capacity.reclaimer import reclaim_handler
-from chalicelib.routes import admin, debug, docs, meta, ops, unknown
+from chalicelib.routes import admin, console, debug, docs, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
 from chalicelib.workflows import deletes, health, reaper
 
@@ -13,6 +13,7 @@ app.register_blueprint(admin.blueprint)
 app.register_blueprint(debug.blueprint)
 app.register_blueprint(ops.blueprint)
 app.register_blueprint(docs.blueprint)
+app.register_blueprint(console.blueprint)
 app.register_blueprint(unknown.blueprint)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from chalice import Blueprint, NotFoundError, Response
 
-from . import admin, debug, meta
+from . import admin, console, debug, meta
 from .openapi import PlainRoute, openapi_document
 
 blueprint = Blueprint(__name__)
@@ -34,6 +34,7 @@ PLAIN_ROUTES = [
     PlainRoute("/docs", "Swagger UI over this document", ("text/html",)),
     PlainRoute("/docs/{asset}", "Swagger UI's files", tuple(dict.fromkeys(SWAGGER_ASSETS.values())),
                assets=tuple(SWAGGER_ASSETS)),
+    *console.ROUTES,
 ]
 
 

@@ -1,0 +1,270 @@
+// KVCM console: every number comes from the service's own API methods (POST api/<method>),
+// called with the bearer kept for this tab when the service has authentication on.
+"use strict";
+
+const REFRESH_MS = 5000;
+const HISTORY = 120; // samples kept per group for the sparklines (10 minutes at 5 s)
+const TOKEN_KEY = "kvcm.console.token";
+const PAGES = ["groups", "instances", "storages", "traffic", "capacity"];
+
+const state = {history: {}, previousCounters: null, previousTime: 0};
+
+class Refused extends Error {}
+
+async function api(method, body = {}) {
+  const headers = {"Content-Type": "application/json"};
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const response = await fetch(`api/${method}`, {method: "POST", headers, body: JSON.stringify(body)});
+  if (response.status === 401 || response.status === 403) {
+    const answer = await response.json().catch(() => ({}));
+    throw new Refused(answer.header?.status?.message || `HTTP ${response.status}`);
+  }
+  if (!response.ok) throw new Error(`${method}: HTTP ${response.status}`);
+  const answer = await response.json();
+  const status = answer.header?.status || {};
+  if (status.code !== "OK") throw new Error(`${method}: ${status.code}: ${status.message || ""}`);
+  return answer;
+}
+
+// ---------------------------------------------------------------- formatting
+
+function num(value) { return Number(value || 0); }
+
+function size(bytes) {
+  bytes = num(bytes);
+  for (const [unit, factor] of [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+    if (Math.abs(bytes) >= factor) return `${(bytes / factor).toFixed(1)} ${unit}`;
+  }
+  return `${bytes} B`;
+}
+
+function pct(part, whole) { return whole > 0 ? `${(100 * part / whole).toFixed(1)}%` : "–"; }
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  for (const child of children) node.append(child instanceof Node ? child : String(child));
+  return node;
+}
+
+function svgEl(tag, attrs = {}) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+function fill(tableId, rows) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  body.replaceChildren(...rows.map(cells => el("tr", {}, ...cells.map(c => el("td", {}, c)))));
+  if (!rows.length) body.append(el("tr", {}, el("td", {colspan: "99", class: "hint"}, "none")));
+}
+
+function bar(used, watermark, quota) {
+  const box = el("div", {class: "bar", title: `${size(used)} of ${size(quota)}`});
+  if (quota > 0) {
+    box.append(el("div", {class: "bar-used", style: `width:${Math.min(100, 100 * used / quota)}%`}));
+    if (watermark > 0) box.append(el("div", {class: "bar-mark", style: `left:${Math.min(100, 100 * watermark / quota)}%`}));
+  }
+  return box;
+}
+
+function sparkline(values, ceiling) {
+  const svg = svgEl("svg", {class: "spark", viewBox: "0 0 120 24", preserveAspectRatio: "none"});
+  const top = Math.max(ceiling, ...values, 1);
+  const points = values.map((v, i) => `${(120 * i / Math.max(1, HISTORY - 1)).toFixed(1)},${(23 - 22 * v / top).toFixed(1)}`);
+  svg.append(svgEl("polyline", {points: points.join(" "), fill: "none", stroke: "currentColor", "stroke-width": "1.5"}));
+  const [lastX, lastY] = points[points.length - 1].split(",");
+  svg.append(svgEl("circle", {cx: lastX, cy: lastY, r: "2", fill: "currentColor"}));  // visible from the 1st sample
+  return svg;
+}
+
+// ---------------------------------------------------------------- metrics
+
+function metricValue(point) {
+  const v = point.metric_value || {};
+  return v.int_value !== undefined ? num(v.int_value) : num(v.float_value);
+}
+
+function tags(point) { return Object.fromEntries((point.metric_tags || []).map(t => [t.tag_key, t.tag_value])); }
+
+function byName(metrics, name) { return metrics.filter(p => p.metric_name === name); }
+
+// Hit ratio of prefix matches: each read records the blocks it found and asked as means
+// with one sample per read, so per instance sum(found) / sum(asked) = mean(found) / mean(asked);
+// across instances the means are weighted by the instances' read counts (the latency count).
+function hitRatios(metrics) {
+  const found = Object.fromEntries(byName(metrics, "manager.prefix_match_len").map(p => [tags(p).instance_id, metricValue(p)]));
+  const asked = Object.fromEntries(byName(metrics, "manager.prefix_match_asked").map(p => [tags(p).instance_id, metricValue(p)]));
+  const perInstance = {};
+  for (const [instance, mean] of Object.entries(asked)) {
+    if (mean > 0 && instance in found) perInstance[instance] = found[instance] / mean;
+  }
+  return perInstance;
+}
+
+// ---------------------------------------------------------------- pages
+
+function renderGroups(usage) {
+  const rows = usage.map(g => {
+    const used = num(g.used_bytes), quota = num(g.capacity), watermark = num(g.watermark_bytes);
+    const history = state.history[g.name] = (state.history[g.name] || []).concat([used]).slice(-HISTORY);
+    return [g.name, quota ? size(quota) : "unlimited", size(used), pct(used, quota),
+            watermark ? size(watermark) : "–", num(g.key_count).toLocaleString("en"), g.instances.length,
+            bar(used, watermark, quota), sparkline(history, quota)];
+  });
+  fill("groups-table", rows);
+  document.querySelectorAll("#groups-table tbody tr").forEach((row, i) => row.dataset.group = usage[i]?.name || "");
+}
+
+function renderInstances(instances, usage, ratios) {
+  const used = {};
+  for (const g of usage) for (const i of g.instances) used[i.instance_id] = i;
+  fill("instances-table", instances.map(i => [
+    i.instance_id, i.instance_group_name, i.block_size,
+    (i.location_spec_infos || []).map(s => `${s.name} ${size(s.size)}`).join(", "),
+    i.model_deployment ? `${i.model_deployment.model_name} (${i.model_deployment.dtype})` : "",
+    size(used[i.instance_id]?.used_bytes), num(used[i.instance_id]?.key_count).toLocaleString("en"),
+    i.instance_id in ratios ? `${(100 * ratios[i.instance_id]).toFixed(1)}%` : "–"]));
+}
+
+function renderStorages(storages, metrics) {
+  const health = Object.fromEntries(byName(metrics, "data_storage.healthy_status")
+    .map(p => [tags(p).storage || tags(p).storage_name || "", metricValue(p)]));
+  fill("storages-table", storages.map(s => {
+    const spec = s.nfs || s.s3 || s.threefs || s.vcnsthreefs || s.mooncake || s.tair_mem_pool || {};
+    const type = Object.keys(s).find(k => ["nfs", "s3", "threefs", "vcnsthreefs", "mooncake", "tair_mem_pool"].includes(k)) || "";
+    const where = spec.root_path || spec.bucket || spec.mountpoint || spec.domain || spec.master_service_entry || "";
+    const name = s.global_unique_name;
+    const healthy = name in health ? (health[name] >= 1 ? "healthy" : "FAILING") : "not checked yet";
+    return [name, type, where, el("span", {class: `pill ${health[name] >= 1 ? "ok" : "bad"}`}, healthy)];
+  }));
+}
+
+function renderTraffic(metrics, ratios) {
+  const now = Date.now() / 1000;
+  const counters = {}, latency = {}, errors = {};
+  for (const p of byName(metrics, "service.query_counter")) counters[tags(p).api_name] = metricValue(p);
+  for (const p of byName(metrics, "service.query_rt_us")) latency[tags(p).api_name] = metricValue(p);
+  for (const p of byName(metrics, "service.error_counter")) {
+    const api = tags(p).api_name;
+    errors[api] = (errors[api] || 0) + metricValue(p);
+  }
+  const previous = state.previousCounters, dt = now - state.previousTime;
+  const rate = api => previous && dt > 0 ? Math.max(0, (counters[api] - (previous.calls[api] || 0)) / dt) : null;
+  const totalRate = previous && dt > 0 ? Object.keys(counters).reduce((s, a) => s + rate(a), 0) : null;
+  const errorTotal = Object.values(errors).reduce((s, v) => s + v, 0);
+  const errorRate = previous && dt > 0 ? Math.max(0, (errorTotal - previous.errors) / dt) : null;
+  state.previousCounters = {calls: counters, errors: errorTotal};
+  state.previousTime = now;
+
+  // getMetrics gives each instance's means, not its read count: the card shows the mean
+  // of the instances' ratios (each instance's own is on the Instances page).
+  const each = Object.values(ratios);
+  document.getElementById("hit-ratio").textContent =
+    each.length ? `${(100 * each.reduce((s, r) => s + r, 0) / each.length).toFixed(1)}%` : "–";
+  document.getElementById("request-rate").textContent = totalRate === null ? "…" : totalRate.toFixed(2);
+  document.getElementById("error-rate").textContent = errorRate === null ? "…" : errorRate.toFixed(2);
+  fill("traffic-table", Object.keys(counters).sort().map(api => [
+    api, counters[api].toLocaleString("en"), rate(api) === null ? "…" : rate(api).toFixed(2),
+    latency[api] ? `${(latency[api] / 1000).toFixed(2)} ms` : "–", (errors[api] || 0).toLocaleString("en")]));
+}
+
+function renderCapacity(report) {
+  const empty = !report.curves || !report.curves.length;
+  document.getElementById("capacity-empty").hidden = !empty;
+  document.getElementById("capacity-report").hidden = empty;
+  if (empty) return;
+  const rec = report.recommendation;
+  document.getElementById("recommendation").textContent = rec
+    ? `Recommendation: ${rec.policy} at ${num(rec.capacity).toLocaleString("en")} blocks, ` +
+      `block hit ratio ${(100 * rec.block_hit_ratio).toFixed(1)}% (target ${(100 * report.target_hit_ratio).toFixed(1)}%).`
+    : `No capacity of the sweep reaches the target hit ratio (${(100 * report.target_hit_ratio).toFixed(1)}%).`;
+  document.getElementById("capacity-source").textContent =
+    `Sweep ${report.execution_name}, finished ${new Date(num(report.finished_time_ms)).toISOString()}; ${report.report_uri}`;
+  drawCurves(document.getElementById("curve"), report.curves, rec);
+}
+
+function drawCurves(svg, curves, rec) {
+  const W = 640, H = 320, L = 56, R = 16, T = 16, B = 40;
+  const caps = curves.flatMap(c => c.capacities.map(num)).filter(c => c > 0);
+  const lo = Math.log10(Math.min(...caps)), hi = Math.max(Math.log10(Math.max(...caps)), lo + 1e-9);
+  const x = c => L + (W - L - R) * (Math.log10(Math.max(num(c), 1)) - lo) / (hi - lo);
+  const y = r => T + (H - T - B) * (1 - r);
+  const parts = [svgEl("line", {x1: L, y1: y(0), x2: W - R, y2: y(0), class: "axis"}),
+                 svgEl("line", {x1: L, y1: y(0), x2: L, y2: y(1), class: "axis"})];
+  for (const r of [0, 0.25, 0.5, 0.75, 1]) {
+    const label = svgEl("text", {x: L - 6, y: y(r) + 4, class: "tick", "text-anchor": "end"});
+    label.textContent = `${r * 100}%`;
+    parts.push(label);
+  }
+  for (const c of [...new Set(caps)]) {
+    const label = svgEl("text", {x: x(c), y: H - B + 16, class: "tick", "text-anchor": "middle"});
+    label.textContent = c.toLocaleString("en");
+    parts.push(label);
+  }
+  curves.forEach((curve, i) => {
+    const points = curve.capacities.map((c, j) => [c, curve.block_hit_ratio[j]]).filter(([, r]) => r !== null);
+    parts.push(svgEl("polyline", {points: points.map(([c, r]) => `${x(c).toFixed(1)},${y(r).toFixed(1)}`).join(" "),
+                                  class: `curve curve-${i % 4}`}));
+    const legend = svgEl("text", {x: W - R - 4, y: T + 14 + 16 * i, class: `legend curve-${i % 4}`, "text-anchor": "end"});
+    legend.textContent = curve.policy;
+    parts.push(legend);
+  });
+  if (rec) parts.push(svgEl("circle", {cx: x(rec.capacity), cy: y(rec.block_hit_ratio), r: 5, class: "pick"}));
+  const axis = svgEl("text", {x: (L + W - R) / 2, y: H - 4, class: "tick", "text-anchor": "middle"});
+  axis.textContent = "capacity (blocks, log scale) → block hit ratio";
+  parts.push(axis);
+  svg.replaceChildren(...parts);
+}
+
+// ---------------------------------------------------------------- refresh loop
+
+async function refresh() {
+  const error = document.getElementById("error");
+  try {
+    const [health, usage, instances, storages, metrics, report] = await Promise.all([
+      api("checkHealth"), api("getInstanceGroupUsage"), api("listInstanceInfo"), api("listStorage"),
+      api("getMetrics"), api("getCapacityReport")]);
+    document.getElementById("signin").hidden = true;
+    const pill = document.getElementById("health");
+    pill.textContent = health.is_health ? "healthy" : "UNHEALTHY";
+    pill.className = `pill ${health.is_health ? "ok" : "bad"}`;
+    const ratios = hitRatios(metrics.metrics || []);
+    renderGroups(usage.usage || []);
+    renderInstances(instances.instance_info || [], usage.usage || [], ratios);
+    renderStorages(storages.storage || [], metrics.metrics || []);
+    renderTraffic(metrics.metrics || [], ratios);
+    renderCapacity(report);
+    document.getElementById("refreshed").textContent = `updated ${new Date().toLocaleTimeString("en-GB")}`;
+    document.body.dataset.loaded = "true";
+    error.hidden = true;
+  } catch (exc) {
+    if (exc instanceof Refused) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      document.getElementById("signin").hidden = false;
+      document.getElementById("signin-error").textContent = exc.message;
+    } else {
+      error.textContent = String(exc.message || exc);
+      error.hidden = false;
+    }
+  }
+}
+
+function showPage() {
+  const page = PAGES.includes(location.hash.slice(1)) ? location.hash.slice(1) : PAGES[0];
+  for (const name of PAGES) {
+    document.getElementById(`page-${name}`).hidden = name !== page;
+    document.querySelector(`nav a[data-page=${name}]`).classList.toggle("active", name === page);
+  }
+}
+
+document.getElementById("signin").addEventListener("submit", event => {
+  event.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+  refresh();
+});
+window.addEventListener("hashchange", showPage);
+showPage();
+refresh();
+setInterval(refresh, REFRESH_MS);

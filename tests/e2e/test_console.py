@@ -1,0 +1,144 @@
+"""The console in a real headless Chromium (Debian's package, driven by Playwright) against the
+local stack: every page loads and shows the seeded group's numbers; a screenshot of each page
+(and of /docs) is saved in out/console-screenshots/ for people to look at."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chalicelib.local import LocalStack
+from chalicelib.protocol import models as m
+from kvcm_client import KvcmClient
+from kvcm_client.cli import human_size
+
+from .harness import run_execution
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "out" / "console-screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = ["groups", "instances", "storages", "traffic", "capacity"]
+SPEC_BYTES = 64 * 1024
+
+
+def _require_browser():
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's package")
+        pytest.skip("no chromium (make test installs it)")
+    return pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def browser_page(tmp_path_factory):
+    playwright_api = _require_browser()
+    with playwright_api.sync_playwright() as playwright:
+        # A persistent context on a fresh profile folder: the --user-data-dir of this run only.
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def seeded(stack: LocalStack) -> dict:
+    """Blocks written in the seeded group, reads for the hit ratio, and a sweep if none ran."""
+    with KvcmClient(stack.api_url) as client:
+        client.register_instance(instance_group="default", instance_id="console-1", block_size=16,
+                                 location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
+                                 model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"))
+        session = client.start_write_cache(instance_id="console-1", block_keys=list(range(1, 11))).write_session_id
+        client.finish_write_cache(instance_id="console-1", write_session_id=session, success_blocks={"offset": 10})
+        for _ in range(3):  # 3 of 4 asked blocks found each time: 75 %
+            client.get_cache_location(instance_id="console-1", query_type="QT_PREFIX_MATCH",
+                                      block_keys=[1, 2, 3, 999])
+        if not client.get_capacity_report().curves:
+            s3 = stack.aws.client("s3")
+            bucket = f"console-{uuid.uuid4().hex[:8]}"
+            s3.create_bucket(Bucket=bucket)
+            trace = "".join(json.dumps({"timestamp": t, "input_length": 1024, "output_length": 1,
+                                        "hash_ids": [1, 2, t % 3 + 3]}) + "\n" for t in range(12))
+            s3.put_object(Bucket=bucket, Key="t.jsonl", Body=trace.encode())
+            execution = run_execution(stack, "optimizer_sweep", {
+                "trace": {"bucket": bucket, "key": "t.jsonl", "format": "mooncake"}, "capacities": [1, 3, 10],
+                "policies": ["lru"], "output": {"bucket": bucket, "prefix": "console"}}, timeout_s=120)
+            assert execution["status"] == "SUCCEEDED", execution
+        usage = client.get_instance_group_usage(instance_group_name="default").usage[0]
+    return {"usage": usage}
+
+
+def show(page, stack: LocalStack, name: str) -> None:
+    page.goto(f"{stack.api_url}/console#{name}")
+    page.wait_for_selector("body[data-loaded=true]", timeout=20_000)
+    assert page.is_visible(f"#page-{name}")
+
+
+def save(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_groups_page_shows_the_seeded_groups_numbers(browser_page, stack: LocalStack, seeded):
+    show(browser_page, stack, "groups")
+    row = browser_page.locator("#groups-table tbody tr[data-group=default] td").all_inner_texts()
+    usage = seeded["usage"]
+    assert row[:7] == ["default", "100.0 GiB", human_size(usage.used_bytes),
+                       f"{100 * usage.used_bytes / usage.capacity:.1f}%", "90.0 GiB",
+                       f"{usage.key_count:,}", str(len(usage.instances))]
+    assert usage.used_bytes >= 10 * SPEC_BYTES
+    assert browser_page.locator("#groups-table tr[data-group=default] .bar-mark").count() == 1
+    assert browser_page.inner_text("#health") == "healthy"
+    save(browser_page, "groups")
+
+
+def test_instances_page_shows_usage_and_hit_ratio(browser_page, stack: LocalStack, seeded):
+    show(browser_page, stack, "instances")
+    rows = [r.locator("td").all_inner_texts() for r in browser_page.locator("#instances-table tbody tr").all()]
+    mine = next(r for r in rows if r[0] == "console-1")
+    assert mine[1:5] == ["default", "16", "tp0 64.0 KiB", "qwen (bf16)"]
+    assert mine[5:] == ["640.0 KiB", "10", "75.0%"]
+    save(browser_page, "instances")
+
+
+def test_storages_page_shows_the_seeded_storage_and_its_health(browser_page, stack: LocalStack, seeded):
+    show(browser_page, stack, "storages")
+    rows = [r.locator("td").all_inner_texts() for r in browser_page.locator("#storages-table tbody tr").all()]
+    nfs = next(r for r in rows if r[0] == "nfs_01")
+    assert nfs[1] == "nfs" and nfs[2].endswith("nfs_01") and nfs[3] == "healthy"
+    save(browser_page, "storages")
+
+
+def test_traffic_page_shows_rates_and_the_hit_ratio(browser_page, stack: LocalStack, seeded):
+    show(browser_page, stack, "traffic")
+    # Rates need two samples: the page refreshes every 5 s.
+    browser_page.wait_for_function("document.getElementById('request-rate').textContent !== '…'",
+                                   timeout=20_000)
+    assert float(browser_page.inner_text("#request-rate")) > 0
+    assert browser_page.inner_text("#hit-ratio").endswith("%")
+    methods = browser_page.locator("#traffic-table tbody tr td:first-child").all_inner_texts()
+    assert "GetCacheLocation" in methods and "GetInstanceGroupUsage" in methods
+    save(browser_page, "traffic")
+
+
+def test_capacity_page_plots_the_latest_sweep(browser_page, stack: LocalStack, seeded):
+    show(browser_page, stack, "capacity")
+    assert browser_page.is_visible("#capacity-report") and not browser_page.is_visible("#capacity-empty")
+    assert browser_page.locator("#curve polyline.curve").count() >= 1
+    assert browser_page.inner_text("#recommendation").startswith(("Recommendation:", "No capacity"))
+    save(browser_page, "capacity")
+
+
+def test_docs_page_renders_every_operation(browser_page, stack: LocalStack):
+    browser_page.goto(f"{stack.api_url}/docs")
+    browser_page.wait_for_selector(".opblock", timeout=20_000)
+    assert browser_page.locator(".opblock-summary-path", has_text="/api/getCacheLocation").count() == 1
+    save(browser_page, "docs")
