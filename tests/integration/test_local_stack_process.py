@@ -175,7 +175,9 @@ def test_sigkill_during_control_calls_loses_no_acknowledged_change(tmp_path, sta
 
     loop = threading.Thread(target=control_loop)
     loop.start()
-    while calls < 40:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while calls < 40:  # the kill lands in the middle of the loop
+        assert loop.is_alive() and time.monotonic() < deadline, f"the loop stopped after {calls} calls"
         time.sleep(0.01)
     first.process.kill()
     first.process.wait(10)
