@@ -77,9 +77,9 @@ class LocalStack:
         ``stop_requested`` set meanwhile (by a signal handler) ends the start at the next
         step with StartCancelled; every step is bounded in time.
         """
-        self._stop_requested = stop_requested or threading.Event()
         if self._exits is not None:
             raise RuntimeError("the local stack is already running")
+        self._stop_requested = stop_requested or threading.Event()
         began = time.perf_counter()
         exits = ExitStack()
         try:
@@ -104,8 +104,8 @@ class LocalStack:
         self.stop()
 
     def _start(self, exits: ExitStack) -> None:
-        # Each step registers its own undo (before doing it: an interrupted step is undone
-        # too); ExitStack runs them in reverse on stop or failure.
+        # Each step registers its own undo, before doing it so that a step failing half-way
+        # is undone too; ExitStack runs them in reverse on stop or failure.
         self._checkpoint()
         exits.callback(self.state_lock.release)
         self.state_lock.acquire()
