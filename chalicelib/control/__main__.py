@@ -27,10 +27,13 @@ PASSWORD_ENV = "KVCM_PASSWORD"
 
 
 def read_password() -> str:
-    """The new account's password: ``KVCM_PASSWORD``, else typed twice at a prompt."""
+    """The new account's password: ``KVCM_PASSWORD``, else typed twice at a prompt (a terminal)."""
     password = os.environ.get(PASSWORD_ENV)
     if password is not None:
         return password
+    if not sys.stdin.isatty():
+        # getpass would fall back to reading a pipe with a warning, or die on EOF with a traceback.
+        raise InvalidArgumentError(f"no password: set {PASSWORD_ENV} or run this in a terminal to be asked")
     password = getpass.getpass("password: ")
     if getpass.getpass("again: ") != password:
         raise InvalidArgumentError("the two passwords differ")
@@ -40,10 +43,17 @@ def read_password() -> str:
 def main(argv: Optional[Sequence[str]] = None, runtime: Optional[Runtime] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chalicelib.control", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    add = commands.add_parser("add-account", help="add an account (an admin's password from KVCM_PASSWORD or a "
-                                                  "prompt; other roles use API keys)")
-    add.add_argument("--user", required=True)
-    add.add_argument("--role", choices=[role.name for role in Role], default=Role.ROLE_ADMIN.name)
+    add = commands.add_parser(
+        "add-account", help="add an account (an admin's password from KVCM_PASSWORD or a prompt; other roles use "
+                            "API keys)",
+        description="Add an account straight in the control table (the first admin of a stage with auth on).",
+        epilog=f"environment: {PASSWORD_ENV} (the password of an admin account; else asked twice on a terminal), "
+               "KVCM_CONTROL_TABLE (default kvcm-control; deployed: kvcm-control-<stage>), AWS_REGION, "
+               "AWS_ENDPOINT_URL and the usual AWS credentials (the local stack: http://127.0.0.1:4566, any "
+               "credentials).")
+    add.add_argument("--user", required=True, help="the account's user_name")
+    add.add_argument("--role", choices=[role.name for role in Role], default=Role.ROLE_ADMIN.name,
+                     help="its role (default: %(default)s)")
     add.add_argument("--groups", default="", help="comma-separated instance groups (default: all)")
     add.add_argument("--instance-prefixes", default="", help="comma-separated instance-id prefixes")
     key = commands.add_parser("create-api-key", help="print a new API key of an account (shown only now)")
