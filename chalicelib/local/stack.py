@@ -207,6 +207,8 @@ class LocalStack:
         """What a developer needs to know once the stack is up."""
         valkey = (f"{self.valkey_url}  (embedded, data in {self.config.valkey_dir})" if self.valkey.embedded
                   else f"{self.valkey_url}  (external)")
+        if self.valkey.stopped_leftovers:
+            valkey += f"   (stopped the Valkey left running there: pid {', '.join(map(str, self.valkey.stopped_leftovers))})"
         schedules = ", ".join(f"{job.name} every {job.period_s:g} s" for job in self.jobs) or "none"
         workflows = ", ".join(self.state_machines) or "none"
         if self.skipped_workflows:

@@ -181,7 +181,7 @@ class LocalValkey:
                     log.seek(log_offset)
                     tail = log.read().decode(errors="replace")
                 if "Address already in use" in tail:
-                    raise PortInUseError(PORT_VARIABLE, self.host, self._requested_port)
+                    raise PortInUseError(PORT_VARIABLE, self.host, self._port)
                 state = f"exited with {exited}" if exited is not None else f"did not answer within {timeout_s:g} s"
                 raise StackStartError(f"Valkey {state}; its log ({self.log_path}):\n{tail[-2000:]}")
             time.sleep(POLL_S)

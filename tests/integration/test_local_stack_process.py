@@ -222,6 +222,7 @@ def test_a_restart_stops_a_valkey_left_running_on_its_state(tmp_path, stacks):
 
         stack = stacks(tmp_path / "state").start()
         assert leftover.wait(1) == 0  # stopped cleanly (SIGTERM), by the new stack
+        assert f"stopped the Valkey left running there: pid {leftover.pid}" in stack.stdout()
         [valkey_pid] = valkey_servers_in(data_dir)
         assert _ppid(valkey_pid) == stack.process.pid
         assert stack.valkey.get("kvcm-test:leftover") == b"kept"
