@@ -10,7 +10,7 @@ STAGE ?= dev
 PACKAGE_DIR := out/$(STAGE)
 MERGE_TEMPLATE := out/$(STAGE)-merge-template.json
 
-.PHONY: help run test clean package bench demo chromium
+.PHONY: help run test clean package bench demo test-tools
 .DEFAULT_GOAL := help
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -31,18 +31,20 @@ $(BIN)/kvcm: $(STAMP)
 		"$(abspath $(BIN))/python" "$(CURDIR)" > $@
 	chmod +x $@
 
-# Headless Chromium for the console tests (Debian's package), installed when missing and
-# apt-get can (root); without it those tests are skipped outside CI.
-chromium:
-	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; } \
-		|| echo "warning: chromium could not be installed: the console tests will be skipped"
+# Debian packages the tests use, installed when missing and apt-get can (root): headless
+# Chromium for the console tests, jq for the README's examples; without them those tests
+# are skipped outside CI.
+test-tools:
+	@{ command -v chromium && command -v jq; } >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq chromium jq; } || \
+		echo "warning: chromium/jq could not be installed: the console and README tests will be skipped"
 
 ## run: start the local stack (API on :8000, moto on :4566, Valkey), Ctrl-C to stop
 run: $(STAMP) $(BIN)/kvcm
 	$(BIN)/python -m chalicelib.local
 
 ## test: unit, integration and e2e tests (console screenshots in out/console-screenshots)
-test: $(STAMP) $(BIN)/kvcm chromium
+test: $(STAMP) $(BIN)/kvcm test-tools
 	$(BIN)/python -m pytest -ra
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
