@@ -1,6 +1,6 @@
 """``python -m chalicelib.local`` as a real process: one stack per state directory, taken
 ports refused before anything starts, a SIGKILL loses no acknowledged change and leaves no
-second Valkey, ``clean`` refuses while a stack runs."""
+second Valkey, ``make clean`` refuses while a stack runs."""
 from __future__ import annotations
 
 import os
@@ -231,20 +231,31 @@ def test_a_restart_stops_a_valkey_left_running_on_its_state(tmp_path, stacks):
             leftover.kill()
 
 
-def test_clean_refuses_while_a_stack_runs_and_works_once_it_stopped(tmp_path, stacks):
-    state = tmp_path / "state"
+def make_clean(state: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """The Makefile's ``clean`` on ``state``, run in ``cwd`` (it also removes ``cwd/out``:
+    never the repository's)."""
+    return subprocess.run(["make", "--no-print-directory", "-f", str(REPO_ROOT / "Makefile"), "clean",
+                           f"VENV={Path(sys.executable).parent.parent}"],
+                          cwd=cwd, env={**os.environ, "KVCM_STATE_DIR": str(state), "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=FAIL_FAST_S)
+
+
+def test_make_clean_refuses_while_a_stack_runs_and_works_once_it_stopped(tmp_path, stacks):
+    state, workdir = tmp_path / "state", tmp_path / "workdir"
+    (workdir / "out").mkdir(parents=True)
     running = stacks(state).start()
-    message = _fails_fast(stacks(state, args=("clean",)))
-    assert f"pid {running.process.pid}" in message, message
+    refused = make_clean(state, workdir)
+    assert refused.returncode != 0 and f"pid {running.process.pid}" in refused.stderr, refused.stderr
     assert (state / "control.json").exists() and valkey_servers_in(state / "valkey")
+    assert (workdir / "out").exists()  # refused as a whole
 
     running.process.send_signal(signal.SIGTERM)  # one signal stops it
     assert running.wait(15) == 0
     assert "KVCM local stack stopped" in running.stdout()
     assert valkey_servers_in(state / "valkey") == []
-    cleaner = stacks(state, args=("clean",)).launch()
-    assert cleaner.wait(FAIL_FAST_S) == 0, cleaner.stderr()
-    assert not state.exists()
+    cleaned = make_clean(state, workdir)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not state.exists() and not (workdir / "out").exists()
 
 
 def test_a_signal_during_start_stops_what_was_started(tmp_path, stacks):
