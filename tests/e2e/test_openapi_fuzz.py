@@ -21,7 +21,7 @@ from chalicelib.local import LocalStack
 
 from .harness import Api
 
-CASES_PER_OPERATION = 12
+CASES_PER_OPERATION = 8
 #: The response checks. Not ``unsupported_method`` (TRACE and friends on a documented path):
 #: HTTP methods are routed by API Gateway when deployed and by Chalice's dev server here
 #: (which answers 501), never by the app.
@@ -30,6 +30,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 #: What a failed call must not have changed.
 CONTROL_LISTINGS = (("listStorage", "storage"), ("listInstanceGroup", "instance_group"),
                     ("listAccount", "accounts"), ("listInstanceInfo", "instance_info"))
+READS = ("get", "list", "check")
 #: Service-wide settings a fuzzed call may legitimately change, restored for the other e2e tests.
 SETTINGS_TO_RESTORE = ("getLeaderElectorConfig", "campaign_delay_time_ms")
 
@@ -63,7 +64,9 @@ schema = schemathesis.pytest.from_fixture("openapi_schema")
 @settings(max_examples=CASES_PER_OPERATION, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_every_operation_conforms_to_the_document(case, stack: LocalStack, api: Api):
-    before = control_plane(api) if case.method == "POST" else None
+    api_name = case.path.rpartition("/")[2]
+    # Reads cannot half-apply anything: only writes are checked against a snapshot.
+    before = control_plane(api) if case.method == "POST" and not api_name.startswith(READS) else None
     response = case.call_and_validate(base_url=stack.api_url, checks=CHECKS)
     if before is None or response.status_code != 200:
         return
