@@ -134,6 +134,29 @@ def api_command(func: Callable) -> Callable:
     return run
 
 
+def options(*decorators: Callable) -> Callable:
+    """Several click options as one decorator."""
+
+    def apply(func: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+def name_command(group: click.Group, name: str, doc: str, method: str, field: str, noun: str, done: str) -> None:
+    """``kvcm <noun> <name> NAME``: one API call naming the entity in ``field``."""
+
+    @group.command(name, help=doc)
+    @click.argument("entity", metavar="NAME")
+    @click.pass_context
+    @api_command
+    def run(ctx: click.Context, entity: str) -> None:
+        getattr(client_of(ctx), method)(**{field: entity})
+        emit(ctx, {done: entity}, lambda: f"{noun} {entity} {done}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", envvar="KVCM_URL", default=DEFAULT_URL, show_default=True,
               help="The API's base URL (env KVCM_URL).")
@@ -204,18 +227,12 @@ def storage_get(ctx: click.Context, name: str) -> None:
     emit(ctx, found[0], lambda: json.dumps(json.loads(render(found[0])), indent=2))
 
 
-_storage_spec_options = [
+storage_spec_options = options(
     click.option("--nfs", metavar="ROOT", help="A file (NFS) storage rooted at ROOT."),
     click.option("--s3", metavar="BUCKET[/PREFIX]", help="An S3 storage."),
     click.option("--key-count-per-file", type=int, default=8, show_default=True, help="Blocks per file (--nfs)."),
     click.option("--config", metavar="JSON|@FILE", help="A whole StorageConfig (API.md)."),
-]
-
-
-def storage_spec_options(func: Callable) -> Callable:
-    for option in reversed(_storage_spec_options):
-        func = option(func)
-    return func
+)
 
 
 @storage.command("add")
@@ -243,34 +260,12 @@ def storage_update(ctx: click.Context, name: str, nfs: str, s3: str, key_count_p
     emit(ctx, {"updated": name}, lambda: f"storage {name} updated")
 
 
-@storage.command("remove")
-@click.argument("name")
-@click.pass_context
-@api_command
-def storage_remove(ctx: click.Context, name: str) -> None:
-    """Remove storage NAME (refused while a group lists it)."""
-    client_of(ctx).remove_storage(storage_unique_name=name)
-    emit(ctx, {"removed": name}, lambda: f"storage {name} removed")
-
-
-@storage.command("enable")
-@click.argument("name")
-@click.pass_context
-@api_command
-def storage_enable(ctx: click.Context, name: str) -> None:
-    """Let storage NAME take writes and serve reads again."""
-    client_of(ctx).enable_storage(storage_unique_name=name)
-    emit(ctx, {"enabled": name}, lambda: f"storage {name} enabled")
-
-
-@storage.command("disable")
-@click.argument("name")
-@click.pass_context
-@api_command
-def storage_disable(ctx: click.Context, name: str) -> None:
-    """Stop writes to and reads from storage NAME."""
-    client_of(ctx).disable_storage(storage_unique_name=name)
-    emit(ctx, {"disabled": name}, lambda: f"storage {name} disabled")
+name_command(storage, "remove", "Remove storage NAME (refused while a group lists it).", "remove_storage",
+             "storage_unique_name", "storage", "removed")
+name_command(storage, "enable", "Let storage NAME take writes and serve reads again.", "enable_storage",
+             "storage_unique_name", "storage", "enabled")
+name_command(storage, "disable", "Stop writes to and reads from storage NAME.", "disable_storage",
+             "storage_unique_name", "storage", "disabled")
 
 
 # ---------------------------------------------------------------- group
@@ -298,17 +293,14 @@ def apply_group_options(group: m.InstanceGroup, storages: Sequence[str], quota: 
     return group
 
 
-def group_options(func: Callable) -> Callable:
-    for option in reversed([
-        click.option("--storage", "storages", multiple=True, metavar="NAME", help="A candidate storage (repeat)."),
-        click.option("--quota", metavar="SIZE", help="quota.capacity, e.g. 100GiB."),
-        click.option("--watermark", type=float, help="Reclaim trigger as a fraction of the quota, e.g. 0.9."),
-        click.option("--max-instances", type=int, help="max_instance_count."),
-        click.option("--config", metavar="JSON|@FILE", help="A whole InstanceGroup (API.md); the options above "
-                                                           "are applied on top."),
-    ]):
-        func = option(func)
-    return func
+group_options = options(
+    click.option("--storage", "storages", multiple=True, metavar="NAME", help="A candidate storage (repeat)."),
+    click.option("--quota", metavar="SIZE", help="quota.capacity, e.g. 100GiB."),
+    click.option("--watermark", type=float, help="Reclaim trigger as a fraction of the quota, e.g. 0.9."),
+    click.option("--max-instances", type=int, help="max_instance_count."),
+    click.option("--config", metavar="JSON|@FILE", help="A whole InstanceGroup (API.md); the options above "
+                                                       "are applied on top."),
+)
 
 
 @cli.group()
@@ -369,14 +361,8 @@ def group_update(ctx: click.Context, name: str, storages: tuple, quota: str, wat
     emit(ctx, {"updated": name, "version": base.version}, lambda: f"group {name} updated to version {base.version}")
 
 
-@group.command("remove")
-@click.argument("name")
-@click.pass_context
-@api_command
-def group_remove(ctx: click.Context, name: str) -> None:
-    """Remove group NAME (refused while it has instances)."""
-    client_of(ctx).remove_instance_group(name=name)
-    emit(ctx, {"removed": name}, lambda: f"group {name} removed")
+name_command(group, "remove", "Remove group NAME (refused while it has instances).", "remove_instance_group",
+             "name", "group", "removed")
 
 
 # ---------------------------------------------------------------- instance
@@ -487,14 +473,7 @@ def account_add(ctx: click.Context, user_name: str, role: str, password_stdin: b
     emit(ctx, {"added": user_name}, lambda: f"account {user_name} ({role}) added")
 
 
-@account.command("remove")
-@click.argument("user_name")
-@click.pass_context
-@api_command
-def account_remove(ctx: click.Context, user_name: str) -> None:
-    """Delete account USER_NAME."""
-    client_of(ctx).delete_account(user_name=user_name)
-    emit(ctx, {"removed": user_name}, lambda: f"account {user_name} removed")
+name_command(account, "remove", "Delete account NAME.", "delete_account", "user_name", "account", "removed")
 
 
 # ---------------------------------------------------------------- usage, health, metrics
