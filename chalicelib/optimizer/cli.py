@@ -10,6 +10,7 @@ from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError, OptimizerError
+from chalicelib.optimizer.kvcm_policy import ORDERS, KVCMPolicy
 from chalicelib.optimizer.mrc import lru_curve, shards_error
 from chalicelib.optimizer.planner import (DEFAULT_MODEL, DEFAULT_TIER, MODEL_PRESETS,
                                           STORAGE_TIERS, CapacityPlan, model_preset,
@@ -18,7 +19,8 @@ from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import EvictionMode, replay
 from chalicelib.optimizer.report import (build_report, log_capacities, summary_lines,
                                          write_report)
-from chalicelib.optimizer.sweep import SweepSettings, TraceSpec, curve_is_exact, sweep
+from chalicelib.optimizer.sweep import (PointResult, SweepSettings, TraceSpec, aggregate,
+                                        curve_is_exact, refine_capacity, sweep)
 from chalicelib.optimizer.synthetic import Workload, generate, workload_summary
 from chalicelib.optimizer.traces import FORMATS
 
@@ -105,7 +107,11 @@ def parse_capacities(text: str) -> list[int]:
     return caps
 
 
-def _policies(text: str) -> list[str]:
+def _policies(text: str | None, settings: SweepSettings) -> list[str]:
+    """The policies asked for; by default every policy the eviction mode can run."""
+    if text is None:
+        return [name for name, cls in POLICIES.items()
+                if settings.mode is EvictionMode.INSTANCE_PRECISE or not cls.timed]
     return [p for p in (part.strip() for part in text.split(",")) if p]
 
 
@@ -147,13 +153,32 @@ def _replay_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-read-refresh", action="store_true",
                        help="reads do not refresh recency (upstream KVCM's behaviour; "
                             "KVCM refreshes by default)")
+    kvcm = parser.add_argument_group(
+        "KVCM's reclaimer (the kvcm policy, and the quota a report recommends)")
+    kvcm.add_argument("--used-percentage", type=float, default=0.9,
+                      help="trigger_strategy.used_percentage (default 0.9)")
+    kvcm.add_argument("--reclaim-step-percentage", type=int, default=10,
+                      help="reclaim_step_percentage (default 10)")
+    kvcm.add_argument("--reclaim-policy", default="lru", choices=ORDERS,
+                      help="reclaim_policy: lru, lfu or ttl (default lru)")
+    kvcm.add_argument("--ttl", type=int, default=0, metavar="SECONDS",
+                      help="ttl_seconds of the ttl policy (default 0: never expires)")
+    kvcm.add_argument("--trigger-period", type=int, default=10, metavar="SECONDS",
+                      help="trigger_period_seconds (default 10)")
+    kvcm.add_argument("--reclaim-round", type=float, default=60.0, metavar="SECONDS",
+                      help="how often reclaim rounds run: 60 on AWS (the schedule), 1 on the "
+                           "local stack (default 60)")
 
 
 def _settings(args: argparse.Namespace, block_size: int) -> SweepSettings:
+    kvcm = {"order": args.reclaim_policy, "ttl_s": args.ttl,
+            "used_percentage": args.used_percentage,
+            "step_percentage": args.reclaim_step_percentage, "period_s": args.trigger_period,
+            "round_s": args.reclaim_round}
     return SweepSettings(mode=args.mode, batch_size=args.batch_size, block_size=block_size,
                          window_s=args.window, seed=args.seed,
                          read_refresh=not args.no_read_refresh,
-                         policy_params={"random_lru": {"samples": args.samples}})
+                         policy_params={"random_lru": {"samples": args.samples}, "kvcm": kvcm})
 
 
 def _spec(args: argparse.Namespace) -> TraceSpec:
@@ -220,8 +245,9 @@ def cmd_mrc(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     spec = _spec(args)
-    result = sweep(spec, parse_capacities(args.capacities), _policies(args.policies),
-                   settings=_settings(args, spec.block_size or 16),
+    settings = _settings(args, spec.block_size or 16)
+    result = sweep(spec, parse_capacities(args.capacities), _policies(args.policies, settings),
+                   settings=settings,
                    split_instances=args.split_instances, workers=args.workers,
                    use_curve=not args.no_curve)
     data = result.to_dict()
@@ -259,14 +285,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     curve = lru_curve(records, block_size=settings.block_size)
     caps = (parse_capacities(args.capacities) if args.capacities else
             log_capacities(max(1, curve.saturation_capacity // 500), curve.saturation_capacity, 10))
-    result = sweep(spec, caps, _policies(args.policies), settings=settings,
-                   workers=args.workers)
-    report = build_report(
-        trace={"name": Path(spec.path).name, "path": spec.path, "format": spec.format,
-               "block_size": spec.block_size, **result.summary.to_dict(),
-               **({"workload": workload_summary(workload)} if workload else {})},
-        settings=settings.to_dict(), points=result.points, duration_s=result.summary.duration_s,
-        target=args.target, cost=cost, curve=curve if exact else None, plan=plan)
+    policies = _policies(args.policies, settings)
+    result = sweep(spec, caps, policies, settings=settings, workers=args.workers)
+
+    def build(points: list[PointResult]) -> dict[str, Any]:
+        return build_report(
+            trace={"name": Path(spec.path).name, "path": spec.path, "format": spec.format,
+                   "block_size": spec.block_size, **result.summary.to_dict(),
+                   **({"workload": workload_summary(workload)} if workload else {})},
+            settings=settings.to_dict(), points=points, duration_s=result.summary.duration_s,
+            target=args.target, cost=cost, curve=curve if exact else None, plan=plan)
+
+    report = build(result.points)
+    if KVCMPolicy.name in policies:
+        # the quota to configure comes from the kvcm policy: bisect its grid to 2 %
+        table = aggregate(result.points)
+        report = build(result.points + refine_capacity(
+            records, settings, KVCMPolicy.name, table[KVCMPolicy.name],
+            report["target_hit_ratio"]))
     rec = report["recommendation"]
     policy, capacity = ("lru", max(caps)) if rec is None else (rec["policy"], rec["capacity"])
     if args.timeseries_capacity:
@@ -325,11 +361,6 @@ def _planner_args(parser: argparse.ArgumentParser) -> None:
                            f"GiB-hour: {tiers}")
     cost.add_argument("--storage-price", action="append", default=[], metavar="TIER=PRICE",
                       help="replace a tier's price per GiB-hour (repeatable)")
-    kvcm = parser.add_argument_group("KVCM settings the recommended quota is for")
-    kvcm.add_argument("--used-percentage", type=float, default=0.9,
-                      help="trigger_strategy.used_percentage (default 0.9)")
-    kvcm.add_argument("--reclaim-step-percentage", type=int, default=10,
-                      help="reclaim_step_percentage (default 10)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -380,8 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     _trace_args(p)
     _replay_args(p)
     p.add_argument("--capacities", required=True, help='e.g. "1000,5000" or "log:1k:1M:20"')
-    p.add_argument("--policies", default=all_policies,
-                   help=f"comma-separated policies (default: {all_policies})")
+    p.add_argument("--policies",
+                   help=f"comma-separated policies (default: every one the mode runs: "
+                        f"{all_policies})")
     p.add_argument("--split-instances", action="store_true",
                    help="one point per instance too (instance modes only)")
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
@@ -399,8 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     _replay_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--capacities", help="grid (default: 10 log-spaced up to where LRU saturates)")
-    p.add_argument("--policies", default=all_policies,
-                   help=f"comma-separated policies (default: {all_policies})")
+    p.add_argument("--policies",
+                   help=f"comma-separated policies (default: every one the mode runs: "
+                        f"{all_policies})")
     p.add_argument("--target", type=float,
                    help="target block hit ratio (default: 90%% of the best one reached)")
     p.add_argument("--timeseries-capacity",

@@ -224,8 +224,9 @@ class CapacityPlan:
             + (f", x {self.instances} instances" if self.instances > 1 else ""),
             f"storage {tier.name} ({tier.storage_type}) at {tier.gib_hour_price:g} "
             f"{self.currency}/GiB-h ({tier.basis})",
-            f"KVCM watermark {self.used_fraction:.0%}, step {self.step_percentage}%: "
-            f"quota = cache / {self.used_fraction:g} (priced: the quota)",
+            f"KVCM watermark {self.used_fraction:.0%}, step {self.step_percentage}%: the kvcm "
+            f"policy runs with it (its capacity is the quota); for the others quota = cache / "
+            f"{self.used_fraction:g}; storage is priced on the quota",
         ]
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,50 +26,9 @@ from itertools import repeat
 from typing import Any, ClassVar
 
 from chalicelib.optimizer.errors import ConfigError
+from chalicelib.optimizer.kvcm_policy import KVCMPolicy
+from chalicelib.optimizer.policy_base import EvictionPolicy
 from chalicelib.optimizer.radix import RadixIndex
-
-
-class EvictionPolicy(ABC):
-    """Base class: ``_entries`` holds the cached keys (membership is all the base needs)."""
-
-    name: ClassVar[str]
-    _entries: dict[int, Any]
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def keys(self) -> set[int]:
-        """A snapshot of the cached keys."""
-        return set(self._entries)
-
-    def match_prefix(self, keys: Sequence[int]) -> int:
-        """Length of the longest cached prefix of ``keys``."""
-        entries = self._entries
-        hits = 0
-        for key in keys:
-            if key not in entries:
-                break
-            hits += 1
-        return hits
-
-    @abstractmethod
-    def touch(self, keys: Sequence[int]) -> None:
-        """Refresh the cached keys among ``keys`` (last first); uncached keys are ignored."""
-
-    @abstractmethod
-    def insert(self, keys: Sequence[int], limit: int | None = None, parent: int | None = None) -> int:
-        """Store ``keys`` (a prefix chain whose first key hangs under ``parent``), last first.
-
-        With ``limit`` set, at most ``limit`` blocks are cached after every inserted block.
-        Returns how many distinct keys were not cached when the write began.
-        """
-
-    @abstractmethod
-    def evict(self, count: int) -> int:
-        """Evict up to ``count`` blocks in policy order; returns how many were evicted."""
 
 
 class LRU(EvictionPolicy):
@@ -300,7 +259,7 @@ class LFU(EvictionPolicy):
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRU, RandomLRU, LeafAwareLRU, LFU)
+    cls.name: cls for cls in (LRU, RandomLRU, LeafAwareLRU, LFU, KVCMPolicy)
 }
 
 

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.perf import gc_paused
-from chalicelib.optimizer.policies import EvictionPolicy, make_policy, policy_name
+from chalicelib.optimizer.policies import POLICIES, EvictionPolicy, make_policy, policy_name
 from chalicelib.optimizer.traces import Op, Query, Record
 
 
@@ -87,6 +87,9 @@ class ReplayConfig:
             raise ConfigError(f"window_s must be > 0, got {self.window_s}")
         if self.instance_capacities and self.mode is EvictionMode.GROUP_ROUGH:
             raise ConfigError("instance_capacities apply to the instance modes only")
+        if POLICIES[self.policy].timed and self.mode is not EvictionMode.INSTANCE_PRECISE:
+            raise ConfigError(f"policy {self.policy} keeps its own limit and watermark: "
+                              "use mode instance_precise")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (the inverse of :meth:`from_dict`)."""
@@ -349,6 +352,8 @@ class Replayer:
             self._last = ts
         window = (ts - self._first) // self._window_us
         policy = state.policy
+        if policy.timed:
+            policy.advance(ts)
         if window != state.window:
             if state.bucket:  # the window it leaves ends with the cache as it is now
                 state.bucket[_CACHED] = len(policy)
@@ -362,11 +367,12 @@ class Replayer:
         if op is not _WRITE:  # identity tests: IntFlag's & is slow Python code
             if not mask and query is _PREFIX:
                 internal, external = 0, policy.match_prefix(keys)
-                if external and op is _READ and self._refresh:
+                if external and self._refresh and (op is _READ or not policy.refresh_on_write):
                     policy.touch(keys[:external])
             else:
-                internal, external = self._general_read(policy, keys, mask, query, sw_size,
-                                                         op is _READ and self._refresh)
+                internal, external = self._general_read(
+                    policy, keys, mask, query, sw_size,
+                    self._refresh and (op is _READ or not policy.refresh_on_write))
             block_size = self._block_size
             tokens = input_tokens or n * block_size
             hit_tokens = min((internal + external) * block_size, tokens)

@@ -19,7 +19,9 @@ from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.mrc import HitRatioCurve
+from chalicelib.optimizer.kvcm_policy import KVCMPolicy
 from chalicelib.optimizer.planner import CapacityPlan, for_people, human_bytes
+from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import ReplayResult, Totals
 from chalicelib.optimizer.sweep import PointResult, aggregate
 
@@ -140,7 +142,8 @@ def _plan_capacities(report: dict[str, Any], plan: CapacityPlan,
     quota of the recommendation to ``report``."""
     def row(policy: str, capacity: int, totals: Totals) -> dict[str, Any]:
         savings = cost.savings(totals.external_hit_tokens, duration_s)
-        return plan.row(policy, capacity, totals.block_hit_ratio, savings)
+        return plan.row(policy, capacity, totals.block_hit_ratio, savings,
+                        POLICIES[policy].watermark_simulated)
 
     rows = [row(policy, c, t) for policy, caps in table.items() for c, t in caps.items()]
     curve_rows = []
@@ -155,13 +158,31 @@ def _plan_capacities(report: dict[str, Any], plan: CapacityPlan,
     rec = report["recommendation"]
     report["quota"] = report["break_even"] = None
     if rec is not None:
+        simulated = POLICIES[rec["policy"]].watermark_simulated
         rec.update({k: v for k, v in plan.row(rec["policy"], rec["capacity"],
-                                              rec["block_hit_ratio"], rec).items()
+                                              rec["block_hit_ratio"], rec, simulated).items()
                     if k not in ("policy", "block_hit_ratio")})
-        report["quota"] = plan.quota(rec["policy"], rec["capacity"])
+        report["quota"] = _live_quota(report, plan)
         report["break_even"] = break_even(rec, [r for r in rows + curve_rows
                                                 if r["policy"] == rec["policy"]],
                                           report["trace"], cost)
+
+
+#: KVCM's reclaim_policy names of the kvcm policy's orders.
+_RECLAIM_POLICIES = {"lru": "POLICY_LRU", "lfu": "POLICY_LFU", "ttl": "POLICY_TTL"}
+
+
+def _live_quota(report: Mapping[str, Any], plan: CapacityPlan) -> dict[str, Any] | None:
+    """The quota to configure: the capacity at which the policy KVCM runs (``kvcm``,
+    watermark simulated) reaches the target, else the recommendation's plus the
+    watermark."""
+    live = report["smallest_capacity"].get(KVCMPolicy.name)
+    if live is not None and live["capacity"] is not None:
+        params = report["settings"].get("policy_params", {}).get(KVCMPolicy.name, {})
+        return plan.quota(KVCMPolicy.name, live["capacity"], watermark_simulated=True,
+                          reclaim_policy=_RECLAIM_POLICIES[params.get("order", "lru")])
+    rec = report["recommendation"]
+    return plan.quota(rec["policy"], rec["capacity"])
 
 
 def break_even(rec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],

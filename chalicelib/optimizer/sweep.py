@@ -275,6 +275,30 @@ def sweep(spec: TraceSpec, capacities: Iterable[int], policies: Iterable[str], *
     return SweepResult(spec, summary, settings, results, time.perf_counter() - started)
 
 
+def refine_capacity(records: Sequence[Record], settings: SweepSettings, policy: str,
+                    grid: Mapping[int, Totals], target: float, tolerance: float = 0.02
+                    ) -> list[PointResult]:
+    """Replays bisecting between the last grid capacity of ``policy`` under ``target`` and
+    the first reaching it, until they are ``tolerance`` (relative) apart; the new points."""
+    caps = sorted(grid)
+    hi = next((c for c in caps if (grid[c].block_hit_ratio or 0.0) >= target - 1e-12), None)
+    if hi is None:
+        return []
+    lo = max((c for c in caps if c < hi), default=0)
+    points = []
+    while hi - lo > max(1.0, tolerance * hi):
+        mid = (lo + hi) // 2
+        started = time.perf_counter()
+        totals = replay(records, settings.replay_config(policy, mid)).totals
+        points.append(PointResult(policy, mid, None, totals, "replay",
+                                  time.perf_counter() - started))
+        if (totals.block_hit_ratio or 0.0) >= target - 1e-12:
+            hi = mid
+        else:
+            lo = mid
+    return points
+
+
 def aggregate(points: Iterable[PointResult]) -> dict[str, dict[int, Totals]]:
     """Totals per policy and capacity, summed over instances (split sweeps)."""
     table: dict[str, dict[int, Totals]] = {}

@@ -156,7 +156,7 @@ def test_lru_insert_limit_and_prefix_match():
 
 
 def test_policy_registry():
-    assert set(POLICIES) == {"lru", "random_lru", "leaf_aware_lru", "lfu"}
+    assert set(POLICIES) == {"lru", "random_lru", "leaf_aware_lru", "lfu", "kvcm"}
     assert policy_name("Random-LRU") == "random_lru"
     assert isinstance(make_policy("leaf-aware-lru"), LeafAwareLRU)
     with pytest.raises(ConfigError):

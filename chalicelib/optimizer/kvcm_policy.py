@@ -1,0 +1,371 @@
+"""The eviction policy KVCM runs, simulated: ``make_policy("kvcm", ...)``.
+
+The live reclaimer (``chalicelib/capacity``) does not evict the globally worst block. It
+mirrors, block for block where it can:
+
+* **Records.** A block written gets its last access (whole seconds) and an LFU counter of
+  5; a served read refreshes both at most once per ``touch_interval_s`` per block (the LFU
+  counter decays by one per ``lfu_decay_s`` idle, then grows with probability
+  ``1 / (10 * (counter - 5) + 1)``, as lua/read.lua). A write never refreshes a block that
+  exists.
+* **Limits.** The capacity given to the replay is the instance's hard limit (KVCM's
+  ``max_key_count``, or its byte quota in blocks). A write whose new blocks would pass it is
+  refused whole; before that, the write path evicts the shortfall plus
+  ``headroom_percent`` of the limit (bounded sampling) and tries again, and a refusal
+  wakes the reclaimer.
+* **Rounds.** A round runs every ``round_s`` (the scheduler: 1 s locally, 60 s on AWS);
+  it looks at the instance when woken, when the last round freed something while over,
+  or ``period_s`` after its last look. It frees what is over ``used_percentage`` of the
+  limit, at most ``step_percentage`` of it (under pressure, a woken look also keeps one
+  step, at most 10 %, free under the limit).
+* **Victims.** Blocks live in ``2**bits`` buckets by their key's low bits (about 64 per
+  bucket at the limit). Whole random buckets are read until the pool holds ``oversample``
+  leaf candidates per block needed (capped); the policy's worst fifth of the pool goes at a
+  time; a victim's parent left without children joins the pool. Order: ``lru`` (last
+  access), ``lfu`` (decayed counter) or ``ttl`` (expiry; expired blocks go whatever the
+  watermark, found by a sweep of ``sweep`` buckets per look). Ties: last access, then key.
+
+The constants default to the live ones (a unit test compares them with
+``chalicelib.capacity``). Randomness comes from the policy's seeded RNG.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chalicelib.optimizer.errors import ConfigError
+from chalicelib.optimizer.policy_base import EvictionPolicy
+
+#: Records per bucket the live index sizes its buckets for (cache/context.py), and the
+#: bounds of its bucket bits.
+RECORDS_PER_BUCKET = 64
+MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
+#: A new record's LFU counter and the counter's ceiling (lua/start.lua, lua/read.lua).
+LFU_INITIAL, LFU_MAX = 5, 255
+#: Under pressure the trigger keeps one step, at most this % of the limit, free.
+PRESSURE_HEADROOM_PERCENT = 10
+MIN_DENSITY = 0.01
+ORDERS = ("lru", "lfu", "ttl")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Bounds of one eviction's sampling (``chalicelib.capacity.sampling.SamplingConfig``)."""
+
+    oversample: int = 5
+    max_pool: int = 4096
+    buckets_per_trip: int = 32
+    max_buckets: int = 512
+    max_victims: int = 8192
+    mark_batch: int = 1024
+    min_sweep_buckets: int = 16
+    max_sweep_buckets: int = 512
+
+
+ROUND_SAMPLING = Sampling()
+#: The write path's bounds (chalicelib.capacity.eviction.WRITE_PATH_SAMPLING).
+WRITE_PATH_SAMPLING = Sampling(max_buckets=256, max_victims=20_000, buckets_per_trip=64)
+
+
+def bucket_bits(max_blocks: int) -> int:
+    """Bucket bits of an instance that may hold ``max_blocks`` blocks."""
+    buckets = max(1, math.ceil(max_blocks / RECORDS_PER_BUCKET))
+    return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, math.ceil(math.log2(buckets))))
+
+
+class _Block:
+    __slots__ = ("atime", "lfu", "parent", "children")
+
+    def __init__(self, atime: int, parent: int | None) -> None:
+        self.atime = atime
+        self.lfu = LFU_INITIAL
+        self.parent = parent
+        self.children = 0
+
+
+class KVCMPolicy(EvictionPolicy):
+    """KVCM's reclaimer and write-path eviction over one instance (module docstring)."""
+
+    name = "kvcm"
+    timed = True
+    refresh_on_write = False
+    watermark_simulated = True
+
+    def __init__(self, seed: int = 0, order: str = "lru", ttl_s: int = 0,
+                 used_percentage: float = 0.9, step_percentage: int = 10, period_s: int = 10,
+                 round_s: float = 60.0, touch_interval_s: int = 1, lfu_decay_s: int = 60,
+                 headroom_percent: int = 1) -> None:
+        if order not in ORDERS:
+            raise ConfigError(f"kvcm order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if not used_percentage > 0 or not 0 < step_percentage <= 100:
+            raise ConfigError("kvcm needs used_percentage > 0 and step_percentage in (0, 100]")
+        if period_s < 1 or not round_s > 0 or ttl_s < 0:
+            raise ConfigError("kvcm needs period_s >= 1, round_s > 0 and ttl_s >= 0")
+        self._rng = random.Random(seed)
+        self.order, self.ttl_s = order, ttl_s
+        self.used_fraction, self.step_percentage = used_percentage, step_percentage
+        self.period_s, self.round_s = period_s, round_s
+        self.touch_interval_s, self.lfu_decay_s = touch_interval_s, lfu_decay_s
+        self.headroom_percent = headroom_percent
+        self._entries: dict[int, _Block] = {}
+        self._buckets: dict[int, set[int]] = {}
+        self._mask = 0
+        self._limit: int | None = None
+        self._now = 0.0
+        self._next_tick: float | None = None
+        self._next_check = -math.inf
+        self._next_sweep = -math.inf
+        self._sweep_cursor = 0
+        self._over = self._woken = False
+        self.refused_writes = 0
+        self.evicted = {"round": 0, "write_path": 0}
+
+    # ------------------------------------------------------------ time and limits
+
+    def advance(self, timestamp_us: int) -> None:
+        """Move the clock to ``timestamp_us``, running the rounds due on the way."""
+        now = timestamp_us / 1e6
+        if self._next_tick is None:
+            self._next_tick = math.floor(now / self.round_s) * self.round_s + self.round_s
+        while self._next_tick <= now:
+            self._now = self._next_tick
+            self._round()
+            self._next_tick += self.round_s
+        self._now = now
+
+    def _set_limit(self, limit: int | None) -> None:
+        if limit is None:
+            raise ConfigError("the kvcm policy needs a per-instance capacity "
+                              "(mode instance_precise)")
+        if self._limit is None:
+            self._limit = limit
+            self._mask = (1 << bucket_bits(limit)) - 1
+
+    def _trigger(self, pressure: bool) -> tuple[int, int]:
+        """(trigger, step) of a round over the limit (capacity/watermark.py)."""
+        limit = self._limit or 0
+        step = max(1, math.ceil(limit * self.step_percentage / 100))
+        trigger = math.floor(round(limit * self.used_fraction, 6))
+        if pressure and self.used_fraction <= 1:
+            ceiling = limit - min(step, math.ceil(limit * PRESSURE_HEADROOM_PERCENT / 100))
+            trigger = min(trigger, ceiling)
+        return trigger, step
+
+    def _round(self) -> None:
+        """One reclaimer round's look at this instance, if it is due."""
+        if self._limit is None:
+            return
+        woken, self._woken = self._woken, False
+        if not (woken or self._over or self._now >= self._next_check):
+            return
+        self._next_check = self._now + self.period_s
+        trigger, step = self._trigger(pressure=woken)
+        need = min(max(0, len(self._entries) - trigger), step)
+        sweeping = self.order == "ttl" and self.ttl_s > 0 and self._now >= self._next_sweep
+        if need == 0 and not sweeping:
+            self._over = False
+            return
+        if sweeping:
+            self._next_sweep = self._now + self.period_s
+        freed = self._evict(need, ROUND_SAMPLING, len(self._entries), sweeping)
+        self.evicted["round"] += freed
+        self._over = need > 0 and freed > 0
+
+    # ------------------------------------------------------------ the data path
+
+    def touch(self, keys: Sequence[int]) -> None:
+        """A served read: refresh at most once per touch interval per block."""
+        now = int(self._now)
+        stale = now - self.touch_interval_s
+        entries = self._entries
+        for key in keys:
+            block = entries.get(key)
+            if block is None or block.atime > stale:
+                continue
+            lfu = block.lfu
+            if self.lfu_decay_s > 0:
+                lfu = max(0, lfu - (now - block.atime) // self.lfu_decay_s)
+            if lfu < LFU_MAX and self._rng.random() < 1.0 / (max(0, lfu - LFU_INITIAL) * 10 + 1):
+                lfu += 1
+            block.atime, block.lfu = now, lfu
+
+    def insert(self, keys: Sequence[int], limit: int | None = None,
+               parent: int | None = None) -> int:
+        """A start + finish of ``keys``: all or nothing against the limit."""
+        self._set_limit(limit)
+        entries = self._entries
+        new: dict[int, int | None] = {}
+        for index, key in enumerate(keys):
+            if key not in entries and key not in new:
+                new[key] = keys[index - 1] if index else parent
+        if not new:
+            return 0
+        over = len(entries) + len(new) - (self._limit or 0)
+        if over > 0:
+            need = over + math.ceil((self._limit or 0) * self.headroom_percent / 100)
+            self.evicted["write_path"] += self._evict(need, WRITE_PATH_SAMPLING, 0, False)
+            if len(entries) + len(new) > (self._limit or 0):
+                self.refused_writes += 1
+                self._woken = True
+                return 0
+        now = int(self._now)
+        for key, key_parent in new.items():
+            entries[key] = _Block(now, key_parent)
+            bucket = key & self._mask
+            members = self._buckets.get(bucket)
+            if members is None:
+                members = self._buckets[bucket] = set()
+            members.add(key)
+            if key_parent is not None:
+                parent_block = entries.get(key_parent)
+                if parent_block is not None:
+                    parent_block.children += 1
+        return len(new)
+
+    def evict(self, count: int) -> int:
+        """``count`` victims chosen as a round chooses them."""
+        return self._evict(count, ROUND_SAMPLING, len(self._entries), False)
+
+    # ------------------------------------------------------------ victims
+
+    def _score(self, key: int) -> tuple[int, int, int]:
+        block = self._entries[key]
+        if self.order == "lfu":
+            score = block.lfu
+            if self.lfu_decay_s > 0:
+                score = max(0, block.lfu - max(0, int(self._now) - block.atime) // self.lfu_decay_s)
+        elif self.order == "ttl":
+            score = block.atime + self.ttl_s
+        else:
+            score = block.atime
+        return score, block.atime, key
+
+    def _expired(self, key: int) -> bool:
+        return (self.order == "ttl" and self.ttl_s > 0
+                and int(self._now) - self._entries[key].atime > self.ttl_s)
+
+    def _evict(self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool) -> int:
+        """Free ``need`` blocks (and, sweeping, the expired ones) as
+        ``capacity.instance.InstanceReclaim`` does; returns how many were freed."""
+        sampler = _Sampler(self, sampling)
+        pool: set[int] = set()
+        if sweep:
+            pool |= sampler.sweep()
+        admitted = 0
+        freed = 0
+        while freed < sampling.max_victims:
+            if need > 0:
+                wanted = min(sampling.max_pool, sampling.oversample * max(1, need))
+                while len(pool) < wanted and not sampler.exhausted:
+                    density = (admitted / sampler.sampled if sampler.sampled
+                               else blocks_hint / max(1, sampler.occupied))
+                    before = len(pool)
+                    pool |= sampler.sample(math.ceil((wanted - before) / max(density, MIN_DENSITY)))
+                    admitted += len(pool) - before
+            worst = max(1, len(pool) // sampling.oversample)
+            limit = min(sampling.mark_batch, sampling.max_victims - freed)
+            picked = self._pick(pool, need, limit, worst)
+            if not picked:
+                break
+            pool.difference_update(picked)
+            for key in picked:
+                need = max(0, need - 1)
+                parent = self._drop(key)
+                if parent is not None:
+                    pool.add(parent)
+            freed += len(picked)
+        return freed
+
+    def _pick(self, pool: set[int], need: int, limit: int, need_limit: int) -> list[int]:
+        """Expired candidates first, then the worst ones while ``need`` lasts."""
+        ordered = sorted(pool, key=self._score)
+        picked = [k for k in ordered if self._expired(k)][:limit]
+        chosen = set(picked)
+        remaining = max(0, need - len(picked))
+        by_need = 0
+        for key in ordered:
+            if len(picked) >= limit or by_need >= need_limit or remaining <= 0:
+                break
+            if key in chosen:
+                continue
+            picked.append(key)
+            remaining -= 1
+            by_need += 1
+        return picked
+
+    def _drop(self, key: int) -> int | None:
+        """Remove a victim; returns its parent when that parent became a cached leaf."""
+        block = self._entries.pop(key)
+        bucket = key & self._mask
+        members = self._buckets[bucket]
+        members.discard(key)
+        if not members:
+            del self._buckets[bucket]
+        parent = self._entries.get(block.parent) if block.parent is not None else None
+        if parent is None:
+            return None
+        parent.children = max(0, parent.children - 1)
+        return block.parent if parent.children == 0 else None
+
+    def leaves(self, keys: Sequence[int]) -> list[int]:
+        """The cached leaves among ``keys`` (candidates: no cached child)."""
+        entries = self._entries
+        return [k for k in keys if k in entries and entries[k].children == 0]
+
+
+class _Sampler:
+    """Whole buckets of one instance, never one twice per eviction
+    (``capacity.sampling.BucketSampler``)."""
+
+    def __init__(self, policy: KVCMPolicy, sampling: Sampling) -> None:
+        self.policy = policy
+        self.sampling = sampling
+        self.seen: set[int] = set()
+        self.sampled = 0
+        self.occupied = len(policy._buckets)
+        self._order: list[int] | None = None
+        if self.occupied <= sampling.max_buckets:
+            self._order = sorted(policy._buckets)
+            policy._rng.shuffle(self._order)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.sampled >= self.sampling.max_buckets or len(self.seen) >= self.occupied
+
+    def _read(self, buckets: list[int]) -> set[int]:
+        self.seen.update(buckets)
+        members = self.policy._buckets
+        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ())]))
+
+    def sample(self, buckets: int) -> set[int]:
+        wanted = min(max(1, buckets), self.sampling.buckets_per_trip,
+                     self.sampling.max_buckets - self.sampled, self.occupied - len(self.seen))
+        if wanted <= 0:
+            return set()
+        if self._order is not None:
+            picks = [b for b in self._order if b not in self.seen][:wanted]
+        else:
+            occupied = list(self.policy._buckets)
+            draws = self.policy._rng.sample(occupied, min(len(occupied), 2 * wanted))
+            picks = [b for b in draws if b not in self.seen][:wanted]
+            if not picks:
+                self.sampled = self.sampling.max_buckets
+                return set()
+        self.sampled += len(picks)
+        return self._read(picks)
+
+    def sweep(self) -> set[int]:
+        """The next buckets of the TTL sweep's cursor (one pass about every ``ttl_s``)."""
+        policy = self.policy
+        count = min(self.occupied, self.sampling.max_sweep_buckets, max(
+            self.sampling.min_sweep_buckets,
+            math.ceil(self.occupied * policy.period_s / max(1, policy.ttl_s))))
+        occupied = sorted(policy._buckets)
+        if not occupied:
+            return set()
+        start = policy._sweep_cursor % len(occupied)
+        window = [occupied[(start + i) % len(occupied)] for i in range(min(count, len(occupied)))]
+        policy._sweep_cursor = start + len(window)
+        return self._read(window)

@@ -1,0 +1,146 @@
+"""The simulated KVCM policy: the live constants, the write path, rounds and watermark,
+leaf-first order, the touch interval, LFU and TTL."""
+from __future__ import annotations
+
+import pytest
+
+from chalicelib.capacity import eviction, sampling, watermark
+from chalicelib.cache import context
+from chalicelib.control import groups
+from chalicelib.index import BlockIndex
+from chalicelib.optimizer import kvcm_policy
+from chalicelib.optimizer.errors import ConfigError
+from chalicelib.optimizer.kvcm_policy import KVCMPolicy
+from chalicelib.optimizer.policies import make_policy
+from chalicelib.optimizer.replay import ReplayConfig, replay
+from chalicelib.optimizer.traces import Op, Record
+
+S = 1_000_000  # microseconds per second
+
+
+def test_constants_are_the_live_ones():
+    live = sampling.SamplingConfig()
+    for name in ("oversample", "max_pool", "buckets_per_trip", "max_buckets", "max_victims",
+                 "mark_batch", "min_sweep_buckets", "max_sweep_buckets"):
+        assert getattr(kvcm_policy.ROUND_SAMPLING, name) == getattr(live, name), name
+        assert (getattr(kvcm_policy.WRITE_PATH_SAMPLING, name)
+                == getattr(eviction.WRITE_PATH_SAMPLING, name)), name
+    assert kvcm_policy.RECORDS_PER_BUCKET == context.RECORDS_PER_BUCKET
+    assert (kvcm_policy.MIN_BUCKET_BITS, kvcm_policy.MAX_BUCKET_BITS) == (
+        context.MIN_BUCKET_BITS, context.MAX_BUCKET_BITS)
+    assert all(kvcm_policy.bucket_bits(n) == context.bucket_bits_for(n)
+               for n in (1, 64, 1000, 10**5, 10**9))
+    assert kvcm_policy.PRESSURE_HEADROOM_PERCENT == watermark.PRESSURE_HEADROOM_PERCENT
+    assert kvcm_policy.MIN_DENSITY == __import__("chalicelib.capacity.instance").capacity.instance.MIN_DENSITY
+    policy = KVCMPolicy()
+    assert policy.headroom_percent == eviction.HEADROOM_PERCENT
+    assert policy.touch_interval_s == BlockIndex.TOUCH_INTERVAL_S
+    assert policy.lfu_decay_s == BlockIndex.LFU_DECAY_S
+    assert policy.used_fraction == groups.DEFAULT_USED_PERCENTAGE
+    assert policy.step_percentage == groups.DEFAULT_RECLAIM_STEP_PERCENTAGE
+    assert policy.period_s == groups.DEFAULT_TRIGGER_PERIOD_S
+
+
+def chain(start: int, length: int) -> list[int]:
+    return list(range(start, start + length))
+
+
+def test_a_write_is_all_or_nothing_and_a_refusal_wakes_the_reclaimer():
+    policy = KVCMPolicy(round_s=1)
+    policy.advance(0)
+    assert policy.insert(chain(1, 3), limit=4) == 3
+    # 3 cached + 5 new > 4: the write path frees what it can (3) and it is still too much
+    assert policy.insert(chain(100, 5), limit=4) == 0
+    assert policy.refused_writes == 1 and len(policy) == 0
+    assert policy.insert(chain(100, 4), limit=4) == 4
+
+
+def test_the_write_path_evicts_least_recent_leaves_first():
+    policy = KVCMPolicy(round_s=1000)  # no round in this test
+    for second, start in enumerate((10, 20, 30)):
+        policy.advance(second * S)
+        policy.insert(chain(start, 3), limit=9)
+    policy.advance(5 * S)
+    policy.touch([10, 11, 12])  # the oldest chain read again
+    # 1 new block: shortfall 1 + 1 % headroom (1) = 2 victims, leaves of the chain at 20
+    policy.insert([40], limit=9)
+    assert policy.keys() == {10, 11, 12, 20, 30, 31, 32, 40}
+    assert 22 not in policy and 21 not in policy  # its tail first, then the new leaf
+    assert policy.evicted["write_path"] == 2
+
+
+def test_rounds_keep_the_watermark_one_step_at_a_time():
+    policy = KVCMPolicy(round_s=1, period_s=10, used_percentage=0.5, step_percentage=10)
+    policy.advance(0)
+    for n in range(10):
+        policy.insert(chain(1000 * n, 10), limit=100)
+    assert len(policy) == 100
+    policy.advance(1 * S)  # first look: 100 - 50 over, one step of 10 freed
+    assert len(policy) == 90
+    policy.advance(2 * S)  # still over and it freed something: looked at again next tick
+    assert len(policy) == 80
+    policy.advance(10 * S)
+    assert len(policy) == 50
+    policy.advance(30 * S)
+    assert len(policy) == 50 and policy.evicted["round"] == 50
+
+
+def test_a_woken_round_makes_room_under_the_hard_limit():
+    policy = KVCMPolicy(round_s=1, used_percentage=1.0, step_percentage=10,
+                        headroom_percent=0)
+    policy.advance(0)
+    policy.insert(chain(1, 50), limit=50)
+    policy._entries[50].children = 1  # pin the chain: the write path finds no leaf
+    assert policy.insert([99], limit=50) == 0 and policy._woken
+    policy._entries[50].children = 0
+    policy.advance(1 * S)  # pressure: one step (5) kept free under the limit
+    assert len(policy) == 45
+
+
+def test_reads_refresh_at_most_once_per_second_and_count_for_lfu():
+    policy = KVCMPolicy(order="lfu", round_s=1000, seed=1)
+    policy.advance(0)
+    policy.insert([1], limit=10)
+    policy.insert([2], limit=10)
+    for t in range(1, 200):
+        policy.advance(t * S)
+        policy.touch([1])
+        policy.touch([1])  # the same second: no second refresh
+    block = policy._entries[1]
+    assert block.atime == 199 and block.lfu > kvcm_policy.LFU_INITIAL
+    # 2 is less frequently used even though decayed: it goes first
+    assert policy.evict(1) == 1 and 1 in policy and 2 not in policy
+
+
+def test_ttl_expires_blocks_whatever_the_watermark():
+    policy = KVCMPolicy(order="ttl", ttl_s=30, round_s=1, period_s=10)
+    policy.advance(0)
+    policy.insert(chain(1, 3), limit=100)
+    policy.advance(20 * S)
+    policy.insert(chain(10, 3), limit=100)
+    policy.advance(41 * S)  # the first chain idle for 41 s > 30: swept, far under the watermark
+    assert policy.keys() == {10, 11, 12}
+
+
+def test_the_replay_runs_kvcm_with_its_clock():
+    # a hot chain every other request, six cold ones in turn: 35 blocks for 20 of room
+    records = [Record("a", t * S, Op.REQUEST, chain(0 if t % 2 else 1000 * (t % 7), 5))
+               for t in range(200)]
+    result = replay(records, ReplayConfig(capacity=20, policy="kvcm", block_size=1,
+                                          policy_params={"round_s": 1}))
+    lru = replay(records, ReplayConfig(capacity=20, block_size=1))
+    assert 0.45 < result.totals.block_hit_ratio <= lru.totals.block_hit_ratio + 0.05
+    # every block read by a request is refreshed by the read (the write does not refresh)
+    policy = make_policy("kvcm", round_s=1)
+    assert policy.refresh_on_write is False and policy.timed
+
+
+def test_bad_settings():
+    with pytest.raises(ConfigError):
+        KVCMPolicy(order="mru")
+    with pytest.raises(ConfigError):
+        KVCMPolicy(step_percentage=0)
+    with pytest.raises(ConfigError):
+        ReplayConfig(capacity=10, policy="kvcm", mode="instance_rough")
+    with pytest.raises(ConfigError, match="instance_precise"):
+        KVCMPolicy().insert([1], limit=None)
