@@ -2,7 +2,7 @@
 
 Tables for people, ``--json`` for scripts; errors in one line on stderr. Exit codes:
 0 done, 1 the service answered an error code, 2 bad usage or input, 3 the service could
-not be reached (or did not answer the protocol), 4 refused (HTTP 401/403), 5 unhealthy
+not be reached (or did not answer the protocol), 4 refused (HTTP 401/403/429), 5 unhealthy
 (``kvcm health``).
 """
 from __future__ import annotations

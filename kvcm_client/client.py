@@ -32,6 +32,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 #: Answers that mean "try again later", not "this request is wrong".
 RETRYABLE_CODES = frozenset({ErrorCode.SERVICE_NOT_READY})
 RETRYABLE_HTTP = frozenset({502, 503, 504})
+#: No or an unknown bearer, a role that may not call this, too many failed attempts.
+AUTH_REFUSALS = frozenset({401, 403, 429})
 DISCOVERY_TIMEOUT_S = 5.0  # upstream's fixed discovery timeout
 
 
@@ -150,7 +152,7 @@ class KvcmClient(Methods):
             raise ProtocolError(f"{api_name}: HTTP {status}, no protocol status in {raw[:120]!r}")
         code = ErrorCode[code_name]
         message = header["status"].get("message", "")
-        if status in (401, 403):
+        if status in AUTH_REFUSALS:
             raise AuthError(api_name, code, message, status)
         if status != 200:
             raise ProtocolError(f"{api_name}: HTTP {status}: {code_name}: {message}")
@@ -181,7 +183,7 @@ class KvcmClient(Methods):
 
     def _get_text(self, path: str) -> str:
         status, raw, _ = self.request("GET", path)
-        if status in (401, 403):
+        if status in AUTH_REFUSALS:
             raise AuthError(path, ErrorCode.UNSPECIFIED, raw.decode(errors="replace").strip(), status)
         if status != 200:
             raise ProtocolError(f"GET {path}: HTTP {status}: {raw[:200]!r}")

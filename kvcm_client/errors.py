@@ -25,7 +25,8 @@ class KvcmError(ClientError):
 
 
 class AuthError(KvcmError):
-    """HTTP 401 (no or unknown bearer) or 403 (the account may not call this)."""
+    """HTTP 401 (no or unknown bearer), 403 (the account may not call this) or 429 (locked out
+    after failed attempts)."""
 
 
 class TransportError(ClientError):

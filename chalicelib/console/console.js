@@ -16,7 +16,7 @@ async function api(method, body = {}) {
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = `Bearer ${token}`;
   const response = await fetch(`api/${method}`, {method: "POST", headers, body: JSON.stringify(body)});
-  if (response.status === 401 || response.status === 403) {
+  if ([401, 403, 429].includes(response.status)) {  // no or a wrong bearer, a forbidden role, locked out
     const answer = await response.json().catch(() => ({}));
     throw new Refused(answer.header?.status?.message || `HTTP ${response.status}`);
   }
@@ -262,6 +262,7 @@ function showPage() {
 document.getElementById("signin").addEventListener("submit", event => {
   event.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+  document.getElementById("signin-error").textContent = "";  // the answer to this bearer replaces it
   refresh();
 });
 window.addEventListener("hashchange", showPage);

@@ -1,6 +1,8 @@
 """e2e fixtures: one local stack per e2e run (see ``harness``)."""
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from typing import Iterator
 
 import pytest
@@ -20,3 +22,20 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
 @pytest.fixture(scope="package")
 def api(stack: LocalStack) -> Api:
     return Api(stack.api_url)
+
+
+@pytest.fixture
+def auth_on(api: Api) -> Iterator[str]:
+    """Auth turned on in the running stack for one test; yields an admin account's bearer."""
+    from chalicelib.runtime import get_runtime
+
+    user, password = f"e2e-admin-{uuid.uuid4().hex[:8]}", "e2e-admin-password"
+    status, body = api.call("addAccount", {"user_name": user, "password": password, "role": "ROLE_ADMIN"})
+    assert body["header"]["status"]["code"] == "OK", body
+    runtime = get_runtime()
+    settings = runtime.settings
+    runtime.settings = dataclasses.replace(settings, auth_enabled=True)
+    try:
+        yield f"{user}:{password}"
+    finally:
+        runtime.settings = settings

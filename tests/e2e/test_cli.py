@@ -142,3 +142,12 @@ def test_the_installed_command(stack: LocalStack):
     done = subprocess.run([str(script), "--url", stack.api_url, "--json", "health"], capture_output=True,
                           text=True, timeout=60, cwd="/")
     assert done.returncode == 0 and json.loads(done.stdout)["is_health"] is True
+
+
+def test_a_refusal_exits_4_and_the_token_comes_from_kvcm_token(kvcm, auth_on, monkeypatch):
+    from kvcm_client.cli import EXIT_REFUSED
+
+    code, _, err = kvcm("storage", "list")
+    assert code == EXIT_REFUSED and err.startswith("kvcm: error: refused (HTTP 401)") and err.count("\n") == 1
+    monkeypatch.setenv("KVCM_TOKEN", auth_on)
+    assert kvcm("storage", "list")[0] == 0

@@ -142,3 +142,24 @@ def test_docs_page_renders_every_operation(browser_page, stack: LocalStack):
     browser_page.wait_for_selector(".opblock", timeout=20_000)
     assert browser_page.locator(".opblock-summary-path", has_text="/api/getCacheLocation").count() == 1
     save(browser_page, "docs")
+
+
+def test_with_auth_on_the_console_asks_for_an_admin_bearer(browser_page, stack: LocalStack, seeded, auth_on):
+    page = browser_page.context.new_page()  # a new tab: no bearer kept yet
+    try:
+        page.goto(f"{stack.api_url}/console#groups")
+        page.wait_for_selector("#signin:not([hidden])", timeout=20_000)
+        assert page.locator("#groups-table tbody tr[data-group=default]").count() == 0
+        assert "Authorization" in page.inner_text("#signin-error")  # the first answer: no bearer
+        page.fill("#token", "nobody:wrong-password-123")
+        page.click("#signin button")
+        page.wait_for_function("document.getElementById('signin-error').textContent.includes('nobody')",
+                               timeout=20_000)
+        save(page, "signin")
+        page.fill("#token", auth_on)
+        page.click("#signin button")
+        page.wait_for_selector("body[data-loaded=true]", timeout=20_000)
+        assert page.is_hidden("#signin")
+        assert page.locator("#groups-table tbody tr[data-group=default] td").first.inner_text() == "default"
+    finally:
+        page.close()

@@ -183,3 +183,14 @@ def test_without_get_cluster_info_the_seed_url_stays(stack: LocalStack):
     with KvcmClient(stack.api_url, auto_discover_leader=True) as client:
         assert client.url == stack.api_url
         assert client.check_health().is_health
+
+
+def test_auth_refusals_raise_auth_error_and_are_not_retried(stack: LocalStack, auth_on):
+    from kvcm_client import AuthError
+
+    with KvcmClient(stack.api_url, retries=3, sleep=lambda s: pytest.fail("an auth refusal was retried")) as client:
+        with pytest.raises(AuthError) as caught:
+            client.list_storage()
+    assert caught.value.http_status == 401 and caught.value.code != ErrorCode.OK
+    with KvcmClient(stack.api_url, token=auth_on) as client:
+        assert client.list_storage().storage
