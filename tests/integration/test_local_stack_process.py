@@ -25,6 +25,7 @@ from tests.e2e.harness import Api
 START_TIMEOUT_S = 60.0
 #: The issue's bound for a start that must fail.
 FAIL_FAST_S = 10.0
+STOP_TIMEOUT_S = 30.0
 
 
 def _ppid(pid: int) -> int:
@@ -49,8 +50,8 @@ class StackProcess:
         self.err = self.state_dir.parent / f"stack-{id(self)}.err"
 
     def launch(self) -> "StackProcess":
-        environ = {**os.environ, "KVCM_STATE_DIR": str(self.state_dir), "KVCM_PORT": "0",
-                   "KVCM_AWS_PORT": "0", "KVCM_LOCAL_VALKEY_PORT": "0", **self.env}
+        environ = {**os.environ, "PYTHONFAULTHANDLER": "1", "KVCM_STATE_DIR": str(self.state_dir),
+                   "KVCM_PORT": "0", "KVCM_AWS_PORT": "0", "KVCM_LOCAL_VALKEY_PORT": "0", **self.env}
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.process = subprocess.Popen([sys.executable, "-m", "chalicelib.local", *self.args],
                                             cwd=REPO_ROOT, env=environ, stdout=out, stderr=err)
@@ -84,9 +85,17 @@ class StackProcess:
         return redis.Redis.from_url(re.search(r"Valkey\s+(redis://\S+)", self.stdout()).group(1))
 
     def stop(self) -> None:
+        """SIGTERM; a stack still running STOP_TIMEOUT_S later is made to dump its threads
+        (SIGABRT, PYTHONFAULTHANDLER) and the test fails with them."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            self.process.wait(30)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.send_signal(signal.SIGABRT)
+                self.process.wait(10)
+                raise AssertionError(f"the stack did not stop within {STOP_TIMEOUT_S:g} s:\n"
+                                     f"{self.stderr()[-20000:]}") from None
 
 
 @pytest.fixture
