@@ -1,7 +1,9 @@
 """The event log: one JSON line per meta call in upstream's event-publisher format.
 
-Locally the lines go to ``KVCM_EVENT_LOG`` (a file); on Lambda to the function's log
-stream (stdout). The optimizer replays these logs.
+Off unless ``KVCM_EVENT_LOG`` names where the lines go: a file, or ``stdout`` (on Lambda,
+the function's log stream). The optimizer replays these logs, which need only block
+keys: a request's ``token_ids`` are prompt content, so events carry the keys derived
+from them and an empty ``tokens``, unless ``KVCM_EVENT_LOG_TOKENS`` asks for them.
 """
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import sys
 import threading
 from typing import Any, Optional, TextIO
 
+from ..cache.keys import keys_from_tokens
 from ..protocol.codes import ErrorCode, QueryType
 from ..protocol.models import BlockMask
 
 _QUERY_NAMES = {QueryType.QT_PREFIX_MATCH: "prefix_match", QueryType.QT_BATCH_GET: "batch_get",
                 QueryType.QT_REVERSE_ROLL_SW_MATCH: "reverse_roll_sw_match"}
 _ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
+#: ``KVCM_EVENT_LOG`` value sending the lines to standard output.
+STDOUT = "stdout"
 
 
 def _event_id() -> str:
@@ -40,12 +45,13 @@ class EventLog:
 
     @classmethod
     def from_settings(cls, path: str) -> "EventLog":
-        if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            return cls(open(path, "a", buffering=1, encoding="utf-8"))
-        if os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+        """The log ``KVCM_EVENT_LOG`` asks for: none (empty), ``stdout``, or a file."""
+        if not path:
+            return cls(None)
+        if path == STDOUT:
             return cls(sys.stdout)
-        return cls(None)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return cls(open(path, "a", buffering=1, encoding="utf-8"))
 
     @property
     def enabled(self) -> bool:
@@ -60,21 +66,32 @@ class EventLog:
             self._stream.write(line + "\n")
 
 
+def _keys_and_tokens(runtime, request) -> tuple[Any, list[int]]:
+    """What an event says of the blocks asked for: the request's keys (derived from its
+    token ids when it sent only those) and, only when the settings ask, the token ids."""
+    block_keys, token_ids = getattr(request, "block_keys", []), getattr(request, "token_ids", [])
+    tokens = list(token_ids) if runtime.settings.event_log_tokens else []
+    if block_keys or not token_ids:
+        return block_keys, tokens
+    return keys_from_tokens(token_ids, runtime.config.instance(request.instance_id).block_size), tokens
+
+
 def record_event(runtime, op, request, response, code: ErrorCode) -> None:
     """Observer of the meta operations: publishes the calls the optimizer replays."""
     events: EventLog = runtime.events
     if not events.enabled or code != ErrorCode.OK:
         return
     now_us = int(runtime.clock.now() * 1e6)
+    keys, tokens = _keys_and_tokens(runtime, request)
     if op.api_name == "getCacheLocation":
         sw = request.sw_size if request.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH else -1
         events.publish(request.instance_id, "GetCacheLocation", now_us,
-                       query_type=_QUERY_NAMES.get(request.query_type, "unspecified"), keys=request.block_keys,
-                       tokens=request.token_ids, block_mask=_mask(request.block_mask), sw_size=sw,
+                       query_type=_QUERY_NAMES.get(request.query_type, "unspecified"), keys=keys,
+                       tokens=tokens, block_mask=_mask(request.block_mask), sw_size=sw,
                        location_spec_names=request.location_spec_names)
     elif op.api_name == "startWriteCache":
         events.publish(request.instance_id, "StartWriteCache", now_us, write_session_id=response.write_session_id,
-                       keys=request.block_keys, tokens=request.token_ids, block_mask=_mask(response.block_mask),
+                       keys=keys, tokens=tokens, block_mask=_mask(response.block_mask),
                        location_spec_group_names=request.location_spec_group_names,
                        write_timeout_seconds=request.write_timeout_seconds)
     elif op.api_name == "finishWriteCache":

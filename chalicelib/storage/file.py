@@ -31,9 +31,11 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import stat
 import uuid
 from typing import Iterable, Sequence
 
+from ..observability.logging import logger
 from ..protocol.codes import StorageType
 from ..protocol.models import StorageConfig
 from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriFormat
@@ -44,6 +46,7 @@ PROBE_PREFIX = ".kvcm-probe-"
 #: The index stores a block's slot in 16 bits.
 MAX_KEY_COUNT_PER_FILE = 1 << 16
 _MISSING = (FileNotFoundError, NotADirectoryError)
+_DIRECTORY_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def check_key_count(config: StorageConfig, field: str, value: int) -> None:
@@ -104,14 +107,47 @@ class _FileStorage(StorageBackend):
         """Remove every spec file of the given placement groups."""
         self._remove(self.path(instance_id, s.name, g) for g in group_ids for s in specs)
 
+    def _parent_fd(self, path: str) -> tuple[int, str]:
+        """(an open descriptor of the directory holding ``path``, the file's name), the
+        directories below the data root opened one by one without following a symbolic
+        link: anyone who can write to the mount could otherwise point an instance or
+        spec directory elsewhere and have KVCM delete or vouch for files there. A link
+        on the way reads as a missing directory (FileNotFoundError / NotADirectoryError)."""
+        *directories, name = os.path.relpath(path, self.data_root).split(os.sep)
+        fd = os.open(self.data_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for directory in directories:
+                if directory in ("", ".", ".."):  # never: paths are built from escaped names
+                    raise FileNotFoundError(f"{path} leaves the data root")
+                inner = os.open(directory, _DIRECTORY_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, name
+
+    def _warn_if_linked(self, path: str) -> None:
+        """Log a link found where a KVCM directory should be (it was not followed)."""
+        relative = os.path.relpath(path, self.data_root).split(os.sep)
+        for depth in range(1, len(relative)):
+            candidate = os.path.join(self.data_root, *relative[:depth])
+            if os.path.islink(candidate):
+                logger.warning("storage %s: %s is a symbolic link; not followed", self.name, candidate)
+                return
+
     def _remove(self, paths: Iterable[str]) -> None:
         # Try every file before failing, so one bad file does not keep the others alive.
         failures = []
         for path in paths:
             try:
-                os.unlink(path)
+                fd, name = self._parent_fd(path)
+                try:
+                    os.unlink(name, dir_fd=fd)  # unlinkat: a link as the file itself is removed, not followed
+                finally:
+                    os.close(fd)
             except _MISSING:
-                pass
+                self._warn_if_linked(path)
             except OSError as exc:
                 failures.append(f"{path}: {exc.strerror or exc}")
         if failures:
@@ -119,7 +155,8 @@ class _FileStorage(StorageBackend):
                 f"storage {self.name}: could not delete {len(failures)} file(s): {'; '.join(failures[:3])}")
 
     def exists(self, block: BlockRef) -> bool:
-        """Every spec file exists and is long enough to hold the block's slot.
+        """Every spec file exists as a regular file below the data root (no link followed)
+        and is long enough to hold the block's slot.
 
         Engines write in place into files that may have been created empty, so presence
         alone does not prove the block was written.
@@ -127,12 +164,16 @@ class _FileStorage(StorageBackend):
         for spec in block.specs:
             path = self.path(block.instance_id, spec.name, block.group_id)
             try:
-                size = os.stat(path).st_size
+                fd, name = self._parent_fd(path)
+                try:
+                    status = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                finally:
+                    os.close(fd)
             except _MISSING:
                 return False
             except OSError as exc:
                 raise StorageError(f"storage {self.name}: cannot stat {path}: {exc.strerror or exc}") from exc
-            if size < (block.slot + 1) * spec.size:
+            if not stat.S_ISREG(status.st_mode) or status.st_size < (block.slot + 1) * spec.size:
                 return False
         return True
 
@@ -140,7 +181,7 @@ class _FileStorage(StorageBackend):
         """Create, write, fsync and remove a uniquely named file in the data root."""
         path = os.path.join(self.data_root, f"{PROBE_PREFIX}{uuid.uuid4().hex}")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, b"kvcm health probe\n")
                 # fsync makes a network filesystem commit to its server: a dead server fails here.

@@ -143,12 +143,74 @@ def test_delete_tries_every_file_then_reports(tmp_path):
     assert not os.path.exists(backend.path("inst", "tp1", 10))
 
 
-def test_exists_reports_unreadable_metadata(tmp_path):
+def test_exists_reports_unreadable_metadata(tmp_path, monkeypatch):
     backend = nfs(tmp_path)
-    os.makedirs(tmp_path / "inst")
-    os.symlink(tmp_path / "inst" / "tp0", tmp_path / "inst" / "tp0")  # ELOOP on stat
+    os.makedirs(tmp_path / "inst" / "tp0")
+    real_stat = os.stat
+
+    def denied(path, *args, **kwargs):  # tests run as root: no permission bit can refuse a stat
+        if path == backend.path("inst", "tp0", 10).rsplit(os.sep, 1)[1]:
+            raise PermissionError(13, "Permission denied")
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", denied)
     with pytest.raises(StorageError, match="cannot stat"):
         backend.exists(ref())
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A directory outside the data root holding a file named like a block file."""
+    victim = tmp_path / "outside"
+    victim.mkdir()
+    return victim
+
+
+@pytest.mark.parametrize("level", ["instance", "spec"])
+def test_deletion_never_follows_a_linked_directory(tmp_path, outside, level):
+    root = tmp_path / "root"
+    backend = nfs(root, pack=0)
+    block_file = backend.path("inst", "tp0", 10)
+    name = os.path.basename(block_file)
+    (outside / name).write_bytes(b"precious")
+    if level == "instance":
+        root.mkdir()
+        (outside / "tp0").mkdir()
+        os.rename(outside / name, outside / "tp0" / name)
+        os.symlink(outside, root / "inst")
+        target = outside / "tp0" / name
+    else:
+        (root / "inst").mkdir(parents=True)
+        os.symlink(outside, root / "inst" / "tp0")
+        target = outside / name
+    backend.delete_groups("inst", [10], SPECS)
+    backend.delete([ref()])
+    assert target.read_bytes() == b"precious"
+    assert not backend.exists(ref(specs=SPECS[:1]))
+
+
+def test_a_linked_block_file_is_unlinked_itself_and_never_vouched_for(tmp_path, outside):
+    backend = nfs(tmp_path / "root", pack=0)
+    block_file = backend.path("inst", "tp0", 10)
+    os.makedirs(os.path.dirname(block_file))
+    (outside / "big").write_bytes(b"x" * 64)
+    os.symlink(outside / "big", block_file)
+    assert not backend.exists(ref(specs=SPECS[:1]))
+    backend.delete([ref(specs=SPECS[:1])])
+    assert not os.path.lexists(block_file) and (outside / "big").read_bytes() == b"x" * 64
+
+
+def test_the_probe_never_writes_through_a_link(tmp_path, outside, monkeypatch):
+    import uuid as uuid_module
+
+    backend = nfs(tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    fixed = uuid_module.UUID(int=7)
+    monkeypatch.setattr(uuid_module, "uuid4", lambda: fixed)
+    os.symlink(outside / "target", tmp_path / "root" / f".kvcm-probe-{fixed.hex}")
+    with pytest.raises(StorageUnavailableError):
+        backend.probe()
+    assert not (outside / "target").exists()
 
 
 def test_probe_leaves_nothing_behind_and_runs_concurrently(tmp_path):
