@@ -259,8 +259,9 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
                     label="lru (exact one-pass curve)")
             ax.plot(caps, ratios, marker, color=color, ms=6)
         else:
+            name = "kvcm = KVCM's reclaimer" if policy == KVCMPolicy.name else policy
             ax.plot(caps, ratios, marker + "--", color=color, ms=6, lw=1.5, mfc="none",
-                    mew=1.5, label=f"{policy} (replay)")
+                    mew=1.5, label=f"{name} (replay)")
         if money is not None:
             _plot_net(money, report, policy, color, marker, low, high)
     target = report["target_hit_ratio"]
@@ -276,6 +277,11 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
                     textcoords="offset points", fontsize=9,
                     bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9},
                     arrowprops={"arrowstyle": "->", "color": "grey"})
+    quota = report.get("quota")
+    if quota is not None:
+        ax.axvline(quota["max_key_count"], color="black", ls="-.", lw=1,
+                   label=f"KVCM quota: {quota['max_key_count']:,} blocks "
+                         f"({quota['group_quota']}) for {quota['policy']}")
     ax.set_xscale("log")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(bottom=0)
