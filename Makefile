@@ -9,8 +9,11 @@ BIN := $(VENV)/bin
 STAGE ?= dev
 PACKAGE_DIR := out/$(STAGE)
 MERGE_TEMPLATE := out/$(STAGE)-merge-template.json
+# Deployment tools whose pins clash with the app's (checkov; aws-sam-translator for the
+# rehearsal), in their own venv.
+TOOLS_STAMP := .venv-tools/.requirements.stamp
 
-.PHONY: help run test clean package bench demo test-tools
+.PHONY: help run test clean package bench demo test-tools tools scan deploy deploy-infra rehearse
 .DEFAULT_GOAL := help
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -44,7 +47,7 @@ run: $(STAMP) $(BIN)/kvcm
 	$(BIN)/python -m chalicelib.local
 
 ## test: unit, integration and e2e tests (console screenshots in out/console-screenshots)
-test: $(STAMP) $(BIN)/kvcm test-tools
+test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -ra
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
@@ -62,6 +65,34 @@ package: $(STAMP)
 	$(BIN)/cfn-lint $(PACKAGE_DIR)/sam.json
 	@echo "packaged: $(PACKAGE_DIR)/sam.json + deployment.zip"
 
+$(TOOLS_STAMP): infra/requirements-tools.txt
+	test -x .venv-tools/bin/python || $(PYTHON) -m venv .venv-tools
+	.venv-tools/bin/python -m pip install --quiet -r infra/requirements-tools.txt
+	touch $@
+
+## tools: the deployment tools' venv .venv-tools (checkov, aws-sam-translator)
+tools: $(TOOLS_STAMP)
+
+## scan: checkov on STAGE's packaged template and infra stack (waivers: docs/deploy.md)
+scan: package $(TOOLS_STAMP)
+	$(BIN)/python -m infra.merge_template --stage $(STAGE) --infra --output out/$(STAGE)-infra.json
+	.venv-tools/bin/checkov --config-file infra/checkov.yaml -f $(PACKAGE_DIR)/sam.json -f out/$(STAGE)-infra.json
+
+## deploy: package STAGE, upload to s3://BUCKET, deploy stack kvcm-STAGE (PARAMS="Key=Value ...")
+deploy: package
+	@test -n "$(BUCKET)" || { echo "BUCKET=<artifact bucket> is required: the template is over CloudFormation's inline limit"; exit 2; }
+	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) stack --stage $(STAGE) --bucket $(BUCKET) $(PARAMS)
+
+## deploy-infra: stack kvcm-STAGE-infra for `chalice deploy`, then the Chalice stage from its outputs
+deploy-infra: $(STAMP)
+	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) infra --stage $(STAGE) $(if $(BUCKET),--bucket $(BUCKET)) $(PARAMS)
+	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) configure-stage --stage $(STAGE)
+
+## rehearse: both deploy paths against a local AWS (moto) and Valkey; report in out/rehearsal.json
+rehearse: $(STAMP) $(TOOLS_STAMP)
+	mkdir -p out
+	$(BIN)/python -m infra.rehearsal --report out/rehearsal.json
+
 ## bench: run every bench/*.py (files starting with _ are helpers)
 bench: $(STAMP)
 	@set -e; for script in bench/[!_]*.py; do \
@@ -72,4 +103,4 @@ bench: $(STAMP)
 ## demo: optimizer capacity report on the shared conversation trace (out/optimizer-demo)
 demo: $(STAMP)
 	$(BIN)/python -m chalicelib.optimizer report --trace ../shared/traces/mooncake_conversation.jsonl \
-		--format mooncake --out out/optimizer-demo
+		--format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd
