@@ -34,6 +34,7 @@ class Runtime:
     def valkey(self):
         """The redis-py client (one connection pool per container)."""
         if self._valkey is None:
+            credentials = self._valkey_credentials()  # outside the lock: it takes it for a boto3 client
             with self._lock:
                 if self._valkey is None:
                     import redis
@@ -49,6 +50,7 @@ class Runtime:
                     with valkey_errors("Valkey"):  # a cluster client connects here
                         self._valkey = client_class.from_url(
                             self.settings.valkey_url,
+                            **credentials,
                             # Sized for the request path: a hung Valkey fails the call within
                             # about a second (SERVICE_NOT_READY). redis-py's default retries
                             # timeouts 10 times with backoff (10-20 s); a dropped connection is
@@ -60,6 +62,18 @@ class Runtime:
                             retry_on_timeout=False,
                         )
         return self._valkey
+
+    def _valkey_credentials(self) -> dict[str, str]:
+        """``username``/``password`` for Valkey AUTH: the secret's when one is configured,
+        else the settings' (a URL ``rediss://user:password@host`` works too)."""
+        username, password = self.settings.valkey_username, self.settings.valkey_password
+        if self.settings.valkey_secret_arn:
+            import json
+
+            secret = json.loads(self.aws("secretsmanager").get_secret_value(
+                SecretId=self.settings.valkey_secret_arn)["SecretString"])
+            username, password = secret.get("username", username), secret["password"]
+        return {key: value for key, value in (("username", username), ("password", password)) if value}
 
     def aws(self, service: str):
         """A boto3 client (endpoint from ``AWS_ENDPOINT_URL`` when set, e.g. the moto server)."""

@@ -32,6 +32,11 @@ class Settings:
     valkey_url: str = "redis://127.0.0.1:6379/0"
     #: Talk to Valkey as a cluster (ElastiCache Serverless, cluster mode enabled).
     valkey_cluster: bool = False
+    #: Valkey AUTH user (ElastiCache RBAC); a password from the environment or, deployed,
+    #: from a Secrets Manager secret holding ``{"username": ..., "password": ...}``.
+    valkey_username: str = ""
+    valkey_password: str = ""
+    valkey_secret_arn: str = ""
     key_prefix: str = "kvcm"
     control_table: str = "kvcm-control"
     aws_region: str = "us-east-1"
@@ -70,6 +75,9 @@ class Settings:
             stage=os.environ.get("KVCM_STAGE", base.stage),
             valkey_url=os.environ.get("KVCM_VALKEY_URL", base.valkey_url),
             valkey_cluster=_env_bool("KVCM_VALKEY_CLUSTER", base.valkey_cluster),
+            valkey_username=os.environ.get("KVCM_VALKEY_USERNAME", base.valkey_username),
+            valkey_password=os.environ.get("KVCM_VALKEY_PASSWORD", base.valkey_password),
+            valkey_secret_arn=os.environ.get("KVCM_VALKEY_SECRET_ARN", base.valkey_secret_arn),
             key_prefix=os.environ.get("KVCM_KEY_PREFIX", base.key_prefix),
             control_table=os.environ.get("KVCM_CONTROL_TABLE", base.control_table),
             aws_region=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", base.aws_region)),

@@ -1,17 +1,29 @@
-"""Builds the template ``chalice package --merge-template`` merges into its SAM output.
+"""Builds KVCM's CloudFormation for both deploy paths from one source.
 
-``infra/kvcm.yaml`` is the hand-written part. This adds what is derived from the code so
-it cannot drift: the control table's key schema (``chalicelib.control.table_definition``)
-and, for every ``workflows/*.asl.json``, a state machine whose ``${XxxArn}``
-placeholders are the ``Fn::GetAtt`` ARNs of the functions Chalice packages (logical id =
-CamelCase of the function name), the permission to invoke them, and the ARN exported to
-every function as the ``KVCM_*_STATE_MACHINE_ARN`` variable the settings read.
+``infra/kvcm.yaml`` is the hand-written infrastructure both paths share (control table,
+Valkey cache or a bring-your-own URL, network, state machine role). This adds what is
+derived from the code so it cannot drift:
 
-Every function of the app also gets the storages' EFS mount and its role the mount
-permission when the ``EfsAccessPointArn`` parameter is set: SAM's ``Globals`` has no
-``FileSystemConfigs``, so they are added per packaged function and role.
+- the control table's key schema (``chalicelib.control.table_definition``);
+- for every ``workflows/*.asl.json``, a state machine whose ``${XxxArn}`` placeholders
+  are the ARNs of the app's functions, the permission to invoke them, and its ARN as an
+  output (``KVCM_*_STATE_MACHINE_ARN`` for the functions);
+- per function, its log group with a retention; alarms for what an operator must know
+  (API 5xx, throttles, reaper / reclaim / deletion failures, Valkey memory and compute)
+  and a dashboard.
 
-Usage: ``python -m infra.merge_template --stage dev --output out/dev-merge-template.json``
+Two builds:
+
+- ``build`` — the template ``chalice package --merge-template`` merges into its SAM
+  output (``make package`` / ``make deploy``): functions are bound by logical id, the
+  outputs become SAM ``Globals`` environment, ``infra/packaged.yaml`` adds the network
+  and the EFS mount (per packaged function and role: SAM's ``Globals`` has no
+  ``FileSystemConfigs``).
+- ``build_infra`` — the stack ``chalice deploy`` runs against: functions are bound by
+  Chalice's predictable names (``<app>-<stage>-<function>``); the outputs are what
+  ``python -m infra.deploy configure-stage`` writes into ``.chalice/config.json``.
+
+Usage: ``python -m infra.merge_template --stage dev [--infra] --output FILE``
 """
 from __future__ import annotations
 
@@ -19,7 +31,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -29,7 +41,25 @@ from chalicelib.local import asl
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent
 BASE_TEMPLATE = INFRA_DIR / "kvcm.yaml"
+PACKAGED_TEMPLATE = INFRA_DIR / "packaged.yaml"
 WORKFLOWS_DIR = REPO_ROOT / "workflows"
+CHALICE_CONFIG = REPO_ROOT / ".chalice" / "config.json"
+APP_NAME = "kvcm"
+
+#: Function environment variable → the output of kvcm.yaml that holds its value.
+FUNCTION_ENVIRONMENT_OUTPUTS: Mapping[str, str] = {
+    "KVCM_VALKEY_URL": "ValkeyUrl",
+    "KVCM_VALKEY_CLUSTER": "ValkeyCluster",
+    "KVCM_VALKEY_SECRET_ARN": "ValkeySecretArn",
+    "KVCM_CONTROL_TABLE": "ControlTableName",
+}
+#: Outputs holding the functions' network (``configure-stage`` reads them).
+SECURITY_GROUP_OUTPUT = "FunctionSecurityGroupId"
+SUBNETS_OUTPUT = "FunctionSubnetIds"
+
+
+def state_machine_output(workflow: str) -> str:
+    return f"{asl.logical_id(workflow)}StateMachineArn"
 
 
 def state_machine_name(workflow: str) -> dict:
@@ -44,8 +74,36 @@ def state_machine_arn(workflow: str) -> dict:
                        f":stateMachine:kvcm-${{Stage}}-{workflow}"}
 
 
-def state_machine_resource(workflow: str, definition: dict, functions: Iterable[str]) -> dict:
-    """The state machine of one workflow; ``functions`` are the logical ids its tasks invoke."""
+class PackagedFunctions:
+    """Functions as ``chalice package`` emits them: resources named by logical id."""
+
+    def arn(self, name: str) -> dict:
+        return {"Fn::GetAtt": [function_logical_id(name), "Arn"]}
+
+    def name(self, name: str) -> dict:
+        return {"Ref": function_logical_id(name)}
+
+    #: ``make package`` names the REST API after the stage (see ``build``).
+    api_name = {"Fn::Sub": "kvcm-${Stage}"}
+
+
+class DeployedFunctions:
+    """Functions as ``chalice deploy`` creates them: ``<app>-<stage>-<function>``."""
+
+    def arn(self, name: str) -> dict:
+        return {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
+                           f":function:{APP_NAME}-${{Stage}}-{name}"}
+
+    def name(self, name: str) -> dict:
+        return {"Fn::Sub": f"{APP_NAME}-${{Stage}}-{name}"}
+
+    #: ``chalice deploy`` names the REST API after the app (the swagger title).
+    api_name = APP_NAME
+
+
+def state_machine_resource(workflow: str, definition: dict, functions: Iterable[str],
+                           binding: Any = PackagedFunctions()) -> dict:
+    """The state machine of one workflow; ``functions`` are the function names its tasks invoke."""
     return {
         "Type": "AWS::StepFunctions::StateMachine",
         "Properties": {
@@ -53,8 +111,8 @@ def state_machine_resource(workflow: str, definition: dict, functions: Iterable[
             "RoleArn": {"Fn::GetAtt": ["StateMachineRole", "Arn"]},
             # An object (not DefinitionString), so cfn-lint validates the ASL.
             "Definition": definition,
-            "DefinitionSubstitutions": {asl.arn_placeholder(logical_id): {"Fn::GetAtt": [logical_id, "Arn"]}
-                                        for logical_id in sorted(functions)},
+            "DefinitionSubstitutions": {asl.arn_placeholder(function_logical_id(name)): binding.arn(name)
+                                        for name in sorted(functions)},
         },
     }
 
@@ -67,6 +125,123 @@ def app_functions(app: Any) -> list[str]:
 
 def function_logical_id(name: str) -> str:
     return "APIHandler" if name == "api_handler" else asl.logical_id(name)
+
+
+def log_group_logical_id(name: str) -> str:
+    return f"{function_logical_id(name)}LogGroup"
+
+
+def log_groups(function_names: Iterable[str]) -> dict:
+    """One log group per function, named as Lambda would (``/aws/lambda/kvcm-<stage>-<fn>``)
+    so both paths log to the same place, with the stack's retention."""
+    return {log_group_logical_id(name): {
+        "Type": "AWS::Logs::LogGroup",
+        "DeletionPolicy": "Delete",
+        "UpdateReplacePolicy": "Delete",
+        "Properties": {"LogGroupName": {"Fn::Sub": f"/aws/lambda/{APP_NAME}-${{Stage}}-{name}"},
+                       "RetentionInDays": {"Ref": "LogRetentionDays"}},
+    } for name in function_names}
+
+
+def alarm(description: str, namespace: str, metric: str, dimensions: Mapping[str, Any], threshold: float,
+          statistic: str = "Sum", periods: int = 1, condition: str | None = None) -> dict:
+    """A CloudWatch alarm on one metric over 5-minute periods; missing data is fine."""
+    resource: dict[str, Any] = {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+        "AlarmDescription": description,
+        "Namespace": namespace, "MetricName": metric,
+        "Dimensions": [{"Name": key, "Value": value} for key, value in dimensions.items()],
+        "Statistic": statistic, "Period": 300, "EvaluationPeriods": periods, "Threshold": threshold,
+        "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": "notBreaching",
+        "AlarmActions": {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]},
+    }}
+    if condition:
+        resource["Condition"] = condition
+    return resource
+
+
+def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
+    """The few alarms an operator must act on (thresholds: see docs/deploy.md)."""
+    names = set(function_names)
+    fn = binding.name
+    machine = state_machine_arn
+    resources = {
+        "ApiServerErrorsAlarm": alarm(
+            "More than 1% of API calls answered 5xx for 10 minutes (Valkey or DynamoDB unreachable, handler crash)",
+            "AWS/ApiGateway", "5XXError", {"ApiName": binding.api_name, "Stage": api_stage}, 0.01,
+            statistic="Average", periods=2),
+        "ReaperFailuresAlarm": alarm(
+            "A write-session reaper execution failed: expired write sessions are not being cleaned up",
+            "AWS/States", "ExecutionsFailed", {"StateMachineArn": machine("write_session_reaper")}, 0),
+        "DeletionFailuresAlarm": alarm(
+            "A batched deletion execution failed: removed blocks' data stays on storage until the stranded sweep",
+            "AWS/States", "ExecutionsFailed", {"StateMachineArn": machine("batched_delete")}, 0),
+        "ValkeyMemoryAlarm": {"Type": "AWS::CloudWatch::Alarm", "Condition": "CreateValkey", "Properties": {
+            "AlarmDescription": "Valkey data above 80% of ValkeyMaxDataGB: writes will be refused at the limit",
+            "Metrics": [
+                {"Id": "used", "ReturnData": False, "MetricStat": {"Stat": "Maximum", "Period": 300, "Metric": {
+                    "Namespace": "AWS/ElastiCache", "MetricName": "BytesUsedForCache",
+                    "Dimensions": [{"Name": "clusterId", "Value": {"Fn::Sub": "kvcm-${Stage}"}}]}}},
+                {"Id": "percent", "Label": "Valkey data, % of the limit",
+                 "Expression": {"Fn::Sub": "100 * used / (${ValkeyMaxDataGB} * 1073741824)"}}],
+            "EvaluationPeriods": 1, "Threshold": 80, "ComparisonOperator": "GreaterThanThreshold",
+            "TreatMissingData": "notBreaching",
+            "AlarmActions": {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}}},
+        # Serverless Valkey has no CPU metric: it scales compute (ECPUs) and throttles
+        # commands when load grows faster than it scales.
+        "ValkeyComputeAlarm": alarm(
+            "Valkey throttled commands (compute scaling behind the load): API calls slow down or fail",
+            "AWS/ElastiCache", "ThrottledCmds", {"clusterId": {"Fn::Sub": "kvcm-${Stage}"}}, 0,
+            condition="CreateValkey"),
+    }
+    if "api_handler" in names:
+        resources["ApiThrottlesAlarm"] = alarm(
+            "The API function was throttled (account or reserved concurrency exhausted): callers get 5xx",
+            "AWS/Lambda", "Throttles", {"FunctionName": fn("api_handler")}, 0)
+    for name, what in (("reclaim", "Reclaim"), ("reaper_watchdog", "ReaperWatchdog")):
+        if name in names:
+            resources[f"{what}ErrorsAlarm"] = alarm(
+                f"The {name} function failed in 3 consecutive 5-minute periods",
+                "AWS/Lambda", "Errors", {"FunctionName": fn(name)}, 0, periods=3)
+    return resources
+
+
+def dashboard(binding: Any, api_stage: str, function_names: Iterable[str], workflows: Iterable[str]) -> dict:
+    """A CloudWatch dashboard of the service's key metrics."""
+    names = sorted(function_names)
+    variables: dict[str, Any] = {"ApiName": binding.api_name}
+    for name in names:
+        variables[f"Fn{function_logical_id(name)}"] = binding.name(name)
+
+    def fn(name: str) -> str:
+        return f"${{Fn{function_logical_id(name)}}}"
+
+    def widget(title: str, metrics: list[list], stat: str = "Sum") -> dict:
+        return {"type": "metric", "width": 12, "height": 6, "properties": {
+            "title": title, "metrics": metrics, "stat": stat, "period": 60, "region": "${AWS::Region}",
+            "view": "timeSeries"}}
+
+    api = ["ApiName", "${ApiName}", "Stage", api_stage]
+    widgets = [
+        widget("API calls and errors", [["AWS/ApiGateway", metric, *api] for metric in ("Count", "5XXError", "4XXError")]),
+        widget("API latency (p50, p99)", [["AWS/ApiGateway", "Latency", *api, {"stat": stat}] for stat in ("p50", "p99")],
+               stat="p50"),
+        widget("Function errors", [["AWS/Lambda", "Errors", "FunctionName", fn(n)] for n in names]),
+        widget("Function throttles", [["AWS/Lambda", "Throttles", "FunctionName", fn(n)] for n in names]),
+        widget("State machine failures", [["AWS/States", "ExecutionsFailed", "StateMachineArn",
+                                           "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
+                                           f":stateMachine:kvcm-${{Stage}}-{w}"] for w in sorted(workflows)]),
+        widget("Valkey data (bytes) and compute (ECPUs)", [
+            ["AWS/ElastiCache", "BytesUsedForCache", "clusterId", "kvcm-${Stage}", {"stat": "Maximum"}],
+            ["AWS/ElastiCache", "ElastiCacheProcessingUnits", "clusterId", "kvcm-${Stage}", {"yAxis": "right"}],
+            ["AWS/ElastiCache", "ThrottledCmds", "clusterId", "kvcm-${Stage}", {"yAxis": "right"}]]),
+        widget("Control table throttles", [["AWS/DynamoDB", "ThrottledRequests", "TableName",
+                                            "kvcm-control-${Stage}"]]),
+    ]
+    for number, item in enumerate(widgets):
+        item["x"], item["y"] = 12 * (number % 2), 6 * (number // 2)
+    body = json.dumps({"widgets": widgets})
+    return {"Type": "AWS::CloudWatch::Dashboard", "Properties": {
+        "DashboardName": {"Fn::Sub": "kvcm-${Stage}"}, "DashboardBody": {"Fn::Sub": [body, variables]}}}
 
 
 def efs_mount(function_names: Iterable[str]) -> dict:
@@ -82,43 +257,93 @@ def efs_mount(function_names: Iterable[str]) -> dict:
     return resources
 
 
-def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
-          function_names: Iterable[str] | None = None) -> dict:
-    """The merge template for ``stage`` (``function_names``: the app's, by default)."""
+def api_gateway_stage(stage: str, config: Path = CHALICE_CONFIG) -> str:
+    """The API Gateway stage Chalice deploys ``stage`` to (``api`` unless configured)."""
+    settings = json.loads(config.read_text(encoding="utf-8"))
+    return settings.get("stages", {}).get(stage, {}).get("api_gateway_stage", settings.get("api_gateway_stage", "api"))
+
+
+def _shared(stage: str, workflows_dir: Path, base: Path, function_names: Iterable[str] | None,
+            binding: Any) -> tuple[dict, list[str]]:
+    """kvcm.yaml with everything derived from the code, functions bound by ``binding``."""
     template: dict[str, Any] = yaml.safe_load(base.read_text(encoding="utf-8"))
     template["Parameters"]["Stage"]["Default"] = stage
     table = template["Resources"]["ControlTable"]["Properties"]
     table.update(table_definition(table["TableName"]))
-
-    invoked: set[str] = set()
-    variables = template["Globals"]["Function"]["Environment"]["Variables"]
-    for workflow, path in asl.discover([workflows_dir]).items():
-        text = path.read_text(encoding="utf-8")
-        functions = asl.invoked_functions(text, str(path))
-        invoked |= functions
-        template["Resources"][f"{asl.logical_id(workflow)}StateMachine"] = state_machine_resource(
-            workflow, json.loads(text), functions)
-        if workflow in asl.STATE_MACHINE_ENV:
-            variables[asl.STATE_MACHINE_ENV[workflow]] = state_machine_arn(workflow)
-    if invoked:
-        document = template["Resources"]["StateMachineRole"]["Properties"]["Policies"][0]["PolicyDocument"]
-        document["Statement"].append({
-            "Sid": "InvokeTaskFunctions", "Effect": "Allow", "Action": "lambda:InvokeFunction",
-            "Resource": [{"Fn::GetAtt": [name, "Arn"]} for name in sorted(invoked)]})
     if function_names is None:
         from app import app
 
         function_names = app_functions(app)
-    template["Resources"].update(efs_mount(function_names))
+    names = list(function_names)
+    by_logical_id = {function_logical_id(name): name for name in names}
+
+    invoked: set[str] = set()
+    workflows = asl.discover([workflows_dir])
+    for workflow, path in workflows.items():
+        text = path.read_text(encoding="utf-8")
+        functions = {by_logical_id.get(logical_id, logical_id) for logical_id in asl.invoked_functions(text, str(path))}
+        invoked |= functions
+        template["Resources"][f"{asl.logical_id(workflow)}StateMachine"] = state_machine_resource(
+            workflow, json.loads(text), functions, binding)
+        if workflow in asl.STATE_MACHINE_ENV:
+            template["Outputs"][state_machine_output(workflow)] = {"Value": state_machine_arn(workflow)}
+    if invoked:
+        document = template["Resources"]["StateMachineRole"]["Properties"]["Policies"][0]["PolicyDocument"]
+        document["Statement"].append({
+            "Sid": "InvokeTaskFunctions", "Effect": "Allow", "Action": "lambda:InvokeFunction",
+            "Resource": [binding.arn(name) for name in sorted(invoked)]})
+    api_stage = api_gateway_stage(stage)
+    template["Resources"].update(log_groups(names))
+    template["Resources"].update(alarms(binding, api_stage, names))
+    template["Resources"]["Dashboard"] = dashboard(binding, api_stage, names, workflows)
+    return template, names
+
+
+def function_environment(template: dict) -> dict:
+    """Every function's environment from the template's outputs (name → value)."""
+    outputs = template["Outputs"]
+    variables = {variable: outputs[key]["Value"] for variable, key in FUNCTION_ENVIRONMENT_OUTPUTS.items()}
+    for workflow, variable in asl.STATE_MACHINE_ENV.items():
+        if state_machine_output(workflow) in outputs:
+            variables[variable] = outputs[state_machine_output(workflow)]["Value"]
+    return variables
+
+
+def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
+          function_names: Iterable[str] | None = None) -> dict:
+    """The merge template of ``chalice package`` for ``stage`` (``function_names``: the app's, by default)."""
+    template, names = _shared(stage, workflows_dir, base, function_names, PackagedFunctions())
+    packaged = yaml.safe_load(PACKAGED_TEMPLATE.read_text(encoding="utf-8"))
+    for section in ("Parameters", "Rules", "Conditions", "Resources"):
+        template.setdefault(section, {}).update(packaged.get(section, {}))
+    template["Globals"] = packaged["Globals"]
+    template["Globals"]["Function"]["Environment"] = {"Variables": function_environment(template)}
+    template["Resources"].update(efs_mount(names))
+    for name in names:
+        # The function logs into the stack's log group (created first, retention set)
+        # instead of one Lambda would create on first use.
+        template["Resources"][function_logical_id(name)]["Properties"]["LoggingConfig"] = {
+            "LogGroup": {"Ref": log_group_logical_id(name)}}
+    if "api_handler" in names:
+        template["Resources"]["RestAPI"] = {"Properties": {"Name": PackagedFunctions.api_name}}
+    return template
+
+
+def build_infra(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
+                function_names: Iterable[str] | None = None) -> dict:
+    """The infrastructure stack ``chalice deploy --stage <stage>`` runs against."""
+    template, _ = _shared(stage, workflows_dir, base, function_names, DeployedFunctions())
+    template["Description"] = template["Description"] + " - infrastructure for chalice deploy"
     return template
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", default="dev")
+    parser.add_argument("--infra", action="store_true", help="the infrastructure stack for `chalice deploy`")
     parser.add_argument("--output", type=Path, help="file to write (default: stdout)")
     args = parser.parse_args(argv)
-    text = json.dumps(build(args.stage), indent=2) + "\n"
+    text = json.dumps((build_infra if args.infra else build)(args.stage), indent=2) + "\n"
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")

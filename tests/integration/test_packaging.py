@@ -1,4 +1,5 @@
-"""Deployment artifacts: the merge template, ``chalice package`` + cfn-lint, IAM policies.
+"""Deployment artifacts: the merge template and the infra stack, ``chalice package`` +
+cfn-lint, checkov, IAM policies and the deployable stages' settings.
 
 ``chalice package`` needs a region but no credentials; for the real app it pip-installs
 requirements.txt (PyPI) into the deployment zip.
@@ -17,15 +18,22 @@ import pytest
 
 from chalicelib.local import asl
 from chalicelib.local.config import REPO_ROOT
-from infra.merge_template import build
+from infra.merge_template import app_functions, build, build_infra, function_logical_id
 
 BIN = Path(sys.executable).parent
 FIXTURES = REPO_ROOT / "tests" / "e2e" / "fixtures"
 ECHO_ASL = FIXTURES / "e2e_echo.asl.json"
 STAGES = ("dev", "prod")
+TOOLS = REPO_ROOT / ".venv-tools" / "bin"
 
 needs_pip = pytest.mark.skipif(importlib.util.find_spec("pip") is None,
                                reason="chalice package pip-installs requirements.txt and pip is unavailable")
+
+
+def lint(template_file: Path) -> None:
+    """cfn-lint without errors (its exit code is a bit field: 2 = errors, 4 = warnings, 8 = informational)."""
+    result = subprocess.run([str(BIN / "cfn-lint"), str(template_file)], capture_output=True, text=True, timeout=300)
+    assert result.returncode & 2 == 0, result.stdout + result.stderr
 
 
 def package(project_dir: Path, merge_template: dict, out_dir: Path, stage: str = "dev") -> dict:
@@ -37,10 +45,7 @@ def package(project_dir: Path, merge_template: dict, out_dir: Path, stage: str =
                                "--stage", stage, "--merge-template", str(template_file), str(out_dir)],
                               env=env, capture_output=True, text=True, timeout=300)
     assert packaged.returncode == 0, packaged.stdout + packaged.stderr
-    lint = subprocess.run([str(BIN / "cfn-lint"), str(out_dir / "sam.json")], capture_output=True, text=True,
-                          timeout=300)
-    # cfn-lint's exit code is a bit field: 2 = errors, 4 = warnings, 8 = informational.
-    assert lint.returncode & 2 == 0, lint.stdout + lint.stderr
+    lint(out_dir / "sam.json")
     return json.loads((out_dir / "sam.json").read_text())
 
 
@@ -69,6 +74,8 @@ def test_control_table_matches_the_control_plane_and_the_policies():
         policy = (REPO_ROOT / ".chalice" / f"policy-{stage}.json").read_text()
         assert f"table/kvcm-control-{stage}\"" in policy
         assert f"stateMachine:kvcm-{stage}-*" in policy
+        # the Valkey AUTH secret the template names kvcm-<stage>-valkey
+        assert f"secret:kvcm-{stage}-*" in policy
 
 
 def test_stage_policies_differ_only_by_stage_name():
@@ -109,21 +116,127 @@ def test_workflow_state_machines_package_and_lint(tmp_path: Path):
     assert invoke["Resource"] == [{"Fn::GetAtt": ["E2eEcho", "Arn"]}]
 
 
+@pytest.fixture(scope="module")
+def packaged_app(tmp_path_factory) -> dict:
+    """The real app packaged for dev (one stage is enough: the others differ in policy file
+    and variables, checked above), with its template file."""
+    out = tmp_path_factory.mktemp("package") / "out"
+    return {"template": package(REPO_ROOT, build("dev"), out), "file": out / "sam.json", "zip": out / "deployment.zip"}
+
+
 @needs_pip
-def test_the_app_packages_and_lints(tmp_path: Path):
-    # One stage is enough: the others differ in policy file and variables, checked above.
-    template = package(REPO_ROOT, build("dev"), tmp_path / "out")
+def test_the_app_packages_and_lints(packaged_app):
+    from app import app
+
+    template = packaged_app["template"]
     assert template["Parameters"]["Stage"]["Default"] == "dev"
     resources = template["Resources"]
     assert "ValkeyCache" in resources and "APIHandler" in resources
     functions = {name: r["Properties"] for name, r in resources.items() if r["Type"] == "AWS::Serverless::Function"}
-    assert len(functions) == 9
+    assert set(functions) == {function_logical_id(name) for name in app_functions(app)}
     # every function mounts the storages' EFS when it is given, through a role allowed to
     for name, properties in functions.items():
         assert properties["FileSystemConfigs"]["Fn::If"][0] == "MountEfs", name
         role = properties["Role"]["Fn::GetAtt"][0]
         assert resources[role]["Type"] == "AWS::IAM::Role", name
         assert resources[role]["Properties"]["ManagedPolicyArns"]["Fn::If"][1] == [{"Ref": "EfsClientPolicy"}]
+        # ... and logs into the stack's log group, whose retention the stack sets
+        group = properties["LoggingConfig"]["LogGroup"]["Ref"]
+        assert resources[group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}, name
     # a full vCPU for the request path; room for the optimizer
     assert (functions["APIHandler"]["MemorySize"], functions["APIHandler"]["Timeout"]) == (1769, 29)
     assert (functions["OptimizerRun"]["MemorySize"], functions["OptimizerRun"]["Timeout"]) == (3008, 900)
+
+
+@needs_pip
+def test_the_deployment_package_leaves_out_what_the_runtime_has(packaged_app):
+    """boto3/botocore come with the Lambda runtime (16 MB of the package otherwise); the
+    optimizer's plotting library is optional and stays out of every function."""
+    import zipfile
+
+    with zipfile.ZipFile(packaged_app["zip"]) as archive:
+        top = {name.split("/")[0] for name in archive.namelist()}
+    assert {"app.py", "chalicelib", "pydantic", "redis", "aws_lambda_powertools"} <= top
+    assert not top & {"boto3", "botocore", "s3transfer", "matplotlib", "numpy"}
+    assert packaged_app["zip"].stat().st_size < 8 * 1024 * 1024
+
+
+def test_valkey_is_tls_with_an_auth_user_unless_brought():
+    template = build("dev")
+    resources, outputs = template["Resources"], template["Outputs"]
+    cache = resources["ValkeyCache"]
+    assert cache["Condition"] == "CreateValkey"
+    assert cache["Properties"]["UserGroupId"] == {"Ref": "ValkeyUserGroup"}
+    users = {resources[ref["Ref"]]["Properties"]["UserName"]: resources[ref["Ref"]]["Properties"]
+             for ref in resources["ValkeyUserGroup"]["Properties"]["UserIds"]}
+    assert users["default"]["AccessString"].startswith("off ")
+    service = users["kvcm"]
+    assert service["AccessString"].startswith("on ") and "-@dangerous" in service["AccessString"]
+    assert "ValkeySecret" in json.dumps(service["AuthenticationMode"])
+    created, brought = outputs["ValkeyUrl"]["Value"]["Fn::If"][1:]
+    assert created["Fn::Sub"].startswith("rediss://") and brought == {"Ref": "ValkeyUrl"}
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["KVCM_VALKEY_SECRET_ARN"] == outputs["ValkeySecretArn"]["Value"]
+    assert variables["KVCM_VALKEY_URL"] == outputs["ValkeyUrl"]["Value"]
+
+
+def test_alarms_and_dashboard_cover_what_an_operator_must_know():
+    resources = build("dev")["Resources"]
+    metrics = {(r["Properties"].get("Namespace"), r["Properties"].get("MetricName")) for r in resources.values()
+               if r.get("Type") == "AWS::CloudWatch::Alarm"}
+    assert {("AWS/ApiGateway", "5XXError"), ("AWS/Lambda", "Throttles"), ("AWS/States", "ExecutionsFailed"),
+            ("AWS/Lambda", "Errors"), ("AWS/ElastiCache", "ThrottledCmds")} <= metrics
+    memory = resources["ValkeyMemoryAlarm"]["Properties"]["Metrics"]
+    assert memory[0]["MetricStat"]["Metric"]["MetricName"] == "BytesUsedForCache"
+    body = json.dumps(resources["Dashboard"]["Properties"]["DashboardBody"])
+    for metric in ("5XXError", "Latency", "Throttles", "ExecutionsFailed", "BytesUsedForCache"):
+        assert metric in body
+
+
+def test_infra_stack_binds_state_machines_to_chalice_function_names(tmp_path: Path):
+    """The stack `chalice deploy` runs against: no SAM, state machines and their role bound
+    to ``kvcm-<stage>-<function>``, and every variable the functions need as an output."""
+    from app import app
+
+    template = build_infra("dev")
+    assert "Globals" not in template and "Transform" not in template
+    assert not any(r["Type"].startswith("AWS::Serverless") for r in template["Resources"].values())
+    machines = state_machines(template)
+    reaper = machines["WriteSessionReaperStateMachine"]["DefinitionSubstitutions"]
+    assert reaper["ExpireWriteSessionsArn"]["Fn::Sub"].endswith(":function:kvcm-${Stage}-expire_write_sessions")
+    names = set(app_functions(app))
+    invoke = template["Resources"]["StateMachineRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][-1]
+    for arn in invoke["Resource"]:
+        assert arn["Fn::Sub"].rsplit("kvcm-${Stage}-", 1)[1] in names
+    for workflow, variable in asl.STATE_MACHINE_ENV.items():
+        assert f"{asl.logical_id(workflow)}StateMachineArn" in template["Outputs"], variable
+    template_file = tmp_path / "infra.json"
+    template_file.write_text(json.dumps(template))
+    lint(template_file)
+
+
+def test_deployable_stages_have_auth_on_and_fault_injection_off():
+    stages = json.loads((REPO_ROOT / ".chalice" / "config.json").read_text())["stages"]
+    for stage in STAGES:
+        variables = stages[stage]["environment_variables"]
+        assert variables["KVCM_AUTH"] == "true", stage
+        assert variables["KVCM_DEBUG_SERVICE"] == "false", stage
+
+
+@pytest.mark.skipif(not (TOOLS / "checkov").exists(), reason="checkov lives in .venv-tools: run `make tools`")
+@needs_pip
+def test_checkov_finds_nothing_beyond_the_written_waivers(packaged_app, tmp_path: Path):
+    import yaml
+
+    config = REPO_ROOT / "infra" / "checkov.yaml"
+    infra = tmp_path / "infra.json"
+    infra.write_text(json.dumps(build_infra("dev")))
+    for template_file in (packaged_app["file"], infra):
+        scan = subprocess.run([str(TOOLS / "checkov"), "-f", str(template_file), "--config-file", str(config),
+                               "-o", "json"], capture_output=True, text=True, timeout=600)
+        summary = json.loads(scan.stdout)["summary"]
+        assert summary["failed"] == 0 and summary["parsing_errors"] == 0, scan.stdout[-4000:]
+        assert summary["passed"] > 20
+    waivers = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    for check in yaml.safe_load(config.read_text())["skip-check"]:
+        assert f"| {check} |" in waivers, f"{check} is skipped without a waiver in docs/deploy.md"
