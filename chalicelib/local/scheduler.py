@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -87,11 +88,16 @@ class Scheduler:
         for thread in self._threads:
             thread.start()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Signal every job and wait for a running call to finish."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Signal every job and wait, ``timeout_s`` in all, for running calls to finish; a
+        call still running then is logged and left to its daemon thread (a stop must not
+        hang on one job)."""
         self._stop.set()
+        deadline = time.monotonic() + timeout_s
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if running := [thread.name for thread in self._threads if thread.is_alive()]:
+            logger.warning("scheduled jobs still running at stop, left behind: %s", ", ".join(running))
         self._threads = []
 
     def _loop(self, job: Job) -> None:

@@ -77,3 +77,22 @@ def test_scheduler_calls_at_start_keeps_calling_after_failures_and_stops_at_once
         scheduler.stop()
     assert time.monotonic() - began < 1
     assert not [t for t in threading.enumerate() if t.name.startswith("kvcm-local-schedule-")]
+
+
+def test_a_job_that_does_not_return_cannot_hold_the_stop_up(caplog):
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck():
+        entered.set()
+        release.wait(30)
+
+    scheduler = Scheduler([Job("stuck", 3600, stuck)])
+    scheduler.start()
+    assert entered.wait(5)
+    began = time.monotonic()
+    try:
+        scheduler.stop(timeout_s=0.2)
+        assert time.monotonic() - began < 2
+        assert "kvcm-local-schedule-stuck" in caplog.text
+    finally:
+        release.set()
