@@ -13,8 +13,8 @@ from chalicelib.optimizer.errors import ConfigError, OptimizerError
 from chalicelib.optimizer.kvcm_policy import ORDERS, KVCMPolicy
 from chalicelib.optimizer.mrc import lru_curve, shards_error
 from chalicelib.optimizer.planner import (DEFAULT_MODEL, DEFAULT_TIER, MODEL_PRESETS,
-                                          STORAGE_TIERS, CapacityPlan, model_preset,
-                                          parse_prices, storage_tier)
+                                          STORAGE_TIERS, CapacityPlan, for_people,
+                                          model_preset, parse_prices, storage_tier)
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import EvictionMode, replay
 from chalicelib.optimizer.report import (build_report, log_capacities, summary_lines,
@@ -22,6 +22,7 @@ from chalicelib.optimizer.report import (build_report, log_capacities, summary_l
 from chalicelib.optimizer.sweep import (PointResult, SweepSettings, TraceSpec, aggregate,
                                         curve_is_exact, refine_capacity, sweep)
 from chalicelib.optimizer.synthetic import Workload, generate, workload_summary
+from chalicelib.optimizer.tuning import instance_curves, recommend
 from chalicelib.optimizer.traces import FORMATS
 
 _SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
@@ -69,6 +70,9 @@ EXAMPLES = {
     "sweep": f"""example:
   python -m chalicelib.optimizer sweep --trace {_SHARED}/mooncake_conversation.jsonl \\
       --capacities log:1k:100k:8 --policies lru,random_lru,lfu --workers 2""",
+    "tune": f"""example:
+  python -m chalicelib.optimizer tune --trace {_SHARED}/kvcm_event_publisher.log \\
+      --group-quota 4000 --max-shift 0.2""",
     "report": f"""examples:
   python -m chalicelib.optimizer report --trace {_SHARED}/mooncake_conversation.jsonl \\
       --format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd
@@ -363,8 +367,45 @@ def _planner_args(parser: argparse.ArgumentParser) -> None:
                       help="replace a tier's price per GiB-hour (repeatable)")
 
 
+def _quotas(text: str) -> dict[str, int]:
+    """``i1=20k,i2=5000`` -> blocks per instance."""
+    quotas = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"expected INSTANCE=BLOCKS, got {item!r}")
+        quotas[name.strip()] = parse_capacity(value)
+    return quotas
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    curves = instance_curves(spec.records(), spec.block_size or 16)
+    if args.quotas:
+        current = _quotas(args.quotas)
+    elif args.group_quota:
+        total = parse_capacity(args.group_quota)
+        current = {name: total // len(curves) for name in curves}
+    else:
+        raise ConfigError("give the current quotas (--quotas) or the group's (--group-quota)")
+    rec = recommend(curves, current, used_fraction=args.used_percentage,
+                    max_shift=args.max_shift, granules=args.granules)
+    if args.json:
+        _print_json(for_people(rec))
+        return 0
+    now, step = rec["current"], rec["recommended"]
+    print(f"group hit ratio {_pct(now['group_hit_ratio'])} now, {_pct(step['group_hit_ratio'])} "
+          f"after this step (expected gain {step['expected_gain']:+.2%}); the optimum of "
+          f"{rec['total_quota_blocks']:,} blocks gives {_pct(rec['optimum']['group_hit_ratio'])}")
+    print(f"{'instance':<24}{'quota now':>12}{'recommended':>13}{'hit now':>10}{'hit then':>10}")
+    for name, row in rec["per_instance"].items():
+        print(f"{name[:23]:<24}{row['current']:>12,}{row['recommended']:>13,}"
+              f"{_pct(row['hit_ratio_now']):>10}{_pct(row['hit_ratio_recommended']):>10}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of the four commands."""
+    """The argparse tree of the commands."""
     parser = argparse.ArgumentParser(
         prog="python -m chalicelib.optimizer", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -441,6 +482,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     _planner_args(p)
     p.set_defaults(handler=cmd_report)
+
+    p = commands.add_parser("tune", help="split a group's quota among its instances",
+                            description="Per-instance hit-ratio curves from a trace (e.g. "
+                                        "KVCM's event log), the split of the group's quota "
+                                        "that maximises the group's hit ratio (cliffs "
+                                        "included), and a bounded step toward it.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=EXAMPLES["tune"])
+    _trace_args(p)
+    p.add_argument("--quotas", help="current quotas per instance, e.g. i1=20k,i2=5000")
+    p.add_argument("--group-quota", help="the group's quota in blocks, split evenly now")
+    p.add_argument("--used-percentage", type=float, default=0.9,
+                   help="KVCM's watermark: a quota keeps this share cached (default 0.9)")
+    p.add_argument("--max-shift", type=float, default=0.2,
+                   help="share of the group quota one step may move (default 0.2)")
+    p.add_argument("--granules", type=int, default=200,
+                   help="quota granules of the split's grid (default 200)")
+    p.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    p.set_defaults(handler=cmd_tune)
     return parser
 
 
