@@ -2,12 +2,14 @@
 from chalice import Chalice, Rate
 
 from chalicelib.capacity.reclaimer import reclaim_handler
-from chalicelib.routes import admin, console, debug, docs, meta, ops, unknown
+from chalicelib.routes import admin, console, debug, docs, gateway, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
 from chalicelib.workflows import deletes, health, reaper
 
 # The service logs through Powertools (logger "kvcm"); Chalice must not reconfigure it.
 app = Chalice(app_name="kvcm", configure_logs=False)
+if gateway.ENABLED:  # the stage deploys its API behind the gateway's authorizer
+    app.register_blueprint(gateway.blueprint)
 app.register_blueprint(meta.blueprint)
 app.register_blueprint(admin.blueprint)
 app.register_blueprint(debug.blueprint)

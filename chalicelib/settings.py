@@ -63,6 +63,8 @@ class Settings:
     api_key_max_ttl_s: int = 365 * 86400
     #: How long audit records are kept (DynamoDB TTL).
     audit_ttl_days: int = 90
+    #: Deploy the API routes behind the API Gateway authorizer (routes.gateway).
+    gateway_authorizer: bool = False
     reaper_state_machine_arn: str = ""
     delete_state_machine_arn: str = ""
     sweep_state_machine_arn: str = ""
@@ -98,6 +100,7 @@ class Settings:
             api_key_default_ttl_s=_env_int("KVCM_API_KEY_DEFAULT_TTL_S", base.api_key_default_ttl_s),
             api_key_max_ttl_s=_env_int("KVCM_API_KEY_MAX_TTL_S", base.api_key_max_ttl_s),
             audit_ttl_days=_env_int("KVCM_AUDIT_TTL_DAYS", base.audit_ttl_days),
+            gateway_authorizer=_env_bool("KVCM_GATEWAY_AUTHORIZER", base.gateway_authorizer),
             reaper_state_machine_arn=os.environ.get("KVCM_REAPER_STATE_MACHINE_ARN", ""),
             delete_state_machine_arn=os.environ.get("KVCM_DELETE_STATE_MACHINE_ARN", ""),
             sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),

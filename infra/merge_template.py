@@ -120,6 +120,7 @@ def state_machine_resource(workflow: str, definition: dict, functions: Iterable[
 def app_functions(app: Any) -> list[str]:
     """Names of every Lambda function ``chalice package`` makes of ``app``."""
     names = [f.name for f in app.pure_lambda_functions] + [e.name for e in app.event_sources]
+    names += [a.name for a in app.builtin_auth_handlers]  # the API Gateway authorizer, when deployed
     return names + (["api_handler"] if app.routes else [])
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 from chalice import Blueprint, Response
 
 from ..runtime import get_runtime
+from . import gateway
 from .dispatch import Dispatcher, Operation
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:
-    """One route per operation; any content type is accepted and parsed as JSON."""
+    """One route per operation; any content type is accepted and parsed as JSON. Deployed
+    with ``KVCM_GATEWAY_AUTHORIZER``, every route sits behind the gateway's authorizer."""
     blueprint = Blueprint(import_name)
     dispatcher = Dispatcher(operations)
 
@@ -25,5 +27,6 @@ def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:
         return view
 
     for api_name in dispatcher.operations:
-        blueprint.route(f"/api/{api_name}", methods=["POST"], content_types=["*/*"])(make_view(api_name))
+        blueprint.route(f"/api/{api_name}", methods=["POST"], content_types=["*/*"],
+                        authorizer=gateway.api_key_authorizer if gateway.ENABLED else None)(make_view(api_name))
     return blueprint

@@ -14,8 +14,12 @@ def api_key(name: str) -> str:
 
 
 def _faults(runtime):
-    if not runtime.settings.debug_service:
+    settings = runtime.settings
+    if not settings.debug_service:
         raise UnsupportedError("the debug service is disabled in this stage")
+    # Fault injection fails other tenants' calls: on a deployed stage only an admin may.
+    if not settings.auth_enabled and settings.stage != "local":
+        raise UnsupportedError(f"the debug service needs auth on stage '{settings.stage}' (KVCM_AUTH)")
     return runtime.faults
 
 
