@@ -6,7 +6,8 @@ cannot do is worked around here, and only here (each is listed in docs/deploy.md
 
 1. Lambda runs no code without Docker: an invocation runs the *deployed* package in a
    fresh Python process (``-S``: nothing but the package and the runtime-provided boto3,
-   as on Lambda), with the function's configured environment, its handler and a context.
+   as on Lambda), with the function's configured environment, its handler and a context;
+   one ``KVCM_NODE_ID`` for all, as a warm container would keep.
 2. moto imports OpenAPI 3 only (and requires ``info.description``); Chalice's API is
    Swagger 2.0: moto is given the routes in OpenAPI 3 form (it cannot serve them anyway).
    Its CloudFormation ignores a RestApi's ``Body``: the body is imported after creation.
@@ -60,6 +61,8 @@ PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 #: What the Lambda Python runtime provides besides the standard library.
 RUNTIME_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six.py")
 PROJECT_FILES = ("app.py", "chalicelib", "requirements.txt", "workflows")
+#: What the documented make targets need besides the app (the venvs are linked).
+TOOLING_FILES = ("Makefile", "infra", "requirements-dev.txt")
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                      "AWS_SESSION_TOKEN": "testing"}
 
@@ -141,7 +144,9 @@ class DeployedCode:
             body = body.decode()
         started = time.monotonic()
         try:
-            process = subprocess.run([sys.executable, "-S", "-B", str(self.runner), function.handler, str(out),
+            # -S: nothing from site-packages, as on Lambda. Bytecode is cached in the
+            # extracted copy (Lambda's /var/task is read-only): later invocations start faster.
+            process = subprocess.run([sys.executable, "-S", str(self.runner), function.handler, str(out),
                                       function.function_name, function.function_arn, str(function.timeout)],
                                      input=body or "{}", cwd=code_dir, env=env, capture_output=True, text=True,
                                      timeout=function.timeout)
@@ -398,8 +403,8 @@ class Rehearsal:
         return {"ValkeyUrl": self.valkey_url, "ValkeyCluster": "false", "ValkeySecretArn": self.valkey_secret(stage)}
 
     def project_copy(self, name: str) -> Path:
-        """The project as a user has it (config, policies, the dependency cache), so a
-        rehearsal never writes into the working tree's .chalice."""
+        """The project as a user has it (config, policies, the dependency cache, the
+        Makefile and infra/), so a rehearsal never writes into the working tree."""
         project = self.work_dir / name
         if project.exists():
             shutil.rmtree(project)
@@ -418,6 +423,13 @@ class Rehearsal:
         cache = REPO_ROOT / ".chalice" / "deployments"
         if cache.is_dir():
             shutil.copytree(cache, chalice_dir / "deployments")
+        for item in TOOLING_FILES:  # copy2/copytree keep the mtimes: make sees the venv up to date
+            source = REPO_ROOT / item
+            if source.is_dir():
+                shutil.copytree(source, project / item, ignore=ignore)
+            else:
+                shutil.copy2(source, project / item)
+        (project / ".venv").symlink_to(REPO_ROOT / ".venv")
         return project
 
     def aws_cli_environment(self) -> dict[str, str]:
@@ -508,51 +520,54 @@ class Rehearsal:
 
     # ------------------------------------------------------------ the paths
 
+    def run(self, command: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> str:
+        """Runs a documented command; its output's tail, or AssertionError with it."""
+        process = subprocess.run(command, cwd=cwd, env=env or self.aws_cli_environment(), capture_output=True,
+                                 text=True, timeout=600)
+        if process.returncode:
+            raise AssertionError(f"{' '.join(command)} failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")
+        return process.stdout[-1500:]
+
+    def make(self, project: Path, target: str, stage: str, **variables: str) -> str:
+        """``make <target>`` in the project copy, pointed at the emulator with ``--endpoint``
+        only (no AWS_ENDPOINT_URL: the deploy tool's own switch is what is rehearsed)."""
+        env = {k: v for k, v in self.aws_cli_environment().items() if k != "AWS_ENDPOINT_URL"}
+        assignments = [f"STAGE={stage}", f"DEPLOY_FLAGS=--endpoint {self.endpoint}",
+                       *(f"{key}={value}" for key, value in variables.items())]
+        return self.run(["make", "--no-print-directory", target, *assignments], project, env)
+
+    @staticmethod
+    def parameters(values: dict[str, str]) -> str:
+        return " ".join(f"{key}={value}" for key, value in values.items())
+
     def chalice_path(self, stage: str = "rehearsal") -> dict:
-        """Infra stack through CloudFormation, the stage configured from its outputs,
-        ``chalice deploy``, then the deployed functions at work."""
+        """docs/deploy.md, path 2: ``make deploy-infra`` (the infra stack through
+        CloudFormation, then the stage filled from its outputs), ``chalice deploy``; then the
+        deployed functions at work."""
         project = self.project_copy("chalice-project")
-        outputs = self.step("deploy the infra stack (CloudFormation)",
-                            lambda: deploy.deploy_infra(self.aws, stage, overrides=self.byo_parameters(stage),
-                                                        poll_s=1))
-        self.step("configure the chalice stage from the stack outputs",
-                  lambda: deploy.configure_stage(project, stage, deploy.stack_outputs(
-                      self.aws, deploy.stack_name(stage, infra=True))))
-
-        def chalice_deploy() -> str:
-            process = subprocess.run([str(Path(sys.executable).parent / "chalice"), "deploy", "--stage", stage],
-                                     cwd=project, env=self.aws_cli_environment(), capture_output=True, text=True,
-                                     timeout=600)
-            if process.returncode:
-                raise AssertionError(f"chalice deploy failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")
-            return process.stdout[-1500:]
-
-        self.step("chalice deploy --stage " + stage, chalice_deploy)
+        parameters = self.parameters(self.byo_parameters(stage))
+        self.step(f"make deploy-infra STAGE={stage}", lambda: self.make(project, "deploy-infra", stage,
+                                                                       PARAMS=parameters))
+        outputs = deploy.stack_outputs(self.aws, deploy.stack_name(stage, infra=True))
+        self.step(f"stage {stage} in .chalice/config.json", lambda: json.loads(
+            (project / ".chalice" / "config.json").read_text())["stages"][stage])
+        self.step(f"chalice deploy --stage {stage}", lambda: self.run(
+            [str(Path(sys.executable).parent / "chalice"), "deploy", "--stage", stage], project))
         return self.check_jobs(lambda name: f"kvcm-{stage}-{name}", outputs)
 
     def packaged_path(self, stage: str = "dev") -> dict:
-        """``make deploy``: chalice package with the merge template, uploaded through S3,
-        one stack; then the deployed functions at work."""
+        """docs/deploy.md, path 1: the artifact bucket, ``make deploy`` (package, upload
+        through S3, one stack); then the deployed functions at work."""
+        project = self.project_copy("packaged-project")
         bucket = f"kvcm-{stage}-artifacts"
-        self.aws.client("s3").create_bucket(Bucket=bucket)
-        package_dir = self.work_dir / "package" / stage
+        self.step("aws s3api create-bucket", lambda: self.run(
+            ["aws", "s3api", "create-bucket", "--bucket", bucket], project))
+        parameters = self.parameters(self.byo_parameters(stage))
+        self.step(f"make deploy STAGE={stage} BUCKET={bucket}", lambda: self.make(
+            project, "deploy", stage, BUCKET=bucket, PARAMS=parameters))
+        outputs = deploy.stack_outputs(self.aws, deploy.stack_name(stage))
+        self.step("the stack's outputs", lambda: outputs)
 
-        def package() -> int:
-            project = self.project_copy("packaged-project")
-            merge = self.work_dir / f"{stage}-merge.json"
-            merge.write_text(json.dumps(merge_template.build(stage)))
-            env = {**self.aws_cli_environment(), "AWS_DEFAULT_REGION": REGION}
-            process = subprocess.run([str(Path(sys.executable).parent / "chalice"), "package", "--stage", stage,
-                                      "--merge-template", str(merge), str(package_dir)],
-                                     cwd=project, env=env, capture_output=True, text=True, timeout=600)
-            if process.returncode:
-                raise AssertionError(f"chalice package failed: {process.stderr[-3000:]}")
-            return (package_dir / "sam.json").stat().st_size
-
-        self.step("chalice package + merge template", package)
-        outputs = self.step("deploy the packaged stack through S3 (CloudFormation)",
-                            lambda: deploy.deploy_packaged(self.aws, stage, bucket, package_dir,
-                                                           self.byo_parameters(stage), poll_s=1))
         def functions() -> dict[str, str]:
             resources = self.aws.client("cloudformation").describe_stack_resources(
                 StackName=deploy.stack_name(stage))["StackResources"]

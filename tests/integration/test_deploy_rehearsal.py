@@ -46,21 +46,34 @@ def check_the_jobs(report: dict, path: str) -> None:
     assert any("continue" in name.lower() for name in invoked(report))
 
 
+def step(report: dict, name: str) -> dict:
+    return next(entry for entry in report["steps"] if entry["step"] == name)
+
+
 def test_chalice_deploy_path(tmp_path: Path):
-    """Infra stack through CloudFormation, the stage filled from its outputs, `chalice deploy`."""
+    """docs/deploy.md's path 2 as written: `make deploy-infra` (infra stack through
+    CloudFormation, the stage filled from its outputs), `chalice deploy`."""
     report = rehearse("chalice", tmp_path)
-    steps = [step["step"] for step in report["steps"]]
-    assert steps[:3] == ["deploy the infra stack (CloudFormation)", "configure the chalice stage from the stack outputs",
+    steps = [entry["step"] for entry in report["steps"]]
+    assert steps[:3] == ["make deploy-infra STAGE=rehearsal", "stage rehearsal in .chalice/config.json",
                          "chalice deploy --stage rehearsal"]
+    stage = step(report, "stage rehearsal in .chalice/config.json")["result"]
+    variables = stage["environment_variables"]
+    assert variables["KVCM_CONTROL_TABLE"] == "kvcm-control-rehearsal"
+    assert variables["KVCM_REAPER_STATE_MACHINE_ARN"].endswith(":stateMachine:kvcm-rehearsal-write_session_reaper")
+    assert (variables["KVCM_AUTH"], variables["KVCM_DEBUG_SERVICE"]) == ("true", "false")
+    assert stage["subnet_ids"] and stage["security_group_ids"] and stage["iam_policy_file"] == "policy-rehearsal.json"
     assert all(name.startswith("kvcm-rehearsal-") for name in invoked(report))
     check_the_jobs(report, "chalice")
 
 
 @pytest.mark.skipif(not TOOLS_PYTHON.exists(), reason="the SAM transform needs aws-sam-translator: run `make tools`")
 def test_packaged_path(tmp_path: Path):
-    """`make deploy`: the packaged template and code through S3, one CloudFormation stack."""
+    """docs/deploy.md's path 1 as written: the artifact bucket, then `make deploy` (package,
+    code and template through S3, one CloudFormation stack)."""
     report = rehearse("packaged", tmp_path)
-    deployed = next(step for step in report["steps"] if step["step"].startswith("deploy the packaged stack"))
-    assert deployed["result"]["ControlTableName"] == "kvcm-control-dev"
-    assert deployed["result"]["EndpointURL"].startswith("https://")
+    assert "EndpointURL" in step(report, "make deploy STAGE=dev BUCKET=kvcm-dev-artifacts")["result"]
+    outputs = step(report, "the stack's outputs")["result"]
+    assert outputs["ControlTableName"] == "kvcm-control-dev"
+    assert outputs["EndpointURL"].startswith("https://")
     check_the_jobs(report, "packaged")
