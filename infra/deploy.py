@@ -255,6 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     configure.add_argument("--project-dir", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
 
+    merge_template.apply_stage_environment(args.stage)
     aws = session(args.region or _default_region(), args.endpoint)
     try:
         if args.command == "stack":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -264,6 +265,17 @@ def api_gateway_stage(stage: str, config: Path = CHALICE_CONFIG) -> str:
     return settings.get("stages", {}).get(stage, {}).get("api_gateway_stage", settings.get("api_gateway_stage", "api"))
 
 
+def apply_stage_environment(stage: str, config: Path = CHALICE_CONFIG) -> None:
+    """Sets the stage's environment variables (unset ones only), as Chalice does when it
+    loads the app to package or deploy it: which functions the app has may depend on them
+    (the API Gateway authorizer)."""
+    settings = json.loads(config.read_text(encoding="utf-8"))
+    variables = {**settings.get("environment_variables", {}),
+                 **settings.get("stages", {}).get(stage, {}).get("environment_variables", {})}
+    for key, value in variables.items():
+        os.environ.setdefault(key, value)
+
+
 def _shared(stage: str, workflows_dir: Path, base: Path, function_names: Iterable[str] | None,
             binding: Any) -> tuple[dict, list[str]]:
     """kvcm.yaml with everything derived from the code, functions bound by ``binding``."""
@@ -344,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infra", action="store_true", help="the infrastructure stack for `chalice deploy`")
     parser.add_argument("--output", type=Path, help="file to write (default: stdout)")
     args = parser.parse_args(argv)
+    apply_stage_environment(args.stage)
     text = json.dumps((build_infra if args.infra else build)(args.stage), indent=2) + "\n"
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

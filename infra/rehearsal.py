@@ -562,6 +562,9 @@ class Rehearsal:
         bucket = f"kvcm-{stage}-artifacts"
         self.step("aws s3api create-bucket", lambda: self.run(
             ["aws", "s3api", "create-bucket", "--bucket", bucket], project))
+        self.step("aws s3api put-public-access-block", lambda: self.run(
+            ["aws", "s3api", "put-public-access-block", "--bucket", bucket, "--public-access-block-configuration",
+             "BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true"], project))
         parameters = self.parameters(self.byo_parameters(stage))
         self.step(f"make deploy STAGE={stage} BUCKET={bucket}", lambda: self.make(
             project, "deploy", stage, BUCKET=bucket, PARAMS=parameters))
