@@ -2,7 +2,7 @@
 
 Items live in partitions of their own, one per UTC day (``pk = AUDIT#<yyyy-mm-dd>``,
 ``sk = <time µs, 20 digits>#<random>``), with an ``expires_at`` (epoch seconds) for the
-table's TTL. They are written with a plain PutItem, outside the epoch-bumping
+table's TTL (``table.TTL_ATTRIBUTE``). They are written with a plain PutItem, outside the epoch-bumping
 transactions: an audit record is not configuration, and a flood of denied calls must not
 make every container reload its config.
 
@@ -22,7 +22,7 @@ from typing import Optional
 
 from ..clock import Clock
 from ..protocol.models import AuditRecord
-from .table import ControlTable, aws_errors, decode, encode
+from .table import TTL_ATTRIBUTE, ControlTable, aws_errors, decode, encode
 
 AUDIT_PK = "AUDIT#"
 MAX_MESSAGE_LENGTH = 512
@@ -75,7 +75,7 @@ class AuditLog:
         item = {"pk": AUDIT_PK + _day(now), "sk": f"{now_us:020d}#{os.urandom(4).hex()}", "at_us": now_us,
                 "principal": entry.principal, "source": entry.source, "api": entry.api_name,
                 "target": entry.target, "code": entry.code, "message": entry.message[:MAX_MESSAGE_LENGTH],
-                "expires_at": int(now) + self._ttl_s}
+                TTL_ATTRIBUTE: int(now) + self._ttl_s}
         if suppressed:
             item["suppressed"] = suppressed
         with aws_errors("audit write"):

@@ -13,7 +13,12 @@ pk              sk               attributes
                                  ``instance_count``, ``max_instance_count``
 ``INSTANCE``    instance id      ``doc`` (InstanceRecord JSON, creation time included),
                                  ``group``, ``incarnation``
-``ACCOUNT``     user name        ``role``, ``password`` (salted hash), ``created_us``
+``ACCOUNT``     user name        ``role``, ``groups``, ``prefixes`` (scope), ``created_us``;
+                                 admins: ``password`` (salted hash)
+``API_KEY``     key id           ``user_name``, ``digest`` (SHA-256 of the key), ``created_us``,
+                                 ``expires_us``
+``AUDIT#<day>`` time µs + rand   ``principal``, ``source``, ``api``, ``target``, ``code``,
+                                 ``message``, ``expires_at`` (TTL); written outside the epoch
 ``EPOCH``       ``0`` .. ``7``   ``epoch``: counter shards of the config epoch
 ==============  ===============  ==========================================================
 
@@ -38,6 +43,8 @@ from ..clock import Clock
 from ..protocol.errors import ServiceNotReadyError
 
 PK, SK = "pk", "sk"
+#: Items with this attribute (epoch seconds) are deleted by DynamoDB after that time.
+TTL_ATTRIBUTE = "expires_at"
 EPOCH_PK = "EPOCH"
 EPOCH_SHARDS = 8
 
@@ -77,6 +84,10 @@ def ensure_table(dynamodb: Any, name: str) -> None:
         status = "EXISTS"  # created before, maybe still CREATING: the waiter tells
     if status != "ACTIVE":
         dynamodb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    if status != "EXISTS":
+        # Audit records expire (control.audit); deployed stages get this from the template.
+        dynamodb.update_time_to_live(TableName=name, TimeToLiveSpecification={"Enabled": True,
+                                                                              "AttributeName": TTL_ATTRIBUTE})
 
 
 def encode(values: Mapping[str, Any]) -> dict:

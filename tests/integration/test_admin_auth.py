@@ -146,6 +146,8 @@ def test_mutations_and_denied_calls_are_audited(secured, runtime, clock):
     items = [i for i in runtime.aws("dynamodb").scan(TableName=runtime.control.table.name)["Items"]
              if i["pk"]["S"].startswith("AUDIT#")]
     assert len(items) == 5 and all(int(i["expires_at"]["N"]) > runtime.clock.now() + 80 * 86400 for i in items)
+    ttl = runtime.aws("dynamodb").describe_time_to_live(TableName=runtime.control.table.name)
+    assert ttl["TimeToLiveDescription"] == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expires_at"}
 
 
 def test_a_flood_of_denied_calls_is_audited_at_a_bounded_rate(secured, runtime):
