@@ -24,7 +24,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from infra.rehearsal import PROJECT_FILES, RUNTIME_PACKAGES  # noqa: E402
+from infra.rehearsal import PROJECT_FILES, RUNTIME_PACKAGES, copy_items  # noqa: E402
 
 IMPORT_APP = "import time; t = time.perf_counter(); import app; print(time.perf_counter() - t)"
 
@@ -32,14 +32,7 @@ IMPORT_APP = "import time; t = time.perf_counter(); import app; print(time.perf_
 def build(work: Path, name: str, extra_requirements: str = "") -> Path:
     """`chalice package` of a copy of the project; returns the unzipped package."""
     project = work / name
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for item in PROJECT_FILES:
-        source = REPO_ROOT / item
-        if source.is_dir():
-            shutil.copytree(source, project / item, ignore=ignore)
-        else:
-            project.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, project / item)
+    copy_items(PROJECT_FILES, project)
     shutil.copytree(REPO_ROOT / ".chalice", project / ".chalice", ignore=shutil.ignore_patterns("deployed"))
     if extra_requirements:
         with (project / "requirements.txt").open("a") as requirements:

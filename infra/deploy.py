@@ -12,9 +12,9 @@ Commands (``python -m infra.deploy <command> --help``):
   (``.chalice/config.json``: environment, subnets, security group; a policy file), so
   ``chalice deploy --stage <stage>`` runs against it.
 
-Without ``VpcId``/``SubnetIds`` the account's default VPC is used, all its subnets, and
-VPC endpoints on its route tables (the functions reach DynamoDB, S3, Step Functions and
-Secrets Manager without a NAT gateway).
+Without ``VpcId``/``SubnetIds`` the account's default VPC is used, a subnet in each of
+three zones, and VPC endpoints on its route tables (the functions reach DynamoDB, S3,
+Step Functions and Secrets Manager without a NAT gateway).
 
 ``--endpoint HOST:PORT`` points every call at a local AWS emulator (LocalStack, or the
 moto server of ``infra.rehearsal``) through a ``localstack-client`` session.
@@ -33,6 +33,8 @@ from infra import merge_template
 REPO_ROOT = merge_template.REPO_ROOT
 #: CloudFormation's limit for a template passed inline (TemplateBody).
 INLINE_TEMPLATE_LIMIT = 51_200
+#: Zones the default network spans (the cache and the functions).
+DEFAULT_ZONES = 3
 CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
 #: Stack states a new deployment may start from.
 _ROLLED_BACK_NEW = "ROLLBACK_COMPLETE"
@@ -75,9 +77,13 @@ def default_network(ec2: Any) -> dict[str, str]:
         raise DeployError("no default VPC in this region: give VpcId=... SubnetIds=... (and RouteTableIds=...)")
     vpc_id = vpcs[0]["VpcId"]
     subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["Subnets"]
+    by_zone: dict[str, str] = {}
+    for subnet in sorted(subnets, key=lambda s: (s["AvailabilityZone"], s["SubnetId"])):
+        by_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
     tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["RouteTables"]
     return {"VpcId": vpc_id,
-            "SubnetIds": ",".join(sorted(subnet["SubnetId"] for subnet in subnets)),
+            # One subnet in each of the first DEFAULT_ZONES zones, as ElastiCache picks by itself.
+            "SubnetIds": ",".join(list(by_zone.values())[:DEFAULT_ZONES]),
             "RouteTableIds": ",".join(sorted(table["RouteTableId"] for table in tables))}
 
 

@@ -46,7 +46,7 @@ import uuid
 import zipfile
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import yaml
 
@@ -91,6 +91,17 @@ except Exception as exc:
 with open(sys.argv[2], "w") as out:
     json.dump({"failed": failed, "result": result}, out)
 """
+
+
+def copy_items(items: Iterable[str], destination: Path) -> None:
+    """Copies files and directories of the repository (no bytecode), keeping their mtimes."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for item in items:
+        source = REPO_ROOT / item
+        if source.is_dir():
+            shutil.copytree(source, destination / item, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, destination / item)
 
 
 def free_port() -> int:
@@ -408,14 +419,7 @@ class Rehearsal:
         project = self.work_dir / name
         if project.exists():
             shutil.rmtree(project)
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        for item in PROJECT_FILES:
-            source = REPO_ROOT / item
-            if source.is_dir():
-                shutil.copytree(source, project / item, ignore=ignore)
-            else:
-                project.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, project / item)
+        copy_items(PROJECT_FILES, project)
         chalice_dir = project / ".chalice"
         chalice_dir.mkdir()
         for path in (REPO_ROOT / ".chalice").glob("*.json"):
@@ -423,12 +427,7 @@ class Rehearsal:
         cache = REPO_ROOT / ".chalice" / "deployments"
         if cache.is_dir():
             shutil.copytree(cache, chalice_dir / "deployments")
-        for item in TOOLING_FILES:  # copy2/copytree keep the mtimes: make sees the venv up to date
-            source = REPO_ROOT / item
-            if source.is_dir():
-                shutil.copytree(source, project / item, ignore=ignore)
-            else:
-                shutil.copy2(source, project / item)
+        copy_items(TOOLING_FILES, project)  # mtimes kept: make sees the venv up to date
         (project / ".venv").symlink_to(REPO_ROOT / ".venv")
         return project
 

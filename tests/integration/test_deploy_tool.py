@@ -1,0 +1,66 @@
+"""The deploy tool's pieces against moto: the default network, where a template goes
+(inline or S3), the code location, overrides and a failing stack's report."""
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+from infra import deploy
+
+
+class Session:
+    """What infra.deploy needs of a session: clients (here, the test's moto)."""
+
+    def client(self, service: str, **kwargs):
+        return boto3.client(service, **kwargs)
+
+
+def test_default_network_is_the_default_vpc_in_three_zones(aws):
+    network = deploy.default_network(boto3.client("ec2"))
+    ec2 = boto3.client("ec2")
+    subnets = {s["SubnetId"]: s["AvailabilityZone"] for s in ec2.describe_subnets()["Subnets"]}
+    chosen = network["SubnetIds"].split(",")
+    assert len(chosen) == 3 and len({subnets[s] for s in chosen}) == 3
+    assert ec2.describe_vpcs(VpcIds=[network["VpcId"]])["Vpcs"][0]["IsDefault"]
+    assert network["RouteTableIds"].startswith("rtb-")
+
+
+def test_given_network_is_kept(aws):
+    parameters = deploy.stack_parameters(Session(), "dev", {"VpcId": "vpc-1", "SubnetIds": "subnet-a,subnet-b"})
+    assert parameters == {"Stage": "dev", "VpcId": "vpc-1", "SubnetIds": "subnet-a,subnet-b"}
+
+
+def test_a_large_template_goes_through_s3_and_says_so_without_a_bucket(aws):
+    large = {"Resources": {"Padding": {"Type": "AWS::CloudFormation::WaitConditionHandle",
+                                       "Metadata": {"text": "x" * deploy.INLINE_TEMPLATE_LIMIT}}}}
+    with pytest.raises(deploy.DeployError, match="inline limit"):
+        deploy.template_source(Session(), large, None, "kvcm/dev/sam")
+    boto3.client("s3").create_bucket(Bucket="artifacts")
+    source = deploy.template_source(Session(), large, "artifacts", "kvcm/dev/sam")
+    key = source["TemplateURL"].split("/artifacts/", 1)[1]
+    stored = boto3.client("s3").get_object(Bucket="artifacts", Key=key)
+    assert stored["ServerSideEncryption"] == "AES256" and json.loads(stored["Body"].read()) == large
+    assert deploy.template_source(Session(), {"Resources": {}}, None, "x") == {"TemplateBody": '{"Resources":{}}'}
+
+
+def test_packaged_functions_point_at_the_uploaded_code():
+    template = {"Resources": {"Api": {"Type": "AWS::Serverless::Function", "Properties": {"CodeUri": "./deployment.zip"}},
+                              "Table": {"Type": "AWS::DynamoDB::Table", "Properties": {}}}}
+    deploy.with_uploaded_code(template, "bucket", "kvcm/dev/deployment-1.zip")
+    assert template["Resources"]["Api"]["Properties"]["CodeUri"] == {"Bucket": "bucket", "Key": "kvcm/dev/deployment-1.zip"}
+    assert template["Resources"]["Table"]["Properties"] == {}
+
+
+def test_overrides_are_key_value_words():
+    assert deploy.parse_overrides(["ValkeyUrl=rediss://h:6379/0?a=b", "SubnetIds=a,b", "RouteTableIds="]) == {
+        "ValkeyUrl": "rediss://h:6379/0?a=b", "SubnetIds": "a,b", "RouteTableIds": ""}
+    with pytest.raises(deploy.DeployError, match="not Key=Value"):
+        deploy.parse_overrides(["VpcId"])
+
+
+def test_a_failing_stack_reports_why(aws):
+    broken = {"Resources": {"Queue": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": {"Ref": "Missing"}}}}}
+    with pytest.raises(deploy.DeployError, match="kvcm-broken"):
+        deploy.deploy_stack(Session(), "kvcm-broken", {"TemplateBody": json.dumps(broken)}, {}, poll_s=0.1)
