@@ -13,8 +13,8 @@ from chalicelib.optimizer.errors import ConfigError, OptimizerError
 from chalicelib.optimizer.kvcm_policy import ORDERS, KVCMPolicy
 from chalicelib.optimizer.mrc import lru_curve, shards_error
 from chalicelib.optimizer.planner import (DEFAULT_MODEL, DEFAULT_TIER, MODEL_PRESETS,
-                                          STORAGE_TIERS, CapacityPlan, for_people,
-                                          model_preset, parse_prices, storage_tier)
+                                          STORAGE_TIERS, CapacityPlan, build_plan,
+                                          for_people, parse_prices)
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import EvictionMode, replay
 from chalicelib.optimizer.report import (build_report, log_capacities, summary_lines,
@@ -322,21 +322,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _cost_and_plan(args: argparse.Namespace, settings: SweepSettings, instances: int
                    ) -> tuple[CostModel, CapacityPlan]:
     """The cost model and the capacity plan the report's options describe."""
-    preset = model_preset(args.model, args.kv_dtype)
-    if args.kv_bytes_per_token is not None:
-        kv_bytes, model = args.kv_bytes_per_token, "given"
-    else:
-        kv_bytes, model = preset.kv_bytes_per_token, preset.describe()
+    shared = settings.mode is EvictionMode.GROUP_ROUGH
+    plan, preset = build_plan(
+        block_size=settings.block_size, instances=1 if shared else max(1, instances),
+        model=args.model, kv_dtype=args.kv_dtype, kv_bytes_per_token=args.kv_bytes_per_token,
+        tier=args.storage_tier, prices=parse_prices(args.storage_price),
+        used_percentage=args.used_percentage,
+        reclaim_step_percentage=args.reclaim_step_percentage, currency=args.currency)
     params = args.model_params if args.model_params is not None else preset.params
     cost = CostModel(model_params=params, flops_per_token=args.flops_per_token,
                      gpu_flops=args.gpu_flops, mfu=args.mfu, gpu_hour_price=args.gpu_price,
                      currency=args.currency)
-    shared = settings.mode is EvictionMode.GROUP_ROUGH
-    plan = CapacityPlan(block_size=settings.block_size, kv_bytes_per_token=kv_bytes, model=model,
-                        tier=storage_tier(args.storage_tier, parse_prices(args.storage_price)),
-                        instances=1 if shared else max(1, instances),
-                        used_fraction=args.used_percentage,
-                        step_percentage=args.reclaim_step_percentage, currency=args.currency)
     return cost, plan
 
 

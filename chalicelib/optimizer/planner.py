@@ -239,6 +239,25 @@ class CapacityPlan:
                 "reclaim_step_percentage": self.step_percentage, "currency": self.currency}
 
 
+def build_plan(*, block_size: int, instances: int = 1, model: str = DEFAULT_MODEL,
+               kv_dtype: str | None = None, kv_bytes_per_token: float | None = None,
+               tier: str = DEFAULT_TIER, prices: Mapping[str, float] | None = None,
+               used_percentage: float = 0.9, reclaim_step_percentage: int = 10,
+               currency: str = "USD") -> tuple[CapacityPlan, ModelPreset]:
+    """The plan the options describe, and the model preset (its parameters drive the
+    prefill FLOPs unless given otherwise)."""
+    preset = model_preset(model, kv_dtype)
+    given = kv_bytes_per_token is not None
+    plan = CapacityPlan(
+        block_size=block_size,
+        kv_bytes_per_token=kv_bytes_per_token if given else preset.kv_bytes_per_token,
+        model="given" if given else preset.describe(),
+        tier=storage_tier(tier, prices), instances=instances,
+        used_fraction=used_percentage, step_percentage=reclaim_step_percentage,
+        currency=currency)
+    return plan, preset
+
+
 def for_people(value: Any, digits: int = 4) -> Any:
     """``value`` with every float rounded to ``digits`` significant digits (recursively)."""
     if isinstance(value, float):

@@ -194,7 +194,7 @@ def break_even(rec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
     if saved is None:
         return None
     duration = trace.get("duration_s") or 0.0
-    rate = trace.get("reads", 0) / duration if duration > 0 else None
+    rate = trace["reads"] / duration if duration > 0 and trace.get("reads") else None
     share = storage / saved if saved > 0 else math.inf
     rows = sorted(rows, key=lambda r: r["capacity_blocks"])
     paying = [r["capacity_blocks"] for r in rows if (r["net_per_hour"] or 0.0) >= 0]

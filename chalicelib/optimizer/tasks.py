@@ -16,7 +16,10 @@ Sweep input (the state machine's input; ``report_task`` receives it back with ``
       "output": {"bucket": "b", "prefix": "reports/run-1"},
       "target_hit_ratio": 0.3,        # optional (default: 90% of the best)
       "cost": {"model_params": 8e9, "gpu_flops": 989e12, "mfu": 0.4,
-               "gpu_hour_price": 2.5}  # optional, see cost.CostModel
+               "gpu_hour_price": 2.5},  # optional, see cost.CostModel
+      "plan": {"model": "llama-3.1-70b", "tier": "ssd", "prices": {"ssd": 0.0004},
+               "used_percentage": 0.9}  # optional, see planner.build_plan: GiB, storage
+                                        # cost, net and the KVCM quota in the report
     }
 
 ``run_task`` gets one grid point: ``{"policy", "capacity", "instance", "sweep": <input>}``.
@@ -33,6 +36,7 @@ from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError
+from chalicelib.optimizer.planner import build_plan
 from chalicelib.optimizer.replay import read_timeseries_csv, replay
 from chalicelib.optimizer.report import (CAPACITY_PNG, REPORT_JSON, TIMESERIES_PNG,
                                          build_report, flatten_results, write_report)
@@ -124,13 +128,22 @@ def report_task(event: dict, s3_client: Any) -> dict:
     trace = event.get("trace") or {}
     block_size = int(results[0].get("block_size") or 16)
     settings = _settings(event, block_size)
+    instances = max(int(r.get("instances") or 0) for r in results)
+    plan = None
+    if event.get("plan"):
+        try:
+            plan, _ = build_plan(block_size=block_size, instances=max(1, instances),
+                                 **event["plan"])
+        except TypeError as exc:  # an unknown or missing field of "plan"
+            raise ConfigError(f"plan: {exc}") from None
     report = build_report(
         trace={"name": Path(str(trace.get("key", "trace"))).name, "bucket": trace.get("bucket"),
                "key": trace.get("key"), "format": results[0].get("trace_format"),
-               "instances": max(int(r.get("instances") or 0) for r in results)},
+               "instances": instances},
         settings=settings.to_dict(), points=points,
         duration_s=max(float(r.get("duration_s") or 0.0) for r in results),
-        target=event.get("target_hit_ratio"), cost=CostModel(**(event.get("cost") or {})))
+        target=event.get("target_hit_ratio"), cost=CostModel(**(event.get("cost") or {})),
+        plan=plan)
     timeseries = None
     rec = report["recommendation"]
     chosen = next((r for r in results if rec and r["policy"] == rec["policy"]

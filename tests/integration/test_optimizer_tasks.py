@@ -8,6 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.replay import replay
 from chalicelib.optimizer.sweep import SweepSettings
 from chalicelib.optimizer.tasks import report_task, run_task
@@ -60,6 +61,7 @@ def test_run_and_report_tasks_equal_the_local_replay(s3):
         results.append(result)
     # the Map of Maps nests its results: the report task flattens them
     summary = report_task({**sweep, "target_hit_ratio": 0.25,
+                           "plan": {"model": "llama-3.1-70b", "tier": "ssd"},
                            "results": [[[results[0]], [results[1]]], [[results[2]]]]}, s3)
     assert summary["report_key"] == "reports/run-1/report.json"
     assert summary["points"] == 3
@@ -72,6 +74,12 @@ def test_run_and_report_tasks_equal_the_local_replay(s3):
         results[0]["block_hit_ratio"], results[1]["block_hit_ratio"]], rel=5e-4)
     assert report["policies"]["lru"]["block_hit_ratio"][1] == 0.2878
     assert report["recommendation"]["gpus"] > 0
+    # the plan: GiB of a 70B model's 160 MiB blocks, and the quota with the watermark
+    assert report["plan"]["block_bytes"] == 512 * 320 * 1024
+    assert report["recommendation"]["capacity_gib"] == 20000 * 160 / 1024
+    assert report["quota"]["max_key_count"] == 22223  # 20000 / 0.9
+    with pytest.raises(ConfigError, match="plan"):
+        report_task({**sweep, "plan": {"colour": "red"}, "results": results}, s3)
     assert set(summary["plots"]) == {"reports/run-1/hit_ratio_vs_capacity.png",
                                      "reports/run-1/hit_rate_over_time.png"}
     for key in summary["plots"]:
@@ -80,8 +88,6 @@ def test_run_and_report_tasks_equal_the_local_replay(s3):
 
 
 def test_tasks_reject_incomplete_events(s3):
-    from chalicelib.optimizer.errors import ConfigError
-
     with pytest.raises(ConfigError):
         run_task({"policy": "lru", "capacity": 10, "sweep": {"trace": {"bucket": BUCKET}}}, s3)
     with pytest.raises(ConfigError):
