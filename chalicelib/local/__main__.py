@@ -20,6 +20,7 @@ from .valkey import stop_leftover_servers
 
 EXIT_CANNOT_START = 2
 EXIT_INTERRUPTED = 130
+SIGNAL_POLL_S = 0.2
 
 
 def _on_signal(stop: threading.Event) -> Callable[[int, object], None]:
@@ -45,7 +46,11 @@ def run(stop: threading.Event) -> int:
         return EXIT_INTERRUPTED
     try:
         print(stack.banner(), flush=True)
-        stop.wait()
+        # Waking up regularly is what lets the handler run: the kernel may deliver the
+        # signal to any of the stack's threads, and then a main thread blocked in an
+        # untimed wait never returns to Python to run it (seen: a SIGTERM ignored for good).
+        while not stop.wait(SIGNAL_POLL_S):
+            pass
         print("KVCM local stack stopping...", flush=True)
     finally:
         stack.stop()
