@@ -19,11 +19,11 @@ from __future__ import annotations
 import heapq
 import inspect
 import random
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import repeat
-from typing import Any, ClassVar
+from typing import Any
 
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy

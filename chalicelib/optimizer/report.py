@@ -20,7 +20,7 @@ from typing import Any
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.mrc import HitRatioCurve
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy
-from chalicelib.optimizer.planner import CapacityPlan, for_people, human_bytes
+from chalicelib.optimizer.planner import CapacityPlan, for_people
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import ReplayResult, Totals
 from chalicelib.optimizer.sweep import PointResult, aggregate
