@@ -56,10 +56,12 @@ def require_key_name(value: str, path: str) -> str:
 
 def validate_key_fields(request: Any) -> None:
     """Check the request fields that name Valkey keys before any key is built: a set
-    ``instance_id`` must be a key name, a finishWriteCache ``write_session_id`` a session id."""
-    instance_id = getattr(request, "instance_id", "")
-    if instance_id:
-        require_key_name(instance_id, "instance_id")
+    ``instance_id`` or instance group name must be a key name, a finishWriteCache
+    ``write_session_id`` a session id."""
+    for path in ("instance_id", "instance_group", "instance_group_name"):
+        value = getattr(request, path, "")
+        if value and isinstance(value, str):  # createInstanceGroup's instance_group is the group itself
+            require_key_name(value, path)
     if isinstance(request, FinishWriteCacheRequest) and request.write_session_id \
             and not _SESSION_ID.fullmatch(request.write_session_id):
         raise invalid("write_session_id", "is not a write session id (32 characters of a-z, 0-9)")

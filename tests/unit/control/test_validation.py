@@ -97,6 +97,16 @@ def test_upstream_style_instance_ids_are_accepted(instance_id):
     validate_key_fields(GetCacheLocationRequest(instance_id=instance_id))
 
 
+def test_group_names_in_requests_follow_the_key_rule():
+    from chalicelib.protocol.models import GetInstanceGroupUsageRequest, RemoveInstanceRequest
+
+    with pytest.raises(InvalidArgumentError, match="field 'instance_group'"):
+        validate_key_fields(RemoveInstanceRequest(instance_id="i1", instance_group="g}x"))
+    with pytest.raises(InvalidArgumentError, match="field 'instance_group_name'"):
+        validate_key_fields(GetInstanceGroupUsageRequest(instance_group_name="g}x"))
+    validate_key_fields(GetInstanceGroupUsageRequest(instance_group_name="g1"))
+
+
 @pytest.mark.parametrize("session_id", ["x}", "A" * 32, "a" * 31, "a" * 33, "../" + "a" * 29])
 def test_finish_takes_only_server_made_session_ids(session_id):
     with pytest.raises(InvalidArgumentError, match="field 'write_session_id'"):
