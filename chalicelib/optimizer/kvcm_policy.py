@@ -9,10 +9,11 @@ mirrors, block for block where it can:
   ``1 / (10 * (counter - 5) + 1)``, as lua/read.lua). A write never refreshes a block that
   exists.
 * **Limits.** The capacity given to the replay is the instance's hard limit (KVCM's
-  ``max_key_count``, or its byte quota in blocks). A write whose new blocks would pass it is
-  refused whole; before that, the write path evicts the shortfall plus
-  ``headroom_percent`` of the limit (bounded sampling) and tries again, and a refusal
-  wakes the reclaimer.
+  ``max_key_count``, or its byte quota in blocks). A write whose new blocks would pass it
+  makes room first: up to ``MAKE_ROOM_ATTEMPTS`` times, the write path evicts (bounded
+  sampling, never the write's own keys) twice the last shortfall plus ``headroom_percent``
+  of the limit, and the write is tried again; still over, it is refused whole and wakes
+  the reclaimer (cache/service.py, capacity/eviction.py).
 * **Rounds.** A round runs every ``round_s`` (the scheduler: 1 s locally, 60 s on AWS);
   it looks at the instance when woken, when the last round freed something while over,
   or ``period_s`` after its last look. It frees what is over ``used_percentage`` of the
@@ -46,6 +47,8 @@ MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
 LFU_INITIAL, LFU_MAX = 5, 255
 #: Under pressure the trigger keeps one step, at most this % of the limit, free.
 PRESSURE_HEADROOM_PERCENT = 10
+#: Times a refused write makes room and tries again (cache/service.py).
+MAKE_ROOM_ATTEMPTS = 4
 MIN_DENSITY = 0.01
 ORDERS = ("lru", "lfu", "ttl")
 
@@ -202,14 +205,10 @@ class KVCMPolicy(EvictionPolicy):
                 new[key] = keys[index - 1] if index else parent
         if not new:
             return 0
-        over = len(entries) + len(new) - (self._limit or 0)
-        if over > 0:
-            need = over + math.ceil((self._limit or 0) * self.headroom_percent / 100)
-            self.evicted["write_path"] += self._evict(need, WRITE_PATH_SAMPLING, 0, False)
-            if len(entries) + len(new) > (self._limit or 0):
-                self.refused_writes += 1
-                self._woken = True
-                return 0
+        if not self._make_room(len(new), frozenset(keys)):
+            self.refused_writes += 1
+            self._woken = True
+            return 0
         now = int(self._now)
         for key, key_parent in new.items():
             entries[key] = _Block(now, key_parent)
@@ -223,6 +222,23 @@ class KVCMPolicy(EvictionPolicy):
                 if parent_block is not None:
                     parent_block.children += 1
         return len(new)
+
+    def _make_room(self, new: int, protected: frozenset[int]) -> bool:
+        """Whether ``new`` blocks fit, after the write path made room if it had to."""
+        limit = self._limit or 0
+        headroom = math.floor(limit * self.headroom_percent / 100)
+        for attempt in range(MAKE_ROOM_ATTEMPTS + 1):
+            over = len(self._entries) + new - limit
+            if over <= 0:
+                return True
+            if attempt == MAKE_ROOM_ATTEMPTS or self.used_fraction > 1:
+                return False  # a used_percentage over 1: full groups refuse, as upstream
+            freed = self._evict((1 << attempt) * over + headroom, WRITE_PATH_SAMPLING, 0,
+                                False, protected)
+            self.evicted["write_path"] += freed
+            if freed == 0:
+                return False
+        return False
 
     def evict(self, count: int) -> int:
         """``count`` victims chosen as a round chooses them."""
@@ -246,10 +262,11 @@ class KVCMPolicy(EvictionPolicy):
         return (self.order == "ttl" and self.ttl_s > 0
                 and int(self._now) - self._entries[key].atime > self.ttl_s)
 
-    def _evict(self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool) -> int:
-        """Free ``need`` blocks (and, sweeping, the expired ones) as
-        ``capacity.instance.InstanceReclaim`` does; returns how many were freed."""
-        sampler = _Sampler(self, sampling)
+    def _evict(self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool,
+               protected: frozenset[int] = frozenset()) -> int:
+        """Free ``need`` blocks (and, sweeping, the expired ones), never ``protected`` ones,
+        as ``capacity.instance.InstanceReclaim`` does; returns how many were freed."""
+        sampler = _Sampler(self, sampling, protected)
         pool: set[int] = set()
         if sweep:
             pool |= sampler.sweep()
@@ -273,7 +290,7 @@ class KVCMPolicy(EvictionPolicy):
             for key in picked:
                 need = max(0, need - 1)
                 parent = self._drop(key)
-                if parent is not None:
+                if parent is not None and parent not in protected:
                     pool.add(parent)
             freed += len(picked)
         return freed
@@ -319,9 +336,11 @@ class _Sampler:
     """Whole buckets of one instance, never one twice per eviction
     (``capacity.sampling.BucketSampler``)."""
 
-    def __init__(self, policy: KVCMPolicy, sampling: Sampling) -> None:
+    def __init__(self, policy: KVCMPolicy, sampling: Sampling,
+                 protected: frozenset[int] = frozenset()) -> None:
         self.policy = policy
         self.sampling = sampling
+        self.protected = protected
         self.seen: set[int] = set()
         self.sampled = 0
         self.occupied = len(policy._buckets)
@@ -337,7 +356,8 @@ class _Sampler:
     def _read(self, buckets: list[int]) -> set[int]:
         self.seen.update(buckets)
         members = self.policy._buckets
-        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ())]))
+        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ())
+                                       if k not in self.protected]))
 
     def sample(self, buckets: int) -> set[int]:
         wanted = min(max(1, buckets), self.sampling.buckets_per_trip,

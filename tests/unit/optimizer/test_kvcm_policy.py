@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chalicelib.capacity import eviction, sampling, watermark
-from chalicelib.cache import context
+from chalicelib.cache import context, service
 from chalicelib.control import groups
 from chalicelib.index import BlockIndex
 from chalicelib.optimizer import kvcm_policy
@@ -31,6 +31,7 @@ def test_constants_are_the_live_ones():
     assert all(kvcm_policy.bucket_bits(n) == context.bucket_bits_for(n)
                for n in (1, 64, 1000, 10**5, 10**9))
     assert kvcm_policy.PRESSURE_HEADROOM_PERCENT == watermark.PRESSURE_HEADROOM_PERCENT
+    assert kvcm_policy.MAKE_ROOM_ATTEMPTS == service.MAKE_ROOM_ATTEMPTS
     assert kvcm_policy.MIN_DENSITY == __import__("chalicelib.capacity.instance").capacity.instance.MIN_DENSITY
     policy = KVCMPolicy()
     assert policy.headroom_percent == eviction.HEADROOM_PERCENT
@@ -62,11 +63,15 @@ def test_the_write_path_evicts_least_recent_leaves_first():
         policy.insert(chain(start, 3), limit=9)
     policy.advance(5 * S)
     policy.touch([10, 11, 12])  # the oldest chain read again
-    # 1 new block: shortfall 1 + 1 % headroom (1) = 2 victims, leaves of the chain at 20
+    # 1 new block: shortfall 1 (1 % of 9 is no whole block): the chain at 20's leaf
     policy.insert([40], limit=9)
-    assert policy.keys() == {10, 11, 12, 20, 30, 31, 32, 40}
-    assert 22 not in policy and 21 not in policy  # its tail first, then the new leaf
-    assert policy.evicted["write_path"] == 2
+    assert policy.keys() == {10, 11, 12, 20, 21, 30, 31, 32, 40}
+    assert policy.evicted["write_path"] == 1
+    # a write never evicts its own keys: the 30 chain extended by two blocks at the limit
+    # takes the 20 chain (the least recent leaves), not 32 it is about
+    policy.advance(6 * S)
+    policy.insert([30, 31, 32, 33, 34], limit=9)
+    assert {30, 31, 32, 33, 34} <= policy.keys() and not {20, 21} & policy.keys()
 
 
 def test_rounds_keep_the_watermark_one_step_at_a_time():
