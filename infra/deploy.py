@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
@@ -49,7 +50,14 @@ def session(region: str, endpoint: Optional[str] = None) -> Any:
     if endpoint:
         from localstack_client.session import Session
 
-        return Session(region_name=region, localstack_host=endpoint)
+        # localstack-client prefers AWS_ENDPOINT_URL to the host it is given: the
+        # explicit endpoint must win.
+        saved = os.environ.pop("AWS_ENDPOINT_URL", None)
+        try:
+            return Session(region_name=region, localstack_host=endpoint)
+        finally:
+            if saved is not None:
+                os.environ["AWS_ENDPOINT_URL"] = saved
     import boto3
 
     return boto3.Session(region_name=region)

@@ -64,3 +64,9 @@ def test_a_failing_stack_reports_why(aws):
     broken = {"Resources": {"Queue": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": {"Ref": "Missing"}}}}}
     with pytest.raises(deploy.DeployError, match="kvcm-broken"):
         deploy.deploy_stack(Session(), "kvcm-broken", {"TemplateBody": json.dumps(broken)}, {}, poll_s=0.1)
+
+
+def test_an_explicit_endpoint_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    client = deploy.session("us-east-1", "localhost:4566").client("cloudformation")
+    assert client.meta.endpoint_url == "http://localhost:4566"
