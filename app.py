@@ -4,7 +4,7 @@ from chalice import Chalice, Rate
 from chalicelib.capacity.reclaimer import reclaim_handler
 from chalicelib.routes import admin, console, debug, docs, gateway, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
-from chalicelib.workflows import deletes, health, reaper
+from chalicelib.workflows import deletes, health, purges, reaper
 
 # The service logs through Powertools (logger "kvcm"); Chalice must not reconfigure it.
 app = Chalice(app_name="kvcm", configure_logs=False)
@@ -39,6 +39,18 @@ def delete_batch(event, context):
     return deletes.delete_batch(get_runtime(), event)
 
 
+@app.lambda_function(name="purge_step")
+@job
+def purge_step(event, context):
+    return purges.purge_step(get_runtime(), event)
+
+
+@app.lambda_function(name="purge_continue")
+@job
+def purge_continue(event, context):
+    return purges.purge_continue(get_runtime(), event)
+
+
 @app.lambda_function(name="optimizer_run")
 @job
 def optimizer_run(event, context):
@@ -61,6 +73,12 @@ def optimizer_report(event, context):
 @job
 def reaper_watchdog(event):
     return reaper.reaper_watchdog(get_runtime())
+
+
+@app.schedule(Rate(5, unit=Rate.MINUTES), name="purge_watchdog")
+@job
+def purge_watchdog(event):
+    return purges.purge_watchdog(get_runtime())
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="health_check")

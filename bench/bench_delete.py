@@ -70,7 +70,7 @@ def main() -> None:
             write(rt, "bench-inline", list(range(1, blocks + 1)))
             ctx = rt.contexts("bench-inline")
             t0 = time.perf_counter()
-            victims = rt.index.mark_deleting(ctx.layout, list(range(1, blocks + 1)))
+            victims = rt.index.mark_deleting(ctx.layout, list(range(1, blocks + 1)), ctx.spec_layout.sizes)
             for i in range(0, len(victims), 256):
                 rt.deletion.delete(ctx, victims[i:i + 256])
             inline_s = time.perf_counter() - t0

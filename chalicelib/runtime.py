@@ -170,7 +170,7 @@ class Runtime:
         """instance id → InstanceContext for the hot path."""
         from .cache.contexts import ContextProvider
 
-        return ContextProvider(self.config, self.control, self.storages, self.index, self.health, self.clock,
+        return ContextProvider(self.config, self.storages, self.index, self.health, self.clock,
                                refresh_s=self.settings.config_refresh_s)
 
     @cached_property
@@ -195,11 +195,24 @@ class Runtime:
     def cache(self):
         """The meta data plane."""
         from .cache.service import CacheService
-
+        from .capacity.eviction import WritePathEviction
         from .capacity.reclaimer import request_reclaim
 
-        return CacheService(self.index, self.contexts, self.deleter, self.clock, self.settings, self.metrics,
-                            on_capacity_refused=lambda group: request_reclaim(self, group))
+        return CacheService(self.index, self.contexts, self.deleter, self.purge, self.clock, self.settings,
+                            self.metrics,
+                            on_capacity_refused=lambda group: request_reclaim(self, group),
+                            make_room=WritePathEviction(self.index, self.deleter, self.clock, self.events,
+                                                        self.metrics))
+
+    @cached_property
+    def purge(self):
+        """Whole-instance purges (removeInstance, trimCache): inline, then the
+        instance_purge state machine when one is configured."""
+        from .cache.purge import PurgeService
+        from .workflows.purges import starter
+
+        return PurgeService(self.index, self.control, self.contexts, self.deletion, self.deleter, self.clock,
+                            start_execution=starter(self))
 
     @cached_property
     def faults(self):

@@ -68,6 +68,7 @@ class Settings:
     reaper_state_machine_arn: str = ""
     delete_state_machine_arn: str = ""
     sweep_state_machine_arn: str = ""
+    purge_state_machine_arn: str = ""
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -104,4 +105,5 @@ class Settings:
             reaper_state_machine_arn=os.environ.get("KVCM_REAPER_STATE_MACHINE_ARN", ""),
             delete_state_machine_arn=os.environ.get("KVCM_DELETE_STATE_MACHINE_ARN", ""),
             sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),
+            purge_state_machine_arn=os.environ.get("KVCM_PURGE_STATE_MACHINE_ARN", ""),
         )

@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import functools
 
-from ..control.validation import invalid, require_name
+from ..control.validation import require_name
 from ..control.views import storage_configs_json
-from ..observability.logging import logger
-from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
-from .deletion import InlineDeleter
+from ..protocol.errors import InvalidArgumentError
 from .service import CacheService
 from ..protocol.models import (
     GetInstanceInfoRequest,
@@ -23,7 +21,7 @@ def register_instance(runtime, req: RegisterInstanceRequest) -> RegisterInstance
     """Register (idempotently) and fix the instance's index layout; returns the group's storages."""
     record = runtime.control.register_instance(req)
     group = runtime.config.group(record.group)
-    runtime.contexts.bucket_bits(record, group)
+    runtime.contexts.bucket_bits(record, group, registering=True)
     return RegisterInstanceResponse(storage_configs=storage_configs_json(runtime.config.storages_for_group(record.group)))
 
 
@@ -53,22 +51,8 @@ trim_cache = _cache_method("trim_cache")
 
 
 def remove_instance(runtime, req: RemoveInstanceRequest) -> Response:
-    """removeInstance: delete the instance's cache (data, then metadata), then its record.
-
-    The cache goes first and synchronously: a failure part way leaves a registered
-    instance to remove again, never an unregistered instance's blocks.
-    """
-    record = runtime.control.get_instance(require_name(req.instance_id, "instance_id"))
-    if record is None:
-        raise InstanceNotFoundError(f"instance '{req.instance_id}' does not exist")
-    if req.instance_group and req.instance_group != record.group:
-        raise invalid("instance_group", f"is '{req.instance_group}', but instance '{req.instance_id}' belongs to "
-                                        f"instance group '{record.group}'")
-    ctx = runtime.contexts(req.instance_id)
-    deletion = InlineDeleter(runtime.deletion)
-    chunk_victims = runtime.cache.remove_matching(ctx, None, deleter=deletion)
-    runtime.index.drop_all(ctx.layout)
-    runtime.control.remove_instance(req.instance_id, req.instance_group)
-    runtime.contexts.forget(req.instance_id)
-    logger.info("instance removed", extra={"instance_id": req.instance_id, "blocks": chunk_victims})
+    """removeInstance: the instance is unknown from now on; its blocks (data, then
+    metadata) and then its record go in a purge that answers within the call for a small
+    instance and continues in the ``instance_purge`` state machine for a large one."""
+    runtime.purge.remove_instance(require_name(req.instance_id, "instance_id"), req.instance_group)
     return Response()

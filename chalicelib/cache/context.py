@@ -127,7 +127,6 @@ class InstanceContext:
     spec_layout: SpecLayout
     layout: InstanceLayout
     storages: tuple[StorageState, ...]
-    peer_layouts: tuple[InstanceLayout, ...] = ()
     #: Every known storage by name, candidates or not: blocks outlive group edits.
     backends: Mapping[str, StorageBackend] = field(default_factory=dict)
 
@@ -166,6 +165,13 @@ class InstanceContext:
     @property
     def group_capacity(self) -> int:
         return self.group.quota.capacity if self.group.quota is not None else 0
+
+    @property
+    def delete_delay_ms(self) -> int:
+        """How long a location marked DELETING keeps its data (readers in flight finish)."""
+        cache = self.group.cache_config
+        strategy = cache.reclaim_strategy if cache is not None else None
+        return strategy.delay_before_delete_ms if strategy is not None else 0
 
     @property
     def max_key_count(self) -> int:

@@ -1,6 +1,6 @@
 """Builds InstanceContexts from the per-container config cache, reusing them while the
-config objects they were built from are unchanged, for at most ``refresh_s`` (peers and
-storage health are re-read then)."""
+config objects they were built from are unchanged, for at most ``refresh_s`` (storage
+health is re-read then)."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from ..clock import Clock
-from ..index import BlockIndex, InstanceLayout
+from ..index import BlockIndex
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
 from .context import InstanceContext, SpecLayout, StorageState, bucket_bits_for, expected_max_blocks
@@ -41,19 +41,17 @@ class _Entry:
     record: Any
     group: InstanceGroup
     candidates: list[tuple[StorageConfig, bool]]
-    peers: tuple[InstanceLayout, ...]
-    peers_until: float
+    until: float
     context: InstanceContext
 
 
 class ContextProvider:
     """``provider(instance_id) -> InstanceContext``; raises InstanceNotFoundError."""
 
-    def __init__(self, config: Any, control: Any, registry: Any, index: BlockIndex, health: Any, clock: Clock,
+    def __init__(self, config: Any, registry: Any, index: BlockIndex, health: Any, clock: Clock,
                  refresh_s: float = 2.0) -> None:
         self._config = config
         self._health = health
-        self._control = control
         self._registry = registry
         self._index = index
         self._clock = clock
@@ -61,7 +59,6 @@ class ContextProvider:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._bits: dict[tuple[str, str], int] = {}
-        self._members: dict[str, tuple[float, list[Any]]] = {}
         self._backends = _KnownBackends(config, registry)
 
     def __call__(self, instance_id: str) -> InstanceContext:
@@ -71,12 +68,21 @@ class ContextProvider:
         now = self._clock.now()
         entry = self._entries.get(instance_id)
         if (entry is not None and entry.record is record and entry.group is group
-                and _same(entry.candidates, candidates) and now < entry.peers_until):
+                and _same(entry.candidates, candidates) and now < entry.until):
             return entry.context
-        layout = self._index.layout(instance_id, self.bucket_bits(record, group))
+        return self._build(record, group, candidates, now)
+
+    def build(self, record: Any) -> InstanceContext:
+        """The context of ``record`` as it is, removing or not (removal, deletion tasks):
+        the cache of lookups is bypassed."""
+        return self._build(record, self._config.group(record.group), self._config.storages_for_group(record.group),
+                           self._clock.now(), cache=False)
+
+    def _build(self, record: Any, group: InstanceGroup, candidates: list[tuple[StorageConfig, bool]], now: float,
+               cache: bool = True) -> InstanceContext:
+        instance_id = record.instance_id
+        layout = self._index.layout(instance_id, self.bucket_bits(record, group), record.group, record.incarnation)
         unhealthy = self._health.unhealthy()
-        peers = tuple(self._index.layout(p.instance_id, self.bucket_bits(p, group))
-                      for p in self._group_members(record.group, now) if p.instance_id != instance_id)
         context = InstanceContext(
             instance_id=instance_id,
             group=group,
@@ -85,30 +91,22 @@ class ContextProvider:
             layout=layout,
             storages=tuple(StorageState(self._registry.backend(cfg), available and cfg.global_unique_name not in unhealthy)
                            for cfg, available in candidates),
-            peer_layouts=peers,
             backends=self._backends,
         )
-        with self._lock:
-            self._entries[instance_id] = _Entry(record, group, candidates, peers, now + self._refresh_s, context)
+        if cache:
+            with self._lock:
+                self._entries[instance_id] = _Entry(record, group, candidates, now + self._refresh_s, context)
         return context
 
-    def _group_members(self, group_name: str, now: float) -> list[Any]:
-        """The group's instances, read at most once per ``refresh_s`` for all its members."""
-        cached = self._members.get(group_name)
-        if cached is not None and now < cached[0]:
-            return cached[1]
-        members = self._control.list_instances(group_name)
-        with self._lock:
-            self._members[group_name] = (now + self._refresh_s, members)
-        return members
-
-    def bucket_bits(self, record: Any, group: Optional[InstanceGroup]) -> int:
-        """The instance's bucket bits: fixed at its first use, kept in Valkey."""
+    def bucket_bits(self, record: Any, group: Optional[InstanceGroup], registering: bool = False) -> int:
+        """The instance's bucket bits: fixed at its first use, kept in Valkey, where the
+        key space is bound to the record's incarnation (``BlockIndex.claim``; a
+        registration takes it over from an earlier one)."""
         key = (record.instance_id, record.incarnation)
         bits = self._bits.get(key)
-        if bits is None:
+        if bits is None or registering:
             wanted = bucket_bits_for(expected_max_blocks(group, record.block_bytes))
-            bits = self._index.bucket_bits(record.instance_id, wanted)
+            bits = self._index.claim(record.instance_id, record.incarnation, wanted, registering)
             self._bits[key] = bits
         return bits
 
@@ -116,7 +114,6 @@ class ContextProvider:
         """Drop what is cached for an instance (after it is removed)."""
         with self._lock:
             self._entries.pop(instance_id, None)
-            self._members.clear()
             for key in [k for k in self._bits if k[0] == instance_id]:
                 del self._bits[key]
 

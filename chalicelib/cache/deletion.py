@@ -54,9 +54,9 @@ class DeletionService:
             backend = ctx.backend(name)
             if backend is not None and backend.pack_count == 0 and not backend.owner_evicted:
                 backend.delete([self._ref(ctx, v) for v in vs])
-        dropped, _ = self.index.drop(layout, claimed, ctx.spec_layout.sizes)
+        outcome = self.index.drop(layout, claimed, ctx.spec_layout.sizes)
         groups_deleted = self.delete_orphan_groups(ctx, names)
-        return DeletionReport(len(victims), len(claimed), dropped, groups_deleted)
+        return DeletionReport(len(victims), len(claimed), outcome.dropped, groups_deleted)
 
     def delete_orphan_groups(self, ctx: InstanceContext, names: dict[int, str] | None = None) -> int:
         """Delete the files of packed groups whose last block is gone; returns how many."""

@@ -1,18 +1,21 @@
 """The meta data plane: cache hits, two-phase writes, removal and trimming.
 
 Every call touches Valkey only (plus the per-container config): a read is one round
-trip, a start one (two when the group has other instances whose usage counts toward the
-quota), a finish two.
+trip; a start one, plus one to move the group's usage counters when it wrote something,
+plus one to read them when the group has a quota and this container's copy is older than
+``GROUP_USAGE_MAX_AGE_S``; a finish two. A start refused for capacity makes room in its
+instance (``make_room``, the capacity layer's write-path eviction) and is tried once more.
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
-from ..clock import Clock
+from ..clock import Clock, now_us
 from ..index import BlockIndex, Status, Usage
-from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
+from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartOutcome, StartRequest
 from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.records import decode_record
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
@@ -37,6 +40,7 @@ from ..settings import Settings
 from ..storage.base import BlockRef
 from .context import InstanceContext
 from .deletion import Deleter
+from .purge import CACHE, META, PurgeService
 from .keys import request_keys
 from .locations import ANY_STATUS, LocationRenderer
 from .masks import mask_of, masked_flags
@@ -44,7 +48,11 @@ from .masks import mask_of, masked_flags
 _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
 _STATUS_NAMES = {Status.WRITING: CacheLocationStatus.CLS_WRITING, Status.SERVING: CacheLocationStatus.CLS_SERVING,
                  Status.DELETING: CacheLocationStatus.CLS_DELETING}
-_SCAN_CHUNK = 512
+#: How stale this container's copy of a group's usage may be when a start checks the
+#: group quota: the other instances' part is read from it (lua/start.lua).
+GROUP_USAGE_MAX_AGE_S = 0.1
+#: Times a start refused for a quota makes room and tries again.
+MAKE_ROOM_ATTEMPTS = 6
 _MATCH_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
                   QueryType.QT_BATCH_GET: "manager.batch_get_len",
                   QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_len"}
@@ -74,14 +82,21 @@ class CacheService:
     """MetaService's cache methods over one instance context at a time."""
 
     def __init__(self, index: BlockIndex, contexts: Callable[[str], InstanceContext], deleter: Deleter,
-                 clock: Clock, settings: Settings, metrics: MetricsRegistry,
-                 on_capacity_refused: Callable[[str], None] = lambda group: None) -> None:
+                 purge: PurgeService, clock: Clock, settings: Settings, metrics: MetricsRegistry,
+                 on_capacity_refused: Callable[[str], None] = lambda group: None,
+                 make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0) -> None:
         self.index = index
         #: Called with the group's name when a start is refused for capacity (wakes the reclaimer).
         self.on_capacity_refused = on_capacity_refused
+        #: ``make_room(ctx, refusal, attempt, protected)``, called when a start is refused for
+        #: a quota: marks victims in the instance (never one of the ``protected`` keys, the
+        #: write's own), returns the bytes marked (0: no room made, the refusal stands).
+        self.make_room = make_room
+        self._group_usage: dict[str, tuple[float, Usage]] = {}
         self.metrics = metrics
         self.contexts = contexts
         self.deleter = deleter
+        self.purge = purge
         self.clock = clock
         self.settings = settings
         self._storage_names: dict[str, dict[int, str]] = {}
@@ -177,11 +192,38 @@ class CacheService:
 
     # ---------------------------------------------------------------- writes
 
-    def _others_usage(self, ctx: InstanceContext) -> Usage:
-        total = Usage()
-        for usage in self.index.usage(list(ctx.peer_layouts)) if ctx.peer_layouts else ():
-            total = total + usage
-        return total
+    def _group_live_usage(self, ctx: InstanceContext, fresh: bool = False) -> Optional[Usage]:
+        """The group's live usage as this container last read it (None: the group has no
+        quota, so it is never needed)."""
+        quota = ctx.group.quota
+        if quota is None or not (quota.capacity > 0 or any(q.capacity > 0 for q in quota.quota_config)):
+            return None
+        now = self.clock.now()
+        cached = self._group_usage.get(ctx.group.name)
+        if fresh or cached is None or not 0 <= now - cached[0] < GROUP_USAGE_MAX_AGE_S:
+            cached = (now, self.index.group_usage([ctx.group.name])[0].live())
+            self._group_usage[ctx.group.name] = cached
+        return cached[1]
+
+    def _start(self, ctx: InstanceContext, keys: list[int], request: StartRequest) -> StartOutcome:
+        """The start script; refused for a quota, it makes room in the instance and tries
+        again with the group's usage read afresh (a few times: concurrent writers evict
+        and fill the same room)."""
+        protected = frozenset(keys)
+        fruitless = 0
+        for attempt in range(MAKE_ROOM_ATTEMPTS):
+            try:
+                return self.index.start(ctx.layout, keys, request)
+            except QuotaExceededError as refusal:
+                if refusal.kind not in ("group", "type", "keys"):
+                    raise
+                # Nothing marked may still mean room: concurrent writers marked it first.
+                if self.make_room(ctx, refusal, attempt, protected) <= 0:
+                    fruitless += 1
+                    if fruitless == 2:
+                        raise
+            request = replace(request, group_usage=self._group_live_usage(ctx, fresh=True))
+        return self.index.start(ctx.layout, keys, request)
 
     def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
         """Reserve locations for the keys nobody has written yet (two-phase write, step 1)."""
@@ -196,7 +238,7 @@ class CacheService:
         if not candidates:
             raise CapacityExceededError(
                 f"instance group {ctx.group.name!r} has no available storage to write to")
-        others = self._others_usage(ctx)
+        group_usage = self._group_live_usage(ctx)
         session_id = new_session_id()
         now_ms = int(self.clock.now() * 1000)
         sizes = ctx.spec_layout.sizes
@@ -210,12 +252,12 @@ class CacheService:
                 refusals.append(f"{state.name}: {exc}")
                 continue
             try:
-                outcome = self.index.start(ctx.layout, keys, StartRequest(
+                outcome = self._start(ctx, keys, StartRequest(
                     session_id=session_id, deadline_ms=now_ms + timeout_s * 1000, storage_name=state.name,
                     storage_type=type_name, pack_count=backend.pack_count, sizes=sizes, spec_groups=spec_groups,
-                    explicit_groups=explicit, group_capacity=ctx.group_capacity, others_bytes=others.bytes,
-                    type_capacity=ctx.type_capacity(backend.storage_type),
-                    others_type_bytes=others.by_type.get(type_name, 0), max_keys=ctx.max_key_count))
+                    explicit_groups=explicit, group_capacity=ctx.group_capacity,
+                    type_capacity=ctx.type_capacity(backend.storage_type), max_keys=ctx.max_key_count,
+                    group_usage=group_usage))
             except QuotaExceededError as exc:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])
@@ -269,7 +311,8 @@ class CacheService:
         if session is None:
             return None
         try:
-            _, victims = self.index.finish(ctx.layout, session_id, session, (), force_fail=True)
+            _, victims = self.index.finish(ctx.layout, session_id, session, (), ctx.spec_layout.sizes,
+                                           force_fail=True)
         except WriteSessionError:
             return None  # finished between the read and the finish
         self.deleter.submit(ctx, victims)
@@ -295,7 +338,8 @@ class CacheService:
             raise WriteSessionError(
                 f"write session {req.write_session_id!r} of instance {req.instance_id!r} is unknown, finished or expired")
         success = masked_flags(req.success_blocks, len(session.entries), "success_blocks")
-        expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success)
+        expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success,
+                                             ctx.spec_layout.sizes)
         self.deleter.submit(ctx, victims)
         if expired:
             raise WriteSessionError(f"write session {req.write_session_id!r} expired before it was finished")
@@ -308,62 +352,27 @@ class CacheService:
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
-        self._remove(ctx, [k for k, m in zip(keys, flags) if not m], self.deleter)
+        delay_ms = ctx.delete_delay_ms
+        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags) if not m],
+                                           ctx.spec_layout.sizes,
+                                           resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
+        self.deleter.submit(ctx, victims, delay_ms)
         return Response()
 
     def trim_cache(self, req: TrimCacheRequest) -> Response:
-        """REMOVE_ALL_CACHE, REMOVE_ALL_META or TIMESTAMP (blocks written in [begin, end] µs)."""
+        """REMOVE_ALL_CACHE (every block written before the call), TIMESTAMP (blocks
+        written in [begin, end] µs) or REMOVE_ALL_META (records forgotten, data left on
+        storage and charged): a purge, inline for a small instance, in the state machine
+        for a large one (see ``purge``)."""
         ctx = self.contexts(req.instance_id)
         if req.strategy == TrimStrategy.TS_UNSPECIFIED:
             raise InvalidArgumentError("field 'strategy' is required")
         if req.strategy == TrimStrategy.TS_REMOVE_ALL_META:
-            self.index.drop_all(ctx.layout)
+            self.purge.trim(ctx, META)
             return Response()
         if req.strategy == TrimStrategy.TS_TIMESTAMP and req.begin_timestamp > req.end_timestamp:
             raise InvalidArgumentError("field 'begin_timestamp': must not be after end_timestamp")
-        self.remove_matching(ctx, None if req.strategy == TrimStrategy.TS_REMOVE_ALL_CACHE
-                             else (req.begin_timestamp, req.end_timestamp))
+        written = ((req.begin_timestamp, req.end_timestamp) if req.strategy == TrimStrategy.TS_TIMESTAMP
+                   else (0, now_us(self.clock)))
+        self.purge.trim(ctx, CACHE, written)
         return Response()
-
-    def remove_matching(self, ctx: InstanceContext, written_between_us: Optional[tuple[int, int]],
-                        deleter: Optional[Deleter] = None) -> int:
-        """Mark DELETING and submit every block (or those written in the µs range) to
-        ``deleter`` (default: the service's); returns how many locations.
-
-        Only the locations the scan saw are taken: a block removed and written again
-        meanwhile is a new location, which the range may not cover.
-        """
-        deleter = deleter or self.deleter
-        keys: list[int] = []
-        locations: list[int] = []
-        total = 0
-        for key, raw in self.index.scan(ctx.layout):
-            record = decode_record(raw)
-            if written_between_us is not None and not (
-                    written_between_us[0] <= record.write_time_ms * 1000 <= written_between_us[1]):
-                continue
-            keys.append(key)
-            # A record holds one location (lua/start.lua creates it with one, nothing adds any).
-            locations.append(record.locations[0].location_id)
-            if len(keys) == _SCAN_CHUNK:
-                total += self._remove(ctx, keys, deleter, locations)
-                keys, locations = [], []
-        return total + (self._remove(ctx, keys, deleter, locations) if keys else 0)
-
-    def _remove(self, ctx: InstanceContext, keys: list[int], deleter: Deleter,
-                expected_locations: Optional[list[int]] = None) -> int:
-        """Mark the keys' locations (only ``expected_locations`` when given) DELETING and
-        hand them, with the lost deletions among them, to ``deleter``; returns how many."""
-        delay_ms = self._delete_delay_ms(ctx)
-        victims = self.index.mark_deleting(ctx.layout, keys, expected_locations=expected_locations,
-                                           resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
-        deleter.submit(ctx, victims, delay_ms)
-        return len(victims)
-
-    @staticmethod
-    def _delete_delay_ms(ctx: InstanceContext) -> int:
-        cache = ctx.group.cache_config
-        strategy = cache.reclaim_strategy if cache is not None else None
-        return strategy.delay_before_delete_ms if strategy is not None else 0
-
-

@@ -9,7 +9,7 @@ What the rest of the service calls:
 
 Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``selection``
 (the candidate pool, leaves only), ``stranded`` (deletions that never finished). I/O
-through the index only: ``sampling``, ``pending``, ``instance`` and ``reclaimer``.
+through the index only: ``sampling``, ``instance`` and ``reclaimer``; ``eviction`` makes room on the write path.
 """
 from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for
 from .reclaimer import ControlDirectory, GroupReport, ReclaimReport, Reclaimer, reclaim_handler, request_reclaim

@@ -51,7 +51,7 @@ class InstanceReclaim:
 
     def __init__(self, index: BlockIndex, ctx: "InstanceContext", policy: VictimPolicy, need: Need,
                  sampler: BucketSampler, config: SamplingConfig, now_s: int, submit: Submit,
-                 blocks_hint: int) -> None:
+                 blocks_hint: int, protected: frozenset[int] = frozenset()) -> None:
         self.index = index
         self.ctx = ctx
         self.policy = policy
@@ -62,6 +62,8 @@ class InstanceReclaim:
         self.submit = submit
         #: The instance's block count: how many buckets the first sample needs.
         self.blocks_hint = blocks_hint
+        #: Blocks never taken (a write making room keeps the blocks it is about).
+        self.protected = protected
         self.pool = CandidatePool()
         self._admitted = 0
         self.report = InstanceReport(ctx.instance_id)
@@ -72,7 +74,7 @@ class InstanceReclaim:
     def run(self, sweep_buckets: int = 0) -> InstanceReport:
         """Sweep ``sweep_buckets`` buckets for expired blocks, then free the need."""
         if sweep_buckets:
-            self.pool.add(self.sampler.sweep(sweep_buckets))
+            self._admit(self.sampler.sweep(sweep_buckets))
         block_bytes = self.ctx.spec_layout.sizes[0]
         while self.report.victims < self.config.max_victims:
             if self.need.pending:
@@ -88,6 +90,9 @@ class InstanceReclaim:
         self.report.buckets_read = self.sampler.buckets_read
         return self.report
 
+    def _admit(self, candidates: list[Candidate]) -> None:
+        self.pool.add([c for c in candidates if c.block_key not in self.protected] if self.protected else candidates)
+
     def _fill(self, blocks: int) -> None:
         wanted = min(self.config.max_pool, self.config.oversample * max(1, blocks))
         while len(self.pool) < wanted and not self.sampler.exhausted:
@@ -96,9 +101,9 @@ class InstanceReclaim:
             if self.sampler.sampled:
                 density = self._admitted / self.sampler.sampled
             else:
-                density = self.blocks_hint / self.ctx.layout.bucket_count
+                density = self.blocks_hint / max(1, self.sampler.occupied)
             before = len(self.pool)
-            self.pool.add(self.sampler.sample(math.ceil((wanted - before) / max(density, MIN_DENSITY))))
+            self._admit(self.sampler.sample(math.ceil((wanted - before) / max(density, MIN_DENSITY))))
             self._admitted += len(self.pool) - before
 
     def _take(self, picked: list[Candidate]) -> None:
@@ -107,7 +112,7 @@ class InstanceReclaim:
         # Only locations still SERVING under the same id are taken, of blocks that gained
         # no child: a block rewritten, removed or extended since it was read is left alone.
         victims = self.index.mark_deleting(
-            self.ctx.layout, list(by_key), expected_locations=[c.location_id for c in by_key.values()],
+            self.ctx.layout, list(by_key), self.ctx.spec_layout.sizes, expected_locations=[c.location_id for c in by_key.values()],
             serving_only=True, max_children=[c.recorded_children for c in by_key.values()])
         taken = [(v, by_key[v.block_key]) for v in victims]
         if not taken:
@@ -143,4 +148,4 @@ class InstanceReclaim:
             undropped = sum(1 for k, loc in self._marked_children[parent].items()
                             if raws[k] is not None and location_status(raws[k], loc) is not None)
             admitted.append(replace(candidate, children=max(0, candidate.children - undropped)))
-        self.pool.add(admitted)
+        self._admit(admitted)

@@ -1,14 +1,20 @@
 """The reclaimer: rounds over the instance groups, the scheduled entry point and the wake
 hook.
 
-A round looks at a group when it is due: woken by a refused write (``request_reclaim``),
-still over its watermark after the previous round, or ``trigger_period_seconds`` after
-its last look. It then reads the usage of the group's instances (one round trip), credits
-what earlier rounds marked and is not deleted yet, decides what to free
-(``watermark.assess``), spreads that over the instances in proportion to their usage and
-frees it by sampling (``instance.InstanceReclaim``). With ``POLICY_TTL`` and
-``ttl_seconds`` each look also sweeps part of every instance for expired blocks, and every
-look sweeps part of every instance for deletions that never finished (``stranded``).
+A round costs what needs doing, not the number of instances. It reads every group's
+summed usage (one round trip, ``BlockIndex.group_usage``) and looks at a group when it is
+due: woken by a refused write (``request_reclaim``), still over its watermark after the
+previous round, or ``trigger_period_seconds`` after its last look. Only a group over its
+watermark (or with a per-instance key cap, or expiring by TTL) has its instances listed
+and their usage read; the need is spread over them in proportion to their usage and freed
+by sampling (``instance.InstanceReclaim``). Usage counts live bytes: what is marked
+DELETING already counts as freed (the index's deleting counters), so a round never frees
+the same excess twice, whichever node ran the round before.
+
+Bounded background work rides along: the TTL sweep visits a few instances of a group per
+look, the sweep for deletions that never finished (``stranded``) a few instances per
+round across all groups, and one group's counters are reconciled with its instances' per
+round at most (``RECONCILE_S`` apart per group).
 
 Only the holder of the background lease reclaims (``reclaim_handler``).
 """
@@ -18,22 +24,20 @@ import random
 import threading
 import time
 import weakref
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from ..clock import Clock, now_us
 from ..control.groups import DEFAULT_TRIGGER_PERIOD_S
-from ..index import BlockIndex, Victim
+from ..index import BlockIndex, Usage, Victim
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import InstanceGroup
 from .instance import InstanceReclaim, InstanceReport, Submit
-from .pending import PendingDeletions
-from .policies import Candidate, policy_for
+from .policies import Candidate, VictimPolicy, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
-from .stranded import PASS_S, stranded_locations
-from .watermark import Limits, Need, Plan, assess, credit, split
+from .stranded import stranded_locations
+from .watermark import Limits, Need, Plan, assess, split
 
 if TYPE_CHECKING:
     from ..cache.context import InstanceContext
@@ -44,24 +48,56 @@ if TYPE_CHECKING:
 #: A refused write wakes a group at most this often per container: one SADD, not one per
 #: refused call of a client retrying in a loop.
 WAKE_DEBOUNCE_S = 0.5
+#: Instances whose lost deletions are looked for per round (across all groups), and
+#: occupied buckets read in each: one round trip per instance.
+STRANDED_INSTANCES_PER_ROUND = 8
+STRANDED_BUCKETS_PER_VISIT = 64
+#: Instances of a TTL group swept for expired blocks per look.
+TTL_INSTANCES_PER_LOOK = 16
+#: A group's counters are checked against its instances' at most this often.
+RECONCILE_S = 60
+#: How long the directory's instance lists are reused.
+MEMBERS_TTL_S = 10.0
 
 
 class GroupDirectory(Protocol):
-    def groups(self) -> list[tuple[InstanceGroup, list[str]]]:
-        """Every group with the ids of its instances."""
+    def groups(self) -> list[InstanceGroup]:
+        """Every instance group."""
+
+    def members(self, group: str) -> list[str]:
+        """The ids of a group's instances."""
+
+    def instances(self) -> list[str]:
+        """The ids of every instance, in a stable order."""
 
 
 class ControlDirectory:
-    """Groups and their instances from the control plane: two queries per round."""
+    """Groups and their instances from the control plane; instance lists are reused for
+    ``MEMBERS_TTL_S`` (a round must not list every instance every second)."""
 
-    def __init__(self, control: Any) -> None:
+    def __init__(self, control: Any, clock: Clock) -> None:
         self.control = control
+        self.clock = clock
+        self._listing: tuple[float, dict[str, list[str]]] = (float("-inf"), {})
 
-    def groups(self) -> list[tuple[InstanceGroup, list[str]]]:
-        ids: dict[str, list[str]] = defaultdict(list)
-        for record in self.control.list_instances():
-            ids[record.group].append(record.instance_id)
-        return [(g, ids[g.name]) for g in self.control.list_groups() if ids.get(g.name)]
+    def groups(self) -> list[InstanceGroup]:
+        return self.control.list_groups()
+
+    def _members(self) -> dict[str, list[str]]:
+        until, members = self._listing
+        now = self.clock.now()
+        if now >= until:
+            members = {}
+            for record in self.control.list_instances():
+                members.setdefault(record.group, []).append(record.instance_id)
+            self._listing = (now + MEMBERS_TTL_S, members)
+        return members
+
+    def members(self, group: str) -> list[str]:
+        return list(self._members().get(group, ()))
+
+    def instances(self) -> list[str]:
+        return sorted(i for ids in self._members().values() for i in ids)
 
 
 @dataclass
@@ -74,8 +110,6 @@ class GroupReport:
     reason: str
     plan: Plan = field(default_factory=Plan)
     swept: bool = False
-    #: Stranded deletions handed to deletion again.
-    resubmitted: int = 0
     instances: list[InstanceReport] = field(default_factory=list)
     error: str = ""
 
@@ -88,7 +122,7 @@ class GroupReport:
         return sum(r.bytes for r in self.instances)
 
     def to_dict(self) -> dict:
-        return {"group": self.group, "reason": self.reason, "swept": self.swept, "resubmitted": self.resubmitted,
+        return {"group": self.group, "reason": self.reason, "swept": self.swept,
                 "victims": self.victims, "bytes": self.bytes, "error": self.error,
                 "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
                 "instances": [r.to_dict() for r in self.instances]}
@@ -100,6 +134,8 @@ class ReclaimReport:
 
     groups: list[GroupReport] = field(default_factory=list)
     duration_ms: float = 0.0
+    #: Stranded deletions handed to deletion again.
+    resubmitted: int = 0
     #: Why the round did nothing (e.g. another node holds the lease).
     skipped: str = ""
     #: The lease was lost midway: the remaining groups wait for the next round.
@@ -115,7 +151,7 @@ class ReclaimReport:
 
     def to_dict(self) -> dict:
         return {"victims": self.victims, "bytes": self.bytes, "duration_ms": round(self.duration_ms, 3),
-                "skipped": self.skipped, "interrupted": self.interrupted,
+                "resubmitted": self.resubmitted, "skipped": self.skipped, "interrupted": self.interrupted,
                 "groups": [g.to_dict() for g in self.groups]}
 
 
@@ -123,13 +159,15 @@ class ReclaimReport:
 class _GroupState:
     next_check: float = float("-inf")
     next_sweep: float = float("-inf")
+    next_reconcile: float = float("-inf")
     over: bool = False
+    #: Where the next TTL sweep starts among the group's instances.
+    sweep_position: int = 0
 
 
 class Reclaimer:
-    """Runs reclaim rounds. Keeps, between rounds, when each group is due and what it
-    marked that is not deleted yet; so one Reclaimer per process (``reclaim_handler``
-    keeps it on the runtime)."""
+    """Runs reclaim rounds. Keeps, between rounds, when each group is due and where the
+    rotating sweeps are; so one Reclaimer per process (``reclaim_handler`` keeps it)."""
 
     def __init__(self, index: BlockIndex, directory: GroupDirectory,
                  contexts: Callable[[str], "InstanceContext"], deleter: "Deleter", clock: Clock,
@@ -144,27 +182,28 @@ class Reclaimer:
         self.metrics = metrics
         self.rng = rng or random.Random()
         self.config = config
-        self.pending = PendingDeletions()
         self._states: dict[str, _GroupState] = {}
+        self._stranded_position = 0
 
     @classmethod
     def from_runtime(cls, runtime: Any, rng: Optional[random.Random] = None,
                      config: SamplingConfig = SamplingConfig()) -> "Reclaimer":
         """A reclaimer over the runtime's index, control plane, contexts and deleter."""
-        return cls(runtime.index, ControlDirectory(runtime.control), runtime.contexts, runtime.deleter,
-                   runtime.clock, events=runtime.events, metrics=runtime.metrics, rng=rng, config=config)
+        return cls(runtime.index, ControlDirectory(runtime.control, runtime.clock), runtime.contexts,
+                   runtime.deleter, runtime.clock, events=runtime.events, metrics=runtime.metrics, rng=rng,
+                   config=config)
 
     def run_round(self, keep_going: Callable[[], bool] = lambda: True) -> ReclaimReport:
         """Look at every due group and free what is over its watermark (and, with TTL,
         what expired). ``keep_going`` is asked before each group (the lease)."""
         started = time.perf_counter()
         now = self.clock.now()
-        listing = self.directory.groups()
+        groups = self.directory.groups()
         woken = self.index.take_reclaim_requests()
-        self.pending.retain({i for _, ids in listing for i in ids})
-        self._states = {g.name: self._states.get(g.name, _GroupState()) for g, _ in listing}
+        usages = dict(zip((g.name for g in groups), self.index.group_usage([g.name for g in groups])))
+        self._states = {g.name: self._states.get(g.name, _GroupState()) for g in groups}
         report = ReclaimReport()
-        for group, instance_ids in listing:
+        for group in groups:
             state = self._states[group.name]
             reason = ("woken" if group.name in woken else "over" if state.over
                       else "period" if now >= state.next_check else "")
@@ -173,47 +212,55 @@ class Reclaimer:
             if not keep_going():
                 report.interrupted = True
                 break
-            report.groups.append(self._reclaim_group(group, instance_ids, state, now, reason))
+            report.groups.append(self._reclaim_group(group, usages[group.name], state, now, reason))
+        if not report.interrupted and keep_going():
+            report.resubmitted = self._resubmit_stranded(groups)
+            self._reconcile_one(groups, now)
         report.duration_ms = (time.perf_counter() - started) * 1000
         if self.metrics is not None:
             self.metrics.incr("cache_reclaimer.reclaim_cron_count")
             self.metrics.observe("cache_reclaimer.reclaim_cron_duration_us", report.duration_ms * 1000)
         return report
 
-    def _reclaim_group(self, group: InstanceGroup, instance_ids: Sequence[str], state: _GroupState, now: float,
+    def _reclaim_group(self, group: InstanceGroup, usage: Usage, state: _GroupState, now: float,
                        reason: str) -> GroupReport:
         report = GroupReport(group.name, reason)
         strategy = group.cache_config.reclaim_strategy if group.cache_config is not None else None
         period = (strategy.trigger_period_seconds if strategy is not None and strategy.trigger_period_seconds > 0
                   else DEFAULT_TRIGGER_PERIOD_S)
         state.next_check = now + period
+        limits = Limits.of(group)
+        pressure = reason == "woken"
+        policy = policy_for(strategy, self.index.LFU_DECAY_S)
+        report.swept = policy.expires and now >= state.next_sweep
         try:
-            contexts = self._contexts(instance_ids)
-            usages = self.index.usage([c.layout for c in contexts])
-            credited = {c.instance_id: credit(u, self.pending.outstanding(self.index, c.layout, c.instance_id))
-                        for c, u in zip(contexts, usages)}
-            report.plan = assess(Limits.of(group), credited, pressure=reason == "woken")
-            needs = split(report.plan, credited)
-            policy = policy_for(strategy, self.index.LFU_DECAY_S)
-            report.swept = policy.expires and now >= state.next_sweep
+            # The group's own counters decide whether its instances need reading at all.
+            if not (assess(limits, {"": usage.live()}, pressure).needed or limits.max_keys > 0 or report.swept):
+                state.over = False
+                return report
+            contexts = self._contexts(self.directory.members(group.name))
+            live = {c.instance_id: u.live() for c, u in zip(contexts, self.index.usage([c.layout for c in contexts]))}
+            report.plan = assess(limits, live, pressure)
+            needs = split(report.plan, live)
             if report.swept:
                 state.next_sweep = now + period
+            swept = self._sweep_share(contexts, state) if report.swept else set()
+            # Each instance's turn comes every `rotation` looks: its window covers that many.
+            rotation = -(-len(contexts) // TTL_INSTANCES_PER_LOOK) if contexts else 1
             delay_ms = strategy.delay_before_delete_ms if strategy is not None else 0
             storage_name = strategy.storage_unique_name if strategy is not None else ""
-            submit = self._submitter(group.name, delay_ms)
-            lost_before_s = self.index.lost_deletions_before_s(delay_ms)
+            submit = submitter(self.deleter, self.clock, group.name, delay_ms, self.events, self.metrics)
             for ctx in contexts:
-                report.resubmitted += self._resubmit_stranded(ctx, period, lost_before_s)
-            for ctx, usage in zip(contexts, usages):
                 need = needs.get(ctx.instance_id)
-                if need is None and not report.swept:
+                sweeping = ctx.instance_id in swept
+                if need is None and not sweeping:
                     continue
                 sampler = BucketSampler(self.index, ctx.layout, self.index.storage_table(ctx.layout),
                                         ctx.spec_layout.sizes, self.rng, self.config, storage_name)
-                window = (sweep_buckets(ctx.layout.bucket_count, period, strategy.ttl_seconds, self.config)
-                          if report.swept else 0)
                 work = InstanceReclaim(self.index, ctx, policy, need or Need(), sampler, self.config, int(now),
-                                       submit, blocks_hint=usage.keys)
+                                       submit, blocks_hint=live[ctx.instance_id].keys)
+                window = (sweep_buckets(sampler.occupied, period * rotation, strategy.ttl_seconds, self.config)
+                          if sweeping else 0)
                 report.instances.append(work.run(window))
         except Exception as exc:  # noqa: BLE001 - one failing group must not stop the others
             logger.exception("reclaim of instance group %s failed", group.name)
@@ -223,28 +270,52 @@ class Reclaimer:
         state.over = report.plan.needed and report.victims > 0
         return report
 
-    def _resubmit_stranded(self, ctx: "InstanceContext", period_s: int, lost_before_s: int) -> int:
-        """Hand the deletions of the next buckets of the instance's stranded sweep that
-        never finished to the deleter again (see ``stranded``); returns how many. A
-        deletion failing again is logged: it must not stop the group's reclaim."""
-        window = self.index.advance_sweep(
-            ctx.layout, sweep_buckets(ctx.layout.bucket_count, period_s, PASS_S, self.config), cursor="stranded")
-        step = self.config.buckets_per_trip
-        found = [entry for i in range(0, len(window), step)
-                 for entry in stranded_locations(self.index.sample_buckets(ctx.layout, window[i:i + step]),
-                                                 lost_before_s)]
+    def _sweep_share(self, contexts: Sequence["InstanceContext"], state: _GroupState) -> set[str]:
+        """The instances whose TTL sweep advances this look: a rotating share."""
+        if not contexts:
+            return set()
+        count = min(len(contexts), TTL_INSTANCES_PER_LOOK)
+        start = state.sweep_position % len(contexts)
+        state.sweep_position = start + count
+        return {contexts[(start + i) % len(contexts)].instance_id for i in range(count)}
+
+    def _resubmit_stranded(self, groups: Sequence[InstanceGroup]) -> int:
+        """Hand the deletions that never finished, in the next occupied buckets of the next
+        few instances of the rotation, to the deleter again (see ``stranded``); returns
+        how many. A deletion failing again is logged: it must not stop the round."""
+        instances = self.directory.instances()
+        if not instances:
+            return 0
+        delays = {g.name: (g.cache_config.reclaim_strategy.delay_before_delete_ms
+                           if g.cache_config is not None and g.cache_config.reclaim_strategy is not None else 0)
+                  for g in groups}
+        count = min(len(instances), STRANDED_INSTANCES_PER_ROUND)
+        start = self._stranded_position % len(instances)
+        self._stranded_position = start + count
+        total = 0
+        for instance_id in (instances[(start + i) % len(instances)] for i in range(count)):
+            try:
+                ctx = self.contexts(instance_id)
+            except InstanceNotFoundError:
+                continue
+            total += self._resubmit_instance(ctx, self.index.lost_deletions_before_s(delays.get(ctx.group.name, 0)))
+        return total
+
+    def _resubmit_instance(self, ctx: "InstanceContext", lost_before_s: int) -> int:
+        window = self.index.advance_sweep(ctx.layout, STRANDED_BUCKETS_PER_VISIT, cursor="stranded")
+        found = stranded_locations(self.index.read_buckets(ctx.layout, window), lost_before_s)
         if not found:
             return 0
         # Through the mark script: only what is still lost is taken, and stamped again, so
         # a removeCache right after this cannot hand the same deletion over a second time.
-        victims = self.index.mark_deleting(ctx.layout, [key for key, _ in found],
+        victims = self.index.mark_deleting(ctx.layout, [key for key, _ in found], ctx.spec_layout.sizes,
                                            expected_locations=[location for _, location in found],
                                            resubmit_before_s=lost_before_s)
         if not victims:
             return 0
         try:
             self.deleter.submit(ctx, victims)
-        except Exception as exc:  # noqa: BLE001 - one instance's storage must not stop the group's reclaim
+        except Exception as exc:  # noqa: BLE001 - one instance's storage must not stop the round
             logger.warning("stranded deletions failed again", extra={
                 "instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)})
             return 0
@@ -252,6 +323,20 @@ class Reclaimer:
             self.metrics.incr("cache_reclaimer.stranded_resubmit_count", len(victims),
                               {"instance_group": ctx.group.name})
         return len(victims)
+
+    def _reconcile_one(self, groups: Sequence[InstanceGroup], now: float) -> None:
+        """Correct the counters of the first group due for it (at most one per round)."""
+        for group in groups:
+            state = self._states[group.name]
+            if now < state.next_reconcile:
+                continue
+            state.next_reconcile = now + RECONCILE_S
+            layouts = [c.layout for c in self._contexts(self.directory.members(group.name))]
+            correction = self.index.reconcile_group(group.name, layouts)
+            if correction is not None and correction.fields():
+                logger.warning("instance group usage counters corrected", extra={
+                    "instance_group": group.name, "correction": correction.fields()})
+            return
 
     def _contexts(self, instance_ids: Sequence[str]) -> list["InstanceContext"]:
         out = []
@@ -262,21 +347,22 @@ class Reclaimer:
                 continue  # removed since the listing
         return out
 
-    def _submitter(self, group: str, delay_ms: int) -> Submit:
-        def submit(ctx: "InstanceContext", taken: Sequence[tuple[Victim, Candidate]]) -> None:
-            # Remembered before the hand-over: if it fails the locations stay DELETING,
-            # and must not be reclaimed a second time meanwhile.
-            self.pending.add(ctx.instance_id, [(v.block_key, v.location_id, c.size, c.storage_type)
-                                               for v, c in taken])
-            victims = [v for v, _ in taken]
-            self.deleter.submit(ctx, victims, delay_ms)
-            if self.events is not None:
-                self.events.publish(ctx.instance_id, "CacheReclaimSubmit", now_us(self.clock),
-                                    block_keys=[v.block_key for v in victims],
-                                    location_ids=[[str(v.location_id)] for v in victims], delay_us=delay_ms * 1000)
-            if self.metrics is not None:
-                self.metrics.incr("cache_reclaimer.block_submit_count", len(victims), {"instance_group": group})
-        return submit
+
+
+def submitter(deleter: "Deleter", clock: Clock, group: str, delay_ms: int, events: Optional["EventLog"] = None,
+              metrics: Optional["MetricsRegistry"] = None, metric: str = "cache_reclaimer.block_submit_count") -> Submit:
+    """Hands victims just marked to deletion after ``delay_ms``, publishing the upstream
+    ``CacheReclaimSubmit`` event and counting them in ``metric``."""
+    def submit(ctx: "InstanceContext", taken: Sequence[tuple[Victim, Candidate]]) -> None:
+        victims = [v for v, _ in taken]
+        deleter.submit(ctx, victims, delay_ms)
+        if events is not None:
+            events.publish(ctx.instance_id, "CacheReclaimSubmit", now_us(clock),
+                           block_keys=[v.block_key for v in victims],
+                           location_ids=[[str(v.location_id)] for v in victims], delay_us=delay_ms * 1000)
+        if metrics is not None:
+            metrics.incr(metric, len(victims), {"instance_group": group})
+    return submit
 
 
 # ---------------------------------------------------------------- entry points

@@ -3,8 +3,9 @@
 Block keys are hashes and buckets hold the keys' low bits, so the records of a few random
 buckets are a uniform sample of an instance's blocks. A round reads whole buckets
 (about 64 records each at full capacity), several per round trip, and never scans the
-instance; TTL expiry walks a cursor over the buckets instead, so every block is looked
-at once per pass.
+instance. Buckets are drawn from the instance's occupied-bucket set, so a sparse instance
+sized for millions of buckets is sampled as cheaply as a full one; TTL expiry walks a
+cursor over that set instead, so every block is looked at once per pass.
 """
 from __future__ import annotations
 
@@ -84,16 +85,32 @@ class BucketSampler:
         self._sampled = 0
         #: Buckets read so far (sampled and swept).
         self.buckets_read = 0
+        # Up to ``max_buckets`` distinct occupied buckets (all of them when fewer), drawn
+        # once by the server and shuffled by the rng: the round's sample, in order.
+        self._order: list[int] = []
+        self._occupied: Optional[int] = None
+
+    def _count(self) -> int:
+        if self._occupied is None:
+            self._occupied, members = self.index.occupied_sample(self.layout, self.config.max_buckets)
+            self._order = sorted(members)
+            self.rng.shuffle(self._order)
+        return self._occupied
+
+    @property
+    def occupied(self) -> int:
+        """How many buckets of the instance hold records."""
+        return self._count()
 
     @property
     def exhausted(self) -> bool:
         """No random bucket left to read this round."""
-        return self._sampled >= self.config.max_buckets or len(self._seen) >= self.layout.bucket_count
+        return self._sampled >= self.config.max_buckets or len(self._seen) >= self._count()
 
     def _read(self, buckets: list[int]) -> list[Candidate]:
         self._seen.update(buckets)
         self.buckets_read += len(buckets)
-        entries = self.index.sample_buckets(self.layout, buckets)
+        entries = self.index.read_buckets(self.layout, buckets)
         return [c for c in (self.candidate(key, raw) for key, raw in entries) if c is not None]
 
     @property
@@ -104,20 +121,16 @@ class BucketSampler:
     def sample(self, buckets: int) -> list[Candidate]:
         """The candidates of ``buckets`` random, unread buckets (at most one round trip's
         worth and what the budget has left)."""
-        count = self.layout.bucket_count
+        count = self._count()
         wanted = min(max(1, buckets), self.config.buckets_per_trip, self.config.max_buckets - self._sampled,
                      count - len(self._seen))
         if wanted <= 0:
             return []
-        if count - len(self._seen) <= 2 * wanted:
-            # Nearly everything read: take the rest in order rather than hunt for it.
-            picks = [b for b in range(count) if b not in self._seen][:wanted]
-        else:
-            picks = []
-            while len(picks) < wanted:
-                b = self.rng.randrange(count)
-                if b not in self._seen and b not in picks:
-                    picks.append(b)
+        picks = [b for b in self._order if b not in self._seen][:wanted]
+        if not picks:
+            # Nothing unread left to draw (the set changed meanwhile): done for this round.
+            self._sampled = self.config.max_buckets
+            return []
         self._sampled += len(picks)
         return self._read(picks)
 

@@ -132,13 +132,6 @@ def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) 
     return Plan(free_bytes, by_type, keys)
 
 
-def credit(usage: Usage, pending: Usage) -> Usage:
-    """``usage`` without what is already on its way out (marked, not yet deleted)."""
-    return Usage(max(0, usage.bytes - pending.bytes), max(0, usage.keys - pending.keys),
-                 {t: max(0, v - pending.by_type.get(t, 0)) for t, v in usage.by_type.items()},
-                 {s: max(0, v - pending.by_storage.get(s, 0)) for s, v in usage.by_storage.items()})
-
-
 @dataclass
 class Need:
     """What one instance still has to free this round. Mutable: victims are taken off it."""

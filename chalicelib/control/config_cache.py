@@ -77,10 +77,11 @@ class ConfigCache:
     # ---------------------------------------------------------------- lookups
 
     def instance(self, instance_id: str) -> InstanceRecord:
-        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST)."""
+        """The registered instance, or InstanceNotFoundError (INSTANCE_NOT_EXIST); an
+        instance being removed does not exist any more."""
         require(instance_id, "instance_id")
         record = self._lookup(INSTANCE, instance_id, self._control.get_instance)
-        if record is None:
+        if record is None or record.removing_us:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
         return record
 

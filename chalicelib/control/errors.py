@@ -1,7 +1,7 @@
 """Errors of the control plane, all inside the protocol's error family (see protocol.errors)."""
 from __future__ import annotations
 
-from ..protocol.errors import InvalidArgumentError
+from ..protocol.errors import InvalidArgumentError, ServiceNotReadyError
 
 
 class UnknownEntityError(InvalidArgumentError):
@@ -14,3 +14,8 @@ class VersionConflictError(InvalidArgumentError):
 
 class EntityInUseError(InvalidArgumentError):
     """The entity cannot be removed while something still refers to it."""
+
+
+class InstanceRemovingError(ServiceNotReadyError):
+    """The instance id is still being removed: registering it again must wait (retryable,
+    hence SERVICE_NOT_READY)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from ..clock import Clock, now_us
@@ -24,7 +25,7 @@ from ..protocol.codes import Role
 from ..protocol.errors import (CapacityExceededError, DuplicateEntityError, InstanceNotFoundError,
                                KvcmError)
 from ..protocol.models import Account, InstanceGroup, RegisterInstanceRequest, StorageConfig
-from .errors import EntityInUseError, UnknownEntityError, VersionConflictError
+from .errors import EntityInUseError, InstanceRemovingError, UnknownEntityError, VersionConflictError
 from .groups import normalize_group
 from .api_keys import ApiKeyRecord, digest, new_api_key
 from .passwords import dummy_hash, hash_password, verify_password
@@ -262,11 +263,15 @@ class ControlPlane:
 
         The same id with the same config (``model_deployment.user_data`` aside) returns the
         stored record; a different config → DuplicateEntityError; unknown group →
-        UnknownEntityError; group at ``max_instance_count`` → CapacityExceededError.
+        UnknownEntityError; group at ``max_instance_count`` → CapacityExceededError; an
+        instance still being removed → InstanceRemovingError.
         """
         validate_register_request(request)
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             existing = self.get_instance(request.instance_id)
+            if existing is not None and existing.removing_us:
+                raise InstanceRemovingError(f"instance '{request.instance_id}' is being removed: register it "
+                                            f"again once its removal has finished")
             if existing is not None:
                 return self._same_instance(existing, request)
             record = InstanceRecord.from_request(request, now_us(self.clock), uuid.uuid4().hex)
@@ -300,16 +305,36 @@ class ControlPlane:
         item = self.table.get(INSTANCE, instance_id)
         return InstanceRecord.from_doc(item["doc"]) if item else None
 
-    def remove_instance(self, instance_id: str, group: str = "") -> InstanceRecord:
-        """Remove an instance's record and release its place in the group. When ``group``
-        is given it must be the instance's group. Unknown id → InstanceNotFoundError."""
+    def begin_instance_removal(self, instance_id: str, group: str = "") -> InstanceRecord:
+        """Mark an instance as being removed (from now on it is unknown to every call, and
+        its id cannot be registered again until ``remove_instance``); returns the marked
+        record, as it is when already marked. When ``group`` is given it must be the
+        instance's group. Unknown id → InstanceNotFoundError."""
         require_name(instance_id, "instance_id")
+        for _ in range(_OPTIMISTIC_ATTEMPTS):
+            record = self.get_instance(instance_id)
+            if record is None:
+                raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
+            if group and group != record.group:
+                raise invalid("instance_group", f"is '{group}', but instance '{instance_id}' belongs to "
+                                                f"instance group '{record.group}'")
+            if record.removing_us:
+                return record
+            marked = replace(record, removing_us=now_us(self.clock))
+            try:
+                self._write([_op(update, INSTANCE, instance_id, "SET #doc = :doc", "#inc = :inc",
+                                 values={":doc": marked.to_doc(), ":inc": record.incarnation})])
+                return marked
+            except Cancelled:
+                continue  # removed and registered again meanwhile: look again
+        raise VersionConflictError(f"instance '{instance_id}' kept changing during removal, retry")
+
+    def remove_instance(self, instance_id: str, incarnation: str) -> InstanceRecord:
+        """Delete the record of ``incarnation`` of an instance (the end of its removal) and
+        release its place in the group. Another incarnation or none → InstanceNotFoundError."""
         record = self.get_instance(instance_id)
-        if record is None:
+        if record is None or record.incarnation != incarnation:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
-        if group and group != record.group:
-            raise invalid("instance_group", f"is '{group}', but instance '{instance_id}' belongs to "
-                                            f"instance group '{record.group}'")
         ops = [_op(delete, INSTANCE, instance_id, "#inc = :inc", values={":inc": record.incarnation}),
                _op(update, GROUP, record.group, "SET #count = #count - :one", f"{_EXISTS} AND #count > :zero",
                    values={":one": 1, ":zero": 0})]
@@ -321,11 +346,12 @@ class ControlPlane:
             raise KvcmError(f"instance group '{record.group}' has no count for instance '{instance_id}'") from None
         return record
 
-    def list_instances(self, group: str = "") -> list[InstanceRecord]:
-        """The instances of ``group`` (all when empty), by id."""
-        return [InstanceRecord.from_doc(item["doc"]) for item in self.table.query(INSTANCE)
-                if not group or item["group"] == group]
-
+    def list_instances(self, group: str = "", removing: bool = False) -> list[InstanceRecord]:
+        """The instances of ``group`` (all when empty), by id; those being removed only
+        with ``removing`` (then only those)."""
+        records = [InstanceRecord.from_doc(item["doc"]) for item in self.table.query(INSTANCE)
+                   if not group or item["group"] == group]
+        return [r for r in records if bool(r.removing_us) == removing]
 
     # ---------------------------------------------------------------- service settings
 

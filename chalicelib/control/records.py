@@ -52,6 +52,8 @@ class InstanceRecord:
     ``location_spec_infos`` are in registration order: a spec's byte offset inside a block
     is the sum of the sizes before it. ``incarnation`` is unique per registration, so a
     removal that raced with a re-registration of the same id never deletes the new one.
+    ``removing_us`` is when its removal began (0: not being removed): the record stays
+    until every block is gone, and the instance is unknown to every call meanwhile.
     """
 
     instance_id: str
@@ -62,6 +64,7 @@ class InstanceRecord:
     location_spec_groups: tuple[LocationSpecGroup, ...]
     created_us: int
     incarnation: str
+    removing_us: int = 0
 
     @classmethod
     def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> "InstanceRecord":
@@ -111,7 +114,8 @@ class InstanceRecord:
 
     def to_doc(self) -> str:
         info = self.to_instance_info().model_dump(mode="json", exclude_none=True)
-        return json.dumps({"info": info, "created_us": self.created_us, "incarnation": self.incarnation},
+        return json.dumps({"info": info, "created_us": self.created_us, "incarnation": self.incarnation,
+                           **({"removing_us": self.removing_us} if self.removing_us else {})},
                           separators=(",", ":"))
 
     @classmethod
@@ -127,6 +131,7 @@ class InstanceRecord:
             location_spec_groups=tuple(info.location_spec_groups),
             created_us=int(data["created_us"]),
             incarnation=data["incarnation"],
+            removing_us=int(data.get("removing_us", 0)),
         )
 
 

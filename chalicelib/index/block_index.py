@@ -8,10 +8,18 @@ one Lua call):
   derive it, so a call packs one blob of keys rather than one argument per block). The
   bucket count is fixed per instance (``bucket_bits``) and sized so a full instance
   keeps about 64 records per hash, which stays in Valkey's compact listpack encoding;
+- ``T:ob`` the occupied buckets (integer members), so that scans, sampling and removal
+  cost what the instance holds, never the buckets it was sized for;
 - ``T:m`` counters (location ids, storage indexes); ``T:u`` usage (bytes, keys, bytes per
-  storage type ``t:<type>`` and per storage ``s:<name>``); ``T:st`` storage index table;
+  storage type ``t:<type>`` and per storage ``s:<name>``, and the part of bytes, keys
+  and type bytes that is DELETING: ``d``, ``dk``, ``dt:<type>``); ``T:st`` storage index table;
 - ``T:g`` live-block counts of packed groups (files), ``T:og`` groups whose files await
   deletion; ``T:s:<session>`` write sessions and ``T:sd`` their deadlines.
+
+Per instance group, ``{<prefix>:grp:<group>}:u`` sums the usage of its instances (same
+fields). Instances live on other slots than their group, so it moves right after each
+script that changes an instance's usage (same pipeline as nothing else: one extra round
+trip only when something changed); starts read it instead of every peer's usage.
 """
 from __future__ import annotations
 
@@ -24,7 +32,8 @@ from typing import Iterator, Optional, Sequence
 import redis
 
 from ..clock import Clock
-from .errors import QuotaExceededError, WriteSessionError, valkey_errors
+from ..observability.logging import logger
+from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError, valkey_errors
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -42,6 +51,10 @@ class InstanceLayout:
     prefix: str
     instance_id: str
     bucket_bits: int
+    #: The instance group whose usage counters move with this instance's ("": none).
+    group: str = ""
+    #: The registration the key space is bound to (lua/claim.lua; "": not checked).
+    incarnation: str = ""
 
     @cached_property
     def tag(self) -> bytes:
@@ -66,8 +79,9 @@ class InstanceLayout:
         """Name of bucket ``index`` (scripts derive it from the key's low bits: lua bucket_of)."""
         return b"%b%x" % (self.bucket_prefix, index & self.mask)
 
-    def all_buckets(self) -> list[bytes]:
-        return [self.bucket(b) for b in range(self.bucket_count)]
+    @cached_property
+    def occupied(self) -> bytes:
+        return self.key("ob")
 
     def session(self, session_id: str) -> bytes:
         return self.key(f"s:{session_id}")
@@ -81,40 +95,73 @@ def pack_u48(values: Sequence[int]) -> bytes:
     return b"".join(v.to_bytes(6, "big") for v in values)
 
 
+def _merge(a: dict, b: dict, sign: int = 1) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + sign * v
+    return out
+
+
 @dataclass(frozen=True)
 class Usage:
-    """Usage counters of one instance."""
+    """Usage counters of one instance (or, summed, of a group).
+
+    ``bytes``, ``keys`` and ``by_type`` follow the data that exists, DELETING locations
+    included until their deletion drops them; the ``deleting_*`` fields are that
+    DELETING part. Quotas and watermarks count ``live()``: what is not on its way out.
+    """
 
     bytes: int = 0
     keys: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
     by_storage: dict[str, int] = field(default_factory=dict)
+    deleting_bytes: int = 0
+    deleting_keys: int = 0
+    deleting_by_type: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_hash(cls, raw: dict) -> "Usage":
-        by_type, by_storage = {}, {}
-        total = keys = 0
+        scalars = {b"bytes": 0, b"keys": 0, b"d": 0, b"dk": 0}
+        by_type, by_storage, deleting_by_type = {}, {}, {}
         for k, v in raw.items():
-            name, value = k.decode(), int(v)
-            if name == "bytes":
-                total = value
-            elif name == "keys":
-                keys = value
-            elif name.startswith("t:"):
-                by_type[name[2:]] = value
-            elif name.startswith("s:"):
-                by_storage[name[2:]] = value
-        return cls(total, keys, by_type, by_storage)
+            value = int(v)
+            if k in scalars:
+                scalars[k] = value
+            elif k.startswith(b"t:"):
+                by_type[k[2:].decode()] = value
+            elif k.startswith(b"s:"):
+                by_storage[k[2:].decode()] = value
+            elif k.startswith(b"dt:"):
+                deleting_by_type[k[3:].decode()] = value
+        return cls(scalars[b"bytes"], scalars[b"keys"], by_type, by_storage, scalars[b"d"], scalars[b"dk"],
+                   deleting_by_type)
+
+    @classmethod
+    def from_charge(cls, reply: Sequence) -> "Usage":
+        """The deleting charge a script returned (lua/prelude.lua ``deleting_charge``):
+        bytes, keys, then type/bytes pairs."""
+        by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(2, len(reply) - 1, 2)}
+        return cls(deleting_bytes=int(reply[0]), deleting_keys=int(reply[1]), deleting_by_type=by_type)
+
+    def live(self) -> "Usage":
+        """What is not DELETING (per storage: the totals, which are not split)."""
+        return Usage(max(0, self.bytes - self.deleting_bytes), max(0, self.keys - self.deleting_keys),
+                     {t: max(0, v - self.deleting_by_type.get(t, 0)) for t, v in self.by_type.items()},
+                     dict(self.by_storage))
 
     def __add__(self, other: "Usage") -> "Usage":
-        def merge(a: dict, b: dict) -> dict:
-            out = dict(a)
-            for k, v in b.items():
-                out[k] = out.get(k, 0) + v
-            return out
+        return Usage(self.bytes + other.bytes, self.keys + other.keys, _merge(self.by_type, other.by_type),
+                     _merge(self.by_storage, other.by_storage), self.deleting_bytes + other.deleting_bytes,
+                     self.deleting_keys + other.deleting_keys,
+                     _merge(self.deleting_by_type, other.deleting_by_type))
 
-        return Usage(self.bytes + other.bytes, self.keys + other.keys, merge(self.by_type, other.by_type),
-                     merge(self.by_storage, other.by_storage))
+    def fields(self) -> dict[str, int]:
+        """The non-zero counters as usage-hash fields (for HINCRBY)."""
+        out = {"bytes": self.bytes, "keys": self.keys, "d": self.deleting_bytes, "dk": self.deleting_keys}
+        out.update({f"t:{t}": v for t, v in self.by_type.items()})
+        out.update({f"s:{s}": v for s, v in self.by_storage.items()})
+        out.update({f"dt:{t}": v for t, v in self.deleting_by_type.items()})
+        return {k: v for k, v in out.items() if v}
 
 
 @dataclass(frozen=True)
@@ -124,6 +171,8 @@ class StartOutcome:
     first_location_id: int
     new_flags: list[bool]
     storage_index: int
+    #: Bytes the new keys charge.
+    new_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,10 +188,10 @@ class StartRequest:
     spec_groups: Sequence[int]  # spec group index per key
     explicit_groups: Sequence[int] = ()
     group_capacity: int = 0
-    others_bytes: int = 0
     type_capacity: int = 0
-    others_type_bytes: int = 0
     max_keys: int = 0
+    #: The group's live usage as last read (None: not read; only this instance counts).
+    group_usage: Optional[Usage] = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +199,16 @@ class Session:
     deadline_ms: int
     entries: list[tuple[int, int]]  # (block key, location id) of the session's new keys
     raw: bytes
+
+
+@dataclass(frozen=True)
+class DropOutcome:
+    """What a compare-and-delete did."""
+
+    dropped: int
+    #: Packed groups (storage index, group id) whose last block is gone.
+    orphan_groups: list[tuple[int, int]]
+    freed: Usage
 
 
 class BlockIndex:
@@ -164,6 +223,8 @@ class BlockIndex:
     #: second deletion could overlap the first, and for storages naming objects by block
     #: key alone the late one could delete the object of a block written again meanwhile.
     DELETION_LOST_AFTER_S = 600
+    #: Buckets per round trip when reading many (scans, removal, migration).
+    SCAN_BATCH = 64
 
     def __init__(self, client: redis.Redis, prefix: str, clock: Clock) -> None:
         self.client = client
@@ -174,13 +235,80 @@ class BlockIndex:
         self._finish = client.register_script(_load("finish"))
         self._mark = client.register_script(_load("mark"))
         self._drop = client.register_script(_load("drop"))
+        self._claim = client.register_script(_load("claim"))
+        self._forget = client.register_script(_load("forget"))
 
-    def layout(self, instance_id: str, bucket_bits: int) -> InstanceLayout:
-        return InstanceLayout(self.prefix, instance_id, bucket_bits)
+    def layout(self, instance_id: str, bucket_bits: int, group: str = "", incarnation: str = "") -> InstanceLayout:
+        return InstanceLayout(self.prefix, instance_id, bucket_bits, group, incarnation)
 
     def _call(self, script, keys, args):
         with valkey_errors("index"):
             return script(keys=keys, args=args)
+
+    # ---------------------------------------------------------------- group usage
+
+    def group_usage_key(self, group: str) -> str:
+        return f"{{{self.prefix}:grp:{group}}}:u"
+
+    def group_usage(self, groups: Sequence[str]) -> list[Usage]:
+        """The summed usage of several groups, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for group in groups:
+            pipe.hgetall(self.group_usage_key(group))
+        with valkey_errors("index"):
+            return [Usage.from_hash(raw) for raw in pipe.execute()]
+
+    @staticmethod
+    def _group_fields(usage: Usage) -> dict[str, int]:
+        # Per-storage bytes are kept per instance only: no quota is set per storage.
+        return {k: v for k, v in usage.fields().items() if not k.startswith("s:")}
+
+    def _charge_group(self, layout: InstanceLayout, delta: Usage, sign: int = 1) -> None:
+        """Move the group's counters by what a script just changed in the instance's."""
+        changes = self._group_fields(delta)
+        if not layout.group or not changes:
+            return
+        key = self.group_usage_key(layout.group)
+        pipe = self.client.pipeline(transaction=False)
+        for name, value in changes.items():
+            pipe.hincrby(key, name, sign * value)
+        with valkey_errors("index"):
+            pipe.execute()
+
+    def reconcile_group(self, group: str, layouts: Sequence[InstanceLayout]) -> Optional[Usage]:
+        """Correct drift of the group's counters (a process that died between an
+        instance's script and the group's update) from the sum of its instances.
+
+        The group counter is read before and after the instances; the correction is
+        applied only if it did not move meanwhile, so changes in flight are never
+        counted twice. Returns the correction applied, or None when it had to skip."""
+        key = self.group_usage_key(group)
+        with valkey_errors("index"):
+            before = self.client.hgetall(key)
+        total = sum(self.usage(layouts), Usage())
+        with valkey_errors("index"):
+            after = self.client.hgetall(key)
+        if before != after:
+            return None
+        current = Usage.from_hash(after)
+        correction = Usage(total.bytes - current.bytes, total.keys - current.keys,
+                           _merge(total.by_type, current.by_type, -1), {},
+                           total.deleting_bytes - current.deleting_bytes,
+                           total.deleting_keys - current.deleting_keys,
+                           _merge(total.deleting_by_type, current.deleting_by_type, -1))
+        changes = self._group_fields(correction)
+        if changes:
+            pipe = self.client.pipeline(transaction=False)
+            for name, value in changes.items():
+                pipe.hincrby(key, name, value)
+            with valkey_errors("index"):
+                pipe.execute()
+        return correction
+
+    def forget_group(self, group: str) -> None:
+        """Drop a removed group's counters."""
+        with valkey_errors("index"):
+            self.client.delete(self.group_usage_key(group))
 
     # ---------------------------------------------------------------- reads
 
@@ -215,25 +343,33 @@ class BlockIndex:
     # ---------------------------------------------------------------- writes
 
     def start(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
-        """Add WRITING locations for the keys that have none; all or nothing."""
+        """Add WRITING locations for the keys that have none; all or nothing. Raises
+        QuotaExceededError (with the shortfall) when a quota would be passed."""
         keys = [layout.key("m"), layout.key("u"), layout.key("st"), layout.key("g"), layout.key("sd"),
-                layout.session(req.session_id)]
+                layout.session(req.session_id), layout.occupied]
+        group = req.group_usage
         args = [pack_keys(block_keys), int(self.clock.now() * 1000), req.session_id, req.deadline_ms,
                 req.storage_name, req.storage_type, req.pack_count, pack_u48(req.sizes),
                 bytes(req.spec_groups), pack_u48(req.explicit_groups) if req.explicit_groups else b"",
-                req.group_capacity, req.others_bytes, req.type_capacity, req.others_type_bytes, req.max_keys,
-                layout.bucket_prefix, layout.bucket_count]
+                req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
+                -1 if group is None else group.by_type.get(req.storage_type, 0), req.max_keys,
+                layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation]
         result = self._call(self._start, keys, args)
         if result[0] == 0:
             reason = result[1].decode()
+            if reason == "gone":
+                raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
             raise QuotaExceededError(reason, {
                 "group": "instance group quota reached",
                 "type": f"quota of storage type {req.storage_type} reached",
                 "keys": "max_key_count of the instance reached",
                 "storages": f"the instance has written to 255 storages, the most it can address; "
                             f"{req.storage_name} is not one of them",
-            }[reason])
-        return StartOutcome(int(result[1]), [c == ord("1") for c in result[2]], int(result[3]))
+            }[reason], int(result[2]) if len(result) > 2 else 0, req.storage_type)
+        new_bytes = int(result[4])
+        new_keys = sum(1 for c in result[2] if c == ord("1"))
+        self._charge_group(layout, Usage(new_bytes, new_keys, {req.storage_type: new_bytes}))
+        return StartOutcome(int(result[1]), [c == ord("1") for c in result[2]], int(result[3]), new_bytes)
 
     def session(self, layout: InstanceLayout, session_id: str) -> Optional[Session]:
         """A write session's deadline and (key, location id) entries, or None."""
@@ -246,20 +382,25 @@ class BlockIndex:
         return Session(int(deadline), entries, raw)
 
     def finish(self, layout: InstanceLayout, session_id: str, session: Session, success: Sequence[bool],
-               force_fail: bool = False) -> tuple[bool, list[Victim]]:
+               sizes: Sequence[int], force_fail: bool = False) -> tuple[bool, list[Victim]]:
         """Close ``session`` (as read by ``session``): successful blocks SERVING, the rest
         DELETING (returned). Returns (expired, victims); raises WriteSessionError when the
-        session is gone (finished, expired and reaped, or never existed)."""
+        session is gone (finished, expired and reaped, never existed, or another
+        instance's). ``sizes``: block bytes per spec group."""
         if len(success) != len(session.entries) and not force_fail:
             raise WriteSessionError(
                 f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}")
         flags = bytes(ord("1") if s else ord("0") for s in success)
-        status, blob = self._call(self._finish, [layout.key("sd"), layout.session(session_id)],
-                                  [int(self.clock.now() * 1000), session_id, flags, "1" if force_fail else "0",
-                                   session.raw, layout.bucket_prefix, layout.bucket_count])
+        reply = self._call(self._finish, [layout.key("sd"), layout.session(session_id), layout.key("u"),
+                                          layout.key("st")],
+                           [int(self.clock.now() * 1000), session_id, flags, "1" if force_fail else "0",
+                            session.raw, layout.bucket_prefix, layout.bucket_count, pack_u48(sizes),
+                            layout.instance_id])
+        status = reply[0]
         if status in (-1, -3):
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
-        return status == -2, decode_victims(blob)
+        self._charge_group(layout, Usage.from_charge(reply[2:]))
+        return status == -2, decode_victims(reply[1])
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
         """Ids of sessions past their deadline, per instance, in one round trip."""
@@ -276,12 +417,13 @@ class BlockIndex:
         deletions, for a group deleting ``delay_ms`` after the mark."""
         return int(self.clock.now()) - delay_ms // 1000 - self.DELETION_LOST_AFTER_S
 
-    def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int],
+    def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int], sizes: Sequence[int],
                       expected_locations: Optional[Sequence[int]] = None,
                       serving_only: bool = False, max_children: Optional[Sequence[int]] = None,
                       resubmit_before_s: int = 0) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
+        ``sizes`` are the block bytes per spec group, charged to the deleting counters.
         Unless ``serving_only``, locations that turned DELETING at or before
         ``resubmit_before_s`` are returned too (lost deletions, see
         ``lost_deletions_before_s``): removing a block again retries them.
@@ -292,19 +434,45 @@ class BlockIndex:
             return []
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
-        blob = self._call(self._mark, [layout.key("m")],
-                          [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
-                           layout.bucket_count, limits, int(self.clock.now()), resubmit_before_s])
-        return decode_victims(blob)
+        reply = self._call(self._mark, [layout.key("u"), layout.key("st")],
+                           [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
+                            layout.bucket_count, limits, int(self.clock.now()), resubmit_before_s,
+                            pack_u48(sizes)])
+        self._charge_group(layout, Usage.from_charge(reply[1:]))
+        return decode_victims(reply[0])
 
-    def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
-        """Compare-and-delete DELETING locations; returns (dropped, packed groups now empty)."""
+    def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> DropOutcome:
+        """Compare-and-delete DELETING locations: their bytes are released."""
         if not victims:
-            return 0, []
-        keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og")]
-        dropped, blob = self._call(self._drop, keys, [encode_victims(list(victims)), pack_u48(sizes),
-                                                      layout.bucket_prefix, layout.bucket_count])
-        return int(dropped), [(blob[o], int.from_bytes(blob[o + 1:o + 7], "big")) for o in range(0, len(blob), 7)]
+            return DropOutcome(0, [], Usage())
+        keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og"), layout.occupied]
+        reply = self._call(self._drop, keys, [encode_victims(list(victims)), pack_u48(sizes),
+                                              layout.bucket_prefix, layout.bucket_count])
+        blob = reply[1]
+        by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(4, len(reply) - 1, 2)}
+        freed = Usage(int(reply[2]), int(reply[3]), by_type, {}, int(reply[2]), int(reply[3]), dict(by_type))
+        self._charge_group(layout, freed, -1)
+        return DropOutcome(int(reply[0]), [(blob[o], int.from_bytes(blob[o + 1:o + 7], "big"))
+                                           for o in range(0, len(blob), 7)], freed)
+
+    def forget(self, layout: InstanceLayout, block_keys: Sequence[int], location_ids: Sequence[int]) -> int:
+        """Drop the records of ``block_keys`` (still holding ``location_ids``, not DELETING)
+        without deleting their data, which stays charged (lua/forget.lua); returns how many."""
+        if not block_keys:
+            return 0
+        forgotten = int(self._call(self._forget, [layout.key("u"), layout.occupied],
+                                   [pack_keys(block_keys), b"".join(v.to_bytes(5, "big") for v in location_ids),
+                                    layout.bucket_prefix, layout.bucket_count]))
+        self._charge_group(layout, Usage(keys=forgotten), -1)
+        return forgotten
+
+    def set_removing(self, layout: InstanceLayout, removing: bool) -> None:
+        """Refuse (or again accept) new writes of the instance (lua/start.lua)."""
+        with valkey_errors("index"):
+            if removing:
+                self.client.hset(layout.key("m"), "removing", 1)
+            else:
+                self.client.hdel(layout.key("m"), "removing")
 
     def orphan_groups(self, layout: InstanceLayout) -> list[tuple[int, int]]:
         """Packed groups whose last block is gone and whose files are not deleted yet."""
@@ -320,15 +488,58 @@ class BlockIndex:
 
     # ---------------------------------------------------------------- usage and tables
 
-    def bucket_bits(self, instance_id: str, wanted: int) -> int:
-        """The instance's bucket bits: ``wanted`` unless already fixed (set once, kept
-        until the instance's keys are dropped)."""
-        meta = InstanceLayout(self.prefix, instance_id, 0).key("m")
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hsetnx(meta, "bits", wanted)
-        pipe.hget(meta, "bits")
+    def claim(self, instance_id: str, incarnation: str, wanted_bits: int, registering: bool = False) -> int:
+        """Bind the instance's key space to ``incarnation`` and return its bucket bits
+        (``wanted_bits`` unless fixed already: set once, kept until the key space is
+        dropped). See lua/claim.lua. A registration (``registering``) takes the key space
+        over from an earlier incarnation, dropping what that one left (a registration lost
+        from the control plane: its data cannot be deleted without its specs, and is
+        logged); otherwise another incarnation's key space raises StaleInstanceError."""
+        meta = InstanceLayout(self.prefix, instance_id, 0)
+        for _ in range(2):
+            bits, outcome = self._call(self._claim, [meta.key("m"), meta.occupied],
+                                       [wanted_bits, incarnation, "1" if registering else "0"])
+            layout = InstanceLayout(self.prefix, instance_id, int(bits))
+            outcome = outcome.decode()
+            if outcome == "stale":
+                raise StaleInstanceError(f"instance '{instance_id}' was registered again")
+            if outcome == "untracked":
+                self._ensure_tracked(layout)
+            if outcome != "occupied":
+                return int(bits)
+            self._ensure_tracked(layout)
+            usage = self.usage([layout])[0]
+            logger.warning("dropping the blocks of an earlier registration of the instance; their data stays "
+                           "on storage", extra={"instance_id": instance_id, "blocks": usage.keys,
+                                                "bytes": usage.bytes})
+            self.drop_all(layout)
+        raise StaleInstanceError(f"instance '{instance_id}' kept changing during registration, retry")
+
+    def _ensure_tracked(self, layout: InstanceLayout) -> None:
         with valkey_errors("index"):
-            return int(pipe.execute()[1])
+            tracked = self.client.hget(layout.key("m"), "ob")
+        if tracked is None:
+            self.track_occupancy(layout)
+            with valkey_errors("index"):
+                self.client.hset(layout.key("m"), "ob", 1)
+
+    def track_occupancy(self, layout: InstanceLayout) -> int:
+        """Build the occupied-bucket set of an instance by probing every bucket (once per
+        instance written before the set existed); returns how many are occupied."""
+        found = 0
+        step = 4096
+        for start in range(0, layout.bucket_count, step):
+            indexes = range(start, min(start + step, layout.bucket_count))
+            pipe = self.client.pipeline(transaction=False)
+            for b in indexes:
+                pipe.exists(layout.bucket(b))
+            with valkey_errors("index"):
+                occupied = [b for b, exists in zip(indexes, pipe.execute()) if exists]
+            if occupied:
+                with valkey_errors("index"):
+                    self.client.sadd(layout.occupied, *occupied)
+                found += len(occupied)
+        return found
 
     def usage(self, layouts: Sequence[InstanceLayout]) -> list[Usage]:
         """Usage of several instances in one round trip."""
@@ -345,51 +556,89 @@ class BlockIndex:
             raw = self.client.hgetall(layout.key("st"))
         return {int(k[1:]): v.decode() for k, v in raw.items() if k.startswith(b"#")}
 
-    # ---------------------------------------------------------------- scans
+    # ---------------------------------------------------------------- occupied buckets
 
-    def scan(self, layout: InstanceLayout, batch: int = 64) -> Iterator[tuple[int, bytes]]:
-        """Every (block key, raw record) of an instance, bucket by bucket."""
-        buckets = layout.all_buckets()
-        for start in range(0, len(buckets), batch):
+    def occupied_count(self, layout: InstanceLayout) -> int:
+        """How many buckets hold records."""
+        with valkey_errors("index"):
+            return int(self.client.scard(layout.occupied))
+
+    def occupied_page(self, layout: InstanceLayout, cursor: int, count: int) -> tuple[int, list[int]]:
+        """One SSCAN page of the occupied buckets: (next cursor, 0 at the end; buckets)."""
+        with valkey_errors("index"):
+            cursor, members = self.client.sscan(layout.occupied, cursor, count=count)
+        return int(cursor), [int(m) for m in members]
+
+    def occupied_sample(self, layout: InstanceLayout, count: int) -> tuple[int, list[int]]:
+        """How many buckets are occupied, and up to ``count`` distinct ones at random (all
+        of them when fewer), in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.scard(layout.occupied)
+        pipe.srandmember(layout.occupied, count)
+        with valkey_errors("index"):
+            total, members = pipe.execute()
+        return int(total), [int(m) for m in members]
+
+    def read_buckets(self, layout: InstanceLayout, buckets: Sequence[int]) -> list[tuple[int, bytes]]:
+        """Every (block key, raw record) of several buckets, one round trip per
+        ``SCAN_BATCH`` buckets."""
+        out: list[tuple[int, bytes]] = []
+        for start in range(0, len(buckets), self.SCAN_BATCH):
             pipe = self.client.pipeline(transaction=False)
-            for b in buckets[start:start + batch]:
-                pipe.hgetall(b)
+            for b in buckets[start:start + self.SCAN_BATCH]:
+                pipe.hgetall(layout.bucket(b))
             with valkey_errors("index"):
-                results = pipe.execute()
-            for contents in results:
-                for fld, rec in contents.items():
-                    yield int.from_bytes(fld, "big", signed=True), rec
+                contents = pipe.execute()
+            out += [(int.from_bytes(f, "big", signed=True), r) for c in contents for f, r in c.items()]
+        return out
 
-    def sample_bucket(self, layout: InstanceLayout, bucket: int) -> list[tuple[int, bytes]]:
-        """Every (block key, raw record) of one bucket."""
-        with valkey_errors("index"):
-            contents = self.client.hgetall(layout.bucket(bucket))
-        return [(int.from_bytes(f, "big", signed=True), r) for f, r in contents.items()]
+    def scan(self, layout: InstanceLayout, page: int = 256) -> Iterator[tuple[int, bytes]]:
+        """Every (block key, raw record) of an instance, through its occupied buckets."""
+        cursor = 0
+        while True:
+            cursor, buckets = self.occupied_page(layout, cursor, page)
+            yield from self.read_buckets(layout, buckets)
+            if cursor == 0:
+                return
 
-    def drop_all(self, layout: InstanceLayout) -> None:
-        """Delete an instance's blocks, sessions and usage (metadata only). The small meta
-        hash and the storage table stay: bucket bits, location ids and storage indexes must
-        never restart, or a late deletion of an old location could match a new one."""
+    def drop_all(self, layout: InstanceLayout, keep_usage: bool = False) -> None:
+        """Delete an instance's blocks and sessions (metadata only), and its usage unless
+        ``keep_usage`` (the data stays on storage, charged). The small meta hash and the
+        storage table stay: bucket bits, location ids and storage indexes must never
+        restart, or a late deletion of an old location could match a new one.
+
+        Costs the occupied buckets; the group's counters lose what the instance's had
+        (its deleting part too, with ``keep_usage``: nothing of it will be dropped)."""
         with valkey_errors("index"):
+            usage = Usage.from_hash(self.client.hgetall(layout.key("u")))
             sessions = [layout.session(sid.decode()) for sid in self.client.zrange(layout.key("sd"), 0, -1)]
-            keys = layout.all_buckets() + sessions + [layout.key(s) for s in ("u", "g", "og", "sd")]
-            for start in range(0, len(keys), 1000):
-                self.client.unlink(*keys[start:start + 1000])
+        cursor = 0
+        while True:
+            cursor, buckets = self.occupied_page(layout, cursor, 1000)
+            with valkey_errors("index"):
+                if buckets:
+                    self.client.unlink(*[layout.bucket(b) for b in buckets])
+            if cursor == 0:
+                break
+        fixed = [layout.key(s) for s in ("g", "og", "sd")] + [layout.occupied]
+        if keep_usage:
+            # No record is left: nothing counts as DELETING or as a key any more.
+            with valkey_errors("index"):
+                self.client.hset(layout.key("u"), mapping={"keys": 0, "d": 0, "dk": 0,
+                                                           **{f"dt:{t}": 0 for t in usage.deleting_by_type}})
+            self._charge_group(layout, Usage(0, usage.keys, {}, {}, usage.deleting_bytes, usage.deleting_keys,
+                                             dict(usage.deleting_by_type)), -1)
+        else:
+            fixed.append(layout.key("u"))
+            self._charge_group(layout, usage, -1)
+        with valkey_errors("index"):
+            for start in range(0, len(sessions), 1000):
+                self.client.unlink(*sessions[start:start + 1000])
+            self.client.unlink(*fixed)
 
     # ---------------------------------------------------------------- reclaim support
     # Added for chalicelib.capacity (the reclaimer): bounded reads of a few buckets, the
     # storage table with types, a per-instance sweep cursor, and the wake set.
-
-    def sample_buckets(self, layout: InstanceLayout, buckets: Sequence[int]) -> list[tuple[int, bytes]]:
-        """Every (block key, raw record) of several buckets, in one round trip."""
-        if not buckets:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for b in buckets:
-            pipe.hgetall(layout.bucket(b))
-        with valkey_errors("index"):
-            contents = pipe.execute()
-        return [(int.from_bytes(f, "big", signed=True), r) for c in contents for f, r in c.items()]
 
     def storage_table(self, layout: InstanceLayout) -> dict[int, tuple[str, str]]:
         """Storage index → (storage name, storage type name), as assigned by starts: the
@@ -400,12 +649,15 @@ class BlockIndex:
                 for k, v in raw.items() if k.startswith(b"#")}
 
     def advance_sweep(self, layout: InstanceLayout, count: int, cursor: str = "sweep") -> list[int]:
-        """Claim the next ``count`` buckets (at most all) of one of the instance's sweeps (a
-        cursor kept in Valkey, so successive rounds on any node cover every bucket)."""
-        count = min(count, layout.bucket_count)
+        """The next about ``count`` occupied buckets of one of the instance's sweeps (an
+        SSCAN cursor kept in Valkey, so successive rounds on any node cover every
+        occupied bucket, and a pass costs what the instance holds)."""
         with valkey_errors("index"):
-            end = self.client.hincrby(layout.key("m"), cursor, count)
-        return [(end - count + i) % layout.bucket_count for i in range(count)]
+            position = int(self.client.hget(layout.key("m"), cursor) or 0)
+        position, buckets = self.occupied_page(layout, position, count)
+        with valkey_errors("index"):
+            self.client.hset(layout.key("m"), cursor, position)
+        return buckets
 
     @property
     def _reclaim_wake_key(self) -> str:

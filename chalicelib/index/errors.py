@@ -6,7 +6,7 @@ from typing import Iterator
 import redis
 from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
 
-from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
+from ..protocol.errors import CapacityExceededError, InstanceNotFoundError, InvalidArgumentError, ServiceNotReadyError
 
 
 class IndexUnavailableError(ServiceNotReadyError):
@@ -39,13 +39,25 @@ def valkey_errors(what: str) -> Iterator[None]:
         raise IndexUnavailableError(f"{what} unavailable: {exc}") from None
 
 
+class InstanceGoneError(InstanceNotFoundError):
+    """The instance is being removed, or was registered again since the caller read it."""
+
+
+class StaleInstanceError(InstanceGoneError):
+    """Another registration (incarnation) of the instance owns its key space."""
+
+
 class QuotaExceededError(CapacityExceededError):
     """A start would exceed the group quota (kind ``group``), a storage type's quota
     (``type``) or the instance's key-count cap (``keys``)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, shortfall: int = 0, storage_type: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+        #: How much is missing: bytes for ``group`` and ``type``, blocks for ``keys``.
+        self.shortfall = shortfall
+        #: The storage type the start wrote to (the one whose quota a ``type`` refusal names).
+        self.storage_type = storage_type
 
 
 class WriteSessionError(InvalidArgumentError):

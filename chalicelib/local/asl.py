@@ -21,6 +21,7 @@ STATE_MACHINE_ENV: Mapping[str, str] = {
     "write_session_reaper": "KVCM_REAPER_STATE_MACHINE_ARN",
     "batched_delete": "KVCM_DELETE_STATE_MACHINE_ARN",
     "optimizer_sweep": "KVCM_SWEEP_STATE_MACHINE_ARN",
+    "instance_purge": "KVCM_PURGE_STATE_MACHINE_ARN",
 }
 
 _SUBSTITUTION = re.compile(r"\$\{([A-Za-z0-9_]+)\}")

@@ -1,6 +1,7 @@
 """Over HTTP against the running local stack (reclaim every second, deletion through the
-batched_delete state machine): a full group whose watermark is lowered to 50% takes
-writes again within 2 s, and its usage settles under the watermark."""
+batched_delete state machine): a full group with reclaim switched off (used_percentage
+above 1, as upstream's reclaim cases do) refuses writes; once its watermark is lowered to
+50 % it takes writes again within 2 s, and its usage settles under the watermark."""
 import json
 import time
 
@@ -36,7 +37,7 @@ def _stored(api: Api, keys: list[int]) -> int:
 
 
 def test_lowered_watermark_frees_space_within_two_seconds(api: Api):
-    assert _code(api.call("createInstanceGroup", {"instance_group": _group(1.0)})[1]) == "OK"
+    assert _code(api.call("createInstanceGroup", {"instance_group": _group(3.2)})[1]) == "OK"
     assert _code(api.call("registerInstance", {
         "instance_group": "cap", "instance_id": "cap-1", "block_size": 16,
         "location_spec_infos": [{"name": "tp0", "size": BLOCK}],

@@ -4,11 +4,14 @@
 -- A gone record is taken off its parent's child count only if it was linked to the
 -- parent's current record (start.lua, "Child counts"): not if that record was written
 -- after it, the one that counted it being gone.
--- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups.
+-- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups,
+--       [5] occupied buckets.
 -- ARGV: [1] victims blob (VICTIM_FMT), [2] block size per spec group (I6 each),
 --       [3] bucket key prefix, [4] bucket count.
--- Returns {locations dropped, orphan groups blob ('>BI6': storage index, group id)}.
-local usage, stab, groups, orphans = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- Every location dropped is DELETING, so its bytes leave the deleting counters too.
+-- Returns {locations dropped, orphan groups blob ('>BI6': storage index, group id),
+--          bytes freed, keys freed, type, bytes, ...}.
+local usage, stab, groups, orphans, occupied = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local victims, sizes = ARGV[1], ARGV[2]
 local bucket_prefix, nbuckets = ARGV[3], tonumber(ARGV[4])
 local dropped = 0
@@ -27,6 +30,7 @@ end
 -- Counter changes are summed and applied once at the end: a batch is one atomic step
 -- anyway, and most of a victim's cost would otherwise be counter calls.
 local bytes_freed, keys_freed, by_type, by_storage, by_group = 0, 0, {}, {}, {}
+local emptied, emptied_list = {}, {}
 for v = 1, #victims / VICTIM_LEN do
   local key, loc, sidx, sg, group, slot = struct.unpack(VICTIM_FMT, victims, (v - 1) * VICTIM_LEN + 1)
   local bucket = bucket_of(bucket_prefix, nbuckets, key)
@@ -44,6 +48,10 @@ for v = 1, #victims / VICTIM_LEN do
     if struct.unpack('>B', rec, HDR_LEN) == 0 then
       redis.call('HDEL', bucket, key)
       keys_freed = keys_freed + 1
+      if not emptied[bucket] then
+        emptied[bucket] = true
+        emptied_list[#emptied_list + 1] = {bucket, bucket_index(nbuckets, key)}
+      end
       if flags % 2 == 1 then
         local pbucket = bucket_of(bucket_prefix, nbuckets, parent)
         local prec = redis.call('HGET', pbucket, parent)
@@ -67,11 +75,22 @@ for v = 1, #victims / VICTIM_LEN do
   end
 end
 
+local out = {dropped, '', bytes_freed, keys_freed}
 if dropped > 0 then
   redis.call('HINCRBY', usage, 'bytes', -bytes_freed)
   redis.call('HINCRBY', usage, 'keys', -keys_freed)
-  for stype, size in pairs(by_type) do redis.call('HINCRBY', usage, 't:' .. stype, -size) end
+  redis.call('HINCRBY', usage, 'd', -bytes_freed)
+  redis.call('HINCRBY', usage, 'dk', -keys_freed)
+  for stype, size in pairs(by_type) do
+    redis.call('HINCRBY', usage, 't:' .. stype, -size)
+    redis.call('HINCRBY', usage, 'dt:' .. stype, -size)
+    out[#out + 1] = stype
+    out[#out + 1] = size
+  end
   for sname, size in pairs(by_storage) do redis.call('HINCRBY', usage, 's:' .. sname, -size) end
+end
+for _, entry in ipairs(emptied_list) do
+  if redis.call('EXISTS', entry[1]) == 0 then redis.call('SREM', occupied, entry[2]) end
 end
 -- Only packed groups are counted (file backends); others have no entry to release.
 for gfield, count in pairs(by_group) do
@@ -83,4 +102,5 @@ for gfield, count in pairs(by_group) do
     end
   end
 end
-return {dropped, table.concat(released)}
+out[2] = table.concat(released)
+return out

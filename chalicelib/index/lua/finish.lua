@@ -1,17 +1,21 @@
 -- finishWriteCache (and expiry): WRITING(session) -> SERVING for successful blocks,
 -- -> DELETING for the rest; the session is gone afterwards, so a late finish fails.
--- KEYS: [1] session deadlines, [2] session record.
+-- KEYS: [1] session deadlines, [2] session record, [3] usage, [4] storage table.
 -- ARGV: [1] now (ms), [2] session id, [3] success flag per session key ('1'/'0'),
 --       [4] '1' to fail the whole session whatever its deadline (the reaper),
---       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets.
--- Returns {status, victims}: status 1 finished, -1 unknown session, -2 expired (every
--- block failed), -3 the session changed under the caller. Victims are the locations
--- now DELETING, as VICTIM_FMT descriptors.
+--       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets,
+--       [8] block size per spec group (I6 each), [9] the finishing instance's id: a
+--       session is finished only by the instance that started it.
+-- Returns {status, victims, deleting charge...}: status 1 finished, -1 unknown session,
+-- -2 expired (every block failed), -3 the session changed under the caller. Victims are
+-- the locations now DELETING, as VICTIM_FMT descriptors; the charge is prelude's
+-- deleting_charge.
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix, nbuckets = ARGV[6], tonumber(ARGV[7])
-local s = redis.call('HMGET', session, 'd', 'k')
-if not s[1] then return {-1, ''} end
+local charge = deleting_charge(KEYS[4], ARGV[8])
+local s = redis.call('HMGET', session, 'd', 'k', 'i')
+if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {-1, ''} end
 if s[2] ~= expected then return {-3, ''} end
 local status = 1
 if force == '1' or now_ms > tonumber(s[1]) then
@@ -35,6 +39,7 @@ for j = 1, #blob / 13 do
         else
           redis.call('HSET', bucket, key, stamp_deleting(set_loc_status(rec, i, DELETING), math.floor(now_ms / 1000)))
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
+          charge.add(sidx, sg)
         end
       end
     end
@@ -42,4 +47,7 @@ for j = 1, #blob / 13 do
 end
 redis.call('DEL', session)
 redis.call('ZREM', deadlines, sid)
-return {status, table.concat(victims)}
+local out = charge.flush(KEYS[3])
+table.insert(out, 1, table.concat(victims))
+table.insert(out, 1, status)
+return out

@@ -1,5 +1,5 @@
 -- Mark locations DELETING (they stop serving at once) and return them for deletion.
--- KEYS: [1] meta (routes the call to the instance's slot).
+-- KEYS: [1] usage, [2] storage table.
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
 --       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
 --       SERVING (removeCache, trim), and DELETING ones again as they are when they
@@ -7,10 +7,12 @@
 --       retries them, stamped anew), [4] bucket prefix, [5] bucket count, [6] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
 --       a block only if no child was added since it read it as a leaf, [7] now (s),
---       [8] lost-deletion time (s, 0: none).
--- Returns the victims blob (VICTIM_FMT descriptors).
+--       [8] lost-deletion time (s, 0: none), [9] block size per spec group (I6 each).
+-- Returns {victims blob (VICTIM_FMT descriptors), the deleting charge (prelude
+-- deleting_charge: newly DELETING locations only, not lost ones handed over again)...}.
 local keys, expected, which, limits = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local bprefix, nbuckets, now_s, lost_s = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local charge = deleting_charge(KEYS[2], ARGV[9])
 local victims = {}
 for i = 1, #keys / 8 do
   local key = field(keys, i)
@@ -28,7 +30,10 @@ for i = 1, #keys / 8 do
       local st, sidx, sg, id, group, slot = loc_at(rec, l)
       local eligible = st == SERVING or (which == 'A' and st == WRITING)
       if want == nil or want == id then
-        if eligible then rec = set_loc_status(rec, l, DELETING) end
+        if eligible then
+          rec = set_loc_status(rec, l, DELETING)
+          charge.add(sidx, sg)
+        end
         local lost = which == 'A' and st == DELETING and struct.unpack('>I4', rec, 12) <= lost_s
         if eligible or lost then
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
@@ -39,4 +44,6 @@ for i = 1, #keys / 8 do
     if changed then redis.call('HSET', bucket, key, stamp_deleting(rec, now_s)) end
   end
 end
-return table.concat(victims)
+local out = charge.flush(KEYS[1])
+table.insert(out, 1, table.concat(victims))
+return out

@@ -76,11 +76,58 @@ end
 -- keys here: every bucket shares the declared keys' hash tag, hence their cluster slot,
 -- and the caller is spared packing one argument per block. The bucket count is a power
 -- of two of at most 2^24 (MAX_BUCKET_BITS), so the key's low three bytes decide it.
-local function bucket_of(bucket_prefix, nbuckets, key)
+local function bucket_index(nbuckets, key)
   local a, b, c = string.byte(key, 6, 8)
-  return bucket_prefix .. string.format('%x', ((a * 256 + b) * 256 + c) % nbuckets)
+  return ((a * 256 + b) * 256 + c) % nbuckets
+end
+
+local function bucket_of(bucket_prefix, nbuckets, key)
+  return bucket_prefix .. string.format('%x', bucket_index(nbuckets, key))
+end
+
+-- The occupied-bucket set (integer members: Valkey keeps a small one as an intset) lets
+-- scans, sampling and removal cost what an instance holds, not the buckets it was sized
+-- for. start.lua adds a bucket when it writes a record there; drop.lua takes it out
+-- once the bucket hash is gone. Members are added in chunks: unpack() has a stack limit.
+local function sadd_all(set, members)
+  for i = 1, #members, 4096 do
+    redis.call('SADD', set, unpack(members, i, math.min(i + 4095, #members)))
+  end
 end
 
 -- Victim descriptor (23 bytes): key, location id, storage index, spec group, group id, slot.
 local VICTIM_FMT = '>c8I5BBI6H'
 local VICTIM_LEN = 23
+
+-- Charging locations that turn DELETING to the usage hash's deleting counters ('d',
+-- 'dt:<type>', 'dk'; start.lua's quotas exclude them, drop.lua releases them). A
+-- charge is summed per call and applied once; `flush` returns it for the caller to
+-- add to the group's counters as {bytes, keys, type, bytes, ...}.
+local function deleting_charge(stab, sizes)
+  local charge = {bytes = 0, keys = 0, by_type = {}, types = {}}
+  function charge.add(sidx, sg)
+    local stype = charge.types[sidx]
+    if not stype then
+      stype = redis.call('HGET', stab, 't' .. sidx) or ''
+      charge.types[sidx] = stype
+    end
+    local size = struct.unpack('>I6', sizes, sg * 6 + 1)
+    charge.bytes = charge.bytes + size
+    charge.keys = charge.keys + 1
+    charge.by_type[stype] = (charge.by_type[stype] or 0) + size
+  end
+  function charge.flush(usage)
+    local out = {charge.bytes, charge.keys}
+    if charge.keys > 0 then
+      redis.call('HINCRBY', usage, 'd', charge.bytes)
+      redis.call('HINCRBY', usage, 'dk', charge.keys)
+      for stype, size in pairs(charge.by_type) do
+        redis.call('HINCRBY', usage, 'dt:' .. stype, size)
+        out[#out + 1] = stype
+        out[#out + 1] = size
+      end
+    end
+    return out
+  end
+  return charge
+end

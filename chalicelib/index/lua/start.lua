@@ -1,16 +1,26 @@
 -- startWriteCache: add a WRITING location for every key that has no location yet, all
 -- or nothing, with usage and the write session in the same atomic step.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
---       deadlines, [6] session record.
+--       deadlines, [6] session record, [7] occupied buckets.
 -- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
 --       [6] storage type, [7] pack count (0 = explicit group ids), [8] block size per spec
 --       group (I6 each, index 0 = all specs), [9] spec group per key (u8 each),
 --       [10] explicit group id per key (I6 each, or empty), [11] group capacity (0 = none),
---       [12] other instances' group bytes, [13] type capacity (0 = none),
---       [14] other instances' bytes of this type, [15] max key count (0 = none),
---       [16] bucket prefix, [17] bucket count.
--- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index}
---      or {0, reason} with reason 'group', 'type', 'keys' or 'storages'.
+--       [12] the group's live bytes as last read (this instance's included; -1: not
+--       read), [13] type capacity (0 = none), [14] the group's live bytes of this type
+--       (idem), [15] max key count (0 = none),
+--       [16] bucket prefix, [17] bucket count, [18] instance id (the session's owner),
+--       [19] the instance's incarnation (claim.lua).
+-- Nothing is written for an instance being removed (meta 'removing') or registered again
+-- since the caller read its config (another incarnation): {0, 'gone'}.
+-- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index,
+--      bytes added} or {0, reason, shortfall} with reason 'group', 'type' (shortfall in
+--      bytes), 'keys' (in blocks) or 'storages'.
+--
+-- Quotas count live usage: bytes and keys minus what is DELETING ('d', 'dt:<type>',
+-- 'dk'), whose data is on its way out (mark.lua, finish.lua charge those counters,
+-- drop.lua releases them with the bytes). So space freed by marking victims is
+-- writable at once, while 'bytes' keeps following the data that exists.
 --
 -- Child counts. A record's sequence number is the id of its location: ids come from one
 -- counter per instance, a record is created with one location and never gains another,
@@ -27,14 +37,17 @@
 -- a parent only for a child linked to it. Adoption costs one read per new record whose
 -- next key already existed, nothing in the usual existing-prefix, new-suffix request.
 local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local occupied = KEYS[7]
 local keys = ARGV[1]
 local now_ms, sid, deadline = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local sname, stype, pack = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local sizes_blob, sg_blob, explicit = ARGV[8], ARGV[9], ARGV[10]
-local group_cap, others_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
-local type_cap, others_type = tonumber(ARGV[13]), tonumber(ARGV[14])
+local group_cap, group_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
+local type_cap, group_type = tonumber(ARGV[13]), tonumber(ARGV[14])
 local max_keys = tonumber(ARGV[15])
-local bprefix, nbuckets = ARGV[16], tonumber(ARGV[17])
+local bprefix, nbuckets, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
+local state = redis.call('HMGET', meta, 'inc', 'removing')
+if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {0, 'gone'} end
 local byte = string.byte
 local n = #keys / 8
 local fields, buckets = {}, {}
@@ -64,15 +77,24 @@ end
 -- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
 local sidx = redis.call('HGET', stab, 'n:' .. sname)
 local function result(base)
-  return {1, base, table.concat(flags), tonumber(sidx or 0)}
+  return {1, base, table.concat(flags), tonumber(sidx or 0), new_bytes}
 end
 
 if #new > 0 then
-  local u = redis.call('HMGET', usage, 'bytes', 'keys', 't:' .. stype)
-  local own_bytes, own_keys, own_type = tonumber(u[1] or 0), tonumber(u[2] or 0), tonumber(u[3] or 0)
-  if group_cap > 0 and others_bytes + own_bytes + new_bytes > group_cap then return {0, 'group'} end
-  if type_cap > 0 and others_type + own_type + new_bytes > type_cap then return {0, 'type'} end
-  if max_keys > 0 and own_keys + #new > max_keys then return {0, 'keys'} end
+  local u = redis.call('HMGET', usage, 'bytes', 'keys', 't:' .. stype, 'd', 'dk', 'dt:' .. stype)
+  local own_bytes = tonumber(u[1] or 0) - tonumber(u[4] or 0)
+  local own_keys = tonumber(u[2] or 0) - tonumber(u[5] or 0)
+  local own_type = tonumber(u[3] or 0) - tonumber(u[6] or 0)
+  -- The other instances' part of the group's usage: the group counter lags this
+  -- instance's own counters by the changes in flight, so it is never taken below 0.
+  local others_bytes = math.max(0, group_bytes - own_bytes)
+  local others_type = math.max(0, group_type - own_type)
+  local over = others_bytes + own_bytes + new_bytes - group_cap
+  if group_cap > 0 and over > 0 then return {0, 'group', over} end
+  over = others_type + own_type + new_bytes - type_cap
+  if type_cap > 0 and over > 0 then return {0, 'type', over} end
+  over = own_keys + #new - max_keys
+  if max_keys > 0 and over > 0 then return {0, 'keys', over} end
 end
 
 if not sidx then
@@ -95,6 +117,7 @@ if #new > 0 then
     if i > 1 then gained[fields[i - 1]] = (gained[fields[i - 1]] or 0) + 1 end
   end
   local parent_bucket = {}
+  local touched, touched_list = {}, {}
   for j, i in ipairs(new) do
     local key = fields[i]
     local loc = base + j - 1
@@ -129,8 +152,14 @@ if #new > 0 then
     local rec = struct.pack(HDR_FMT, hflags, parent, children, math.floor(now_ms / 1000), 5, now_ms, 1)
       .. struct.pack(LOC_FMT, WRITING, sidx, byte(sg_blob, i), loc, group, slot)
     redis.call('HSET', buckets[i], key, rec)
+    local b = bucket_index(nbuckets, key)
+    if not touched[b] then
+      touched[b] = true
+      touched_list[#touched_list + 1] = b
+    end
     session_keys[#session_keys + 1] = key .. struct.pack('>I5', loc)
   end
+  sadd_all(occupied, touched_list)
   for parent, count in pairs(gained) do
     local bucket = parent_bucket[parent]
     local prec = redis.call('HGET', bucket, parent)
@@ -145,6 +174,6 @@ if #new > 0 then
   redis.call('HINCRBY', usage, 's:' .. sname, new_bytes)
 end
 
-redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms)
+redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
 redis.call('ZADD', deadlines, deadline, sid)
 return result(base)

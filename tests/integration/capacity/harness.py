@@ -63,7 +63,7 @@ class Cluster:
     def add_instance(self, instance_id: str, bucket_bits: int = 4) -> InstanceContext:
         ctx = InstanceContext(instance_id=instance_id, group=self.group, block_size=4,
                               spec_layout=SpecLayout((LocationSpecInfo(name="tp0", size=BLOCK),), ()),
-                              layout=self.index.layout(instance_id, bucket_bits), storages=())
+                              layout=self.index.layout(instance_id, bucket_bits, self.group.name), storages=())
         self.contexts[instance_id] = ctx
         return ctx
 
@@ -80,7 +80,7 @@ class Cluster:
             storage_type=STORAGES[storage], pack_count=0, sizes=[BLOCK], spec_groups=[0] * len(keys)))
         if finish:
             session = self.index.session(layout, session_id)
-            self.index.finish(layout, session_id, session, [True] * len(session.entries))
+            self.index.finish(layout, session_id, session, [True] * len(session.entries), [BLOCK])
 
     def chains(self, instance_id: str, count: int, length: int, **kw) -> list[list[int]]:
         out = [self.keys(length) for _ in range(count)]
@@ -94,6 +94,7 @@ class Cluster:
         layout = self.contexts[instance_id].layout
         now_s = int(self.clock.now())
         buckets: dict[bytes, dict[bytes, bytes]] = defaultdict(dict)
+        occupied = set()
         location = 0
         for _ in range(count):
             chain = self.keys(length)
@@ -101,14 +102,18 @@ class Cluster:
                 location += 1
                 raw = serving(location, parent=chain[i - 1] if i else None, children=int(i < length - 1), atime=now_s)
                 buckets[layout.bucket(key)][key.to_bytes(8, "big", signed=True)] = raw
+                occupied.add(key & layout.mask)
         pipe = self.index.client.pipeline(transaction=False)
         for bucket, records in buckets.items():
             pipe.hset(bucket, mapping=records)
         blocks = count * length
         pipe.hset(layout.key("st"), mapping={"nfs_01": 1, "#1": "nfs_01", "t1": "ST_NFS"})
-        pipe.hset(layout.key("m"), mapping={"storages": 1, "loc": location})
-        pipe.hset(layout.key("u"), mapping={"bytes": blocks * BLOCK, "keys": blocks, "t:ST_NFS": blocks * BLOCK,
-                                            "s:nfs_01": blocks * BLOCK})
+        pipe.hset(layout.key("m"), mapping={"storages": 1, "loc": location, "bits": layout.bucket_bits, "ob": 1})
+        pipe.sadd(layout.occupied, *occupied)
+        usage = {"bytes": blocks * BLOCK, "keys": blocks, "t:ST_NFS": blocks * BLOCK, "s:nfs_01": blocks * BLOCK}
+        pipe.hset(layout.key("u"), mapping=usage)
+        for name, value in usage.items():
+            pipe.hincrby(self.index.group_usage_key(self.group.name), name, value)
         pipe.execute()
 
     def read(self, instance_id: str, keys: list[int]) -> None:
@@ -117,8 +122,14 @@ class Cluster:
 
     # ------------------------------------------------------------ the reclaimer
 
-    def groups(self) -> list[tuple[InstanceGroup, list[str]]]:
-        return [(self.group, list(self.contexts))]
+    def groups(self) -> list[InstanceGroup]:
+        return [self.group]
+
+    def members(self, group: str) -> list[str]:
+        return list(self.contexts) if group == self.group.name else []
+
+    def instances(self) -> list[str]:
+        return sorted(self.contexts)
 
     def context(self, instance_id: str) -> InstanceContext:
         try:

@@ -48,11 +48,11 @@ def http(runtime, tmp_path):
         yield call
 
 
-def write(http, key: int) -> str:
-    start = http("startWriteCache", {"instance_id": "i1", "block_keys": [key]})
+def write(http, key: int, instance_id: str = "i1") -> str:
+    start = http("startWriteCache", {"instance_id": instance_id, "block_keys": [key]})
     code = start["header"]["status"]["code"]
     if code == "OK":
-        fin = http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
+        fin = http("finishWriteCache", {"instance_id": instance_id, "write_session_id": start["write_session_id"],
                                         "success_blocks": {"offset": len(start["locations"])}})
         assert fin["header"]["status"]["code"] == "OK", fin
     return code
@@ -62,23 +62,68 @@ def status(http, key: int) -> str:
     return json.loads(http("getCacheMeta", {"instance_id": "i1", "block_keys": [key]})["metas"][0])["status"]
 
 
-def test_a_refused_write_wakes_the_reclaimer_and_the_next_round_makes_room(runtime, http, clock):
+def live_usage(runtime) -> tuple[int, int]:
+    """(bytes, keys) the group's quota counts: what exists, less what is on its way out."""
+    usage = runtime.index.group_usage(["gc"])[0].live()
+    return usage.bytes, usage.keys
+
+
+def test_a_full_group_makes_room_on_the_write_path(runtime, http, clock):
     for key in range(1, 9):
         clock.advance(1)
         assert write(http, key) == "OK"
-    assert write(http, 9) == "REACH_MAX_ENTITY_CAPACITY"  # the refusal itself wakes the reclaimer
-    report = reclaim_handler(runtime)
-    assert report["groups"][0]["reason"] == "woken"
-    assert report["victims"] == 1 and report["bytes"] == BLOCK
-    assert status(http, 1) == "CLS_NOT_FOUND"  # the least recently used block went
-    assert write(http, 9) == "OK"
+    clock.advance(1)
+    http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})
+    clock.advance(1)
+    assert write(http, 9) == "OK"  # the least recently used block made room at once
+    assert status(http, 2) == "CLS_NOT_FOUND"
+    assert status(http, 1) == "CLS_SERVING"  # read since it was written
+    assert live_usage(runtime) == (8 * BLOCK, 8)
     (event,) = [json.loads(line) for line in open(runtime.settings.event_log_path)
                 if '"CacheReclaimSubmit"' in line]
-    assert event["source"] == "i1" and event["block_keys"] == [1] and event["delay_us"] == 0
-    # the next round checks again whether the group is still over, then it waits a period
-    again = reclaim_handler(runtime)
-    assert again["groups"][0]["reason"] == "over" and again["victims"] == 0
-    assert reclaim_handler(runtime)["groups"] == []
+    assert event["source"] == "i1" and event["block_keys"] == [2] and event["delay_us"] == 0
+
+
+def test_a_write_nothing_can_make_room_for_is_refused_and_wakes_the_reclaimer(runtime, http, valkey, clock):
+    starts = [http("startWriteCache", {"instance_id": "i1", "block_keys": [key]}) for key in range(1, 9)]
+    assert [s["header"]["status"]["code"] for s in starts] == ["OK"] * 8  # all WRITING: nothing to evict
+    assert write(http, 9) == "REACH_MAX_ENTITY_CAPACITY"
+    assert valkey.smembers(WAKE_KEY) == {b"gc"}
+    assert live_usage(runtime) == (8 * BLOCK, 8)
+    for start in starts:
+        http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
+                                  "success_blocks": {"offset": 1}})
+    report = reclaim_handler(runtime)
+    assert report["groups"][0]["reason"] == "woken" and report["victims"] == 1  # headroom under pressure
+    assert write(http, 9) == "OK"
+
+
+def test_writes_from_many_threads_keep_a_full_group_within_its_quota(runtime, http, clock):
+    """Eight writers fill a 64-block group and keep writing: every write is taken (at most
+    eight blocks are in flight, the rest SERVING and evictable), and the live usage never
+    passes the quota by more than the writes in flight (one request's block each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runtime.control.create_group(InstanceGroup.model_validate({
+        "name": "g64", "storage_candidates": ["nfs_01"], "quota": {"capacity": 64 * BLOCK}}))
+    resp = http("registerInstance", {"instance_group": "g64", "instance_id": "i64", "block_size": 4,
+                                     "location_spec_infos": SPECS,
+                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    assert resp["header"]["status"]["code"] == "OK", resp
+    peaks = []
+
+    def writer(first: int) -> list[str]:
+        codes = []
+        for key in range(first, first + 40):
+            codes.append(write(http, key, "i64"))
+            peaks.append(runtime.index.group_usage(["g64"])[0].live().bytes)
+        return codes
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = [c for codes in pool.map(writer, range(1000, 9000, 1000)) for c in codes]
+    assert codes.count("OK") == len(codes) == 320
+    assert max(peaks) <= 64 * BLOCK + 8 * BLOCK
+    assert runtime.index.group_usage(["g64"])[0].live().bytes <= 64 * BLOCK
 
 
 def test_no_round_while_another_node_holds_the_lease(runtime, http, valkey, clock):

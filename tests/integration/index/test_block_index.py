@@ -6,6 +6,9 @@ from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
 
 
+SIZES = [200, 100, 100]
+
+
 def start(index, layout, keys, sid="s1", **kw):
     req = StartRequest(session_id=sid, deadline_ms=int(index.clock.now() * 1000) + 30_000, storage_name="nfs_01",
                        storage_type="ST_NFS", pack_count=kw.pop("pack", 8), sizes=[200, 100, 100],
@@ -17,7 +20,7 @@ def finish(index, layout, sid, success):
     session = index.session(layout, sid)
     if session is None:
         raise WriteSessionError("gone")
-    return index.finish(layout, sid, session, success)
+    return index.finish(layout, sid, session, success, SIZES)
 
 
 def test_start_finish_read_roundtrip(index, layout):
@@ -36,8 +39,8 @@ def test_start_finish_read_roundtrip(index, layout):
     assert recs[1].locations[0].slot == 1
     usage = index.usage([layout])[0]
     assert usage.bytes == 600 and usage.keys == 3
-    dropped, orphans = index.drop(layout, victims, [200, 100, 100])
-    assert dropped == 1 and orphans == []
+    out = index.drop(layout, victims, SIZES)
+    assert out.dropped == 1 and out.orphan_groups == []
     usage = index.usage([layout])[0]
     assert usage.bytes == 400 and usage.keys == 2 and usage.by_type == {"ST_NFS": 400}
     assert index.read(layout, [1, 2], MODE_RAW)[0].children == 1
@@ -88,7 +91,7 @@ def test_a_256th_storage_is_refused_not_wrapped_to_index_0(index, layout, valkey
 def test_window_and_batch(index, layout):
     start(index, layout, [1, 2, 3, 4, 5, 6])
     finish(index, layout, "s1", [True] * 6)
-    victims = index.mark_deleting(layout, [6])
+    victims = index.mark_deleting(layout, [6], SIZES)
     assert len(victims) == 1
     recs = index.read(layout, [1, 2, 3, 4, 5, 6, 7], MODE_WINDOW, 2)
     assert [r is not None for r in recs] == [False, False, False, True, True, False, False]
@@ -111,28 +114,27 @@ def test_reads_serve_only_the_servable_storages(index, layout, servable, served)
 def test_a_lost_deletion_is_handed_over_again_once_per_grace(index, layout, clock):
     start(index, layout, [1])
     finish(index, layout, "s1", [True])
-    assert len(index.mark_deleting(layout, [1])) == 1  # its deletion is then lost
+    assert len(index.mark_deleting(layout, [1], SIZES)) == 1  # its deletion is then lost
     delay_ms = 5000
-    assert index.mark_deleting(layout, [1], resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
+    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
     clock.advance(5 + index.DELETION_LOST_AFTER_S)
-    again = index.mark_deleting(layout, [1], resubmit_before_s=index.lost_deletions_before_s(delay_ms))
+    again = index.mark_deleting(layout, [1], SIZES, resubmit_before_s=index.lost_deletions_before_s(delay_ms))
     assert [v.block_key for v in again] == [1]
     clock.advance(1)  # the retry may still be running: not handed over a second time
-    assert index.mark_deleting(layout, [1], resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
-    assert index.mark_deleting(layout, [1], serving_only=True, resubmit_before_s=int(clock.now()) + 1) == []
+    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
+    assert index.mark_deleting(layout, [1], SIZES, serving_only=True, resubmit_before_s=int(clock.now()) + 1) == []
 
 
 def test_packed_group_released_with_last_block(index, layout):
     out = start(index, layout, [1, 2, 3], pack=2)
     _, victims = finish(index, layout, "s1", [False, False, False])
-    dropped, orphans = index.drop(layout, victims[:1], [200, 100, 100])
-    assert orphans == []
-    dropped, orphans = index.drop(layout, victims[1:], [200, 100, 100])
-    assert dropped == 2
-    assert sorted(g for _, g in orphans) == [out.first_location_id, out.first_location_id + 2]
-    assert sorted(index.orphan_groups(layout)) == sorted(orphans)
+    assert index.drop(layout, victims[:1], SIZES).orphan_groups == []
+    second = index.drop(layout, victims[1:], SIZES)
+    assert second.dropped == 2
+    assert sorted(g for _, g in second.orphan_groups) == [out.first_location_id, out.first_location_id + 2]
+    assert sorted(index.orphan_groups(layout)) == sorted(second.orphan_groups)
     # a retried drop deletes nothing twice
-    assert index.drop(layout, victims, [200, 100, 100]) == (0, [])
+    assert index.drop(layout, victims, SIZES).dropped == 0
 
 
 def test_expired_session_fails(index, layout, clock):

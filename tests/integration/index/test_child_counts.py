@@ -24,7 +24,7 @@ def start(index, layout, keys, sid):
 def finish(index, layout, sid, success=None):
     session = index.session(layout, sid)
     ok = [True] * len(session.entries) if success is None else list(success)
-    _, victims = index.finish(layout, sid, session, ok)
+    _, victims = index.finish(layout, sid, session, ok, SIZES)
     index.drop(layout, victims, SIZES)
 
 
@@ -36,7 +36,7 @@ def write(index, layout, keys, sid, success=None):
 
 def remove(index, layout, keys):
     """removeCache: mark every location DELETING and drop it."""
-    index.drop(layout, index.mark_deleting(layout, list(keys)), SIZES)
+    index.drop(layout, index.mark_deleting(layout, list(keys), SIZES), SIZES)
 
 
 def children(index, layout, keys):
@@ -117,7 +117,7 @@ def test_parent_with_a_child_deleting_but_not_dropped_yet(index, layout):
     """The child's location is DELETING (marked, not dropped) when its parent is removed and
     written again: the child still exists, so it is adopted, and its drop takes it back."""
     write(index, layout, [P, C], "a")
-    victims = index.mark_deleting(layout, [C])
+    victims = index.mark_deleting(layout, [C], SIZES)
     remove(index, layout, [P])
     write(index, layout, [P, C], "b")
     assert children(index, layout, [P]) == {P: 1}
@@ -175,7 +175,7 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
             n = len(index.session(layout, sid).entries)
             finish(index, layout, sid, [rng.random() < 0.8 for _ in range(n)])
         if op >= 0.75:
-            victims = index.mark_deleting(layout, rng.sample(list(nodes), 3))
+            victims = index.mark_deleting(layout, rng.sample(list(nodes), 3), SIZES)
             if rng.random() < 0.3:
                 late_victims.extend(victims)
             else:

@@ -1,0 +1,192 @@
+"""Purging an instance's blocks in bounded steps: removeInstance and trimCache's
+whole-instance strategies.
+
+A purge walks the instance's occupied buckets (``BlockIndex.occupied_page``), a page per
+step, so it costs what the instance holds — never the buckets it was sized for. The
+API call runs steps inline up to ``INLINE_BLOCKS`` blocks and hands the rest to the
+``instance_purge`` state machine, whose task runs ``PurgeService.step`` in a loop; so a
+call answers at once whatever the instance's size. Without a state machine (tests,
+deployments without workflows) the call runs the purge to its end.
+
+Modes:
+
+- ``instance`` (removeInstance): the control plane marks the instance as being removed
+  first (it is unknown to every call from then on, and its id cannot be registered again
+  until the purge ends), and the index refuses its writes. Each step marks every location
+  of its page DELETING — lost and in-flight deletions included: nothing can write the
+  instance again, so no deletion can hit a newer block — and deletes data and records
+  inline. When no occupied bucket is left, the rest of the key space goes and the record
+  is deleted: a crash at any point leaves an instance still being removed, which the
+  watchdog (``resume_removals``) or a new removeInstance call picks up again.
+- ``cache`` (TS_REMOVE_ALL_CACHE, TS_TIMESTAMP): blocks written in the job's time range
+  (all those written before the call, for REMOVE_ALL_CACHE) are marked DELETING and go
+  to the service's deleter after the group's delete delay, like removeCache. Only the
+  location read is taken: a block removed and written again meanwhile is left alone.
+- ``meta`` (TS_REMOVE_ALL_META): records are forgotten without deleting their data, which
+  stays on storage and stays charged to the quota (usage follows the bytes that exist),
+  until the instance is removed.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Optional
+
+from ..clock import Clock, now_us
+from ..index import BlockIndex
+from ..index.records import HEADER_LEN
+from ..observability.logging import logger
+from ..protocol.errors import InstanceNotFoundError
+from .context import InstanceContext
+from .deletion import Deleter, DeletionService
+
+INSTANCE, CACHE, META = "instance", "cache", "meta"
+#: Occupied buckets read per step (about 64 blocks each in a full instance).
+BUCKETS_PER_STEP = 256
+#: Blocks an API call purges itself before handing the rest to the state machine.
+INLINE_BLOCKS = 4096
+#: Victims deleted per index call inside a step.
+DELETE_CHUNK = 2048
+
+
+@dataclass(frozen=True)
+class PurgeJob:
+    """A purge in progress: the state machine's input and each step's output."""
+
+    instance_id: str
+    incarnation: str
+    mode: str
+    #: Blocks written in [written_from_us, written_to_us] (``cache`` mode only).
+    written_from_us: int = 0
+    written_to_us: int = 0
+    cursor: int = 0
+    steps: int = 0
+    blocks: int = 0
+    done: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PurgeJob":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+    def covers(self, raw: bytes) -> bool:
+        """Whether a record is this job's to take."""
+        if self.mode != CACHE:
+            return True
+        written_us = int.from_bytes(raw[16:22], "big") * 1000
+        return self.written_from_us <= written_us <= self.written_to_us
+
+
+def _first_location(raw: bytes) -> int:
+    # A record holds one location (lua/start.lua creates it with one, nothing adds any).
+    return int.from_bytes(raw[HEADER_LEN + 3:HEADER_LEN + 8], "big")
+
+
+class PurgeService:
+    """Runs purges; ``start_execution(job_json)`` hands one to the state machine (None:
+    there is none, purges run inline to their end)."""
+
+    def __init__(self, index: BlockIndex, control: Any, contexts: Any, deletion: DeletionService, deleter: Deleter,
+                 clock: Clock, start_execution: Optional[Callable[[dict], Any]] = None) -> None:
+        self.index = index
+        self.control = control
+        self.contexts = contexts
+        self.deletion = deletion
+        self.deleter = deleter
+        self.clock = clock
+        self.start_execution = start_execution
+
+    # ---------------------------------------------------------------- entry points
+
+    def remove_instance(self, instance_id: str, group: str = "") -> PurgeJob:
+        """removeInstance: mark the instance as being removed, then purge it (inline up to
+        ``INLINE_BLOCKS``, the rest in the state machine). Calling it again for an instance
+        already being removed resumes its purge."""
+        record = self.control.begin_instance_removal(instance_id, group)
+        self.contexts.forget(instance_id)
+        return self.run(PurgeJob(instance_id, record.incarnation, INSTANCE))
+
+    def trim(self, ctx: InstanceContext, mode: str, written_us: tuple[int, int] = (0, 0)) -> PurgeJob:
+        """trimCache's whole-instance strategies (see the module docstring)."""
+        incarnation = ctx.layout.incarnation
+        return self.run(PurgeJob(ctx.instance_id, incarnation, mode, written_us[0], written_us[1]))
+
+    def run(self, job: PurgeJob) -> PurgeJob:
+        """Steps inline until done or ``INLINE_BLOCKS`` are purged, then hands over."""
+        while not job.done:
+            if job.blocks >= INLINE_BLOCKS and self.start_execution is not None:
+                self.start_execution(job.to_json())
+                logger.info("purge handed to the state machine", extra={
+                    "instance_id": job.instance_id, "mode": job.mode, "blocks": job.blocks})
+                return job
+            job = self.step(job)
+        return job
+
+    def resume_removals(self) -> list[str]:
+        """Start the purge of every instance still being removed (the watchdog: a removal
+        whose execution failed or whose container died). Returns their ids."""
+        resumed = []
+        for record in self.control.list_instances(removing=True):
+            self.run(PurgeJob(record.instance_id, record.incarnation, INSTANCE))
+            resumed.append(record.instance_id)
+        return resumed
+
+    # ---------------------------------------------------------------- one step
+
+    def step(self, job: PurgeJob) -> PurgeJob:
+        """One page of occupied buckets; the job as it stands after it."""
+        record = self.control.get_instance(job.instance_id)
+        if record is None or record.incarnation != job.incarnation:
+            return replace(job, done=True)  # finished already, or another registration now
+        if job.mode == INSTANCE and not record.removing_us:
+            raise InstanceNotFoundError(f"instance '{job.instance_id}' is not being removed")
+        ctx = self.contexts.build(record)
+        layout = ctx.layout
+        if job.mode == INSTANCE:
+            self.index.set_removing(layout, True)  # again: the call that set it may have died first
+        cursor, buckets = self.index.occupied_page(layout, job.cursor, BUCKETS_PER_STEP)
+        picked = [(key, raw) for key, raw in self.index.read_buckets(layout, buckets) if job.covers(raw)]
+        keys = [key for key, _ in picked]
+        locations = [_first_location(raw) for _, raw in picked]
+        if job.mode == META:
+            self.index.forget(layout, keys, locations)
+        elif keys:
+            self._delete(ctx, job, keys, locations)
+        job = replace(job, cursor=cursor, steps=job.steps + 1, blocks=job.blocks + len(keys))
+        if cursor != 0:
+            return job
+        if job.mode != INSTANCE:
+            return replace(job, done=True)
+        if self.index.occupied_count(layout) > 0:
+            return job  # blocks left (written before the flag, or a deletion that failed): another pass
+        self._finish_removal(ctx, record)
+        return replace(job, done=True)
+
+    def _delete(self, ctx: InstanceContext, job: PurgeJob, keys: list[int], locations: list[int]) -> None:
+        delay_ms = ctx.delete_delay_ms
+        if job.mode == INSTANCE:
+            # Every DELETING location too: nothing can write the instance any more.
+            resubmit = int(self.clock.now()) + 1
+        else:
+            resubmit = self.index.lost_deletions_before_s(delay_ms)
+        victims = self.index.mark_deleting(ctx.layout, keys, ctx.spec_layout.sizes, expected_locations=locations,
+                                           resubmit_before_s=resubmit)
+        if job.mode == INSTANCE:
+            for start in range(0, len(victims), DELETE_CHUNK):
+                self.deletion.delete(ctx, victims[start:start + DELETE_CHUNK])
+        else:
+            self.deleter.submit(ctx, victims, delay_ms)
+
+    def _finish_removal(self, ctx: InstanceContext, record: Any) -> None:
+        self.deletion.delete_orphan_groups(ctx)
+        self.index.drop_all(ctx.layout)
+        self.index.set_removing(ctx.layout, False)
+        try:
+            self.control.remove_instance(record.instance_id, record.incarnation)
+        except InstanceNotFoundError:
+            pass  # another step finished it first
+        self.contexts.forget(record.instance_id)
+        logger.info("instance removed", extra={"instance_id": record.instance_id,
+                                               "removal_s": round((now_us(self.clock) - record.removing_us) / 1e6, 3)})
+

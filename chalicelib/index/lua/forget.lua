@@ -1,0 +1,32 @@
+-- Forget blocks without deleting their data (trimCache TS_REMOVE_ALL_META): records whose
+-- location id still matches and is not DELETING go, their keys are released, their bytes
+-- stay charged (the data stays on storage: usage follows what exists). DELETING ones are
+-- left to their deletion, which releases them.
+-- KEYS: [1] usage, [2] occupied buckets.
+-- ARGV: [1] keys blob, [2] expected location id per key (I5 each), [3] bucket prefix,
+--       [4] bucket count.
+-- Returns the number of records forgotten.
+local usage, occupied = KEYS[1], KEYS[2]
+local keys, expected = ARGV[1], ARGV[2]
+local bprefix, nbuckets = ARGV[3], tonumber(ARGV[4])
+local forgotten = 0
+local emptied, emptied_list = {}, {}
+for i = 1, #keys / 8 do
+  local key = field(keys, i)
+  local bucket = bucket_of(bprefix, nbuckets, key)
+  local rec = redis.call('HGET', bucket, key)
+  local l = rec and find_loc(rec, struct.unpack('>I5', expected, (i - 1) * 5 + 1))
+  if l and struct.unpack('>B', rec, HDR_LEN + (l - 1) * LOC_LEN + 1) ~= DELETING then
+    redis.call('HDEL', bucket, key)
+    forgotten = forgotten + 1
+    if not emptied[bucket] then
+      emptied[bucket] = true
+      emptied_list[#emptied_list + 1] = {bucket, bucket_index(nbuckets, key)}
+    end
+  end
+end
+if forgotten > 0 then redis.call('HINCRBY', usage, 'keys', -forgotten) end
+for _, entry in ipairs(emptied_list) do
+  if redis.call('EXISTS', entry[1]) == 0 then redis.call('SREM', occupied, entry[2]) end
+end
+return forgotten
