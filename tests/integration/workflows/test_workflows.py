@@ -93,7 +93,7 @@ def test_rewritten_block_survives_a_replayed_batch(stack):
     start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[7]))
     rt.cache.finish_write_cache(FinishWriteCacheRequest(instance_id="i1", write_session_id=start.write_session_id,
                                                         success_blocks=BlockMask(offset=1)))
-    victims = rt.index.mark_deleting(ctx.layout, [7])
+    victims = rt.index.mark_deleting(ctx.layout, [7], ctx.spec_layout.sizes)
     DeletionService(rt.index).delete(ctx, victims)
     again = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[7]))
     files = _write_files(again)

@@ -1,7 +1,7 @@
 """Watermark math: triggers, steps, per-type quotas, key counts, pressure, the split."""
 import pytest
 
-from chalicelib.capacity.watermark import Limits, Need, Plan, assess, credit, split
+from chalicelib.capacity.watermark import Limits, Need, Plan, assess, split
 from chalicelib.control.groups import normalize_group
 from chalicelib.index import Usage
 from chalicelib.protocol.models import InstanceGroup
@@ -107,10 +107,10 @@ def test_split_never_asks_more_than_an_instance_holds():
     assert (needs["a"].bytes, needs["b"].bytes) == (5, 3)
 
 
-def test_credit_removes_what_is_already_being_deleted():
-    pending = Usage(300, 3, {"ST_NFS": 300})
-    assert credit(usage(1000, 10, ST_NFS=800, ST_S3=200), pending) == usage(700, 7, ST_NFS=500, ST_S3=200)
-    assert credit(usage(100, 1, ST_NFS=100), pending) == usage(0, 0, ST_NFS=0)
+def test_live_usage_leaves_out_what_is_already_being_deleted():
+    deleting = dict(deleting_bytes=300, deleting_keys=3, deleting_by_type={"ST_NFS": 300})
+    assert Usage(1000, 10, {"ST_NFS": 800, "ST_S3": 200}, **deleting).live() == usage(700, 7, ST_NFS=500, ST_S3=200)
+    assert Usage(100, 1, {"ST_NFS": 100}, **deleting).live() == usage(0, 0, ST_NFS=0)
 
 
 @pytest.mark.parametrize("need, storage_type, wanted", [
