@@ -88,15 +88,21 @@ class PackagedFunctions:
     api_name = {"Fn::Sub": "kvcm-${Stage}"}
 
 
+def deployed_function_name(name: str) -> str:
+    """The name ``chalice deploy`` gives a function (``Fn::Sub`` text): ``<app>-<stage>-<function>``,
+    the API handler plain ``<app>-<stage>``."""
+    return f"{APP_NAME}-${{Stage}}" if name == "api_handler" else f"{APP_NAME}-${{Stage}}-{name}"
+
+
 class DeployedFunctions:
-    """Functions as ``chalice deploy`` creates them: ``<app>-<stage>-<function>``."""
+    """Functions as ``chalice deploy`` creates them (``deployed_function_name``)."""
 
     def arn(self, name: str) -> dict:
         return {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
-                           f":function:{APP_NAME}-${{Stage}}-{name}"}
+                           f":function:{deployed_function_name(name)}"}
 
     def name(self, name: str) -> dict:
-        return {"Fn::Sub": f"{APP_NAME}-${{Stage}}-{name}"}
+        return {"Fn::Sub": deployed_function_name(name)}
 
     #: ``chalice deploy`` names the REST API after the app (the swagger title).
     api_name = APP_NAME
@@ -134,13 +140,14 @@ def log_group_logical_id(name: str) -> str:
 
 
 def log_groups(function_names: Iterable[str]) -> dict:
-    """One log group per function, named as Lambda would (``/aws/lambda/kvcm-<stage>-<fn>``)
-    so both paths log to the same place, with the stack's retention."""
+    """One log group per function, named as Lambda names a ``chalice deploy`` function's
+    (``/aws/lambda/<function name>``) so both paths log to the same place, with the stack's
+    retention."""
     return {log_group_logical_id(name): {
         "Type": "AWS::Logs::LogGroup",
         "DeletionPolicy": "Delete",
         "UpdateReplacePolicy": "Delete",
-        "Properties": {"LogGroupName": {"Fn::Sub": f"/aws/lambda/{APP_NAME}-${{Stage}}-{name}"},
+        "Properties": {"LogGroupName": {"Fn::Sub": f"/aws/lambda/{deployed_function_name(name)}"},
                        "RetentionInDays": {"Ref": "LogRetentionDays"}},
     } for name in function_names}
 
@@ -165,7 +172,6 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
     """The few alarms an operator must act on (thresholds: see docs/deploy.md)."""
     names = set(function_names)
     fn = binding.name
-    machine = state_machine_arn
     resources = {
         "ApiServerErrorsAlarm": alarm(
             "More than 1% of API calls answered 5xx for 10 minutes (Valkey or DynamoDB unreachable, handler crash)",
@@ -173,10 +179,10 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
             statistic="Average", periods=2),
         "ReaperFailuresAlarm": alarm(
             "A write-session reaper execution failed: expired write sessions are not being cleaned up",
-            "AWS/States", "ExecutionsFailed", {"StateMachineArn": machine("write_session_reaper")}, 0),
+            "AWS/States", "ExecutionsFailed", {"StateMachineArn": state_machine_arn("write_session_reaper")}, 0),
         "DeletionFailuresAlarm": alarm(
             "A batched deletion execution failed: removed blocks' data stays on storage until the stranded sweep",
-            "AWS/States", "ExecutionsFailed", {"StateMachineArn": machine("batched_delete")}, 0),
+            "AWS/States", "ExecutionsFailed", {"StateMachineArn": state_machine_arn("batched_delete")}, 0),
         "ValkeyMemoryAlarm": {"Type": "AWS::CloudWatch::Alarm", "Condition": "CreateValkey", "Properties": {
             "AlarmDescription": "Valkey data above 80% of ValkeyMaxDataGB: writes will be refused at the limit",
             "Metrics": [

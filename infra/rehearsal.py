@@ -552,7 +552,20 @@ class Rehearsal:
             (project / ".chalice" / "config.json").read_text())["stages"][stage])
         self.step(f"chalice deploy --stage {stage}", lambda: self.run(
             [str(Path(sys.executable).parent / "chalice"), "deploy", "--stage", stage], project))
+        self.step("every deployed function logs into the stack's log group", lambda: self.log_groups_bound(stage))
         return self.check_jobs(lambda name: f"kvcm-{stage}-{name}", outputs)
+
+    def log_groups_bound(self, stage: str) -> list[str]:
+        """The infra stack named a log group for each function Chalice deployed (Lambda
+        logs to ``/aws/lambda/<name>``): the names the stack binds to are Chalice's."""
+        names = [f["FunctionName"] for f in self.aws.client("lambda").list_functions()["Functions"]
+                 if f["FunctionName"].startswith(f"kvcm-{stage}")]
+        groups = {g["logGroupName"] for g in self.aws.client("logs").describe_log_groups(
+            logGroupNamePrefix=f"/aws/lambda/kvcm-{stage}")["logGroups"]}
+        missing = [name for name in names if f"/aws/lambda/{name}" not in groups]
+        if missing or not names:
+            raise AssertionError(f"functions without the stack's log group: {missing or 'no function deployed'}")
+        return sorted(names)
 
     def packaged_path(self, stage: str = "dev") -> dict:
         """docs/deploy.md, path 1: the artifact bucket, ``make deploy`` (package, upload

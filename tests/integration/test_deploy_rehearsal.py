@@ -64,6 +64,8 @@ def test_chalice_deploy_path(tmp_path: Path):
     assert (variables["KVCM_AUTH"], variables["KVCM_DEBUG_SERVICE"]) == ("true", "false")
     assert stage["subnet_ids"] and stage["security_group_ids"] and stage["iam_policy_file"] == "policy-rehearsal.json"
     assert all(name.startswith("kvcm-rehearsal-") for name in invoked(report))
+    bound = step(report, "every deployed function logs into the stack's log group")["result"]
+    assert "kvcm-rehearsal" in bound and "kvcm-rehearsal-reclaim" in bound  # the API handler, a job
     check_the_jobs(report, "chalice")
 
 
