@@ -8,7 +8,8 @@ Two bearer forms (docs/security.md):
 - ``<user_name>:<password>``, only for admin accounts (bootstrap: the first admin makes
   API keys with it). Checked with scrypt, slow by design, so a verified pair is remembered
   per container for ``password_ttl_s`` under a keyed hash (HMAC with a per-process random
-  key, no password kept), and failed attempts are limited (``FailureLimiter``).
+  key, no password kept), and failed attempts are limited (``FailureLimiter``); so are
+  lookups of unknown key ids, which read the table the first time a container sees them.
 
 Missing or invalid credentials → UnauthorizedError (HTTP 401); too many failures →
 TooManyAttemptsError (HTTP 429); a role without the permission → ForbiddenError (HTTP
@@ -30,6 +31,8 @@ from ..protocol.errors import TooManyAttemptsError, UnauthorizedError
 from .policy import Action, Principal, Scope, Target, check_action, check_target
 
 _SCHEME = "bearer"
+#: The one name the key-lookup limiter counts under (its node-wide bound is what matters).
+_KEY_LOOKUPS = "unknown key ids"
 _USAGE = "the Authorization header must be 'Bearer <api key>' (or 'Bearer <user_name>:<password>' of an admin)"
 
 
@@ -60,13 +63,14 @@ def principal_of(account: AccountRecord, key_id: str = "") -> Principal:
 
 
 class FailureLimiter:
-    """Bounds password guessing per container: an account with ``per_user`` failures in
+    """Bounds guessing per container: a name (account) with ``per_user`` failures in
     ``window_s`` is locked until they age out, and all failures together may not exceed
-    ``per_window`` in ``window_s`` (each costs a scrypt check). Thread-safe."""
+    ``per_window`` in ``window_s`` (each cost a scrypt check or a table read). Thread-safe."""
 
     def __init__(self, clock: Clock, per_user: int = 5, per_window: int = 60, window_s: float = 60.0,
-                 max_users: int = 10_000) -> None:
+                 max_users: int = 10_000, what: str = "password attempts") -> None:
         self._clock = clock
+        self._what = what
         self._per_user = per_user
         self._per_window = per_window
         self._window_s = window_s
@@ -85,10 +89,9 @@ class FailureLimiter:
         now = self._clock.now()
         with self._lock:
             if len(self._prune(self._all, now)) >= self._per_window:
-                raise TooManyAttemptsError("too many failed password attempts on this node: retry later "
-                                           "(or use an API key)")
+                raise TooManyAttemptsError(f"too many failed {self._what} on this node: retry later")
             if len(self._prune(self._users.get(user_name, deque()), now)) >= self._per_user:
-                raise TooManyAttemptsError(f"too many failed password attempts for user '{user_name}': "
+                raise TooManyAttemptsError(f"too many failed {self._what} for '{user_name}': "
                                            f"retry in {self._window_s:.0f} s")
 
     def failed(self, user_name: str) -> None:
@@ -111,13 +114,16 @@ class Authorizer:
     passwords (``ControlPlane.verify_account``)."""
 
     def __init__(self, config, control, clock: Clock, password_ttl_s: float = 10.0, max_entries: int = 1024,
-                 limiter: Optional[FailureLimiter] = None) -> None:
+                 limiter: Optional[FailureLimiter] = None, key_limiter: Optional[FailureLimiter] = None) -> None:
         self._config = config
         self._control = control
         self._clock = clock
         self._password_ttl_s = password_ttl_s
         self._max_entries = max_entries
         self._limiter = limiter or FailureLimiter(clock)
+        # Unknown key ids cost a table read each the first time a container sees them.
+        self._key_limiter = key_limiter or FailureLimiter(clock, per_user=600, per_window=600,
+                                                          what="API key lookups")
         self._key = os.urandom(32)
         self._lock = threading.Lock()
         self._verified: dict[bytes, tuple[Principal, float]] = {}
@@ -147,7 +153,9 @@ class Authorizer:
         key_id = key_id_of(token)
         if key_id is None:
             raise UnauthorizedError("malformed API key (expected kvcm_<key id>.<secret>)")
-        record = self._config.api_key(key_id)
+        record = self._config.api_key(key_id, before_load=lambda: self._key_limiter.check(_KEY_LOOKUPS))
+        if record is None:
+            self._key_limiter.failed(_KEY_LOOKUPS)
         if record is None or not matches(token, record):
             raise UnauthorizedError(f"invalid API key '{key_id}'")
         if record.expired(int(self._clock.now() * 1e6)):

@@ -89,9 +89,14 @@ class ConfigCache:
         """The account, or None (a deleted account is gone within ``refresh_s``)."""
         return self._lookup(ACCOUNT, user_name, self._control.get_account)
 
-    def api_key(self, key_id: str) -> Optional[ApiKeyRecord]:
-        """The API key's record, or None (a revoked key is gone within ``refresh_s``)."""
-        return self._lookup(API_KEY, key_id, self._control.get_api_key)
+    def api_key(self, key_id: str, before_load: Callable[[], None] = lambda: None) -> Optional[ApiKeyRecord]:
+        """The API key's record, or None (a revoked key is gone within ``refresh_s``).
+        ``before_load`` runs only when the table must be read (it may raise to refuse)."""
+        def load(name: str) -> Optional[ApiKeyRecord]:
+            before_load()
+            return self._control.get_api_key(name)
+
+        return self._lookup(API_KEY, key_id, load)
 
     def _lookup(self, kind: str, name: str, load: Callable[[str], Optional[T]]) -> Optional[T]:
         """One entity from the cache, or loaded (hits and misses both cached until the

@@ -20,6 +20,7 @@ class FakeDirectory:
         self.accounts = {"admin": AccountRecord("admin", Role.ROLE_ADMIN, (ALL_GROUPS,), (), "pw-admin"),
                          "eng": AccountRecord("eng", Role.ROLE_USER, ("g1",), ("eng-",))}
         self.keys = {}
+        self.looked_up = set()
         self.verifications = 0
 
     def add_key(self, user_name, expires_us=0):
@@ -30,7 +31,10 @@ class FakeDirectory:
     def account(self, user_name):
         return self.accounts.get(user_name)
 
-    def api_key(self, key_id):
+    def api_key(self, key_id, before_load=lambda: None):
+        if key_id not in self.looked_up:  # as ConfigCache: a table read the first time only
+            before_load()
+            self.looked_up.add(key_id)
         return self.keys.get(key_id)
 
     def verify_account(self, user_name, password):
@@ -124,7 +128,7 @@ def test_failed_passwords_lock_the_user_then_the_node_without_checking(directory
         with pytest.raises(UnauthorizedError):
             authorizer.authenticate(bearer("admin:guess"))
     checked = directory.verifications
-    with pytest.raises(TooManyAttemptsError, match="user 'admin'") as err:
+    with pytest.raises(TooManyAttemptsError, match="password attempts for 'admin'") as err:
         authorizer.authenticate(bearer("admin:pw-admin"))
     assert http_status_of(err.value) == 429 and directory.verifications == checked  # no scrypt spent
     for user in ("u1", "u2"):
@@ -134,6 +138,24 @@ def test_failed_passwords_lock_the_user_then_the_node_without_checking(directory
         authorizer.authenticate(bearer("u3:guess"))
     clock.advance(60)
     assert authorizer.authenticate(bearer("admin:pw-admin")).user_name == "admin"
+
+
+def test_unknown_key_ids_are_looked_up_at_a_bounded_rate_and_known_ones_still_pass(directory, clock):
+    known = directory.add_key("eng")
+    authorizer = Authorizer(directory, directory, clock,
+                            key_limiter=FailureLimiter(clock, per_user=2, per_window=2, what="API key lookups"))
+    authorizer.authenticate(bearer(known))  # seen: cached from now on
+    for _ in range(2):
+        with pytest.raises(UnauthorizedError, match="invalid API key"):
+            authorizer.authenticate(bearer(new_api_key()[1]))
+    looked_up = len(directory.looked_up)
+    with pytest.raises(TooManyAttemptsError, match="API key lookups on this node"):
+        authorizer.authenticate(bearer(new_api_key()[1]))
+    assert len(directory.looked_up) == looked_up  # refused before the table read
+    assert authorizer.authenticate(bearer(known)).user_name == "eng"
+    clock.advance(60)
+    with pytest.raises(UnauthorizedError, match="invalid API key"):
+        authorizer.authenticate(bearer(new_api_key()[1]))
 
 
 def test_the_verified_cache_is_bounded(directory, clock):
