@@ -41,7 +41,7 @@ from .deletion import Deleter, DeletionService
 
 INSTANCE, CACHE, META = "instance", "cache", "meta"
 #: Occupied buckets read per step (about 64 blocks each in a full instance).
-BUCKETS_PER_STEP = 256
+BUCKETS_PER_STEP = 64
 #: Blocks an API call purges itself before handing the rest to the state machine.
 INLINE_BLOCKS = 4096
 #: Victims deleted per index call inside a step.
@@ -59,16 +59,21 @@ class PurgeJob:
     written_from_us: int = 0
     written_to_us: int = 0
     cursor: int = 0
+    #: Buckets of the last page not done yet (SSCAN pages are only a hint's size: a small
+    #: set comes whole).
+    pending: tuple[int, ...] = ()
     steps: int = 0
     blocks: int = 0
     done: bool = False
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "pending": list(self.pending)}
 
     @classmethod
     def from_json(cls, data: dict) -> "PurgeJob":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        fields["pending"] = tuple(fields.get("pending", ()))
+        return cls(**fields)
 
     def covers(self, raw: bytes) -> bool:
         """Whether a record is this job's to take."""
@@ -145,7 +150,11 @@ class PurgeService:
         layout = ctx.layout
         if job.mode == INSTANCE:
             self.index.set_removing(layout, True)  # again: the call that set it may have died first
-        cursor, buckets = self.index.occupied_page(layout, job.cursor, BUCKETS_PER_STEP)
+        cursor, pending = job.cursor, job.pending
+        if not pending:
+            cursor, page = self.index.occupied_page(layout, cursor, BUCKETS_PER_STEP)
+            pending = tuple(page)
+        buckets, pending = pending[:BUCKETS_PER_STEP], pending[BUCKETS_PER_STEP:]
         picked = [(key, raw) for key, raw in self.index.read_buckets(layout, buckets) if job.covers(raw)]
         keys = [key for key, _ in picked]
         locations = [_first_location(raw) for _, raw in picked]
@@ -153,8 +162,8 @@ class PurgeService:
             self.index.forget(layout, keys, locations)
         elif keys:
             self._delete(ctx, job, keys, locations)
-        job = replace(job, cursor=cursor, steps=job.steps + 1, blocks=job.blocks + len(keys))
-        if cursor != 0:
+        job = replace(job, cursor=cursor, pending=pending, steps=job.steps + 1, blocks=job.blocks + len(keys))
+        if cursor != 0 or pending:
             return job
         if job.mode != INSTANCE:
             return replace(job, done=True)

@@ -1,0 +1,121 @@
+"""An instance's key space costs what it holds and belongs to one registration:
+removal of a sparse instance in a huge group, metadata-only trims that keep the data
+charged, re-registration over blocks a lost registration left, foreign finishes."""
+from pathlib import Path
+
+import pytest
+
+from chalicelib.cache.context import bucket_bits_for, expected_max_blocks
+from chalicelib.index.block_index import MODE_RAW
+from chalicelib.protocol.models import InstanceGroup
+
+from .conftest import SPECS, code, write
+
+GIB = 1 << 30
+
+
+def _register(http, instance_id="big", group="huge", block_size=4, specs=None):
+    return http("registerInstance", {"instance_group": group, "instance_id": instance_id, "block_size": block_size,
+                                     "location_spec_infos": specs or [{"name": "tp0", "size": 1024}],
+                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+
+
+def _server_commands(valkey) -> int:
+    stats = valkey.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+
+
+def _data_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
+def test_removing_a_sparse_instance_of_a_100_gib_group_costs_its_blocks(http, runtime, group, nfs_root, valkey):
+    """1 KiB blocks in a 100 GiB group: the instance is sized for 2^21 buckets. Removing
+    it reads what it holds, not the buckets it could hold (which took minutes)."""
+    huge = runtime.control.create_group(InstanceGroup.model_validate(
+        {"name": "huge", "storage_candidates": ["nfs_01"], "quota": {"capacity": 100 * GIB}}))
+    assert code(_register(http)) == "OK"
+    layout = runtime.contexts("big").layout
+    assert layout.bucket_count == 1 << bucket_bits_for(expected_max_blocks(huge, 1024)) == 1 << 21
+    for start in write(http, [11, 12, 13], instance="big")["locations"]:
+        for spec in start["location_specs"]:
+            path = Path(spec["uri"].split("?")[0][len("file://nfs_01"):])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x" * 4096)
+    assert _data_files(nfs_root)
+
+    valkey.config_resetstat()
+    assert code(http("removeInstance", {"instance_id": "big"})) == "OK"
+    commands = _server_commands(valkey)
+
+    assert commands < 200, f"{commands} Valkey commands to remove 3 blocks"
+    assert code(http("getInstanceInfo", {"instance_id": "big"})) == "INSTANCE_NOT_EXIST"
+    assert runtime.control.get_instance("big") is None
+    assert _data_files(nfs_root) == []
+    assert valkey.exists(layout.key("u"), layout.occupied, layout.bucket(11), layout.bucket(12)) == 0
+    assert runtime.index.group_usage(["huge"])[0].bytes == 0
+    assert code(_register(http)) == "OK"  # the id is free again, with an empty key space
+    assert runtime.index.read_raw(runtime.contexts("big").layout, [11], MODE_RAW) == [None]
+
+
+def test_trimming_all_metadata_keeps_the_data_charged(http, runtime, group, instance):
+    """TS_REMOVE_ALL_META leaves the data on storage: its bytes stay counted, so a trim
+    cannot be used to store past the quota (the old code zeroed the usage)."""
+    runtime.control.update_group(InstanceGroup.model_validate(
+        {**group.model_dump(), "version": 0, "quota": {"capacity": 8 * 2048},
+         "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}}}),
+        current_version=group.version)
+    write(http, [1, 2, 3, 4])
+    assert code(http("trimCache", {"instance_id": "i1", "strategy": "TS_REMOVE_ALL_META"})) == "OK"
+    ctx = runtime.contexts("i1")
+    usage = runtime.index.usage([ctx.layout])[0]
+    assert (usage.bytes, usage.keys) == (4 * 2048, 0)
+    assert runtime.index.read_raw(ctx.layout, [1, 2, 3, 4], MODE_RAW) == [None] * 4
+    write(http, [5, 6, 7, 8])
+    refused = http("startWriteCache", {"instance_id": "i1", "block_keys": [9]})
+    assert code(refused) == "REACH_MAX_ENTITY_CAPACITY", refused
+    assert code(http("removeInstance", {"instance_id": "i1"})) == "OK"
+    assert runtime.index.group_usage(["g1"])[0].bytes == 0  # released with the instance
+
+
+def test_a_registration_lost_from_the_control_plane_never_serves_its_blocks_again(http, runtime, group, instance):
+    """The id registered again (here for another model) gets an empty key space: the
+    previous registration's blocks are dropped, not served as the new model's."""
+    write(http, [1, 2, 3])
+    old = runtime.contexts("i1").layout
+    from chalicelib.control.table import delete
+
+    runtime.control.table.write([delete("INSTANCE", "i1")])  # the record is lost; Valkey keeps the blocks
+    runtime.config.invalidate()
+    runtime.contexts.forget("i1")
+    resp = http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 8,
+                                     "location_spec_infos": SPECS,
+                                     "model_deployment": {"model_name": "other-model", "dtype": "fp16"}})
+    assert code(resp) == "OK", resp
+    hits = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2, 3]})
+    assert code(hits) == "OK" and hits["locations"] == []
+    assert runtime.index.usage([old])[0].keys == 0
+
+
+def test_a_container_holding_a_previous_registration_cannot_write(http, runtime, group, instance):
+    """Between a re-registration and a container's config refresh, its writes carry the
+    previous incarnation and are refused by the index."""
+    from chalicelib.index.block_index import StartRequest
+    from chalicelib.index.errors import InstanceGoneError
+    import dataclasses
+
+    layout = runtime.contexts("i1").layout
+    stale = dataclasses.replace(layout, incarnation="an-earlier-registration")
+    with pytest.raises(InstanceGoneError):
+        runtime.index.start(stale, [1], StartRequest(session_id="s" * 32, deadline_ms=10 ** 13, storage_name="nfs_01",
+                                                     storage_type="ST_NFS", pack_count=0, sizes=[2048],
+                                                     spec_groups=[0]))
+
+
+def test_a_session_is_finished_only_by_its_own_instance(http, runtime, group, instance, valkey):
+    start = http("startWriteCache", {"instance_id": "i1", "block_keys": [1]})
+    layout = runtime.contexts("i1").layout
+    valkey.hset(layout.session(start["write_session_id"]), "i", "another-instance")
+    fin = http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
+                                    "success_blocks": {"offset": 1}})
+    assert code(fin) == "INVALID_ARGUMENT" and "unknown" in fin["header"]["status"]["message"]
