@@ -1,9 +1,10 @@
 """Deployment package size and cold-start import time, against the package as it was.
 
 Baseline: the package with boto3 in requirements.txt (bundling boto3/botocore/s3transfer,
-as before they were left to the Lambda runtime). Current: the package `make package`
-builds. Both are built by `chalice package` from copies of the project, unzipped, and
-`import app` is timed in fresh processes the way Lambda starts one: `python -S -B` (no
+as before they were left to the Lambda runtime). Current: the package `chalice package`
+builds (what `chalice deploy` uploads), and the same with its modules compiled (what
+`make deploy` uploads, `infra.deploy.with_bytecode`). Packages are built by `chalice
+package` from copies of the project, unzipped, and `import app` is timed in fresh processes the way Lambda starts one: `python -S -B` (no
 site-packages, no .pyc written: /var/task is read-only) with the package first on the path
 and the runtime-provided boto3 (this venv's, precompiled like the runtime's) after it.
 
@@ -24,13 +25,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from infra.deploy import with_bytecode  # noqa: E402
 from infra.rehearsal import PROJECT_FILES, RUNTIME_PACKAGES, copy_items  # noqa: E402
 
 IMPORT_APP = "import time; t = time.perf_counter(); import app; print(time.perf_counter() - t)"
 
 
 def build(work: Path, name: str, extra_requirements: str = "") -> Path:
-    """`chalice package` of a copy of the project; returns the unzipped package."""
+    """`chalice package` of a copy of the project; returns its deployment.zip."""
     project = work / name
     copy_items(PROJECT_FILES, project)
     shutil.copytree(REPO_ROOT / ".chalice", project / ".chalice", ignore=shutil.ignore_patterns("deployed"))
@@ -40,9 +42,6 @@ def build(work: Path, name: str, extra_requirements: str = "") -> Path:
     out = work / f"{name}-out"
     subprocess.run([str(Path(sys.executable).parent / "chalice"), "package", "--stage", "dev", str(out)], cwd=project,
                    env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}, check=True, capture_output=True)
-    unzipped = work / f"{name}-unzipped"
-    with zipfile.ZipFile(out / "deployment.zip") as archive:
-        archive.extractall(unzipped)
     return out / "deployment.zip"
 
 
@@ -65,12 +64,18 @@ def main() -> int:
         site = Path(boto3.__file__).resolve().parents[1]
         for name in RUNTIME_PACKAGES:
             (runtime_dir / name).symlink_to(site / name)
+        packages = {"baseline (boto3 bundled)": build(work, "baseline", "boto3>=1.40\n"),
+                    "chalice deploy (no boto3)": build(work, "current")}
+        compiled = work / "compiled.zip"
+        compiled.write_bytes(with_bytecode(packages["chalice deploy (no boto3)"].read_bytes()))
+        packages["make deploy (+ bytecode)"] = compiled
         rows = []
-        for name, extra in (("baseline (boto3 bundled)", "boto3>=1.40\n"), ("current", "")):
-            slug = name.split()[0]
-            package = build(work, slug, extra)
-            times = import_times(work / f"{slug}-unzipped", runtime_dir, args.runs)
-            unzipped = sum(p.stat().st_size for p in (work / f"{slug}-unzipped").rglob("*") if p.is_file())
+        for name, package in packages.items():
+            unzipped_dir = work / f"{package.stem}-{len(rows)}"
+            with zipfile.ZipFile(package) as archive:
+                archive.extractall(unzipped_dir)
+            times = import_times(unzipped_dir, runtime_dir, args.runs)
+            unzipped = sum(p.stat().st_size for p in unzipped_dir.rglob("*") if p.is_file())
             rows.append((name, package.stat().st_size, unzipped, statistics.median(times), min(times)))
     print(f"{'package':<26}{'zip MB':>8}{'unzipped MB':>13}{'import app p50 ms':>19}{'min ms':>8}")
     for name, zipped, unzipped, median, best in rows:

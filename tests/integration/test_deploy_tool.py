@@ -70,3 +70,30 @@ def test_an_explicit_endpoint_wins_over_the_environment(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     client = deploy.session("us-east-1", "localhost:4566").client("cloudformation")
     assert client.meta.endpoint_url == "http://localhost:4566"
+
+
+def test_the_uploaded_package_carries_bytecode_that_needs_no_source_mtime(tmp_path):
+    import importlib.util
+    import io
+    import subprocess
+    import sys
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("app.py", "import lib.helper\nVALUE = lib.helper.answer()\n")
+        archive.writestr("lib/__init__.py", "")
+        archive.writestr("lib/helper.py", "def answer():\n    return 42\n")
+    compiled = deploy.with_bytecode(buffer.getvalue())
+    with zipfile.ZipFile(io.BytesIO(compiled)) as archive:
+        names = set(archive.namelist())
+        archive.extractall(tmp_path)
+    tag = sys.implementation.cache_tag
+    assert {"app.py", "lib/helper.py", f"__pycache__/app.{tag}.pyc", f"lib/__pycache__/helper.{tag}.pyc"} <= names
+    pyc = (tmp_path / "lib" / "__pycache__" / f"helper.{tag}.pyc").read_bytes()
+    assert pyc[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(pyc[4:8], "little") == 0b01  # unchecked hash
+    # the source's mtime changes (as unzipping on Lambda may do): the bytecode is still used
+    (tmp_path / "lib" / "helper.py").write_text("def answer():\n    return 0\n")
+    run = subprocess.run([sys.executable, "-S", "-B", "-c", "import app; print(app.VALUE)"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "42"
