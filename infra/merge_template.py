@@ -152,6 +152,10 @@ def log_groups(function_names: Iterable[str]) -> dict:
     } for name in function_names}
 
 
+#: The alarms notify the AlarmTopicArn parameter's topic when one is given.
+ALARM_ACTIONS = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+
+
 def alarm(description: str, namespace: str, metric: str, dimensions: Mapping[str, Any], threshold: float,
           statistic: str = "Sum", periods: int = 1, condition: str | None = None) -> dict:
     """A CloudWatch alarm on one metric over 5-minute periods; missing data is fine."""
@@ -161,7 +165,7 @@ def alarm(description: str, namespace: str, metric: str, dimensions: Mapping[str
         "Dimensions": [{"Name": key, "Value": value} for key, value in dimensions.items()],
         "Statistic": statistic, "Period": 300, "EvaluationPeriods": periods, "Threshold": threshold,
         "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": "notBreaching",
-        "AlarmActions": {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]},
+        "AlarmActions": ALARM_ACTIONS,
     }}
     if condition:
         resource["Condition"] = condition
@@ -193,7 +197,7 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
                  "Expression": {"Fn::Sub": "100 * used / (${ValkeyMaxDataGB} * 1073741824)"}}],
             "EvaluationPeriods": 1, "Threshold": 80, "ComparisonOperator": "GreaterThanThreshold",
             "TreatMissingData": "notBreaching",
-            "AlarmActions": {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}}},
+            "AlarmActions": ALARM_ACTIONS}},
         # Serverless Valkey has no CPU metric: it scales compute (ECPUs) and throttles
         # commands when load grows faster than it scales.
         "ValkeyComputeAlarm": alarm(
