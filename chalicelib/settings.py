@@ -69,6 +69,9 @@ class Settings:
     delete_state_machine_arn: str = ""
     sweep_state_machine_arn: str = ""
     purge_state_machine_arn: str = ""
+    #: ``host:port`` getClusterInfo names as the leader's endpoint (every node serves every
+    #: method, so it is the API's own); empty: no endpoint, clients keep the URL they use.
+    advertised_endpoint: str = ""
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -106,4 +109,5 @@ class Settings:
             delete_state_machine_arn=os.environ.get("KVCM_DELETE_STATE_MACHINE_ARN", ""),
             sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),
             purge_state_machine_arn=os.environ.get("KVCM_PURGE_STATE_MACHINE_ARN", ""),
+            advertised_endpoint=os.environ.get("KVCM_ADVERTISED_ENDPOINT", base.advertised_endpoint),
         )

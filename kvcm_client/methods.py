@@ -12,6 +12,8 @@ IDEMPOTENT = frozenset({
     "getCacheLocation",
     "getCacheMeta",
     "removeCache",
+    "getCacheLocationLen",
+    "getClusterInfo",
     "enableStorage",
     "disableStorage",
     "listStorage",
@@ -43,6 +45,8 @@ OPERATIONS = {
     "finishWriteCache": (m.FinishWriteCacheRequest, m.Response, "meta"),
     "removeCache": (m.RemoveCacheRequest, m.Response, "meta"),
     "trimCache": (m.TrimCacheRequest, m.Response, "meta"),
+    "getCacheLocationLen": (m.GetCacheLocationLenRequest, m.GetCacheLocationLenResponse, "meta"),
+    "getClusterInfo": (m.GetClusterInfoRequest, m.GetClusterInfoResponse, "meta"),
     "addStorage": (m.StorageRequest, m.Response, "admin"),
     "enableStorage": (m.StorageNameRequest, m.Response, "admin"),
     "disableStorage": (m.StorageNameRequest, m.Response, "admin"),
@@ -123,6 +127,16 @@ class Methods:
             **fields: Any) -> m.Response:
         """``trimCache`` (meta service; see API.md)."""
         return self.call("trimCache", request, fields)
+
+    def get_cache_location_len(self, request: Optional[m.GetCacheLocationLenRequest] = None, /,
+            **fields: Any) -> m.GetCacheLocationLenResponse:
+        """``getCacheLocationLen`` (meta service; see API.md)."""
+        return self.call("getCacheLocationLen", request, fields)
+
+    def get_cluster_info(self, request: Optional[m.GetClusterInfoRequest] = None, /,
+            **fields: Any) -> m.GetClusterInfoResponse:
+        """``getClusterInfo`` (meta service; see API.md)."""
+        return self.call("getClusterInfo", request, fields)
 
     def add_storage(self, request: Optional[m.StorageRequest] = None, /,
             **fields: Any) -> m.Response:

@@ -132,6 +132,8 @@ class CacheService:
         ctx = self.contexts(req.instance_id)
         if req.query_type == QueryType.QT_UNSPECIFIED:
             raise InvalidArgumentError("field 'query_type' is required")
+        if req.query_type not in _MATCH_METRICS:  # QT_PREFIX_MATCH_WITH_MAMBA: getHostCacheState's only
+            raise InvalidArgumentError(f"field 'query_type': {req.query_type.name} is not served by getCacheLocation")
         keys = self._keys(ctx, req)
         names = self._spec_filter(ctx, req.location_spec_names)
         if ctx.storages and not any(s.available for s in ctx.storages):

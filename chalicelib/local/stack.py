@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any, Mapping, Optional
 
 from ..clock import Clock, SystemClock
@@ -141,6 +142,8 @@ class LocalStack:
         exits.callback(self.api.stop)
         with port_of(API_PORT_VARIABLE, self.config.host, self.config.port):
             self.api.start()
+        if not runtime.settings.advertised_endpoint:  # getClusterInfo names this API as the leader's endpoint
+            runtime.settings = replace(runtime.settings, advertised_endpoint=self.api_url.split("://", 1)[1])
 
     def _checkpoint(self) -> None:
         if self._stop_requested.is_set():

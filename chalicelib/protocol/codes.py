@@ -13,6 +13,11 @@ class ErrorCode(IntEnum):
     REACH_MAX_ENTITY_CAPACITY = 7
     INSTANCE_NOT_EXIST = 8
     SERVER_NOT_LEADER = 9
+    # ReportEvent (UPSTREAM_V2 §2.1; 12 was DELTA_IN_PROGRESS, removed upstream).
+    NODE_NOT_REGISTERED = 10
+    SNAPSHOT_IN_PROGRESS = 11
+    SNAPSHOT_RATE_LIMITED = 13
+    SNAPSHOT_REQUIRED = 14
     IO_ERROR = 20
     UNKNOWN_ERROR = 100
     # KVCM additions (HTTP 401 / 403 / 429 answers; upstream has no auth).
@@ -27,6 +32,12 @@ class StorageType(IntEnum):
     ST_TAIRMEMPOOL = 3
     ST_NFS = 4
     ST_VCNS_3FS = 5
+    # UPSTREAM_V2 §2.8: ST_DUMMY (upstream's internal test backend) and ST_TAIRMEMPOOL_SSD are
+    # accepted names without a backend here; the event-report types hold metadata only.
+    ST_DUMMY = 6
+    ST_EVENT_REPORT_L1P5 = 7
+    ST_EVENT_REPORT_L2 = 8
+    ST_TAIRMEMPOOL_SSD = 9
     ST_S3 = 100
 
 
@@ -35,6 +46,7 @@ class QueryType(IntEnum):
     QT_BATCH_GET = 1
     QT_PREFIX_MATCH = 2
     QT_REVERSE_ROLL_SW_MATCH = 3
+    QT_PREFIX_MATCH_WITH_MAMBA = 4
 
 
 class CacheLocationStatus(IntEnum):

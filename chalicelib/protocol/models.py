@@ -386,6 +386,35 @@ class TrimCacheRequest(Request):
     end_timestamp: Int64 = 0
 
 
+class GetCacheLocationLenRequest(KeysRequest):
+    """UPSTREAM_V2 §2.3: no block mask."""
+
+    query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    sw_size: Int32 = 0
+
+
+class GetCacheLocationLenResponse(Response):
+    cache_location_len: Int64 = 0
+
+
+class GetClusterInfoRequest(Request):
+    instance_id: Str = ""
+
+
+class MetaNodeEndpoint(WireModel):
+    node_id: Str = ""
+    host: Str = ""
+    meta_rpc_port: Int32 = 0
+    meta_http_port: Int32 = 0
+    custom_info: Str = ""
+
+
+class GetClusterInfoResponse(Response):
+    self_node_id: Str = ""
+    leader_node_id: Str = ""
+    leader_endpoint: Optional[MetaNodeEndpoint] = None
+
+
 # ---------------------------------------------------------------- admin service
 
 

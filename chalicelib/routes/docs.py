@@ -30,6 +30,8 @@ DOCS_PAGE = """<!doctype html>
 #: Every GET route of the app, with what it answers (``routes.ops``, this module, ``routes.console``).
 PLAIN_ROUTES = [
     PlainRoute("/metrics", "The service metrics in the Prometheus text format", ("text/plain",), admin=True),
+    PlainRoute("/api/healthy", "200 {\"status\":\"OK\"} when checkHealth is healthy, else 503 with its answer",
+               ("application/json",), admin=True),
     PlainRoute("/openapi.json", "This document", ("application/json",)),
     PlainRoute("/docs", "Swagger UI over this document", ("text/html",)),
     PlainRoute("/docs/{asset}", "Swagger UI's files", tuple(dict.fromkeys(SWAGGER_ASSETS.values())),

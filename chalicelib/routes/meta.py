@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..auth import Action as A
 from ..auth import targets as t
-from ..cache import api
+from ..cache import api, location_len
+from ..control import cluster
 from ..observability.events import record_event
 from ..protocol import models as m
 from .api import api_blueprint
@@ -26,6 +27,9 @@ OPERATIONS: list[Operation] = [
     _meta("finishWriteCache", m.FinishWriteCacheRequest, api.finish_write_cache),
     _meta("removeCache", m.RemoveCacheRequest, api.remove_cache),
     _meta("trimCache", m.TrimCacheRequest, api.trim_cache),
+    # UPSTREAM_V2 additions (docs/api-v2.md).
+    _meta("getCacheLocationLen", m.GetCacheLocationLenRequest, location_len.get_cache_location_len),
+    _meta("getClusterInfo", m.GetClusterInfoRequest, cluster.get_cluster_info, action=A.META_READ),
 ]
 
 blueprint = api_blueprint(__name__, OPERATIONS)

@@ -77,7 +77,9 @@ def _plain_operation(route: PlainRoute) -> dict:
         text = {"text/plain": {"schema": {"type": "string"}}}
         responses["401"] = {"description": "Auth on: no or unknown bearer", "content": text}
         responses["403"] = {"description": "Auth on: not an admin account", "content": text}
-        responses["503"] = {"description": "The index or the control plane does not answer", "content": text}
+        # /api/healthy answers an unhealthy service with checkHealth's JSON.
+        responses["503"] = {"description": "The index or the control plane does not answer",
+                            "content": {**text, **{t: {"schema": body} for t in route.content_types}}}
         operation["security"] = [{}, {"bearer": []}]
     return operation
 

@@ -10,6 +10,7 @@ from chalicelib.protocol.errors import InvalidArgumentError
 from chalicelib.protocol.models import (CacheLocations, GetCacheLocationRequest, GetCacheLocationResponse,
                                         GetCacheMetaResponse, GetInstanceInfoResponse, RegisterInstanceRequest,
                                         RegisterInstanceResponse, Response, ResponseHeader, StartWriteCacheResponse,
+                                        GetCacheLocationLenResponse, GetClusterInfoResponse,
                                         TrimCacheRequest)
 from chalicelib.protocol.wire import parse_model, render
 from chalicelib.routes import admin, debug, meta
@@ -115,7 +116,8 @@ def test_each_meta_operation_knows_its_response_model(op):
     # Errors render op.response_model (read from the handler's return annotation).
     expected = {"registerInstance": RegisterInstanceResponse, "getInstanceInfo": GetInstanceInfoResponse,
                 "getCacheLocation": GetCacheLocationResponse, "getCacheMeta": GetCacheMetaResponse,
-                "startWriteCache": StartWriteCacheResponse}
+                "startWriteCache": StartWriteCacheResponse, "getCacheLocationLen": GetCacheLocationLenResponse,
+                "getClusterInfo": GetClusterInfoResponse}
     assert op.response_model is expected.get(op.api_name, Response)
 
 
