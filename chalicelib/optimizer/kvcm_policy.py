@@ -10,10 +10,11 @@ mirrors, block for block where it can:
   exists.
 * **Limits.** The capacity given to the replay is the instance's hard limit (KVCM's
   ``max_key_count``, or its byte quota in blocks). A write whose new blocks would pass it
-  makes room first: up to ``MAKE_ROOM_ATTEMPTS`` times, the write path evicts (bounded
-  sampling, never the write's own keys) twice the last shortfall plus ``headroom_percent``
-  of the limit, and the write is tried again; still over, it is refused whole and wakes
-  the reclaimer (cache/service.py, capacity/eviction.py).
+  makes room first: up to ``MAKE_ROOM_ATTEMPTS`` times (``FRUITLESS_ATTEMPTS`` that free
+  nothing end it), the write path evicts (bounded sampling, never the write's own keys)
+  the shortfall, doubled at each attempt, plus ``headroom_percent`` of the limit, and the
+  write is tried again; still over, it is refused whole and wakes the reclaimer
+  (cache/service.py, capacity/eviction.py).
 * **Rounds.** A round runs every ``round_s`` (the scheduler: 1 s locally, 60 s on AWS);
   it looks at the instance when woken, when the last round freed something while over,
   or ``period_s`` after its last look. It frees what is over ``used_percentage`` of the
@@ -47,8 +48,10 @@ MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
 LFU_INITIAL, LFU_MAX = 5, 255
 #: Under pressure the trigger keeps one step, at most this % of the limit, free.
 PRESSURE_HEADROOM_PERCENT = 10
-#: Times a refused write makes room and tries again (cache/service.py).
-MAKE_ROOM_ATTEMPTS = 4
+#: Times a refused write makes room and tries again (cache/service.py); it gives up after
+#: this many attempts that freed nothing.
+MAKE_ROOM_ATTEMPTS = 6
+FRUITLESS_ATTEMPTS = 2
 MIN_DENSITY = 0.01
 ORDERS = ("lru", "lfu", "ttl")
 
@@ -227,6 +230,7 @@ class KVCMPolicy(EvictionPolicy):
         """Whether ``new`` blocks fit, after the write path made room if it had to."""
         limit = self._limit or 0
         headroom = math.floor(limit * self.headroom_percent / 100)
+        fruitless = 0
         for attempt in range(MAKE_ROOM_ATTEMPTS + 1):
             over = len(self._entries) + new - limit
             if over <= 0:
@@ -236,7 +240,8 @@ class KVCMPolicy(EvictionPolicy):
             freed = self._evict((1 << attempt) * over + headroom, WRITE_PATH_SAMPLING, 0,
                                 False, protected)
             self.evicted["write_path"] += freed
-            if freed == 0:
+            fruitless += freed == 0
+            if fruitless == FRUITLESS_ATTEMPTS:
                 return False
         return False
 
