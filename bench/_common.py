@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -58,3 +59,53 @@ def timeit_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 20, p
 def row(label: str, value: float, baseline: float | None = None, unit: str = "µs") -> str:
     ratio = f"  ({value / baseline:.2f}× baseline)" if baseline else ""
     return f"  {label:<58} {value:>10.1f} {unit}{ratio}"
+
+
+class ValkeyTime:
+    """Valkey's own time per call of a batch of calls, beside the wall clock.
+
+    Two figures: INFO commandstats (CONFIG RESETSTAT before the batch), summing only the
+    commands this process sent, each at its mean time per call in the batch (a script's
+    inner commands are in the script's time and also counted again under their own
+    names, so summing every command would count them twice); and the server process's
+    CPU time (INFO cpu, user + system), which also holds parsing and network I/O.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.sent: Counter[str] = Counter()
+        self._counting = False
+        original = redis.connection.PythonRespSerializer.pack
+        tracker = self
+
+        def counting(packer, *args):
+            if tracker._counting:
+                name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+                tracker.sent[name.lower().replace(" ", "|")] += 1
+            return original(packer, *args)
+
+        redis.connection.PythonRespSerializer.pack = counting
+
+    def _cpu_us(self) -> float:
+        cpu = self.client.info("cpu")
+        return (cpu["used_cpu_user"] + cpu["used_cpu_sys"]) * 1e6
+
+    def measure(self, fn: Callable[[], object], calls: int) -> tuple[float, float, float]:
+        """(wall µs, commandstats µs, Valkey CPU µs) per call, over ``calls`` calls of ``fn``."""
+        self.client.config_resetstat()
+        self.sent.clear()
+        cpu0 = self._cpu_us()
+        self._counting = True
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = (time.perf_counter() - t0) / calls * 1e6
+        self._counting = False
+        cpu = self._cpu_us() - cpu0
+        stats = self.client.info("commandstats")
+        server = 0.0
+        for name, count in self.sent.items():
+            stat = stats.get(f"cmdstat_{name}")
+            if stat:
+                server += count * stat["usec"] / stat["calls"]
+        return wall, server / calls, cpu / calls

@@ -3,7 +3,10 @@
 Prints KVCM's figures side by side with baselines measured in the same run on the same
 Valkey: a bare MGET of 128 keys (the floor for reading 128 records), a redis-py pipeline
 of 128 HMGETs on upstream's layout (one hash per block holding its locations JSON), and a
-bare pipeline of the writes a two-phase write needs at the least.
+bare pipeline of the writes a two-phase write needs at the least. Section (f) gives
+Valkey's own time per call of every meta method at 16 / 128 / 1,024 keys beside MGET /
+pipelined HSET of as many keys: one shard's single thread serves all of an instance's
+calls, so that time, not the wall clock, caps an instance's throughput.
 
     .venv/bin/python bench/bench_meta.py
 """
@@ -20,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
 
-from bench._common import row, timeit_interleaved, timeit_us, valkey_server  # noqa: E402
+from bench._common import ValkeyTime, row, timeit_interleaved, timeit_us, valkey_server  # noqa: E402
 
 N = 128
 SPECS = [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}]
@@ -88,6 +91,77 @@ def upstream_location_json(key: int) -> str:
     return json.dumps([{"location_id": f"{key:x}", "status": 3, "type": "ST_NFS", "spec_size": 2,
                         "location_specs": [{"name": s["name"], "uri": f"file://nfs_01/data/bench/{s['name']}/"
                                             f"{key & 0xffffffff:08x}?blkid=0&size={s['size']}"} for s in SPECS]}])
+
+
+#: Calls per measured batch for each key count of (f).
+SERVER_TIME_CALLS = {16: 300, 128: 100, 1024: 15}
+
+
+def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
+    """(f) Every meta method's Valkey time per call beside MGET / pipelined HSET of as many keys."""
+    from chalicelib.protocol.codes import QueryType
+    from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, GetCacheLocationRequest,
+                                            RemoveCacheRequest, StartWriteCacheRequest)
+
+    print("(f) Valkey time per call (commandstats, CONFIG RESETSTAT before each batch; CPU = INFO cpu, "
+          "parsing and I/O included)")
+    print(f"  {'':<44} {'wall µs':>9} {'Valkey µs':>10} {'CPU µs':>9}")
+    for n, calls in SERVER_TIME_CALLS.items():
+        batches = [[next(fresh) * 7919 for _ in range(n)] for _ in range(calls)]
+        names = [[b"base:%d" % k for k in keys] for keys in batches]
+        client.mset({name: b"x" * 40 for chunk in names for name in chunk})
+
+        def cycle(items):
+            it = iter(items)
+            return lambda: next(it)
+
+        def hset_all(chunk):
+            pipe = client.pipeline(transaction=False)
+            for name in chunk:
+                pipe.hset(b"basehash:" + name[-3:], name, b"x" * 40)
+            pipe.execute()
+
+        next_names = cycle(names)
+        mget = timer.measure(lambda: client.mget(next_names()), calls)
+        next_names = cycle(names)
+        hset = timer.measure(lambda: hset_all(next_names()), calls)
+        sessions = []
+        next_keys = cycle(batches)
+        start = timer.measure(lambda: sessions.append(rt.cache.start_write_cache(
+            StartWriteCacheRequest(instance_id="bench", block_keys=next_keys()))), calls)
+        next_session = cycle(sessions)
+
+        def finish():
+            session = next_session()
+            rt.cache.finish_write_cache(FinishWriteCacheRequest(
+                instance_id="bench", write_session_id=session.write_session_id,
+                success_blocks=BlockMask(offset=len(session.locations))))
+
+        finished = timer.measure(finish, calls)
+        reads = {}
+        for label, query, sw in (("prefix", QueryType.QT_PREFIX_MATCH, 0), ("batch", QueryType.QT_BATCH_GET, 0),
+                                 ("window", QueryType.QT_REVERSE_ROLL_SW_MATCH, n // 2)):
+            next_keys = cycle(batches)
+            reads[label] = timer.measure(lambda: rt.cache.get_cache_location(GetCacheLocationRequest(
+                instance_id="bench", query_type=query, sw_size=sw, block_keys=next_keys())), calls)
+        next_keys = cycle(batches)
+        removed = timer.measure(lambda: rt.cache.remove_cache(RemoveCacheRequest(
+            instance_id="bench", block_keys=next_keys())), calls)
+        client.delete(*[name for chunk in names for name in chunk])
+
+        print(f"  {n} keys per call, {calls} calls per batch")
+        for label, figures, baseline in (
+                (f"MGET of {n} string keys (read baseline)", mget, None),
+                (f"pipeline of {n} HSETs (write baseline)", hset, None),
+                ("getCacheLocation prefix", reads["prefix"], mget),
+                ("getCacheLocation batch", reads["batch"], mget),
+                ("getCacheLocation window (sw = half)", reads["window"], mget),
+                ("startWriteCache", start, hset),
+                ("finishWriteCache", finished, hset),
+                ("removeCache", removed, hset)):
+            wall, server, cpu = figures
+            ratio = f"  ({server / baseline[1]:.1f}× baseline)" if baseline else ""
+            print(f"    {label:<42} {wall:>9.1f} {server:>10.1f} {cpu:>9.1f}{ratio}")
 
 
 def main() -> None:
@@ -180,6 +254,8 @@ def main() -> None:
             read_trips = trips.measure(lambda: [handler() for _ in range(calls)])
             print(f"  getCacheLocation {read_trips / calls:.2f} (over {calls} calls, metrics publications included), "
                   f"startWriteCache {start_trips}, finishWriteCache {finish_trips}  (whatever the number of keys)")
+
+            server_time(rt, client, ValkeyTime(client), fresh)
 
             print("(e) Valkey memory per block, 100,000 two-spec blocks")
             client.execute_command("FLUSHALL", "SYNC")

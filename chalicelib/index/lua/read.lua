@@ -1,7 +1,8 @@
 -- Read the records of a list of block keys in one call, serving only SERVING locations.
--- KEYS: [1] meta (routes the call to the instance's slot), [2] storage table.
+-- KEYS: [1] meta (routes the call to the instance's slot), [2] storage table, then the
+--       bucket of each block key, in order (duplicates allowed).
 -- ARGV: keys blob (8 bytes per key), mode (1 prefix, 2 batch, 3 sliding window, 4 raw),
---       sw_size, now (s), touch interval (s), LFU decay period (s), bucket prefix, buckets,
+--       sw_size, now (s), touch interval (s), LFU decay period (s),
 --       servable storages: '' (any) or '\n' followed by their names joined by '\n'.
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
 -- A location on a storage that may not serve (disabled, unhealthy, not a candidate) is a
@@ -10,19 +11,21 @@
 -- Served records get their last-access time and LFU counter refreshed, at most once per
 -- touch interval per block, so hot blocks cost no write.
 --
--- This is the hot path: one redis.call per key is the floor, so the loops avoid every
--- other per-key call they can (struct, string.format, building strings).
+-- This is the hot path, and one shard's single thread serves every read of an instance:
+-- one redis.call per key is the floor (records of random keys sit in distinct buckets),
+-- so the loops avoid every other per-key cost they can. The caller names the buckets
+-- (docs/index-read-path.md): building a bucket name here cost about a third of the
+-- script's time, and Valkey time is what caps an instance, not the client's.
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local bprefix, nbuckets = ARGV[7], tonumber(ARGV[8])
 local call, byte, sub = redis.call, string.byte, string.sub
 
 -- storage index -> true for storages that may not serve; false when every one may (the
 -- usual case, which keeps the per-key check to one byte compare)
 local blocked = false
-if ARGV[9] ~= '' and mode ~= 4 then
+if ARGV[7] ~= '' and mode ~= 4 then
   local servable = {}
-  for name in string.gmatch(ARGV[9], '[^\n]+') do servable[name] = true end
+  for name in string.gmatch(ARGV[7], '[^\n]+') do servable[name] = true end
   local table_ = call('HGETALL', KEYS[2])
   for j = 1, #table_, 2 do
     local f = table_[j]
@@ -45,7 +48,7 @@ local recs = {}  -- per position: the record if it serves, else false
 local count = n
 for i = 1, n do
   local key = sub(keys, i * 8 - 7, i * 8)
-  local rec = call('HGET', bucket_of(bprefix, nbuckets, key), key)
+  local rec = call('HGET', KEYS[i + 2], key)
   -- fast path: one location, status byte right after the header
   if rec and (mode == 4 or (blocked and serves(rec))
               or (not blocked and (byte(rec, 24) == SERVING or find_status(rec, SERVING)))) then
@@ -98,8 +101,7 @@ for i = 1, count do
           if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
         end
         rec = sub(rec, 1, 11) .. struct.pack('>I4B', now, lfu) .. sub(rec, 17)
-        local key = field(keys, i)
-        call('HSET', bucket_of(bprefix, nbuckets, key), key, rec)
+        call('HSET', KEYS[i + 2], field(keys, i), rec)
       end
     end
     -- records come in a few lengths (one per location count): pack each prefix once
