@@ -494,10 +494,10 @@ class Rehearsal:
         sfn.stop_execution(executionArn=execution)
         raise AssertionError(f"{arn}: still running after {timeout_s} s")
 
-    def check_jobs(self, functions: Callable[[str], str], outputs: dict[str, str]) -> dict:
+    def check_jobs(self, functions: Callable[[str], str], outputs: dict[str, str], project: Path) -> dict:
         """The deployed functions at work on the deployed table: the reaper expires the
         seeded session, its deletions go through the deletion state machine, reclaim runs
-        a round, and the reaper state machine runs its deployed task."""
+        a round, the reaper state machine runs its deployed task, the API answers."""
         self.step("seed an expired write session", lambda: self.seed(outputs["ControlTableName"]))
         expired = self.step("invoke expire_write_sessions (Lambda API)",
                             lambda: self.invoke(functions("expire_write_sessions"), {}))
@@ -512,10 +512,29 @@ class Rehearsal:
                   lambda: self.run_state_machine(machine, {"interval_s": 0, "max_rounds": 1}))
         # Its last task started the next execution, which would loop until the end.
         self.moto.stop_executions([machine])
+        api = self.check_api(functions("api_handler"), outputs["ControlTableName"], project)
         denied = self.admin_valkey.execute_command("ACL", "LOG")
         if denied:
             raise AssertionError(f"Valkey denied the service user: {denied[:3]}")
-        return {"expired": expired, "reclaim": reclaim}
+        return {"expired": expired, "reclaim": reclaim, "api": api}
+
+    def check_api(self, function_name: str, table: str, project: Path) -> dict:
+        """docs/deploy.md's first admin account (``add-account``, against the deployed
+        table), then the deployed API function through the Lambda API with the event API
+        Gateway would send (workaround 2: moto does not serve the API): anonymous refused,
+        the admin answered."""
+        password = f"Rehearsal-{uuid.uuid4().hex}"
+        self.step("add-account --user admin (the first admin)", lambda: self.run(
+            [sys.executable, "-m", "chalicelib.control", "add-account", "--user", "admin"], project,
+            {**self.aws_cli_environment(), "KVCM_CONTROL_TABLE": table, "KVCM_PASSWORD": password}))
+        anonymous = self.step("POST /api/checkHealth without credentials (Lambda API)", lambda: self.invoke(
+            function_name, api_event("/api/checkHealth", {})))
+        admin = self.step("POST /api/checkHealth as the admin (Lambda API)", lambda: self.invoke(
+            function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})))
+        statuses = {"anonymous": anonymous["statusCode"], "admin": admin["statusCode"]}
+        if statuses != {"anonymous": 401, "admin": 200}:
+            raise AssertionError(f"the deployed API answered {statuses}: {anonymous} {admin}")
+        return {**statuses, "health": json.loads(admin["body"])}
 
     # ------------------------------------------------------------ the paths
 
@@ -553,7 +572,8 @@ class Rehearsal:
         self.step(f"chalice deploy --stage {stage}", lambda: self.run(
             [str(Path(sys.executable).parent / "chalice"), "deploy", "--stage", stage], project))
         self.step("every deployed function logs into the stack's log group", lambda: self.log_groups_bound(stage))
-        return self.check_jobs(lambda name: f"kvcm-{stage}-{name}", outputs)
+        return self.check_jobs(
+            lambda name: merge_template.deployed_function_name(name).replace("${Stage}", stage), outputs, project)
 
     def log_groups_bound(self, stage: str) -> list[str]:
         """The infra stack named a log group for each function Chalice deployed (Lambda
@@ -590,7 +610,18 @@ class Rehearsal:
                     if r.get("ResourceType") == "AWS::Lambda::Function"}
 
         physical = self.step("the stack's functions", functions)
-        return self.check_jobs(lambda name: physical[merge_template.function_logical_id(name)], outputs)
+        return self.check_jobs(lambda name: physical[merge_template.function_logical_id(name)], outputs, project)
+
+
+def api_event(path: str, headers: dict[str, str], body: str = "{}") -> dict:
+    """An API Gateway (REST, proxy integration) event for ``POST <path>`` on stage ``api``."""
+    headers = {"Content-Type": "application/json", **headers}
+    return {"resource": path, "path": path, "httpMethod": "POST", "headers": headers,
+            "multiValueHeaders": {key: [value] for key, value in headers.items()},
+            "queryStringParameters": None, "multiValueQueryStringParameters": None, "pathParameters": None,
+            "stageVariables": None, "body": body, "isBase64Encoded": False,
+            "requestContext": {"resourcePath": path, "httpMethod": "POST", "path": f"/api{path}", "stage": "api",
+                               "requestId": str(uuid.uuid4()), "identity": {"sourceIp": "127.0.0.1"}}}
 
 
 def scheduled_event() -> dict:

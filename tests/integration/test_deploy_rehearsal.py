@@ -44,6 +44,9 @@ def check_the_jobs(report: dict, path: str) -> None:
     assert not jobs["reclaim"]["skipped"] and [g["group"] for g in jobs["reclaim"]["groups"]] == ["g1"]
     # the reaper state machine's tasks are bound to the deployed functions
     assert any("continue" in name.lower() for name in invoked(report))
+    # the API function, behind the first admin account made as the docs say
+    api = jobs["api"]
+    assert (api["anonymous"], api["admin"]) == (401, 200) and api["health"]["is_health"] is True
 
 
 def step(report: dict, name: str) -> dict:
@@ -63,7 +66,9 @@ def test_chalice_deploy_path(tmp_path: Path):
     assert variables["KVCM_REAPER_STATE_MACHINE_ARN"].endswith(":stateMachine:kvcm-rehearsal-write_session_reaper")
     assert (variables["KVCM_AUTH"], variables["KVCM_DEBUG_SERVICE"]) == ("true", "false")
     assert stage["subnet_ids"] and stage["security_group_ids"] and stage["iam_policy_file"] == "policy-rehearsal.json"
-    assert all(name.startswith("kvcm-rehearsal-") for name in invoked(report))
+    # Chalice's names: kvcm-<stage>-<function>, the API function kvcm-<stage>
+    assert set(invoked(report)) >= {"kvcm-rehearsal", "kvcm-rehearsal-expire_write_sessions", "kvcm-rehearsal-reclaim"}
+    assert all(name == "kvcm-rehearsal" or name.startswith("kvcm-rehearsal-") for name in invoked(report))
     bound = step(report, "every deployed function logs into the stack's log group")["result"]
     assert "kvcm-rehearsal" in bound and "kvcm-rehearsal-reclaim" in bound  # the API handler, a job
     check_the_jobs(report, "chalice")
