@@ -46,6 +46,8 @@ class Settings:
     default_write_timeout_s: int = 30
     max_write_timeout_s: int = 3600
     max_keys_per_request: int = 16384
+    #: Write sessions one instance may have open; every start opens one, new keys or not.
+    max_write_sessions: int = 4096
     config_refresh_s: float = 2.0
     lease_ttl_ms: int = 10_000
     event_log_path: str = ""
@@ -93,6 +95,7 @@ class Settings:
             default_write_timeout_s=_env_int("KVCM_DEFAULT_WRITE_TIMEOUT_S", base.default_write_timeout_s),
             max_write_timeout_s=_env_int("KVCM_MAX_WRITE_TIMEOUT_S", base.max_write_timeout_s),
             max_keys_per_request=_env_int("KVCM_MAX_KEYS_PER_REQUEST", base.max_keys_per_request),
+            max_write_sessions=_env_int("KVCM_MAX_WRITE_SESSIONS", base.max_write_sessions),
             config_refresh_s=_env_float("KVCM_CONFIG_REFRESH_S", base.config_refresh_s),
             lease_ttl_ms=_env_int("KVCM_LEASE_TTL_MS", base.lease_ttl_ms),
             event_log_path=os.environ.get("KVCM_EVENT_LOG", base.event_log_path),

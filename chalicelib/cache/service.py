@@ -51,6 +51,10 @@ _STATUS_NAMES = {Status.WRITING: CacheLocationStatus.CLS_WRITING, Status.SERVING
 #: How stale this container's copy of a group's usage may be when a start checks the
 #: group quota: the other instances' part is read from it (lua/start.lua).
 GROUP_USAGE_MAX_AGE_S = 0.1
+#: What a response may carry: Lambda refuses a response over 6 MB (6,291,456 bytes)
+#: after the work is done, so a start whose locations could not fit is refused before it
+#: grants anything (headers and the envelope take the rest).
+MAX_RESPONSE_BYTES = 6_000_000
 #: Times a start refused for a quota makes room and tries again.
 MAKE_ROOM_ATTEMPTS = 6
 _MATCH_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
@@ -240,6 +244,7 @@ class CacheService:
         if not candidates:
             raise CapacityExceededError(
                 f"instance group {ctx.group.name!r} has no available storage to write to")
+        self._check_response_size(ctx, keys, spec_groups, candidates)
         group_usage = self._group_live_usage(ctx)
         session_id = new_session_id()
         now_ms = int(self.clock.now() * 1000)
@@ -259,10 +264,12 @@ class CacheService:
                     storage_type=type_name, pack_count=backend.pack_count, sizes=sizes, spec_groups=spec_groups,
                     explicit_groups=explicit, group_capacity=ctx.group_capacity,
                     type_capacity=ctx.type_capacity(backend.storage_type), max_keys=ctx.max_key_count,
-                    group_usage=group_usage))
+                    max_sessions=self.settings.max_write_sessions, group_usage=group_usage))
             except QuotaExceededError as exc:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])
+                if exc.kind == "sessions":
+                    raise
                 if exc.kind not in ("type", "storages"):  # another candidate may take it
                     self.on_capacity_refused(ctx.group.name)
                     raise
@@ -283,6 +290,25 @@ class CacheService:
                 raise
         self.on_capacity_refused(ctx.group.name)
         raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
+
+    def _check_response_size(self, ctx: InstanceContext, keys: list[int], spec_groups: list[int],
+                             candidates: list) -> None:
+        """Refuse a start whose response could pass ``MAX_RESPONSE_BYTES`` if every key
+        were new, on the candidate with the longest locations."""
+        renderer = self._renderer(ctx)
+        widest: dict[int, int] = {}
+        for spec_group in set(spec_groups):
+            for state in candidates:
+                template, args = renderer.prepared(state, spec_group)
+                longest = len(template % args((1 << 63) - 1, (1 << 40) - 1, (1 << 48) - 1, 0xFFFF)) + 1
+                widest[spec_group] = max(widest.get(spec_group, 0), longest)
+        total = sum(widest[g] for g in spec_groups)
+        if total > MAX_RESPONSE_BYTES:
+            fit = MAX_RESPONSE_BYTES // max(widest.values())
+            raise InvalidArgumentError(
+                f"field 'block_keys': {len(keys)} keys could need a {total / 1e6:.1f} MB response, over the "
+                f"{MAX_RESPONSE_BYTES / 1e6:.0f} MB an API response may carry: send at most {fit} keys per call "
+                f"for instance {ctx.instance_id!r}")
 
     def _start_response(self, ctx, keys, spec_groups, session_id, state, outcome, explicit) -> StartWriteCacheResponse:
         backend = state.backend

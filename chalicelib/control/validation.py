@@ -96,6 +96,20 @@ def validate_storage_config(config: Optional[StorageConfig], path: str = "storag
     return config
 
 
+#: Registration limits. Every call renders the instance's specs (a location's spec group
+#: is one byte in the index), and its record is one DynamoDB item (at most 400 KB): a
+#: config past these is refused at registration rather than failing every later call.
+MAX_LOCATION_SPECS = 64
+MAX_LOCATION_SPEC_GROUPS = 64
+MAX_USER_DATA_BYTES = 64 * 1024
+MAX_EXTRA_BYTES = 16 * 1024
+
+
+def _require_at_most(count: int, limit: int, path: str, what: str) -> None:
+    if count > limit:
+        raise invalid(path, f"has {count} {what}, more than the limit of {limit}")
+
+
 def validate_register_request(request: RegisterInstanceRequest) -> None:
     """The rules of MetaService.registerInstance (API.md): raises InvalidArgumentError."""
     require_key_name(request.instance_group, "instance_group")
@@ -103,6 +117,9 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
     require_positive(request.block_size, "block_size")
     if not request.location_spec_infos:
         raise invalid("location_spec_infos", "needs at least one entry")
+    _require_at_most(len(request.location_spec_infos), MAX_LOCATION_SPECS, "location_spec_infos", "entries")
+    _require_at_most(len(request.location_spec_groups), MAX_LOCATION_SPEC_GROUPS, "location_spec_groups",
+                     "entries")
     for i, spec in enumerate(request.location_spec_infos):
         require_name(spec.name, f"location_spec_infos[{i}].name")
         require_positive(spec.size, f"location_spec_infos[{i}].size")
@@ -112,6 +129,10 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
         raise invalid("model_deployment", "is required")
     require(deployment.model_name, "model_deployment.model_name")
     require(deployment.dtype, "model_deployment.dtype")
+    _require_at_most(len(deployment.user_data.encode("utf-8", "surrogatepass")), MAX_USER_DATA_BYTES,
+                     "model_deployment.user_data", "bytes")
+    _require_at_most(len(deployment.extra.encode("utf-8", "surrogatepass")), MAX_EXTRA_BYTES,
+                     "model_deployment.extra", "bytes")
     for name in ("tp_size", "dp_size", "pp_size"):
         require_non_negative(getattr(deployment, name), f"model_deployment.{name}")
     spec_names = {s.name for s in request.location_spec_infos}

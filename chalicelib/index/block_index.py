@@ -190,6 +190,8 @@ class StartRequest:
     group_capacity: int = 0
     type_capacity: int = 0
     max_keys: int = 0
+    #: The most write sessions the instance may have open (0 = no limit).
+    max_sessions: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
     group_usage: Optional[Usage] = None
 
@@ -357,7 +359,8 @@ class BlockIndex:
                 bytes(req.spec_groups), pack_u48(req.explicit_groups) if req.explicit_groups else b"",
                 req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
                 -1 if group is None else group.by_type.get(req.storage_type, 0), req.max_keys,
-                layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation]
+                layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation,
+                req.max_sessions]
         result = self._call(self._start, keys, args)
         if result[0] == 0:
             reason = result[1].decode()
@@ -369,6 +372,8 @@ class BlockIndex:
                 "keys": "max_key_count of the instance reached",
                 "storages": f"the instance has written to 255 storages, the most it can address; "
                             f"{req.storage_name} is not one of them",
+                "sessions": f"the instance has {req.max_sessions} write sessions open, the most allowed "
+                            f"(KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
             }[reason], int(result[2]) if len(result) > 2 else 0, req.storage_type)
         new_bytes = int(result[4])
         new_keys = sum(1 for c in result[2] if c == ord("1"))

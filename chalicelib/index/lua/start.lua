@@ -10,12 +10,13 @@
 --       read), [13] type capacity (0 = none), [14] the group's live bytes of this type
 --       (idem), [15] max key count (0 = none),
 --       [16] bucket prefix, [17] bucket count, [18] instance id (the session's owner),
---       [19] the instance's incarnation (claim.lua).
+--       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
+--       the instance may have (0 = no limit): every start opens one, new keys or not.
 -- Nothing is written for an instance being removed (meta 'removing') or registered again
 -- since the caller read its config (another incarnation): {0, 'gone'}.
 -- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index,
 --      bytes added} or {0, reason, shortfall} with reason 'group', 'type' (shortfall in
---      bytes), 'keys' (in blocks) or 'storages'.
+--      bytes), 'keys' (in blocks), 'storages' or 'sessions'.
 --
 -- Quotas count live usage: bytes and keys minus what is DELETING ('d', 'dt:<type>',
 -- 'dk'), whose data is on its way out (mark.lua, finish.lua charge those counters,
@@ -48,6 +49,8 @@ local max_keys = tonumber(ARGV[15])
 local bprefix, nbuckets, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
 local state = redis.call('HMGET', meta, 'inc', 'removing')
 if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {0, 'gone'} end
+local max_sessions = tonumber(ARGV[20])
+if max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then return {0, 'sessions', 1} end
 local byte = string.byte
 local n = #keys / 8
 local fields, buckets = {}, {}

@@ -119,3 +119,63 @@ def test_a_session_is_finished_only_by_its_own_instance(http, runtime, group, in
     fin = http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
                                     "success_blocks": {"offset": 1}})
     assert code(fin) == "INVALID_ARGUMENT" and "unknown" in fin["header"]["status"]["message"]
+
+
+def test_open_write_sessions_are_capped_per_instance(http, runtime, group, instance):
+    """Every start opens a session, new keys or not; past the cap a start is refused
+    (it was unbounded: thousands of empty sessions living an hour each)."""
+    import dataclasses
+
+    runtime.settings = dataclasses.replace(runtime.settings, max_write_sessions=3)
+    runtime.__dict__.pop("cache", None)  # rebuilt with the settings
+    write(http, [1])
+    opened = [http("startWriteCache", {"instance_id": "i1", "block_keys": [1]}) for _ in range(3)]
+    assert [code(r) for r in opened] == ["OK", "OK", "OK"]
+    refused = http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})
+    assert code(refused) == "REACH_MAX_ENTITY_CAPACITY" and "KVCM_MAX_WRITE_SESSIONS" in refused["header"]["status"]["message"]
+    assert json_statuses(http, [2]) == ["CLS_NOT_FOUND"]
+    http("finishWriteCache", {"instance_id": "i1", "write_session_id": opened[0]["write_session_id"],
+                              "success_blocks": {"offset": 0}})
+    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
+
+
+def test_a_start_whose_response_could_not_fit_is_refused_before_it_grants(http, runtime, group):
+    """8 specs x 6,000 keys would be a 6.4 MB response: Lambda would drop it after the
+    grant. It is refused first, naming how many keys fit, and nothing is WRITING."""
+    specs = [{"name": f"tp{i}", "size": 1024} for i in range(8)]
+    resp = http("registerInstance", {"instance_group": "g1", "instance_id": "wide", "block_size": 4,
+                                     "location_spec_infos": specs,
+                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    assert code(resp) == "OK", resp
+    refused = http("startWriteCache", {"instance_id": "wide", "block_keys": list(range(1, 6001))})
+    message = refused["header"]["status"]["message"]
+    assert code(refused) == "INVALID_ARGUMENT" and "block_keys" in message and "at most" in message
+    fit = int(message.split("at most ")[1].split()[0])
+    assert runtime.index.usage([runtime.contexts("wide").layout])[0].keys == 0
+    granted = http("startWriteCache", {"instance_id": "wide", "block_keys": list(range(1, fit + 1))})
+    assert code(granted) == "OK" and len(json_dumps(granted)) < 6_000_000
+
+
+@pytest.mark.parametrize("field, value, limit", [
+    ("location_spec_infos", [{"name": f"s{i}", "size": 1} for i in range(2000)], "limit of 64"),
+    ("model_deployment", {"model_name": "m", "dtype": "f", "user_data": "x" * 500_000}, "limit of 65536"),
+])
+def test_configs_no_call_could_use_are_refused_at_registration(http, group, field, value, limit):
+    body = {"instance_group": "g1", "instance_id": "odd", "block_size": 4, "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"}, field: value}
+    resp = http("registerInstance", body)
+    assert code(resp) == "INVALID_ARGUMENT" and field in resp["header"]["status"]["message"], resp
+    assert limit in resp["header"]["status"]["message"]
+    assert code(http("getInstanceInfo", {"instance_id": "odd"})) == "INSTANCE_NOT_EXIST"
+
+
+def json_statuses(http, keys):
+    import json
+
+    return [json.loads(m)["status"] for m in http("getCacheMeta", {"instance_id": "i1", "block_keys": keys})["metas"]]
+
+
+def json_dumps(body) -> str:
+    import json
+
+    return json.dumps(body, separators=(",", ":"))
