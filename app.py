@@ -4,7 +4,7 @@ from chalice import Chalice, Rate
 from chalicelib.capacity.reclaimer import reclaim_handler
 from chalicelib.routes import admin, console, debug, docs, gateway, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
-from chalicelib.workflows import deletes, health, purges, reaper
+from chalicelib.workflows import deletes, event_report, health, purges, reaper
 
 # The service logs through Powertools (logger "kvcm"); Chalice must not reconfigure it.
 app = Chalice(app_name="kvcm", configure_logs=False)
@@ -91,3 +91,9 @@ def health_check(event):
 @job
 def reclaim(event):
     return reclaim_handler(get_runtime())
+
+
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="event_report_liveness")
+@job
+def event_report_liveness(event):
+    return event_report.event_report_liveness(get_runtime())

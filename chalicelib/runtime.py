@@ -159,6 +159,13 @@ class Runtime:
                                key_prefix=self.settings.key_prefix)
 
     @cached_property
+    def reporters(self):
+        """Engine-reported locations and reporter state in Valkey (reportEvent)."""
+        from .index.reporters import ReporterStore
+
+        return ReporterStore(self.valkey, prefix=self.settings.key_prefix)
+
+    @cached_property
     def index(self):
         """The block index in Valkey."""
         from .index import BlockIndex

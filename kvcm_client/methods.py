@@ -14,6 +14,7 @@ IDEMPOTENT = frozenset({
     "removeCache",
     "getCacheLocationLen",
     "getClusterInfo",
+    "getHostCacheState",
     "enableStorage",
     "disableStorage",
     "listStorage",
@@ -47,6 +48,8 @@ OPERATIONS = {
     "trimCache": (m.TrimCacheRequest, m.Response, "meta"),
     "getCacheLocationLen": (m.GetCacheLocationLenRequest, m.GetCacheLocationLenResponse, "meta"),
     "getClusterInfo": (m.GetClusterInfoRequest, m.GetClusterInfoResponse, "meta"),
+    "reportEvent": (m.ReportEventRequest, m.ReportEventResponse, "meta"),
+    "getHostCacheState": (m.GetHostCacheStateRequest, m.GetHostCacheStateResponse, "meta"),
     "addStorage": (m.StorageRequest, m.Response, "admin"),
     "enableStorage": (m.StorageNameRequest, m.Response, "admin"),
     "disableStorage": (m.StorageNameRequest, m.Response, "admin"),
@@ -137,6 +140,16 @@ class Methods:
             **fields: Any) -> m.GetClusterInfoResponse:
         """``getClusterInfo`` (meta service; see API.md)."""
         return self.call("getClusterInfo", request, fields)
+
+    def report_event(self, request: Optional[m.ReportEventRequest] = None, /,
+            **fields: Any) -> m.ReportEventResponse:
+        """``reportEvent`` (meta service; see API.md)."""
+        return self.call("reportEvent", request, fields)
+
+    def get_host_cache_state(self, request: Optional[m.GetHostCacheStateRequest] = None, /,
+            **fields: Any) -> m.GetHostCacheStateResponse:
+        """``getHostCacheState`` (meta service; see API.md)."""
+        return self.call("getHostCacheState", request, fields)
 
     def add_storage(self, request: Optional[m.StorageRequest] = None, /,
             **fields: Any) -> m.Response:

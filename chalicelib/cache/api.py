@@ -22,7 +22,8 @@ def register_instance(runtime, req: RegisterInstanceRequest) -> RegisterInstance
     record = runtime.control.register_instance(req)
     group = runtime.config.group(record.group)
     runtime.contexts.bucket_bits(record, group, registering=True)
-    return RegisterInstanceResponse(storage_configs=storage_configs_json(runtime.config.storages_for_group(record.group)))
+    return RegisterInstanceResponse(storage_configs=storage_configs_json(runtime.config.storages_for_group(record.group)),
+                                    extra_info=group.extra_info)
 
 
 def get_instance_info(runtime, req: GetInstanceInfoRequest) -> GetInstanceInfoResponse:

@@ -59,6 +59,11 @@ def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group"
     for i, name in enumerate(g.storage_candidates):
         require_key_name(name, f"{path}.storage_candidates[{i}]")
     require_unique(g.storage_candidates, f"{path}.storage_candidates")
+    if len(g.event_report_storage_candidates) > MAX_STORAGE_CANDIDATES:
+        raise invalid(f"{path}.event_report_storage_candidates", f"lists more than {MAX_STORAGE_CANDIDATES} storages")
+    for i, name in enumerate(g.event_report_storage_candidates):
+        require_key_name(name, f"{path}.event_report_storage_candidates[{i}]")
+    require_unique(g.event_report_storage_candidates, f"{path}.event_report_storage_candidates")
     g.global_quota_group_name = g.global_quota_group_name or g.name
     require_non_negative(g.max_instance_count, f"{path}.max_instance_count")
     require_non_negative(g.version, f"{path}.version")

@@ -11,7 +11,7 @@ from typing import Any, Mapping, TypeVar
 
 from pydantic import BaseModel
 
-from ..protocol.codes import Role, StorageType
+from ..protocol.codes import QueryType, Role, StorageType
 from ..protocol.models import (Account, InstanceGroup, InstanceInfo, LocationSpecGroup, LocationSpecInfo,
                                ModelDeployment, RegisterInstanceRequest, StorageConfig)
 
@@ -65,6 +65,8 @@ class InstanceRecord:
     created_us: int
     incarnation: str
     removing_us: int = 0
+    #: The query type getHostCacheState uses when a request leaves it unset.
+    default_query_type: QueryType = QueryType.QT_UNSPECIFIED
 
     @classmethod
     def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> "InstanceRecord":
@@ -78,6 +80,7 @@ class InstanceRecord:
             location_spec_groups=tuple(g.model_copy() for g in request.location_spec_groups),
             created_us=created_us,
             incarnation=incarnation,
+            default_query_type=request.default_query_type,
         )
 
     @property
@@ -98,6 +101,7 @@ class InstanceRecord:
             "location_spec_infos": [s.model_dump() for s in self.location_spec_infos],
             "model_deployment": self.model_deployment.identity(),
             "location_spec_groups": [g.model_dump() for g in self.location_spec_groups],
+            "default_query_type": int(self.default_query_type),
         }
 
     def to_instance_info(self, quota_group_name: str = "") -> InstanceInfo:
@@ -110,6 +114,7 @@ class InstanceRecord:
             location_spec_infos=[s.model_copy() for s in self.location_spec_infos],
             model_deployment=self.model_deployment.model_copy(),
             location_spec_groups=[g.model_copy() for g in self.location_spec_groups],
+            default_query_type=self.default_query_type,
         )
 
     def to_doc(self) -> str:
@@ -132,6 +137,7 @@ class InstanceRecord:
             created_us=int(data["created_us"]),
             incarnation=data["incarnation"],
             removing_us=int(data.get("removing_us", 0)),
+            default_query_type=info.default_query_type,
         )
 
 

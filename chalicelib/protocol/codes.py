@@ -49,6 +49,16 @@ class QueryType(IntEnum):
     QT_PREFIX_MATCH_WITH_MAMBA = 4
 
 
+class ReportEventType(IntEnum):
+    EVENT_UNSPECIFIED = 0
+    EVENT_NODE_REGISTER = 1
+    EVENT_BLOCK_ADD = 2
+    EVENT_BLOCK_DELETE = 3
+    EVENT_HOST_DOWN = 4
+    EVENT_HEARTBEAT = 5
+    EVENT_BLOCK_SNAPSHOT = 6
+
+
 class CacheLocationStatus(IntEnum):
     CLS_NOT_FOUND = 0
     CLS_NEW = 1

@@ -20,6 +20,7 @@ from .codes import (
     FaultType,
     QueryType,
     ReclaimPolicy,
+    ReportEventType,
     Role,
     StorageType,
     TrimStrategy,
@@ -36,6 +37,7 @@ RoleField = wire_enum(Role)
 FaultTypeField = wire_enum(FaultType)
 FaultTriggerStrategyField = wire_enum(FaultTriggerStrategy)
 CacheLocationStatusField = wire_enum(CacheLocationStatus)
+ReportEventTypeField = wire_enum(ReportEventType)
 
 
 def _one_of(model: WireModel, names: tuple[str, ...], what: str) -> None:
@@ -135,6 +137,8 @@ class ModelDeployment(WireModel):
     pp_size: Int32 = 0
     extra: Str = ""
     user_data: Str = ""
+    #: EAGLE speculative decoding pops the last block: host prefixes count one block less.
+    use_eagle_pop: Bool = False
 
     def identity(self) -> dict:
         """The fields that identify a deployment (``user_data`` is not one)."""
@@ -149,6 +153,7 @@ class InstanceInfo(WireModel):
     location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
     model_deployment: Optional[ModelDeployment] = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
+    default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
 
 
 # ---------------------------------------------------------------- storage config
@@ -194,6 +199,20 @@ class S3StorageSpec(WireModel):
     region: Str = ""
 
 
+class EventReportStorageSpec(WireModel):
+    """Liveness and snapshot settings of an event-report storage (UPSTREAM_V2 §1.2); 0 = default."""
+
+    heartbeat_timeout_ms: Int64 = 0
+    cleanup_grace_ms: Int64 = 0
+    liveness_check_interval_ms: Int64 = 0
+    snapshot_min_interval_ms: Int64 = 0
+    snapshot_delta_drain_timeout_ms: Int64 = 0
+
+
+#: The storage types of engine-reported locations: metadata only, no data backend.
+EVENT_REPORT_TYPES = (StorageType.ST_EVENT_REPORT_L1P5, StorageType.ST_EVENT_REPORT_L2)
+
+
 STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
     "nfs": StorageType.ST_NFS,
     "threefs": StorageType.ST_3FS,
@@ -201,6 +220,8 @@ STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
     "mooncake": StorageType.ST_MOONCAKE,
     "tair_mem_pool": StorageType.ST_TAIRMEMPOOL,
     "s3": StorageType.ST_S3,
+    # Either event-report type: the config's storage_type says which (required).
+    "event_report": StorageType.ST_EVENT_REPORT_L1P5,
 }
 
 
@@ -213,10 +234,23 @@ class StorageConfig(WireModel):
     mooncake: Optional[MooncakeStorageSpec] = None
     tair_mem_pool: Optional[TairMemPoolStorageSpec] = None
     s3: Optional[S3StorageSpec] = None
+    event_report: Optional[EventReportStorageSpec] = None
+    #: The spec's type (filled in when absent); required with ``event_report`` (L1P5 or L2).
+    storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
     @model_validator(mode="after")
     def _oneof(self) -> "StorageConfig":
         _one_of(self, tuple(STORAGE_SPEC_FIELDS), "storage spec")
+        field = self.spec_field
+        if field == "event_report":
+            if self.storage_type not in EVENT_REPORT_TYPES:
+                raise ValueError("storage_type must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2 "
+                                 "with an event_report spec")
+        elif field is not None:
+            if self.storage_type == StorageType.ST_UNSPECIFIED:
+                self.storage_type = STORAGE_SPEC_FIELDS[field]
+            elif self.storage_type != STORAGE_SPEC_FIELDS[field]:
+                raise ValueError(f"storage_type {self.storage_type.name} does not match the {field} spec")
         return self
 
     @property
@@ -226,11 +260,6 @@ class StorageConfig(WireModel):
             if getattr(self, name) is not None:
                 return name
         return None
-
-    @property
-    def storage_type(self) -> StorageType:
-        field = self.spec_field
-        return STORAGE_SPEC_FIELDS[field] if field else StorageType.ST_UNSPECIFIED
 
     @property
     def spec(self):
@@ -302,6 +331,11 @@ class InstanceGroup(WireModel):
     cache_config: Optional[CacheConfig] = None
     user_data: Str = ""
     version: Int64 = 0
+    #: Opaque JSON handed to clients (registerInstance, reportEvent).
+    extra_info: Str = ""
+    #: The event-report storages reportEvent may write for this group's instances.
+    event_report_storage_candidates: list[Str] = Field(default_factory=list)
+    revisit_interval_buckets: Str = ""
 
 
 # ---------------------------------------------------------------- meta service
@@ -322,10 +356,12 @@ class RegisterInstanceRequest(Request):
     location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
     model_deployment: Optional[ModelDeployment] = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
+    default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
 
 
 class RegisterInstanceResponse(Response):
     storage_configs: Str = ""
+    extra_info: Str = ""
 
 
 class GetInstanceInfoRequest(Request):
@@ -413,6 +449,117 @@ class GetClusterInfoResponse(Response):
     self_node_id: Str = ""
     leader_node_id: Str = ""
     leader_endpoint: Optional[MetaNodeEndpoint] = None
+
+
+# ---------------------------------------------------------------- reportEvent, getHostCacheState (UPSTREAM_V2 §2.1-2.2)
+
+
+class ReportedSpec(WireModel):
+    name: Str = ""
+    uri: Str = ""
+
+
+class NodeRegisterEventParams(WireModel):
+    mediums: list[Str] = Field(default_factory=list)
+
+
+class BlockAddEventParams(WireModel):
+    block_key: Str = ""  # int64 as a decimal string
+    uri: Str = ""  # deprecated upstream, ignored: only specs count
+    medium: Str = ""
+    specs: list[ReportedSpec] = Field(default_factory=list)
+
+
+class BlockDeleteEventParams(WireModel):
+    block_key: Str = ""
+    medium: Str = ""
+    spec_names: list[Str] = Field(default_factory=list)
+
+
+class BlockSnapshotItem(WireModel):
+    block_key: Str = ""
+    medium: Str = ""
+    specs: list[ReportedSpec] = Field(default_factory=list)
+
+
+class BlockSnapshotEventParams(WireModel):
+    medium: Str = ""  # deprecated upstream (single-medium form), ignored
+    blocks: list[BlockSnapshotItem] = Field(default_factory=list)
+
+
+class HostDownEventParams(WireModel):
+    pass
+
+
+class HeartbeatEventParams(WireModel):
+    system_status: dict[str, str] = Field(default_factory=dict)  # opaque
+
+
+#: The oneof member each event type carries.
+EVENT_PAYLOADS: dict[ReportEventType, str] = {
+    ReportEventType.EVENT_NODE_REGISTER: "node_register",
+    ReportEventType.EVENT_BLOCK_ADD: "block_add",
+    ReportEventType.EVENT_BLOCK_DELETE: "block_delete",
+    ReportEventType.EVENT_HOST_DOWN: "host_down",
+    ReportEventType.EVENT_HEARTBEAT: "heartbeat",
+    ReportEventType.EVENT_BLOCK_SNAPSHOT: "block_snapshot",
+}
+
+
+class EventItem(WireModel):
+    event_type: ReportEventTypeField = ReportEventType.EVENT_UNSPECIFIED
+    node_register: Optional[NodeRegisterEventParams] = None
+    block_add: Optional[BlockAddEventParams] = None
+    block_delete: Optional[BlockDeleteEventParams] = None
+    host_down: Optional[HostDownEventParams] = None
+    heartbeat: Optional[HeartbeatEventParams] = None
+    block_snapshot: Optional[BlockSnapshotEventParams] = None
+
+    @model_validator(mode="after")
+    def _oneof(self) -> "EventItem":
+        _one_of(self, tuple(EVENT_PAYLOADS.values()), "an event")
+        return self
+
+    @property
+    def payload_matches(self) -> bool:
+        """The payload present is the one ``event_type`` names (empty payloads included)."""
+        member = EVENT_PAYLOADS.get(self.event_type)
+        return member is not None and getattr(self, member) is not None
+
+
+class ReportEventRequest(Request):
+    instance_id: Str = ""
+    host_ip_port: Str = ""
+    events: list[EventItem] = Field(default_factory=list)
+    storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
+
+
+class ReportEventResponse(Response):
+    #: Empty when every event succeeded, else one code per event, in order.
+    item_results: list[ErrorCodeField] = Field(default_factory=list)
+    committed_snapshot_version: Str = ""
+    retry_after_ms: Int64 = 0
+    snapshot_required: Bool = False
+    extra_info: Str = ""
+
+
+class GetHostCacheStateRequest(Request):
+    instance_id: Str = ""
+    query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    block_cache_keys: Int64List = Field(default_factory=list)
+    medium: list[Str] = Field(default_factory=list)  # empty = every medium
+    p2p_host_count: Int64 = 0
+
+
+class HostCacheMatch(WireModel):
+    host_ip_port: Str = ""
+    local: Int64 = 0
+    p2p_1_fetch: Int64 = 0
+    p2p_1_total_match: Int64 = 0
+
+
+class GetHostCacheStateResponse(Response):
+    hosts: list[HostCacheMatch] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- admin service

@@ -21,6 +21,7 @@ import redis
 from ..protocol.models import STORAGE_SPEC_FIELDS, StorageConfig
 from .base import StorageBackend
 from .checks import config_error
+from .event_report import EventReportBackend
 from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
 from .mempool import TairMemPoolBackend
 from .mooncake import MooncakeBackend
@@ -30,7 +31,8 @@ ValkeyFactory = Callable[[], redis.Redis]
 
 BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
     cls.spec_field: cls
-    for cls in (FileBackend, ThreeFSBackend, VcnsThreeFSBackend, MooncakeBackend, TairMemPoolBackend, S3Backend)
+    for cls in (FileBackend, ThreeFSBackend, VcnsThreeFSBackend, MooncakeBackend, TairMemPoolBackend, S3Backend,
+                EventReportBackend)
 }
 # The name is the host of every URI and part of Valkey hash tags: keep it to characters
 # that need no escaping anywhere.

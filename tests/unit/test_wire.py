@@ -10,7 +10,8 @@ from chalicelib.protocol.errors import InvalidArgumentError
 from chalicelib.protocol.models import (CacheLocations, GetCacheLocationRequest, GetCacheLocationResponse,
                                         GetCacheMetaResponse, GetInstanceInfoResponse, RegisterInstanceRequest,
                                         RegisterInstanceResponse, Response, ResponseHeader, StartWriteCacheResponse,
-                                        GetCacheLocationLenResponse, GetClusterInfoResponse,
+                                        GetCacheLocationLenResponse, GetClusterInfoResponse, GetHostCacheStateResponse,
+                                        ReportEventResponse,
                                         TrimCacheRequest)
 from chalicelib.protocol.wire import parse_model, render
 from chalicelib.routes import admin, debug, meta
@@ -117,7 +118,8 @@ def test_each_meta_operation_knows_its_response_model(op):
     expected = {"registerInstance": RegisterInstanceResponse, "getInstanceInfo": GetInstanceInfoResponse,
                 "getCacheLocation": GetCacheLocationResponse, "getCacheMeta": GetCacheMetaResponse,
                 "startWriteCache": StartWriteCacheResponse, "getCacheLocationLen": GetCacheLocationLenResponse,
-                "getClusterInfo": GetClusterInfoResponse}
+                "getClusterInfo": GetClusterInfoResponse, "reportEvent": ReportEventResponse,
+                "getHostCacheState": GetHostCacheStateResponse}
     assert op.response_model is expected.get(op.api_name, Response)
 
 

@@ -102,7 +102,7 @@ def test_an_enum_number_may_be_a_string(http, instance):
     ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, {"locations": []}),
     ("getCacheMeta", {"block_keys": "x"}, {"locations": [], "metas": []}),
     ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": -1}, {"write_session_id": "", "locations": []}),
-    ("registerInstance", {"instance_group": "g1", "block_size": 0}, {"storage_configs": ""}),
+    ("registerInstance", {"instance_group": "g1", "block_size": 0}, {"storage_configs": "", "extra_info": ""}),
     ("getInstanceInfo", {"instance_id": "nope"}, {"instance_group": ""}),
     ("finishWriteCache", {"write_session_id": "x"}, {}),
     ("getMetrics", {"trace_id": {}}, {"timestamp": "0", "metrics": [], "extra_data": ""}),

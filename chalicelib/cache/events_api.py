@@ -1,0 +1,230 @@
+"""reportEvent and getHostCacheState (UPSTREAM_V2 §2.1, §2.2): engines report the blocks
+they hold, routers ask which host holds the longest prefix of a prompt.
+
+The request rules run here, in upstream's order and before anything changes; the events
+themselves are applied by one script per request (``index.reporters``).
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ..index.reporters import (RID_TYPES, Liveness, add_event, delete_event, heartbeat_event,
+                               host_down_event, register_event, reporter_id, snapshot_event)
+from ..protocol.codes import ErrorCode, QueryType, ReportEventType
+from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
+from ..protocol.models import (EVENT_REPORT_TYPES, EventItem, GetHostCacheStateRequest, GetHostCacheStateResponse,
+                               HostCacheMatch, InstanceGroup, ReportEventRequest, ReportEventResponse, ReportedSpec,
+                               ResponseHeader, Status, StorageConfig)
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+#: ``scheme://authority[/path][?query]``; schemes may hold '_' (upstream's ``event_report://``).
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-_]*://[^/?#\s]+[^?#\s]*(?:\?([^#\s]*))?")
+_DELTAS = (ReportEventType.EVENT_BLOCK_ADD, ReportEventType.EVENT_BLOCK_DELETE)
+#: Spec-group name initials (QT_PREFIX_MATCH_WITH_MAMBA): F full attention, L linear/Mamba state.
+_UNSUPPORTED_GROUP_KINDS = "WCEX"
+
+
+class ItemError(Exception):
+    """One event is invalid: it gets INVALID_ARGUMENT, the others go on."""
+
+
+def _clock_ms(runtime) -> int:
+    return int(runtime.clock.now() * 1000)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def event_report_storages(runtime, group: InstanceGroup) -> dict:
+    """StorageType → the group's event-report storage config of that type."""
+    found = {}
+    for name in group.event_report_storage_candidates:
+        try:
+            config: StorageConfig = runtime.config.storage(name).config
+        except Exception:  # noqa: BLE001 - a candidate removed since: not configured
+            continue
+        if config.event_report is not None and config.storage_type in EVENT_REPORT_TYPES:
+            found.setdefault(config.storage_type, config)
+    return found
+
+
+def liveness_of(config: StorageConfig) -> Liveness:
+    """The storage's settings, upstream's defaults for those left at 0."""
+    spec, default = config.event_report, Liveness()
+    return Liveness(heartbeat_timeout_ms=spec.heartbeat_timeout_ms or default.heartbeat_timeout_ms,
+                    cleanup_grace_ms=spec.cleanup_grace_ms or default.cleanup_grace_ms,
+                    snapshot_min_interval_ms=spec.snapshot_min_interval_ms or default.snapshot_min_interval_ms)
+
+
+# ---------------------------------------------------------------- item checks
+
+
+def _name(value: str, what: str) -> str:
+    if not value or "#" in value:
+        raise ItemError(f"{what} must be non-empty without '#'")
+    return value
+
+
+def _block_key(text: str, what: str) -> int:
+    try:
+        key = int(text, 10)
+    except (TypeError, ValueError):
+        raise ItemError(f"{what} {text!r} is not an int64 decimal string") from None
+    if not _INT64[0] <= key <= _INT64[1] or text.strip() != text:
+        raise ItemError(f"{what} {text!r} is not an int64 decimal string")
+    return key
+
+
+def _specs(specs: list[ReportedSpec], what: str) -> list[tuple[str, str]]:
+    if not specs:
+        raise ItemError(f"{what}.specs must not be empty")
+    names = set()
+    for i, spec in enumerate(specs):
+        if not spec.name or spec.name in names:
+            raise ItemError(f"{what}.specs[{i}].name must be non-empty and unique")
+        names.add(spec.name)
+        uri = _URI.fullmatch(spec.uri)
+        if uri is None:
+            raise ItemError(f"{what}.specs[{i}].uri {spec.uri!r} is not a URI")
+        if any(pair.split("=", 1)[0] == "s_version" for pair in (uri.group(1) or "").split("&")):
+            raise ItemError(f"{what}.specs[{i}].uri carries s_version, which KVCM appends")
+    return [(spec.name, spec.uri) for spec in specs]
+
+
+def _encode(item: EventItem, i: int) -> list:
+    """The script's encoding of a valid item; ItemError names what is wrong."""
+    what = f"events[{i}]"
+    if not item.payload_matches:
+        raise ItemError(f"{what}: event_type {item.event_type.name} needs its own payload")
+    kind = item.event_type
+    if kind == ReportEventType.EVENT_NODE_REGISTER:
+        return register_event([_name(m, f"{what}.node_register.mediums[{j}]")
+                               for j, m in enumerate(item.node_register.mediums)])
+    if kind == ReportEventType.EVENT_HEARTBEAT:
+        return heartbeat_event()
+    if kind == ReportEventType.EVENT_HOST_DOWN:
+        return host_down_event()
+    if kind == ReportEventType.EVENT_BLOCK_ADD:
+        add = item.block_add
+        return add_event(_block_key(add.block_key, f"{what}.block_add.block_key"),
+                         _name(add.medium, f"{what}.block_add.medium"), _specs(add.specs, f"{what}.block_add"))
+    if kind == ReportEventType.EVENT_BLOCK_DELETE:
+        delete = item.block_delete
+        key = _block_key(delete.block_key, f"{what}.block_delete.block_key")
+        medium = _name(delete.medium, f"{what}.block_delete.medium")
+        if not delete.spec_names or len(set(delete.spec_names)) != len(delete.spec_names) or not all(delete.spec_names):
+            raise ItemError(f"{what}.block_delete.spec_names must be non-empty, unique names")
+        return delete_event(key, medium, delete.spec_names)
+    blocks, seen = [], set()
+    for j, block in enumerate(item.block_snapshot.blocks):
+        where = f"{what}.block_snapshot.blocks[{j}]"
+        key, medium = _block_key(block.block_key, f"{where}.block_key"), _name(block.medium, f"{where}.medium")
+        if (key, medium) in seen:
+            raise ItemError(f"{where}: block_key {key} and medium {medium!r} appear twice")
+        seen.add((key, medium))
+        blocks.append((key, medium, _specs(block.specs, where)))
+    return snapshot_event(blocks)
+
+
+def _check_shape(events: list[EventItem]) -> None:
+    """Rule 5: one SNAPSHOT at most, never with ADD/DELETE; HOST_DOWN alone."""
+    kinds = [e.event_type for e in events]
+    snapshots = kinds.count(ReportEventType.EVENT_BLOCK_SNAPSHOT)
+    if snapshots > 1:
+        raise InvalidArgumentError("field 'events': at most one EVENT_BLOCK_SNAPSHOT per request")
+    if snapshots and any(k in _DELTAS for k in kinds):
+        raise InvalidArgumentError("field 'events': EVENT_BLOCK_SNAPSHOT cannot be mixed with ADD or DELETE")
+    if ReportEventType.EVENT_HOST_DOWN in kinds and len(kinds) > 1:
+        raise InvalidArgumentError("field 'events': EVENT_HOST_DOWN must be the only event")
+
+
+# ---------------------------------------------------------------- reportEvent
+
+
+def report_event(runtime, req: ReportEventRequest) -> ReportEventResponse:
+    """Apply an engine's cache events (register, heartbeat, add, delete, snapshot, host down)."""
+    if not req.instance_id:
+        raise InstanceNotFoundError("instance '' is not registered")
+    record = runtime.config.instance(req.instance_id)  # rule 1
+    group = runtime.config.group(record.group)
+    if not req.host_ip_port or "#" in req.host_ip_port:  # rule 2
+        raise InvalidArgumentError("field 'host_ip_port' must be non-empty without '#'")
+    if not req.events:  # rule 3
+        return ReportEventResponse(extra_info=group.extra_info)
+    if req.storage_type not in EVENT_REPORT_TYPES:  # rule 4
+        raise InvalidArgumentError("field 'storage_type' must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2")
+    storage = event_report_storages(runtime, group).get(req.storage_type)
+    if storage is None:
+        raise InstanceNotFoundError(f"instance group {group.name!r} has no {req.storage_type.name} storage "
+                                    f"in event_report_storage_candidates")
+    _check_shape(req.events)  # rule 5
+    codes: list[Optional[ErrorCode]] = []
+    encoded = []
+    for i, item in enumerate(req.events):  # rule 6
+        try:
+            encoded.append(_encode(item, i))
+            codes.append(None)
+        except ItemError:
+            codes.append(ErrorCode.INVALID_ARGUMENT)
+    rid = reporter_id(req.storage_type, req.host_ip_port)
+    outcome = runtime.reporters.report(req.instance_id, rid, encoded, _clock_ms(runtime), liveness_of(storage))
+    applied = iter(outcome.codes)
+    results = [code if code is not None else next(applied) for code in codes]
+    response = ReportEventResponse(committed_snapshot_version=outcome.generation,
+                                   snapshot_required=outcome.snapshot_required,
+                                   retry_after_ms=outcome.retry_after_ms, extra_info=group.extra_info)
+    failed = [code for code in results if code != ErrorCode.OK]
+    if failed:
+        response.item_results = results
+        response.header = ResponseHeader(status=Status(code=failed[0], message="ReportEvent partially failed"))
+    return response
+
+
+# ---------------------------------------------------------------- getHostCacheState
+
+
+def _mamba_specs(record) -> tuple[list[str], list[str]]:
+    full, states = [], []
+    for group in record.location_spec_groups:
+        kind = group.name[:1]
+        if kind == "F":
+            full += group.spec_names
+        elif kind == "L":
+            states += group.spec_names
+        elif kind and kind in _UNSUPPORTED_GROUP_KINDS:
+            raise InvalidArgumentError(f"field 'query_type': location spec group {group.name!r} is of an "
+                                       f"unsupported kind for QT_PREFIX_MATCH_WITH_MAMBA")
+        else:
+            raise InvalidArgumentError(f"field 'query_type': location spec group {group.name!r} is neither "
+                                       f"F (full attention) nor L (state)")
+    if not full or not states:
+        raise InvalidArgumentError("field 'query_type': QT_PREFIX_MATCH_WITH_MAMBA needs F and L location spec groups")
+    return full, states
+
+
+def get_host_cache_state(runtime, req: GetHostCacheStateRequest) -> GetHostCacheStateResponse:
+    """Per reporting host, how many leading blocks of the prompt it holds (cache-aware routing)."""
+    if not req.instance_id:
+        raise InvalidArgumentError("field 'instance_id' is required")
+    if not req.block_cache_keys:
+        raise InvalidArgumentError("field 'block_cache_keys' is required")
+    if len(req.block_cache_keys) > runtime.settings.max_keys_per_request:
+        raise InvalidArgumentError(f"field 'block_cache_keys': more than {runtime.settings.max_keys_per_request} keys")
+    record = runtime.config.instance(req.instance_id)
+    query_type = req.query_type
+    if query_type == QueryType.QT_UNSPECIFIED:
+        query_type = record.default_query_type
+    if query_type not in (QueryType.QT_PREFIX_MATCH, QueryType.QT_PREFIX_MATCH_WITH_MAMBA):
+        raise InvalidArgumentError(f"field 'query_type': {query_type.name} is not QT_PREFIX_MATCH "
+                                   f"or QT_PREFIX_MATCH_WITH_MAMBA")
+    mamba = _mamba_specs(record) if query_type == QueryType.QT_PREFIX_MATCH_WITH_MAMBA else None
+    group = runtime.config.group(record.group)
+    timeouts = {RID_TYPES[kind]: liveness_of(config).heartbeat_timeout_ms
+                for kind, config in event_report_storages(runtime, group).items()}
+    prefixes = runtime.reporters.host_prefixes(req.instance_id, req.block_cache_keys, _clock_ms(runtime), timeouts,
+                                               req.medium, mamba, record.model_deployment.use_eagle_pop)
+    hosts = sorted(prefixes.items(), key=lambda item: (-item[1], item[0]))
+    return GetHostCacheStateResponse(hosts=[HostCacheMatch(host_ip_port=host, local=n, p2p_1_total_match=n)
+                                            for host, n in hosts])
+

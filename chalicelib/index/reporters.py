@@ -1,0 +1,222 @@
+"""Engine-reported locations and reporter state in Valkey (reportEvent, UPSTREAM_V2 §2.1).
+
+Upstream keeps reporter state in one process's memory; KVCM's containers are stateless,
+so it lives here, beside the instance's block index under the same hash tag
+``{<prefix>:<instance>}`` (one cluster slot), and every change is one Lua script
+(``lua/er_*.lua``, with ``lua/er_prelude.lua`` describing the encoding):
+
+- ``T:er:loc``          hash: block key → the reported locations of that key (every reporter's)
+- ``T:er:n:<rid>``      hash: one reporter's state (registration, heartbeat, generations)
+- ``T:er:k:<rid>``      set: the block keys that reporter holds locations for (cleanup)
+- ``T:er:nodes``        set: the instance's reporters (rid = ``<l1p5|l2>#<host_ip_port>``)
+- ``{<prefix>:er}:instances``  set: instances with reporters (the liveness job's work list)
+
+A reporter writes its locations with its current generation token appended to every URI
+(``s_version=<32 hex>``). A full snapshot starts a new generation and makes the reporter
+strict (only the committed generation is visible); HOST_DOWN, the end of the cleanup grace
+and a snapshot retire the older generations, which hides them at once; ``cleanup`` then
+deletes their metadata in batches.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from ..protocol.codes import ErrorCode, StorageType
+
+LUA_DIR = Path(__file__).with_name("lua")
+RID_TYPES = {StorageType.ST_EVENT_REPORT_L1P5: "l1p5", StorageType.ST_EVENT_REPORT_L2: "l2"}
+#: Keys per cleanup script call.
+CLEANUP_BATCH = 1000
+
+
+def _load(name: str) -> str:
+    return (LUA_DIR / "er_prelude.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+
+
+def new_token() -> str:
+    """A fresh generation token: 32 hex characters, compared by equality only."""
+    return os.urandom(16).hex()
+
+
+def reporter_id(storage_type: StorageType, host_ip_port: str) -> str:
+    return f"{RID_TYPES[storage_type]}#{host_ip_port}"
+
+
+def location_id(rid: str, medium: str) -> str:
+    """Upstream's stable location id of a reporter's medium: ``kvs#event_report_<type>#<medium>#<host>``."""
+    kind, _, host = rid.partition("#")
+    return f"kvs#event_report_{kind}#{medium}#{host}"
+
+
+# Events as the report script reads them (lua/er_report.lua).
+def register_event(mediums: Sequence[str]) -> list:
+    return ["r", list(mediums)]
+
+
+def heartbeat_event() -> list:
+    return ["h"]
+
+
+def host_down_event() -> list:
+    return ["x"]
+
+
+def add_event(block_key: int, medium: str, specs: Iterable[tuple[str, str]]) -> list:
+    return ["a", str(block_key), medium, [part for spec in specs for part in spec]]
+
+
+def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> list:
+    return ["d", str(block_key), medium, list(spec_names)]
+
+
+def snapshot_event(blocks: Iterable[tuple[int, str, Iterable[tuple[str, str]]]]) -> list:
+    return ["s", [[str(key), medium, [part for spec in specs for part in spec]] for key, medium, specs in blocks]]
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """An event-report storage's settings, in ms (EventReportStorageSpec with defaults)."""
+
+    heartbeat_timeout_ms: int = 30_000
+    cleanup_grace_ms: int = 300_000
+    snapshot_min_interval_ms: int = 30_000
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """What one report did: a code per event, the generation token after it (``""``: none),
+    whether the reporter had no generation, the snapshot retry delay, and the retired
+    tokens whose metadata awaits cleanup."""
+
+    codes: list[ErrorCode]
+    generation: str
+    snapshot_required: bool
+    retry_after_ms: int
+    retired: str
+
+
+@dataclass(frozen=True)
+class ReporterState:
+    rid: str
+    registered: bool
+    last_heartbeat_ms: int
+    retired: str
+
+    @property
+    def host_ip_port(self) -> str:
+        return self.rid.partition("#")[2]
+
+
+class ReporterStore:
+    """Reporter state and reported locations of every instance."""
+
+    def __init__(self, client: Any, prefix: str = "kvcm") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._report = client.register_script(_load("er_report"))
+        self._host_state = client.register_script(_load("er_host_state"))
+        self._cleanup = client.register_script(_load("er_cleanup"))
+        self._retired = client.register_script(_load("er_retired"))
+        self._dump = client.register_script(_load("er_dump"))
+
+    # ------------------------------------------------------------ key names
+
+    def _tag(self, instance_id: str) -> str:
+        return f"{{{self.prefix}:{instance_id}}}"
+
+    def locations_key(self, instance_id: str) -> str:
+        return f"{self._tag(instance_id)}:er:loc"
+
+    def node_key(self, instance_id: str, rid: str) -> str:
+        return f"{self._tag(instance_id)}:er:n:{rid}"
+
+    def keyset_key(self, instance_id: str, rid: str) -> str:
+        return f"{self._tag(instance_id)}:er:k:{rid}"
+
+    def nodes_key(self, instance_id: str) -> str:
+        return f"{self._tag(instance_id)}:er:nodes"
+
+    @property
+    def instances_key(self) -> str:
+        return f"{{{self.prefix}:er}}:instances"
+
+    # ------------------------------------------------------------ writes
+
+    def report(self, instance_id: str, rid: str, events: list[list], now_ms: int, liveness: Liveness,
+               token: Optional[str] = None) -> ReportOutcome:
+        """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically."""
+        codes, generation, required, retry_after, retired = self._report(
+            keys=[self.node_key(instance_id, rid), self.locations_key(instance_id),
+                  self.keyset_key(instance_id, rid), self.nodes_key(instance_id)],
+            args=[rid, now_ms, token or new_token(), liveness.snapshot_min_interval_ms,
+                  liveness.heartbeat_timeout_ms, liveness.cleanup_grace_ms,
+                  json.dumps(events, separators=(",", ":"))])
+        if events:  # the liveness job's work list; an empty report changes nothing
+            self.client.sadd(self.instances_key, instance_id)
+        return ReportOutcome([ErrorCode(int(c)) for c in codes], generation.decode(), bool(required),
+                             int(retry_after), retired.decode())
+
+    def expire(self, instance_id: str, rid: str, now_ms: int, liveness: Liveness) -> ReportOutcome:
+        """Unregister the reporter if it is past its heartbeat timeout and grace (the
+        report script does that first, whatever it is given)."""
+        return self.report(instance_id, rid, [], now_ms, liveness)
+
+    def cleanup(self, instance_id: str, rid: str, retired: str) -> int:
+        """Delete the metadata of the ``retired`` generations of one reporter, in batches of
+        its keys; then forget those tokens. Returns the locations removed."""
+        removed = 0
+        keyset = self.keyset_key(instance_id, rid)
+        keys = [self.locations_key(instance_id), keyset]
+        cursor = 0
+        while True:
+            cursor, batch = self.client.sscan(keyset, cursor, count=CLEANUP_BATCH)
+            if batch:
+                removed += int(self._cleanup(keys=keys, args=[rid, retired, *batch]))
+            if cursor == 0:
+                break
+        self._retired(keys=[self.node_key(instance_id, rid)], args=[retired])
+        return removed
+
+    # ------------------------------------------------------------ reads
+
+    def reporters(self, instance_id: str) -> list[str]:
+        return sorted(m.decode() for m in self.client.smembers(self.nodes_key(instance_id)))
+
+    def reporter(self, instance_id: str, rid: str) -> Optional[ReporterState]:
+        raw = self.client.hgetall(self.node_key(instance_id, rid))
+        if not raw:
+            return None
+        state = {k.decode(): v.decode() for k, v in raw.items()}
+        return ReporterState(rid, state.get("reg") == "1", int(state.get("hb") or 0), state.get("ret", ""))
+
+    def instances(self) -> list[str]:
+        return sorted(m.decode() for m in self.client.smembers(self.instances_key))
+
+    def host_prefixes(self, instance_id: str, keys: Sequence[int], now_ms: int, timeouts: dict[str, int],
+                      mediums: Sequence[str] = (), mamba: Optional[tuple[Sequence[str], Sequence[str]]] = None,
+                      eagle_pop: bool = False) -> dict[str, int]:
+        """host_ip_port → the length of its prefix of ``keys`` over visible reported
+        locations (hosts without one left out). ``timeouts``: reporter kind (``l1p5``,
+        ``l2``) → heartbeat timeout ms (reporters of other kinds are hidden). ``mamba``: (full-attention spec names, state spec
+        names) for QT_PREFIX_MATCH_WITH_MAMBA."""
+        rids = [rid for rid in self.reporters(instance_id) if rid.partition("#")[0] in timeouts]
+        if not rids or not keys:
+            return {}
+        full, states = mamba or ((), ())
+        args: list[Any] = [now_ms, "m" if mamba else "p", "1" if eagle_pop else "0", ",".join(mediums),
+                           ",".join(full), ",".join(states), len(rids)]
+        for rid in rids:
+            args += [rid, timeouts[rid.partition("#")[0]]]
+        flat = self._host_state(keys=[self.locations_key(instance_id), *(self.node_key(instance_id, r) for r in rids)],
+                                args=[*args, *keys])
+        return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def locations(self, instance_id: str, block_key: int) -> list[tuple[str, str, list[tuple[str, str]]]]:
+        """The stored locations of one key as (location id, medium, [(spec, uri)]), visible or not."""
+        raw = self._dump(keys=[self.locations_key(instance_id)], args=[str(block_key)])
+        return [(location_id(rid, medium), medium, [(specs[i], specs[i + 1]) for i in range(0, len(specs), 3)])
+                for rid, medium, specs in json.loads(raw)]

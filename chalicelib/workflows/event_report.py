@@ -1,0 +1,43 @@
+"""Reporter liveness (UPSTREAM_V2 §2.1), a scheduled function under the background lease.
+
+A reporter silent past its heartbeat timeout is already hidden from queries (readers check
+the heartbeat); past the cleanup grace after that it is unregistered here (the report
+script would do the same on its next event), and the metadata of retired generations
+(HOST_DOWN, the grace's end, a snapshot's predecessors) is deleted in batches.
+"""
+from __future__ import annotations
+
+from ..cache.events_api import event_report_storages, liveness_of
+from ..index.reporters import RID_TYPES
+from ..observability.logging import logger
+from ..protocol.errors import InstanceNotFoundError
+
+_KINDS = {kind: storage_type for storage_type, kind in RID_TYPES.items()}
+
+
+def event_report_liveness(runtime) -> dict:
+    """Expire silent reporters and clean retired generations; returns what was done."""
+    if not runtime.lease.try_acquire():
+        return {"skipped": "lease held by another node"}
+    store = runtime.reporters
+    now_ms = int(runtime.clock.now() * 1000)
+    checked, cleaned = 0, 0
+    for instance_id in store.instances():
+        try:
+            record = runtime.config.instance(instance_id)
+        except InstanceNotFoundError:
+            continue  # removed: its keys go with the instance's (see docs/api-v2.md)
+        storages = event_report_storages(runtime, runtime.config.group(record.group))
+        for rid in store.reporters(instance_id):
+            config = storages.get(_KINDS.get(rid.partition("#")[0]))
+            checked += 1
+            if config is not None:
+                retired = store.expire(instance_id, rid, now_ms, liveness_of(config)).retired
+            else:
+                state = store.reporter(instance_id, rid)
+                retired = state.retired if state else ""
+            if retired:
+                cleaned += store.cleanup(instance_id, rid, retired)
+    if cleaned:
+        logger.info("event-report liveness", extra={"reporters": checked, "locations_cleaned": cleaned})
+    return {"reporters": checked, "locations_cleaned": cleaned}
