@@ -44,6 +44,7 @@ local function serves(rec)
 end
 local n = #keys / 8
 local stale = now - interval
+local stamp = struct.pack('>I4', now)  -- a refreshed record's last access
 local recs = {}  -- per position: the record if it serves, else false
 local count = n
 for i = 1, n do
@@ -80,11 +81,13 @@ if mode == 3 then
   end
 end
 
+-- out alternates length prefixes and records: one concatenation at the end, none per key
 local out, lengths = {}, {}
 for i = 1, count do
   local rec = recs[i]
   if i < lo or i > hi or not rec then
-    out[i] = '\0\0'
+    out[2 * i - 1] = '\0\0'
+    out[2 * i] = ''
   else
     if mode ~= 4 then
       local a, b, c, d = byte(rec, 12, 15)
@@ -100,8 +103,8 @@ for i = 1, count do
           if base_val < 0 then base_val = 0 end
           if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
         end
-        rec = sub(rec, 1, 11) .. struct.pack('>I4B', now, lfu) .. sub(rec, 17)
-        call('HSET', KEYS[i + 2], field(keys, i), rec)
+        rec = sub(rec, 1, 11) .. stamp .. string.char(lfu) .. sub(rec, 17)
+        call('HSET', KEYS[i + 2], sub(keys, i * 8 - 7, i * 8), rec)
       end
     end
     -- records come in a few lengths (one per location count): pack each prefix once
@@ -111,7 +114,8 @@ for i = 1, count do
       prefix = struct.pack('>H', length)
       lengths[length] = prefix
     end
-    out[i] = prefix .. rec
+    out[2 * i - 1] = prefix
+    out[2 * i] = rec
   end
 end
 return table.concat(out)
