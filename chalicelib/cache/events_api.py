@@ -127,6 +127,20 @@ def _encode(item: EventItem, i: int) -> list:
     return snapshot_event(blocks)
 
 
+def encode_events(events: list[EventItem]) -> tuple[list[Optional[ErrorCode]], list[list]]:
+    """(per event: INVALID_ARGUMENT or None for a valid one, the valid ones as the report
+    script reads them)."""
+    codes: list[Optional[ErrorCode]] = []
+    encoded = []
+    for i, item in enumerate(events):
+        try:
+            encoded.append(_encode(item, i))
+            codes.append(None)
+        except ItemError:
+            codes.append(ErrorCode.INVALID_ARGUMENT)
+    return codes, encoded
+
+
 def _check_shape(events: list[EventItem]) -> None:
     """Rule 5: one SNAPSHOT at most, never with ADD/DELETE; HOST_DOWN alone."""
     kinds = [e.event_type for e in events]
@@ -159,14 +173,7 @@ def report_event(runtime, req: ReportEventRequest) -> ReportEventResponse:
         raise InstanceNotFoundError(f"instance group {group.name!r} has no {req.storage_type.name} storage "
                                     f"in event_report_storage_candidates")
     _check_shape(req.events)  # rule 5
-    codes: list[Optional[ErrorCode]] = []
-    encoded = []
-    for i, item in enumerate(req.events):  # rule 6
-        try:
-            encoded.append(_encode(item, i))
-            codes.append(None)
-        except ItemError:
-            codes.append(ErrorCode.INVALID_ARGUMENT)
+    codes, encoded = encode_events(req.events)  # rule 6
     rid = reporter_id(req.storage_type, req.host_ip_port)
     outcome = runtime.reporters.report(req.instance_id, rid, encoded, _clock_ms(runtime), liveness_of(storage))
     applied = iter(outcome.codes)

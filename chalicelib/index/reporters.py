@@ -11,8 +11,8 @@ so it lives here, beside the instance's block index under the same hash tag
 - ``T:er:nodes``        set: the instance's reporters (rid = ``<l1p5|l2>#<host_ip_port>``)
 - ``{<prefix>:er}:instances``  set: instances with reporters (the liveness job's work list)
 
-A reporter writes its locations with its current generation token appended to every URI
-(``s_version=<32 hex>``). A full snapshot starts a new generation and makes the reporter
+A reporter's specs are stored with its generation token at the time, which readers append
+to every URI (``s_version=<32 hex>``). A full snapshot starts a new generation and makes the reporter
 strict (only the committed generation is visible); HOST_DOWN, the end of the cleanup grace
 and a snapshot retire the older generations, which hides them at once; ``cleanup`` then
 deletes their metadata in batches.
@@ -23,7 +23,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..protocol.codes import ErrorCode, StorageType
 
@@ -52,7 +52,7 @@ def location_id(rid: str, medium: str) -> str:
     return f"kvs#event_report_{kind}#{medium}#{host}"
 
 
-# Events as the report script reads them (lua/er_report.lua).
+# Events as the report script reads them (lua/er_report.lua), sent as one JSON array.
 def register_event(mediums: Sequence[str]) -> list:
     return ["r", list(mediums)]
 
@@ -65,16 +65,25 @@ def host_down_event() -> list:
     return ["x"]
 
 
-def add_event(block_key: int, medium: str, specs: Iterable[tuple[str, str]]) -> list:
-    return ["a", str(block_key), medium, [part for spec in specs for part in spec]]
+def _specs(specs: Sequence[tuple[str, str]]) -> list:
+    return [part for spec in specs for part in spec]
+
+
+def add_event(block_key: int, medium: str, specs: Sequence[tuple[str, str]]) -> list:
+    return ["a", str(block_key), medium, _specs(specs)]
 
 
 def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> list:
     return ["d", str(block_key), medium, list(spec_names)]
 
 
-def snapshot_event(blocks: Iterable[tuple[int, str, Iterable[tuple[str, str]]]]) -> list:
-    return ["s", [[str(key), medium, [part for spec in specs for part in spec]] for key, medium, specs in blocks]]
+def snapshot_event(blocks: Sequence[tuple[int, str, Sequence[tuple[str, str]]]]) -> list:
+    return ["s", [[str(key), medium, _specs(specs)] for key, medium, specs in blocks]]
+
+
+def versioned_uri(uri: str, version: str) -> str:
+    """``uri`` with the generation appended as ``s_version`` (as readers print it)."""
+    return f"{uri}{'&' if '?' in uri else '?'}s_version={version}"
 
 
 @dataclass(frozen=True)
@@ -211,12 +220,15 @@ class ReporterStore:
                            ",".join(full), ",".join(states), len(rids)]
         for rid in rids:
             args += [rid, timeouts[rid.partition("#")[0]]]
-        flat = self._host_state(keys=[self.locations_key(instance_id), *(self.node_key(instance_id, r) for r in rids)],
-                                args=[*args, *keys])
+        reporter_keys = [key for rid in rids for key in (self.node_key(instance_id, rid),
+                                                           self.keyset_key(instance_id, rid))]
+        flat = self._host_state(keys=[self.locations_key(instance_id), *reporter_keys], args=[*args, *keys])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def locations(self, instance_id: str, block_key: int) -> list[tuple[str, str, list[tuple[str, str]]]]:
-        """The stored locations of one key as (location id, medium, [(spec, uri)]), visible or not."""
+        """The stored locations of one key as (location id, medium, [(spec, uri with s_version)]),
+        visible or not."""
         raw = self._dump(keys=[self.locations_key(instance_id)], args=[str(block_key)])
-        return [(location_id(rid, medium), medium, [(specs[i], specs[i + 1]) for i in range(0, len(specs), 3)])
+        return [(location_id(rid, medium), medium,
+                 [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)])
                 for rid, medium, specs in json.loads(raw)]

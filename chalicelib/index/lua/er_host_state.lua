@@ -1,5 +1,6 @@
 -- getHostCacheState over reported locations: each host's prefix of the keys (reporters.py).
--- KEYS: locations hash, then the state hash of every reporter of the instance
+-- KEYS: locations hash, then the state hash and the block-key set of every reporter
+--       of the instance (state1, keys1, state2, keys2, ...)
 -- ARGV: now ms, mode ('p' prefix, 'm' Mamba), eagle pop ('1'/'0'), mediums (',', '' = all),
 --       full-attention spec names (','), state spec names (','), reporter count R,
 --       R x (rid, heartbeat timeout ms), then the block keys in order
@@ -14,13 +15,55 @@ end
 local media = ARGV[4] ~= '' and er_set(string.gsub(ARGV[4], ',', ' ')) or nil
 local full, states = csv(ARGV[5]), csv(ARGV[6])
 local r = tonumber(ARGV[7])
-local views, hosts = {}, {}
+local views, hosts, keysets = {}, {}, {}
+local settled = true  -- every visible reporter has no retired generation left
 for i = 1, r do
   local rid = ARGV[6 + 2 * i]
-  views[rid] = er_view(hgetall_table(KEYS[1 + i]), now, tonumber(ARGV[7 + 2 * i]))
+  local view = er_view(hgetall_table(KEYS[2 * i]), now, tonumber(ARGV[7 + 2 * i]))
+  views[rid] = view
   hosts[rid] = string.sub(rid, string.find(rid, '#', 1, true) + 1)
+  keysets[rid] = KEYS[2 * i + 1]
+  if view and next(view.ret) then settled = false end
 end
 local first = 8 + 2 * r
+local n = #ARGV - first + 1
+
+-- Fast path (plain prefix, every medium, no retired generation left): a reporter holds a
+-- visible location for exactly the keys of its block-key set, so each host's prefix is
+-- found with SMISMEMBER over growing runs of keys, never decoding a record.
+if mode == 'p' and not media and settled then
+  local by_host = {}
+  for rid, view in pairs(views) do
+    if view then
+      local list = by_host[hosts[rid]] or {}
+      list[#list + 1] = keysets[rid]
+      by_host[hosts[rid]] = list
+    end
+  end
+  local result = {}
+  for host, sets in pairs(by_host) do
+    local pos, step, prefix = 1, 64, nil
+    while pos <= n and not prefix do
+      local last = math.min(pos + step - 1, n)
+      local held = redis.call('SMISMEMBER', sets[1], unpack(ARGV, first + pos - 1, first + last - 1))
+      for k = 2, #sets do  -- a host reporting as L1P5 and L2: either holds the key
+        local flags = redis.call('SMISMEMBER', sets[k], unpack(ARGV, first + pos - 1, first + last - 1))
+        for j = 1, #flags do if flags[j] == 1 then held[j] = 1 end end
+      end
+      for j = 1, last - pos + 1 do
+        if held[j] == 0 then prefix = pos + j - 2 break end
+      end
+      pos, step = last + 1, math.min(step * 2, 4096)  -- unpack stays under Lua's stack limit
+    end
+    prefix = prefix or n
+    if eagle then prefix = math.max(prefix - 1, 0) end
+    if prefix > 0 then
+      result[#result + 1] = host
+      result[#result + 1] = prefix
+    end
+  end
+  return result
+end
 
 -- host -> set of visible spec names at one key (Mamba), or host -> true.
 local function present(key)
@@ -50,7 +93,6 @@ local function has_all(set, names)
   return true
 end
 
-local n = #ARGV - first + 1
 local alive, count, result = {}, 0, {}
 local last_ok, prev_ok = {}, {}
 local function finish(host, prefix)

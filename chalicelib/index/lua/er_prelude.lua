@@ -4,8 +4,8 @@
 --   field = block key (decimal), value = cmsgpack array of locations
 --   {rid, medium, {name, uri, version, name, uri, version, ...}}
 -- rid = '<l1p5|l2>#<host_ip_port>' names the reporter; the location id upstream prints is
--- 'kvs#event_report_<type>#<medium>#<host_ip_port>'. ``version`` is the s_version the URI
--- carries (the reporter's generation when it was written).
+-- 'kvs#event_report_<type>#<medium>#<host_ip_port>'. ``version`` is the reporter's
+-- generation when the spec was written; readers append it to the URI as ``s_version``.
 --
 -- A reporter's state is a hash: reg ('1' registered, '0' tombstone), med (mediums, ','),
 -- hb (last heartbeat, ms), life (lifecycle generation), gen (current generation token),

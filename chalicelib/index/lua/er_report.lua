@@ -1,7 +1,9 @@
 -- One reportEvent request of one reporter, applied in order, atomically (reporters.py).
 -- KEYS: reporter state, locations hash, the reporter's block-key set, the instance's reporter set
 -- ARGV: rid, now ms, fresh token, snapshot min interval ms, heartbeat timeout ms,
---       cleanup grace ms, events (JSON array, reporters.py encodes them)
+--       cleanup grace ms, events (a JSON array; reporters.py encodes them):
+--       ['r', mediums] | ['h'] | ['x'] | ['a', key, medium, [name, uri, ...]]
+--       | ['d', key, medium, names] | ['s', [[key, medium, [name, uri, ...]], ...]]
 -- Returns {item codes, generation token, snapshot required (0/1), retry after ms,
 --          retired tokens to clean ('' = none)}
 local OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED = 1, 10, 13
@@ -38,14 +40,33 @@ local function generation()
   return state.gen
 end
 
+-- The request's keys are read with HMGET up front and written back once at the end: a
+-- batch costs a few commands, not three per event.
+local cache, dirty, order = {}, {}, {}
+local function locs_of(key) return cache[key] end
+local function touch(key) if not dirty[key] then dirty[key] = true; order[#order + 1] = key end end
+local wanted, seen = {}, {}
+for _, ev in ipairs(events) do
+  if ev[1] == 'a' or ev[1] == 'd' then
+    if not seen[ev[2]] then seen[ev[2]] = true; wanted[#wanted + 1] = ev[2] end
+  elseif ev[1] == 's' then
+    for _, item in ipairs(ev[2]) do
+      if not seen[item[1]] then seen[item[1]] = true; wanted[#wanted + 1] = item[1] end
+    end
+  end
+end
+local CHUNK = 1000
+for i = 1, #wanted, CHUNK do
+  local last = math.min(i + CHUNK - 1, #wanted)
+  local raws = redis.call('HMGET', loc_key, unpack(wanted, i, last))
+  for j = i, last do cache[wanted[j]] = er_decode(raws[j - i + 1]) end
+end
+
 local function find(locs, medium)
   for i, loc in ipairs(locs) do
     if loc[1] == rid and loc[2] == medium then return i end
   end
   return nil
-end
-local function versioned(uri, version)
-  return uri .. (string.find(uri, '?', 1, true) and '&' or '?') .. 's_version=' .. version
 end
 local function holds(locs)
   for _, loc in ipairs(locs) do
@@ -55,7 +76,7 @@ local function holds(locs)
 end
 
 local function add(key, medium, specs, version, replace)
-  local locs = er_decode(redis.call('HGET', loc_key, key))
+  local locs = locs_of(key)
   local i = find(locs, medium)
   if not i then
     locs[#locs + 1] = {rid, medium, {}}
@@ -65,7 +86,7 @@ local function add(key, medium, specs, version, replace)
   end
   local held = locs[i][3]
   for j = 1, #specs, 2 do
-    local name, uri = specs[j], versioned(specs[j + 1], version)
+    local name, uri = specs[j], specs[j + 1]
     local at = nil
     for k = 1, #held, 3 do
       if held[k] == name then at = k break end
@@ -76,14 +97,11 @@ local function add(key, medium, specs, version, replace)
       held[#held + 1], held[#held + 2], held[#held + 3] = name, uri, version
     end
   end
-  er_store(loc_key, key, locs)
-  redis.call('SADD', keyset, key)
+  touch(key)
 end
 
 local function delete(key, medium, names)
-  local raw = redis.call('HGET', loc_key, key)
-  if not raw then return end
-  local locs = er_decode(raw)
+  local locs = locs_of(key)
   local i = find(locs, medium)
   if not i then return end
   local drop = {}
@@ -95,8 +113,7 @@ local function delete(key, medium, names)
     end
   end
   if #kept == 0 then table.remove(locs, i) else locs[i][3] = kept end
-  if not holds(locs) then redis.call('SREM', keyset, key) end
-  er_store(loc_key, key, locs)
+  touch(key)
 end
 
 local codes, retry_after = {}, 0
@@ -142,6 +159,23 @@ for n, ev in ipairs(events) do
   end
   codes[n] = code
 end
+
+local sets, clears, gone, held = {}, {}, {}, {}
+for _, key in ipairs(order) do
+  local locs = cache[key]
+  if #locs == 0 then gone[#gone + 1] = key
+  else sets[#sets + 1] = key; sets[#sets + 1] = cmsgpack.pack(locs) end
+  if holds(locs) then held[#held + 1] = key else clears[#clears + 1] = key end
+end
+local function each_chunk(cmd, key, list, step)
+  for i = 1, #list, step do
+    redis.call(cmd, key, unpack(list, i, math.min(i + step - 1, #list)))
+  end
+end
+each_chunk('HSET', loc_key, sets, 2 * CHUNK)
+each_chunk('HDEL', loc_key, gone, CHUNK)
+each_chunk('SADD', keyset, held, CHUNK)
+each_chunk('SREM', keyset, clears, CHUNK)
 
 if state then
   local flat = {}

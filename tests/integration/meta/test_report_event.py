@@ -331,3 +331,20 @@ def test_mamba_needs_full_and_state_groups(http, er, instance):
     resp = http("getHostCacheState", {"instance_id": instance, "block_cache_keys": [1],
                                       "query_type": "QT_PREFIX_MATCH_WITH_MAMBA"})
     assert code(resp) == "INVALID_ARGUMENT"
+
+
+def test_fast_and_record_paths_agree(http, er):
+    """Without a medium filter and with no retired generation the prefixes come from the
+    reporters' key sets; with one, from the records: same answer, across run boundaries."""
+    import random
+
+    rng = random.Random(7)
+    keys = rng.sample(range(1, 1 << 40), 300)
+    for h in range(6):
+        held = keys[:rng.choice([0, 1, 63, 64, 65, 190, 300])]
+        gap = [k for k in held if rng.random() < 0.01]  # holes: the prefix stops at the first
+        events = [add(k) for k in held if k not in gap]
+        for start in range(0, len(events), 100):
+            report(http, events[start:start + 100], host=f"10.1.0.{h}:1", storage_type=L1 if h % 2 else L2)
+    fast = hosts(http, keys)
+    assert fast == hosts(http, keys, medium=["gpu", "mem"]) and len(fast) >= 3
