@@ -90,8 +90,14 @@ class ValkeyTime:
         cpu = self.client.info("cpu")
         return (cpu["used_cpu_user"] + cpu["used_cpu_sys"]) * 1e6
 
-    def measure(self, fn: Callable[[], object], calls: int) -> tuple[float, float, float]:
-        """(wall µs, commandstats µs, Valkey CPU µs) per call, over ``calls`` calls of ``fn``."""
+    def measure(self, fn: Callable[[], object], calls: int, rounds: int = 1) -> tuple[float, float, float]:
+        """(wall µs, commandstats µs, Valkey CPU µs) per call, over ``calls`` calls of ``fn``
+        split into ``rounds`` batches: the median of the batches' figures, so a batch in
+        which the machine stalled Valkey does not make the figure."""
+        runs = [self._batch(fn, calls // rounds) for _ in range(rounds)]
+        return tuple(statistics.median(run[i] for run in runs) for i in range(3))
+
+    def _batch(self, fn: Callable[[], object], calls: int) -> tuple[float, float, float]:
         self.client.config_resetstat()
         self.sent.clear()
         cpu0 = self._cpu_us()

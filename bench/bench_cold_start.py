@@ -40,8 +40,9 @@ event = {"resource": "/api/getCacheLocation", "path": "/api/getCacheLocation", "
          "headers": {"content-type": "application/json"}, "multiValueHeaders": {"content-type": ["application/json"]},
          "queryStringParameters": None, "multiValueQueryStringParameters": None, "pathParameters": None,
          "stageVariables": None, "body": body, "isBase64Encoded": False,
-         "requestContext": {"resourcePath": "/api/getCacheLocation", "httpMethod": "POST", "path": "/api/getCacheLocation",
-                            "requestId": "cold", "stage": "api", "identity": {"sourceIp": "127.0.0.1"}}}
+         "requestContext": {"resourcePath": "/api/getCacheLocation", "httpMethod": "POST",
+                            "path": "/api/getCacheLocation", "requestId": "cold", "stage": "api",
+                            "identity": {"sourceIp": "127.0.0.1"}}}
 
 class Context:
     aws_request_id = "cold"

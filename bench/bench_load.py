@@ -135,7 +135,8 @@ def run(workers: int, port: int, env: dict, seconds: float, client: redis.Redis)
     calls = len(latencies)
     return {"calls_s": calls / wall, "p50": statistics.median(latencies),
             "p99": latencies[int(0.99 * (calls - 1))], "valkey_us": valkey_cpu / calls * 1e6,
-            "valkey_busy": valkey_cpu / wall, "ours_busy": (sum(c for _, c in outs) + valkey_cpu) / wall / os.cpu_count(),
+            "valkey_busy": valkey_cpu / wall,
+            "ours_busy": (sum(c for _, c in outs) + valkey_cpu) / wall / os.cpu_count(),
             "machine_busy": (busy - busy0) / max(1, total - total0)}
 
 

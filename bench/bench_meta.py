@@ -94,7 +94,9 @@ def upstream_location_json(key: int) -> str:
 
 
 #: Calls per measured batch for each key count of (f).
-SERVER_TIME_CALLS = {16: 300, 128: 100, 1024: 15}
+SERVER_TIME_CALLS = {16: 300, 128: 120, 1024: 24}
+#: Batches per figure of (f): the median is printed.
+SERVER_TIME_ROUNDS = 3
 
 
 def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
@@ -122,13 +124,13 @@ def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
             pipe.execute()
 
         next_names = cycle(names)
-        mget = timer.measure(lambda: client.mget(next_names()), calls)
+        mget = timer.measure(lambda: client.mget(next_names()), calls, SERVER_TIME_ROUNDS)
         next_names = cycle(names)
-        hset = timer.measure(lambda: hset_all(next_names()), calls)
+        hset = timer.measure(lambda: hset_all(next_names()), calls, SERVER_TIME_ROUNDS)
         sessions = []
         next_keys = cycle(batches)
         start = timer.measure(lambda: sessions.append(rt.cache.start_write_cache(
-            StartWriteCacheRequest(instance_id="bench", block_keys=next_keys()))), calls)
+            StartWriteCacheRequest(instance_id="bench", block_keys=next_keys()))), calls, SERVER_TIME_ROUNDS)
         next_session = cycle(sessions)
 
         def finish():
@@ -137,19 +139,20 @@ def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
                 instance_id="bench", write_session_id=session.write_session_id,
                 success_blocks=BlockMask(offset=len(session.locations))))
 
-        finished = timer.measure(finish, calls)
+        finished = timer.measure(finish, calls, SERVER_TIME_ROUNDS)
         reads = {}
         for label, query, sw in (("prefix", QueryType.QT_PREFIX_MATCH, 0), ("batch", QueryType.QT_BATCH_GET, 0),
                                  ("window", QueryType.QT_REVERSE_ROLL_SW_MATCH, n // 2)):
             next_keys = cycle(batches)
             reads[label] = timer.measure(lambda: rt.cache.get_cache_location(GetCacheLocationRequest(
-                instance_id="bench", query_type=query, sw_size=sw, block_keys=next_keys())), calls)
+                instance_id="bench", query_type=query, sw_size=sw, block_keys=next_keys())),
+                calls, SERVER_TIME_ROUNDS)
         next_keys = cycle(batches)
         removed = timer.measure(lambda: rt.cache.remove_cache(RemoveCacheRequest(
-            instance_id="bench", block_keys=next_keys())), calls)
+            instance_id="bench", block_keys=next_keys())), calls, SERVER_TIME_ROUNDS)
         client.delete(*[name for chunk in names for name in chunk])
 
-        print(f"  {n} keys per call, {calls} calls per batch")
+        print(f"  {n} keys per call, median of {SERVER_TIME_ROUNDS} batches of {calls // SERVER_TIME_ROUNDS} calls")
         for label, figures, baseline in (
                 (f"MGET of {n} string keys (read baseline)", mget, None),
                 (f"pipeline of {n} HSETs (write baseline)", hset, None),
