@@ -15,6 +15,7 @@ IDEMPOTENT = frozenset({
     "getCacheLocationLen",
     "getClusterInfo",
     "getHostCacheState",
+    "getCacheLocationsByBackend",
     "enableStorage",
     "disableStorage",
     "listStorage",
@@ -50,6 +51,7 @@ OPERATIONS = {
     "getClusterInfo": (m.GetClusterInfoRequest, m.GetClusterInfoResponse, "meta"),
     "reportEvent": (m.ReportEventRequest, m.ReportEventResponse, "meta"),
     "getHostCacheState": (m.GetHostCacheStateRequest, m.GetHostCacheStateResponse, "meta"),
+    "getCacheLocationsByBackend": (m.GetCacheLocationsByBackendRequest, m.GetCacheLocationsByBackendResponse, "meta"),
     "addStorage": (m.StorageRequest, m.Response, "admin"),
     "enableStorage": (m.StorageNameRequest, m.Response, "admin"),
     "disableStorage": (m.StorageNameRequest, m.Response, "admin"),
@@ -150,6 +152,11 @@ class Methods:
             **fields: Any) -> m.GetHostCacheStateResponse:
         """``getHostCacheState`` (meta service; see API.md)."""
         return self.call("getHostCacheState", request, fields)
+
+    def get_cache_locations_by_backend(self, request: Optional[m.GetCacheLocationsByBackendRequest] = None, /,
+            **fields: Any) -> m.GetCacheLocationsByBackendResponse:
+        """``getCacheLocationsByBackend`` (meta service; see API.md)."""
+        return self.call("getCacheLocationsByBackend", request, fields)
 
     def add_storage(self, request: Optional[m.StorageRequest] = None, /,
             **fields: Any) -> m.Response:

@@ -59,6 +59,13 @@ class ReportEventType(IntEnum):
     EVENT_BLOCK_SNAPSHOT = 6
 
 
+class LocationSelectStrategy(IntEnum):
+    LSS_UNSPECIFIED = 0
+    LSS_V6D_PREFIX = 1
+    LSS_V6D_COVERAGE = 2
+    LSS_WEIGHTED_RANDOM = 3
+
+
 class CacheLocationStatus(IntEnum):
     CLS_NOT_FOUND = 0
     CLS_NEW = 1

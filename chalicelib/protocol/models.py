@@ -18,6 +18,7 @@ from .codes import (
     ErrorCode,
     FaultTriggerStrategy,
     FaultType,
+    LocationSelectStrategy,
     QueryType,
     ReclaimPolicy,
     ReportEventType,
@@ -38,6 +39,7 @@ FaultTypeField = wire_enum(FaultType)
 FaultTriggerStrategyField = wire_enum(FaultTriggerStrategy)
 CacheLocationStatusField = wire_enum(CacheLocationStatus)
 ReportEventTypeField = wire_enum(ReportEventType)
+LocationSelectStrategyField = wire_enum(LocationSelectStrategy)
 
 
 def _one_of(model: WireModel, names: tuple[str, ...], what: str) -> None:
@@ -431,6 +433,31 @@ class GetCacheLocationLenRequest(KeysRequest):
 
 class GetCacheLocationLenResponse(Response):
     cache_location_len: Int64 = 0
+
+
+class BackendLocationSelector(WireModel):
+    backend_type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    strategy: LocationSelectStrategyField = LocationSelectStrategy.LSS_UNSPECIFIED
+
+
+class GetCacheLocationsByBackendRequest(KeysRequest):
+    """UPSTREAM_V2 §2.5: at most one location per selected backend per key."""
+
+    query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    block_mask: Optional[BlockMask] = None
+    sw_size: Int32 = 0
+    #: Empty, or one name per key: each key's locations are projected to its name.
+    location_spec_names: list[Str] = Field(default_factory=list)
+    backend_selectors: list[BackendLocationSelector] = Field(default_factory=list)
+
+
+class CacheLocationVector(WireModel):
+    locations: list[CacheLocation] = Field(default_factory=list)
+
+
+class GetCacheLocationsByBackendResponse(Response):
+    #: One vector per requested key, in order; a miss is an empty vector.
+    key_locations: list[CacheLocationVector] = Field(default_factory=list)
 
 
 class GetClusterInfoRequest(Request):

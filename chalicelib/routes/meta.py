@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..auth import Action as A
 from ..auth import targets as t
-from ..cache import api, events_api, location_len
+from ..cache import api, backend_locations, events_api, location_len
 from ..control import cluster
 from ..observability.events import record_event
 from ..protocol import models as m
@@ -32,6 +32,8 @@ OPERATIONS: list[Operation] = [
     _meta("getClusterInfo", m.GetClusterInfoRequest, cluster.get_cluster_info, action=A.META_READ),
     _meta("reportEvent", m.ReportEventRequest, events_api.report_event),
     _meta("getHostCacheState", m.GetHostCacheStateRequest, events_api.get_host_cache_state, action=A.META_READ),
+    _meta("getCacheLocationsByBackend", m.GetCacheLocationsByBackendRequest,
+          backend_locations.get_cache_locations_by_backend),
 ]
 
 blueprint = api_blueprint(__name__, OPERATIONS)

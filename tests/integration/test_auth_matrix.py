@@ -46,6 +46,11 @@ SCOPED = {
     "reportEvent": (_instance("in-1", host_ip_port="h:1", events=[]), [_instance("out-1", host_ip_port="h:1", events=[])]),
     "getHostCacheState": (_instance("in-1", block_cache_keys=[1], query_type="QT_PREFIX_MATCH"),
                           [_instance("out-1", block_cache_keys=[1], query_type="QT_PREFIX_MATCH")]),
+    "getCacheLocationsByBackend": (
+        _instance("in-1", block_keys=[1], query_type="QT_BATCH_GET",
+                  backend_selectors=[{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}]),
+        [_instance("out-1", block_keys=[1], query_type="QT_BATCH_GET",
+                   backend_selectors=[{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}])]),
     "createInstanceGroup": ({"instance_group": group_json("g1", "nfs1")}, [{"instance_group": group_json("g3", "nfs1")}]),
     "updateInstanceGroup": ({"instance_group": group_json("g1", "nfs1"), "current_version": 1},
                             [{"instance_group": group_json("g2", "nfs1"), "current_version": 1}]),

@@ -11,7 +11,7 @@ from chalicelib.protocol.models import (CacheLocations, GetCacheLocationRequest,
                                         GetCacheMetaResponse, GetInstanceInfoResponse, RegisterInstanceRequest,
                                         RegisterInstanceResponse, Response, ResponseHeader, StartWriteCacheResponse,
                                         GetCacheLocationLenResponse, GetClusterInfoResponse, GetHostCacheStateResponse,
-                                        ReportEventResponse,
+                                        ReportEventResponse, GetCacheLocationsByBackendResponse,
                                         TrimCacheRequest)
 from chalicelib.protocol.wire import parse_model, render
 from chalicelib.routes import admin, debug, meta
@@ -119,7 +119,8 @@ def test_each_meta_operation_knows_its_response_model(op):
                 "getCacheLocation": GetCacheLocationResponse, "getCacheMeta": GetCacheMetaResponse,
                 "startWriteCache": StartWriteCacheResponse, "getCacheLocationLen": GetCacheLocationLenResponse,
                 "getClusterInfo": GetClusterInfoResponse, "reportEvent": ReportEventResponse,
-                "getHostCacheState": GetHostCacheStateResponse}
+                "getHostCacheState": GetHostCacheStateResponse,
+                "getCacheLocationsByBackend": GetCacheLocationsByBackendResponse}
     assert op.response_model is expected.get(op.api_name, Response)
 
 
