@@ -7,6 +7,7 @@ themselves are applied by one script per request (``index.reporters``).
 from __future__ import annotations
 
 import re
+import time
 from typing import Optional
 
 from ..index.reporters import (RID_TYPES, Liveness, add_event, delete_event, heartbeat_event,
@@ -156,8 +157,20 @@ def _check_shape(events: list[EventItem]) -> None:
 # ---------------------------------------------------------------- reportEvent
 
 
+def _count(runtime, req: ReportEventRequest, group: str, results: list[ErrorCode], started: float) -> None:
+    """upstream's ``event_report.*`` metrics (UPSTREAM_V2 §2.1), per event type."""
+    tags = {"instance_group": group, "instance_id": req.instance_id, "type": req.storage_type.name[3:].lower()}
+    for item, code in zip(req.events, results):
+        event_tags = {**tags, "event_type": item.event_type.name}
+        runtime.metrics.incr("event_report.request_counter", 1, event_tags)
+        if code != ErrorCode.OK:
+            runtime.metrics.incr("event_report.error_counter", 1, event_tags)
+    runtime.metrics.observe("event_report.request_rt_us", (time.perf_counter() - started) * 1e6, tags)
+
+
 def report_event(runtime, req: ReportEventRequest) -> ReportEventResponse:
     """Apply an engine's cache events (register, heartbeat, add, delete, snapshot, host down)."""
+    started = time.perf_counter()
     if not req.instance_id:
         raise InstanceNotFoundError("instance '' is not registered")
     record = runtime.config.instance(req.instance_id)  # rule 1
@@ -178,6 +191,7 @@ def report_event(runtime, req: ReportEventRequest) -> ReportEventResponse:
     outcome = runtime.reporters.report(req.instance_id, rid, encoded, _clock_ms(runtime), liveness_of(storage))
     applied = iter(outcome.codes)
     results = [code if code is not None else next(applied) for code in codes]
+    _count(runtime, req, group.name, results, started)
     response = ReportEventResponse(committed_snapshot_version=outcome.generation,
                                    snapshot_required=outcome.snapshot_required,
                                    retry_after_ms=outcome.retry_after_ms, extra_info=group.extra_info)

@@ -24,6 +24,7 @@ from ..protocol.models import (ApiKeyInfo, CreateApiKeyRequest, CreateApiKeyResp
                                ListApiKeyResponse, ListAuditLogRequest, ListAuditLogResponse, RevokeApiKeyRequest)
 from ..runtime import Runtime
 from .api_keys import ApiKeyRecord
+from .cluster import admin_endpoint
 from .errors import UnknownEntityError
 from .validation import require, require_name, validate_storage_config
 
@@ -229,7 +230,8 @@ def get_manager_cluster_info(runtime: Runtime, request: ListRequest) -> GetManag
         self_node_id=lease.node_id,
         leader_node_id=status.holder or "",
         self_leader_expiration_time=status.expires_at_us if status.holder == lease.node_id else 0,
-        info_updated_time=now_us(runtime.clock))
+        info_updated_time=now_us(runtime.clock),
+        leader_endpoint=admin_endpoint(runtime.settings.advertised_endpoint, status.holder or lease.node_id))
 
 
 def leader_demote(runtime: Runtime, request: ListRequest) -> Response:

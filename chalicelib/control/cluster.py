@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..protocol.models import GetClusterInfoRequest, GetClusterInfoResponse, MetaNodeEndpoint
+from ..protocol.models import GetClusterInfoRequest, GetClusterInfoResponse, MetaNodeEndpoint, NodeEndpoint
 from ..runtime import Runtime
 
 
@@ -21,6 +21,15 @@ def advertised_endpoint(endpoint: str, node_id: str) -> Optional[MetaNodeEndpoin
     if not endpoint or not colon or not host or not port.isdigit():
         return None
     return MetaNodeEndpoint(node_id=node_id, host=host.strip("[]"), meta_http_port=int(port))
+
+
+def admin_endpoint(endpoint: str, node_id: str) -> Optional[NodeEndpoint]:
+    """The same as a NodeEndpoint (getManagerClusterInfo): the admin methods share the API's port."""
+    meta = advertised_endpoint(endpoint, node_id)
+    if meta is None:
+        return None
+    return NodeEndpoint(node_id=node_id, host=meta.host, meta_http_port=meta.meta_http_port,
+                        admin_http_port=meta.meta_http_port)
 
 
 def get_cluster_info(runtime: Runtime, request: GetClusterInfoRequest) -> GetClusterInfoResponse:

@@ -756,11 +756,24 @@ class CheckHealthResponse(Response):
     elector_last_loop_time_ms: Int64 = 0
 
 
+class NodeEndpoint(WireModel):
+    """The admin twin of MetaNodeEndpoint (UPSTREAM_V2 §1.2), admin ports included."""
+
+    node_id: Str = ""
+    host: Str = ""
+    meta_rpc_port: Int32 = 0
+    meta_http_port: Int32 = 0
+    admin_rpc_port: Int32 = 0
+    admin_http_port: Int32 = 0
+    custom_info: Str = ""
+
+
 class GetManagerClusterInfoResponse(Response):
     info_updated_time: Int64 = 0
     self_leader_expiration_time: Int64 = 0
     self_node_id: Str = ""
     leader_node_id: Str = ""
+    leader_endpoint: Optional[NodeEndpoint] = None
 
 
 class LeaderElectorConfigResponse(Response):

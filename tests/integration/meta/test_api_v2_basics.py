@@ -77,3 +77,10 @@ def test_get_cache_location_refuses_the_mamba_query_type(http, instance):
     resp = http("getCacheLocation", {"instance_id": instance, "block_keys": [1],
                                      "query_type": "QT_PREFIX_MATCH_WITH_MAMBA"})
     assert code(resp) == "INVALID_ARGUMENT" and "query_type" in resp["header"]["status"]["message"]
+
+
+def test_manager_cluster_info_names_the_api_with_its_admin_port(http, runtime):
+    runtime.settings = replace(runtime.settings, advertised_endpoint="127.0.0.1:8123")
+    resp = http("getManagerClusterInfo", {})
+    endpoint = resp["leader_endpoint"]
+    assert code(resp) == "OK" and (endpoint["meta_http_port"], endpoint["admin_http_port"]) == (8123, 8123)

@@ -348,3 +348,17 @@ def test_fast_and_record_paths_agree(http, er):
             report(http, events[start:start + 100], host=f"10.1.0.{h}:1", storage_type=L1 if h % 2 else L2)
     fast = hosts(http, keys)
     assert fast == hosts(http, keys, medium=["gpu", "mem"]) and len(fast) >= 3
+
+
+def test_event_report_metrics_per_event_type(http, er, runtime):
+    import app
+    from chalice.test import Client
+
+    report(http, [REGISTER, add(1), {"event_type": "EVENT_HEARTBEAT"}])
+    with Client(app.app) as chalice:
+        text = chalice.http.get("/metrics").body.decode()
+    lines = [line for line in text.splitlines() if line.startswith("kvcm_event_report_")]
+    assert any("request_counter" in line and 'event_type="EVENT_BLOCK_ADD"' in line
+               and 'type="event_report_l1p5"' in line and 'instance_group="ger"' in line for line in lines), lines
+    assert any("error_counter" in line and 'event_type="EVENT_HEARTBEAT"' in line for line in lines), lines
+    assert any(line.startswith("kvcm_event_report_request_rt_us") for line in lines), lines
