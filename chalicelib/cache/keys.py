@@ -11,11 +11,12 @@ _SIGN = 1 << 63
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def keys_from_tokens(tokens: Sequence[int], block_size: int) -> list[int]:
-    """One key per full block of ``tokens``; a key depends on its whole prefix."""
+def keys_from_tokens(tokens: Sequence[int], block_size: int, parent_key: int = 0) -> list[int]:
+    """One key per full block of ``tokens``; a key depends on its whole prefix, which
+    ``parent_key`` (the key of the block before ``tokens``) stands for when given."""
     mask, sign, golden = _MASK, _SIGN, _GOLDEN
     keys: list[int] = []
-    h = 0  # signed 64-bit, so that >> is arithmetic
+    h = parent_key  # signed 64-bit, so that >> is arithmetic
     full = len(tokens) - len(tokens) % block_size
     for start in range(0, full, block_size):
         for v in tokens[start:start + block_size]:
