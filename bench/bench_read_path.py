@@ -5,8 +5,9 @@ an instance. This bench takes the read script apart on 100,000 two-spec records 
 layout of bench_meta.py (e)) and measures, in turns in one run, each option of
 docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
 (as before), the floor of one HGET per key, the floor of one script call per key, one
-HMGET per distinct bucket, every key's recency refreshed, and the alternative layout of
-one string key per record (one MGET) with its memory. Baseline: a client MGET of 128 keys.
+HMGET per distinct bucket, every key's recency refreshed, and the alternative layouts
+(one string key per record, packed string buckets, one hash per instance: one
+multi-key or multi-field command per read) with their memory. Baseline: a client MGET of 128 keys.
 
     .venv/bin/python bench/bench_read_path.py
 """
@@ -58,6 +59,11 @@ for _, bucket in ipairs(order) do call('HMGET', bucket, unpack(fields[bucket])) 
 return #order"""
 MGET_STRING_RECORDS = """
 return #redis.call('MGET', unpack(KEYS))"""
+HMGET_ONE_HASH = """
+local keys, sub = ARGV[1], string.sub
+local fields = {}
+for i = 1, #keys / 8 do fields[i] = sub(keys, i * 8 - 7, i * 8) end
+return #redis.call('HMGET', KEYS[1], unpack(fields))"""
 # KEYS: the distinct buckets; ARGV[2]: per key, the 1-based index of its bucket (a byte).
 # A packed bucket is a string of entries: 8-byte key, 1-byte length, record.
 FIND_IN_PACKED_BUCKETS = """
@@ -105,6 +111,15 @@ def main() -> None:
                 client.mset({layout.key("r:") + k.to_bytes(8, "big", signed=True): records[k]
                              for k in keys[start:start + 1000]})
             string_bytes = (client.info("memory")["used_memory"] - string_bytes) / BLOCKS
+            # Every record in one hash: past hash-max-listpack-entries Valkey keeps it as a
+            # hashtable, whose lookups do not scan (a listpack bucket's do).
+            one_hash = layout.key("all")
+            one_hash_bytes = client.info("memory")["used_memory"]
+            for start in range(0, BLOCKS, 1000):
+                client.hset(one_hash, mapping={k.to_bytes(8, "big", signed=True): records[k]
+                                               for k in keys[start:start + 1000]})
+            one_hash_bytes = (client.info("memory")["used_memory"] - one_hash_bytes) / BLOCKS
+            one_hash_encoding = client.object("encoding", one_hash).decode()
             packed: dict[bytes, list[bytes]] = {}
             for k in keys:
                 record = records[k]
@@ -120,7 +135,7 @@ def main() -> None:
             scripts = {name: client.register_script(prelude + "\n" + src) for name, src in (
                 ("hget", HGET_GIVEN_NAMES), ("hget_lua_names", HGET_NAMES_IN_LUA), ("exists", EXISTS_PER_KEY),
                 ("hmget", HMGET_PER_BUCKET), ("mget_strings", MGET_STRING_RECORDS),
-                ("packed", FIND_IN_PACKED_BUCKETS))}
+                ("packed", FIND_IN_PACKED_BUCKETS), ("one_hash", HMGET_ONE_HASH))}
             packed_reads = []
             for batch in batches:
                 names = list(dict.fromkeys(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix):]
@@ -171,6 +186,7 @@ def main() -> None:
                 "string key per record: one MGET in Lua": script(
                     "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True)
                                                for k in batches[i]]),
+                f"one {one_hash_encoding} hash per instance: one HMGET": script("one_hash", lambda i: [one_hash]),
                 "packed string buckets: one MGET, keys found by string.find": cycling(
                     lambda i: scripts["packed"](keys=packed_reads[i][0],
                                                 args=[pack_keys(batches[i]), packed_reads[i][1]])),
@@ -190,6 +206,7 @@ def main() -> None:
             print(f"  {'records in bucket hashes (the layout)':<58} {bucket_bytes:>9.1f} B")
             print(f"  {'one string key per record':<58} {string_bytes:>9.1f} B")
             print(f"  {'packed string buckets (records only, no counters)':<58} {packed_bytes:>9.1f} B")
+            print(f"  {f'one {one_hash_encoding} hash per instance (records only)':<58} {one_hash_bytes:>9.1f} B")
         finally:
             aws.stop()
 
