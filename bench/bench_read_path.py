@@ -28,6 +28,8 @@ from bench.bench_meta import build_runtime, write_blocks  # noqa: E402
 N = 128
 BLOCKS = 100_000
 ROUNDS, CALLS = 5, 200
+#: Records per bucket of the "big buckets" option (past hash-max-listpack-entries).
+BIG_BUCKET_RECORDS = 4096
 
 # Each option is a script over KEYS (one name per key unless said) and ARGV[1] (the keys blob).
 HGET_GIVEN_NAMES = """
@@ -120,6 +122,16 @@ def main() -> None:
                                                for k in keys[start:start + 1000]})
             one_hash_bytes = (client.info("memory")["used_memory"] - one_hash_bytes) / BLOCKS
             one_hash_encoding = client.object("encoding", one_hash).decode()
+            # The middle way: buckets as today, sized past the listpack limit (hashtables).
+            big_buckets = BLOCKS // BIG_BUCKET_RECORDS
+            big_bucket_of = [layout.key("big:") + b"%x" % (k % big_buckets) for k in keys]
+            big_bytes = client.info("memory")["used_memory"]
+            for start in range(0, BLOCKS, 1000):
+                pipe = client.pipeline(transaction=False)
+                for k, name in zip(keys[start:start + 1000], big_bucket_of[start:start + 1000]):
+                    pipe.hset(name, k.to_bytes(8, "big", signed=True), records[k])
+                pipe.execute()
+            big_bytes = (client.info("memory")["used_memory"] - big_bytes) / BLOCKS
             packed: dict[bytes, list[bytes]] = {}
             for k in keys:
                 record = records[k]
@@ -132,6 +144,8 @@ def main() -> None:
             batches = [keys[i * N:(i + 1) * N] for i in range(BLOCKS // N)]
             buckets = [[layout.bucket(k) for k in batch] for batch in batches]
             distinct = statistics.mean(len(set(b)) for b in buckets)
+            big_names = [big_bucket_of[i * N:(i + 1) * N] for i in range(len(batches))]
+            big_distinct = statistics.mean(len(set(b)) for b in big_names)
             scripts = {name: client.register_script(prelude + "\n" + src) for name, src in (
                 ("hget", HGET_GIVEN_NAMES), ("hget_lua_names", HGET_NAMES_IN_LUA), ("exists", EXISTS_PER_KEY),
                 ("hmget", HMGET_PER_BUCKET), ("mget_strings", MGET_STRING_RECORDS),
@@ -187,6 +201,8 @@ def main() -> None:
                     "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True)
                                                for k in batches[i]]),
                 f"one {one_hash_encoding} hash per instance: one HMGET": script("one_hash", lambda i: [one_hash]),
+                f"{big_buckets} buckets of {BIG_BUCKET_RECORDS}: HMGET per bucket ({big_distinct:.1f} of 128)": script(
+                    "hmget", lambda i: big_names[i]),
                 "packed string buckets: one MGET, keys found by string.find": cycling(
                     lambda i: scripts["packed"](keys=packed_reads[i][0],
                                                 args=[pack_keys(batches[i]), packed_reads[i][1]])),
@@ -207,6 +223,7 @@ def main() -> None:
             print(f"  {'one string key per record':<58} {string_bytes:>9.1f} B")
             print(f"  {'packed string buckets (records only, no counters)':<58} {packed_bytes:>9.1f} B")
             print(f"  {f'one {one_hash_encoding} hash per instance (records only)':<58} {one_hash_bytes:>9.1f} B")
+            print(f"  {f'{big_buckets} buckets of {BIG_BUCKET_RECORDS} (records only)':<58} {big_bytes:>9.1f} B")
         finally:
             aws.stop()
 
