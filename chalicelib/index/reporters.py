@@ -191,6 +191,15 @@ class ReporterStore:
         self._retired(keys=[self.node_key(instance_id, rid)], args=[retired])
         return removed
 
+    def forget_instance(self, instance_id: str) -> None:
+        """Delete everything reported for an instance that no longer exists (UNLINK: a
+        large hash is freed in the background)."""
+        keys = [self.locations_key(instance_id), self.nodes_key(instance_id)]
+        for rid in self.reporters(instance_id):
+            keys += [self.node_key(instance_id, rid), self.keyset_key(instance_id, rid)]
+        self.client.unlink(*keys)
+        self.client.srem(self.instances_key, instance_id)
+
     # ------------------------------------------------------------ reads
 
     def reporters(self, instance_id: str) -> list[str]:

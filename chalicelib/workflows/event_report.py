@@ -3,7 +3,8 @@
 A reporter silent past its heartbeat timeout is already hidden from queries (readers check
 the heartbeat); past the cleanup grace after that it is unregistered here (the report
 script would do the same on its next event), and the metadata of retired generations
-(HOST_DOWN, the grace's end, a snapshot's predecessors) is deleted in batches.
+(HOST_DOWN, the grace's end, a snapshot's predecessors) is deleted in batches. What was
+reported for an instance that no longer exists is deleted too.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def event_report_liveness(runtime) -> dict:
     for instance_id in store.instances():
         try:
             record = runtime.config.instance(instance_id)
-        except InstanceNotFoundError:
-            continue  # removed: its keys go with the instance's (see docs/api-v2.md)
+        except InstanceNotFoundError:  # removed (or being removed): what it reported goes too
+            store.forget_instance(instance_id)
+            continue
         storages = event_report_storages(runtime, runtime.config.group(record.group))
         for rid in store.reporters(instance_id):
             config = storages.get(_KINDS.get(rid.partition("#")[0]))

@@ -362,3 +362,12 @@ def test_event_report_metrics_per_event_type(http, er, runtime):
                and 'type="event_report_l1p5"' in line and 'instance_group="ger"' in line for line in lines), lines
     assert any("error_counter" in line and 'event_type="EVENT_HEARTBEAT"' in line for line in lines), lines
     assert any(line.startswith("kvcm_event_report_request_rt_us") for line in lines), lines
+
+
+def test_a_removed_instances_reports_go_with_the_liveness_job(http, er, runtime, valkey):
+    from chalicelib.workflows.event_report import event_report_liveness
+
+    report(http, [add(1), add(2)])
+    assert code(http("removeInstance", {"instance_group": "ger", "instance_id": "e1"})) == "OK"
+    event_report_liveness(runtime)
+    assert reported_state(valkey) == {} and runtime.reporters.instances() == []
