@@ -90,6 +90,7 @@ def replay(stack: LocalStack, capacity: int, requests: list[list[int]]) -> dict:
     valkey = redis.Redis.from_url(stack.valkey_url)
     valkey.config_resetstat()
     hits = blocks = refused = 0
+    reasons: dict[str, int] = {}
     began = time.perf_counter()
     for keys in requests:
         found = api.call("getCacheLocation", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH",
@@ -99,12 +100,15 @@ def replay(stack: LocalStack, capacity: int, requests: list[list[int]]) -> dict:
         start = api.call("startWriteCache", {"instance_id": instance, "block_keys": keys})
         if not _ok(start):
             refused += 1
+            reasons[start["header"]["status"]["message"][:80]] = reasons.get(start["header"]["status"]["message"][:80], 0) + 1
             continue
         finished = api.call("finishWriteCache", {
             "instance_id": instance, "write_session_id": start["write_session_id"],
             "success_blocks": {"offset": len(start["locations"])}})
         assert _ok(finished), finished
     elapsed = time.perf_counter() - began
+    if reasons:
+        print(f"  capacity {capacity}: refusals: " + "; ".join(f"{n} x {r}" for r, n in sorted(reasons.items())))
     stats = valkey.info("commandstats")
     commands = {k[len("cmdstat_"):]: v for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
     valkey_us = sum(v["usec"] for v in commands.values())

@@ -202,14 +202,15 @@ class Runtime:
     def cache(self):
         """The meta data plane."""
         from .cache.service import CacheService
+        from .cache.deletion import QueuedDeleter
         from .capacity.eviction import WritePathEviction
         from .capacity.reclaimer import request_reclaim
 
         return CacheService(self.index, self.contexts, self.deleter, self.purge, self.clock, self.settings,
                             self.metrics,
                             on_capacity_refused=lambda group: request_reclaim(self, group),
-                            make_room=WritePathEviction(self.index, self.deleter, self.clock, self.events,
-                                                        self.metrics))
+                            make_room=WritePathEviction(self.index, QueuedDeleter(self.index), self.clock,
+                                                        self.events, self.metrics))
 
     @cached_property
     def purge(self):

@@ -81,6 +81,19 @@ class DeletionService:
                         ctx.spec_layout.slots(v.spec_group))
 
 
+class QueuedDeleter:
+    """Queues victims in the index for the reclaimer to hand to the real deleter at its
+    next round (the write path's evictions: a start must not wait for a Step Functions
+    call). The delay runs from the hand-over; a queue lost with its process is found by
+    the stranded-deletion sweep."""
+
+    def __init__(self, index: BlockIndex) -> None:
+        self.index = index
+
+    def submit(self, ctx: InstanceContext, victims: Sequence[Victim], delay_ms: int = 0) -> None:
+        self.index.queue_deletions(ctx.layout, victims)
+
+
 class InlineDeleter:
     """Deletes at once, in the calling request (tests; deployments without workflows)."""
 

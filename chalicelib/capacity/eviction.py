@@ -7,7 +7,9 @@ evict anyway. So a start refused for the group quota, a storage type's quota or 
 cap marks victims in the writing instance — chosen as a reclaim round chooses them
 (sampled, policy-ordered, leaves first, SERVING only, compare-and-set) — for the
 shortfall plus a little headroom, and the start is tried again; when concurrent writers
-took the room first, each further attempt frees twice as much. Marked bytes leave the
+took the room first, each further attempt frees twice as much. Victims are queued for
+deletion (``cache.deletion.QueuedDeleter``): the reclaimer's next round hands them to the
+deleter, so a write never waits for a Step Functions call. Marked bytes leave the
 live usage the quotas count at once (the index's deleting counters), while the data
 is deleted after the group's ``delay_before_delete_ms`` as usual.
 

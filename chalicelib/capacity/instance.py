@@ -10,12 +10,10 @@ stale prefix chain goes in one round from its end to its root.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..index import BlockIndex, Victim
-from ..index.records import location_status
 from .policies import Candidate, VictimPolicy
 from .sampling import BucketSampler, SamplingConfig
 from .selection import CandidatePool
@@ -67,9 +65,6 @@ class InstanceReclaim:
         self.pool = CandidatePool()
         self._admitted = 0
         self.report = InstanceReport(ctx.instance_id)
-        # parent key → {child key: location id} of its children marked this round: they
-        # still count in its child count until their deletion drops them
-        self._marked_children: dict[int, dict[int, int]] = defaultdict(dict)
 
     def run(self, sweep_buckets: int = 0) -> InstanceReport:
         """Sweep ``sweep_buckets`` buckets for expired blocks, then free the need."""
@@ -126,26 +121,12 @@ class InstanceReclaim:
         self._climb([c for _, c in taken])
 
     def _climb(self, taken: list[Candidate]) -> None:
-        """Admit the victims' parents that have no live child left."""
-        parents = []
-        for c in taken:
-            if c.parent is not None:
-                self._marked_children[c.parent][c.block_key] = c.location_id
-                parents.append(c.parent)
+        """Admit the victims' parents, as they are now: a child marked DELETING no longer
+        counts in its parent's child count (the mark unlinks it), so a parent whose
+        children are all marked is a leaf."""
+        parents = list(dict.fromkeys(c.parent for c in taken if c.parent is not None))
         if not parents:
             return
-        parents = list(dict.fromkeys(parents))
-        children = [k for p in parents for k in self._marked_children[p]]
-        raws = self.sampler.reread(list(dict.fromkeys(parents + children)))
-        admitted = []
-        for parent in parents:
-            raw = raws[parent]
-            candidate = self.sampler.candidate(parent, raw) if raw is not None else None
-            if candidate is None:
-                continue
-            # A marked child not dropped yet still counts in the parent's child count; one
-            # dropped and written again is a live child like any other.
-            undropped = sum(1 for k, loc in self._marked_children[parent].items()
-                            if raws[k] is not None and location_status(raws[k], loc) is not None)
-            admitted.append(replace(candidate, children=max(0, candidate.children - undropped)))
-        self._admit(admitted)
+        raws = self.sampler.reread(parents)
+        self._admit([candidate for parent in parents if raws[parent] is not None
+                     and (candidate := self.sampler.candidate(parent, raws[parent])) is not None])

@@ -134,6 +134,8 @@ class ReclaimReport:
 
     groups: list[GroupReport] = field(default_factory=list)
     duration_ms: float = 0.0
+    #: Victims the write path queued, handed to deletion.
+    handed_over: int = 0
     #: Stranded deletions handed to deletion again.
     resubmitted: int = 0
     #: Why the round did nothing (e.g. another node holds the lease).
@@ -151,7 +153,7 @@ class ReclaimReport:
 
     def to_dict(self) -> dict:
         return {"victims": self.victims, "bytes": self.bytes, "duration_ms": round(self.duration_ms, 3),
-                "resubmitted": self.resubmitted, "skipped": self.skipped, "interrupted": self.interrupted,
+                "resubmitted": self.resubmitted, "handed_over": self.handed_over, "skipped": self.skipped, "interrupted": self.interrupted,
                 "groups": [g.to_dict() for g in self.groups]}
 
 
@@ -202,7 +204,7 @@ class Reclaimer:
         woken = self.index.take_reclaim_requests()
         usages = dict(zip((g.name for g in groups), self.index.group_usage([g.name for g in groups])))
         self._states = {g.name: self._states.get(g.name, _GroupState()) for g in groups}
-        report = ReclaimReport()
+        report = ReclaimReport(handed_over=self._hand_over_queued())
         for group in groups:
             state = self._states[group.name]
             reason = ("woken" if group.name in woken else "over" if state.over
@@ -269,6 +271,30 @@ class Reclaimer:
         # blocks are all in flight would otherwise be sampled every round for nothing.
         state.over = report.plan.needed and report.victims > 0
         return report
+
+    def _hand_over_queued(self) -> int:
+        """Hand the victims the write path queued (``QueuedDeleter``) to the deleter,
+        after each group's delete delay; returns how many."""
+        contexts: dict[str, "InstanceContext"] = {}
+
+        def layout_of(instance_id: str):
+            try:
+                contexts[instance_id] = self.contexts(instance_id)
+            except InstanceNotFoundError:
+                return None  # removed: its purge deletes everything
+            return contexts[instance_id].layout
+
+        total = 0
+        for instance_id, victims in self.index.take_queued_deletions(layout_of).items():
+            ctx = contexts[instance_id]
+            try:
+                self.deleter.submit(ctx, victims, ctx.delete_delay_ms)
+            except Exception as exc:  # noqa: BLE001 - the stranded sweep hands them over later
+                logger.warning("queued deletions not handed over", extra={
+                    "instance_id": instance_id, "locations": len(victims), "error": str(exc)})
+                continue
+            total += len(victims)
+        return total
 
     def _sweep_share(self, contexts: Sequence["InstanceContext"], state: _GroupState) -> set[str]:
         """The instances whose TTL sweep advances this look: a rotating share."""

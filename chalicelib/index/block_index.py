@@ -27,7 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import redis
 
@@ -629,7 +629,7 @@ class BlockIndex:
                     self.client.unlink(*[layout.bucket(b) for b in buckets])
             if cursor == 0:
                 break
-        fixed = [layout.key(s) for s in ("g", "og", "sd")] + [layout.occupied]
+        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq")] + [layout.occupied]
         if keep_usage:
             # No record is left: nothing counts as DELETING or as a key any more.
             with valkey_errors("index"):
@@ -667,6 +667,46 @@ class BlockIndex:
         with valkey_errors("index"):
             self.client.hset(layout.key("m"), cursor, position)
         return buckets
+
+    # ---------------------------------------------------------------- deletion queue
+    # Victims marked on the write path wait here for the reclaimer to hand them to the
+    # deleter, so a write never waits for a Step Functions call.
+
+    @property
+    def _deletion_queue_set(self) -> str:
+        return f"{{{self.prefix}:deleteq}}:instances"
+
+    def queue_deletions(self, layout: InstanceLayout, victims: Sequence[Victim]) -> None:
+        """Append victims (already DELETING) to the instance's deletion queue."""
+        if not victims:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(layout.key("dq"), encode_victims(list(victims)))
+        pipe.sadd(self._deletion_queue_set, layout.instance_id)
+        with valkey_errors("index"):
+            pipe.execute()
+
+    def take_queued_deletions(self, layout_of: Callable[[str], Optional[InstanceLayout]],
+                              max_entries: int = 256) -> dict[str, list[Victim]]:
+        """Pop the queued victims of every instance that has some (``layout_of`` maps an
+        instance id to its layout, None when it is gone: its queue is dropped). An
+        instance leaves the set before its queue is read, so a push racing the read puts
+        it back."""
+        with valkey_errors("index"):
+            instance_ids = [m.decode() for m in self.client.smembers(self._deletion_queue_set)]
+        out: dict[str, list[Victim]] = {}
+        for instance_id in instance_ids:
+            with valkey_errors("index"):
+                self.client.srem(self._deletion_queue_set, instance_id)
+            layout = layout_of(instance_id)
+            key = (layout or InstanceLayout(self.prefix, instance_id, 0)).key("dq")
+            with valkey_errors("index"):
+                entries = self.client.lpop(key, max_entries) or []
+                if len(entries) == max_entries:
+                    self.client.sadd(self._deletion_queue_set, instance_id)  # more next time
+            if layout is not None and entries:
+                out[instance_id] = [v for entry in entries for v in decode_victims(entry)]
+        return out
 
     @property
     def _reclaim_wake_key(self) -> str:

@@ -33,6 +33,11 @@ def _quiet_for_api(handler_cls: type) -> type:
     """``handler_cls`` without its log line for ``/api/`` paths (the app logs those)."""
 
     class Handler(handler_cls):
+        # The response goes out in several writes (status, headers, body): with Nagle's
+        # algorithm each small one after the first waits for the client's delayed ACK,
+        # about 40 ms per call on a keep-alive connection.
+        disable_nagle_algorithm = True
+
         def log_request(self, code: Any = "-", size: Any = "-") -> None:
             # 405 (a GET on a POST method) is Chalice's own answer: the app never saw it.
             if not self.path.startswith("/api/") or code == 405:

@@ -1,7 +1,8 @@
 -- Compare-and-delete: remove DELETING locations whose id still matches, release their
 -- usage, unlink them from their parent, and hand packed groups whose last block is gone
 -- to the orphan set (their files are deleted next, retried until done).
--- A gone record is taken off its parent's child count only if it was linked to the
+-- A gone record unlinked when it turned DELETING (prelude unlink_from_parent) was taken
+-- off its parent's count then. Otherwise it is taken off only if it was linked to the
 -- parent's current record (start.lua, "Child counts"): not if that record was written
 -- after it, the one that counted it being gone.
 -- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups,
@@ -52,7 +53,7 @@ for v = 1, #victims / VICTIM_LEN do
         emptied[bucket] = true
         emptied_list[#emptied_list + 1] = {bucket, bucket_index(nbuckets, key)}
       end
-      if flags % 2 == 1 then
+      if flags % 2 == 1 and flags % 8 < UNLINKED then
         local pbucket = bucket_of(bucket_prefix, nbuckets, parent)
         local prec = redis.call('HGET', pbucket, parent)
         if prec then

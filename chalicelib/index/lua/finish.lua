@@ -37,7 +37,8 @@ for j = 1, #blob / 13 do
         if string.sub(success, j, j) == '1' then
           redis.call('HSET', bucket, key, set_loc_status(rec, i, SERVING))
         else
-          redis.call('HSET', bucket, key, stamp_deleting(set_loc_status(rec, i, DELETING), math.floor(now_ms / 1000)))
+          rec = unlink_from_parent(bprefix, nbuckets, set_loc_status(rec, i, DELETING))
+          redis.call('HSET', bucket, key, stamp_deleting(rec, math.floor(now_ms / 1000)))
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
           charge.add(sidx, sg)
         end

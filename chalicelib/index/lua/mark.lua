@@ -41,7 +41,7 @@ for i = 1, #keys / 8 do
         end
       end
     end
-    if changed then redis.call('HSET', bucket, key, stamp_deleting(rec, now_s)) end
+    if changed then redis.call('HSET', bucket, key, stamp_deleting(unlink_from_parent(bprefix, nbuckets, rec), now_s)) end
   end
 end
 local out = charge.flush(KEYS[1])

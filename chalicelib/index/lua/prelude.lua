@@ -99,6 +99,34 @@ end
 local VICTIM_FMT = '>c8I5BBI6H'
 local VICTIM_LEN = 23
 
+-- A record whose last live location turned DELETING stops counting as its parent's
+-- child at once (it never serves again), so leaf-first reclaim sees the parent as a leaf
+-- now, not once the deletion has run. Flags bit 2 ("unlinked") says so, and drop.lua does
+-- not take it off the parent a second time. Only a record linked to the parent's current
+-- record counts there (start.lua, "Child counts"). Returns the record with the flag set.
+local UNLINKED = 4
+local function unlink_from_parent(bprefix, nbuckets, rec)
+  local flags, parent = struct.unpack('>Bc8', rec)
+  if flags % 2 == 0 or flags % 8 >= UNLINKED or find_status(rec, SERVING) or find_status(rec, WRITING) then
+    return rec
+  end
+  local nloc = struct.unpack('>B', rec, HDR_LEN)
+  local seq = struct.unpack('>I5', rec, HDR_LEN + 4)
+  local pbucket = bucket_of(bprefix, nbuckets, parent)
+  local prec = redis.call('HGET', pbucket, parent)
+  if prec and struct.unpack('>B', prec, HDR_LEN) > 0 then
+    local pseq = struct.unpack('>I5', prec, HDR_LEN + 4)
+    local linked
+    if flags % 4 < 2 then
+      linked = pseq < seq
+    else  -- adopted: the record's tail names its adopter
+      linked = pseq == struct.unpack('>I5', rec, HDR_LEN + nloc * LOC_LEN + 1)
+    end
+    if linked then redis.call('HSET', pbucket, parent, set_children(prec, -1)) end
+  end
+  return string.char(flags + UNLINKED) .. string.sub(rec, 2)
+end
+
 -- Charging locations that turn DELETING to the usage hash's deleting counters ('d',
 -- 'dt:<type>', 'dk'; start.lua's quotas exclude them, drop.lua releases them). A
 -- charge is summed per call and applied once; `flush` returns it for the caller to

@@ -32,7 +32,8 @@
 --   * or C is adopted (flags bit 1) by R: R was created after C, C being the key right
 --     after P in the request, and C's record ends with R's sequence number (I5, after
 --     its locations: every reader walks locations by count, so the tail is invisible).
--- Invariant: a record's child count is the number of live records linked to it. A child
+-- Invariant: a record's child count is the number of records linked to it that are not
+-- DELETING (a child turning DELETING is unlinked then: prelude unlink_from_parent). A child
 -- whose parent record went away while it lived is linked to no record until a later
 -- write creates its parent again with it as the next key (adoption); drop.lua decrements
 -- a parent only for a child linked to it. Adoption costs one read per new record whose
@@ -144,7 +145,8 @@ if #new > 0 then
     local c = i + 1
     if c <= n and flags[c] == '0' and not seen[fields[c]] then
       local crec = redis.call('HGET', buckets[c], fields[c])
-      if crec and byte(crec, 1) % 2 == 1 and string.sub(crec, 2, 9) == key then
+      -- A child on its way out (DELETING, unlinked) is not adopted: it counts no more.
+      if crec and byte(crec, 1) % 2 == 1 and string.sub(crec, 2, 9) == key and not find_status(crec, DELETING) then
         local body_end = HDR_LEN + byte(crec, HDR_LEN) * LOC_LEN  -- drops an earlier adopter
         redis.call('HSET', buckets[c], fields[c],
                    string.char(3) .. string.sub(crec, 2, body_end) .. struct.pack('>I5', loc))

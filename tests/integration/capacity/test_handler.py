@@ -76,9 +76,11 @@ def test_a_full_group_makes_room_on_the_write_path(runtime, http, clock):
     http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})
     clock.advance(1)
     assert write(http, 9) == "OK"  # the least recently used block made room at once
-    assert status(http, 2) == "CLS_NOT_FOUND"
+    assert status(http, 2) == "CLS_DELETING"  # queued: the write did not wait for its deletion
     assert status(http, 1) == "CLS_SERVING"  # read since it was written
     assert live_usage(runtime) == (8 * BLOCK, 8)
+    assert reclaim_handler(runtime)["handed_over"] == 1  # the next round hands it to the deleter
+    assert status(http, 2) == "CLS_NOT_FOUND"
     (event,) = [json.loads(line) for line in open(runtime.settings.event_log_path)
                 if '"CacheReclaimSubmit"' in line]
     assert event["source"] == "i1" and event["block_keys"] == [2] and event["delay_us"] == 0

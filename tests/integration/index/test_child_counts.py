@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from chalicelib.index import Status
 from chalicelib.index.block_index import MODE_RAW, StartRequest
 
 SIZES = [100]
@@ -113,16 +114,23 @@ def test_a_later_parent_record_is_not_mistaken_for_the_adopter(index, layout):
     assert children(index, layout, [P, D]) == {P: 1, D: 0}
 
 
-def test_parent_with_a_child_deleting_but_not_dropped_yet(index, layout):
-    """The child's location is DELETING (marked, not dropped) when its parent is removed and
-    written again: the child still exists, so it is adopted, and its drop takes it back."""
+def test_a_child_turning_deleting_stops_counting_at_once(index, layout):
+    """A child marked DELETING (not dropped yet) no longer counts: its parent is a leaf for
+    reclaim at once, its drop does not take it off a second time, and a parent written
+    again does not adopt it."""
     write(index, layout, [P, C], "a")
     victims = index.mark_deleting(layout, [C], SIZES)
+    assert children(index, layout, [P]) == {P: 0}
     remove(index, layout, [P])
     write(index, layout, [P, C], "b")
-    assert children(index, layout, [P]) == {P: 1}
+    assert children(index, layout, [P]) == {P: 0}
     index.drop(layout, victims, SIZES)
     assert children(index, layout, [P, C]) == {P: 0, C: None}
+
+
+def test_a_failed_block_stops_counting_when_its_session_finishes(index, layout):
+    write(index, layout, [P, C, D], "a", [True, True, False])
+    assert children(index, layout, [P, C, D]) == {P: 1, C: 0, D: None}
 
 
 def _path(node):
@@ -167,7 +175,8 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
                     link = (keys[i - 1], live[keys[i - 1]][0]) if i > 0 else None
                     live[key] = (recs[key].locations[0].location_id, link)
                     nxt = keys[i + 1] if i + 1 < len(keys) else None
-                    if nxt in before and recs[nxt].parent == key:
+                    if nxt in before and recs[nxt].parent == key and \
+                            recs[nxt].locations[0].status != Status.DELETING:
                         live[nxt] = (live[nxt][0], (key, live[key][0]))
             open_sessions.append(sid)
         if open_sessions and (op >= 0.45 or rng.random() < 0.5):
@@ -185,7 +194,9 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
             late_victims = []
         recs = sync()
         for key, rec in recs.items():
-            linked = sum(1 for _, link in live.values() if link == (key, live[key][0]))
+            # A DELETING record no longer counts (unlinked when it turned DELETING).
+            linked = sum(1 for k, (_, link) in live.items() if link == (key, live[key][0])
+                         and recs[k].locations[0].status != Status.DELETING)
             named = sum(1 for r in recs.values() if r.parent == key)
             assert rec.children == linked, (step, key)
             assert rec.children <= named, (step, key)
