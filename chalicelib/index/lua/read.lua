@@ -14,7 +14,7 @@
 -- This is the hot path, and one shard's single thread serves every read of an instance:
 -- one redis.call per key is the floor (records of random keys sit in distinct buckets),
 -- so the loops avoid every other per-key cost they can. The caller names the buckets
--- (docs/index-read-path.md): building a bucket name here cost about a third of the
+-- (docs/index-read-path.md): building a bucket name here cost about a fifth of the
 -- script's time, and Valkey time is what caps an instance, not the client's.
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
