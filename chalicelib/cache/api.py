@@ -5,7 +5,7 @@ import functools
 
 from ..control.validation import require_name
 from ..control.views import storage_configs_json
-from ..protocol.errors import InvalidArgumentError
+from ..protocol.errors import InvalidArgumentError, UnsupportedError
 from .service import CacheService
 from ..protocol.models import (
     GetInstanceInfoRequest,
@@ -14,6 +14,8 @@ from ..protocol.models import (
     RegisterInstanceResponse,
     RemoveInstanceRequest,
     Response,
+    StartWriteCacheRequest,
+    StartWriteCacheResponse,
 )
 
 
@@ -45,7 +47,19 @@ def _cache_method(name: str):
 
 get_cache_location = _cache_method("get_cache_location")
 get_cache_meta = _cache_method("get_cache_meta")
-start_write_cache = _cache_method("start_write_cache")
+
+
+def start_write_cache(runtime, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
+    """Where to write the keys nobody holds or writes yet (``min_replica_count`` 0 or 1:
+    KVCM writes a key only while no location of it exists, so more replicas are refused)."""
+    if req.min_replica_count < 0:
+        raise InvalidArgumentError("field 'min_replica_count' must be >= 0")
+    if req.min_replica_count > 1:
+        raise UnsupportedError(f"field 'min_replica_count': {req.min_replica_count} replicas; KVCM writes a key "
+                               f"only while no location of it exists (0 or 1)")
+    return runtime.cache.start_write_cache(req)
+
+
 finish_write_cache = _cache_method("finish_write_cache")
 remove_cache = _cache_method("remove_cache")
 trim_cache = _cache_method("trim_cache")

@@ -213,6 +213,8 @@ class EventReportStorageSpec(WireModel):
 
 #: The storage types of engine-reported locations: metadata only, no data backend.
 EVENT_REPORT_TYPES = (StorageType.ST_EVENT_REPORT_L1P5, StorageType.ST_EVENT_REPORT_L2)
+#: Upstream types KVCM knows by name but cannot serve (UPSTREAM_V2 §2.8).
+NO_BACKEND_TYPES = (StorageType.ST_DUMMY, StorageType.ST_TAIRMEMPOOL_SSD)
 
 
 STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
@@ -248,6 +250,8 @@ class StorageConfig(WireModel):
             if self.storage_type not in EVENT_REPORT_TYPES:
                 raise ValueError("storage_type must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2 "
                                  "with an event_report spec")
+        elif self.storage_type in NO_BACKEND_TYPES:
+            raise ValueError(f"storage_type {self.storage_type.name} has no backend in KVCM")
         elif field is not None:
             if self.storage_type == StorageType.ST_UNSPECIFIED:
                 self.storage_type = STORAGE_SPEC_FIELDS[field]
@@ -399,6 +403,8 @@ class GetCacheMetaResponse(Response):
 class StartWriteCacheRequest(KeysRequest):
     location_spec_group_names: list[Str] = Field(default_factory=list)
     write_timeout_seconds: Int32 = 0
+    #: Skip a key only when this many replicas exist (UPSTREAM_V2 §2.6); 0 = 1.
+    min_replica_count: Int32 = 0
 
 
 class StartWriteCacheResponse(Response):
