@@ -14,18 +14,13 @@ from chalicelib.protocol.models import (FinishWriteCacheRequest, RegisterInstanc
 from chalicelib.cache.api import register_instance, remove_instance
 
 from .conftest import SPECS, wait_for
+from .test_workflows import _write_files
 
 
 def _write(rt, keys, instance_id="i1") -> list[Path]:
     """Start, write the files at the URIs' paths, finish: the blocks are SERVING."""
     start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance_id, block_keys=keys))
-    paths = []
-    for loc in start.locations:
-        for spec in loc["location_specs"]:
-            path = Path(spec["uri"].split("?")[0][len("file://nfs_01"):])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"x" * 4096)
-            paths.append(path)
+    paths = _write_files(start)
     rt.cache.finish_write_cache(FinishWriteCacheRequest.model_validate(
         {"instance_id": instance_id, "write_session_id": start.write_session_id,
          "success_blocks": {"offset": len(start.locations)}}))
