@@ -324,8 +324,8 @@ class BlockIndex:
         """
         if not block_keys:
             return []
-        # The client names each key's bucket: it costs Valkey's single thread a third of
-        # the script to build them in Lua (docs/index-read-path.md).
+        # The client names each key's bucket: building the names in Lua cost Valkey's
+        # single thread about a fifth of the read (docs/index-read-path.md).
         prefix, mask = layout.bucket_prefix, layout.mask
         buckets = [b"%b%x" % (prefix, k & mask) for k in block_keys]
         blob = self._call(self._read, [layout.key("m"), layout.key("st"), *buckets],
