@@ -75,16 +75,19 @@ class ValkeyTime:
         self.client = client
         self.sent: Counter[str] = Counter()
         self._counting = False
-        original = redis.connection.PythonRespSerializer.pack
         tracker = self
 
-        def counting(packer, *args):
-            if tracker._counting:
-                name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
-                tracker.sent[name.lower().replace(" ", "|")] += 1
-            return original(packer, *args)
+        def counting(original):
+            def pack(packer, *args):
+                if tracker._counting:
+                    name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+                    tracker.sent[name.lower().replace(" ", "|")] += 1
+                return original(packer, *args)
+            return pack
 
-        redis.connection.PythonRespSerializer.pack = counting
+        # Both serializers: redis-py packs with hiredis's when it is installed.
+        for serializer in (redis.connection.PythonRespSerializer, redis.connection.HiredisRespSerializer):
+            serializer.pack = counting(serializer.pack)
 
     def _cpu_us(self) -> float:
         cpu = self.client.info("cpu")
