@@ -43,7 +43,6 @@ end
 -- The request's keys are read with HMGET up front and written back once at the end: a
 -- batch costs a few commands, not three per event.
 local cache, dirty, order = {}, {}, {}
-local function locs_of(key) return cache[key] end
 local function touch(key) if not dirty[key] then dirty[key] = true; order[#order + 1] = key end end
 local wanted, seen = {}, {}
 for _, ev in ipairs(events) do
@@ -76,7 +75,16 @@ local function holds(locs)
 end
 
 local function add(key, medium, specs, version, replace)
-  local locs = locs_of(key)
+  local locs = cache[key]
+  if #locs == 0 then  -- a key nobody reported yet (the usual ADD): no merging
+    local held = {}
+    for j = 1, #specs, 2 do
+      held[#held + 1], held[#held + 2], held[#held + 3] = specs[j], specs[j + 1], version
+    end
+    locs[1] = {rid, medium, held}
+    touch(key)
+    return
+  end
   local i = find(locs, medium)
   if not i then
     locs[#locs + 1] = {rid, medium, {}}
@@ -100,10 +108,12 @@ local function add(key, medium, specs, version, replace)
   touch(key)
 end
 
+local shrunk = {}  -- keys a DELETE took something from: does the reporter still hold them?
 local function delete(key, medium, names)
-  local locs = locs_of(key)
+  local locs = cache[key]
   local i = find(locs, medium)
   if not i then return end
+  shrunk[key] = true
   local drop = {}
   for _, name in ipairs(names) do drop[name] = true end
   local kept, held = {}, locs[i][3]
@@ -165,7 +175,7 @@ for _, key in ipairs(order) do
   local locs = cache[key]
   if #locs == 0 then gone[#gone + 1] = key
   else sets[#sets + 1] = key; sets[#sets + 1] = cmsgpack.pack(locs) end
-  if holds(locs) then held[#held + 1] = key else clears[#clears + 1] = key end
+  if not shrunk[key] or holds(locs) then held[#held + 1] = key else clears[#clears + 1] = key end
 end
 local function each_chunk(cmd, key, list, step)
   for i = 1, #list, step do
