@@ -43,7 +43,7 @@ INSTANCE, CACHE, META = "instance", "cache", "meta"
 #: Occupied buckets read per step (about 64 blocks each in a full instance).
 BUCKETS_PER_STEP = 64
 #: Blocks an API call purges itself before handing the rest to the state machine.
-INLINE_BLOCKS = 4096
+INLINE_BLOCKS = 2048
 #: Victims deleted per index call inside a step.
 DELETE_CHUNK = 2048
 
