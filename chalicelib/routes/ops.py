@@ -18,6 +18,7 @@ from ..protocol.errors import http_status_of, status_of
 from ..protocol.models import ListRequest
 from ..protocol.wire import render
 from ..runtime import Runtime, get_runtime
+from . import gateway
 
 blueprint = Blueprint(__name__)
 
@@ -64,7 +65,8 @@ def metrics() -> Response:
 HEALTHY_PATH = "/api/healthy"
 
 
-@blueprint.route(HEALTHY_PATH, methods=["GET"])
+# Behind the gateway's authorizer like every /api route: it answers with the same bearer.
+@blueprint.route(HEALTHY_PATH, methods=["GET"], authorizer=gateway.api_key_authorizer if gateway.ENABLED else None)
 def healthy_probe() -> Response:
     status, body = healthy(get_runtime(), blueprint.current_request.headers)
     content_type = "application/json" if status in (200, 503) and body.startswith("{") else "text/plain"

@@ -33,8 +33,8 @@ import json
 from chalice.test import Client
 import app
 # /api/{api_name} answers unknown methods 404 with no data: left open, as upstream's server.
-routes = {path: methods["POST"].authorizer for path, methods in app.app.routes.items()
-          if path.startswith("/api/") and path != "/api/{api_name}"}
+routes = {(path, verb): entry.authorizer for path, methods in app.app.routes.items()
+          if path.startswith("/api/") and path != "/api/{api_name}" for verb, entry in methods.items()}
 names = sorted({a.name if a is not None else None for a in routes.values()})
 with Client(app.app) as client:
     status = client.http.post("/api/getCacheLocation", body="{}").status_code

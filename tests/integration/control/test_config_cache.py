@@ -98,7 +98,7 @@ def test_own_writes_are_seen_by_the_next_call(cache, populated, control):
     assert cache.instance("mine").instance_id == "mine"
     control.set_storage_available("nfs1", False)
     assert cache.storages_for_group("g1")[1][1] is False
-    control.remove_instance("mine")
+    control.remove_instance("mine", control.get_instance("mine").incarnation)
     with pytest.raises(InstanceNotFoundError):
         cache.instance("mine")
 
@@ -107,7 +107,7 @@ def test_other_containers_changes_are_seen_within_refresh(cache, populated, othe
     assert cache.storage("nfs2").available and cache.instance("i1")
     other.set_storage_available("nfs2", False)
     other.update_group(group("g1", "nfs1"), current_version=1)
-    other.remove_instance("i1")
+    other.remove_instance("i1", other.get_instance("i1").incarnation)
     clock.advance(REFRESH_S * 0.9)
     assert cache.storage("nfs2").available and cache.instance("i1")
     clock.advance(REFRESH_S * 0.1)
@@ -150,7 +150,8 @@ def test_a_load_racing_with_a_change_is_not_kept(cache, populated, control, monk
         calls.append(instance_id)
         if len(calls) == 1:
             monkeypatch.setattr(control, "get_instance", real_get_instance)
-            control.remove_instance("i1")  # the change lands while our read is in flight...
+            # the change lands while our read is in flight...
+            control.remove_instance("i1", control.get_instance("i1").incarnation)
             cache.group("g1")              # ...and another call sees the new epoch first
             return stale
         return real_get_instance(instance_id)

@@ -4,6 +4,7 @@ import threading
 import pytest
 
 from chalicelib.control import EntityInUseError, UnknownEntityError, VersionConflictError
+from chalicelib.control.errors import InstanceRemovingError
 from chalicelib.protocol.codes import Role
 from chalicelib.protocol.errors import (CapacityExceededError, DuplicateEntityError, InstanceNotFoundError,
                                         InvalidArgumentError)
@@ -139,7 +140,7 @@ def test_group_with_members_cannot_be_removed(control):
     control.register_instance(register_request("i1"))
     with pytest.raises(EntityInUseError, match="instance group 'g1' still has 1 registered instance"):
         control.remove_group("g1")
-    control.remove_instance("i1")
+    control.remove_instance("i1", control.get_instance("i1").incarnation)
     control.remove_group("g1")
     with pytest.raises(UnknownEntityError):
         control.get_group("g1")
@@ -180,7 +181,7 @@ def test_register_in_unknown_group_and_over_max_instance_count(control):
     with pytest.raises(CapacityExceededError, match="maximum of 2 instance"):
         control.register_instance(register_request("i3"))
     assert control.get_instance("i3") is None
-    control.remove_instance("i1")
+    control.remove_instance("i1", control.get_instance("i1").incarnation)
     control.register_instance(register_request("i3"))
 
 
@@ -206,15 +207,25 @@ def test_concurrent_registrations_respect_max_instance_count(control):
 
 
 def test_remove_instance(control):
+    """Removal begins (the record is marked, the id stays taken, listings skip it) and
+    ends with the record deleted for the incarnation that began it."""
     control.create_group(group("g1"))
     control.create_group(group("g2"))
-    control.register_instance(register_request("i1"))
+    registered = control.register_instance(register_request("i1"))
     with pytest.raises(InvalidArgumentError, match="belongs to instance group 'g1'"):
-        control.remove_instance("i1", group="g2")
-    assert control.remove_instance("i1", group="g1").instance_id == "i1"
+        control.begin_instance_removal("i1", group="g2")
+    marked = control.begin_instance_removal("i1", group="g1")
+    assert marked.removing_us > 0 and control.begin_instance_removal("i1") == marked  # idempotent
+    assert control.list_instances("g1") == [] and control.list_instances("g1", removing=True) == [marked]
+    with pytest.raises(InstanceRemovingError, match="being removed"):
+        control.register_instance(register_request("i1"))
+    with pytest.raises(InstanceNotFoundError):
+        control.remove_instance("i1", "another-incarnation")
+    assert control.remove_instance("i1", registered.incarnation).instance_id == "i1"
     assert control.get_instance("i1") is None
     with pytest.raises(InstanceNotFoundError):
-        control.remove_instance("i1")
+        control.begin_instance_removal("i1")
+    control.register_instance(register_request("i1"))  # the id is free again
 
 
 def test_list_instances_by_group(control):
