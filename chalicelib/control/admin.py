@@ -81,7 +81,10 @@ def update_instance_group(runtime: Runtime, request: UpdateInstanceGroupRequest)
 
 
 def remove_instance_group(runtime: Runtime, request: InstanceGroupNameRequest) -> Response:
+    """Remove an empty group, then its usage counters (a group of that name created again
+    starts from zero)."""
     runtime.control.remove_group(request.name)
+    runtime.index.forget_group(request.name)
     return Response()
 
 

@@ -1,6 +1,8 @@
 """AdminService instance group methods over HTTP."""
 import pytest
 
+from chalicelib.runtime import get_runtime
+
 from tests.integration.control.harness import (call, client, code, control, group_json, message,  # noqa: F401
                                                register_request, runtime)
 
@@ -81,5 +83,8 @@ def test_group_with_members_cannot_be_removed(client, control):
     assert code(data) == "INVALID_ARGUMENT" and "1 registered instance" in message(data)
     assert code(get(client)) == "OK"
     call(client, "removeInstance", {"instance_id": "i1"})
+    runtime = get_runtime()
+    runtime.valkey.hset(runtime.index.group_usage_key("g1"), "bytes", 7)  # left by a drifted counter
     assert code(call(client, "removeInstanceGroup", {"name": "g1"})) == "OK"
     assert call(client, "listInstanceGroup")["instance_group"] == []
+    assert runtime.valkey.exists(runtime.index.group_usage_key("g1")) == 0  # its counters went with it
