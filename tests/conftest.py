@@ -115,3 +115,16 @@ def build_runtime(valkey, valkey_url: str, clock=None, **settings):
     ensure_table(runtime.aws("dynamodb"), runtime.settings.control_table)
     set_runtime(runtime)
     return runtime
+
+
+@pytest.fixture(autouse=True)
+def _kvcm_environment_kept():
+    """Whatever a test does to the process's ``KVCM_*`` variables is undone after it:
+    Chalice's test client patches the environment per request (the ``dev`` stage turns
+    auth on), and a restore racing another thread's request once leaked into every later
+    test. Higher-scoped fixtures (the e2e stack) set theirs before this snapshot."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("KVCM_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("KVCM_") and k not in saved]:
+        del os.environ[key]
+    os.environ.update(saved)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from chalice.test import Client
@@ -37,10 +38,15 @@ def group(runtime, nfs_root):
 def http(runtime):
     import app
 
+    # Chalice's test client patches the process environment around each request: calls
+    # from several threads (a relay's sender beside the test) must not interleave, or a
+    # racing restore leaks the stage's variables into every later test.
+    lock = threading.Lock()
     with Client(app.app) as client:
         def call(method: str, body) -> dict:
             raw = body if isinstance(body, (str, bytes)) else json.dumps(body)
-            resp = client.http.post(f"/api/{method}", body=raw, headers={"Content-Type": "application/json"})
+            with lock:
+                resp = client.http.post(f"/api/{method}", body=raw, headers={"Content-Type": "application/json"})
             call.status = resp.status_code
             return json.loads(resp.body) if resp.body else {}
         yield call
