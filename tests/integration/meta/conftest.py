@@ -41,7 +41,7 @@ def http(runtime):
     # Chalice's test client patches the process environment around each request: calls
     # from several threads (a relay's sender beside the test) must not interleave, or a
     # racing restore leaks the stage's variables into every later test.
-    lock = threading.Lock()
+    lock = threading.RLock()  # reentrant: a test may call the API from inside a handler
     with Client(app.app) as client:
         def call(method: str, body) -> dict:
             raw = body if isinstance(body, (str, bytes)) else json.dumps(body)
