@@ -244,7 +244,9 @@ class CacheService:
         if not candidates:
             raise CapacityExceededError(
                 f"instance group {ctx.group.name!r} has no available storage to write to")
-        self._check_response_size(ctx, keys, spec_groups, candidates)
+        # One renderer for the size check and the response: its templates are built once.
+        renderer = self._renderer(ctx)
+        self._check_response_size(ctx, renderer, keys, spec_groups, candidates)
         group_usage = self._group_live_usage(ctx)
         session_id = new_session_id()
         now_ms = int(self.clock.now() * 1000)
@@ -281,7 +283,8 @@ class CacheService:
                 if unused:
                     backend.unreserve(ctx.instance_id, unused, sizes[0])
             try:
-                return self._start_response(ctx, keys, spec_groups, session_id, state, outcome, explicit)
+                return self._start_response(ctx, renderer, keys, spec_groups, session_id, state, outcome,
+                                            explicit)
             except Exception:
                 # The grant is committed but the caller gets an error and never learns the
                 # session id: fail the session now rather than leave its keys WRITING (and
@@ -291,11 +294,11 @@ class CacheService:
         self.on_capacity_refused(ctx.group.name)
         raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
 
-    def _check_response_size(self, ctx: InstanceContext, keys: list[int], spec_groups: list[int],
-                             candidates: list) -> None:
+    @staticmethod
+    def _check_response_size(ctx: InstanceContext, renderer: LocationRenderer, keys: list[int],
+                             spec_groups: list[int], candidates: list) -> None:
         """Refuse a start whose response could pass ``MAX_RESPONSE_BYTES`` if every key
         were new, on the candidate with the longest locations."""
-        renderer = self._renderer(ctx)
         widest: dict[int, int] = {}
         for spec_group in set(spec_groups):
             for state in candidates:
@@ -310,9 +313,9 @@ class CacheService:
                 f"{MAX_RESPONSE_BYTES / 1e6:.0f} MB an API response may carry: send at most {fit} keys per call "
                 f"for instance {ctx.instance_id!r}")
 
-    def _start_response(self, ctx, keys, spec_groups, session_id, state, outcome, explicit) -> StartWriteCacheResponse:
+    def _start_response(self, ctx, renderer, keys, spec_groups, session_id, state, outcome,
+                        explicit) -> StartWriteCacheResponse:
         backend = state.backend
-        renderer = self._renderer(ctx)
         texts = []
         refs = []
         j = 0
