@@ -37,30 +37,11 @@ class Runtime:
             credentials = self._valkey_credentials()  # outside the lock: it takes it for a boto3 client
             with self._lock:
                 if self._valkey is None:
-                    import redis
-                    from redis.backoff import NoBackoff
-                    from redis.cluster import RedisCluster
-                    from redis.retry import Retry
+                    from .stores.valkey import connect
 
-                    from .index.errors import valkey_errors
-
-                    # Every key of an instance shares one hash tag, so each script call and
-                    # each per-instance pipeline stays on one slot in cluster mode too.
-                    client_class = RedisCluster if self.settings.valkey_cluster else redis.Redis
-                    with valkey_errors("Valkey"):  # a cluster client connects here
-                        self._valkey = client_class.from_url(
-                            self.settings.valkey_url,
-                            **credentials,
-                            # Sized for the request path: a hung Valkey fails the call within
-                            # about a second (SERVICE_NOT_READY). redis-py's default retries
-                            # timeouts 10 times with backoff (10-20 s); a dropped connection is
-                            # retried once, at once, and a timeout not at all.
-                            socket_connect_timeout=self.settings.valkey_connect_timeout_s,
-                            socket_timeout=self.settings.valkey_socket_timeout_s,
-                            health_check_interval=30,
-                            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-                            retry_on_timeout=False,
-                        )
+                    self._valkey = connect(self.settings.valkey_url, cluster=self.settings.valkey_cluster,
+                                           connect_timeout_s=self.settings.valkey_connect_timeout_s,
+                                           socket_timeout_s=self.settings.valkey_socket_timeout_s, **credentials)
         return self._valkey
 
     def _valkey_credentials(self) -> dict[str, str]:
@@ -106,7 +87,7 @@ class Runtime:
     @cached_property
     def metrics_store(self):
         """Every container's metrics, added up in Valkey."""
-        from .index.metrics_store import MetricsStore
+        from .stores.metrics import MetricsStore
 
         return MetricsStore(self.valkey, self.settings.key_prefix)
 
@@ -161,7 +142,7 @@ class Runtime:
     @cached_property
     def reporters(self):
         """Engine-reported locations and reporter state in Valkey (reportEvent)."""
-        from .index.reporters import ReporterStore
+        from .stores.reporters import ReporterStore
 
         return ReporterStore(self.valkey, prefix=self.settings.key_prefix)
 
@@ -225,7 +206,7 @@ class Runtime:
     @cached_property
     def faults(self):
         """Debug-service fault injection."""
-        from .index.faults import FaultRegistry
+        from .stores.faults import FaultRegistry
 
         return FaultRegistry(self.valkey, prefix=self.settings.key_prefix)
 
@@ -238,14 +219,14 @@ class Runtime:
     @cached_property
     def health(self):
         """Storage health shared by every container."""
-        from .storage.health_store import HealthStore
+        from .stores.storage_health import HealthStore
 
         return HealthStore(self.valkey, prefix=self.settings.key_prefix)
 
     @cached_property
     def lease(self):
         """The background-job lease ("leader" in upstream's words)."""
-        from .index.lease import Lease
+        from .stores.lease import Lease
 
         return Lease(self.valkey, prefix=self.settings.key_prefix, node_id=self.settings.node_id,
                      ttl_ms=self.settings.lease_ttl_ms, clock=self.clock)

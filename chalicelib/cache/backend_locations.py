@@ -19,7 +19,7 @@ from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import (EVENT_REPORT_TYPES, CacheLocation, CacheLocationVector,
                                GetCacheLocationRequest, GetCacheLocationsByBackendRequest,
                                GetCacheLocationsByBackendResponse)
-from ..index.reporters import RID_TYPES
+from ..stores.reporters import RID_TYPES
 from .events_api import event_report_storages, liveness_of
 from .keys import request_keys
 from .masks import masked_flags

@@ -10,7 +10,7 @@ import re
 import time
 from typing import Optional
 
-from ..index.reporters import (RID_TYPES, Liveness, add_event, delete_event, heartbeat_event,
+from ..stores.reporters import (RID_TYPES, Liveness, add_event, delete_event, heartbeat_event,
                                host_down_event, register_event, reporter_id, snapshot_event)
 from ..protocol.codes import ErrorCode, QueryType, ReportEventType
 from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError

@@ -1,7 +1,5 @@
-"""The block index in Valkey: records, Lua scripts, sessions, usage, leases.
-
-Only this package (with ``control`` and ``storage``) talks to Valkey.
-"""
+"""The block index in Valkey: block records, the Lua scripts that move them, write
+sessions and usage counters. The service's other Valkey stores live in ``stores``."""
 from .block_index import BlockIndex, InstanceLayout, StartOutcome, Usage
 from .records import BlockRecord, LocationRecord, Status, Victim
 

@@ -33,7 +33,8 @@ import redis
 
 from ..clock import Clock
 from ..observability.logging import logger
-from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError, valkey_errors
+from ..stores.valkey import lua_source, valkey_errors
+from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -41,7 +42,7 @@ MODE_PREFIX, MODE_BATCH, MODE_WINDOW, MODE_RAW = 1, 2, 3, 4
 
 
 def _load(name: str) -> str:
-    return (LUA_DIR / "prelude.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+    return lua_source(LUA_DIR, name, prelude="prelude")
 
 
 @dataclass(frozen=True)

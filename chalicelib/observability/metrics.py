@@ -1,5 +1,5 @@
 """Metrics: each container records into its registry and publishes the changes to a
-shared store (a Valkey hash, ``index.metrics_store``), so getMetrics reports the whole
+shared store (a Valkey hash, ``stores.metrics``), so getMetrics reports the whole
 service whichever container answers: counters and means summed over every container,
 gauges as last set anywhere.
 

@@ -9,7 +9,7 @@ reported for an instance that no longer exists is deleted too.
 from __future__ import annotations
 
 from ..cache.events_api import event_report_storages, liveness_of
-from ..index.reporters import RID_TYPES
+from ..stores.reporters import RID_TYPES
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
 

@@ -101,7 +101,7 @@ def test_cluster_info_and_demote(client, runtime, clock, valkey):
 
 
 def test_demote_refused_when_another_node_leads(client, runtime, clock, valkey):
-    from chalicelib.index.lease import Lease
+    from chalicelib.stores.lease import Lease
 
     other = Lease(valkey, prefix=runtime.settings.key_prefix, node_id="node-b", ttl_ms=10_000, clock=clock)
     assert other.try_acquire()

@@ -10,7 +10,7 @@ from chalice.test import Client
 
 from tests.conftest import build_runtime
 from chalicelib.capacity import reclaim_handler, request_reclaim
-from chalicelib.index.lease import Lease
+from chalicelib.stores.lease import Lease
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
 

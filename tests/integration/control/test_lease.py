@@ -6,8 +6,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from chalicelib.index.errors import IndexUnavailableError
-from chalicelib.index.lease import Lease
+from chalicelib.stores.valkey import ValkeyUnavailableError
+from chalicelib.stores.lease import Lease
 from chalicelib.protocol.errors import InvalidArgumentError
 from tests.conftest import free_port
 
@@ -138,5 +138,5 @@ def test_valkey_unreachable(clock):
     lease = Lease(dead, prefix="kvcmtest", node_id="n", ttl_ms=TTL_MS, clock=clock)
     for call in (lease.try_acquire, lease.renew, lease.release, lease.holder, lease.campaign_delay_ms,
                  lease.last_loop_time_ms, lambda: lease.set_campaign_delay_ms(5)):
-        with pytest.raises(IndexUnavailableError):
+        with pytest.raises(ValkeyUnavailableError):
             call()

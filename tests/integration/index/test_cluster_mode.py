@@ -8,7 +8,7 @@ import pytest
 from chalicelib.clock import SystemClock
 from chalicelib.index import BlockIndex
 from chalicelib.index.block_index import MODE_PREFIX, StartRequest
-from chalicelib.index.lease import Lease
+from chalicelib.stores.lease import Lease
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import redis
 from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, TryAgainError
 
 from tests.conftest import free_port
-from chalicelib.index.errors import IndexUnavailableError, valkey_errors
+from chalicelib.stores.valkey import ValkeyUnavailableError, valkey_errors
 from chalicelib.runtime import Runtime
 from chalicelib.settings import Settings
 
@@ -17,7 +17,7 @@ from chalicelib.settings import Settings
     RedisClusterException("Redis Cluster cannot be connected. Please provide at least one reachable node"),
 ])
 def test_unavailable_answers_become_index_unavailable(error):
-    with pytest.raises(IndexUnavailableError, match="^index unavailable: "):
+    with pytest.raises(ValkeyUnavailableError, match="^index unavailable: "):
         with valkey_errors("index"):
             raise error
 
@@ -35,5 +35,5 @@ def test_other_errors_stay_what_they_are(error):
 
 def test_a_cluster_client_that_cannot_connect_is_service_not_ready():
     runtime = Runtime(settings=Settings(valkey_url=f"redis://127.0.0.1:{free_port()}/0", valkey_cluster=True))
-    with pytest.raises(IndexUnavailableError, match="cannot be connected"):
+    with pytest.raises(ValkeyUnavailableError, match="cannot be connected"):
         runtime.valkey

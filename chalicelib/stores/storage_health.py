@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping
 
-from ..index.errors import valkey_errors
-from .health import StorageHealth
+from ..storage.health import StorageHealth
+from .valkey import valkey_errors
 
 
 class HealthStore:

@@ -7,7 +7,7 @@ import redis
 
 from ..protocol.codes import FaultTriggerStrategy, FaultType
 from ..protocol.errors import InjectedFaultError
-from .errors import valkey_errors
+from .valkey import valkey_errors
 
 
 class FaultRegistry:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ..clock import Clock, now_ms, now_us
 from ..protocol.errors import InvalidArgumentError
-from .errors import valkey_errors
+from .valkey import valkey_errors
 
 # KEYS: holder, state. ARGV: node id, ttl ms, now ms, may campaign (1/0), default delay ms.
 # Extends the lease if we hold it, else takes it if free and we may campaign; records the

@@ -12,9 +12,9 @@ from pathlib import Path
 import redis
 
 from ..observability.metrics import MetricKey, MetricsDelta
-from .errors import valkey_errors
+from .valkey import lua_source, valkey_errors
 
-_SCRIPT = (Path(__file__).with_name("lua") / "metrics_add.lua").read_text()
+_SCRIPT = lua_source(Path(__file__).with_name("lua"), "metrics_add")
 
 
 def _field(kind: str, key: MetricKey) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..protocol.codes import ErrorCode, StorageType
+from .valkey import lua_source
 
 LUA_DIR = Path(__file__).with_name("lua")
 RID_TYPES = {StorageType.ST_EVENT_REPORT_L1P5: "l1p5", StorageType.ST_EVENT_REPORT_L2: "l2"}
@@ -34,7 +35,7 @@ CLEANUP_BATCH = 1000
 
 
 def _load(name: str) -> str:
-    return (LUA_DIR / "er_prelude.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+    return lua_source(LUA_DIR, name, prelude="er_prelude")
 
 
 def new_token() -> str:

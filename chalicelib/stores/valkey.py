@@ -1,0 +1,80 @@
+"""Valkey plumbing shared by every Valkey store (the block index included): building the
+client, turning "Valkey cannot serve now" into SERVICE_NOT_READY, and loading Lua scripts."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
+from redis.retry import Retry
+
+from ..protocol.errors import ServiceNotReadyError
+
+#: What the stores are given: a plain or a cluster-mode client.
+Valkey = Union[redis.Redis, RedisCluster]
+
+
+class ValkeyUnavailableError(ServiceNotReadyError):
+    """Valkey did not answer."""
+
+
+# Valkey cannot serve now, as opposed to "the request is wrong": no connection or a
+# timeout, a cluster failing over or re-sharding, a replica answering a write.
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError)
+# Another client's script still running; redis-py prefixes a pipeline's errors.
+_BUSY = re.compile(r"(^|caused error: )BUSY\b")
+
+
+@contextmanager
+def valkey_errors(what: str) -> Iterator[None]:
+    """Turn "Valkey cannot serve now" into ValkeyUnavailableError (SERVICE_NOT_READY on the
+    wire), so an outage reads as "retry later", never as an internal error."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise ValkeyUnavailableError(f"{what} unavailable: {exc}") from None
+    except redis.ResponseError as exc:
+        if not _BUSY.search(str(exc)):
+            raise
+        raise ValkeyUnavailableError(f"{what} unavailable: {exc}") from None
+    except RedisClusterException as exc:
+        # Raised for no reachable node, but also for a request spanning slots (a bug).
+        if "cannot be connected" not in str(exc):
+            raise
+        raise ValkeyUnavailableError(f"{what} unavailable: {exc}") from None
+
+
+
+
+def connect(url: str, *, cluster: bool, connect_timeout_s: float, socket_timeout_s: float,
+            username: Optional[str] = None, password: Optional[str] = None) -> Valkey:
+    """A client sized for the request path: a hung Valkey fails the call within about a
+    second (SERVICE_NOT_READY). redis-py's default retries timeouts 10 times with backoff
+    (10-20 s); here a dropped connection is retried once, at once, and a timeout not at all.
+
+    Every key of an instance shares one hash tag, so each script call and each
+    per-instance pipeline stays on one slot in cluster mode too."""
+    credentials = {key: value for key, value in (("username", username), ("password", password)) if value}
+    client_class: Any = RedisCluster if cluster else redis.Redis
+    with valkey_errors("Valkey"):  # a cluster client connects here
+        client: Valkey = client_class.from_url(
+            url, **credentials,
+            socket_connect_timeout=connect_timeout_s, socket_timeout=socket_timeout_s,
+            health_check_interval=30,
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+            retry_on_timeout=False,
+        )
+    return client
+
+
+def lua_source(directory: Path, name: str, prelude: Optional[str] = None) -> str:
+    """The text of ``directory/<name>.lua``, after ``directory/<prelude>.lua`` when given
+    (Valkey scripts cannot include one another)."""
+    body = (directory / f"{name}.lua").read_text()
+    return body if prelude is None else (directory / f"{prelude}.lua").read_text() + "\n" + body
