@@ -87,13 +87,6 @@ def test_the_measured_group_hit_ratio_rises_as_expected(curves):
         assert expected - 0.01 <= measured_ratio <= expected + 0.05
 
 
-def test_curves_per_instance_from_the_event_log(event_log):
-    curves = instance_curves(event_log, block_size=16)
-    assert len(curves) >= 1
-    assert sum(c.read_blocks for c in curves.values()) == sum(
-        len(r.keys) for r in event_log if r.op is not Op.WRITE)
-
-
 def test_tune_command(tmp_path, capsys):
     from chalicelib.optimizer.cli import main
 

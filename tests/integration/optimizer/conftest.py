@@ -1,16 +1,10 @@
 """Fixtures of the optimizer tests: the shared real traces, loaded once per session."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from chalicelib.optimizer.traces import read_trace
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-TRACES = (REPO_ROOT.parent / "shared" / "traces").resolve()
-CONVERSATION = TRACES / "mooncake_conversation.jsonl"
-EVENT_LOG = TRACES / "kvcm_event_publisher.log"
+from tests.helpers import CONVERSATION, EVENT_LOG
 
 
 @pytest.fixture(scope="session")
