@@ -167,6 +167,11 @@ class InstanceContext:
         return self.group.quota.capacity if self.group.quota is not None else 0
 
     @property
+    def instance_capacity(self) -> int:
+        """This instance's own byte quota (the group's ``instance_quotas``; 0 = none)."""
+        return self.group.instance_quotas.get(self.instance_id, 0)
+
+    @property
     def delete_delay_ms(self) -> int:
         """How long a location marked DELETING keeps its data (readers in flight finish)."""
         cache = self.group.cache_config

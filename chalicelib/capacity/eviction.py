@@ -3,10 +3,10 @@ instance, then is tried again.
 
 The reclaimer keeps a group under its watermark between rounds, but a cache written
 faster than one round frees would refuse writes while it holds blocks its policy would
-evict anyway. So a start refused for the group quota, a storage type's quota or the key
-cap marks victims in the writing instance — chosen as a reclaim round chooses them
-(sampled, policy-ordered, leaves first, SERVING only, compare-and-set) — for the
-shortfall plus a little headroom, and the start is tried again; when concurrent writers
+evict anyway. So a start refused for the instance's own quota, the group quota, a storage
+type's quota or the key cap marks victims in the writing instance — chosen as a reclaim
+round chooses them (sampled, policy-ordered, leaves first, SERVING only, compare-and-set) —
+for the shortfall plus a little headroom, and the start is tried again; when concurrent writers
 took the room first, each further attempt frees twice as much. Victims are queued for
 deletion (``cache.deletion.QueuedDeleter``): the reclaimer's next round hands them to the
 deleter, so a write never waits for a Step Functions call. Marked bytes leave the
@@ -97,6 +97,8 @@ class WritePathEviction:
         def headroom(limit: int, unit: int) -> int:
             return math.floor(limit * HEADROOM_PERCENT / 100 / unit) * unit
 
+        if refusal.kind == "instance":
+            return Need(bytes=shortfall + headroom(ctx.instance_capacity, block))
         if refusal.kind == "group":
             return Need(bytes=shortfall + headroom(ctx.group_capacity, block))
         if refusal.kind == "keys":

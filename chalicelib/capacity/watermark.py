@@ -5,7 +5,11 @@ Three kinds of limit, each with its own trigger (API.md, "Capacity"):
 - the group total in bytes: ``quota.capacity`` × ``used_percentage``, or
   ``trigger_strategy.used_size`` when set (whichever is lower: either one triggers);
 - each storage type in bytes: its ``quota_config`` capacity × ``used_percentage``;
-- each instance's block count: ``max_key_count`` × ``used_percentage``.
+- each instance's block count: ``max_key_count`` × ``used_percentage``;
+- each instance's own bytes (``instance_quotas``, KVCM extension): its quota ×
+  ``used_percentage``. An instance over its own trigger also gives first when the group
+  total is over: the group's excess is taken from the instances over their shares, in
+  proportion to how far over they are, before the rest is spread by usage.
 
 A round frees what is over the trigger, bounded by one step: ``reclaim_step_percentage``
 of the limit and, for bytes, ``reclaim_step_size``. After a refused write ("pressure")
@@ -44,6 +48,8 @@ class Limits:
     used_size: int = 0
     step_size: int = 0
     step_percentage: int = DEFAULT_RECLAIM_STEP_PERCENTAGE
+    #: Bytes per instance id (``instance_quotas``), only those > 0.
+    instance_capacity: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, group: InstanceGroup) -> "Limits":
@@ -64,6 +70,7 @@ class Limits:
             step_size=strategy.reclaim_step_size if strategy is not None else 0,
             step_percentage=(strategy.reclaim_step_percentage if strategy is not None
                              and strategy.reclaim_step_percentage > 0 else DEFAULT_RECLAIM_STEP_PERCENTAGE),
+            instance_capacity={i: q for i, q in group.instance_quotas.items() if q > 0},
         )
 
     def step(self, reference: int, in_bytes: bool) -> int:
@@ -91,16 +98,20 @@ def _excess(used: int, trigger: Optional[int], limit: int, step: int, pressure: 
 
 @dataclass(frozen=True)
 class Plan:
-    """What one round frees in a group: bytes of the total, bytes per storage type and
-    blocks per instance."""
+    """What one round frees in a group: bytes of the total, bytes per storage type,
+    blocks per instance and bytes per instance over its own quota's trigger."""
 
     bytes: int = 0
     by_type: Mapping[str, int] = field(default_factory=dict)
     keys: Mapping[str, int] = field(default_factory=dict)
+    instance_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: How far each instance is over its own quota's trigger (bytes), whatever the step.
+    over_share: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def needed(self) -> bool:
-        return self.bytes > 0 or any(self.by_type.values()) or any(self.keys.values())
+        return (self.bytes > 0 or any(self.by_type.values()) or any(self.keys.values())
+                or any(self.instance_bytes.values()))
 
 
 def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) -> Plan:
@@ -129,7 +140,17 @@ def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) 
             amount = _excess(usage.keys, limits.trigger(limits.max_keys), limits.max_keys, step, pressure)
             if amount > 0:
                 keys[instance_id] = amount
-    return Plan(free_bytes, by_type, keys)
+    instance_bytes, over_share = {}, {}
+    for instance_id, capacity in limits.instance_capacity.items():
+        usage = usages.get(instance_id)
+        if usage is None:
+            continue
+        trigger = limits.trigger(capacity)
+        over_share[instance_id] = max(0, usage.bytes - trigger)
+        amount = _excess(usage.bytes, trigger, capacity, limits.step(capacity, True), pressure)
+        if amount > 0:
+            instance_bytes[instance_id] = amount
+    return Plan(free_bytes, by_type, keys, instance_bytes, {i: o for i, o in over_share.items() if o > 0})
 
 
 @dataclass
@@ -170,15 +191,21 @@ def _share(amount: int, part: int, whole: int) -> int:
 
 
 def split(plan: Plan, usages: Mapping[str, Usage]) -> dict[str, Need]:
-    """The plan spread over the instances in proportion to their usage (bytes of the
-    total, bytes of each type); block counts are per instance already."""
+    """The plan spread over the instances: the group's bytes first from the instances
+    over their own share (in proportion to how far over), the rest in proportion to
+    usage, as bytes of each type are; block counts and own-quota bytes are per instance
+    already (an instance frees the larger of its share and its own excess)."""
     total = sum(u.bytes for u in usages.values())
     type_totals = {t: sum(u.by_type.get(t, 0) for u in usages.values()) for t in plan.by_type}
+    over_total = sum(plan.over_share.values())
+    first = min(plan.bytes, over_total)
     needs = {}
     for instance_id, usage in usages.items():
         by_type = {t: _share(n, usage.by_type.get(t, 0), type_totals[t]) for t, n in plan.by_type.items()}
-        need = Need(_share(plan.bytes, usage.bytes, total), {t: n for t, n in by_type.items() if n > 0},
-                    plan.keys.get(instance_id, 0))
+        group_bytes = (_share(first, plan.over_share.get(instance_id, 0), over_total)
+                       + _share(plan.bytes - first, usage.bytes, total))
+        need = Need(max(group_bytes, plan.instance_bytes.get(instance_id, 0)),
+                    {t: n for t, n in by_type.items() if n > 0}, plan.keys.get(instance_id, 0))
         if need.pending:
             needs[instance_id] = need
     return needs

@@ -24,6 +24,12 @@ updated. What a 0 means where it is kept:
 - ``cache_config.meta_indexer_config.max_key_count`` 0: unlimited blocks per instance.
 - ``global_quota_group_name`` empty → the group's own name.
 - ``data_storage_strategy`` unspecified: candidates in list order.
+- ``instance_quotas`` (KVCM extension): bytes per instance id, each > 0 (an instance not
+  listed has no quota of its own), together at most ``quota.capacity`` when that is set;
+  at most ``MAX_INSTANCE_QUOTAS`` entries.
+- ``tuning`` (KVCM extension): absent → recommend only. ``max_shift`` 0 → ``0.2`` (in
+  (0, 1]); ``min_gain`` >= 0; ``window_seconds`` 0 → ``3600``; ``enabled`` needs a
+  ``quota.capacity`` to split.
 """
 from __future__ import annotations
 
@@ -32,8 +38,8 @@ from typing import Optional
 
 from ..protocol.codes import ReclaimPolicy, StorageType
 from ..protocol.models import (CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
-                               MetaIndexerConfig, TriggerStrategy)
-from .validation import invalid, require_key_name, require_non_negative, require_unique
+                               MetaIndexerConfig, TriggerStrategy, TuningConfig)
+from .validation import invalid, require_key_name, require_non_negative, require_positive, require_unique
 
 #: Keeps an update (old and new candidates' references) inside one 100-item transaction.
 MAX_STORAGE_CANDIDATES = 32
@@ -41,6 +47,10 @@ DEFAULT_RECLAIM_POLICY = ReclaimPolicy.POLICY_LRU
 DEFAULT_USED_PERCENTAGE = 0.9
 DEFAULT_TRIGGER_PERIOD_S = 10
 DEFAULT_RECLAIM_STEP_PERCENTAGE = 10
+#: Keeps a group's item (one DynamoDB item, at most 400 KB) small.
+MAX_INSTANCE_QUOTAS = 1024
+DEFAULT_TUNING_MAX_SHIFT = 0.2
+DEFAULT_TUNING_WINDOW_S = 3600
 
 
 def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group") -> InstanceGroup:
@@ -69,7 +79,40 @@ def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group"
     require_non_negative(g.version, f"{path}.version")
     g.quota = _quota(g.quota or InstanceGroupQuota(), f"{path}.quota")
     g.cache_config = _cache_config(g.cache_config or CacheConfig(), g.storage_candidates, f"{path}.cache_config")
+    _instance_quotas(g.instance_quotas, g.quota.capacity, f"{path}.instance_quotas")
+    if g.tuning is not None:
+        g.tuning = _tuning(g.tuning, g.quota.capacity, f"{path}.tuning")
     return g
+
+
+def _instance_quotas(quotas: dict[str, int], capacity: int, path: str) -> None:
+    if len(quotas) > MAX_INSTANCE_QUOTAS:
+        raise invalid(path, f"has {len(quotas)} entries, more than the limit of {MAX_INSTANCE_QUOTAS}")
+    for instance_id, quota in quotas.items():
+        require_key_name(instance_id, f"{path}.{instance_id}" if instance_id else path)
+        require_positive(quota, f"{path}.{instance_id}")
+    total = sum(quotas.values())
+    if capacity > 0 and total > capacity:
+        raise invalid(path, f"add up to {total} bytes, more than quota.capacity ({capacity})")
+
+
+def default_tuning() -> TuningConfig:
+    """The tuning settings of a group that sets none: defaults, recommend only."""
+    return _tuning(TuningConfig(), 0, "tuning")
+
+
+def _tuning(tuning: TuningConfig, capacity: int, path: str) -> TuningConfig:
+    if tuning.max_shift == 0:
+        tuning.max_shift = DEFAULT_TUNING_MAX_SHIFT
+    if not (math.isfinite(tuning.max_shift) and 0 < tuning.max_shift <= 1):
+        raise invalid(f"{path}.max_shift", f"must be in (0, 1], got {tuning.max_shift}")
+    if not (math.isfinite(tuning.min_gain) and tuning.min_gain >= 0):
+        raise invalid(f"{path}.min_gain", f"must be a finite fraction >= 0, got {tuning.min_gain}")
+    require_non_negative(tuning.window_seconds, f"{path}.window_seconds")
+    tuning.window_seconds = tuning.window_seconds or DEFAULT_TUNING_WINDOW_S
+    if tuning.enabled and capacity <= 0:
+        raise invalid(f"{path}.enabled", "needs quota.capacity: there is no group quota to split")
+    return tuning
 
 
 def _quota(quota: InstanceGroupQuota, path: str) -> InstanceGroupQuota:

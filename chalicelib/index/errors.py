@@ -11,13 +11,13 @@ class StaleInstanceError(InstanceGoneError):
 
 
 class QuotaExceededError(CapacityExceededError):
-    """A start would exceed the group quota (kind ``group``), a storage type's quota
-    (``type``) or the instance's key-count cap (``keys``)."""
+    """A start would exceed the instance's own quota (kind ``instance``), the group quota
+    (``group``), a storage type's quota (``type``) or the instance's key-count cap (``keys``)."""
 
     def __init__(self, kind: str, message: str, shortfall: int = 0, storage_type: str = "") -> None:
         super().__init__(message)
         self.kind = kind
-        #: How much is missing: bytes for ``group`` and ``type``, blocks for ``keys``.
+        #: How much is missing: bytes for ``instance``, ``group`` and ``type``, blocks for ``keys``.
         self.shortfall = shortfall
         #: The storage type the start wrote to (the one whose quota a ``type`` refusal names).
         self.storage_type = storage_type

@@ -328,6 +328,19 @@ class InstanceGroupQuota(WireModel):
     quota_config: list[QuotaConfig] = Field(default_factory=list)
 
 
+class TuningConfig(WireModel):
+    """KVCM extension: the per-instance tuning job's settings for one group (docs/optimizer.md)."""
+
+    #: Apply recommendations to ``instance_quotas`` (false: recommend only).
+    enabled: Bool = False
+    #: The most of the group quota one run moves between instances, in (0, 1]; 0 = 0.2.
+    max_shift: float = 0.0
+    #: Expected group hit-ratio gain below which a run changes nothing (0 = any gain).
+    min_gain: float = 0.0
+    #: Seconds of event log a run reads back; 0 = 3600.
+    window_seconds: Int64 = 0
+
+
 class InstanceGroup(WireModel):
     name: Str = ""
     storage_candidates: list[Str] = Field(default_factory=list)
@@ -342,6 +355,11 @@ class InstanceGroup(WireModel):
     #: The event-report storages reportEvent may write for this group's instances.
     event_report_storage_candidates: list[Str] = Field(default_factory=list)
     revisit_interval_buckets: Str = ""
+    #: KVCM extension: bytes each listed instance may hold (> 0; its share of ``quota.capacity``,
+    #: enforced by startWriteCache and the reclaimer). Unlisted instances: the group quota only.
+    instance_quotas: dict[Str, Int64] = Field(default_factory=dict)
+    #: KVCM extension: the per-instance tuning job's settings (absent: recommend only).
+    tuning: Optional[TuningConfig] = None
 
 
 # ---------------------------------------------------------------- meta service
