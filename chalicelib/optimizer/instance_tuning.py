@@ -1,0 +1,196 @@
+"""The per-instance tuning job: each group's quota split among its instances from the
+group's own recent event log (issue 16, part 4; docs/optimizer.md "Per-instance tuning").
+
+For every group with a byte quota, a run reads the last ``tuning.window_seconds`` of the
+group's event log (``EventLogSource``), builds each instance's exact LRU curve, and asks
+``tuning.recommend`` for a step toward the split of ``quota.capacity`` that maximises the
+group's hit ratio (a knapsack over quota granules: cliffs are found), at most
+``tuning.max_shift`` of the quota moving per run. The recommendation (what would change,
+the expected gain) is written next to the event log and logged; when the group opts in
+(``tuning.enabled``) and the expected gain reaches ``tuning.min_gain``, the new
+``instance_quotas`` are applied with a versioned group update. A group changed since it
+was read is left alone (the next run starts from the new version).
+
+The instances split are those registered in the group that the window saw; registered
+instances without traffic in the window keep their quota out of the split. Without
+``instance_quotas`` yet, the current split is taken as even (the group quota shared). No
+instance is given less than ``FLOOR_SHARE`` of an even share.
+
+Pure logic: the control plane, the event log and the output are injected (no redis, no
+boto3 here).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping, Optional, Protocol
+
+from ..observability.event_store import ObjectStore, group_prefix, read_group_lines
+from ..protocol.models import InstanceGroup
+from .mrc import HitRatioCurve
+from .traces import Record, read_kvcm_events
+from .tuning import instance_curves, recommend
+
+GRANULES = 200
+#: Every instance split keeps at least this share of an even split: one whose traffic
+#: changes is never left without room to write (and to show its reuse in the next window).
+FLOOR_SHARE = 0.25
+#: Tokens per block when an event gives tokens but no keys (KVCM's events carry keys).
+EVENT_BLOCK_SIZE = 16
+
+
+class Groups(Protocol):
+    """What the job needs of the control plane."""
+
+    def groups(self) -> list[InstanceGroup]:
+        """Every instance group, as stored (with its version), ``tuning`` filled in (a
+        group without one: the defaults, recommend only)."""
+
+    def block_bytes(self, group: str) -> dict[str, int]:
+        """Bytes per block of each instance registered in ``group``."""
+
+    def update(self, group: InstanceGroup, current_version: int) -> bool:
+        """Store ``group`` if the stored version is ``current_version``; False on a conflict."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class Logger(Protocol):
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None: ...
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None: ...
+
+
+class EventLogSource:
+    """A group's events between two times, read from the partitioned event log."""
+
+    def __init__(self, store: ObjectStore, prefix: str = "") -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def records(self, group: str, start_us: int, end_us: int) -> list[Record]:
+        lines = read_group_lines(self.store, self.prefix, group, start_us, end_us)
+        if not lines:
+            return []
+        # The trace reader streams a file (two passes: sessions never finished).
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+        try:
+            return list(read_kvcm_events(handle.name, block_size=EVENT_BLOCK_SIZE))
+        finally:
+            os.unlink(handle.name)
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What a run did for one group."""
+
+    group: str
+    status: str  # applied | recommended | conflict | no_quota | no_traffic | below_min_gain
+    recommendation: Optional[dict[str, Any]] = None
+    output: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        rec = self.recommendation or {}
+        return {"group": self.group, "status": self.status, "output": self.output,
+                "changes": rec.get("changes", {}),
+                "expected_gain": rec.get("recommended", {}).get("expected_gain")}
+
+
+def current_quotas(group: InstanceGroup, instances: list[str]) -> dict[str, int]:
+    """The quotas of ``instances`` now: their ``instance_quotas``, else an even share of
+    what the group's quota leaves after the others' (the group quota shared)."""
+    capacity = group.quota.capacity if group.quota is not None else 0
+    set_quotas = {i: q for i, q in group.instance_quotas.items() if q > 0}
+    unset = [i for i in instances if i not in set_quotas]
+    free = max(0, capacity - sum(set_quotas.values()))
+    current = {i: set_quotas[i] for i in instances if i in set_quotas}
+    for n, instance in enumerate(sorted(unset)):
+        current[instance] = free // len(unset) + (1 if n < free % len(unset) else 0)
+    return current
+
+
+class InstanceTuning:
+    """Runs the tuning of every group (``run``); one group at a time (``tune``)."""
+
+    def __init__(self, groups: Groups, events: EventLogSource, output: ObjectStore, clock: Clock,
+                 logger: Logger, output_prefix: str = "", granules: int = GRANULES) -> None:
+        self.groups = groups
+        self.events = events
+        self.output = output
+        self.output_prefix = output_prefix
+        self.clock = clock
+        self.logger = logger
+        self.granules = granules
+
+    def run(self) -> dict[str, Any]:
+        """Tune every group; a failing group is logged and the others go on."""
+        results = []
+        for group in self.groups.groups():
+            try:
+                results.append(self.tune(group).summary())
+            except Exception as exc:  # noqa: BLE001 - one group's failure must not stop the others
+                self.logger.warning("tuning of instance group failed", extra={
+                    "group": group.name, "error": f"{type(exc).__name__}: {exc}"})
+                results.append({"group": group.name, "status": "error", "error": str(exc)})
+        return {"groups": results}
+
+    def tune(self, group: InstanceGroup) -> GroupResult:
+        tuning = group.tuning
+        capacity = group.quota.capacity if group.quota is not None else 0
+        if capacity <= 0:
+            return GroupResult(group.name, "no_quota")
+        end_us = int(self.clock.now() * 1e6)
+        records = self.events.records(group.name, end_us - tuning.window_seconds * 1_000_000, end_us)
+        sizes = self.groups.block_bytes(group.name)
+        curves: Mapping[str, HitRatioCurve] = {
+            name: curve for name, curve in instance_curves(records, EVENT_BLOCK_SIZE).items() if name in sizes}
+        if not curves:
+            return GroupResult(group.name, "no_traffic")
+        used = self._used_fraction(group)
+        current = current_quotas(group, sorted(curves))
+        floor = max(1, int(sum(current.values()) * FLOOR_SHARE / len(current)))
+        rec = recommend(curves, current, used_fraction=used, max_shift=tuning.max_shift,
+                        granules=self.granules, block_bytes=sizes, floor=floor)
+        gain = rec["recommended"]["expected_gain"]
+        status = "recommended"
+        if tuning.enabled and rec["changes"]:
+            status = "below_min_gain" if gain < tuning.min_gain or gain <= 0 else self._apply(group, rec)
+        rec = {"group": group.name, "version": group.version, "status": status, "tuning": tuning.model_dump(),
+               "window_us": [end_us - tuning.window_seconds * 1_000_000, end_us],
+               "records": len(records), "quota_unit": "bytes", **rec}
+        output = self._write(group.name, end_us, rec)
+        self.logger.info("instance tuning", extra={"group": group.name, "status": status,
+                                                    "changes": rec["changes"], "expected_gain": gain,
+                                                    "output": output})
+        return GroupResult(group.name, status, rec, output)
+
+    @staticmethod
+    def _used_fraction(group: InstanceGroup) -> float:
+        """The share of a quota KVCM keeps (its watermark); 1 when reclaim is off (> 1)."""
+        strategy = group.cache_config.reclaim_strategy if group.cache_config is not None else None
+        trigger = strategy.trigger_strategy if strategy is not None else None
+        used = trigger.used_percentage if trigger is not None and trigger.used_percentage > 0 else 0.9
+        return min(used, 1.0)
+
+    def _apply(self, group: InstanceGroup, rec: dict[str, Any]) -> str:
+        """The recommended quotas stored with a versioned update: ``applied`` or ``conflict``."""
+        updated = group.model_copy(deep=True)
+        updated.instance_quotas = {**group.instance_quotas, **rec["recommended"]["quotas"]}
+        updated.version = 0  # the stored version + 1
+        if self.groups.update(updated, group.version):
+            return "applied"
+        self.logger.warning("instance group changed since it was read; tuning retries next run",
+                            extra={"group": group.name, "version": group.version})
+        return "conflict"
+
+    def _write(self, group: str, end_us: int, rec: dict[str, Any]) -> str:
+        when = datetime.fromtimestamp(end_us / 1e6, tz=timezone.utc)
+        key = group_prefix(self.output_prefix, group, "tuning") + when.strftime("%Y-%m-%d/%H%M%S") + ".json"
+        self.output.put(key, json.dumps(rec, indent=1, sort_keys=True).encode())
+        return self.output.uri(key)
