@@ -48,7 +48,7 @@ class Limits:
     used_size: int = 0
     step_size: int = 0
     step_percentage: int = DEFAULT_RECLAIM_STEP_PERCENTAGE
-    #: Bytes per instance id (``instance_quotas``), only those > 0.
+    #: Bytes per instance id (``instance_quotas``: each > 0).
     instance_capacity: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -70,7 +70,7 @@ class Limits:
             step_size=strategy.reclaim_step_size if strategy is not None else 0,
             step_percentage=(strategy.reclaim_step_percentage if strategy is not None
                              and strategy.reclaim_step_percentage > 0 else DEFAULT_RECLAIM_STEP_PERCENTAGE),
-            instance_capacity={i: q for i, q in group.instance_quotas.items() if q > 0},
+            instance_capacity=dict(group.instance_quotas),
         )
 
     def step(self, reference: int, in_bytes: bool) -> int:

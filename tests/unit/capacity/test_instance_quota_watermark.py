@@ -10,11 +10,11 @@ def usage(bytes_: int) -> Usage:
     return Usage(bytes_, 0, {})
 
 
-def test_limits_read_the_positive_instance_quotas():
+def test_limits_read_the_instance_quotas():
     g = normalize_group(InstanceGroup.model_validate({
         "name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1000},
-        "instance_quotas": {"a": 600, "b": 0}}))
-    assert Limits.of(g).instance_capacity == {"a": 600}
+        "instance_quotas": {"a": 600, "b": 400}}))
+    assert Limits.of(g).instance_capacity == {"a": 600, "b": 400}
 
 
 def test_an_instance_over_its_own_trigger_is_reclaimed_though_the_group_is_under():
