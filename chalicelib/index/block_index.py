@@ -203,6 +203,8 @@ class StartRequest:
     max_keys: int = 0
     #: The most write sessions the instance may have open (0 = no limit).
     max_sessions: int = 0
+    #: The instance's own byte quota (0 = none).
+    instance_capacity: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
     group_usage: Optional[Usage] = None
 
@@ -371,13 +373,14 @@ class BlockIndex:
                 req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
                 -1 if group is None else group.by_type.get(req.storage_type, 0), req.max_keys,
                 layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation,
-                req.max_sessions]
+                req.max_sessions, req.instance_capacity]
         result = self._call(self._start, keys, args)
         if result[0] == StartResult.REFUSED:
             reason = StartRefusal(result[1].decode())
             if reason == StartRefusal.GONE:
                 raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
             raise QuotaExceededError(reason.value, {
+                "instance": "the instance's quota (instance_quotas) reached",
                 "group": "instance group quota reached",
                 "type": f"quota of storage type {req.storage_type} reached",
                 "keys": "max_key_count of the instance reached",

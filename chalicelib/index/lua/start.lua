@@ -12,12 +12,13 @@
 --       [16] bucket prefix, [17] bucket count, [18] instance id (the session's owner),
 --       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
 --       the instance may have (0 = no limit): every start opens one, new keys or not.
+--       [21] the instance's own byte quota (the group's instance_quotas; 0 = none).
 -- Nothing is written for an instance being removed (meta 'removing') or registered again
 -- since the caller read its config (another incarnation): {START_REFUSED, REFUSED_GONE}.
 -- Returns {START_GRANTED, first location id, new-key flags ('1' new / '0' existing), storage
---      index, bytes added} or {START_REFUSED, reason, shortfall} with reason REFUSED_GROUP,
---      REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks), REFUSED_STORAGES or
---      REFUSED_SESSIONS.
+--      index, bytes added} or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
+--      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
+--      REFUSED_STORAGES or REFUSED_SESSIONS.
 --
 -- Quotas count live usage: bytes and keys minus what is DELETING ('d', 'dt:<type>',
 -- 'dk'), whose data is on its way out (mark.lua, finish.lua charge those counters,
@@ -96,7 +97,10 @@ if #new > 0 then
   -- instance's own counters by the changes in flight, so it is never taken below 0.
   local others_bytes = math.max(0, group_bytes - own_bytes)
   local others_type = math.max(0, group_type - own_type)
-  local over = others_bytes + own_bytes + new_bytes - group_cap
+  local instance_cap = tonumber(ARGV[21])
+  local over = own_bytes + new_bytes - instance_cap
+  if instance_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_INSTANCE, over} end
+  over = others_bytes + own_bytes + new_bytes - group_cap
   if group_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_GROUP, over} end
   over = others_type + own_type + new_bytes - type_cap
   if type_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_TYPE, over} end
