@@ -6,21 +6,11 @@ a reset moto backend. Nothing here needs a network beyond loopback.
 from __future__ import annotations
 
 import os
-import socket
-from pathlib import Path
 
 import pytest
 
 from chalicelib.clock import ManualClock
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TRACES = REPO_ROOT.parent / "shared" / "traces"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers import free_port
 
 
 @pytest.fixture(scope="session")
@@ -98,23 +88,6 @@ def aws(moto_endpoint):
 def clock():
     """A manual clock: tests advance time instead of sleeping."""
     return ManualClock()
-
-
-def build_runtime(valkey, valkey_url: str, clock=None, **settings):
-    """A Runtime on the test Valkey and moto, with its own control table, installed as the
-    process's runtime (callers reset it with ``set_runtime(None)``)."""
-    import uuid
-
-    from chalicelib.control import ensure_table
-    from chalicelib.runtime import Runtime, set_runtime
-    from chalicelib.settings import Settings
-
-    settings.setdefault("control_table", f"ctl-{uuid.uuid4().hex[:8]}")
-    settings.setdefault("config_refresh_s", 30.0)
-    runtime = Runtime(settings=Settings(valkey_url=valkey_url, **settings), clock=clock, valkey=valkey)
-    ensure_table(runtime.aws("dynamodb"), runtime.settings.control_table)
-    set_runtime(runtime)
-    return runtime
 
 
 @pytest.fixture(autouse=True)

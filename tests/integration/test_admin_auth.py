@@ -7,7 +7,7 @@ import pytest
 
 from chalicelib.observability.logging import logger
 from chalicelib.protocol.codes import Role
-from tests.integration.control.harness import client, code, enable_auth, message, post, runtime  # noqa: F401
+from tests.integration.control.harness import code, enable_auth, message, post
 
 ADMIN_PW = "adm1n-pass-word"
 

@@ -3,8 +3,7 @@ import pytest
 
 from chalicelib.runtime import get_runtime
 
-from tests.integration.control.harness import (call, client, code, control, group_json, message,  # noqa: F401
-                                               register_request, runtime)
+from tests.integration.control.harness import call, code, group_json, message, register_request
 
 
 def get(client, name="g1") -> dict:

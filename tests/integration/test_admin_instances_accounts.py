@@ -1,8 +1,7 @@
 """AdminService instance and account methods over HTTP."""
 import json
 
-from tests.integration.control.harness import (call, client, code, control, group_json, message,  # noqa: F401
-                                               register_request, runtime)
+from tests.integration.control.harness import call, code, group_json, message, register_request
 
 
 def setup_instances(client, control):

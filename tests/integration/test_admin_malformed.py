@@ -4,8 +4,7 @@ import pytest
 
 from chalicelib.protocol.codes import Role
 from chalicelib.routes.admin import OPERATIONS
-from tests.integration.control.harness import (client, control, group, group_json, message, nfs, post,  # noqa: F401
-                                               register_request, runtime, snapshot)
+from tests.integration.control.harness import group, group_json, message, nfs, post, register_request, snapshot
 
 VALID_GROUP = group_json("g2", "nfs1")
 

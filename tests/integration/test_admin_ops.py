@@ -2,7 +2,7 @@
 import pytest
 
 from chalicelib.observability.logging import logger
-from tests.integration.control.harness import call, client, code, message, runtime  # noqa: F401
+from tests.integration.control.harness import call, code, message
 
 
 def test_get_metrics_counts_calls(client, runtime, clock):
@@ -30,14 +30,13 @@ def metric_values(data: dict) -> dict:
             next(iter(m["metric_value"].values())) for m in data["metrics"]}
 
 
-def test_get_metrics_adds_up_every_container(client, runtime, clock, valkey, valkey_url):
+def test_get_metrics_adds_up_every_container(client, runtime, clock, other_container):
     """Another container (another Runtime on the same Valkey) publishes its calls and its
     jobs' gauges; whichever container answers getMetrics reports the sums."""
     from chalicelib.routes.admin import OPERATIONS
     from chalicelib.routes.dispatch import Dispatcher
-    from tests.integration.control.harness import build_runtime
 
-    other = build_runtime(valkey_url, clock, valkey, node_id="node-b")
+    other = other_container
     dispatcher = Dispatcher(OPERATIONS)
     for _ in range(3):
         assert dispatcher.handle(other, "listStorage", "{}", {})[0] == 200
@@ -132,14 +131,12 @@ def test_update_logger(client, restore_log_level, name, level):
     assert logger.log_level == level
 
 
-def test_update_logger_reaches_other_containers(client, runtime, clock, valkey, valkey_url, restore_log_level):
+def test_update_logger_reaches_other_containers(client, runtime, clock, other_container, restore_log_level):
     """The level is stored in the control plane: another container (its own config cache)
     applies it when its catalog is next loaded, that is within the config refresh period."""
-    from tests.integration.control.harness import build_runtime
-
     from chalicelib.control.errors import UnknownEntityError
 
-    other = build_runtime(valkey_url, clock, valkey, node_id="node-b")
+    other = other_container
 
     def lookup():  # any lookup loads the catalog when it is stale
         with pytest.raises(UnknownEntityError):

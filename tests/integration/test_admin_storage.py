@@ -1,6 +1,5 @@
 """AdminService storage methods over HTTP."""
-from tests.integration.control.harness import (call, client, code, control, group_json, message, nfs,  # noqa: F401
-                                               runtime)
+from tests.integration.control.harness import call, code, group_json, message, nfs
 
 
 def storages(client) -> dict:

@@ -11,8 +11,7 @@ from chalicelib.auth.policy import ROLE_ACTIONS
 from chalicelib.protocol.codes import Role
 from chalicelib.protocol.models import StorageConfig
 from chalicelib.routes import admin, debug, meta
-from tests.integration.control.harness import (client, code, enable_auth, group, group_json, nfs, post,  # noqa: F401
-                                               register_request, runtime)
+from tests.integration.control.harness import code, enable_auth, group, group_json, nfs, post, register_request
 
 OPERATIONS = {op.api_name: op for op in meta.OPERATIONS + admin.OPERATIONS + debug.OPERATIONS}
 ROLES = [Role.ROLE_ADMIN, Role.ROLE_OPERATOR, Role.ROLE_ENGINE, Role.ROLE_READ_ONLY]

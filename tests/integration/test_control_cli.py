@@ -5,7 +5,6 @@ import sys
 import pytest
 
 from chalicelib.control.__main__ import main
-from tests.integration.control.harness import runtime  # noqa: F401
 
 
 def test_add_account_help_names_the_default_role_and_the_environment(capsys):

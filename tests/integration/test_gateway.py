@@ -10,8 +10,8 @@ import pytest
 
 from chalicelib.protocol.codes import Role
 from chalicelib.routes.gateway import GatewayUnauthorized, verdict
-from tests.conftest import REPO_ROOT
-from tests.integration.control.harness import client, code, post, runtime  # noqa: F401
+from tests.helpers import REPO_ROOT
+from tests.integration.control.harness import code, post
 
 
 def test_the_authorizer_allows_a_valid_key_and_names_its_principal(runtime):

@@ -4,8 +4,6 @@ import re
 
 from openapi_spec_validator import validate
 
-from tests.integration.control.harness import client, runtime  # noqa: F401
-
 
 def document(client) -> dict:
     response = client.http.get("/openapi.json")

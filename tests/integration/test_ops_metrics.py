@@ -2,7 +2,7 @@
 import pytest
 
 from chalicelib.protocol.codes import Role
-from tests.integration.control.harness import call, client, enable_auth, runtime  # noqa: F401
+from tests.integration.control.harness import call, enable_auth
 
 
 def scrape(client, headers=None):
@@ -10,10 +10,8 @@ def scrape(client, headers=None):
     return response.status_code, response.headers.get("Content-Type", ""), response.body.decode()
 
 
-def test_metrics_of_every_container_in_the_text_format(client, runtime, clock, valkey, valkey_url):
-    from tests.integration.control.harness import build_runtime
-
-    other = build_runtime(valkey_url, clock, valkey, node_id="node-b")
+def test_metrics_of_every_container_in_the_text_format(client, runtime, other_container):
+    other = other_container
     other.metrics.incr("service.query_counter", 3, {"api_name": "ListStorage"})
     other.metrics.gauge("data_storage.healthy_status", 1, {"storage": "nfs_01"})
     other.metrics_publisher.publish()

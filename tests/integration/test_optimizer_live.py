@@ -19,7 +19,7 @@ from itertools import islice
 import pytest
 from chalice.test import Client
 
-from tests.conftest import build_runtime
+from tests.helpers import build_runtime
 from chalicelib.capacity import reclaimer as live_reclaimer
 from chalicelib.capacity.reclaimer import Reclaimer, reclaim_handler
 from chalicelib.optimizer.replay import ReplayConfig, replay

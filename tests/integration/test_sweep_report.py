@@ -1,5 +1,5 @@
 """getCapacityReport without a sweep workflow configured: OK and empty (the e2e tests cover a real sweep)."""
-from tests.integration.control.harness import call, client, runtime  # noqa: F401
+from tests.integration.control.harness import call
 
 
 def test_capacity_report_is_empty_without_a_sweep_workflow(client, runtime):

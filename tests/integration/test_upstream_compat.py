@@ -1,5 +1,5 @@
 """What upstream's own clients, test cases and dashboards rely on (API.md), over HTTP."""
-from tests.integration.control.harness import call, client, code, control, register_request, runtime  # noqa: F401
+from tests.integration.control.harness import call, code, register_request
 from tests.integration.test_ops_metrics import scrape
 
 #: The group upstream's reclaim and quota cases create: ``used_percentage`` 3.2 switches

@@ -8,11 +8,9 @@ import pytest
 import redis
 from chalice.test import Client
 
-from tests.conftest import build_runtime
 from chalicelib.capacity import reclaim_handler, request_reclaim
 from chalicelib.stores.lease import Lease
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from chalicelib.runtime import set_runtime
 
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 BLOCK = 2048
@@ -20,9 +18,9 @@ WAKE_KEY = "{kvcm:reclaim}:wake"
 
 
 @pytest.fixture
-def runtime(valkey, valkey_url, aws, clock, tmp_path):
-    yield build_runtime(valkey, valkey_url, clock, node_id="this-node", event_log_path=str(tmp_path / "events.log"))
-    set_runtime(None)
+def runtime_settings(tmp_path):
+    """This module's runtime: a table of its own, the events logged to a file the tests read."""
+    return {"node_id": "this-node", "event_log_path": str(tmp_path / "events.log")}
 
 
 @pytest.fixture

@@ -1,80 +1,14 @@
-"""Fixtures and helpers for control-plane and admin tests (real moto DynamoDB + real Valkey).
-
-Test modules import the fixtures they use from here (pytest picks up imported fixtures).
-"""
+"""Helpers of the control-plane and admin tests: wire calls, configs, snapshots (the
+``runtime``, ``control`` and ``client`` fixtures are in tests/integration/conftest.py)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import threading
 from typing import Any, Optional
 
-import pytest
-
-from chalicelib.control import ensure_table
 from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, ModelDeployment, RegisterInstanceRequest
-from chalicelib.runtime import Runtime, set_runtime
-from chalicelib.settings import Settings
 
 TABLE = "kvcm-control-test"
-
-
-def serialize_transactions(monkeypatch) -> None:
-    """Serialize moto's TransactWriteItems, as DynamoDB does.
-
-    moto applies a transaction with no isolation: it snapshots the tables, applies the
-    items one by one and, on a failed condition, restores the snapshot — clobbering any
-    transaction that committed meanwhile. DynamoDB serializes conflicting transactions;
-    this lock restores that guarantee so concurrency tests exercise our conditions, not
-    moto's races.
-    """
-    from moto.dynamodb.models import DynamoDBBackend
-
-    original = DynamoDBBackend.transact_write_items
-    lock = threading.Lock()
-
-    @functools.wraps(original)
-    def serialized(self, *args, **kwargs):
-        with lock:
-            return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", serialized)
-
-
-def build_runtime(valkey_url: str, clock, valkey, **settings: Any) -> Runtime:
-    """A Runtime on the test Valkey and moto (the control table created)."""
-    settings.setdefault("node_id", "node-a")
-    rt = Runtime(settings=Settings(control_table=TABLE, valkey_url=valkey_url, key_prefix="kvcmtest", **settings),
-                 clock=clock, valkey=valkey)
-    ensure_table(rt.aws("dynamodb"), TABLE)
-    return rt
-
-
-@pytest.fixture
-def runtime(aws, valkey, valkey_url, clock, monkeypatch):
-    """A Runtime on moto + Valkey, installed for the app (``set_runtime``)."""
-    serialize_transactions(monkeypatch)
-    rt = build_runtime(valkey_url, clock, valkey)
-    set_runtime(rt)
-    yield rt
-    set_runtime(None)
-
-
-@pytest.fixture
-def control(runtime):
-    return runtime.control
-
-
-@pytest.fixture
-def client(runtime):
-    """chalice.test.Client over the real app."""
-    from chalice.test import Client
-
-    from app import app
-
-    with Client(app) as test_client:
-        yield test_client
 
 
 def post(client, method: str, body: Any = None, raw: Optional[str] = None,

@@ -5,7 +5,7 @@ from botocore.config import Config
 
 from chalicelib.control import ControlPlane, ensure_table
 from chalicelib.protocol.errors import ServiceNotReadyError
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 def test_ensure_table_is_idempotent(aws):

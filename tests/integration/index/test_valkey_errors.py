@@ -3,7 +3,7 @@ import pytest
 import redis
 from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, TryAgainError
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from chalicelib.stores.valkey import ValkeyUnavailableError, valkey_errors
 from chalicelib.runtime import Runtime
 from chalicelib.settings import Settings

@@ -1,4 +1,4 @@
-"""A runtime on real Valkey + moto DynamoDB, a file storage in tmp, and an HTTP client."""
+"""The meta API's runtime (debug routes on), a file storage in tmp, and an HTTP client."""
 from __future__ import annotations
 
 import json
@@ -7,17 +7,14 @@ import threading
 import pytest
 from chalice.test import Client
 
-from tests.conftest import build_runtime
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from chalicelib.runtime import set_runtime
-
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
+from tests.integration.meta.harness import SPECS, code
 
 
 @pytest.fixture
-def runtime(valkey, valkey_url, aws, clock):
-    yield build_runtime(valkey, valkey_url, clock, node_id="test-node", debug_service=True)
-    set_runtime(None)
+def runtime_settings():
+    """The meta tests' runtime: a table of its own, the debug routes served."""
+    return {"node_id": "test-node", "debug_service": True}
 
 
 @pytest.fixture
@@ -52,10 +49,6 @@ def http(runtime):
         yield call
 
 
-def code(resp: dict) -> str:
-    return resp["header"]["status"]["code"]
-
-
 @pytest.fixture
 def instance(http, group):
     resp = http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
@@ -63,15 +56,3 @@ def instance(http, group):
                                      "model_deployment": {"model_name": "m", "dtype": "fp16"}})
     assert code(resp) == "OK", resp
     return "i1"
-
-
-def write(http, keys, instance="i1", success=None, **extra):
-    """start + finish; returns the start response."""
-    start = http("startWriteCache", {"instance_id": instance, "block_keys": keys, **extra})
-    assert code(start) == "OK", start
-    n = len(start["locations"])
-    mask = {"bool_masks": {"values": success}} if success is not None else {"offset": n}
-    fin = http("finishWriteCache", {"instance_id": instance, "write_session_id": start["write_session_id"],
-                                    "success_blocks": mask})
-    assert code(fin) == "OK", fin
-    return start

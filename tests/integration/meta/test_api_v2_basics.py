@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from chalice.test import Client
 
-from .conftest import code, write
+from .harness import code, write
 
 
 def test_cache_location_len_counts_as_upstream(http, instance):

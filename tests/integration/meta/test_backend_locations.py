@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import code
+from .harness import code
 from .test_report_event import HOST, HOST2, L1, L2, add, er, report  # noqa: F401 - er is a fixture
 
 

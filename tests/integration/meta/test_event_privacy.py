@@ -11,8 +11,8 @@ from chalicelib.cache.keys import keys_from_tokens
 from chalicelib.observability.events import EventLog
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
-from tests.conftest import build_runtime
-from tests.integration.meta.conftest import SPECS
+from tests.helpers import build_runtime
+from tests.integration.meta.harness import SPECS
 
 TOKENS = list(range(100, 112))  # three blocks of four
 

@@ -9,7 +9,7 @@ from chalicelib.cache.context import bucket_bits_for, expected_max_blocks
 from chalicelib.index.block_index import MODE_RAW
 from chalicelib.protocol.models import InstanceGroup
 
-from .conftest import SPECS, code, write
+from .harness import SPECS, code, write
 
 GIB = 1 << 30
 

@@ -7,7 +7,7 @@ import pytest
 from redis.cluster import key_slot
 
 from chalicelib.index.block_index import InstanceLayout
-from tests.integration.meta.conftest import SPECS, code, write
+from tests.integration.meta.harness import SPECS, code, write
 
 ESCAPE = "victim}:s:x"
 

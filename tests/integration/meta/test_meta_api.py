@@ -5,7 +5,7 @@ from pathlib import Path
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.storage.base import BlockRef
 
-from .conftest import SPECS, code, write
+from .harness import SPECS, code, write
 
 
 def prefix(http, keys, **extra):

@@ -7,7 +7,7 @@ import pytest
 
 from chalicelib.protocol.models import InstanceGroup
 
-from .conftest import SPECS, code, write
+from .harness import SPECS, code, write
 
 METHODS = ["registerInstance", "getInstanceInfo", "getCacheLocation", "getCacheMeta", "startWriteCache",
            "finishWriteCache", "removeCache", "trimCache"]

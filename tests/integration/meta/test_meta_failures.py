@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.integration.meta.conftest import SPECS, code, write
+from tests.integration.meta.harness import SPECS, code, write
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.workflows.reaper import expire_write_sessions
 

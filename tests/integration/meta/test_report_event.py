@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from .conftest import code
+from .harness import code
 
 HOST, HOST2 = "10.0.0.8:8080", "10.0.0.9:8080"
 L1, L2 = "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"

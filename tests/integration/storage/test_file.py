@@ -13,7 +13,7 @@ from chalicelib.storage import (
     ThreeFSBackend,
 )
 
-from .conftest import storage_config
+from .harness import storage_config
 
 SPECS = (SpecSlot("tp0", 0, 16), SpecSlot("tp1", 16, 16))
 

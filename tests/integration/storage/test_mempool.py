@@ -11,7 +11,7 @@ from chalicelib.protocol.codes import ErrorCode
 from chalicelib.protocol.errors import ServiceNotReadyError, status_of
 from chalicelib.storage import BlockRef, PoolExhaustedError, SpecSlot, StorageError, TairMemPoolBackend
 
-from .conftest import storage_config
+from .harness import storage_config
 
 SPECS = (SpecSlot("tp0", 0, 60), SpecSlot("tp1", 60, 40))  # 100-byte blocks
 

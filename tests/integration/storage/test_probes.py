@@ -8,9 +8,9 @@ from chalicelib.storage import (
     StorageUnavailableError,
     probe_storage,
 )
-from tests.conftest import free_port
+from tests.helpers import free_port
 
-from .conftest import storage_config
+from .harness import storage_config
 
 
 def mooncake(entry):

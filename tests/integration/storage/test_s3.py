@@ -5,9 +5,9 @@ from botocore.config import Config
 from botocore.stub import Stubber
 
 from chalicelib.storage import BlockRef, S3Backend, SpecSlot, StorageError, StorageUnavailableError
-from tests.conftest import free_port
+from tests.helpers import free_port
 
-from .conftest import storage_config
+from .harness import storage_config
 
 SPECS = (SpecSlot("tp0", 0, 8), SpecSlot("tp1", 8, 8))
 BUCKET = "kv-s3"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import build_runtime
+from tests.helpers import build_runtime
+from tests.integration.workflows.harness import SPECS
 from chalicelib.local import asl
 from chalicelib.local.aws import _dummy_zip
 from chalicelib.local.dispatch import LambdaDispatch
@@ -19,7 +19,6 @@ from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, S
 from chalicelib.runtime import set_runtime
 
 REPO = Path(__file__).resolve().parents[3]
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 
 
 @pytest.fixture
@@ -58,20 +57,3 @@ def stack(valkey, valkey_url, aws, tmp_path):
         for arn in machines.values():
             sfn.delete_state_machine(stateMachineArn=arn)
     set_runtime(None)
-
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    return predicate()
-
-
-def wait_execution(sfn, arn: str, timeout_s: float = 30) -> dict:
-    result = wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d,
-                      timeout_s)
-    assert result, f"execution {arn} still running"
-    return result

@@ -13,7 +13,7 @@ from chalicelib.protocol.models import (FinishWriteCacheRequest, RegisterInstanc
                                         StartWriteCacheRequest)
 from chalicelib.cache.api import register_instance, remove_instance
 
-from .conftest import SPECS, wait_for
+from .harness import SPECS, wait_for
 from .test_workflows import _write_files
 
 

@@ -7,7 +7,7 @@ from chalicelib.index.block_index import MODE_PREFIX, MODE_RAW
 from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
 from chalicelib.workflows import reaper
 
-from .conftest import wait_execution, wait_for
+from .harness import wait_execution, wait_for
 
 
 def _write_files(start) -> list[Path]:

@@ -1,2 +1,0 @@
-"""Fixtures of this directory: see ``harness``."""
-from .harness import client, control, runtime  # noqa: F401
