@@ -9,11 +9,10 @@ location costs one struct unpack and one %-format, and the response splices the 
 from __future__ import annotations
 
 import json
-import struct
 from typing import Callable, Optional, Sequence
 
 from ..index import Status
-from ..index.records import HEADER_LEN, LOCATION_LEN
+from ..index.layout import HEADER, LOCATION
 from ..protocol.codes import StorageType
 from ..storage.base import SpecSlot, UriArgs, UriFormat
 from .context import InstanceContext, StorageState
@@ -23,9 +22,11 @@ SERVING_ONLY = (int(Status.SERVING),)
 ANY_STATUS = (int(Status.WRITING), int(Status.SERVING), int(Status.DELETING))
 _UNKNOWN = object()
 
-#: A location in a record (records.py): status, storage index, spec group, location id
+#: A location in a record (index/layout.py): status, storage index, spec group, location id
 #: (high 8 and low 32 bits), group id (high 16 and low 32 bits), slot.
-_LOCATION = struct.Struct(">BBBBIHIH")
+_LOCATION = LOCATION.split
+_FIRST_LOCATION, _LOCATION_LEN, _COUNT_AT = HEADER.size, LOCATION.size, HEADER.offset("location_count")
+_STATUS_AT, _STORAGE_AT = LOCATION.offset("status"), LOCATION.offset("storage_index")
 
 #: A location's JSON %-template and the function giving its arguments.
 Prepared = tuple[str, UriArgs]
@@ -109,8 +110,9 @@ class LocationRenderer:
 
     def render(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> Optional[str]:
         """JSON of the fastest available location of a record among ``statuses``, or None."""
-        if raw[22] == 1:  # the usual record: one location
-            status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(raw, HEADER_LEN)
+        if raw[_COUNT_AT] == 1:  # the usual record: one location
+            status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(
+                raw, _FIRST_LOCATION)
             if status not in statuses:
                 return None
             prepared = self._by_index.get((sidx, spec_group), _UNKNOWN)
@@ -130,10 +132,10 @@ class LocationRenderer:
     def _best(self, raw: bytes, statuses: tuple[int, ...]) -> Optional[int]:
         """Among replicas, the offset of the available one with the lowest read weight."""
         best, best_offset = None, None
-        for offset in range(HEADER_LEN, HEADER_LEN + raw[22] * LOCATION_LEN, LOCATION_LEN):
-            if raw[offset] not in statuses:
+        for offset in range(_FIRST_LOCATION, _FIRST_LOCATION + raw[_COUNT_AT] * _LOCATION_LEN, _LOCATION_LEN):
+            if raw[offset + _STATUS_AT] not in statuses:
                 continue
-            state = self._state(raw[offset + 1])
+            state = self._state(raw[offset + _STORAGE_AT])
             if state is not None and (best is None or state.backend.read_weight < best.backend.read_weight):
                 best, best_offset = state, offset
         return best_offset

@@ -33,7 +33,8 @@ from typing import Any, Callable, Optional
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex
-from ..index.records import HEADER_LEN
+from ..index.layout import HEADER
+from ..index.records import location_id_at, write_time_ms
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
 from .context import InstanceContext
@@ -79,13 +80,13 @@ class PurgeJob:
         """Whether a record is this job's to take."""
         if self.mode != CACHE:
             return True
-        written_us = int.from_bytes(raw[16:22], "big") * 1000
+        written_us = write_time_ms(raw) * 1000
         return self.written_from_us <= written_us <= self.written_to_us
 
 
 def _first_location(raw: bytes) -> int:
     # A record holds one location (lua/start.lua creates it with one, nothing adds any).
-    return int.from_bytes(raw[HEADER_LEN + 3:HEADER_LEN + 8], "big")
+    return location_id_at(raw, HEADER.size)
 
 
 class PurgeService:

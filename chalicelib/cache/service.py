@@ -221,7 +221,7 @@ class CacheService:
             try:
                 return self.index.start(ctx.layout, keys, request)
             except QuotaExceededError as refusal:
-                if refusal.kind not in ("group", "type", "keys"):
+                if refusal.kind not in ("instance", "group", "type", "keys"):
                     raise
                 # Nothing marked may still mean room: concurrent writers marked it first.
                 if self.make_room(ctx, refusal, attempt, protected) <= 0:
@@ -266,7 +266,8 @@ class CacheService:
                     storage_type=type_name, pack_count=backend.pack_count, sizes=sizes, spec_groups=spec_groups,
                     explicit_groups=explicit, group_capacity=ctx.group_capacity,
                     type_capacity=ctx.type_capacity(backend.storage_type), max_keys=ctx.max_key_count,
-                    max_sessions=self.settings.max_write_sessions, group_usage=group_usage))
+                    max_sessions=self.settings.max_write_sessions, group_usage=group_usage,
+                    instance_capacity=ctx.instance_capacity))
             except QuotaExceededError as exc:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])

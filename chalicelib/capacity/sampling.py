@@ -16,7 +16,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..index import BlockIndex, InstanceLayout, Status
 from ..index.block_index import MODE_RAW
-from ..index.records import HEADER, HEADER_LEN, LOCATION_LEN
+from ..index.layout import HEADER, LOCATION, RecordFlag
+from ..index.records import location_id_at, location_offsets
 from .policies import Candidate
 
 
@@ -48,23 +49,27 @@ def sweep_buckets(bucket_count: int, period_s: int, ttl_s: int, config: Sampling
     return min(bucket_count, config.max_sweep_buckets, max(config.min_sweep_buckets, wanted))
 
 
+_STATUS_AT = LOCATION.offset("status")
+_STORAGE_AT = LOCATION.offset("storage_index")
+_SPEC_GROUP_AT = LOCATION.offset("spec_group")
+
+
 def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, str]], sizes: Sequence[int],
                  storage_name: str = "") -> Optional[Candidate]:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
     given), or None. WRITING and DELETING locations are never candidates."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
-    end = HEADER_LEN + raw[HEADER_LEN - 1] * LOCATION_LEN
-    for off in range(HEADER_LEN, end, LOCATION_LEN):
-        if raw[off] != Status.SERVING:
+    for off in location_offsets(raw):
+        if raw[off + _STATUS_AT] != Status.SERVING:
             continue
-        name, storage_type = storages.get(raw[off + 1], ("", ""))
+        name, storage_type = storages.get(raw[off + _STORAGE_AT], ("", ""))
         if storage_name and name != storage_name:
             continue
-        spec_group = raw[off + 2]
-        flags, parent, children, last_access_s, lfu = HEADER.unpack_from(raw, 0)
-        return Candidate(block_key, int.from_bytes(raw[off + 3:off + 8], "big"),
-                         int.from_bytes(parent, "big", signed=True) if flags & 1 else None, children,
-                         last_access_s, lfu, sizes[spec_group] if spec_group < len(sizes) else sizes[0],
+        spec_group = raw[off + _SPEC_GROUP_AT]
+        flags, parent, children, last_access_s, lfu, _, _ = HEADER.unpack_from(raw)
+        return Candidate(block_key, location_id_at(raw, off),
+                         int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
+                         children, last_access_s, lfu, sizes[spec_group] if spec_group < len(sizes) else sizes[0],
                          storage_type, children)
     return None
 

@@ -35,14 +35,19 @@ from ..clock import Clock
 from ..observability.logging import logger
 from ..stores.valkey import lua_source, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
+from .layout import (
+    PACKED_GROUP, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, ReadMode, StartRefusal, StartResult,
+    lua_constants,
+)
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
 
 LUA_DIR = Path(__file__).with_name("lua")
-MODE_PREFIX, MODE_BATCH, MODE_WINDOW, MODE_RAW = 1, 2, 3, 4
+MODE_PREFIX, MODE_BATCH, MODE_WINDOW, MODE_RAW = ReadMode.PREFIX, ReadMode.BATCH, ReadMode.WINDOW, ReadMode.RAW
 
 
 def _load(name: str) -> str:
-    return lua_source(LUA_DIR, name, prelude="prelude")
+    """An index script: the layout's constants, the prelude, then the script."""
+    return lua_constants() + lua_source(LUA_DIR, name, prelude="prelude")
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,11 @@ def pack_keys(block_keys: Sequence[int]) -> bytes:
 
 def pack_u48(values: Sequence[int]) -> bytes:
     return b"".join(v.to_bytes(6, "big") for v in values)
+
+
+def _packed_groups(blob: bytes) -> list[tuple[int, int]]:
+    """(storage index, group id) of each packed group in a blob of them."""
+    return [PACKED_GROUP.unpack_from(blob, o) for o in range(0, len(blob), PACKED_GROUP.size)]
 
 
 def _merge(a: dict, b: dict, sign: int = 1) -> dict:
@@ -193,6 +203,8 @@ class StartRequest:
     max_keys: int = 0
     #: The most write sessions the instance may have open (0 = no limit).
     max_sessions: int = 0
+    #: The instance's own byte quota (0 = none).
+    instance_capacity: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
     group_usage: Optional[Usage] = None
 
@@ -330,7 +342,7 @@ class BlockIndex:
         prefix, mask = layout.bucket_prefix, layout.mask
         buckets = [b"%b%x" % (prefix, k & mask) for k in block_keys]
         blob = self._call(self._read, [layout.key("m"), layout.key("st"), *buckets],
-                          [pack_keys(block_keys), mode, sw_size, int(self.clock.now()),
+                          [pack_keys(block_keys), int(mode), sw_size, int(self.clock.now()),
                            self.TOUCH_INTERVAL_S, self.LFU_DECAY_S,
                            "" if servable is None else "\n" + "\n".join(servable)])
         out: list[Optional[bytes]] = []
@@ -361,13 +373,14 @@ class BlockIndex:
                 req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
                 -1 if group is None else group.by_type.get(req.storage_type, 0), req.max_keys,
                 layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation,
-                req.max_sessions]
+                req.max_sessions, req.instance_capacity]
         result = self._call(self._start, keys, args)
-        if result[0] == 0:
-            reason = result[1].decode()
-            if reason == "gone":
+        if result[0] == StartResult.REFUSED:
+            reason = StartRefusal(result[1].decode())
+            if reason == StartRefusal.GONE:
                 raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
-            raise QuotaExceededError(reason, {
+            raise QuotaExceededError(reason.value, {
+                "instance": "the instance's quota (instance_quotas) reached",
                 "group": "instance group quota reached",
                 "type": f"quota of storage type {req.storage_type} reached",
                 "keys": "max_key_count of the instance reached",
@@ -375,7 +388,7 @@ class BlockIndex:
                             f"{req.storage_name} is not one of them",
                 "sessions": f"the instance has {req.max_sessions} write sessions open, the most allowed "
                             f"(KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
-            }[reason], int(result[2]) if len(result) > 2 else 0, req.storage_type)
+            }[reason.value], int(result[2]) if len(result) > 2 else 0, req.storage_type)
         new_bytes = int(result[4])
         new_keys = sum(1 for c in result[2] if c == ord("1"))
         self._charge_group(layout, Usage(new_bytes, new_keys, {req.storage_type: new_bytes}))
@@ -387,8 +400,8 @@ class BlockIndex:
             deadline, raw = self.client.hmget(layout.session(session_id), "d", "k")
         if deadline is None:
             return None
-        entries = [(int.from_bytes(raw[o:o + 8], "big", signed=True), int.from_bytes(raw[o + 8:o + 13], "big"))
-                   for o in range(0, len(raw), 13)]
+        entries = [(int.from_bytes(key, "big", signed=True), location_id) for key, location_id
+                   in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))]
         return Session(int(deadline), entries, raw)
 
     def finish(self, layout: InstanceLayout, session_id: str, session: Session, success: Sequence[bool],
@@ -406,11 +419,11 @@ class BlockIndex:
                            [int(self.clock.now() * 1000), session_id, flags, "1" if force_fail else "0",
                             session.raw, layout.bucket_prefix, layout.bucket_count, pack_u48(sizes),
                             layout.instance_id])
-        status = reply[0]
-        if status in (-1, -3):
+        status = FinishStatus(reply[0])
+        if status in (FinishStatus.UNKNOWN, FinishStatus.CHANGED):
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
         self._charge_group(layout, Usage.from_charge(reply[2:]))
-        return status == -2, decode_victims(reply[1])
+        return status == FinishStatus.EXPIRED, decode_victims(reply[1])
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
         """Ids of sessions past their deadline, per instance, in one round trip."""
@@ -444,10 +457,11 @@ class BlockIndex:
             return []
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
+        scope = MarkScope.SERVING if serving_only else MarkScope.ANY
         reply = self._call(self._mark, [layout.key("u"), layout.key("st")],
-                           [pack_keys(block_keys), expected, "S" if serving_only else "A", layout.bucket_prefix,
-                            layout.bucket_count, limits, int(self.clock.now()), resubmit_before_s,
-                            pack_u48(sizes)])
+                           [pack_keys(block_keys), expected, scope.value,
+                            layout.bucket_prefix, layout.bucket_count, limits, int(self.clock.now()),
+                            resubmit_before_s, pack_u48(sizes)])
         self._charge_group(layout, Usage.from_charge(reply[1:]))
         return decode_victims(reply[0])
 
@@ -462,8 +476,7 @@ class BlockIndex:
         by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(4, len(reply) - 1, 2)}
         freed = Usage(int(reply[2]), int(reply[3]), by_type, {}, int(reply[2]), int(reply[3]), dict(by_type))
         self._charge_group(layout, freed, -1)
-        return DropOutcome(int(reply[0]), [(blob[o], int.from_bytes(blob[o + 1:o + 7], "big"))
-                                           for o in range(0, len(blob), 7)], freed)
+        return DropOutcome(int(reply[0]), _packed_groups(blob), freed)
 
     def forget(self, layout: InstanceLayout, block_keys: Sequence[int], location_ids: Sequence[int]) -> int:
         """Drop the records of ``block_keys`` (still holding ``location_ids``, not DELETING)
@@ -488,13 +501,13 @@ class BlockIndex:
         """Packed groups whose last block is gone and whose files are not deleted yet."""
         with valkey_errors("index"):
             members = self.client.smembers(layout.key("og"))
-        return [(m[0], int.from_bytes(m[1:7], "big")) for m in members]
+        return _packed_groups(b"".join(members))
 
     def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
         """Called once the files of ``groups`` are deleted."""
         if groups:
             with valkey_errors("index"):
-                self.client.srem(layout.key("og"), *[bytes((s,)) + g.to_bytes(6, "big") for s, g in groups])
+                self.client.srem(layout.key("og"), *[PACKED_GROUP.pack(s, g) for s, g in groups])
 
     # ---------------------------------------------------------------- usage and tables
 
@@ -510,12 +523,12 @@ class BlockIndex:
             bits, outcome = self._call(self._claim, [meta.key("m"), meta.occupied],
                                        [wanted_bits, incarnation, "1" if registering else "0"])
             layout = InstanceLayout(self.prefix, instance_id, int(bits))
-            outcome = outcome.decode()
-            if outcome == "stale":
+            outcome = ClaimOutcome(outcome.decode())
+            if outcome == ClaimOutcome.STALE:
                 raise StaleInstanceError(f"instance '{instance_id}' was registered again")
-            if outcome == "untracked":
+            if outcome == ClaimOutcome.UNTRACKED:
                 self._ensure_tracked(layout)
-            if outcome != "occupied":
+            if outcome != ClaimOutcome.OCCUPIED:
                 return int(bits)
             self._ensure_tracked(layout)
             usage = self.usage([layout])[0]

@@ -1,29 +1,24 @@
-"""The compact binary block record and the victim descriptor (mirrors lua/prelude.lua).
+"""Block records and victim descriptors as Python reads them (the layout is in layout.py).
 
-A record is 23 bytes of header plus 16 bytes per location; URIs are not stored, they are
-rebuilt from the storage config, the instance, the spec and the placement.
+A record is a header plus one location per copy of the block; URIs are not stored, they
+are rebuilt from the storage config, the instance, the spec and the placement.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Optional
 
-HEADER = struct.Struct(">B8sHIB")  # flags (bit 0: has parent), parent, children, last access (s), LFU counter
-HEADER_LEN = 23
-LOCATION_LEN = 16
-VICTIM_LEN = 23
+from .layout import HEADER, LOCATION, VICTIM, RecordFlag, Status
 
-
-class Status(IntEnum):
-    WRITING = 1
-    SERVING = 2
-    DELETING = 3
-
-
-def _u(data: bytes, start: int, length: int) -> int:
-    return int.from_bytes(data[start:start + length], "big")
+# Readers below take the few bytes they need: callers check thousands of records.
+_COUNT_AT = HEADER.offset("location_count")
+_LAST_ACCESS_AT = HEADER.offset("last_access_s")
+_LAST_ACCESS_END = _LAST_ACCESS_AT + HEADER.fields["last_access_s"].size
+_WRITE_TIME_AT = HEADER.offset("write_time_ms")
+_WRITE_TIME_END = _WRITE_TIME_AT + HEADER.fields["write_time_ms"].size
+_STATUS_AT = LOCATION.offset("status")
+_ID_AT = LOCATION.offset("location_id")
+_ID_END = _ID_AT + LOCATION.fields["location_id"].size
 
 
 @dataclass(frozen=True)
@@ -45,52 +40,55 @@ class BlockRecord:
     write_time_ms: int
     locations: tuple[LocationRecord, ...]
 
-    def first(self, status: Status) -> Optional[LocationRecord]:
-        """The first location in ``status``, or None."""
-        for loc in self.locations:
-            if loc.status == status:
-                return loc
-        return None
+
+def location_offsets(rec: bytes) -> range:
+    """Where each location of a record starts."""
+    return range(HEADER.size, HEADER.size + rec[_COUNT_AT] * LOCATION.size, LOCATION.size)
+
+
+def location_id_at(rec: bytes, offset: int) -> int:
+    """The id of the location starting at ``offset``."""
+    return int.from_bytes(rec[offset + _ID_AT:offset + _ID_END], "big")
 
 
 def decode_location(rec: bytes, offset: int) -> LocationRecord:
-    return LocationRecord(Status(rec[offset]), rec[offset + 1], rec[offset + 2], _u(rec, offset + 3, 5),
-                          _u(rec, offset + 8, 6), _u(rec, offset + 14, 2))
+    status, storage_index, spec_group, location_id, group_id, slot = LOCATION.unpack_from(rec, offset)
+    return LocationRecord(Status(status), storage_index, spec_group, location_id, group_id, slot)
 
 
 def location_status(rec: bytes, location_id: int) -> Optional[Status]:
-    """The status of location ``location_id`` in a record, None when it has no such
-    location (reads the few bytes needed: callers check thousands of records)."""
-    for off in range(HEADER_LEN, HEADER_LEN + rec[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN):
-        if int.from_bytes(rec[off + 3:off + 8], "big") == location_id:
-            return Status(rec[off])
+    """The status of location ``location_id`` in a record, None when it has no such location."""
+    for off in location_offsets(rec):
+        if location_id_at(rec, off) == location_id:
+            return Status(rec[off + _STATUS_AT])
     return None
 
 
 def location_ids(rec: bytes, status: Status) -> list[int]:
-    """The ids of a record's locations in ``status`` (the few bytes needed, as above)."""
-    return [int.from_bytes(rec[off + 3:off + 8], "big")
-            for off in range(HEADER_LEN, HEADER_LEN + rec[HEADER_LEN - 1] * LOCATION_LEN, LOCATION_LEN)
-            if rec[off] == status]
+    """The ids of a record's locations in ``status``."""
+    return [location_id_at(rec, off) for off in location_offsets(rec) if rec[off + _STATUS_AT] == status]
 
 
 def last_access_s(rec: bytes) -> int:
     """The header's access time: a served block's last read, or when it turned DELETING."""
-    return HEADER.unpack_from(rec, 0)[3]
+    return int.from_bytes(rec[_LAST_ACCESS_AT:_LAST_ACCESS_END], "big")
+
+
+def write_time_ms(rec: bytes) -> int:
+    """When the record was written (its start)."""
+    return int.from_bytes(rec[_WRITE_TIME_AT:_WRITE_TIME_END], "big")
 
 
 def decode_record(rec: bytes) -> BlockRecord:
     """Parse one stored record."""
-    flags, parent, children, atime, lfu = HEADER.unpack_from(rec, 0)
-    count = rec[22]
-    locations = tuple(decode_location(rec, HEADER_LEN + i * LOCATION_LEN) for i in range(count))
+    flags, parent, children, atime, lfu, wtime, _ = HEADER.unpack_from(rec)
     return BlockRecord(
-        parent=int.from_bytes(parent, "big", signed=True) if flags & 1 else None,
+        parent=int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
         children=children,
         last_access_s=atime,
         lfu=lfu,
-        write_time_ms=_u(rec, 16, 6),
-        locations=locations,
+        write_time_ms=wtime,
+        locations=tuple(decode_location(rec, off) for off in location_offsets(rec)),
     )
 
 
@@ -106,9 +104,8 @@ class Victim:
     slot: int
 
     def encode(self) -> bytes:
-        return (self.block_key.to_bytes(8, "big", signed=True) + self.location_id.to_bytes(5, "big")
-                + bytes((self.storage_index, self.spec_group)) + self.group_id.to_bytes(6, "big")
-                + self.slot.to_bytes(2, "big"))
+        return VICTIM.pack(self.block_key.to_bytes(8, "big", signed=True), self.location_id, self.storage_index,
+                           self.spec_group, self.group_id, self.slot)
 
     def to_json(self) -> list[int]:
         return [self.block_key, self.location_id, self.storage_index, self.spec_group, self.group_id, self.slot]
@@ -118,14 +115,11 @@ class Victim:
         return cls(*(int(v) for v in data))
 
 
-#: A victim descriptor with its 5- and 6-byte fields split in two (struct has no such sizes).
-_VICTIM = struct.Struct(">qBIBBHIH")
-
-
 def decode_victims(blob: bytes) -> list[Victim]:
     """Parse the victims blob a script returned."""
-    return [Victim(key, (id_hi << 32) | id_lo, sidx, spec_group, (group_hi << 32) | group_lo, slot)
-            for key, id_hi, id_lo, sidx, spec_group, group_hi, group_lo, slot in _VICTIM.iter_unpack(blob)]
+    return [Victim(int.from_bytes(key, "big", signed=True), location_id, storage_index, spec_group, group_id, slot)
+            for key, location_id, storage_index, spec_group, group_id, slot
+            in (VICTIM.unpack_from(blob, off) for off in range(0, len(blob), VICTIM.size))]
 
 
 def encode_victims(victims: list[Victim]) -> bytes:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import redis
@@ -51,6 +52,7 @@ import redis
 from ..protocol.codes import StorageType
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
 from ..protocol.models import StorageConfig
+from ..stores.valkey import lua_source
 from .base import BlockRef, SpecSlot, StorageBackend, StorageError, UriFormat
 from .checks import config_error, spec_of
 from .naming import DECIMAL, uri_template
@@ -79,199 +81,12 @@ class PoolSnapshot:
     unbound: int
 
 
-# Lua numbers are doubles: exact for integers below 2**53, which bounds capacity (2**48).
-# Every number handed to redis.call goes through fmt(): the default number-to-string
-# conversion prints "%.14g" and would corrupt large addresses.
-_LUA_COMMON = """
-local FREE_ADDR, FREE_LEN, USED, PENDING, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+LUA_DIR = Path(__file__).with_name("lua")
 
-local function fmt(n) return string.format('%d', n) end
 
-local function free_len(start)
-  local v = redis.call('ZSCORE', FREE_LEN, fmt(start))
-  if v then return tonumber(v) end
-  return nil
-end
-
-local function put_free(start, len)
-  redis.call('ZADD', FREE_ADDR, fmt(start), fmt(start))
-  redis.call('ZADD', FREE_LEN, fmt(len), fmt(start))
-end
-
-local function drop_free(start)
-  redis.call('ZREM', FREE_ADDR, fmt(start))
-  redis.call('ZREM', FREE_LEN, fmt(start))
-end
-
-local function parse_used(member)
-  local s, l, owner = string.match(member, '^(%d+):(%d+):(.+)$')
-  return tonumber(s), tonumber(l), owner
-end
-
--- The allocation starting at address a (a decimal string): member, start, length, owner.
-local function used_at(a)
-  local hit = redis.call('ZRANGEBYSCORE', USED, a, a, 'LIMIT', 0, 1)
-  if #hit == 0 then return nil end
-  local s, l, owner = parse_used(hit[1])
-  return hit[1], s, l, owner
-end
-
--- Put [start, start+len) on the free list, merged with touching free ranges. Bytes at or
--- past cap are dropped. Returns the bytes added.
-local function release(start, len, cap)
-  if start + len > cap then len = cap - start end
-  if len <= 0 then return 0 end
-  local added = len
-  local prev = redis.call('ZREVRANGEBYSCORE', FREE_ADDR, '(' .. fmt(start), '-inf', 'LIMIT', 0, 1)
-  if #prev > 0 then
-    local ps = tonumber(prev[1])
-    local pl = free_len(ps)
-    if ps + pl == start then
-      drop_free(ps)
-      start, len = ps, len + pl
-    end
-  end
-  local nl = free_len(start + len)
-  if nl then
-    drop_free(start + len)
-    len = len + nl
-  end
-  put_free(start, len)
-  return added
-end
-
--- Free the allocation `member` and keep the byte totals.
-local function free_used(member, s, l, cap)
-  redis.call('ZREM', USED, member)
-  redis.call('ZREM', PENDING, fmt(s))
-  redis.call('HINCRBY', META, 'free', fmt(release(s, l, cap)))
-  redis.call('HINCRBY', META, 'used', fmt(-l))
-end
-
-local function sync_capacity(cap)
-  local cur = tonumber(redis.call('HGET', META, 'capacity') or '0')
-  if cur == cap then return end
-  local delta = 0
-  if cap > cur then
-    -- Free the gaps of [cur, cap) between ranges still in use from before a shrink.
-    local pos = cur
-    local before = redis.call('ZREVRANGEBYSCORE', USED, '(' .. fmt(cur), '-inf', 'LIMIT', 0, 1)
-    if #before > 0 then
-      local s, l = parse_used(before[1])
-      if s + l > pos then pos = s + l end
-    end
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', USED, fmt(cur), '(' .. fmt(cap))) do
-      local s, l = parse_used(m)
-      if s > pos then delta = delta + release(pos, s - pos, cap) end
-      if s + l > pos then pos = s + l end
-    end
-    if pos < cap then delta = delta + release(pos, cap - pos, cap) end
-  else
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', FREE_ADDR, fmt(cap), '+inf')) do
-      local s = tonumber(m)
-      delta = delta - free_len(s)
-      drop_free(s)
-    end
-    local last = redis.call('ZREVRANGEBYSCORE', FREE_ADDR, '(' .. fmt(cap), '-inf', 'LIMIT', 0, 1)
-    if #last > 0 then
-      local s = tonumber(last[1])
-      local l = free_len(s)
-      if s + l > cap then
-        put_free(s, cap - s)
-        delta = delta - (s + l - cap)
-      end
-    end
-  end
-  redis.call('HINCRBY', META, 'free', fmt(delta))
-  redis.call('HSET', META, 'capacity', fmt(cap))
-end
-"""
-
-# ARGV: capacity, count, block_bytes, reservation ttl (s), unbound owner tag.
-# Returns {1, address...} or {0, free bytes, largest free range}.
-_RESERVE = _LUA_COMMON + """
-local cap, count, size, ttl, tag = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-sync_capacity(cap)
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
--- Reservations of requests that died before prepare; a bounded batch per call.
-for _, a in ipairs(redis.call('ZRANGEBYSCORE', PENDING, '-inf', string.format('%.6f', now - ttl), 'LIMIT', 0, 64)) do
-  local member, s, l, owner = used_at(a)
-  if member and string.sub(owner, 1, 1) == '-' then
-    free_used(member, s, l, cap)
-  else
-    redis.call('ZREM', PENDING, a)
-  end
-end
-local function refusal()
-  local largest = redis.call('ZREVRANGE', FREE_LEN, 0, 0, 'WITHSCORES')
-  return {0, tonumber(redis.call('HGET', META, 'free') or '0'), tonumber(largest[2] or '0')}
-end
-if tonumber(redis.call('HGET', META, 'free') or '0') < count * size then return refusal() end
-local got = {}
-local need = count
-while need > 0 do
-  local best = redis.call('ZRANGEBYSCORE', FREE_LEN, fmt(size), '+inf', 'LIMIT', 0, 1)
-  if #best == 0 then break end
-  local start = tonumber(best[1])
-  local len = free_len(start)
-  local take = math.min(need, math.floor(len / size))
-  drop_free(start)
-  if len > take * size then put_free(start + take * size, len - take * size) end
-  for i = 0, take - 1 do
-    got[#got + 1] = start + i * size
-  end
-  need = need - take
-end
-if need > 0 then
-  -- Fragmented: undo. Ranges were maximal, so merging the pieces back restores them.
-  for _, a in ipairs(got) do release(a, size, cap) end
-  return refusal()
-end
-local out = {1}
-for _, a in ipairs(got) do
-  redis.call('ZADD', USED, fmt(a), fmt(a) .. ':' .. fmt(size) .. ':' .. tag)
-  redis.call('ZADD', PENDING, string.format('%.6f', now), fmt(a))
-  out[#out + 1] = a
-end
-redis.call('HINCRBY', META, 'free', fmt(-count * size))
-redis.call('HINCRBY', META, 'used', fmt(count * size))
-return out
-"""
-
-# ARGV: capacity, then (address, owner) pairs; a range is freed only when its owner is the
-# one named. Returns the number of ranges freed.
-_FREE = _LUA_COMMON + """
-local cap = tonumber(ARGV[1])
-sync_capacity(cap)
-local freed = 0
-for i = 2, #ARGV, 2 do
-  local member, s, l, owner = used_at(ARGV[i])
-  if member and owner == ARGV[i + 1] then
-    free_used(member, s, l, cap)
-    freed = freed + 1
-  end
-end
-return freed
-"""
-
-# ARGV: (address, unbound tag, owner) triples. Binds ranges still unbound for that tag;
-# returns how many ranges are now bound to their owner (binding twice is fine).
-_BIND = _LUA_COMMON + """
-local bound = 0
-for i = 1, #ARGV, 3 do
-  local member, s, l, owner = used_at(ARGV[i])
-  if member and owner == ARGV[i + 1] then
-    redis.call('ZREM', USED, member)
-    redis.call('ZREM', PENDING, fmt(s))
-    redis.call('ZADD', USED, fmt(s), fmt(s) .. ':' .. fmt(l) .. ':' .. ARGV[i + 2])
-    bound = bound + 1
-  elseif member and owner == ARGV[i + 2] then
-    bound = bound + 1
-  end
-end
-return bound
-"""
+def _load(name: str) -> str:
+    """An allocator script after the allocator's prelude (lua/mempool_prelude.lua)."""
+    return lua_source(LUA_DIR, name, prelude="mempool_prelude")
 
 
 def _text(value: bytes | str) -> str:
@@ -320,9 +135,9 @@ class TairMemPoolBackend(StorageBackend):
         self._valkey = valkey
         tag = f"{{{key_prefix}:mp:{self.name}}}"
         self._keys = [f"{tag}:{part}" for part in ("free_addr", "free_len", "used", "pending", "meta")]
-        self._reserve_script = valkey.register_script(_RESERVE)
-        self._free_script = valkey.register_script(_FREE)
-        self._bind_script = valkey.register_script(_BIND)
+        self._reserve_script = valkey.register_script(_load("mempool_reserve"))
+        self._free_script = valkey.register_script(_load("mempool_free"))
+        self._bind_script = valkey.register_script(_load("mempool_bind"))
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:

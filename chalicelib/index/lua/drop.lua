@@ -10,7 +10,7 @@
 -- ARGV: [1] victims blob (VICTIM_FMT), [2] block size per spec group (I6 each),
 --       [3] bucket key prefix, [4] bucket count.
 -- Every location dropped is DELETING, so its bytes leave the deleting counters too.
--- Returns {locations dropped, orphan groups blob ('>BI6': storage index, group id),
+-- Returns {locations dropped, orphan groups blob (PACKED_GROUP_FMT each),
 --          bytes freed, keys freed, type, bytes, ...}.
 local usage, stab, groups, orphans, occupied = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local victims, sizes = ARGV[1], ARGV[2]
@@ -37,40 +37,34 @@ for v = 1, #victims / VICTIM_LEN do
   local bucket = bucket_of(bucket_prefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   local i = rec and find_loc(rec, loc)
-  if i and struct.unpack('>B', rec, HDR_LEN + (i - 1) * LOC_LEN + 1) == DELETING then
+  if i and loc_status(rec, i) == DELETING then
     local size = struct.unpack('>I6', sizes, sg * 6 + 1)
-    local seq = struct.unpack('>I5', rec, HDR_LEN + 4)  -- the record's sequence number
+    local seq = sequence(rec)
     rec = remove_loc(rec, i)
-    local flags, parent = struct.unpack('>Bc8', rec)
+    local flags = byte(rec, H_FLAGS)
     local sname, stype = storage(sidx)
     bytes_freed = bytes_freed + size
     by_type[stype] = (by_type[stype] or 0) + size
     by_storage[sname] = (by_storage[sname] or 0) + size
-    if struct.unpack('>B', rec, HDR_LEN) == 0 then
+    if location_count(rec) == 0 then
       redis.call('HDEL', bucket, key)
       keys_freed = keys_freed + 1
       if not emptied[bucket] then
         emptied[bucket] = true
         emptied_list[#emptied_list + 1] = {bucket, bucket_index(nbuckets, key)}
       end
-      if flags % 2 == 1 and flags % 8 < UNLINKED then
+      if has_flag(flags, HAS_PARENT) and not has_flag(flags, UNLINKED) then
+        local parent = struct.unpack(H_PARENT_FMT, rec, H_PARENT)
         local pbucket = bucket_of(bucket_prefix, nbuckets, parent)
         local prec = redis.call('HGET', pbucket, parent)
-        if prec then
-          local pseq = struct.unpack('>I5', prec, HDR_LEN + 4)
-          local linked
-          if flags % 4 < 2 then
-            linked = pseq < seq
-          else  -- adopted: the record's tail names its adopter (start.lua, "Child counts")
-            linked = pseq == struct.unpack('>I5', rec, HDR_LEN + 1)
-          end
-          if linked then redis.call('HSET', pbucket, parent, set_children(prec, -1)) end
+        if prec and linked_to(prec, flags, seq, rec) then
+          redis.call('HSET', pbucket, parent, set_children(prec, -1))
         end
       end
     else
       redis.call('HSET', bucket, key, rec)
     end
-    local gfield = struct.pack('>BI6', sidx, group)
+    local gfield = struct.pack(PACKED_GROUP_FMT, sidx, group)
     by_group[gfield] = (by_group[gfield] or 0) + 1
     dropped = dropped + 1
   end

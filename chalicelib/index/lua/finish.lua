@@ -6,8 +6,9 @@
 --       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets,
 --       [8] block size per spec group (I6 each), [9] the finishing instance's id: a
 --       session is finished only by the instance that started it.
--- Returns {status, victims, deleting charge...}: status 1 finished, -1 unknown session,
--- -2 expired (every block failed), -3 the session changed under the caller. Victims are
+-- Returns {status, victims, deleting charge...}: status FINISH_FINISHED, FINISH_UNKNOWN
+-- (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED (the session
+-- changed under the caller). Victims are
 -- the locations now DELETING, as VICTIM_FMT descriptors; the charge is prelude's
 -- deleting_charge.
 local deadlines, session = KEYS[1], KEYS[2]
@@ -15,18 +16,17 @@ local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3
 local bprefix, nbuckets = ARGV[6], tonumber(ARGV[7])
 local charge = deleting_charge(KEYS[4], ARGV[8])
 local s = redis.call('HMGET', session, 'd', 'k', 'i')
-if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {-1, ''} end
-if s[2] ~= expected then return {-3, ''} end
-local status = 1
+if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {FINISH_UNKNOWN, ''} end
+if s[2] ~= expected then return {FINISH_CHANGED, ''} end
+local status = FINISH_FINISHED
 if force == '1' or now_ms > tonumber(s[1]) then
-  status = -2
+  status = FINISH_EXPIRED
   success = ''
 end
 local blob = s[2]
 local victims = {}
-for j = 1, #blob / 13 do
-  local key = string.sub(blob, (j - 1) * 13 + 1, (j - 1) * 13 + 8)
-  local loc = struct.unpack('>I5', blob, (j - 1) * 13 + 9)
+for j = 1, #blob / SESSION_ENTRY_LEN do
+  local key, loc = struct.unpack(SESSION_ENTRY_FMT, blob, (j - 1) * SESSION_ENTRY_LEN + 1)
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   if rec then

@@ -16,7 +16,7 @@ for i = 1, #keys / 8 do
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   local l = rec and find_loc(rec, struct.unpack('>I5', expected, (i - 1) * 5 + 1))
-  if l and struct.unpack('>B', rec, HDR_LEN + (l - 1) * LOC_LEN + 1) ~= DELETING then
+  if l and loc_status(rec, l) ~= DELETING then
     redis.call('HDEL', bucket, key)
     forgotten = forgotten + 1
     if not emptied[bucket] then

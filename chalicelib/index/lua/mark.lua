@@ -1,7 +1,7 @@
 -- Mark locations DELETING (they stop serving at once) and return them for deletion.
 -- KEYS: [1] usage, [2] storage table.
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
---       location, [3] 'S' to take SERVING locations only (reclaim), 'A' for WRITING and
+--       location, [3] MARK_SERVING to take SERVING locations only (reclaim), MARK_ANY for WRITING and
 --       SERVING (removeCache, trim), and DELETING ones again as they are when they
 --       turned DELETING at or before ARGV[8] (lost deletions: removing the block again
 --       retries them, stamped anew), [4] bucket prefix, [5] bucket count, [6] the most
@@ -18,23 +18,24 @@ for i = 1, #keys / 8 do
   local key = field(keys, i)
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
-  if rec and #limits > 0 and struct.unpack('>H', rec, 10) > struct.unpack('>H', limits, i * 2 - 1) then
+  if rec and #limits > 0
+      and struct.unpack(H_CHILDREN_FMT, rec, H_CHILDREN) > struct.unpack('>H', limits, i * 2 - 1) then
     rec = nil
   end
   if rec then
     local want = nil
     if #expected > 0 then want = struct.unpack('>I5', expected, (i - 1) * 5 + 1) end
     local changed = false
-    local nloc = struct.unpack('>B', rec, HDR_LEN)
-    for l = 1, nloc do
+    for l = 1, location_count(rec) do
       local st, sidx, sg, id, group, slot = loc_at(rec, l)
-      local eligible = st == SERVING or (which == 'A' and st == WRITING)
+      local eligible = st == SERVING or (which == MARK_ANY and st == WRITING)
       if want == nil or want == id then
         if eligible then
           rec = set_loc_status(rec, l, DELETING)
           charge.add(sidx, sg)
         end
-        local lost = which == 'A' and st == DELETING and struct.unpack('>I4', rec, 12) <= lost_s
+        local lost = which == MARK_ANY and st == DELETING
+          and struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S) <= lost_s
         if eligible or lost then
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
           changed = true  -- stamped below: a retry counts as lost only after its own grace

@@ -1,69 +1,97 @@
--- Shared by every KVCM index script (prepended at load time).
+-- Shared by every KVCM index script (prepended at load time, after the constants that
+-- chalicelib/index/layout.py generates: HDR_*, LOC_*, H_<field>, L_<field>, the statuses,
+-- flags and reply codes; docs/record-layout.md).
 --
 -- A block record (hash field = 8-byte big-endian block key, value = this record):
---   header (23 bytes) '>Bc8HI4BI6B':
---     flags (bit 0: has parent; bit 1: adopted, see start.lua "Child counts"), parent
---     key, child count, last access (s), LFU counter, write time (ms), location count
---   location (16 bytes each) '>BBBI5I6H':
---     status, storage index, spec group index, location id, group id, slot
---   an adopted record's adopter (5 bytes '>I5') after its locations
-local HDR_FMT = '>Bc8HI4BI6B'
-local LOC_FMT = '>BBBI5I6H'
-local HDR_LEN = 23
-local LOC_LEN = 16
-local WRITING, SERVING, DELETING = 1, 2, 3
+--   header HDR_FMT: flags (HAS_PARENT; ADOPTED, see start.lua "Child counts"; UNLINKED),
+--     parent key, child count, last access (s), LFU counter, write time (ms), location count
+--   location LOC_FMT each: status, storage index, spec group index, location id, group id, slot
+--   an adopted record's adopter (ADOPTER_FMT) after its locations
+-- H_<field> is a header field's position in a record; L_<field> a location field's offset
+-- from its location's position, loc_pos(i).
+local byte, sub = string.byte, string.sub
 
-local function header(rec)
-  local flags, parent, children, atime, lfu, wtime, nloc = struct.unpack(HDR_FMT, rec)
-  return flags, parent, children, atime, lfu, wtime, nloc
+local function has_flag(flags, flag)
+  return bit.band(flags, flag) ~= 0
+end
+
+-- Position of the first byte of location i (1-based); loc_pos(count + 1) is just past them.
+local function loc_pos(i)
+  return HDR_LEN + (i - 1) * LOC_LEN + 1
+end
+
+local function location_count(rec)
+  return byte(rec, H_LOCATION_COUNT)
 end
 
 local function loc_at(rec, i)
-  -- i is 1-based
-  return struct.unpack(LOC_FMT, rec, HDR_LEN + (i - 1) * LOC_LEN + 1)
+  return struct.unpack(LOC_FMT, rec, loc_pos(i))
+end
+
+local function loc_status(rec, i)
+  return byte(rec, loc_pos(i) + L_STATUS)
+end
+
+-- `rec` with the bytes at `pos` replaced by struct.pack(fmt, ...).
+local function put(rec, pos, fmt, ...)
+  local value = struct.pack(fmt, ...)
+  return sub(rec, 1, pos - 1) .. value .. sub(rec, pos + #value)
 end
 
 local function set_loc_status(rec, i, status)
-  local pos = HDR_LEN + (i - 1) * LOC_LEN + 1
-  return string.sub(rec, 1, pos - 1) .. struct.pack('>B', status) .. string.sub(rec, pos + 1)
+  return put(rec, loc_pos(i) + L_STATUS, L_STATUS_FMT, status)
 end
 
 -- A location turning DELETING stamps the record's access time (unused once nothing
 -- serves it): capacity/stranded.py finds deletions that never finished by it.
 local function stamp_deleting(rec, now_s)
-  return string.sub(rec, 1, 11) .. struct.pack('>I4', now_s) .. string.sub(rec, 16)
+  return put(rec, H_LAST_ACCESS_S, H_LAST_ACCESS_S_FMT, now_s)
 end
 
 local function remove_loc(rec, i)
-  local pos = HDR_LEN + (i - 1) * LOC_LEN + 1
-  local nloc = struct.unpack('>B', rec, HDR_LEN)
-  local head = string.sub(rec, 1, HDR_LEN - 1) .. struct.pack('>B', nloc - 1)
-  return head .. string.sub(rec, HDR_LEN + 1, pos - 1) .. string.sub(rec, pos + LOC_LEN)
+  local pos = loc_pos(i)
+  rec = put(rec, H_LOCATION_COUNT, H_LOCATION_COUNT_FMT, location_count(rec) - 1)
+  return sub(rec, 1, pos - 1) .. sub(rec, pos + LOC_LEN)
 end
 
 local function set_children(rec, delta)
-  local children = struct.unpack('>H', rec, 10)
-  children = children + delta
+  local children = struct.unpack(H_CHILDREN_FMT, rec, H_CHILDREN) + delta
   if children < 0 then children = 0 end
-  if children > 65535 then children = 65535 end
-  return string.sub(rec, 1, 9) .. struct.pack('>H', children) .. string.sub(rec, 12)
+  if children > MAX_CHILDREN then children = MAX_CHILDREN end
+  return put(rec, H_CHILDREN, H_CHILDREN_FMT, children)
+end
+
+-- A record's sequence number: the id of its location (start.lua, "Child counts").
+local function sequence(rec)
+  return (struct.unpack(L_LOCATION_ID_FMT, rec, loc_pos(1) + L_LOCATION_ID))
+end
+
+-- The sequence number of an adopted record's adopter (its tail, after its locations).
+local function adopter(rec)
+  return (struct.unpack(ADOPTER_FMT, rec, loc_pos(location_count(rec) + 1)))
+end
+
+-- Whether a record with `flags` and sequence number `seq` (`rec`, for an adopted one's
+-- adopter tail) is linked to `prec`, its parent key's current record, which counts it
+-- then (start.lua, "Child counts").
+local function linked_to(prec, flags, seq, rec)
+  if location_count(prec) == 0 then return false end
+  if has_flag(flags, ADOPTED) then return sequence(prec) == adopter(rec) end
+  return sequence(prec) < seq
 end
 
 -- The index of the first location with `status`, or nil.
 local function find_status(rec, status)
-  local nloc = struct.unpack('>B', rec, HDR_LEN)
-  for i = 1, nloc do
-    if struct.unpack('>B', rec, HDR_LEN + (i - 1) * LOC_LEN + 1) == status then return i end
+  for i = 1, location_count(rec) do
+    if loc_status(rec, i) == status then return i end
   end
   return nil
 end
 
 -- The index of the location with id `loc_id`, or nil.
 local function find_loc(rec, loc_id)
-  local nloc = struct.unpack('>B', rec, HDR_LEN)
-  for i = 1, nloc do
-    local _, _, _, id = loc_at(rec, i)
-    if id == loc_id then return i end
+  for i = 1, location_count(rec) do
+    if struct.unpack(L_LOCATION_ID_FMT, rec, loc_pos(i) + L_LOCATION_ID) == loc_id then return i end
   end
   return nil
 end
@@ -95,36 +123,24 @@ local function sadd_all(set, members)
   end
 end
 
--- Victim descriptor (23 bytes): key, location id, storage index, spec group, group id, slot.
-local VICTIM_FMT = '>c8I5BBI6H'
-local VICTIM_LEN = 23
-
 -- A record whose last live location turned DELETING stops counting as its parent's
 -- child at once (it never serves again), so leaf-first reclaim sees the parent as a leaf
--- now, not once the deletion has run. Flags bit 2 ("unlinked") says so, and drop.lua does
+-- now, not once the deletion has run. Flag UNLINKED says so, and drop.lua does
 -- not take it off the parent a second time. Only a record linked to the parent's current
 -- record counts there (start.lua, "Child counts"). Returns the record with the flag set.
-local UNLINKED = 4
 local function unlink_from_parent(bprefix, nbuckets, rec)
-  local flags, parent = struct.unpack('>Bc8', rec)
-  if flags % 2 == 0 or flags % 8 >= UNLINKED or find_status(rec, SERVING) or find_status(rec, WRITING) then
+  local flags = byte(rec, H_FLAGS)
+  if not has_flag(flags, HAS_PARENT) or has_flag(flags, UNLINKED) or find_status(rec, SERVING)
+      or find_status(rec, WRITING) then
     return rec
   end
-  local nloc = struct.unpack('>B', rec, HDR_LEN)
-  local seq = struct.unpack('>I5', rec, HDR_LEN + 4)
+  local parent = struct.unpack(H_PARENT_FMT, rec, H_PARENT)
   local pbucket = bucket_of(bprefix, nbuckets, parent)
   local prec = redis.call('HGET', pbucket, parent)
-  if prec and struct.unpack('>B', prec, HDR_LEN) > 0 then
-    local pseq = struct.unpack('>I5', prec, HDR_LEN + 4)
-    local linked
-    if flags % 4 < 2 then
-      linked = pseq < seq
-    else  -- adopted: the record's tail names its adopter
-      linked = pseq == struct.unpack('>I5', rec, HDR_LEN + nloc * LOC_LEN + 1)
-    end
-    if linked then redis.call('HSET', pbucket, parent, set_children(prec, -1)) end
+  if prec and linked_to(prec, flags, sequence(rec), rec) then
+    redis.call('HSET', pbucket, parent, set_children(prec, -1))
   end
-  return string.char(flags + UNLINKED) .. string.sub(rec, 2)
+  return put(rec, H_FLAGS, H_FLAGS_FMT, bit.bor(flags, UNLINKED))
 end
 
 -- Charging locations that turn DELETING to the usage hash's deleting counters ('d',

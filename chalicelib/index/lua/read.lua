@@ -1,7 +1,8 @@
 -- Read the records of a list of block keys in one call, serving only SERVING locations.
 -- KEYS: [1] meta (routes the call to the instance's slot), [2] storage table, then the
 --       bucket of each block key, in order (duplicates allowed).
--- ARGV: keys blob (8 bytes per key), mode (1 prefix, 2 batch, 3 sliding window, 4 raw),
+-- ARGV: keys blob (8 bytes per key), mode (MODE_PREFIX, MODE_BATCH, MODE_WINDOW sliding
+--       window, MODE_RAW),
 --       sw_size, now (s), touch interval (s), LFU decay period (s),
 --       servable storages: '' (any) or '\n' followed by their names joined by '\n'.
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
@@ -18,12 +19,12 @@
 -- script's time, and Valkey time is what caps an instance, not the client's.
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local call, byte, sub = redis.call, string.byte, string.sub
+local call = redis.call
 
 -- storage index -> true for storages that may not serve; false when every one may (the
 -- usual case, which keeps the per-key check to one byte compare)
 local blocked = false
-if ARGV[7] ~= '' and mode ~= 4 then
+if ARGV[7] ~= '' and mode ~= MODE_RAW then
   local servable = {}
   for name in string.gmatch(ARGV[7], '[^\n]+') do servable[name] = true end
   local table_ = call('HGETALL', KEYS[2])
@@ -37,26 +38,27 @@ if ARGV[7] ~= '' and mode ~= 4 then
 end
 
 local function serves(rec)
-  for pos = HDR_LEN + 1, HDR_LEN + byte(rec, HDR_LEN) * LOC_LEN, LOC_LEN do
-    if byte(rec, pos) == SERVING and not blocked[byte(rec, pos + 1)] then return true end
+  for pos = loc_pos(1), loc_pos(location_count(rec)), LOC_LEN do
+    if byte(rec, pos + L_STATUS) == SERVING and not blocked[byte(rec, pos + L_STORAGE_INDEX)] then return true end
   end
   return false
 end
 local n = #keys / 8
 local stale = now - interval
-local stamp = struct.pack('>I4', now)  -- a refreshed record's last access
+local stamp = struct.pack(H_LAST_ACCESS_S_FMT, now)  -- a refreshed record's last access
+local first_status = loc_pos(1) + L_STATUS
 local recs = {}  -- per position: the record if it serves, else false
 local count = n
 for i = 1, n do
   local key = sub(keys, i * 8 - 7, i * 8)
   local rec = call('HGET', KEYS[i + 2], key)
   -- fast path: one location, status byte right after the header
-  if rec and (mode == 4 or (blocked and serves(rec))
-              or (not blocked and (byte(rec, 24) == SERVING or find_status(rec, SERVING)))) then
+  if rec and (mode == MODE_RAW or (blocked and serves(rec))
+              or (not blocked and (byte(rec, first_status) == SERVING or find_status(rec, SERVING)))) then
     recs[i] = rec
   else
     recs[i] = false
-    if mode == 1 then
+    if mode == MODE_PREFIX then
       count = i - 1
       break
     end
@@ -64,7 +66,7 @@ for i = 1, n do
 end
 
 local lo, hi = 1, count
-if mode == 3 then
+if mode == MODE_WINDOW then
   -- Right-most window of sw consecutive served keys (API.md: reverse roll).
   local base = n - sw
   lo, hi = 1, 0
@@ -89,21 +91,21 @@ for i = 1, count do
     out[2 * i - 1] = '\0\0'
     out[2 * i] = ''
   else
-    if mode ~= 4 then
-      local a, b, c, d = byte(rec, 12, 15)
-      local atime = ((a * 256 + b) * 256 + c) * 256 + d
+    if mode ~= MODE_RAW then
+      local atime = struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S)
       if atime <= stale then
-        local lfu = byte(rec, 16)
+        local lfu = byte(rec, H_LFU)
         if decay > 0 then
           lfu = lfu - math.floor((now - atime) / decay)
           if lfu < 0 then lfu = 0 end
         end
         if lfu < 255 then
-          local base_val = lfu - 5
+          local base_val = lfu - LFU_INITIAL
           if base_val < 0 then base_val = 0 end
           if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
         end
-        rec = sub(rec, 1, 11) .. stamp .. string.char(lfu) .. sub(rec, 17)
+        -- one concatenation: the LFU counter follows the access time
+        rec = sub(rec, 1, H_LAST_ACCESS_S - 1) .. stamp .. string.char(lfu) .. sub(rec, H_LFU + 1)
         call('HSET', KEYS[i + 2], sub(keys, i * 8 - 7, i * 8), rec)
       end
     end

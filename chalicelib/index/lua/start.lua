@@ -12,11 +12,13 @@
 --       [16] bucket prefix, [17] bucket count, [18] instance id (the session's owner),
 --       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
 --       the instance may have (0 = no limit): every start opens one, new keys or not.
+--       [21] the instance's own byte quota (the group's instance_quotas; 0 = none).
 -- Nothing is written for an instance being removed (meta 'removing') or registered again
--- since the caller read its config (another incarnation): {0, 'gone'}.
--- Returns {1, first location id, new-key flags ('1' new / '0' existing), storage index,
---      bytes added} or {0, reason, shortfall} with reason 'group', 'type' (shortfall in
---      bytes), 'keys' (in blocks), 'storages' or 'sessions'.
+-- since the caller read its config (another incarnation): {START_REFUSED, REFUSED_GONE}.
+-- Returns {START_GRANTED, first location id, new-key flags ('1' new / '0' existing), storage
+--      index, bytes added} or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
+--      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
+--      REFUSED_STORAGES or REFUSED_SESSIONS.
 --
 -- Quotas count live usage: bytes and keys minus what is DELETING ('d', 'dt:<type>',
 -- 'dk'), whose data is on its way out (mark.lua, finish.lua charge those counters,
@@ -29,9 +31,10 @@
 -- live before. A record C links to the record R of its parent key P (R counts C) when
 --   * C is not adopted and R predates C (seq R < seq C): C was created while R was P's
 --     record, and R was counted then (R existed, or was created earlier in the same call);
---   * or C is adopted (flags bit 1) by R: R was created after C, C being the key right
+--   * or C is adopted (flag ADOPTED) by R: R was created after C, C being the key right
 --     after P in the request, and C's record ends with R's sequence number (I5, after
---     its locations: every reader walks locations by count, so the tail is invisible).
+--     its locations, ADOPTER_FMT: every reader walks locations by count, so the tail is
+--     invisible).
 -- Invariant: a record's child count is the number of records linked to it that are not
 -- DELETING (a child turning DELETING is unlinked then: prelude unlink_from_parent). A child
 -- whose parent record went away while it lived is linked to no record until a later
@@ -49,10 +52,11 @@ local type_cap, group_type = tonumber(ARGV[13]), tonumber(ARGV[14])
 local max_keys = tonumber(ARGV[15])
 local bprefix, nbuckets, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
 local state = redis.call('HMGET', meta, 'inc', 'removing')
-if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {0, 'gone'} end
+if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {START_REFUSED, REFUSED_GONE} end
 local max_sessions = tonumber(ARGV[20])
-if max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then return {0, 'sessions', 1} end
-local byte = string.byte
+if max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then
+  return {START_REFUSED, REFUSED_SESSIONS, 1}
+end
 local n = #keys / 8
 local fields, buckets = {}, {}
 for i = 1, n do
@@ -81,7 +85,7 @@ end
 -- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
 local sidx = redis.call('HGET', stab, 'n:' .. sname)
 local function result(base)
-  return {1, base, table.concat(flags), tonumber(sidx or 0), new_bytes}
+  return {START_GRANTED, base, table.concat(flags), tonumber(sidx or 0), new_bytes}
 end
 
 if #new > 0 then
@@ -93,17 +97,20 @@ if #new > 0 then
   -- instance's own counters by the changes in flight, so it is never taken below 0.
   local others_bytes = math.max(0, group_bytes - own_bytes)
   local others_type = math.max(0, group_type - own_type)
-  local over = others_bytes + own_bytes + new_bytes - group_cap
-  if group_cap > 0 and over > 0 then return {0, 'group', over} end
+  local instance_cap = tonumber(ARGV[21])
+  local over = own_bytes + new_bytes - instance_cap
+  if instance_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_INSTANCE, over} end
+  over = others_bytes + own_bytes + new_bytes - group_cap
+  if group_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_GROUP, over} end
   over = others_type + own_type + new_bytes - type_cap
-  if type_cap > 0 and over > 0 then return {0, 'type', over} end
+  if type_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_TYPE, over} end
   over = own_keys + #new - max_keys
-  if max_keys > 0 and over > 0 then return {0, 'keys', over} end
+  if max_keys > 0 and over > 0 then return {START_REFUSED, REFUSED_KEYS, over} end
 end
 
 if not sidx then
   -- A location holds its storage index in one byte.
-  if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return {0, 'storages'} end
+  if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return {START_REFUSED, REFUSED_STORAGES} end
   sidx = redis.call('HINCRBY', meta, 'storages', 1)
   redis.call('HSET', stab, 'n:' .. sname, sidx, '#' .. sidx, sname, 't' .. sidx, stype)
 end
@@ -135,7 +142,7 @@ if #new > 0 then
     end
     local hflags, parent = 0, NO_PARENT
     if i > 1 then
-      hflags, parent = 1, fields[i - 1]
+      hflags, parent = HAS_PARENT, fields[i - 1]
       parent_bucket[parent] = buckets[i - 1]
     end
     local children = gained[key] or 0
@@ -146,15 +153,16 @@ if #new > 0 then
     if c <= n and flags[c] == '0' and not seen[fields[c]] then
       local crec = redis.call('HGET', buckets[c], fields[c])
       -- A child on its way out (DELETING, unlinked) is not adopted: it counts no more.
-      if crec and byte(crec, 1) % 2 == 1 and string.sub(crec, 2, 9) == key and not find_status(crec, DELETING) then
-        local body_end = HDR_LEN + byte(crec, HDR_LEN) * LOC_LEN  -- drops an earlier adopter
+      if crec and has_flag(byte(crec, H_FLAGS), HAS_PARENT) and struct.unpack(H_PARENT_FMT, crec, H_PARENT) == key
+          and not find_status(crec, DELETING) then
+        local body = sub(crec, 1, loc_pos(location_count(crec) + 1) - 1)  -- drops an earlier adopter
         redis.call('HSET', buckets[c], fields[c],
-                   string.char(3) .. string.sub(crec, 2, body_end) .. struct.pack('>I5', loc))
+                   put(body, H_FLAGS, H_FLAGS_FMT, HAS_PARENT + ADOPTED) .. struct.pack(ADOPTER_FMT, loc))
         children = children + 1
       end
     end
-    children = math.min(children, 65535)
-    local rec = struct.pack(HDR_FMT, hflags, parent, children, math.floor(now_ms / 1000), 5, now_ms, 1)
+    children = math.min(children, MAX_CHILDREN)
+    local rec = struct.pack(HDR_FMT, hflags, parent, children, math.floor(now_ms / 1000), LFU_INITIAL, now_ms, 1)
       .. struct.pack(LOC_FMT, WRITING, sidx, byte(sg_blob, i), loc, group, slot)
     redis.call('HSET', buckets[i], key, rec)
     local b = bucket_index(nbuckets, key)
@@ -162,7 +170,7 @@ if #new > 0 then
       touched[b] = true
       touched_list[#touched_list + 1] = b
     end
-    session_keys[#session_keys + 1] = key .. struct.pack('>I5', loc)
+    session_keys[#session_keys + 1] = struct.pack(SESSION_ENTRY_FMT, key, loc)
   end
   sadd_all(occupied, touched_list)
   for parent, count in pairs(gained) do
@@ -171,7 +179,7 @@ if #new > 0 then
     if prec then redis.call('HSET', bucket, parent, set_children(prec, count)) end
   end
   for group, count in pairs(group_counts) do
-    redis.call('HINCRBY', groups, struct.pack('>BI6', sidx, group), count)
+    redis.call('HINCRBY', groups, struct.pack(PACKED_GROUP_FMT, sidx, group), count)
   end
   redis.call('HINCRBY', usage, 'bytes', new_bytes)
   redis.call('HINCRBY', usage, 'keys', #new)

@@ -1,0 +1,212 @@
+"""The block record layout and the codes the index scripts share with Python, defined once.
+
+Python reads records with these names; the Lua scripts get the same names as constants
+generated from this module (``lua_constants``, prepended to every index script at load
+time: Valkey scripts cannot import). docs/record-layout.md describes the layout.
+
+Formats are spelled as the Lua ``struct`` library spells them (``I5`` a 5-byte unsigned
+integer, ``c8`` 8 raw bytes), big-endian. Python's ``struct`` has no 5- or 6-byte
+integers: ``Struct.split`` reads each of those as two parts (high byte or half-word, low
+word), and ``unpack_from`` joins them.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Any, Iterable, Union
+
+#: Lua struct code -> the Python struct codes reading it (5- and 6-byte integers in two parts).
+_PYTHON_CODES = {"B": "B", "H": "H", "I4": "I", "I5": "BI", "I6": "HI", "c8": "8s"}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a fixed-size layout."""
+
+    name: str
+    #: The Lua struct code ("B", "H", "I4", "I5", "I6", "c8").
+    code: str
+    #: Offset from the start of the layout (0-based).
+    offset: int
+
+    @property
+    def size(self) -> int:
+        return struct.calcsize(">" + _PYTHON_CODES[self.code])
+
+    @property
+    def format(self) -> str:
+        """The field alone, as a Lua struct format."""
+        return ">" + self.code
+
+
+class Struct:
+    """A fixed-size big-endian layout: named fields in order, no padding."""
+
+    def __init__(self, lua_prefix: str, fields: Iterable[tuple[str, str]]) -> None:
+        #: Prefix of the Lua constants naming this layout's fields (see ``lua_constants``).
+        self.lua_prefix = lua_prefix
+        self.fields: dict[str, Field] = {}
+        offset = 0
+        for name, code in fields:
+            field = Field(name, code, offset)
+            self.fields[name] = field
+            offset += field.size
+        #: Bytes of the whole layout.
+        self.size = offset
+        #: The one spelling of the layout (Lua struct library syntax).
+        self.format = ">" + "".join(f.code for f in self.fields.values())
+        #: The same bytes for Python's struct, 5- and 6-byte integers read in two parts
+        #: (hot paths unpack with it and join those parts themselves).
+        self.split = struct.Struct(">" + "".join(_PYTHON_CODES[f.code] for f in self.fields.values()))
+        self._wide = [f.code in ("I5", "I6") for f in self.fields.values()]
+
+    def offset(self, name: str) -> int:
+        """Offset of field ``name`` from the start of the layout."""
+        return self.fields[name].offset
+
+    def unpack_from(self, buffer: bytes, offset: int = 0) -> tuple[Any, ...]:
+        """The fields' values at ``offset`` (integers, ``c<n>`` fields as bytes)."""
+        parts = iter(self.split.unpack_from(buffer, offset))
+        return tuple((next(parts) << 32) | next(parts) if wide else next(parts) for wide in self._wide)
+
+    def pack(self, *values: Union[int, bytes]) -> bytes:
+        """The bytes of one instance of the layout, fields in order."""
+        parts: list[Union[int, bytes]] = []
+        for value, wide in zip(values, self._wide):
+            if wide:
+                assert isinstance(value, int)
+                parts += [value >> 32, value & 0xFFFFFFFF]
+            else:
+                parts.append(value)
+        return self.split.pack(*parts)
+
+
+#: A block record starts with this header (hash field = the 8-byte big-endian block key).
+HEADER = Struct("H", [("flags", "B"), ("parent", "c8"), ("children", "H"), ("last_access_s", "I4"),
+                      ("lfu", "B"), ("write_time_ms", "I6"), ("location_count", "B")])
+#: ``location_count`` locations follow the header.
+LOCATION = Struct("L", [("status", "B"), ("storage_index", "B"), ("spec_group", "B"), ("location_id", "I5"),
+                        ("group_id", "I6"), ("slot", "H")])
+#: An adopted record (flag ADOPTED) ends with its adopter's sequence number, after its
+#: locations (lua/start.lua, "Child counts"); readers walk locations by count and never see it.
+ADOPTER = Struct("ADOPTER", [("sequence", "I5")])
+#: A location handed to deletion (compare-and-delete matches key and location id).
+VICTIM = Struct("V", [("block_key", "c8"), ("location_id", "I5"), ("storage_index", "B"), ("spec_group", "B"),
+                      ("group_id", "I6"), ("slot", "H")])
+#: One entry of a write session's key list: a new key and the location it got.
+SESSION_ENTRY = Struct("SE", [("block_key", "c8"), ("location_id", "I5")])
+#: A packed group (the files of several blocks): the group refcount and orphan-set member.
+PACKED_GROUP = Struct("PG", [("storage_index", "B"), ("group_id", "I6")])
+
+#: A child count stays at this, the most the header's field holds.
+MAX_CHILDREN = (1 << 8 * HEADER.fields["children"].size) - 1
+#: The LFU counter of a new record (as Redis's LFU_INIT_VAL: a new key is not evicted first).
+LFU_INITIAL = 5
+
+
+class Status(IntEnum):
+    """A location's status byte."""
+
+    WRITING = 1
+    SERVING = 2
+    DELETING = 3
+
+
+class RecordFlag(IntEnum):
+    """Bits of the header's ``flags`` (an IntEnum, not an IntFlag: hot paths test them
+    on plain ints, and IntFlag would build a flag object per test)."""
+
+    HAS_PARENT = 1
+    #: Linked to its parent's record through the adopter tail (lua/start.lua "Child counts").
+    ADOPTED = 2
+    #: DELETING and taken off its parent's child count already (prelude unlink_from_parent).
+    UNLINKED = 4
+
+
+class ReadMode(IntEnum):
+    """What lua/read.lua returns for a list of keys."""
+
+    PREFIX = 1
+    BATCH = 2
+    WINDOW = 3
+    RAW = 4
+
+
+class MarkScope(str, Enum):
+    """Which locations lua/mark.lua takes."""
+
+    SERVING = "S"
+    #: WRITING and SERVING ones, and lost deletions.
+    ANY = "A"
+
+
+class StartResult(IntEnum):
+    """First element of lua/start.lua's reply."""
+
+    REFUSED = 0
+    GRANTED = 1
+
+
+class StartRefusal(str, Enum):
+    """Why lua/start.lua refused (second element of a refusal)."""
+
+    GONE = "gone"
+    #: The instance's own byte quota.
+    INSTANCE = "instance"
+    GROUP = "group"
+    TYPE = "type"
+    KEYS = "keys"
+    STORAGES = "storages"
+    SESSIONS = "sessions"
+
+
+class FinishStatus(IntEnum):
+    """First element of lua/finish.lua's reply."""
+
+    FINISHED = 1
+    UNKNOWN = -1
+    EXPIRED = -2
+    CHANGED = -3
+
+
+class ClaimOutcome(str, Enum):
+    """Second element of lua/claim.lua's reply."""
+
+    OK = "ok"
+    UNTRACKED = "untracked"
+    STALE = "stale"
+    OCCUPIED = "occupied"
+
+
+#: Enums given to Lua, with the prefix of their constants' names.
+_LUA_ENUMS: tuple[tuple[str, type[Enum]], ...] = (
+    ("", Status), ("", RecordFlag), ("MODE_", ReadMode), ("MARK_", MarkScope), ("START_", StartResult),
+    ("REFUSED_", StartRefusal), ("FINISH_", FinishStatus), ("CLAIM_", ClaimOutcome))
+
+
+def _lua_literal(value: Union[int, str]) -> str:
+    return f"'{value}'" if isinstance(value, str) else str(value)
+
+
+def lua_constants() -> str:
+    """This module as Lua ``local`` constants, prepended to every index script.
+
+    Per layout ``<P>``: ``<P>_FMT`` and ``<P>_LEN``, and for the header and location fields
+    ``<P>_<FIELD>`` with ``<P>_<FIELD>_FMT``: a header field's name is its 1-based position
+    in a record (as string.byte and struct.unpack count); a location field's is its offset
+    from the location's position (prelude ``loc_pos``). Every enum member is a constant
+    (``SERVING``, ``UNLINKED``, ``MODE_RAW``, ``FINISH_EXPIRED``...)."""
+    lines = ["-- Generated from chalicelib/index/layout.py when the script is loaded: do not edit."]
+    for layout, name in ((HEADER, "HDR"), (LOCATION, "LOC"), (ADOPTER, "ADOPTER"), (VICTIM, "VICTIM"),
+                         (SESSION_ENTRY, "SESSION_ENTRY"), (PACKED_GROUP, "PACKED_GROUP")):
+        lines.append(f"local {name}_FMT, {name}_LEN = '{layout.format}', {layout.size}")
+    for layout, base in ((HEADER, 1), (LOCATION, 0)):
+        for field in layout.fields.values():
+            const = f"{layout.lua_prefix}_{field.name.upper()}"
+            lines.append(f"local {const}, {const}_FMT = {field.offset + base}, '{field.format}'")
+    for prefix, enum in _LUA_ENUMS:
+        for member in enum:
+            lines.append(f"local {prefix}{member.name} = {_lua_literal(member.value)}")
+    lines.append(f"local MAX_CHILDREN, LFU_INITIAL = {MAX_CHILDREN}, {LFU_INITIAL}")
+    return "\n".join(lines) + "\n"
