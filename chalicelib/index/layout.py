@@ -43,9 +43,9 @@ class Field:
 class Struct:
     """A fixed-size big-endian layout: named fields in order, no padding."""
 
-    def __init__(self, lua_prefix: str, fields: Iterable[tuple[str, str]]) -> None:
-        #: Prefix of the Lua constants naming this layout's fields (see ``lua_constants``).
-        self.lua_prefix = lua_prefix
+    def __init__(self, lua_name: str, fields: Iterable[tuple[str, str]]) -> None:
+        #: The layout's name in Lua (``<lua_name>_FMT``, ``<lua_name>_LEN``: ``lua_constants``).
+        self.lua_name = lua_name
         self.fields: dict[str, Field] = {}
         offset = 0
         for name, code in fields:
@@ -83,21 +83,21 @@ class Struct:
 
 
 #: A block record starts with this header (hash field = the 8-byte big-endian block key).
-HEADER = Struct("H", [("flags", "B"), ("parent", "c8"), ("children", "H"), ("last_access_s", "I4"),
+HEADER = Struct("HDR", [("flags", "B"), ("parent", "c8"), ("children", "H"), ("last_access_s", "I4"),
                       ("lfu", "B"), ("write_time_ms", "I6"), ("location_count", "B")])
 #: ``location_count`` locations follow the header.
-LOCATION = Struct("L", [("status", "B"), ("storage_index", "B"), ("spec_group", "B"), ("location_id", "I5"),
+LOCATION = Struct("LOC", [("status", "B"), ("storage_index", "B"), ("spec_group", "B"), ("location_id", "I5"),
                         ("group_id", "I6"), ("slot", "H")])
 #: An adopted record (flag ADOPTED) ends with its adopter's sequence number, after its
 #: locations (lua/start.lua, "Child counts"); readers walk locations by count and never see it.
 ADOPTER = Struct("ADOPTER", [("sequence", "I5")])
 #: A location handed to deletion (compare-and-delete matches key and location id).
-VICTIM = Struct("V", [("block_key", "c8"), ("location_id", "I5"), ("storage_index", "B"), ("spec_group", "B"),
+VICTIM = Struct("VICTIM", [("block_key", "c8"), ("location_id", "I5"), ("storage_index", "B"), ("spec_group", "B"),
                       ("group_id", "I6"), ("slot", "H")])
 #: One entry of a write session's key list: a new key and the location it got.
-SESSION_ENTRY = Struct("SE", [("block_key", "c8"), ("location_id", "I5")])
+SESSION_ENTRY = Struct("SESSION_ENTRY", [("block_key", "c8"), ("location_id", "I5")])
 #: A packed group (the files of several blocks): the group refcount and orphan-set member.
-PACKED_GROUP = Struct("PG", [("storage_index", "B"), ("group_id", "I6")])
+PACKED_GROUP = Struct("PACKED_GROUP", [("storage_index", "B"), ("group_id", "I6")])
 
 #: A child count stays at this, the most the header's field holds.
 MAX_CHILDREN = (1 << 8 * HEADER.fields["children"].size) - 1
@@ -198,12 +198,11 @@ def lua_constants() -> str:
     from the location's position (prelude ``loc_pos``). Every enum member is a constant
     (``SERVING``, ``UNLINKED``, ``MODE_RAW``, ``FINISH_EXPIRED``...)."""
     lines = ["-- Generated from chalicelib/index/layout.py when the script is loaded: do not edit."]
-    for layout, name in ((HEADER, "HDR"), (LOCATION, "LOC"), (ADOPTER, "ADOPTER"), (VICTIM, "VICTIM"),
-                         (SESSION_ENTRY, "SESSION_ENTRY"), (PACKED_GROUP, "PACKED_GROUP")):
-        lines.append(f"local {name}_FMT, {name}_LEN = '{layout.format}', {layout.size}")
-    for layout, base in ((HEADER, 1), (LOCATION, 0)):
+    for layout in (HEADER, LOCATION, ADOPTER, VICTIM, SESSION_ENTRY, PACKED_GROUP):
+        lines.append(f"local {layout.lua_name}_FMT, {layout.lua_name}_LEN = '{layout.format}', {layout.size}")
+    for layout, prefix, base in ((HEADER, "H", 1), (LOCATION, "L", 0)):
         for field in layout.fields.values():
-            const = f"{layout.lua_prefix}_{field.name.upper()}"
+            const = f"{prefix}_{field.name.upper()}"
             lines.append(f"local {const}, {const}_FMT = {field.offset + base}, '{field.format}'")
     for prefix, enum in _LUA_ENUMS:
         for member in enum:

@@ -55,6 +55,7 @@ def test_generated_constants_match_the_layout():
     lua = _generated()
     for prefix, struct_ in (("HDR", HEADER), ("LOC", LOCATION), ("VICTIM", VICTIM), ("ADOPTER", ADOPTER),
                             ("SESSION_ENTRY", SESSION_ENTRY), ("PACKED_GROUP", PACKED_GROUP)):
+        assert struct_.lua_name == prefix
         assert (lua[f"{prefix}_FMT"], lua[f"{prefix}_LEN"]) == (struct_.format, struct_.size)
     for field in HEADER.fields.values():  # positions in a record, 1-based as Lua counts
         assert lua[f"H_{field.name.upper()}"] == field.offset + 1
