@@ -1,10 +1,9 @@
 """KVCM: wiring only. Routes live in chalicelib/routes; logic below them."""
 from chalice import Chalice, Rate
 
-from chalicelib.capacity.reclaimer import reclaim_handler
 from chalicelib.routes import admin, console, debug, docs, gateway, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
-from chalicelib.workflows import deletes, event_report, health, purges, reaper
+from chalicelib.workflows import deletes
 
 # The service logs through Powertools (logger "kvcm"); Chalice must not reconfigure it.
 app = Chalice(app_name="kvcm", configure_logs=False)
@@ -24,31 +23,32 @@ app.register_blueprint(unknown.blueprint)
 @app.lambda_function(name="expire_write_sessions")
 @job
 def expire_write_sessions(event, context):
-    return reaper.expire_write_sessions(get_runtime())
+    return get_runtime().session_reaper.expire_write_sessions()
 
 
 @app.lambda_function(name="reaper_continue")
 @job
 def reaper_continue(event, context):
-    return reaper.reaper_continue(get_runtime(), event)
+    return get_runtime().session_reaper.reaper_continue(event)
 
 
 @app.lambda_function(name="delete_batch")
 @job
 def delete_batch(event, context):
-    return deletes.delete_batch(get_runtime(), event)
+    runtime = get_runtime()
+    return deletes.delete_batch(runtime.contexts, runtime.deletion, event)
 
 
 @app.lambda_function(name="purge_step")
 @job
 def purge_step(event, context):
-    return purges.purge_step(get_runtime(), event)
+    return get_runtime().purge_executions.purge_step(event)
 
 
 @app.lambda_function(name="purge_continue")
 @job
 def purge_continue(event, context):
-    return purges.purge_continue(get_runtime(), event)
+    return get_runtime().purge_executions.purge_continue(event)
 
 
 @app.lambda_function(name="optimizer_run")
@@ -72,28 +72,34 @@ def optimizer_report(event, context):
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")
 @job
 def reaper_watchdog(event):
-    return reaper.reaper_watchdog(get_runtime())
+    return get_runtime().session_reaper.reaper_watchdog()
 
 
 @app.schedule(Rate(5, unit=Rate.MINUTES), name="purge_watchdog")
 @job
 def purge_watchdog(event):
-    return purges.purge_watchdog(get_runtime())
+    return get_runtime().purge_executions.purge_watchdog()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="health_check")
 @job
 def health_check(event):
-    return health.run_health_checks(get_runtime())
+    return get_runtime().health_checks.run_health_checks()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reclaim")
 @job
 def reclaim(event):
-    return reclaim_handler(get_runtime())
+    return get_runtime().reclaim_job.run()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="event_report_liveness")
 @job
 def event_report_liveness(event):
-    return event_report.event_report_liveness(get_runtime())
+    return get_runtime().reporter_liveness.event_report_liveness()
+
+
+@app.schedule(Rate(1, unit=Rate.HOURS), name="instance_tuning")
+@job
+def instance_tuning(event):
+    return get_runtime().instance_tuning.run()

@@ -42,9 +42,8 @@ def write(rt, instance: str, keys: list[int]) -> list[Path]:
 
 
 def register(rt, instance: str) -> None:
-    from chalicelib.cache.api import register_instance
 
-    register_instance(rt, RegisterInstanceRequest.model_validate(
+    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
         {"instance_group": "default", "instance_id": instance, "block_size": 16,
          "location_spec_infos": [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}],
          "model_deployment": {"model_name": "m", "dtype": "bf16"}}))

@@ -3,7 +3,7 @@
 With 10, 100 and 1,000 instances registered in one group (each holding a few blocks, the
 group over no watermark), prints:
 
-- one reclaim round (``reclaim_handler``: the group's look, the stranded-deletion visits,
+- one reclaim round (``ReclaimJob.run``: the group's look, the stranded-deletion visits,
   the counter reconciliation when due): wall time, Valkey round trips and Valkey time;
 - startWriteCache of 16 new keys in one instance of the group, through the handler: p50
   wall time and Valkey time per call — beside a bare pipelined HSET of 16 keys measured
@@ -39,13 +39,11 @@ def valkey_time_us(client) -> float:
 
 
 def measure(count: int, client, data_dir: str) -> dict:
-    from chalicelib.capacity.reclaimer import reclaim_handler
     from chalicelib.control import ensure_table
     from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, InstanceGroup,
                                             RegisterInstanceRequest, StartWriteCacheRequest, StorageConfig)
     from chalicelib.runtime import Runtime, set_runtime
     from chalicelib.settings import Settings
-    from chalicelib.cache.api import register_instance
 
     client.flushall()
     rt = Runtime(settings=Settings(config_refresh_s=3600, node_id="bench", control_table=f"ctl-{count}"),
@@ -57,7 +55,7 @@ def measure(count: int, client, data_dir: str) -> dict:
     rt.control.create_group(InstanceGroup.model_validate(
         {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": 100 << 30}}))
     for i in range(count):
-        register_instance(rt, RegisterInstanceRequest.model_validate(
+        rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
             {"instance_group": "g", "instance_id": f"i{i}", "block_size": 16, "location_spec_infos": SPECS,
              "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
 
@@ -68,12 +66,12 @@ def measure(count: int, client, data_dir: str) -> dict:
 
     for i in range(count):
         start(f"i{i}", [i * 1000 + k for k in range(1, 4)])
-    reclaim_handler(rt)  # warm: scripts loaded, listing cached
+    rt.reclaim_job.run()  # warm: scripts loaded, listing cached
     rounds = []
     client.config_resetstat()
     for _ in range(5):
         t0 = time.perf_counter()
-        reclaim_handler(rt)
+        rt.reclaim_job.run()
         rounds.append(time.perf_counter() - t0)
     round_valkey = valkey_time_us(client) / 5
     samples = []

@@ -67,9 +67,8 @@ def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
     block_bytes = sum(s["size"] for s in SPECS)
     rt.control.create_group(InstanceGroup.model_validate(
         {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": capacity_blocks * block_bytes}}))
-    from chalicelib.cache.api import register_instance
 
-    register_instance(rt, RegisterInstanceRequest.model_validate(
+    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
         {"instance_group": "g", "instance_id": "bench", "block_size": 16, "location_spec_infos": SPECS,
          "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
     set_runtime(rt)

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ValkeyTime, row, valkey_server  # noqa: E402
-from chalicelib.cache.events_api import encode_events  # noqa: E402
+from chalicelib.cache.event_reports import encode_events  # noqa: E402
 from chalicelib.stores.reporters import Liveness, ReporterStore, add_event  # noqa: E402
 from chalicelib.protocol.models import ReportEventRequest  # noqa: E402
 from chalicelib.protocol.wire import parse_model  # noqa: E402

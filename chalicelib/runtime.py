@@ -1,44 +1,95 @@
-"""The composition root: builds clients and services lazily, once per container.
+"""The composition root: builds clients, stores, services, handlers and jobs lazily, once
+per container, each with the few collaborators it uses.
 
-``get_runtime()`` is what handlers use; tests and the local stack build their own
-``Runtime`` (pointing at their Valkey, moto endpoint and clock) and install it with
-``set_runtime``.
+Only app.py's functions and the routes reach for the runtime (``get_runtime()``); nothing
+they call receives it. Tests and the local stack build their own ``Runtime`` (pointing at
+their Valkey, moto endpoint and clock) and install it with ``set_runtime``. Every module is
+imported at the top: ``import app`` loads them all anyway, so deferring imports here would
+buy no cold start.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import threading
 from functools import cached_property
 from typing import Any, Callable, Optional, TypeVar
 
+import boto3
+from botocore.config import Config
+
+from .auth import Authorizer
+from .cache.backend_locations import BackendLocations
+from .cache.contexts import ContextProvider
+from .cache.deletion import Deleter, DeletionService, InlineDeleter, QueuedDeleter
+from .cache.event_reports import EventReports
+from .cache.purge import PurgeService
+from .cache.service import CacheService
+from .capacity.eviction import WritePathEviction
+from .capacity.reclaimer import ControlDirectory, ReclaimJob, Reclaimer
+from .capacity.usage import UsageReports
 from .clock import Clock, SystemClock
+from .control import ConfigCache, ControlPlane
+from .control.audit import AuditLog
+from .control.cluster import ClusterInfo
+from .index import BlockIndex
+from .observability.events import EventLog, EventRecorder
+from .observability.logging import apply_level, logger
+from .observability.metrics import MetricsPublisher, MetricsRegistry
+from .services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
+from .services.debug import DebugService
+from .services.meta import MetaService
 from .settings import Settings
+from .storage import StorageRegistry
+from .stores.faults import FaultRegistry
+from .stores.lease import Lease
+from .stores.metrics import MetricsStore
+from .stores.reporters import ReporterStore
+from .stores.storage_health import StorageHealthStore
+from .stores.valkey import Valkey, connect
+from .workflows.deletes import StepFunctionsDeleter
+from .workflows.event_report import ReporterLiveness
+from .workflows.executions import StateMachine
+from .workflows.health import HealthChecks
+from .workflows.purges import PurgeExecutions, purge_input
+from .workflows.reaper import SessionReaper
+from .workflows.sweeps import CapacityReports
+from .workflows.tuning import InstanceTuningJob, instance_tuning
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 class Runtime:
     """Lazily built clients and services for one container."""
 
     def __init__(self, settings: Optional[Settings] = None, clock: Optional[Clock] = None,
-                 valkey: Any = None, aws_clients: Optional[dict[str, Any]] = None) -> None:
+                 valkey: Optional[Valkey] = None, aws_clients: Optional[dict[str, Any]] = None) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
         self._valkey = valkey
         self._aws_clients: dict[str, Any] = dict(aws_clients or {})
         self._lock = threading.Lock()
 
+    def reconfigure(self, **changes: Any) -> None:
+        """New settings for everything built from now on: the services built so far are
+        dropped (to be rebuilt on next use), the Valkey and AWS clients kept. For tests and
+        the local stack; a deployed container's settings never change."""
+        self.settings = dataclasses.replace(self.settings, **changes)
+        for name, value in list(vars(type(self)).items()):
+            if isinstance(value, cached_property):
+                self.__dict__.pop(name, None)
+
     # ------------------------------------------------------------ clients
 
     @property
-    def valkey(self):
+    def valkey(self) -> Valkey:
         """The redis-py client (one connection pool per container)."""
         if self._valkey is None:
             credentials = self._valkey_credentials()  # outside the lock: it takes it for a boto3 client
             with self._lock:
                 if self._valkey is None:
-                    from .stores.valkey import connect
-
                     self._valkey = connect(self.settings.valkey_url, cluster=self.settings.valkey_cluster,
                                            connect_timeout_s=self.settings.valkey_connect_timeout_s,
                                            socket_timeout_s=self.settings.valkey_socket_timeout_s, **credentials)
@@ -49,23 +100,18 @@ class Runtime:
         else the settings' (a URL ``rediss://user:password@host`` works too)."""
         username, password = self.settings.valkey_username, self.settings.valkey_password
         if self.settings.valkey_secret_arn:
-            import json
-
             secret = json.loads(self.aws("secretsmanager").get_secret_value(
                 SecretId=self.settings.valkey_secret_arn)["SecretString"])
             username, password = secret.get("username", username), secret["password"]
         return {key: value for key, value in (("username", username), ("password", password)) if value}
 
-    def aws(self, service: str):
+    def aws(self, service: str) -> Any:
         """A boto3 client (endpoint from ``AWS_ENDPOINT_URL`` when set, e.g. the moto server)."""
         client = self._aws_clients.get(service)
         if client is None:
             with self._lock:
                 client = self._aws_clients.get(service)
                 if client is None:
-                    import boto3
-                    from botocore.config import Config
-
                     client = boto3.client(
                         service,
                         region_name=self.settings.aws_region,
@@ -75,163 +121,215 @@ class Runtime:
                     self._aws_clients[service] = client
         return client
 
-    # ------------------------------------------------------------ services
+    # ------------------------------------------------------------ stores and the index
 
     @cached_property
-    def metrics(self):
-        """This container's metrics registry (published to ``metrics_store``)."""
-        from .observability.metrics import MetricsRegistry
-
-        return MetricsRegistry()
-
-    @cached_property
-    def metrics_store(self):
-        """Every container's metrics, added up in Valkey."""
-        from .stores.metrics import MetricsStore
-
-        return MetricsStore(self.valkey, self.settings.key_prefix)
-
-    @cached_property
-    def metrics_publisher(self):
-        """Publishes ``metrics`` to ``metrics_store``: ``publish(force=False)`` on the
-        request path (at most once a second), ``publish()`` when a job or getMetrics needs
-        everything out."""
-        from .observability.metrics import MetricsPublisher
-
-        return MetricsPublisher(self.metrics, lambda delta: self.metrics_store.add(delta), self.clock)
-
-    @cached_property
-    def control(self):
+    def control(self) -> ControlPlane:
         """DynamoDB control plane: storages, groups, instances, accounts."""
-        from .control import ControlPlane
-
         return ControlPlane(dynamodb=lambda: self.aws("dynamodb"), table_name=self.settings.control_table,
                             clock=self.clock)
 
     @cached_property
-    def config(self):
+    def config(self) -> ConfigCache:
         """Per-container, version-refreshed cache of the control plane for the hot path."""
-        from .control import ConfigCache
-        from .observability.logging import apply_level
-
         return ConfigCache(self.control, clock=self.clock, refresh_s=self.settings.config_refresh_s,
                            on_log_level=apply_level)
 
     @cached_property
-    def auth(self):
-        """Authentication (API keys, admin passwords) and roles."""
-        from .auth import Authorizer
-
-        return Authorizer(self.config, self.control, self.clock)
-
-    @cached_property
-    def audit(self):
+    def audit(self) -> AuditLog:
         """The audit log: admin mutations and denied calls, in the control table."""
-        from .control.audit import AuditLog
-
         return AuditLog(self.control.table, self.clock, ttl_days=self.settings.audit_ttl_days)
 
     @cached_property
-    def storages(self):
-        """Data storage backends by config."""
-        from .storage import StorageRegistry
+    def index(self) -> BlockIndex:
+        """The block index in Valkey."""
+        return BlockIndex(self.valkey, prefix=self.settings.key_prefix, clock=self.clock)
 
+    @cached_property
+    def storages(self) -> StorageRegistry:
+        """Data storage backends by config."""
         return StorageRegistry(valkey_factory=lambda: self.valkey, s3_client_factory=lambda: self.aws("s3"),
                                key_prefix=self.settings.key_prefix)
 
     @cached_property
-    def reporters(self):
+    def reporters(self) -> ReporterStore:
         """Engine-reported locations and reporter state in Valkey (reportEvent)."""
-        from .stores.reporters import ReporterStore
-
         return ReporterStore(self.valkey, prefix=self.settings.key_prefix)
 
     @cached_property
-    def index(self):
-        """The block index in Valkey."""
-        from .index import BlockIndex
-
-        return BlockIndex(self.valkey, prefix=self.settings.key_prefix, clock=self.clock)
+    def faults(self) -> FaultRegistry:
+        """Debug-service fault injection."""
+        return FaultRegistry(self.valkey, prefix=self.settings.key_prefix)
 
     @cached_property
-    def contexts(self):
-        """instance id → InstanceContext for the hot path."""
-        from .cache.contexts import ContextProvider
+    def health(self) -> StorageHealthStore:
+        """Storage health shared by every container."""
+        return StorageHealthStore(self.valkey, prefix=self.settings.key_prefix)
 
+    @cached_property
+    def lease(self) -> Lease:
+        """The background-job lease ("leader" in upstream's words)."""
+        return Lease(self.valkey, prefix=self.settings.key_prefix, node_id=self.settings.node_id,
+                     ttl_ms=self.settings.lease_ttl_ms, clock=self.clock)
+
+    @cached_property
+    def metrics_store(self) -> MetricsStore:
+        """Every container's metrics, added up in Valkey."""
+        return MetricsStore(self.valkey, self.settings.key_prefix)
+
+    # ------------------------------------------------------------ observability
+
+    @cached_property
+    def metrics(self) -> MetricsRegistry:
+        """This container's metrics registry (published to ``metrics_store``)."""
+        return MetricsRegistry()
+
+    @cached_property
+    def metrics_publisher(self) -> MetricsPublisher:
+        """Publishes ``metrics`` to ``metrics_store``: ``publish(force=False)`` on the
+        request path (at most once a second), ``publish()`` when a job or getMetrics needs
+        everything out."""
+        return MetricsPublisher(self.metrics, lambda delta: self.metrics_store.add(delta), self.clock)
+
+    @cached_property
+    def events(self) -> EventLog:
+        """The event log (``KVCM_EVENT_LOG``); partitioned by each instance's group."""
+        return EventLog.from_settings(self.settings.event_log_path, s3_client=lambda: self.aws("s3"),
+                                      group_of=lambda instance_id: self.config.instance(instance_id).group)
+
+    @cached_property
+    def event_recorder(self) -> EventRecorder:
+        """Publishes the meta calls the optimizer replays to ``events``."""
+        return EventRecorder(self.events, self.config, self.clock, with_tokens=self.settings.event_log_tokens)
+
+    @cached_property
+    def auth(self) -> Authorizer:
+        """Authentication (API keys, admin passwords) and roles."""
+        return Authorizer(self.config, self.control, self.clock)
+
+    # ------------------------------------------------------------ the cache
+
+    @cached_property
+    def contexts(self) -> ContextProvider:
+        """instance id → InstanceContext for the hot path."""
         return ContextProvider(self.config, self.storages, self.index, self.health, self.clock,
                                refresh_s=self.settings.config_refresh_s)
 
     @cached_property
-    def deletion(self):
-        from .cache.deletion import DeletionService
-
+    def deletion(self) -> DeletionService:
         return DeletionService(self.index)
 
+    def _state_machine(self, arn: str, name_prefix: str) -> StateMachine:
+        return StateMachine(lambda: self.aws("stepfunctions"), arn, name_prefix)
+
     @cached_property
-    def deleter(self):
+    def deleter(self) -> Deleter:
         """Where deletions go: the batched_delete state machine when one is configured,
         else inline in the calling request."""
         if self.settings.delete_state_machine_arn:
-            from .workflows.deletes import StepFunctionsDeleter
-
             return StepFunctionsDeleter(lambda: self.aws("stepfunctions"), self.settings.delete_state_machine_arn)
-        from .cache.deletion import InlineDeleter
-
         return InlineDeleter(self.deletion)
 
     @cached_property
-    def cache(self):
-        """The meta data plane."""
-        from .cache.service import CacheService
-        from .cache.deletion import QueuedDeleter
-        from .capacity.eviction import WritePathEviction
-        from .capacity.reclaimer import request_reclaim
+    def purge(self) -> PurgeService:
+        """Whole-instance purges (removeInstance, trimCache): inline, then the
+        instance_purge state machine when one is configured."""
+        machine = self._state_machine(self.settings.purge_state_machine_arn, "purge")
+        return PurgeService(self.index, self.control, self.contexts, self.deletion, self.deleter, self.clock,
+                            start_execution=(lambda job: machine.start(purge_input(job))) if machine.arn else None)
 
+    @cached_property
+    def cache(self) -> CacheService:
+        """The meta data plane."""
         return CacheService(self.index, self.contexts, self.deleter, self.purge, self.clock, self.settings,
-                            self.metrics,
-                            on_capacity_refused=lambda group: request_reclaim(self, group),
+                            self.metrics, on_capacity_refused=self.reclaim_job.wake,
                             make_room=WritePathEviction(self.index, QueuedDeleter(self.index), self.clock,
                                                         self.events, self.metrics))
 
     @cached_property
-    def purge(self):
-        """Whole-instance purges (removeInstance, trimCache): inline, then the
-        instance_purge state machine when one is configured."""
-        from .cache.purge import PurgeService
-        from .workflows.purges import starter
-
-        return PurgeService(self.index, self.control, self.contexts, self.deletion, self.deleter, self.clock,
-                            start_execution=starter(self))
+    def event_reports(self) -> EventReports:
+        return EventReports(self.config, self.reporters, self.metrics, self.clock,
+                            self.settings.max_keys_per_request)
 
     @cached_property
-    def faults(self):
-        """Debug-service fault injection."""
-        from .stores.faults import FaultRegistry
+    def cluster(self) -> ClusterInfo:
+        return ClusterInfo(self.lease, self.settings.advertised_endpoint, self.clock)
 
-        return FaultRegistry(self.valkey, prefix=self.settings.key_prefix)
-
-    @cached_property
-    def events(self):
-        from .observability.events import EventLog
-
-        return EventLog.from_settings(self.settings.event_log_path)
+    # ------------------------------------------------------------ API handlers
 
     @cached_property
-    def health(self):
-        """Storage health shared by every container."""
-        from .stores.storage_health import HealthStore
-
-        return HealthStore(self.valkey, prefix=self.settings.key_prefix)
+    def meta_service(self) -> MetaService:
+        return MetaService(self.control, self.config, self.contexts, self.cache, self.event_reports,
+                           BackendLocations(self.config, self.cache, self.event_reports,
+                                            self.settings.max_keys_per_request),
+                           self.cluster)
 
     @cached_property
-    def lease(self):
-        """The background-job lease ("leader" in upstream's words)."""
-        from .stores.lease import Lease
+    def storage_admin(self) -> StorageAdmin:
+        return StorageAdmin(self.control, self.storages)
 
-        return Lease(self.valkey, prefix=self.settings.key_prefix, node_id=self.settings.node_id,
-                     ttl_ms=self.settings.lease_ttl_ms, clock=self.clock)
+    @cached_property
+    def group_admin(self) -> GroupAdmin:
+        return GroupAdmin(self.control, self.index, self.purge, UsageReports(self.control, self.contexts, self.index),
+                          CapacityReports(lambda: self.aws("stepfunctions"), lambda: self.aws("s3"),
+                                          self.settings.sweep_state_machine_arn))
+
+    @cached_property
+    def account_admin(self) -> AccountAdmin:
+        return AccountAdmin(self.control, lambda: self.audit, self.clock, self.settings.api_key_default_ttl_s,
+                            self.settings.api_key_max_ttl_s)
+
+    @cached_property
+    def service_admin(self) -> ServiceAdmin:
+        return ServiceAdmin(self.control, lambda: self.valkey.ping(), self.lease, self.cluster,
+                            self.metrics_publisher, self.metrics_store, self.clock)
+
+    @cached_property
+    def debug_service(self) -> DebugService:
+        return DebugService(lambda: self.faults, enabled=self.settings.debug_service,
+                            auth_enabled=self.settings.auth_enabled, stage=self.settings.stage)
+
+    def service(self, owner: type[S]) -> S:
+        """The container's instance of a handler class (``routes.dispatch``)."""
+        instance: S = getattr(self, _HANDLERS[owner])
+        return instance
+
+    # ------------------------------------------------------------ jobs (app.py's task functions and schedules)
+
+    @cached_property
+    def reclaim_job(self) -> ReclaimJob:
+        """Reclaim rounds and the write path's wake-ups, with this process's state."""
+        reclaimer = Reclaimer(self.index, ControlDirectory(self.control, self.clock), self.contexts, self.deleter,
+                              self.clock, events=self.events, metrics=self.metrics)
+        return ReclaimJob(reclaimer, self.index, self.clock, self.lease)
+
+    @cached_property
+    def session_reaper(self) -> SessionReaper:
+        return SessionReaper(self.lease, self.control, self.index, self.contexts, self.cache, self.clock,
+                             self._state_machine(self.settings.reaper_state_machine_arn, "reaper"))
+
+    @cached_property
+    def purge_executions(self) -> PurgeExecutions:
+        return PurgeExecutions(self.purge, self._state_machine(self.settings.purge_state_machine_arn, "purge"))
+
+    @cached_property
+    def health_checks(self) -> HealthChecks:
+        return HealthChecks(self.lease, self.control, self.storages, self.health, self.metrics, self.clock)
+
+    @cached_property
+    def reporter_liveness(self) -> ReporterLiveness:
+        return ReporterLiveness(self.lease, self.config, self.event_reports, self.reporters, self.clock)
+
+    @cached_property
+    def instance_tuning(self) -> InstanceTuningJob:
+        """Per-instance quota tuning from the event log (``KVCM_EVENT_LOG``: S3 or a directory)."""
+        return instance_tuning(self.control, self.settings.event_log_path, lambda: self.aws("s3"), self.clock)
 
 
+#: Handler class → the Runtime property building its instance.
+_HANDLERS: dict[type, str] = {MetaService: "meta_service", StorageAdmin: "storage_admin", GroupAdmin: "group_admin",
+                              AccountAdmin: "account_admin", ServiceAdmin: "service_admin",
+                              DebugService: "debug_service"}
 _runtime: Optional[Runtime] = None
 _runtime_lock = threading.Lock()
 
@@ -249,20 +347,20 @@ def get_runtime() -> Runtime:
 def job(handler: Callable[..., T]) -> Callable[..., T]:
     """A scheduled or state-machine task function with its container's duties around the
     work: the service's shared settings applied first (the log level ``updateLogger``
-    stored), this container's metrics published last. Neither can fail the job."""
+    stored), this container's metrics published and its buffered events written last.
+    None of them can fail the job."""
     @functools.wraps(handler)
     def run(*args: Any) -> T:
         runtime = get_runtime()
         try:
             runtime.config.sync()
         except Exception as exc:  # noqa: BLE001 - the job runs on the settings it has
-            from .observability.logging import logger
-
             logger.warning("shared settings not refreshed: %s", exc)
         try:
             return handler(*args)
         finally:
             runtime.metrics_publisher.publish()
+            runtime.events.flush()
 
     return run
 

@@ -440,7 +440,6 @@ class Rehearsal:
         """A storage, group and instance in the deployed table and an abandoned write
         session whose deadline has passed: work for the deployed reaper. Written through
         the app's own services, signed in to Valkey as the harness's admin."""
-        from chalicelib.cache.api import register_instance
         from chalicelib.clock import ManualClock
         from chalicelib.protocol.models import (InstanceGroup, RegisterInstanceRequest, StartWriteCacheRequest,
                                                 StorageConfig)
@@ -458,7 +457,7 @@ class Rehearsal:
             {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
         runtime.control.create_group(InstanceGroup.model_validate(
             {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}}))
-        register_instance(runtime, RegisterInstanceRequest.model_validate(
+        runtime.meta_service.register_instance(RegisterInstanceRequest.model_validate(
             {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
              "location_spec_infos": [{"name": "tp0", "size": 1024}],
              "model_deployment": {"model_name": "m", "dtype": "fp16"}}))

@@ -19,14 +19,14 @@ from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import (EVENT_REPORT_TYPES, CacheLocation, CacheLocationVector,
                                GetCacheLocationRequest, GetCacheLocationsByBackendRequest,
                                GetCacheLocationsByBackendResponse)
+from ..control.config_cache import ConfigCache
 from ..stores.reporters import RID_TYPES
-from .events_api import event_report_storages, liveness_of
+from .event_reports import EventReports, Reported
 from .keys import request_keys
 from .masks import masked_flags
+from .service import CacheService
 
 _V6D = (LocationSelectStrategy.LSS_V6D_PREFIX, LocationSelectStrategy.LSS_V6D_COVERAGE)
-#: A reported location: (rid, location id, medium, [(spec, uri)]).
-Reported = tuple[str, str, str, list[tuple[str, str]]]
 
 
 def _check_selectors(req: GetCacheLocationsByBackendRequest) -> None:
@@ -93,64 +93,73 @@ def _pick_peer(per_key: list[dict[str, list[Reported]]], strategy: LocationSelec
     return peer, [i for i, peers in enumerate(per_key) if peer in peers]
 
 
-def get_cache_locations_by_backend(runtime, req: GetCacheLocationsByBackendRequest) -> GetCacheLocationsByBackendResponse:
-    """Per key, at most one location of each selected backend type, in selector order."""
-    if not req.instance_id:
-        raise InvalidArgumentError("field 'instance_id' is required")
-    if req.query_type != QueryType.QT_BATCH_GET:
-        raise InvalidArgumentError("field 'query_type': GetCacheLocationsByBackend only supports QT_BATCH_GET")
-    _check_selectors(req)
-    record = runtime.config.instance(req.instance_id)
-    keys = request_keys(req.block_keys, req.token_ids, record.block_size, runtime.settings.max_keys_per_request)
-    masked = masked_flags(req.block_mask, len(keys), "block_mask")
-    names: list[Optional[str]] = [None] * len(keys)
-    if req.location_spec_names:
-        if len(req.location_spec_names) != len(keys) or not all(req.location_spec_names):
-            raise InvalidArgumentError("field 'location_spec_names' must be empty or contain one non-empty name "
-                                       "per query key")
-        names = list(req.location_spec_names)
-    wanted = [i for i, m in enumerate(masked) if not m]
-    vectors: list[list[CacheLocation]] = [[] for _ in keys]
-    stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
-    stored: dict[int, dict] = {}
-    if stored_types and wanted:
-        found = runtime.cache.get_cache_location(GetCacheLocationRequest(
-            trace_id=req.trace_id, instance_id=req.instance_id, block_keys=[keys[i] for i in wanted],
-            query_type=QueryType.QT_BATCH_GET))
-        stored = dict(zip(wanted, found.locations))
-    reported: list[list[Reported]] = []
-    if any(s.backend_type in EVENT_REPORT_TYPES for s in req.backend_selectors) and wanted:
-        storages = event_report_storages(runtime, runtime.config.group(record.group))
-        timeouts = {RID_TYPES[t]: liveness_of(c).heartbeat_timeout_ms for t, c in storages.items()}
-        reported = runtime.reporters.visible_locations(req.instance_id, [keys[i] for i in wanted],
-                                                       int(runtime.clock.now() * 1000), timeouts)
-    for selector in req.backend_selectors:
-        type_name = selector.backend_type.name
-        if selector.backend_type not in EVENT_REPORT_TYPES:
-            for i, location in stored.items():
-                if location["type"] == type_name:
-                    picked = _location(type_name, [(s["name"], s["uri"]) for s in location["location_specs"]], names[i])
-                    if picked is not None:
+class BackendLocations:
+    """getCacheLocationsByBackend over the cache's reads and the engines' reports."""
+
+    def __init__(self, config: ConfigCache, cache: CacheService, reports: EventReports,
+                 max_keys_per_request: int) -> None:
+        self.config = config
+        self.cache = cache
+        self.reports = reports
+        self.max_keys_per_request = max_keys_per_request
+
+    def get_cache_locations_by_backend(self, req: GetCacheLocationsByBackendRequest
+                                       ) -> GetCacheLocationsByBackendResponse:
+        """Per key, at most one location of each selected backend type, in selector order."""
+        if not req.instance_id:
+            raise InvalidArgumentError("field 'instance_id' is required")
+        if req.query_type != QueryType.QT_BATCH_GET:
+            raise InvalidArgumentError("field 'query_type': GetCacheLocationsByBackend only supports QT_BATCH_GET")
+        _check_selectors(req)
+        record = self.config.instance(req.instance_id)
+        keys = request_keys(req.block_keys, req.token_ids, record.block_size, self.max_keys_per_request)
+        masked = masked_flags(req.block_mask, len(keys), "block_mask")
+        names: list[Optional[str]] = [None] * len(keys)
+        if req.location_spec_names:
+            if len(req.location_spec_names) != len(keys) or not all(req.location_spec_names):
+                raise InvalidArgumentError("field 'location_spec_names' must be empty or contain one non-empty name "
+                                           "per query key")
+            names = list(req.location_spec_names)
+        wanted = [i for i, m in enumerate(masked) if not m]
+        vectors: list[list[CacheLocation]] = [[] for _ in keys]
+        stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
+        stored: dict[int, dict] = {}
+        if stored_types and wanted:
+            found = self.cache.get_cache_location(GetCacheLocationRequest(
+                trace_id=req.trace_id, instance_id=req.instance_id, block_keys=[keys[i] for i in wanted],
+                query_type=QueryType.QT_BATCH_GET))
+            stored = dict(zip(wanted, found.locations))
+        reported: list[list[Reported]] = []
+        if any(s.backend_type in EVENT_REPORT_TYPES for s in req.backend_selectors) and wanted:
+            reported = self.reports.visible_locations(req.instance_id, [keys[i] for i in wanted],
+                                                      self.config.group(record.group))
+        for selector in req.backend_selectors:
+            type_name = selector.backend_type.name
+            if selector.backend_type not in EVENT_REPORT_TYPES:
+                for i, location in stored.items():
+                    if location["type"] == type_name:
+                        picked = _location(type_name, [(s["name"], s["uri"]) for s in location["location_specs"]], names[i])
+                        if picked is not None:
+                            vectors[i].append(picked)
+                continue
+            kind = RID_TYPES[selector.backend_type]
+            # Each key's candidates: this type's locations holding the key's requested spec.
+            candidates = [[loc for loc in per_key if loc[0].partition("#")[0] == kind
+                           and _location(type_name, loc[3], names[i]) is not None]
+                          for i, per_key in zip(wanted, reported)]
+            if selector.strategy == LocationSelectStrategy.LSS_WEIGHTED_RANDOM:
+                for i, locs in zip(wanted, candidates):
+                    if locs:
+                        host = random.choice(locs)[0]
+                        picked = _location(type_name, _merge([l for l in locs if l[0] == host]), names[i])
                         vectors[i].append(picked)
-            continue
-        kind = RID_TYPES[selector.backend_type]
-        # Each key's candidates: this type's locations holding the key's requested spec.
-        candidates = [[loc for loc in per_key if loc[0].partition("#")[0] == kind
-                       and _location(type_name, loc[3], names[i]) is not None]
-                      for i, per_key in zip(wanted, reported)]
-        if selector.strategy == LocationSelectStrategy.LSS_WEIGHTED_RANDOM:
-            for i, locs in zip(wanted, candidates):
-                if locs:
-                    host = random.choice(locs)[0]
-                    picked = _location(type_name, _merge([l for l in locs if l[0] == host]), names[i])
-                    vectors[i].append(picked)
-            continue
-        by_peer = [{} for _ in candidates]
-        for peers, locs in zip(by_peer, candidates):
-            for loc in locs:
-                peers.setdefault(_peer(loc[3]), []).append(loc)
-        peer, covered = _pick_peer(by_peer, selector.strategy)
-        for j in covered:
-            i = wanted[j]
-            vectors[i].append(_location(type_name, _merge(by_peer[j][peer]), names[i]))
-    return GetCacheLocationsByBackendResponse(key_locations=[CacheLocationVector(locations=v) for v in vectors])
+                continue
+            by_peer = [{} for _ in candidates]
+            for peers, locs in zip(by_peer, candidates):
+                for loc in locs:
+                    peers.setdefault(_peer(loc[3]), []).append(loc)
+            peer, covered = _pick_peer(by_peer, selector.strategy)
+            for j in covered:
+                i = wanted[j]
+                vectors[i].append(_location(type_name, _merge(by_peer[j][peer]), names[i]))
+        return GetCacheLocationsByBackendResponse(key_locations=[CacheLocationVector(locations=v) for v in vectors])

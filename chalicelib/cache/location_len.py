@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..protocol.codes import QueryType
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import GetCacheLocationLenRequest, GetCacheLocationLenResponse, GetCacheLocationRequest
+from .service import CacheService
 
 _COUNTED = (QueryType.QT_BATCH_GET, QueryType.QT_PREFIX_MATCH, QueryType.QT_REVERSE_ROLL_SW_MATCH)
 
@@ -20,7 +21,7 @@ def _has_uri(location: dict) -> bool:
     return any(spec["uri"] for spec in location["location_specs"])
 
 
-def get_cache_location_len(runtime, req: GetCacheLocationLenRequest) -> GetCacheLocationLenResponse:
+def get_cache_location_len(cache: CacheService, req: GetCacheLocationLenRequest) -> GetCacheLocationLenResponse:
     """The number of cached blocks among the request's keys (a prefix length for QT_PREFIX_MATCH)."""
     if not req.instance_id:
         raise InvalidArgumentError("field 'instance_id' is required")
@@ -30,7 +31,7 @@ def get_cache_location_len(runtime, req: GetCacheLocationLenRequest) -> GetCache
         raise InvalidArgumentError("field 'query_type': unknown query type")
     if req.query_type not in _COUNTED:
         return GetCacheLocationLenResponse(cache_location_len=0)
-    found = runtime.cache.get_cache_location(GetCacheLocationRequest(
+    found = cache.get_cache_location(GetCacheLocationRequest(
         trace_id=req.trace_id, instance_id=req.instance_id, block_keys=req.block_keys, token_ids=req.token_ids,
         query_type=req.query_type, sw_size=req.sw_size))
     if req.query_type == QueryType.QT_PREFIX_MATCH:

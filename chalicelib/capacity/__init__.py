@@ -2,20 +2,20 @@
 
 What the rest of the service calls:
 
-- ``reclaim_handler(runtime)`` — one reclaim round; app.py's ``@app.schedule`` handler and
-  the local scheduler (every second) call it;
-- ``request_reclaim(runtime, group_name)`` — the data plane's hook when a write is refused
-  for capacity: the group is reclaimed in the next round. Cheap, never raises.
+- ``ReclaimJob.run()`` — one reclaim round; app.py's ``@app.schedule`` handler and the
+  local scheduler (every second) call it;
+- ``ReclaimJob.wake(group_name)`` — the data plane's hook when a write is refused for
+  capacity: the group is reclaimed in the next round. Cheap, never raises.
 
 Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``selection``
 (the candidate pool, leaves only), ``stranded`` (deletions that never finished). I/O
 through the index only: ``sampling``, ``instance`` and ``reclaimer``; ``eviction`` makes room on the write path.
 """
 from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for
-from .reclaimer import ControlDirectory, GroupReport, ReclaimReport, Reclaimer, reclaim_handler, request_reclaim
+from .reclaimer import ControlDirectory, GroupReport, ReclaimJob, ReclaimReport, Reclaimer
 from .sampling import SamplingConfig
 from .watermark import Limits, Need, Plan, assess, split
 
 __all__ = ["Candidate", "ControlDirectory", "GroupReport", "LFUPolicy", "LRUPolicy", "Limits", "Need", "Plan",
-           "ReclaimReport", "Reclaimer", "SamplingConfig", "TTLPolicy", "VictimPolicy", "assess", "policy_for",
-           "reclaim_handler", "request_reclaim", "split"]
+           "ReclaimJob", "ReclaimReport", "Reclaimer", "SamplingConfig", "TTLPolicy", "VictimPolicy", "assess",
+           "policy_for", "split"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
@@ -33,6 +32,7 @@ from ..index import BlockIndex, Usage, Victim
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import InstanceGroup
+from ..stores.lease import Lease
 from .instance import InstanceReclaim, InstanceReport, Submit
 from .policies import Candidate, VictimPolicy, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
@@ -187,14 +187,6 @@ class Reclaimer:
         self._states: dict[str, _GroupState] = {}
         self._stranded_position = 0
 
-    @classmethod
-    def from_runtime(cls, runtime: Any, rng: Optional[random.Random] = None,
-                     config: SamplingConfig = SamplingConfig()) -> "Reclaimer":
-        """A reclaimer over the runtime's index, control plane, contexts and deleter."""
-        return cls(runtime.index, ControlDirectory(runtime.control, runtime.clock), runtime.contexts,
-                   runtime.deleter, runtime.clock, events=runtime.events, metrics=runtime.metrics, rng=rng,
-                   config=config)
-
     def run_round(self, keep_going: Callable[[], bool] = lambda: True) -> ReclaimReport:
         """Look at every due group and free what is over its watermark (and, with TTL,
         what expired). ``keep_going`` is asked before each group (the lease)."""
@@ -237,7 +229,8 @@ class Reclaimer:
         report.swept = policy.expires and now >= state.next_sweep
         try:
             # The group's own counters decide whether its instances need reading at all.
-            if not (assess(limits, {"": usage.live()}, pressure).needed or limits.max_keys > 0 or report.swept):
+            if not (assess(limits, {"": usage.live()}, pressure).needed or limits.max_keys > 0
+                    or limits.instance_capacity or report.swept):
                 state.over = False
                 return report
             contexts = self._contexts(self.directory.members(group.name))
@@ -401,7 +394,7 @@ def _always() -> bool:
 class _LeaseGuard:
     """The background lease during a round: renewed once a third of its ttl has passed."""
 
-    def __init__(self, lease: Any, clock: Clock) -> None:
+    def __init__(self, lease: Lease, clock: Clock) -> None:
         self.lease = lease
         self.clock = clock
         self._checked = float("-inf")
@@ -419,65 +412,48 @@ class _LeaseGuard:
         return bool(self.lease.renew())
 
 
-class _ProcessState:
-    """What one process keeps for a runtime between rounds and wake-ups."""
+class ReclaimJob:
+    """One process's reclaim duty: rounds under the background lease (app.py's schedule,
+    the local scheduler every second), never two at once, and the write path's wake-ups."""
 
-    def __init__(self) -> None:
-        self.round_lock = threading.Lock()
-        self.reclaimer: Optional[Reclaimer] = None
-        self.woken_at: dict[str, float] = {}
+    def __init__(self, reclaimer: Reclaimer, index: BlockIndex, clock: Clock, lease: Optional[Lease] = None) -> None:
+        self.reclaimer = reclaimer
+        self.index = index
+        self.clock = clock
+        self.lease = lease
+        self._round_lock = threading.Lock()
+        self._woken_at: dict[str, float] = {}
 
+    def run(self) -> dict:
+        """One reclaim round; returns its report as a dict (``skipped`` says why a round did
+        nothing). Runs only while this node holds the lease (when there is one)."""
+        if not self._round_lock.acquire(blocking=False):
+            return ReclaimReport(skipped="a reclaim round is already running in this process").to_dict()
+        try:
+            guard = _LeaseGuard(self.lease, self.clock) if self.lease is not None else None
+            if guard is not None and not guard.acquire():
+                return ReclaimReport(skipped="another node holds the background lease").to_dict()
+            report = self.reclaimer.run_round(guard.held if guard is not None else _always)
+            if report.victims or any(g.error for g in report.groups):
+                logger.info("reclaim round", extra={"victims": report.victims, "bytes": report.bytes,
+                                                    "duration_ms": round(report.duration_ms, 1),
+                                                    "errors": [g.error for g in report.groups if g.error]})
+            return report.to_dict()
+        finally:
+            self._round_lock.release()
 
-_STATES: "weakref.WeakKeyDictionary[Any, _ProcessState]" = weakref.WeakKeyDictionary()
-_STATES_LOCK = threading.Lock()
-
-
-def _state_of(runtime: Any) -> _ProcessState:
-    with _STATES_LOCK:
-        state = _STATES.get(runtime)
-        if state is None:
-            state = _STATES[runtime] = _ProcessState()
-        return state
-
-
-def reclaim_handler(runtime: Any) -> dict:
-    """One reclaim round: what app.py's ``@app.schedule`` handler and the local scheduler
-    (every second) call. Runs only while this node holds the background lease (when the
-    runtime has one) and never two rounds at once in a process. Returns the round's
-    report as a dict (``skipped`` says why a round did nothing)."""
-    state = _state_of(runtime)
-    if not state.round_lock.acquire(blocking=False):
-        return ReclaimReport(skipped="a reclaim round is already running in this process").to_dict()
-    try:
-        lease = getattr(runtime, "lease", None)
-        guard = _LeaseGuard(lease, runtime.clock) if lease is not None else None
-        if guard is not None and not guard.acquire():
-            return ReclaimReport(skipped="another node holds the background lease").to_dict()
-        if state.reclaimer is None:
-            state.reclaimer = Reclaimer.from_runtime(runtime)
-        report = state.reclaimer.run_round(guard.held if guard is not None else _always)
-        if report.victims or any(g.error for g in report.groups):
-            logger.info("reclaim round", extra={"victims": report.victims, "bytes": report.bytes,
-                                                "duration_ms": round(report.duration_ms, 1),
-                                                "errors": [g.error for g in report.groups if g.error]})
-        return report.to_dict()
-    finally:
-        state.round_lock.release()
-
-
-def request_reclaim(runtime: Any, group_name: str) -> None:
-    """Wake the reclaimer for ``group_name``: the data plane calls this when a write is
-    refused for capacity. The group is looked at in the next round, whatever its
-    ``trigger_period_seconds``, with at least one reclaim step of headroom made under each
-    hard limit. Cheap (one SADD, at most every ``WAKE_DEBOUNCE_S`` per group and
-    process) and never raises."""
-    try:
-        state = _state_of(runtime)
-        now = runtime.clock.now()
-        last = state.woken_at.get(group_name)
-        if last is not None and 0 <= now - last < WAKE_DEBOUNCE_S:
-            return
-        state.woken_at[group_name] = now
-        runtime.index.request_reclaim(group_name)
-    except Exception:  # noqa: BLE001 - a wake-up is best effort; the periodic check follows anyway
-        logger.warning("could not wake the reclaimer for instance group %s", group_name, exc_info=True)
+    def wake(self, group_name: str) -> None:
+        """Wake the reclaimer for ``group_name``: the data plane calls this when a write is
+        refused for capacity. The group is looked at in the next round, whatever its
+        ``trigger_period_seconds``, with at least one reclaim step of headroom made under each
+        hard limit. Cheap (one SADD, at most every ``WAKE_DEBOUNCE_S`` per group and
+        process) and never raises."""
+        try:
+            now = self.clock.now()
+            last = self._woken_at.get(group_name)
+            if last is not None and 0 <= now - last < WAKE_DEBOUNCE_S:
+                return
+            self._woken_at[group_name] = now
+            self.index.request_reclaim(group_name)
+        except Exception:  # noqa: BLE001 - a wake-up is best effort; the periodic check follows anyway
+            logger.warning("could not wake the reclaimer for instance group %s", group_name, exc_info=True)

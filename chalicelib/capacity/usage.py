@@ -8,9 +8,10 @@ watermark shown is the one reclaim really starts at.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
-from ..index import Usage
+from ..cache.contexts import ContextProvider
+from ..control import ControlPlane
+from ..index import BlockIndex, Usage
 from ..protocol.codes import StorageType
 from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import (GetInstanceGroupUsageRequest, GetInstanceGroupUsageResponse, InstanceGroup,
@@ -42,22 +43,29 @@ def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroup
                               by_storage_type=by_type, instances=instances)
 
 
-def get_instance_group_usage(runtime: Any, request: GetInstanceGroupUsageRequest) -> GetInstanceGroupUsageResponse:
-    """Usage of one group (``instance_group_name``) or of every group; unknown group → INVALID_ARGUMENT."""
-    control = runtime.control
-    name = request.instance_group_name
-    groups = [control.get_group(name)] if name else control.list_groups()
-    ids: dict[str, list[str]] = defaultdict(list)
-    for record in control.list_instances(name):
-        ids[record.group].append(record.instance_id)
-    reports = []
-    for group in groups:
-        contexts = []
-        for instance_id in ids[group.name]:
-            try:
-                contexts.append(runtime.contexts(instance_id))
-            except InstanceNotFoundError:
-                continue  # removed since the listing
-        usages = runtime.index.usage([c.layout for c in contexts]) if contexts else []
-        reports.append(group_usage(group, {c.instance_id: u for c, u in zip(contexts, usages)}))
-    return GetInstanceGroupUsageResponse(usage=reports)
+class UsageReports:
+    """getInstanceGroupUsage over the control plane's listings and the index's counters."""
+
+    def __init__(self, control: ControlPlane, contexts: ContextProvider, index: BlockIndex) -> None:
+        self.control = control
+        self.contexts = contexts
+        self.index = index
+
+    def get_instance_group_usage(self, request: GetInstanceGroupUsageRequest) -> GetInstanceGroupUsageResponse:
+        """Usage of one group (``instance_group_name``) or of every group; unknown group → INVALID_ARGUMENT."""
+        name = request.instance_group_name
+        groups = [self.control.get_group(name)] if name else self.control.list_groups()
+        ids: dict[str, list[str]] = defaultdict(list)
+        for record in self.control.list_instances(name):
+            ids[record.group].append(record.instance_id)
+        reports = []
+        for group in groups:
+            contexts = []
+            for instance_id in ids[group.name]:
+                try:
+                    contexts.append(self.contexts(instance_id))
+                except InstanceNotFoundError:
+                    continue  # removed since the listing
+            usages = self.index.usage([c.layout for c in contexts]) if contexts else []
+            reports.append(group_usage(group, {c.instance_id: u for c, u in zip(contexts, usages)}))
+        return GetInstanceGroupUsageResponse(usage=reports)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..protocol.models import GetClusterInfoRequest, GetClusterInfoResponse, MetaNodeEndpoint, NodeEndpoint
-from ..runtime import Runtime
+from ..clock import Clock, now_us
+from ..protocol.errors import NotLeaderError
+from ..protocol.models import (GetClusterInfoRequest, GetClusterInfoResponse, GetManagerClusterInfoResponse,
+                               MetaNodeEndpoint, NodeEndpoint)
+from ..stores.lease import Lease
 
 
 def advertised_endpoint(endpoint: str, node_id: str) -> Optional[MetaNodeEndpoint]:
@@ -32,10 +35,34 @@ def admin_endpoint(endpoint: str, node_id: str) -> Optional[NodeEndpoint]:
                         admin_http_port=meta.meta_http_port)
 
 
-def get_cluster_info(runtime: Runtime, request: GetClusterInfoRequest) -> GetClusterInfoResponse:
-    """Who answers and where the leader is: any node answers, and it is the API itself."""
-    lease = runtime.lease
-    leader = lease.status().holder or ""
-    return GetClusterInfoResponse(self_node_id=lease.node_id, leader_node_id=leader,
-                                  leader_endpoint=advertised_endpoint(runtime.settings.advertised_endpoint,
-                                                                      leader or lease.node_id))
+class ClusterInfo:
+    """Leader discovery and the background-job lease as upstream's cluster methods see them."""
+
+    def __init__(self, lease: Lease, advertised_endpoint: str, clock: Clock) -> None:
+        self.lease = lease
+        self.advertised_endpoint = advertised_endpoint
+        self.clock = clock
+
+    def get_cluster_info(self, request: GetClusterInfoRequest) -> GetClusterInfoResponse:
+        """Who answers and where the leader is: any node answers, and it is the API itself."""
+        leader = self.lease.status().holder or ""
+        return GetClusterInfoResponse(self_node_id=self.lease.node_id, leader_node_id=leader,
+                                      leader_endpoint=advertised_endpoint(self.advertised_endpoint,
+                                                                          leader or self.lease.node_id))
+
+    def get_manager_cluster_info(self) -> GetManagerClusterInfoResponse:
+        """The lease holder is the "leader"; ``info_updated_time`` is when this was read (µs)."""
+        status = self.lease.status()
+        return GetManagerClusterInfoResponse(
+            self_node_id=self.lease.node_id,
+            leader_node_id=status.holder or "",
+            self_leader_expiration_time=status.expires_at_us if status.holder == self.lease.node_id else 0,
+            info_updated_time=now_us(self.clock),
+            leader_endpoint=admin_endpoint(self.advertised_endpoint, status.holder or self.lease.node_id))
+
+    def leader_demote(self) -> None:
+        """Release the lease if this node holds it; otherwise SERVER_NOT_LEADER (as upstream)."""
+        if not self.lease.release():
+            holder = self.lease.holder()
+            raise NotLeaderError(f"node '{self.lease.node_id}' does not hold the background-job lease "
+                                 f"(holder: {repr(holder) if holder else 'none'})")

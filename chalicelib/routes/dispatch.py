@@ -9,24 +9,62 @@ and admin mutations and denied calls are audited.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, get_type_hints
+from typing import Any, Callable, Mapping, Optional, Protocol, TypeVar, get_type_hints
 
-from ..auth import Action, Principal, check_action, check_target, parse_bearer
+from ..auth import Action, Authorizer, Principal, check_action, check_target, parse_bearer
 from ..auth.targets import TargetOf
+from ..clock import Clock
+from ..control import ConfigCache
 from ..control.api_keys import key_id_of
-from ..control.audit import AuditEntry
+from ..control.audit import AuditEntry, AuditLog
 from ..control.validation import invalid, validate_key_fields
 from ..observability.logging import access_log, logger
 from ..protocol.codes import ErrorCode
 from ..protocol.errors import MalformedBodyError, RequestTooLargeError, http_status_of, status_of
 from ..protocol.models import Request, Response, ResponseHeader, Status
+from ..observability.events import EventRecorder
+from ..observability.metrics import MetricsPublisher, MetricsRegistry
 from ..protocol.wire import decode_body, parse_model, render
-from ..runtime import Runtime
+from ..settings import Settings
+from ..stores.faults import FaultRegistry
 
-Handler = Callable[[Runtime, Any], Response]
+#: A service method, unbound: ``Handler(service, request) -> response``.
+Handler = Callable[[Any, Any], Response]
+S = TypeVar("S")
 _DENIED = (401, 403, 429)
+
+
+class CallContext(Protocol):
+    """What the dispatcher uses around a handler (``runtime.Runtime`` provides it)."""
+
+    settings: Settings
+    clock: Clock
+
+    @property
+    def auth(self) -> Authorizer: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    @property
+    def config(self) -> ConfigCache: ...
+
+    @property
+    def faults(self) -> FaultRegistry: ...
+
+    @property
+    def metrics(self) -> MetricsRegistry: ...
+
+    @property
+    def metrics_publisher(self) -> MetricsPublisher: ...
+
+    @property
+    def event_recorder(self) -> EventRecorder: ...
+
+    def service(self, owner: type[S]) -> S: ...
 
 
 @dataclass(frozen=True)
@@ -35,21 +73,26 @@ class Operation:
 
     api_name: str
     request_model: type[Request]
+    #: A method of a service class; the class's container-wide instance serves the calls.
     handler: Handler
     service: str  # "meta", "admin" or "debug"
     #: What the method does (the roles allowed it) and what it acts on (the scope checked).
     action: Action
     target: TargetOf
-    #: Hook called after every call of a meta method (event log, debug faults...).
-    observer: Optional[Callable[[Runtime, "Operation", Request, Optional[Response], ErrorCode], None]] = None
+    #: Whether calls go to the event log (the optimizer replays them).
+    recorded: bool = False
 
     #: What the handler answers (its return annotation); errors render it too.
     response_model: type[Response] = field(init=False)
+    #: The service class the handler is a method of.
+    owner: type = field(init=False)
 
     def __post_init__(self) -> None:
-        # Resolved at import, so a handler without a resolvable return annotation fails
-        # the app's import, not its first error response.
+        # Resolved at import, so a handler without a resolvable return annotation, or
+        # that is not a method of a module-level class, fails the app's import.
         object.__setattr__(self, "response_model", get_type_hints(self.handler)["return"])
+        class_name, _, _ = self.handler.__qualname__.rpartition(".")
+        object.__setattr__(self, "owner", getattr(sys.modules[self.handler.__module__], class_name))
 
 
 def _error_body(model: type[Response], code: ErrorCode, message: str, request_id: str) -> str:
@@ -87,13 +130,13 @@ class Dispatcher:
     def __init__(self, operations: list[Operation]) -> None:
         self.operations = {op.api_name: op for op in operations}
 
-    def handle(self, runtime: Runtime, api_name: str, raw_body: Any,
+    def handle(self, context: CallContext, api_name: str, raw_body: Any,
                headers: Mapping[str, str], source: str = "") -> tuple[int, str]:
         """Run one call; returns (HTTP status, JSON text). Never raises. ``source`` is the
         caller's address (audit log)."""
         start = time.perf_counter()
         op = self.operations[api_name]
-        settings = runtime.settings
+        settings = context.settings
         trace_id = ""
         principal: Optional[Principal] = None
         request: Optional[Request] = None
@@ -104,7 +147,7 @@ class Dispatcher:
             # Credentials and role before the body is even decoded: an unauthenticated
             # caller costs no JSON parsing.
             if settings.auth_enabled:
-                principal = runtime.auth.authenticate(headers)
+                principal = context.auth.authenticate(headers)
                 check_action(principal, op.action, api_name)
             request = parse_model(op.request_model, decode_body(raw_body))
             if len(request.effective_trace_id) > settings.max_trace_id_length:
@@ -113,12 +156,12 @@ class Dispatcher:
             logger.set_correlation_id(trace_id or None)
             validate_key_fields(request)
             if principal is not None:
-                check_target(principal, op.target(runtime, request), api_name)
+                check_target(principal, op.target(context.config, request), api_name)
             if op.service == "meta" and settings.debug_service:
-                runtime.faults.check(api_name, trace_id)
-            response = op.handler(runtime, request)
+                context.faults.check(api_name, trace_id)
+            response = op.handler(context.service(op.owner), request)
             code = ErrorCode.OK
-            request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
+            request_id = f"{trace_id}_{int(context.clock.now() * 1e6)}"
             response.header.request_id = request_id
             status, body = 200, render(response)
             message = ""
@@ -127,7 +170,7 @@ class Dispatcher:
             if code == ErrorCode.INTERNAL_ERROR and not isinstance(exc, MalformedBodyError):
                 logger.exception("unexpected error in %s", api_name)
             status = http_status_of(exc)
-            request_id = f"{trace_id}_{int(runtime.clock.now() * 1e6)}"
+            request_id = f"{trace_id}_{int(context.clock.now() * 1e6)}"
             if isinstance(exc, MalformedBodyError):
                 body = "{}"
             else:
@@ -135,25 +178,25 @@ class Dispatcher:
                 model = op.response_model if status == 200 else Response
                 body = _error_body(model, code, message, request_id)
         latency_us = int((time.perf_counter() - start) * 1e6)
-        runtime.metrics.record_call(api_name, code.name, latency_us)
-        runtime.metrics_publisher.publish(force=False)
-        if op.observer is not None and request is not None:
+        context.metrics.record_call(api_name, code.name, latency_us)
+        context.metrics_publisher.publish(force=False)
+        if op.recorded and request is not None:
             try:
-                op.observer(runtime, op, request, response, code)
-            except Exception:  # noqa: BLE001 - observers never fail a call
-                logger.exception("observer of %s failed", api_name)
+                context.event_recorder.record(api_name, request, response, code)
+            except Exception:  # noqa: BLE001 - the event log never fails a call
+                logger.exception("event log of %s failed", api_name)
         caller = principal.label if principal is not None else ""
         if settings.auth_enabled and (op.action.audited or status in _DENIED):
-            self._audit(runtime, AuditEntry(principal=caller or _claimed(headers), source=source, api_name=api_name,
+            self._audit(context, AuditEntry(principal=caller or _claimed(headers), source=source, api_name=api_name,
                                             target=_target_label(request), code=code.name, message=message,
                                             denied=status in _DENIED))
         access_log(api_name, trace_id, code.name, latency_us, principal=caller)
         return status, body
 
     @staticmethod
-    def _audit(runtime: Runtime, entry: AuditEntry) -> None:
+    def _audit(context: CallContext, entry: AuditEntry) -> None:
         try:
-            runtime.audit.record(entry)
+            context.audit.record(entry)
         except Exception:  # noqa: BLE001 - the call's outcome stands; the loss is logged
             logger.exception("audit record of %s not written", entry.api_name)
 

@@ -9,7 +9,7 @@ from ..storage.health import StorageHealth
 from .valkey import valkey_errors
 
 
-class HealthStore:
+class StorageHealthStore:
     """``{storage name: StorageHealth}`` in one Valkey hash."""
 
     def __init__(self, client, prefix: str) -> None:

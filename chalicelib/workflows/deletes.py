@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cache.context import InstanceContext
+from ..cache.contexts import ContextProvider
 from ..cache.deletion import DeletionService
 from ..index import Victim
 from . import executions
@@ -30,11 +31,10 @@ class StepFunctionsDeleter:
             })
 
 
-def delete_batch(runtime, event: dict) -> dict:
+def delete_batch(contexts: ContextProvider, deletion: DeletionService, event: dict) -> dict:
     """Task of ``batched_delete``: delete one batch of one instance. Raises on a storage
     failure so the state machine retries; a retry deletes nothing twice."""
-    ctx = runtime.contexts(event["instance_id"])
-    service: DeletionService = runtime.deletion
-    report = service.delete(ctx, [Victim.from_json(v) for v in event["victims"]])
+    ctx = contexts(event["instance_id"])
+    report = deletion.delete(ctx, [Victim.from_json(v) for v in event["victims"]])
     return {"instance_id": ctx.instance_id, "requested": report.requested, "claimed": report.claimed,
             "dropped": report.dropped, "groups_deleted": report.groups_deleted}

@@ -8,38 +8,52 @@ reported for an instance that no longer exists is deleted too.
 """
 from __future__ import annotations
 
-from ..cache.events_api import event_report_storages, liveness_of
-from ..stores.reporters import RID_TYPES
+from ..cache.event_reports import EventReports, liveness_of
+from ..clock import Clock, now_ms
+from ..control import ConfigCache
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
+from ..stores.lease import Lease
+from ..stores.reporters import RID_TYPES, ReporterStore
 
 _KINDS = {kind: storage_type for storage_type, kind in RID_TYPES.items()}
 
 
-def event_report_liveness(runtime) -> dict:
-    """Expire silent reporters and clean retired generations; returns what was done."""
-    if not runtime.lease.try_acquire():
-        return {"skipped": "lease held by another node"}
-    store = runtime.reporters
-    now_ms = int(runtime.clock.now() * 1000)
-    checked, cleaned = 0, 0
-    for instance_id in store.instances():
-        try:
-            record = runtime.config.instance(instance_id)
-        except InstanceNotFoundError:  # removed (or being removed): what it reported goes too
-            store.forget_instance(instance_id)
-            continue
-        storages = event_report_storages(runtime, runtime.config.group(record.group))
-        for rid in store.reporters(instance_id):
-            config = storages.get(_KINDS.get(rid.partition("#")[0]))
-            checked += 1
-            if config is not None:
-                retired = store.expire(instance_id, rid, now_ms, liveness_of(config)).retired
-            else:
-                state = store.reporter(instance_id, rid)
-                retired = state.retired if state else ""
-            if retired:
-                cleaned += store.cleanup(instance_id, rid, retired)
-    if cleaned:
-        logger.info("event-report liveness", extra={"reporters": checked, "locations_cleaned": cleaned})
-    return {"reporters": checked, "locations_cleaned": cleaned}
+class ReporterLiveness:
+    """The ``event_report_liveness`` schedule's work."""
+
+    def __init__(self, lease: Lease, config: ConfigCache, reports: EventReports, store: ReporterStore,
+                 clock: Clock) -> None:
+        self.lease = lease
+        self.config = config
+        self.reports = reports
+        self.store = store
+        self.clock = clock
+
+    def event_report_liveness(self) -> dict:
+        """Expire silent reporters and clean retired generations; returns what was done."""
+        if not self.lease.try_acquire():
+            return {"skipped": "lease held by another node"}
+        store = self.store
+        now = now_ms(self.clock)
+        checked, cleaned = 0, 0
+        for instance_id in store.instances():
+            try:
+                record = self.config.instance(instance_id)
+            except InstanceNotFoundError:  # removed (or being removed): what it reported goes too
+                store.forget_instance(instance_id)
+                continue
+            storages = self.reports.storages(self.config.group(record.group))
+            for rid in store.reporters(instance_id):
+                config = storages.get(_KINDS.get(rid.partition("#")[0]))
+                checked += 1
+                if config is not None:
+                    retired = store.expire(instance_id, rid, now, liveness_of(config)).retired
+                else:
+                    state = store.reporter(instance_id, rid)
+                    retired = state.retired if state else ""
+                if retired:
+                    cleaned += store.cleanup(instance_id, rid, retired)
+        if cleaned:
+            logger.info("event-report liveness", extra={"reporters": checked, "locations_cleaned": cleaned})
+        return {"reporters": checked, "locations_cleaned": cleaned}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ..protocol.errors import ServiceNotReadyError
 
@@ -41,3 +41,27 @@ def running(sfn: Any, state_machine_arn: str) -> list[str]:
                                                              statusFilter="RUNNING"):
         out += [e["executionArn"] for e in page["executions"]]
     return out
+
+
+class StateMachine:
+    """One state machine of the service, as its tasks and watchdogs see it (the Step
+    Functions client is built on first use)."""
+
+    def __init__(self, stepfunctions: Callable[[], Any], arn: str, name_prefix: str) -> None:
+        self.stepfunctions = stepfunctions
+        self.arn = arn
+        self.name_prefix = name_prefix
+
+    def start(self, payload: dict) -> str:
+        """Start an execution; returns its ARN."""
+        return start(self.stepfunctions(), self.arn, self.name_prefix, payload)
+
+    def continue_as_new(self, event: dict, payload: dict) -> str:
+        """Start the next execution of the machine running ``event``'s execution (this
+        one when the event does not say)."""
+        machine = state_machine_of(event.get("execution", "")) or self.arn
+        return start(self.stepfunctions(), machine, self.name_prefix, payload)
+
+    def running(self) -> list[str]:
+        """ARNs of its running executions (none when no machine is configured)."""
+        return running(self.stepfunctions(), self.arn) if self.arn else []

@@ -4,46 +4,42 @@ small whatever the instance's size), and a scheduled watchdog resumes removals w
 execution died."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
-
-from ..cache.purge import PurgeJob
-from . import executions
+from ..cache.purge import PurgeJob, PurgeService
+from .executions import StateMachine
 
 #: Steps per execution before it hands over to a fresh one.
 MAX_STEPS = 500
 
 
-def starter(runtime: Any) -> Optional[Callable[[dict], str]]:
-    """Hands a job to the state machine (None when none is configured)."""
-    arn = runtime.settings.purge_state_machine_arn
-    if not arn:
-        return None
-    return lambda job: executions.start(runtime.aws("stepfunctions"), arn, "purge",
-                                        {**job, "max_steps": MAX_STEPS, "round_steps": 0})
+def purge_input(job: dict) -> dict:
+    """An execution's input: the job and its hand-over counters."""
+    return {**job, "max_steps": MAX_STEPS, "round_steps": 0}
 
 
-def purge_step(runtime: Any, event: dict) -> dict:
-    """Task of ``instance_purge``: one step of the job; the state machine loops on
-    ``done``, handing over after ``max_steps`` steps. Raises on a storage or index
-    failure so the state machine retries (steps are idempotent)."""
-    job = runtime.purge.step(PurgeJob.from_json(event))
-    return {**job.to_json(), "max_steps": event.get("max_steps", MAX_STEPS),
-            "round_steps": event.get("round_steps", 0) + 1}
+class PurgeExecutions:
+    """The ``instance_purge`` state machine's tasks and its watchdog."""
 
+    def __init__(self, purge: PurgeService, machine: StateMachine) -> None:
+        self.purge = purge
+        self.machine = machine
 
-def purge_continue(runtime: Any, event: dict) -> dict:
-    """Start the next execution of the state machine running this task with the job as
-    it stands (the current execution ends after it)."""
-    machine = executions.state_machine_of(event.get("execution", "")) or runtime.settings.purge_state_machine_arn
-    job = PurgeJob.from_json(event["job"])
-    arn = executions.start(runtime.aws("stepfunctions"), machine, "purge",
-                           {**job.to_json(), "max_steps": event.get("max_steps", MAX_STEPS), "round_steps": 0})
-    return {"next_execution": arn}
+    def purge_step(self, event: dict) -> dict:
+        """Task of ``instance_purge``: one step of the job; the state machine loops on
+        ``done``, handing over after ``max_steps`` steps. Raises on a storage or index
+        failure so the state machine retries (steps are idempotent)."""
+        job = self.purge.step(PurgeJob.from_json(event))
+        return {**job.to_json(), "max_steps": event.get("max_steps", MAX_STEPS),
+                "round_steps": event.get("round_steps", 0) + 1}
 
+    def purge_continue(self, event: dict) -> dict:
+        """Start the next execution of the state machine running this task with the job as
+        it stands (the current execution ends after it)."""
+        job = PurgeJob.from_json(event["job"])
+        return {"next_execution": self.machine.continue_as_new(event, {
+            **job.to_json(), "max_steps": event.get("max_steps", MAX_STEPS), "round_steps": 0})}
 
-def purge_watchdog(runtime: Any) -> dict:
-    """Resume the removals still in progress that no execution is working on."""
-    arn = runtime.settings.purge_state_machine_arn
-    if arn and executions.running(runtime.aws("stepfunctions"), arn):
-        return {"running": True, "resumed": []}
-    return {"running": False, "resumed": runtime.purge.resume_removals()}
+    def purge_watchdog(self) -> dict:
+        """Resume the removals still in progress that no execution is working on."""
+        if self.machine.running():
+            return {"running": True, "resumed": []}
+        return {"running": False, "resumed": self.purge.resume_removals()}

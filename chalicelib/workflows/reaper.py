@@ -6,9 +6,15 @@ a loop; ``reaper_continue`` starts the next execution when one has run its round
 """
 from __future__ import annotations
 
+from ..cache.contexts import ContextProvider
+from ..cache.service import CacheService
+from ..clock import Clock, now_ms
+from ..control import ControlPlane
+from ..index import BlockIndex
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
-from . import executions
+from ..stores.lease import Lease
+from .executions import StateMachine
 
 #: Loop period: a session is failed at most about this long after its deadline.
 INTERVAL_S = 2
@@ -16,48 +22,53 @@ INTERVAL_S = 2
 MAX_ROUNDS = 500
 
 
-def expire_write_sessions(runtime) -> dict:
-    """Fail every write session past its deadline: its WRITING locations go to deletion
-    and a later finish is refused. Only the lease holder works; others skip."""
-    if not runtime.lease.try_acquire():
-        return {"skipped": "lease held by another node", "expired": 0}
-    now_ms = int(runtime.clock.now() * 1000)
-    instance_ids = [r.instance_id for r in runtime.control.list_instances()]
-    expired = blocks = 0
-    for instance_id, session_ids in runtime.index.due_sessions(instance_ids, now_ms).items():
-        try:
-            ctx = runtime.contexts(instance_id)
-        except InstanceNotFoundError:
-            continue
-        for session_id in session_ids:
-            failed = runtime.cache.fail_session(ctx, session_id)
-            if failed is not None:  # None: finished meanwhile
-                expired += 1
-                blocks += failed
-    if expired:
-        logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
-    return {"expired": expired, "blocks": blocks}
-
-
 def reaper_input() -> dict:
     return {"interval_s": INTERVAL_S, "max_rounds": MAX_ROUNDS}
 
 
-def reaper_continue(runtime, event: dict) -> dict:
-    """Start the next execution of the state machine running this task (the current
-    execution ends after it)."""
-    machine = executions.state_machine_of(event.get("execution", "")) or runtime.settings.reaper_state_machine_arn
-    arn = executions.start(runtime.aws("stepfunctions"), machine, "reaper",
-                           {"interval_s": event.get("interval_s", INTERVAL_S),
-                            "max_rounds": event.get("max_rounds", MAX_ROUNDS)})
-    return {"next_execution": arn}
+class SessionReaper:
+    """The ``write_session_reaper`` state machine's task, its hand-over and its watchdog."""
 
+    def __init__(self, lease: Lease, control: ControlPlane, index: BlockIndex, contexts: ContextProvider,
+                 cache: CacheService, clock: Clock, machine: StateMachine) -> None:
+        self.lease = lease
+        self.control = control
+        self.index = index
+        self.contexts = contexts
+        self.cache = cache
+        self.clock = clock
+        self.machine = machine
 
-def reaper_watchdog(runtime) -> dict:
-    """Start a reaper execution unless one is running."""
-    sfn = runtime.aws("stepfunctions")
-    arn = runtime.settings.reaper_state_machine_arn
-    running = executions.running(sfn, arn)
-    if running:
-        return {"running": running[0]}
-    return {"started": executions.start(sfn, arn, "reaper", reaper_input())}
+    def expire_write_sessions(self) -> dict:
+        """Fail every write session past its deadline: its WRITING locations go to deletion
+        and a later finish is refused. Only the lease holder works; others skip."""
+        if not self.lease.try_acquire():
+            return {"skipped": "lease held by another node", "expired": 0}
+        instance_ids = [r.instance_id for r in self.control.list_instances()]
+        expired = blocks = 0
+        for instance_id, session_ids in self.index.due_sessions(instance_ids, now_ms(self.clock)).items():
+            try:
+                ctx = self.contexts(instance_id)
+            except InstanceNotFoundError:
+                continue
+            for session_id in session_ids:
+                failed = self.cache.fail_session(ctx, session_id)
+                if failed is not None:  # None: finished meanwhile
+                    expired += 1
+                    blocks += failed
+        if expired:
+            logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
+        return {"expired": expired, "blocks": blocks}
+
+    def reaper_continue(self, event: dict) -> dict:
+        """Start the next execution of the state machine running this task (the current
+        execution ends after it)."""
+        return {"next_execution": self.machine.continue_as_new(event, {
+            "interval_s": event.get("interval_s", INTERVAL_S), "max_rounds": event.get("max_rounds", MAX_ROUNDS)})}
+
+    def reaper_watchdog(self) -> dict:
+        """Start a reaper execution unless one is running."""
+        running = self.machine.running()
+        if running:
+            return {"running": running[0]}
+        return {"started": self.machine.start(reaper_input())}

@@ -7,7 +7,7 @@ Reads no optimizer code: importing ``chalicelib.optimizer`` costs the API a thir
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..protocol.models import (CapacityCurve, CapacityRecommendation, GetCapacityReportResponse, ListRequest)
 
@@ -41,13 +41,21 @@ def report_response(execution: dict, report: dict, report_uri: str) -> GetCapaci
                         if recommendation else None))
 
 
-def get_capacity_report(runtime: Any, request: ListRequest) -> GetCapacityReportResponse:
-    """The newest successful sweep's report; an empty answer when no sweep ran (or none is configured)."""
-    arn = runtime.settings.sweep_state_machine_arn
-    execution = latest_sweep(runtime.aws("stepfunctions"), arn) if arn else None
-    if execution is None:
-        return GetCapacityReportResponse()
-    bucket = json.loads(execution["input"])["output"]["bucket"]
-    key = json.loads(execution["output"])["report_key"]
-    report = json.loads(runtime.aws("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
-    return report_response(execution, report, f"s3://{bucket}/{key}")
+class CapacityReports:
+    """getCapacityReport: the newest sweep's report, from Step Functions and S3."""
+
+    def __init__(self, stepfunctions: Callable[[], Any], s3: Callable[[], Any], state_machine_arn: str) -> None:
+        self.stepfunctions = stepfunctions
+        self.s3 = s3
+        self.state_machine_arn = state_machine_arn
+
+    def get_capacity_report(self, request: ListRequest) -> GetCapacityReportResponse:
+        """The newest successful sweep's report; an empty answer when no sweep ran (or none is configured)."""
+        arn = self.state_machine_arn
+        execution = latest_sweep(self.stepfunctions(), arn) if arn else None
+        if execution is None:
+            return GetCapacityReportResponse()
+        bucket = json.loads(execution["input"])["output"]["bucket"]
+        key = json.loads(execution["output"])["report_key"]
+        report = json.loads(self.s3().get_object(Bucket=bucket, Key=key)["Body"].read())
+        return report_response(execution, report, f"s3://{bucket}/{key}")

@@ -1,6 +1,5 @@
 """The deployed front door (issue 11.7): the API Gateway authorizer, and the debug
 service that a deployed stage without auth refuses."""
-import dataclasses
 import json
 import os
 import subprocess
@@ -49,8 +48,8 @@ print(json.dumps({"routes": len(routes), "authorizers": names, "status": status}
 
 
 def test_a_deployed_stage_without_auth_serves_no_fault_injection(runtime, client):
-    runtime.settings = dataclasses.replace(runtime.settings, stage="dev", debug_service=True, auth_enabled=False)
+    runtime.reconfigure(stage="dev", debug_service=True, auth_enabled=False)
     status, data = post(client, "injectFault", {"api_name": "getCacheLocation"})
     assert (status, code(data)) == (200, "UNSUPPORTED") and "needs auth" in data["header"]["status"]["message"]
-    runtime.settings = dataclasses.replace(runtime.settings, stage="local")
+    runtime.reconfigure(stage="local")
     assert code(post(client, "injectFault", {"api_name": "getCacheLocation"})[1]) == "OK"

@@ -20,14 +20,14 @@ import pytest
 from chalice.test import Client
 
 from tests.helpers import build_runtime
-from chalicelib.capacity import reclaimer as live_reclaimer
-from chalicelib.capacity.reclaimer import Reclaimer, reclaim_handler
 from chalicelib.optimizer.replay import ReplayConfig, replay
 from chalicelib.optimizer.traces import read_trace
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
 
 from .test_optimizer_tasks import CONVERSATION
+
+pytestmark = pytest.mark.slow  # replays the conversation trace through the live service: 10-20 s a capacity
 
 BLOCK_BYTES = 1024
 # the first 5.5 minutes of the conversation trace (27k block reads); ideal LRU hit ratios
@@ -53,8 +53,7 @@ def live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity: int) 
             "name": "g", "storage_candidates": ["nfs_01"],
             "quota": {"capacity": capacity * BLOCK_BYTES}}))
         # seeded sampling: the reclaimer's rounds draw buckets from this RNG
-        live_reclaimer._state_of(runtime).reclaimer = Reclaimer.from_runtime(
-            runtime, rng=random.Random(capacity))
+        runtime.reclaim_job.reclaimer.rng = random.Random(capacity)
         with Client(__import__("app").app) as client:
             def call(method: str, body: dict) -> dict:
                 resp = client.http.post(f"/api/{method}", body=json.dumps(body),
@@ -75,7 +74,7 @@ def live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity: int) 
                 at = base + record.timestamp_us / 1e6
                 while next_round <= at:  # the scheduler's ticks on the way
                     clock.advance(next_round - clock.now())
-                    reclaim_handler(runtime)
+                    runtime.reclaim_job.run()
                     next_round += 1
                 clock.advance(at - clock.now())
                 keys = list(record.keys)

@@ -8,7 +8,6 @@ import pytest
 import redis
 from chalice.test import Client
 
-from chalicelib.capacity import reclaim_handler, request_reclaim
 from chalicelib.stores.lease import Lease
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 
@@ -77,7 +76,7 @@ def test_a_full_group_makes_room_on_the_write_path(runtime, http, clock):
     assert status(http, 2) == "CLS_DELETING"  # queued: the write did not wait for its deletion
     assert status(http, 1) == "CLS_SERVING"  # read since it was written
     assert live_usage(runtime) == (8 * BLOCK, 8)
-    assert reclaim_handler(runtime)["handed_over"] == 1  # the next round hands it to the deleter
+    assert runtime.reclaim_job.run()["handed_over"] == 1  # the next round hands it to the deleter
     assert status(http, 2) == "CLS_NOT_FOUND"
     (event,) = [json.loads(line) for line in open(runtime.settings.event_log_path)
                 if '"CacheReclaimSubmit"' in line]
@@ -93,7 +92,7 @@ def test_a_write_nothing_can_make_room_for_is_refused_and_wakes_the_reclaimer(ru
     for start in starts:
         http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
                                   "success_blocks": {"offset": 1}})
-    report = reclaim_handler(runtime)
+    report = runtime.reclaim_job.run()
     assert report["groups"][0]["reason"] == "woken" and report["victims"] == 1  # headroom under pressure
     assert write(http, 9) == "OK"
 
@@ -145,22 +144,22 @@ def test_no_round_while_another_node_holds_the_lease(runtime, http, valkey, cloc
     other = Lease(valkey, prefix=runtime.settings.key_prefix, node_id="other-node",
                   ttl_ms=runtime.settings.lease_ttl_ms, clock=clock)
     assert other.try_acquire()
-    request_reclaim(runtime, "gc")
-    report = reclaim_handler(runtime)
+    runtime.reclaim_job.wake("gc")
+    report = runtime.reclaim_job.run()
     assert report["skipped"] and report["groups"] == []
     assert valkey.smembers(WAKE_KEY) == {b"gc"}  # left for the lease holder
     other.release()
-    assert reclaim_handler(runtime)["groups"][0]["reason"] == "woken"
+    assert runtime.reclaim_job.run()["groups"][0]["reason"] == "woken"
     assert runtime.lease.holder() == "this-node"
 
 
 def test_request_reclaim_is_debounced_and_never_raises(runtime, valkey, clock, monkeypatch):
-    request_reclaim(runtime, "gc")
+    runtime.reclaim_job.wake("gc")
     valkey.delete(WAKE_KEY)
-    request_reclaim(runtime, "gc")  # within the debounce window: no second SADD
+    runtime.reclaim_job.wake("gc")  # within the debounce window: no second SADD
     assert valkey.smembers(WAKE_KEY) == set()
     clock.advance(1)
-    request_reclaim(runtime, "gc")
+    runtime.reclaim_job.wake("gc")
     assert valkey.smembers(WAKE_KEY) == {b"gc"}
 
     def down(group):
@@ -168,4 +167,4 @@ def test_request_reclaim_is_debounced_and_never_raises(runtime, valkey, clock, m
 
     monkeypatch.setattr(runtime.index, "request_reclaim", down)
     clock.advance(1)
-    request_reclaim(runtime, "gc")  # logged, not raised
+    runtime.reclaim_job.wake("gc")  # logged, not raised

@@ -2,7 +2,6 @@
 ``runtime``, ``control`` and ``client`` fixtures are in tests/integration/conftest.py)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any, Optional
 
@@ -74,4 +73,4 @@ def snapshot(runtime) -> tuple[list, dict]:
 
 
 def enable_auth(runtime) -> None:
-    runtime.settings = dataclasses.replace(runtime.settings, auth_enabled=True)
+    runtime.reconfigure(auth_enabled=True)

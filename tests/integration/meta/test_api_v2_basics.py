@@ -3,7 +3,6 @@ getCacheLocationLen, getClusterInfo (with kvcm_client's leader discovery) and GE
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 from chalice.test import Client
@@ -41,7 +40,7 @@ def test_cache_location_len_of_an_unknown_instance(http, instance):
 
 
 def test_cluster_info_is_answered_by_any_node_and_names_the_api(http, runtime):
-    runtime.settings = replace(runtime.settings, advertised_endpoint="127.0.0.1:8123")
+    runtime.reconfigure(advertised_endpoint="127.0.0.1:8123")
     resp = http("getClusterInfo", {"trace_id": "leader_discovery_1"})
     assert code(resp) == "OK" and resp["self_node_id"] == "test-node"
     endpoint = resp["leader_endpoint"]
@@ -80,7 +79,7 @@ def test_get_cache_location_refuses_the_mamba_query_type(http, instance):
 
 
 def test_manager_cluster_info_names_the_api_with_its_admin_port(http, runtime):
-    runtime.settings = replace(runtime.settings, advertised_endpoint="127.0.0.1:8123")
+    runtime.reconfigure(advertised_endpoint="127.0.0.1:8123")
     resp = http("getManagerClusterInfo", {})
     endpoint = resp["leader_endpoint"]
     assert code(resp) == "OK" and (endpoint["meta_http_port"], endpoint["admin_http_port"]) == (8123, 8123)

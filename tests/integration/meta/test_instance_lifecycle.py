@@ -124,10 +124,7 @@ def test_a_session_is_finished_only_by_its_own_instance(http, runtime, group, in
 def test_open_write_sessions_are_capped_per_instance(http, runtime, group, instance):
     """Every start opens a session, new keys or not; past the cap a start is refused
     (it was unbounded: thousands of empty sessions living an hour each)."""
-    import dataclasses
-
-    runtime.settings = dataclasses.replace(runtime.settings, max_write_sessions=3)
-    runtime.__dict__.pop("cache", None)  # rebuilt with the settings
+    runtime.reconfigure(max_write_sessions=3)
     write(http, [1])
     opened = [http("startWriteCache", {"instance_id": "i1", "block_keys": [1]}) for _ in range(3)]
     assert [code(r) for r in opened] == ["OK", "OK", "OK"]

@@ -1,6 +1,5 @@
 """Bad input and refusals on the meta API: the contract's code, a message naming the
 field, HTTP 200 (400 only for a body that is not a JSON object), nothing half-written."""
-import dataclasses
 import json
 
 import pytest
@@ -115,13 +114,13 @@ def test_an_error_prints_the_response_defaults(http, instance, method, body, def
 
 
 def test_an_auth_refusal_is_the_header_alone(http, instance, runtime):
-    runtime.settings = dataclasses.replace(runtime.settings, auth_enabled=True)
+    runtime.reconfigure(auth_enabled=True)
     resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})
     assert http.status == 401 and list(resp) == ["header"], resp
 
 
 def test_key_cap(http, instance, runtime):
-    runtime.settings = dataclasses.replace(runtime.settings, max_keys_per_request=4)
+    runtime.reconfigure(max_keys_per_request=4)
     resp = http("startWriteCache", {"instance_id": "i1", "block_keys": list(range(5))})
     assert code(resp) == "INVALID_ARGUMENT" and "limit of 4" in resp["header"]["status"]["message"]
 
@@ -184,7 +183,7 @@ def test_fault_injection(http, instance):
 
 
 def test_debug_service_off(http, instance, runtime):
-    runtime.settings = dataclasses.replace(runtime.settings, debug_service=False)
+    runtime.reconfigure(debug_service=False)
     assert code(http("injectFault", {"api_name": "getCacheLocation"})) == "UNSUPPORTED"
 
 

@@ -7,7 +7,6 @@ import shutil
 
 from tests.integration.meta.harness import SPECS, code, write
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from chalicelib.workflows.reaper import expire_write_sessions
 
 
 def statuses(http, keys) -> list[str]:
@@ -58,7 +57,7 @@ def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance
         return session
 
     monkeypatch.setattr(runtime.index, "session", session_then_late_finish)
-    result = expire_write_sessions(runtime)
+    result = runtime.session_reaper.expire_write_sessions()
 
     assert result == {"expired": 2, "blocks": 2}
     assert statuses(http, sorted(sessions)) == ["CLS_NOT_FOUND"] * 3

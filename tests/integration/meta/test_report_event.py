@@ -134,9 +134,8 @@ def test_host_down_hides_at_once_and_the_liveness_job_cleans(http, er, runtime, 
     assert refused["header"]["status"]["message"] == "ReportEvent partially failed"
     # Re-registered, the old generation stays hidden until cleaned, and is cleaned.
     assert hosts(http, [1, 2]) == {HOST2: 1}
-    from chalicelib.workflows.event_report import event_report_liveness
 
-    assert event_report_liveness(runtime)["locations_cleaned"] == 2
+    assert runtime.reporter_liveness.event_report_liveness()["locations_cleaned"] == 2
     assert [loc for loc, _, _ in runtime.reporters.locations("e1", 1)] == [f"kvs#event_report_l1p5#gpu#{HOST2}"]
     assert runtime.reporters.locations("e1", 2) == []
     assert runtime.reporters.reporter("e1", "l1p5#" + HOST).retired == ""
@@ -149,9 +148,8 @@ def test_heartbeat_timeout_hides_grace_restores_then_unregisters(http, er, runti
     assert code(report(http, [HEARTBEAT])) == "OK"  # within the 2 s grace: back, same generation
     assert hosts(http, [1]) == {HOST: 1}
     clock.advance(3.5)  # past timeout + grace
-    from chalicelib.workflows.event_report import event_report_liveness
 
-    assert event_report_liveness(runtime)["locations_cleaned"] == 1
+    assert runtime.reporter_liveness.event_report_liveness()["locations_cleaned"] == 1
     assert not runtime.reporters.reporter("e1", "l1p5#" + HOST).registered
     assert code(report(http, [HEARTBEAT])) == "NODE_NOT_REGISTERED"
     assert code(report(http, [REGISTER])) == "OK" and hosts(http, [1]) == {}
@@ -183,9 +181,8 @@ def test_snapshot_makes_the_reporter_strict_and_is_rate_limited(http, er, runtim
     clock.advance(20)
     assert code(report(http, [REGISTER, snapshot()])) == "OK"  # blocks=[]: the reporter holds nothing
     assert hosts(http, [1]) == {}
-    from chalicelib.workflows.event_report import event_report_liveness
 
-    event_report_liveness(runtime)
+    runtime.reporter_liveness.event_report_liveness()
     assert all(runtime.reporters.locations("e1", k) == [] for k in (1, 2, 3))
 
 
@@ -365,9 +362,8 @@ def test_event_report_metrics_per_event_type(http, er, runtime):
 
 
 def test_a_removed_instances_reports_go_with_the_liveness_job(http, er, runtime, valkey):
-    from chalicelib.workflows.event_report import event_report_liveness
 
     report(http, [add(1), add(2)])
     assert code(http("removeInstance", {"instance_group": "ger", "instance_id": "e1"})) == "OK"
-    event_report_liveness(runtime)
+    runtime.reporter_liveness.event_report_liveness()
     assert reported_state(valkey) == {} and runtime.reporters.instances() == []

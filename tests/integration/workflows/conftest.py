@@ -46,9 +46,8 @@ def stack(valkey, valkey_url, aws, tmp_path):
         {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
     runtime.control.create_group(InstanceGroup.model_validate(
         {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}}))
-    from chalicelib.cache.api import register_instance
 
-    register_instance(runtime, RegisterInstanceRequest.model_validate(
+    runtime.meta_service.register_instance(RegisterInstanceRequest.model_validate(
         {"instance_group": "g1", "instance_id": "i1", "block_size": 4, "location_spec_infos": SPECS,
          "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
     with LambdaDispatch(handlers):

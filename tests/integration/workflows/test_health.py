@@ -4,7 +4,6 @@ import shutil
 
 from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, GetCacheLocationRequest, InstanceGroup,
                                         StartWriteCacheRequest, StorageConfig)
-from chalicelib.workflows.health import run_health_checks
 
 
 def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
@@ -23,8 +22,8 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     assert start.locations[0]["location_specs"][0]["uri"].startswith("file://nfs_01/")
 
     shutil.rmtree(stack.root)  # the mount is gone: probes fail
-    assert run_health_checks(rt)["changes"] == []  # one failure is not enough (hysteresis)
-    report = run_health_checks(rt)
+    assert rt.health_checks.run_health_checks()["changes"] == []  # one failure is not enough (hysteresis)
+    report = rt.health_checks.run_health_checks()
     assert report["changes"] == [{"storage": "nfs_01", "available": False, "reason": report["changes"][0]["reason"]}]
     assert rt.metrics.value("data_storage.healthy_status", {"storage": "nfs_01"}) == 0
     rt.contexts.forget("i1")  # what config_refresh_s does in every container
@@ -34,8 +33,8 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     assert read.locations == []
 
     stack.root.mkdir()
-    run_health_checks(rt)
-    assert run_health_checks(rt)["changes"][0]["available"] is True
+    rt.health_checks.run_health_checks()
+    assert rt.health_checks.run_health_checks()["changes"][0]["available"] is True
     rt.contexts.forget("i1")
     read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="i1", query_type=2, block_keys=[1]))
     assert len(read.locations) == 1

@@ -1,6 +1,5 @@
 """removeInstance and whole-instance trims as purges: inline for a small instance, the
 ``instance_purge`` state machine (real ASL in moto) for the rest."""
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ from chalicelib.index.block_index import MODE_RAW
 from chalicelib.protocol.errors import InstanceNotFoundError
 from chalicelib.protocol.models import (FinishWriteCacheRequest, RegisterInstanceRequest, RemoveInstanceRequest,
                                         StartWriteCacheRequest)
-from chalicelib.cache.api import register_instance, remove_instance
 
 from .harness import SPECS, wait_for
 from .test_workflows import _write_files
@@ -28,21 +26,21 @@ def _write(rt, keys, instance_id="i1") -> list[Path]:
 
 
 def _register(rt, instance_id="i1", block_size=4):
-    register_instance(rt, RegisterInstanceRequest.model_validate(
+    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
         {"instance_group": "g1", "instance_id": instance_id, "block_size": block_size, "location_spec_infos": SPECS,
          "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
 
 
 def test_a_large_instance_is_handed_to_the_state_machine_and_removed_with_its_data(stack, monkeypatch):
     rt = stack.runtime
-    rt.settings = dataclasses.replace(rt.settings, purge_state_machine_arn=stack.machines["instance_purge"])
+    rt.reconfigure(purge_state_machine_arn=stack.machines["instance_purge"])
     monkeypatch.setattr(purge, "INLINE_BLOCKS", 8)
     monkeypatch.setattr(purge, "BUCKETS_PER_STEP", 4)
     files = [p for first in range(0, 60, 12) for p in _write(rt, list(range(first + 1, first + 13)))]
     layout = rt.contexts("i1").layout
     assert all(p.exists() for p in files) and rt.index.occupied_count(layout) > 4
 
-    remove_instance(rt, RemoveInstanceRequest(instance_id="i1"))
+    rt.group_admin.remove_instance(RemoveInstanceRequest(instance_id="i1"))
 
     executions = stack.sfn.list_executions(stateMachineArn=stack.machines["instance_purge"])["executions"]
     assert len(executions) == 1
@@ -57,14 +55,14 @@ def test_a_large_instance_is_handed_to_the_state_machine_and_removed_with_its_da
 
 def test_a_purge_continues_as_a_new_execution(stack, monkeypatch):
     rt = stack.runtime
-    rt.settings = dataclasses.replace(rt.settings, purge_state_machine_arn=stack.machines["instance_purge"])
+    rt.reconfigure(purge_state_machine_arn=stack.machines["instance_purge"])
     monkeypatch.setattr(purge, "INLINE_BLOCKS", 1)
     monkeypatch.setattr(purge, "BUCKETS_PER_STEP", 1)
     from chalicelib.workflows import purges
 
     monkeypatch.setattr(purges, "MAX_STEPS", 2)
     _write(rt, list(range(1, 13)))
-    remove_instance(rt, RemoveInstanceRequest(instance_id="i1"))
+    rt.group_admin.remove_instance(RemoveInstanceRequest(instance_id="i1"))
     assert wait_for(lambda: rt.control.get_instance("i1") is None, 60), "the purge did not finish"
     executions = stack.sfn.list_executions(stateMachineArn=stack.machines["instance_purge"])["executions"]
     assert len(executions) >= 2, "the purge never handed over to a fresh execution"
@@ -84,9 +82,7 @@ def test_an_instance_being_removed_is_unknown_and_its_id_cannot_be_registered(st
         _register(rt)
     assert [r.instance_id for r in rt.control.list_instances(removing=True)] == ["i1"]
 
-    from chalicelib.workflows import purges
-
-    assert purges.purge_watchdog(rt) == {"running": False, "resumed": ["i1"]}
+    assert rt.purge_executions.purge_watchdog() == {"running": False, "resumed": ["i1"]}
     assert rt.control.get_instance("i1") is None and not any(p.exists() for p in files)
     _register(rt)
 

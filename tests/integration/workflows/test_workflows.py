@@ -5,7 +5,6 @@ from pathlib import Path
 from chalicelib.cache.deletion import DeletionService
 from chalicelib.index.block_index import MODE_PREFIX, MODE_RAW
 from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
-from chalicelib.workflows import reaper
 
 from .harness import wait_execution, wait_for
 
@@ -52,7 +51,7 @@ def test_reaper_continues_as_a_new_execution(stack):
     assert wait_execution(stack.sfn, arn)["status"] == "SUCCEEDED"
     executions = stack.sfn.list_executions(stateMachineArn=stack.machines["write_session_reaper"])["executions"]
     assert len(executions) >= 2, "the finished execution did not start its successor"
-    assert set(reaper.reaper_watchdog(stack.runtime)) == {"running"}, "watchdog started a second reaper"
+    assert set(stack.runtime.session_reaper.reaper_watchdog()) == {"running"}, "watchdog started a second reaper"
 
 
 def test_failing_batch_retries_then_completes(stack, monkeypatch):

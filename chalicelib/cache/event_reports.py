@@ -2,7 +2,7 @@
 they hold, routers ask which host holds the longest prefix of a prompt.
 
 The request rules run here, in upstream's order and before anything changes; the events
-themselves are applied by one script per request (``index.reporters``).
+themselves are applied by one script per request (``stores.reporters``).
 """
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import re
 import time
 from typing import Optional
 
-from ..stores.reporters import (RID_TYPES, Liveness, add_event, delete_event, heartbeat_event,
-                               host_down_event, register_event, reporter_id, snapshot_event)
-from ..protocol.codes import ErrorCode, QueryType, ReportEventType
+from ..clock import Clock, now_ms
+from ..control.config_cache import ConfigCache
+from ..observability.metrics import MetricsRegistry
+from ..protocol.codes import ErrorCode, QueryType, ReportEventType, StorageType
 from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from ..protocol.models import (EVENT_REPORT_TYPES, EventItem, GetHostCacheStateRequest, GetHostCacheStateResponse,
                                HostCacheMatch, InstanceGroup, ReportEventRequest, ReportEventResponse, ReportedSpec,
                                ResponseHeader, Status, StorageConfig)
+from ..stores.reporters import (RID_TYPES, Liveness, ReporterStore, add_event, delete_event,
+                                heartbeat_event, host_down_event, register_event, reporter_id, snapshot_event)
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 #: ``scheme://authority[/path][?query]``; schemes may hold '_' (upstream's ``event_report://``).
@@ -24,30 +27,15 @@ _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-_]*://[^/?#\s]+[^?#\s]*(?:\?([^#\s]*))
 _DELTAS = (ReportEventType.EVENT_BLOCK_ADD, ReportEventType.EVENT_BLOCK_DELETE)
 #: Spec-group name initials (QT_PREFIX_MATCH_WITH_MAMBA): F full attention, L linear/Mamba state.
 _UNSUPPORTED_GROUP_KINDS = "WCEX"
+#: A reported location: (rid, location id, medium, [(spec, uri)]).
+Reported = tuple[str, str, str, list[tuple[str, str]]]
 
 
 class ItemError(Exception):
     """One event is invalid: it gets INVALID_ARGUMENT, the others go on."""
 
 
-def _clock_ms(runtime) -> int:
-    return int(runtime.clock.now() * 1000)
-
-
 # ---------------------------------------------------------------- configuration
-
-
-def event_report_storages(runtime, group: InstanceGroup) -> dict:
-    """StorageType → the group's event-report storage config of that type."""
-    found = {}
-    for name in group.event_report_storage_candidates:
-        try:
-            config: StorageConfig = runtime.config.storage(name).config
-        except Exception:  # noqa: BLE001 - a candidate removed since: not configured
-            continue
-        if config.event_report is not None and config.storage_type in EVENT_REPORT_TYPES:
-            found.setdefault(config.storage_type, config)
-    return found
 
 
 def liveness_of(config: StorageConfig) -> Liveness:
@@ -154,57 +142,6 @@ def _check_shape(events: list[EventItem]) -> None:
         raise InvalidArgumentError("field 'events': EVENT_HOST_DOWN must be the only event")
 
 
-# ---------------------------------------------------------------- reportEvent
-
-
-def _count(runtime, req: ReportEventRequest, group: str, results: list[ErrorCode], started: float) -> None:
-    """upstream's ``event_report.*`` metrics (UPSTREAM_V2 §2.1), per event type."""
-    tags = {"instance_group": group, "instance_id": req.instance_id, "type": req.storage_type.name[3:].lower()}
-    for item, code in zip(req.events, results):
-        event_tags = {**tags, "event_type": item.event_type.name}
-        runtime.metrics.incr("event_report.request_counter", 1, event_tags)
-        if code != ErrorCode.OK:
-            runtime.metrics.incr("event_report.error_counter", 1, event_tags)
-    runtime.metrics.observe("event_report.request_rt_us", (time.perf_counter() - started) * 1e6, tags)
-
-
-def report_event(runtime, req: ReportEventRequest) -> ReportEventResponse:
-    """Apply an engine's cache events (register, heartbeat, add, delete, snapshot, host down)."""
-    started = time.perf_counter()
-    if not req.instance_id:
-        raise InstanceNotFoundError("instance '' is not registered")
-    record = runtime.config.instance(req.instance_id)  # rule 1
-    group = runtime.config.group(record.group)
-    if not req.host_ip_port or "#" in req.host_ip_port:  # rule 2
-        raise InvalidArgumentError("field 'host_ip_port' must be non-empty without '#'")
-    if not req.events:  # rule 3
-        return ReportEventResponse(extra_info=group.extra_info)
-    if req.storage_type not in EVENT_REPORT_TYPES:  # rule 4
-        raise InvalidArgumentError("field 'storage_type' must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2")
-    storage = event_report_storages(runtime, group).get(req.storage_type)
-    if storage is None:
-        raise InstanceNotFoundError(f"instance group {group.name!r} has no {req.storage_type.name} storage "
-                                    f"in event_report_storage_candidates")
-    _check_shape(req.events)  # rule 5
-    codes, encoded = encode_events(req.events)  # rule 6
-    rid = reporter_id(req.storage_type, req.host_ip_port)
-    outcome = runtime.reporters.report(req.instance_id, rid, encoded, _clock_ms(runtime), liveness_of(storage))
-    applied = iter(outcome.codes)
-    results = [code if code is not None else next(applied) for code in codes]
-    _count(runtime, req, group.name, results, started)
-    response = ReportEventResponse(committed_snapshot_version=outcome.generation,
-                                   snapshot_required=outcome.snapshot_required,
-                                   retry_after_ms=outcome.retry_after_ms, extra_info=group.extra_info)
-    failed = [code for code in results if code != ErrorCode.OK]
-    if failed:
-        response.item_results = results
-        response.header = ResponseHeader(status=Status(code=failed[0], message="ReportEvent partially failed"))
-    return response
-
-
-# ---------------------------------------------------------------- getHostCacheState
-
-
 def _mamba_specs(record) -> tuple[list[str], list[str]]:
     full, states = [], []
     for group in record.location_spec_groups:
@@ -224,28 +161,104 @@ def _mamba_specs(record) -> tuple[list[str], list[str]]:
     return full, states
 
 
-def get_host_cache_state(runtime, req: GetHostCacheStateRequest) -> GetHostCacheStateResponse:
-    """Per reporting host, how many leading blocks of the prompt it holds (cache-aware routing)."""
-    if not req.instance_id:
-        raise InvalidArgumentError("field 'instance_id' is required")
-    if not req.block_cache_keys:
-        raise InvalidArgumentError("field 'block_cache_keys' is required")
-    if len(req.block_cache_keys) > runtime.settings.max_keys_per_request:
-        raise InvalidArgumentError(f"field 'block_cache_keys': more than {runtime.settings.max_keys_per_request} keys")
-    record = runtime.config.instance(req.instance_id)
-    query_type = req.query_type
-    if query_type == QueryType.QT_UNSPECIFIED:
-        query_type = record.default_query_type
-    if query_type not in (QueryType.QT_PREFIX_MATCH, QueryType.QT_PREFIX_MATCH_WITH_MAMBA):
-        raise InvalidArgumentError(f"field 'query_type': {query_type.name} is not QT_PREFIX_MATCH "
-                                   f"or QT_PREFIX_MATCH_WITH_MAMBA")
-    mamba = _mamba_specs(record) if query_type == QueryType.QT_PREFIX_MATCH_WITH_MAMBA else None
-    group = runtime.config.group(record.group)
-    timeouts = {RID_TYPES[kind]: liveness_of(config).heartbeat_timeout_ms
-                for kind, config in event_report_storages(runtime, group).items()}
-    prefixes = runtime.reporters.host_prefixes(req.instance_id, req.block_cache_keys, _clock_ms(runtime), timeouts,
-                                               req.medium, mamba, record.model_deployment.use_eagle_pop)
-    hosts = sorted(prefixes.items(), key=lambda item: (-item[1], item[0]))
-    return GetHostCacheStateResponse(hosts=[HostCacheMatch(host_ip_port=host, local=n, p2p_1_total_match=n)
-                                            for host, n in hosts])
+# ---------------------------------------------------------------- the service
 
+
+class EventReports:
+    """reportEvent and getHostCacheState over the reporters' store, and the reported
+    locations other reads merge (getCacheLocationsByBackend)."""
+
+    def __init__(self, config: ConfigCache, reporters: ReporterStore, metrics: MetricsRegistry, clock: Clock,
+                 max_keys_per_request: int) -> None:
+        self.config = config
+        self.reporters = reporters
+        self.metrics = metrics
+        self.clock = clock
+        self.max_keys_per_request = max_keys_per_request
+
+    def storages(self, group: InstanceGroup) -> dict[StorageType, StorageConfig]:
+        """StorageType → the group's event-report storage config of that type."""
+        found: dict[StorageType, StorageConfig] = {}
+        for name in group.event_report_storage_candidates:
+            try:
+                config = self.config.storage(name).config
+            except Exception:  # noqa: BLE001 - a candidate removed since: not configured
+                continue
+            if config.event_report is not None and config.storage_type in EVENT_REPORT_TYPES:
+                found.setdefault(config.storage_type, config)
+        return found
+
+    def heartbeat_timeouts(self, group: InstanceGroup) -> dict[str, int]:
+        """Reporter kind (``l1p5``, ``l2``) → its heartbeat timeout in the group (ms)."""
+        return {RID_TYPES[kind]: liveness_of(config).heartbeat_timeout_ms
+                for kind, config in self.storages(group).items()}
+
+    def visible_locations(self, instance_id: str, keys: list[int], group: InstanceGroup) -> list[list[Reported]]:
+        """Per key, its reported locations whose reporters are alive."""
+        return self.reporters.visible_locations(instance_id, keys, now_ms(self.clock), self.heartbeat_timeouts(group))
+
+    def _count(self, req: ReportEventRequest, group: str, results: list[ErrorCode], started: float) -> None:
+        """upstream's ``event_report.*`` metrics (UPSTREAM_V2 §2.1), per event type."""
+        tags = {"instance_group": group, "instance_id": req.instance_id, "type": req.storage_type.name[3:].lower()}
+        for item, code in zip(req.events, results):
+            event_tags = {**tags, "event_type": item.event_type.name}
+            self.metrics.incr("event_report.request_counter", 1, event_tags)
+            if code != ErrorCode.OK:
+                self.metrics.incr("event_report.error_counter", 1, event_tags)
+        self.metrics.observe("event_report.request_rt_us", (time.perf_counter() - started) * 1e6, tags)
+
+    def report_event(self, req: ReportEventRequest) -> ReportEventResponse:
+        """Apply an engine's cache events (register, heartbeat, add, delete, snapshot, host down)."""
+        started = time.perf_counter()
+        if not req.instance_id:
+            raise InstanceNotFoundError("instance '' is not registered")
+        record = self.config.instance(req.instance_id)  # rule 1
+        group = self.config.group(record.group)
+        if not req.host_ip_port or "#" in req.host_ip_port:  # rule 2
+            raise InvalidArgumentError("field 'host_ip_port' must be non-empty without '#'")
+        if not req.events:  # rule 3
+            return ReportEventResponse(extra_info=group.extra_info)
+        if req.storage_type not in EVENT_REPORT_TYPES:  # rule 4
+            raise InvalidArgumentError("field 'storage_type' must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2")
+        storage = self.storages(group).get(req.storage_type)
+        if storage is None:
+            raise InstanceNotFoundError(f"instance group {group.name!r} has no {req.storage_type.name} storage "
+                                        f"in event_report_storage_candidates")
+        _check_shape(req.events)  # rule 5
+        codes, encoded = encode_events(req.events)  # rule 6
+        rid = reporter_id(req.storage_type, req.host_ip_port)
+        outcome = self.reporters.report(req.instance_id, rid, encoded, now_ms(self.clock), liveness_of(storage))
+        applied = iter(outcome.codes)
+        results = [code if code is not None else next(applied) for code in codes]
+        self._count(req, group.name, results, started)
+        response = ReportEventResponse(committed_snapshot_version=outcome.generation,
+                                       snapshot_required=outcome.snapshot_required,
+                                       retry_after_ms=outcome.retry_after_ms, extra_info=group.extra_info)
+        failed = [code for code in results if code != ErrorCode.OK]
+        if failed:
+            response.item_results = results
+            response.header = ResponseHeader(status=Status(code=failed[0], message="ReportEvent partially failed"))
+        return response
+
+    def get_host_cache_state(self, req: GetHostCacheStateRequest) -> GetHostCacheStateResponse:
+        """Per reporting host, how many leading blocks of the prompt it holds (cache-aware routing)."""
+        if not req.instance_id:
+            raise InvalidArgumentError("field 'instance_id' is required")
+        if not req.block_cache_keys:
+            raise InvalidArgumentError("field 'block_cache_keys' is required")
+        if len(req.block_cache_keys) > self.max_keys_per_request:
+            raise InvalidArgumentError(f"field 'block_cache_keys': more than {self.max_keys_per_request} keys")
+        record = self.config.instance(req.instance_id)
+        query_type = req.query_type
+        if query_type == QueryType.QT_UNSPECIFIED:
+            query_type = record.default_query_type
+        if query_type not in (QueryType.QT_PREFIX_MATCH, QueryType.QT_PREFIX_MATCH_WITH_MAMBA):
+            raise InvalidArgumentError(f"field 'query_type': {query_type.name} is not QT_PREFIX_MATCH "
+                                       f"or QT_PREFIX_MATCH_WITH_MAMBA")
+        mamba = _mamba_specs(record) if query_type == QueryType.QT_PREFIX_MATCH_WITH_MAMBA else None
+        timeouts = self.heartbeat_timeouts(self.config.group(record.group))
+        prefixes = self.reporters.host_prefixes(req.instance_id, req.block_cache_keys, now_ms(self.clock), timeouts,
+                                                req.medium, mamba, record.model_deployment.use_eagle_pop)
+        hosts = sorted(prefixes.items(), key=lambda item: (-item[1], item[0]))
+        return GetHostCacheStateResponse(hosts=[HostCacheMatch(host_ip_port=host, local=n, p2p_1_total_match=n)
+                                                for host, n in hosts])

@@ -1,0 +1,114 @@
+"""MetaService: the engine-facing methods (registerInstance, getInstanceInfo,
+getCacheMeta and removeCache are AdminService methods too; they are served once, here)."""
+from __future__ import annotations
+
+from ..cache.backend_locations import BackendLocations
+from ..cache.contexts import ContextProvider
+from ..cache.event_reports import EventReports
+from ..cache.location_len import get_cache_location_len
+from ..cache.service import CacheService
+from ..control import ConfigCache, ControlPlane
+from ..control.cluster import ClusterInfo
+from ..control.views import storage_configs_json
+from ..protocol.errors import InvalidArgumentError, UnsupportedError
+from ..protocol.models import (
+    FinishWriteCacheRequest,
+    GetCacheLocationLenRequest,
+    GetCacheLocationLenResponse,
+    GetCacheLocationRequest,
+    GetCacheLocationResponse,
+    GetCacheLocationsByBackendRequest,
+    GetCacheLocationsByBackendResponse,
+    GetCacheMetaRequest,
+    GetCacheMetaResponse,
+    GetClusterInfoRequest,
+    GetClusterInfoResponse,
+    GetHostCacheStateRequest,
+    GetHostCacheStateResponse,
+    GetInstanceInfoRequest,
+    GetInstanceInfoResponse,
+    RegisterInstanceRequest,
+    RegisterInstanceResponse,
+    RemoveCacheRequest,
+    ReportEventRequest,
+    ReportEventResponse,
+    Response,
+    StartWriteCacheRequest,
+    StartWriteCacheResponse,
+    TrimCacheRequest,
+)
+
+
+class MetaService:
+    """One method per MetaService RPC."""
+
+    def __init__(self, control: ControlPlane, config: ConfigCache, contexts: ContextProvider, cache: CacheService,
+                 reports: EventReports, backends: BackendLocations, cluster: ClusterInfo) -> None:
+        self.control = control
+        self.config = config
+        self.contexts = contexts
+        self.cache = cache
+        self.reports = reports
+        self.backends = backends
+        self.cluster = cluster
+
+    def register_instance(self, req: RegisterInstanceRequest) -> RegisterInstanceResponse:
+        """Register (idempotently) and fix the instance's index layout; returns the group's storages."""
+        record = self.control.register_instance(req)
+        group = self.config.group(record.group)
+        self.contexts.bucket_bits(record, group, registering=True)
+        return RegisterInstanceResponse(storage_configs=storage_configs_json(self.config.storages_for_group(record.group)),
+                                        extra_info=group.extra_info)
+
+    def get_instance_info(self, req: GetInstanceInfoRequest) -> GetInstanceInfoResponse:
+        if not req.instance_id:
+            raise InvalidArgumentError("field 'instance_id' is required")
+        record = self.config.instance(req.instance_id)
+        quota_group = self.config.group(record.group).global_quota_group_name
+        return GetInstanceInfoResponse(instance_group=record.group, instance_info=record.to_instance_info(quota_group))
+
+    def get_cache_location(self, req: GetCacheLocationRequest) -> GetCacheLocationResponse:
+        """The cached blocks among the request's keys, by query type (prefix, batch, sliding window)."""
+        return self.cache.get_cache_location(req)
+
+    def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
+        """Per key, its locations and their statuses (a debugging view of the index)."""
+        return self.cache.get_cache_meta(req)
+
+    def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
+        """Where to write the keys nobody holds or writes yet (``min_replica_count`` 0 or 1:
+        KVCM writes a key only while no location of it exists, so more replicas are refused)."""
+        if req.min_replica_count < 0:
+            raise InvalidArgumentError("field 'min_replica_count' must be >= 0")
+        if req.min_replica_count > 1:
+            raise UnsupportedError(f"field 'min_replica_count': {req.min_replica_count} replicas; KVCM writes a key "
+                                   f"only while no location of it exists (0 or 1)")
+        return self.cache.start_write_cache(req)
+
+    def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
+        """The written blocks start serving; the others are dropped."""
+        return self.cache.finish_write_cache(req)
+
+    def remove_cache(self, req: RemoveCacheRequest) -> Response:
+        """The keys' locations stop serving and their data is deleted."""
+        return self.cache.remove_cache(req)
+
+    def trim_cache(self, req: TrimCacheRequest) -> Response:
+        """Remove an instance's blocks by strategy (all, all metadata, older than a time)."""
+        return self.cache.trim_cache(req)
+
+    def get_cache_location_len(self, req: GetCacheLocationLenRequest) -> GetCacheLocationLenResponse:
+        return get_cache_location_len(self.cache, req)
+
+    def get_cluster_info(self, req: GetClusterInfoRequest) -> GetClusterInfoResponse:
+        return self.cluster.get_cluster_info(req)
+
+    def report_event(self, req: ReportEventRequest) -> ReportEventResponse:
+        return self.reports.report_event(req)
+
+    def get_host_cache_state(self, req: GetHostCacheStateRequest) -> GetHostCacheStateResponse:
+        return self.reports.get_host_cache_state(req)
+
+    def get_cache_locations_by_backend(self, req: GetCacheLocationsByBackendRequest
+                                       ) -> GetCacheLocationsByBackendResponse:
+        return self.backends.get_cache_locations_by_backend(req)
