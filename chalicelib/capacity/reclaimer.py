@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from ..clock import Clock, now_us
-from ..control.groups import DEFAULT_TRIGGER_PERIOD_S
 from ..index import BlockIndex, Usage, Victim
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
-from ..protocol.models import InstanceGroup
+from ..protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup
 from ..stores.lease import Lease
 from .instance import InstanceReclaim, InstanceReport, Submit
 from .policies import Candidate, VictimPolicy, policy_for

@@ -25,9 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from ..control.groups import DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_USED_PERCENTAGE
 from ..index import Usage
-from ..protocol.models import InstanceGroup
+from ..protocol.models import DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_USED_PERCENTAGE, InstanceGroup
 
 #: Under pressure, the free room kept under a hard limit is one step, at most this % of it.
 PRESSURE_HEADROOM_PERCENT = 10

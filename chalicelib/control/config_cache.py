@@ -30,7 +30,7 @@ from .errors import UnknownEntityError
 from .api_keys import ApiKeyRecord
 from .plane import ACCOUNT, API_KEY, INSTANCE, ControlPlane
 from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages
-from .validation import require
+from ..protocol.validation import require
 
 T = TypeVar("T")
 

@@ -37,20 +37,16 @@ import math
 from typing import Optional
 
 from ..protocol.codes import ReclaimPolicy, StorageType
-from ..protocol.models import (CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
+from ..protocol.models import (DEFAULT_RECLAIM_POLICY, DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_TRIGGER_PERIOD_S,
+                               DEFAULT_TUNING_MAX_SHIFT, DEFAULT_TUNING_WINDOW_S, DEFAULT_USED_PERCENTAGE,
+                               CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
                                MetaIndexerConfig, TriggerStrategy, TuningConfig)
-from .validation import invalid, require_key_name, require_non_negative, require_positive, require_unique
+from ..protocol.validation import invalid, require_key_name, require_non_negative, require_positive, require_unique
 
 #: Keeps an update (old and new candidates' references) inside one 100-item transaction.
 MAX_STORAGE_CANDIDATES = 32
-DEFAULT_RECLAIM_POLICY = ReclaimPolicy.POLICY_LRU
-DEFAULT_USED_PERCENTAGE = 0.9
-DEFAULT_TRIGGER_PERIOD_S = 10
-DEFAULT_RECLAIM_STEP_PERCENTAGE = 10
 #: Keeps a group's item (one DynamoDB item, at most 400 KB) small.
 MAX_INSTANCE_QUOTAS = 1024
-DEFAULT_TUNING_MAX_SHIFT = 0.2
-DEFAULT_TUNING_WINDOW_S = 3600
 
 
 def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group") -> InstanceGroup:

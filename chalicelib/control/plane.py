@@ -31,8 +31,8 @@ from .api_keys import ApiKeyRecord, digest, new_api_key
 from .passwords import dummy_hash, hash_password, verify_password
 from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages, dump_doc, load_doc
 from .table import Cancelled, ControlTable, Op, check, delete, put, update
-from .validation import (invalid, require_name, validate_account, validate_register_request,
-                         validate_storage_config)
+from ..protocol.validation import invalid, require_name, validate_storage_config
+from .validation import validate_account, validate_register_request
 
 STORAGE, STORAGE_REF, GROUP, INSTANCE, ACCOUNT = "STORAGE", "STORAGE_REF", "GROUP", "INSTANCE", "ACCOUNT"
 API_KEY = "API_KEY"

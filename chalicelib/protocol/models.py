@@ -275,6 +275,15 @@ class StorageConfig(WireModel):
 
 # ---------------------------------------------------------------- instance group
 
+#: What a group's unset fields mean (``control.groups.normalize_group`` fills them in; the
+#: reclaimer and the optimizer's simulator read the same values).
+DEFAULT_RECLAIM_POLICY = ReclaimPolicy.POLICY_LRU
+DEFAULT_USED_PERCENTAGE = 0.9
+DEFAULT_TRIGGER_PERIOD_S = 10
+DEFAULT_RECLAIM_STEP_PERCENTAGE = 10
+DEFAULT_TUNING_MAX_SHIFT = 0.2
+DEFAULT_TUNING_WINDOW_S = 3600
+
 
 class TriggerStrategy(WireModel):
     used_size: Int64 = 0

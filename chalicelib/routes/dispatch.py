@@ -20,13 +20,13 @@ from ..clock import Clock
 from ..control import ConfigCache
 from ..control.api_keys import key_id_of
 from ..control.audit import AuditEntry, AuditLog
-from ..control.validation import invalid, validate_key_fields
 from ..observability.logging import access_log, logger
 from ..protocol.codes import ErrorCode
 from ..protocol.errors import MalformedBodyError, RequestTooLargeError, http_status_of, status_of
 from ..protocol.models import Request, Response, ResponseHeader, Status
 from ..observability.events import EventRecorder
 from ..observability.metrics import MetricsPublisher, MetricsRegistry
+from ..protocol.validation import invalid, validate_key_fields
 from ..protocol.wire import decode_body, parse_model, render
 from ..settings import Settings
 from ..stores.faults import FaultRegistry

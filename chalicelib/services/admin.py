@@ -15,11 +15,11 @@ from ..control.api_keys import ApiKeyRecord
 from ..control.audit import AuditLog
 from ..control.cluster import ClusterInfo
 from ..control.errors import UnknownEntityError
-from ..control.validation import require, require_name, validate_storage_config
 from ..index import BlockIndex
 from ..observability.logging import logger, set_level
 from ..observability.metrics import COUNTER, MetricsDelta, MetricsPublisher
 from ..protocol.errors import InvalidArgumentError, ServiceNotReadyError
+from ..protocol.validation import require, require_name, validate_storage_config
 from ..protocol.models import (AddAccountRequest, ApiKeyInfo, CheckHealthResponse, CreateApiKeyRequest,
                                CreateApiKeyResponse, CreateInstanceGroupRequest, DeleteAccountRequest,
                                GetCapacityReportResponse, GetInstanceGroupResponse, GetInstanceGroupUsageRequest,

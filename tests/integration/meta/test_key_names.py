@@ -50,7 +50,7 @@ def test_finish_takes_only_server_made_session_ids(http, instance, session_id):
 
 def test_storage_and_group_names_follow_the_key_rule(http, runtime, tmp_path):
     from chalicelib.control.groups import normalize_group
-    from chalicelib.control.validation import validate_storage_config
+    from chalicelib.protocol.validation import validate_storage_config
     from chalicelib.protocol.errors import InvalidArgumentError
     from chalicelib.protocol.models import InstanceGroup, StorageConfig
 

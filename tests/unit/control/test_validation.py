@@ -1,8 +1,8 @@
 """registerInstance, storage config and account validation."""
 import pytest
 
-from chalicelib.control.validation import (validate_account, validate_key_fields, validate_register_request,
-                                           validate_storage_config)
+from chalicelib.control.validation import validate_account, validate_register_request
+from chalicelib.protocol.validation import validate_key_fields, validate_storage_config
 from chalicelib.protocol.codes import Role
 from chalicelib.protocol.errors import InvalidArgumentError
 from chalicelib.protocol.models import (FinishWriteCacheRequest, GetCacheLocationRequest, RegisterInstanceRequest,

@@ -6,7 +6,7 @@ import pytest
 
 from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.cache import context, service
-from chalicelib.control import groups
+from chalicelib.protocol import models as group_model
 from chalicelib.index import BlockIndex
 from chalicelib.optimizer import kvcm_policy
 from chalicelib.optimizer.errors import ConfigError
@@ -37,9 +37,9 @@ def test_constants_are_the_live_ones():
     assert policy.headroom_percent == eviction.HEADROOM_PERCENT
     assert policy.touch_interval_s == BlockIndex.TOUCH_INTERVAL_S
     assert policy.lfu_decay_s == BlockIndex.LFU_DECAY_S
-    assert policy.used_fraction == groups.DEFAULT_USED_PERCENTAGE
-    assert policy.step_percentage == groups.DEFAULT_RECLAIM_STEP_PERCENTAGE
-    assert policy.period_s == groups.DEFAULT_TRIGGER_PERIOD_S
+    assert policy.used_fraction == group_model.DEFAULT_USED_PERCENTAGE
+    assert policy.step_percentage == group_model.DEFAULT_RECLAIM_STEP_PERCENTAGE
+    assert policy.period_s == group_model.DEFAULT_TRIGGER_PERIOD_S
 
 
 def chain(start: int, length: int) -> list[int]:
