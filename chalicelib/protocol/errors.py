@@ -6,6 +6,9 @@ of their own, e.g. ``index.errors.WriteSessionNotFoundError(InvalidArgumentError
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from .codes import ErrorCode
 
 
@@ -93,9 +96,12 @@ _HTTP_STATUS: dict[type[KvcmError], int] = {
 }
 
 
-def _lookup(table: dict, exc: BaseException, default):
+V = TypeVar("V")
+
+
+def _lookup(table: Mapping[type[KvcmError], V], exc: BaseException, default: V) -> V:
     for cls in type(exc).__mro__:
-        if cls in table:
+        if issubclass(cls, KvcmError) and cls in table:
             return table[cls]
     return default
 

@@ -6,7 +6,7 @@ number. Sub-messages that are absent stay ``None`` and are omitted when renderin
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 from typing_extensions import TypedDict
 
@@ -26,20 +26,20 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
-from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireModel, wire_enum
+from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireEnum, WireModel
 
-ErrorCodeField = wire_enum(ErrorCode)
-StorageTypeField = wire_enum(StorageType)
-QueryTypeField = wire_enum(QueryType)
-TrimStrategyField = wire_enum(TrimStrategy)
-ReclaimPolicyField = wire_enum(ReclaimPolicy)
-CachePreferStrategyField = wire_enum(CachePreferStrategy)
-RoleField = wire_enum(Role)
-FaultTypeField = wire_enum(FaultType)
-FaultTriggerStrategyField = wire_enum(FaultTriggerStrategy)
-CacheLocationStatusField = wire_enum(CacheLocationStatus)
-ReportEventTypeField = wire_enum(ReportEventType)
-LocationSelectStrategyField = wire_enum(LocationSelectStrategy)
+ErrorCodeField = Annotated[ErrorCode, WireEnum(ErrorCode)]
+StorageTypeField = Annotated[StorageType, WireEnum(StorageType)]
+QueryTypeField = Annotated[QueryType, WireEnum(QueryType)]
+TrimStrategyField = Annotated[TrimStrategy, WireEnum(TrimStrategy)]
+ReclaimPolicyField = Annotated[ReclaimPolicy, WireEnum(ReclaimPolicy)]
+CachePreferStrategyField = Annotated[CachePreferStrategy, WireEnum(CachePreferStrategy)]
+RoleField = Annotated[Role, WireEnum(Role)]
+FaultTypeField = Annotated[FaultType, WireEnum(FaultType)]
+FaultTriggerStrategyField = Annotated[FaultTriggerStrategy, WireEnum(FaultTriggerStrategy)]
+CacheLocationStatusField = Annotated[CacheLocationStatus, WireEnum(CacheLocationStatus)]
+ReportEventTypeField = Annotated[ReportEventType, WireEnum(ReportEventType)]
+LocationSelectStrategyField = Annotated[LocationSelectStrategy, WireEnum(LocationSelectStrategy)]
 
 
 def _one_of(model: WireModel, names: tuple[str, ...], what: str) -> None:
@@ -142,7 +142,7 @@ class ModelDeployment(WireModel):
     #: EAGLE speculative decoding pops the last block: host prefixes count one block less.
     use_eagle_pop: Bool = False
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """The fields that identify a deployment (``user_data`` is not one)."""
         return self.model_dump(exclude={"user_data"})
 
@@ -268,7 +268,8 @@ class StorageConfig(WireModel):
         return None
 
     @property
-    def spec(self):
+    def spec(self) -> WireModel | None:
+        """The oneof member that is set, or None."""
         field = self.spec_field
         return getattr(self, field) if field else None
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from enum import IntEnum
-from typing import Annotated, Any, Iterable, TypeVar
+from types import GenericAlias
+from typing import Annotated, Any, TypeVar
 
+from annotated_types import GroupedMetadata
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -101,7 +103,8 @@ def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
     if type(value) is list and set(map(type, value)) <= {int} and (
             not value or (INT64_MIN <= min(value) and max(value) <= INT64_MAX)):
         return value
-    return handler(value)
+    checked: list[int] = handler(value)
+    return checked
 
 
 Int64List = Annotated[list[Int64], WrapValidator(_int64_list)]
@@ -109,46 +112,47 @@ Int32 = Annotated[int, BeforeValidator(_int32), _integer_json_schema(INT32_MIN, 
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_string)]
 
-E = TypeVar("E", bound=IntEnum)
-_ENUM_TYPES: dict[type, Any] = {}
+class WireEnum(GroupedMetadata):
+    """``Annotated[SomeEnum, WireEnum(SomeEnum)]``: an enum field that parses a name or a
+    number (a JSON number or a decimal string) and renders the name."""
+
+    def __init__(self, enum_cls: type[IntEnum]) -> None:
+        def parse(value: Any) -> IntEnum:
+            if isinstance(value, enum_cls):
+                return value
+            number = value
+            if isinstance(value, str):
+                try:
+                    return enum_cls[value]
+                except KeyError:
+                    pass
+                # protobuf's json_format also takes the number as a string ("2").
+                number = int(value) if _DECIMAL.fullmatch(value) else None
+            if isinstance(number, int) and not isinstance(number, bool):
+                try:
+                    return enum_cls(number)
+                except ValueError:
+                    pass
+            names = ", ".join(m.name for m in enum_cls)
+            raise ValueError(f"unknown {enum_cls.__name__} {value!r} (one of {names})")
+
+        member_names = [member.name for member in enum_cls]
+        numbers = [member.value for member in enum_cls]
+        self._metadata = (
+            BeforeValidator(parse), PlainSerializer(_enum_name, return_type=str),
+            WithJsonSchema({"title": enum_cls.__name__, "enum": member_names + numbers + list(map(str, numbers))},
+                           mode="validation"),
+            WithJsonSchema({"title": enum_cls.__name__, "type": "string", "enum": member_names}, mode="serialization"))
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(self._metadata)
 
 
-def wire_enum(enum_cls: type[E]) -> Any:
-    """An annotated enum type: parses a name or a number, renders the name."""
-    if enum_cls in _ENUM_TYPES:
-        return _ENUM_TYPES[enum_cls]
-
-    def parse(value: Any) -> E:
-        if isinstance(value, enum_cls):
-            return value
-        number = value
-        if isinstance(value, str):
-            try:
-                return enum_cls[value]
-            except KeyError:
-                pass
-            # protobuf's json_format also takes the number as a string ("2").
-            number = int(value) if _DECIMAL.fullmatch(value) else None
-        if isinstance(number, int) and not isinstance(number, bool):
-            try:
-                return enum_cls(number)
-            except ValueError:
-                pass
-        names = ", ".join(m.name for m in enum_cls)
-        raise ValueError(f"unknown {enum_cls.__name__} {value!r} (one of {names})")
-
-    member_names = [member.name for member in enum_cls]
-    numbers = [member.value for member in enum_cls]
-    annotated = Annotated[enum_cls, BeforeValidator(parse), PlainSerializer(lambda e: e.name, return_type=str),
-                          WithJsonSchema({"title": enum_cls.__name__, "enum": member_names + numbers + list(map(str, numbers))},
-                                         mode="validation"),
-                          WithJsonSchema({"title": enum_cls.__name__, "type": "string", "enum": member_names},
-                                         mode="serialization")]
-    _ENUM_TYPES[enum_cls] = annotated
-    return annotated
+def _enum_name(member: IntEnum) -> str:
+    return member.name
 
 
-class JsonArray(Sequence):
+class JsonArray(Sequence[Any]):
     """A JSON array whose items the code that built it rendered to JSON text.
 
     Hot-path responses carry hundreds of locations: rendering each from a template
@@ -171,7 +175,7 @@ class JsonArray(Sequence):
     def __len__(self) -> int:
         return len(self._texts)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
             return [json.loads(text) for text in self._texts[index]]
         return json.loads(self._texts[index])
@@ -192,7 +196,8 @@ class JsonArray(Sequence):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        from_list = core_schema.no_info_after_validator_function(cls.of, handler.generate_schema(list[cls.item_type]))
+        items = handler.generate_schema(GenericAlias(list, (cls.item_type,)))
+        from_list = core_schema.no_info_after_validator_function(cls.of, items)
         return core_schema.union_schema(
             [core_schema.is_instance_schema(cls), from_list],
             serialization=core_schema.plain_serializer_function_ser_schema(list))
@@ -229,7 +234,7 @@ class WireModel(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
-def field_path(loc: tuple) -> str:
+def field_path(loc: tuple[int | str, ...]) -> str:
     """Render a pydantic error location as ``a.b[0].c``."""
     out = ""
     for part in loc:
@@ -251,7 +256,7 @@ def describe_validation_error(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def decode_body(raw: bytes | str | None) -> dict:
+def decode_body(raw: bytes | str | None) -> dict[str, Any]:
     """The JSON object in an HTTP body (empty body = ``{}``), else MalformedBodyError."""
     if raw is None or raw == b"" or raw == "":
         return {}
@@ -266,7 +271,7 @@ def decode_body(raw: bytes | str | None) -> dict:
     return data
 
 
-def parse_model(model: type[M], data: dict) -> M:
+def parse_model(model: type[M], data: dict[str, Any]) -> M:
     """Validate a decoded JSON object into ``model``; errors name the field."""
     try:
         return model.model_validate(data)
