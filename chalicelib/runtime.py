@@ -42,6 +42,7 @@ from .services.debug import DebugService
 from .services.meta import MetaService
 from .settings import Settings
 from .storage import StorageRegistry
+from .storage.objects import open_store
 from .stores.faults import FaultRegistry
 from .stores.lease import Lease
 from .stores.metrics import MetricsStore
@@ -194,7 +195,8 @@ class Runtime:
     @cached_property
     def events(self) -> EventLog:
         """The event log (``KVCM_EVENT_LOG``); partitioned by each instance's group."""
-        return EventLog.from_settings(self.settings.event_log_path, s3_client=lambda: self.aws("s3"),
+        return EventLog.from_settings(self.settings.event_log_path,
+                                      open_objects=lambda target: open_store(target, lambda: self.aws("s3")),
                                       group_of=lambda instance_id: self.config.instance(instance_id).group)
 
     @cached_property

@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol
 from urllib.parse import quote
 
 from .logging import logger
@@ -35,13 +35,15 @@ FLUSH_AGE_S = 60.0
 MAX_BUFFER_BYTES = 16 << 20
 #: Group of events whose instance is unknown (removed meanwhile).
 UNKNOWN_GROUP = "_unknown"
-#: ``KVCM_EVENT_LOG`` prefix naming a local directory.
+#: ``KVCM_EVENT_LOG`` prefixes naming a local directory and an S3 bucket (adapters:
+#: ``storage.objects``).
 DIR_SCHEME = "dir:"
 S3_SCHEME = "s3://"
 
 
 class ObjectStore(Protocol):
-    """Where partitioned objects go: put, list under a prefix, get."""
+    """Where partitioned objects go: put, list under a prefix, get (``storage.objects``
+    has the directory and S3 adapters)."""
 
     def put(self, key: str, body: bytes) -> None: ...
 
@@ -52,75 +54,9 @@ class ObjectStore(Protocol):
     def uri(self, key: str) -> str: ...
 
 
-class DirectoryStore:
-    """Objects as files under ``root`` (keys are relative paths)."""
-
-    def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
-
-    def put(self, key: str, body: bytes) -> None:
-        path = os.path.join(self.root, key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = path + ".partial"
-        with open(partial, "wb") as handle:
-            handle.write(body)
-        os.replace(partial, path)  # readers never see half an object
-
-    def keys(self, prefix: str) -> Iterator[str]:
-        base = os.path.join(self.root, prefix)
-        for directory, _, files in sorted(os.walk(base)):
-            for name in sorted(files):
-                if not name.endswith(".partial"):
-                    yield os.path.relpath(os.path.join(directory, name), self.root).replace(os.sep, "/")
-
-    def get(self, key: str) -> bytes:
-        with open(os.path.join(self.root, key), "rb") as handle:
-            return handle.read()
-
-    def uri(self, key: str) -> str:
-        return os.path.join(self.root, key)
-
-
-class S3Store:
-    """Objects in one S3 bucket (``client`` is a boto3 S3 client, built on first use)."""
-
-    def __init__(self, client: Callable[[], Any], bucket: str) -> None:
-        self._client = client
-        self.bucket = bucket
-
-    def put(self, key: str, body: bytes) -> None:
-        self._client().put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/x-ndjson")
-
-    def keys(self, prefix: str) -> Iterator[str]:
-        paginator = self._client().get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-            for item in page.get("Contents", ()):
-                yield item["Key"]
-
-    def get(self, key: str) -> bytes:
-        return self._client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
-
-    def uri(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
-
-
 def is_partitioned(target: str) -> bool:
     """Whether a ``KVCM_EVENT_LOG`` value names partitioned storage (S3 or a directory)."""
     return target.startswith((S3_SCHEME, DIR_SCHEME)) or target.endswith(("/", os.sep))
-
-
-def open_store(target: str, s3_client: Callable[[], Any]) -> tuple[ObjectStore, str]:
-    """The store and key prefix ``target`` names: ``s3://bucket/prefix``, ``dir:/path`` or
-    ``/path/``."""
-    if target.startswith(S3_SCHEME):
-        bucket, _, prefix = target[len(S3_SCHEME):].partition("/")
-        if not bucket:
-            raise ValueError(f"event log {target!r} names no bucket")
-        return S3Store(s3_client, bucket), prefix.strip("/")
-    root = target[len(DIR_SCHEME):] if target.startswith(DIR_SCHEME) else target
-    if not root:
-        raise ValueError(f"event log {target!r} names no directory")
-    return DirectoryStore(root), ""
 
 
 def _join(*parts: str) -> str:

@@ -19,7 +19,7 @@ from ..cache.keys import keys_from_tokens
 from ..clock import Clock
 from ..protocol.codes import ErrorCode, QueryType
 from ..protocol.models import BlockMask
-from .event_store import PartitionedEventWriter, is_partitioned, open_store
+from .event_store import ObjectStore, PartitionedEventWriter, is_partitioned
 
 _QUERY_NAMES = {QueryType.QT_PREFIX_MATCH: "prefix_match", QueryType.QT_BATCH_GET: "batch_get",
                 QueryType.QT_REVERSE_ROLL_SW_MATCH: "reverse_roll_sw_match"}
@@ -53,16 +53,20 @@ class EventLog:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, path: str, s3_client: Callable[[], Any] = lambda: None,
+    def from_settings(cls, path: str,
+                      open_objects: Optional[Callable[[str], tuple[ObjectStore, str]]] = None,
                       group_of: Callable[[str], str] = lambda instance_id: "") -> "EventLog":
         """The log ``KVCM_EVENT_LOG`` asks for: none (empty), ``stdout``, partitioned
-        objects (``s3://bucket/prefix``, ``dir:/path`` or a path ending in ``/``), or a file."""
+        objects (``s3://bucket/prefix``, ``dir:/path`` or a path ending in ``/``: the
+        store and key prefix ``open_objects`` gives for it), or a file."""
         if not path:
             return cls(None)
         if path == STDOUT:
             return cls(sys.stdout)
         if is_partitioned(path):
-            store, prefix = open_store(path, s3_client)
+            if open_objects is None:
+                raise ValueError(f"event log {path!r}: no object store to write it to")
+            store, prefix = open_objects(path)
             return cls(None, PartitionedEventWriter(store, prefix), group_of)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return cls(open(path, "a", buffering=1, encoding="utf-8"))

@@ -8,7 +8,8 @@ from typing import Any, Callable, Protocol
 
 from ..control import ControlPlane, VersionConflictError
 from ..control.groups import default_tuning
-from ..observability.event_store import is_partitioned, open_store
+from ..observability.event_store import is_partitioned
+from ..storage.objects import open_store
 from ..observability.logging import logger
 from ..protocol.models import InstanceGroup
 

@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from chalicelib.observability.event_store import (DirectoryStore, PartitionedEventWriter, is_partitioned,
-                                                  open_store, read_group_lines)
+from chalicelib.observability.event_store import PartitionedEventWriter, is_partitioned, read_group_lines
+from chalicelib.storage.objects import DirectoryStore, open_store
 from chalicelib.observability.events import EventLog
 
 HOUR_US = 3600 * 1_000_000
@@ -109,7 +109,8 @@ def test_event_log_settings_and_groups(tmp_path):
             raise LookupError(instance_id)
         return {"i1": "g1"}[instance_id]
 
-    log = EventLog.from_settings(f"dir:{tmp_path}", group_of=group_of)
+    log = EventLog.from_settings(f"dir:{tmp_path}", open_objects=lambda target: open_store(target, lambda: None),
+                                 group_of=group_of)
     assert log.enabled
     log.publish("i1", "GetCacheLocation", T0, keys=[1])
     log.publish("gone", "GetCacheLocation", T0, keys=[2])

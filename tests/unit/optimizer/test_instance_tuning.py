@@ -10,7 +10,8 @@ from typing import Optional
 import pytest
 
 from chalicelib.control.groups import default_tuning, normalize_group
-from chalicelib.observability.event_store import DirectoryStore, PartitionedEventWriter
+from chalicelib.observability.event_store import PartitionedEventWriter
+from chalicelib.storage.objects import DirectoryStore
 from chalicelib.optimizer.instance_tuning import EventLogSource, InstanceTuning, current_quotas
 from chalicelib.protocol.models import InstanceGroup
 
