@@ -46,6 +46,13 @@ test-tools:
 run: $(STAMP) $(BIN)/kvcm
 	$(BIN)/python -m chalicelib.local
 
+## lint: ruff (lint + format check) and mypy, configured in pyproject.toml; CI runs it before the tests
+.PHONY: lint
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
 ## test: unit, integration and e2e tests (console screenshots in out/console-screenshots)
 test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -ra
