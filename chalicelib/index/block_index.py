@@ -27,9 +27,12 @@ import struct
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
 
 import redis
+from redis.commands.core import Script
+from redis.typing import EncodableT, KeyT
 
 from ..clock import Clock
 from ..observability.logging import logger
@@ -42,6 +45,9 @@ from .layout import (
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
 
 LUA_DIR = Path(__file__).with_name("lua")
+#: A hash as the client returns it: its clients are built with decode_responses=False, which
+#: redis-py's annotations (bytes | str) cannot know, hence the casts of replies below.
+RawHash = dict[bytes, bytes]
 MODE_PREFIX, MODE_BATCH, MODE_WINDOW, MODE_RAW = ReadMode.PREFIX, ReadMode.BATCH, ReadMode.WINDOW, ReadMode.RAW
 
 
@@ -106,7 +112,7 @@ def _packed_groups(blob: bytes) -> list[tuple[int, int]]:
     return [PACKED_GROUP.unpack_from(blob, o) for o in range(0, len(blob), PACKED_GROUP.size)]
 
 
-def _merge(a: dict, b: dict, sign: int = 1) -> dict:
+def _merge(a: dict[str, int], b: dict[str, int], sign: int = 1) -> dict[str, int]:
     out = dict(a)
     for k, v in b.items():
         out[k] = out.get(k, 0) + sign * v
@@ -131,9 +137,11 @@ class Usage:
     deleting_by_type: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_hash(cls, raw: dict) -> "Usage":
+    def from_hash(cls, raw: RawHash) -> Usage:
         scalars = {b"bytes": 0, b"keys": 0, b"d": 0, b"dk": 0}
-        by_type, by_storage, deleting_by_type = {}, {}, {}
+        by_type: dict[str, int] = {}
+        by_storage: dict[str, int] = {}
+        deleting_by_type: dict[str, int] = {}
         for k, v in raw.items():
             value = int(v)
             if k in scalars:
@@ -148,19 +156,19 @@ class Usage:
                    deleting_by_type)
 
     @classmethod
-    def from_charge(cls, reply: Sequence) -> "Usage":
+    def from_charge(cls, reply: Sequence[Any]) -> Usage:
         """The deleting charge a script returned (lua/prelude.lua ``deleting_charge``):
         bytes, keys, then type/bytes pairs."""
         by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(2, len(reply) - 1, 2)}
         return cls(deleting_bytes=int(reply[0]), deleting_keys=int(reply[1]), deleting_by_type=by_type)
 
-    def live(self) -> "Usage":
+    def live(self) -> Usage:
         """What is not DELETING (per storage: the totals, which are not split)."""
         return Usage(max(0, self.bytes - self.deleting_bytes), max(0, self.keys - self.deleting_keys),
                      {t: max(0, v - self.deleting_by_type.get(t, 0)) for t, v in self.by_type.items()},
                      dict(self.by_storage))
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(self.bytes + other.bytes, self.keys + other.keys, _merge(self.by_type, other.by_type),
                      _merge(self.by_storage, other.by_storage), self.deleting_bytes + other.deleting_bytes,
                      self.deleting_keys + other.deleting_keys,
@@ -206,7 +214,7 @@ class StartRequest:
     #: The instance's own byte quota (0 = none).
     instance_capacity: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
-    group_usage: Optional[Usage] = None
+    group_usage: Usage | None = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +264,7 @@ class BlockIndex:
     def layout(self, instance_id: str, bucket_bits: int, group: str = "", incarnation: str = "") -> InstanceLayout:
         return InstanceLayout(self.prefix, instance_id, bucket_bits, group, incarnation)
 
-    def _call(self, script, keys, args):
+    def _call(self, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> Any:
         with valkey_errors("index"):
             return script(keys=keys, args=args)
 
@@ -290,7 +298,7 @@ class BlockIndex:
         with valkey_errors("index"):
             pipe.execute()
 
-    def reconcile_group(self, group: str, layouts: Sequence[InstanceLayout]) -> Optional[Usage]:
+    def reconcile_group(self, group: str, layouts: Sequence[InstanceLayout]) -> Usage | None:
         """Correct drift of the group's counters (a process that died between an
         instance's script and the group's update) from the sum of its instances.
 
@@ -299,10 +307,10 @@ class BlockIndex:
         counted twice. Returns the correction applied, or None when it had to skip."""
         key = self.group_usage_key(group)
         with valkey_errors("index"):
-            before = self.client.hgetall(key)
+            before = cast(RawHash, self.client.hgetall(key))
         total = sum(self.usage(layouts), Usage())
         with valkey_errors("index"):
-            after = self.client.hgetall(key)
+            after = cast(RawHash, self.client.hgetall(key))
         if before != after:
             return None
         current = Usage.from_hash(after)
@@ -328,7 +336,7 @@ class BlockIndex:
     # ---------------------------------------------------------------- reads
 
     def read_raw(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
-                 sw_size: int = 0, servable: Optional[Sequence[str]] = None) -> list[Optional[bytes]]:
+                 sw_size: int = 0, servable: Sequence[str] | None = None) -> list[bytes | None]:
         """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes).
 
         Prefix mode stops at the first key without a SERVING location; batch and window
@@ -345,7 +353,7 @@ class BlockIndex:
                           [pack_keys(block_keys), int(mode), sw_size, int(self.clock.now()),
                            self.TOUCH_INTERVAL_S, self.LFU_DECAY_S,
                            "" if servable is None else "\n" + "\n".join(servable)])
-        out: list[Optional[bytes]] = []
+        out: list[bytes | None] = []
         pos, end = 0, len(blob)
         while pos < end:
             length = (blob[pos] << 8) | blob[pos + 1]
@@ -355,7 +363,7 @@ class BlockIndex:
         return out
 
     def read(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
-             sw_size: int = 0) -> list[Optional[BlockRecord]]:
+             sw_size: int = 0) -> list[BlockRecord | None]:
         """Like ``read_raw`` with decoded records."""
         return [decode_record(r) if r else None for r in self.read_raw(layout, block_keys, mode, sw_size)]
 
@@ -367,7 +375,7 @@ class BlockIndex:
         keys = [layout.key("m"), layout.key("u"), layout.key("st"), layout.key("g"), layout.key("sd"),
                 layout.session(req.session_id), layout.occupied]
         group = req.group_usage
-        args = [pack_keys(block_keys), int(self.clock.now() * 1000), req.session_id, req.deadline_ms,
+        args: list[EncodableT] = [pack_keys(block_keys), int(self.clock.now() * 1000), req.session_id, req.deadline_ms,
                 req.storage_name, req.storage_type, req.pack_count, pack_u48(req.sizes),
                 bytes(req.spec_groups), pack_u48(req.explicit_groups) if req.explicit_groups else b"",
                 req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
@@ -394,11 +402,11 @@ class BlockIndex:
         self._charge_group(layout, Usage(new_bytes, new_keys, {req.storage_type: new_bytes}))
         return StartOutcome(int(result[1]), [c == ord("1") for c in result[2]], int(result[3]), new_bytes)
 
-    def session(self, layout: InstanceLayout, session_id: str) -> Optional[Session]:
+    def session(self, layout: InstanceLayout, session_id: str) -> Session | None:
         """A write session's deadline and (key, location id) entries, or None."""
         with valkey_errors("index"):
-            deadline, raw = self.client.hmget(layout.session(session_id), "d", "k")
-        if deadline is None:
+            deadline, raw = cast(list[bytes | None], self.client.hmget(layout.session(session_id), "d", "k"))
+        if deadline is None or raw is None:
             return None
         entries = [(int.from_bytes(key, "big", signed=True), location_id) for key, location_id
                    in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))]
@@ -433,7 +441,7 @@ class BlockIndex:
                                start=0, num=limit)
         with valkey_errors("index"):
             results = pipe.execute()
-        return {i: [s.decode() for s in due] for i, due in zip(instance_ids, results) if due}
+        return {i: [s.decode() for s in due] for i, due in zip(instance_ids, results, strict=True) if due}
 
     def lost_deletions_before_s(self, delay_ms: int) -> int:
         """Locations that turned DELETING at or before this time (s) count as lost
@@ -441,8 +449,8 @@ class BlockIndex:
         return int(self.clock.now()) - delay_ms // 1000 - self.DELETION_LOST_AFTER_S
 
     def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int], sizes: Sequence[int],
-                      expected_locations: Optional[Sequence[int]] = None,
-                      serving_only: bool = False, max_children: Optional[Sequence[int]] = None,
+                      expected_locations: Sequence[int] | None = None,
+                      serving_only: bool = False, max_children: Sequence[int] | None = None,
                       resubmit_before_s: int = 0) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
@@ -500,7 +508,7 @@ class BlockIndex:
     def orphan_groups(self, layout: InstanceLayout) -> list[tuple[int, int]]:
         """Packed groups whose last block is gone and whose files are not deleted yet."""
         with valkey_errors("index"):
-            members = self.client.smembers(layout.key("og"))
+            members = cast(set[bytes], self.client.smembers(layout.key("og")))
         return _packed_groups(b"".join(members))
 
     def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
@@ -557,7 +565,7 @@ class BlockIndex:
             for b in indexes:
                 pipe.exists(layout.bucket(b))
             with valkey_errors("index"):
-                occupied = [b for b, exists in zip(indexes, pipe.execute()) if exists]
+                occupied = [b for b, exists in zip(indexes, pipe.execute(), strict=True) if exists]
             if occupied:
                 with valkey_errors("index"):
                     self.client.sadd(layout.occupied, *occupied)
@@ -576,7 +584,7 @@ class BlockIndex:
     def storage_names(self, layout: InstanceLayout) -> dict[int, str]:
         """Storage index → storage name, as assigned by starts (append-only)."""
         with valkey_errors("index"):
-            raw = self.client.hgetall(layout.key("st"))
+            raw = cast(RawHash, self.client.hgetall(layout.key("st")))
         return {int(k[1:]): v.decode() for k, v in raw.items() if k.startswith(b"#")}
 
     # ---------------------------------------------------------------- occupied buckets
@@ -633,8 +641,9 @@ class BlockIndex:
         Costs the occupied buckets; the group's counters lose what the instance's had
         (its deleting part too, with ``keep_usage``: nothing of it will be dropped)."""
         with valkey_errors("index"):
-            usage = Usage.from_hash(self.client.hgetall(layout.key("u")))
-            sessions = [layout.session(sid.decode()) for sid in self.client.zrange(layout.key("sd"), 0, -1)]
+            usage = Usage.from_hash(cast(RawHash, self.client.hgetall(layout.key("u"))))
+            session_ids = cast(list[bytes], self.client.zrange(layout.key("sd"), 0, -1))
+            sessions = [layout.session(sid.decode()) for sid in session_ids]
         cursor = 0
         while True:
             cursor, buckets = self.occupied_page(layout, cursor, 1000)
@@ -667,7 +676,7 @@ class BlockIndex:
         """Storage index → (storage name, storage type name), as assigned by starts: the
         type usage counters were charged to (lua/start.lua, lua/drop.lua)."""
         with valkey_errors("index"):
-            raw = self.client.hgetall(layout.key("st"))
+            raw = cast(RawHash, self.client.hgetall(layout.key("st")))
         return {int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode())
                 for k, v in raw.items() if k.startswith(b"#")}
 
@@ -700,14 +709,14 @@ class BlockIndex:
         with valkey_errors("index"):
             pipe.execute()
 
-    def take_queued_deletions(self, layout_of: Callable[[str], Optional[InstanceLayout]],
+    def take_queued_deletions(self, layout_of: Callable[[str], InstanceLayout | None],
                               max_entries: int = 256) -> dict[str, list[Victim]]:
         """Pop the queued victims of every instance that has some (``layout_of`` maps an
         instance id to its layout, None when it is gone: its queue is dropped). An
         instance leaves the set before its queue is read, so a push racing the read puts
         it back."""
         with valkey_errors("index"):
-            instance_ids = [m.decode() for m in self.client.smembers(self._deletion_queue_set)]
+            instance_ids = [m.decode() for m in cast(set[bytes], self.client.smembers(self._deletion_queue_set))]
         out: dict[str, list[Victim]] = {}
         for instance_id in instance_ids:
             with valkey_errors("index"):
@@ -715,7 +724,7 @@ class BlockIndex:
             layout = layout_of(instance_id)
             key = (layout or InstanceLayout(self.prefix, instance_id, 0)).key("dq")
             with valkey_errors("index"):
-                entries = self.client.lpop(key, max_entries) or []
+                entries = cast(list[bytes] | None, self.client.lpop(key, max_entries)) or []
                 if len(entries) == max_entries:
                     self.client.sadd(self._deletion_queue_set, instance_id)  # more next time
             if layout is not None and entries:

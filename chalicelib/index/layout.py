@@ -14,7 +14,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any, Iterable, Union
+from typing import Any
+from collections.abc import Iterable
 
 #: Lua struct code -> the Python struct codes reading it (5- and 6-byte integers in two parts).
 _PYTHON_CODES = {"B": "B", "H": "H", "I4": "I", "I5": "BI", "I6": "HI", "c8": "8s"}
@@ -70,10 +71,10 @@ class Struct:
         parts = iter(self.split.unpack_from(buffer, offset))
         return tuple((next(parts) << 32) | next(parts) if wide else next(parts) for wide in self._wide)
 
-    def pack(self, *values: Union[int, bytes]) -> bytes:
+    def pack(self, *values: int | bytes) -> bytes:
         """The bytes of one instance of the layout, fields in order."""
-        parts: list[Union[int, bytes]] = []
-        for value, wide in zip(values, self._wide):
+        parts: list[int | bytes] = []
+        for value, wide in zip(values, self._wide, strict=True):
             if wide:
                 assert isinstance(value, int)
                 parts += [value >> 32, value & 0xFFFFFFFF]
@@ -185,7 +186,7 @@ _LUA_ENUMS: tuple[tuple[str, type[Enum]], ...] = (
     ("REFUSED_", StartRefusal), ("FINISH_", FinishStatus), ("CLAIM_", ClaimOutcome))
 
 
-def _lua_literal(value: Union[int, str]) -> str:
+def _lua_literal(value: int | str) -> str:
     return f"'{value}'" if isinstance(value, str) else str(value)
 
 

@@ -6,7 +6,6 @@ are rebuilt from the storage config, the instance, the spec and the placement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from .layout import HEADER, LOCATION, VICTIM, RecordFlag, Status
 
@@ -33,7 +32,7 @@ class LocationRecord:
 
 @dataclass(frozen=True)
 class BlockRecord:
-    parent: Optional[int]
+    parent: int | None
     children: int
     last_access_s: int
     lfu: int
@@ -56,7 +55,7 @@ def decode_location(rec: bytes, offset: int) -> LocationRecord:
     return LocationRecord(Status(status), storage_index, spec_group, location_id, group_id, slot)
 
 
-def location_status(rec: bytes, location_id: int) -> Optional[Status]:
+def location_status(rec: bytes, location_id: int) -> Status | None:
     """The status of location ``location_id`` in a record, None when it has no such location."""
     for off in location_offsets(rec):
         if location_id_at(rec, off) == location_id:
@@ -111,7 +110,7 @@ class Victim:
         return [self.block_key, self.location_id, self.storage_index, self.spec_group, self.group_id, self.slot]
 
     @classmethod
-    def from_json(cls, data: list[int]) -> "Victim":
+    def from_json(cls, data: list[int]) -> Victim:
         return cls(*(int(v) for v in data))
 
 
