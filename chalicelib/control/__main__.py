@@ -16,7 +16,7 @@ import argparse
 import getpass
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ..protocol.codes import Role
 from ..protocol.errors import InvalidArgumentError, KvcmError
@@ -40,7 +40,7 @@ def read_password() -> str:
     return password
 
 
-def main(argv: Optional[Sequence[str]] = None, runtime: Optional[Runtime] = None) -> int:
+def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chalicelib.control", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     add = commands.add_parser(
@@ -71,7 +71,8 @@ def main(argv: Optional[Sequence[str]] = None, runtime: Optional[Runtime] = None
             control.add_account(args.user, password, role, _list(args.groups), _list(args.instance_prefixes))
             print(f"added {args.role} account {args.user!r} to {control.table.name}")
         elif args.command == "create-api-key":
-            api_key, _ = control.create_api_key(args.user, args.expire_seconds or runtime.settings.api_key_default_ttl_s)
+            ttl_s = args.expire_seconds or runtime.settings.api_key_default_ttl_s
+            api_key, _ = control.create_api_key(args.user, ttl_s)
             print(api_key)
         else:
             for account in control.list_accounts():

@@ -14,7 +14,6 @@ import hmac
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 PREFIX = "kvcm_"
 _KEY = re.compile(r"kvcm_([0-9a-f]{16})\.([A-Za-z0-9_-]{43})")
@@ -46,7 +45,7 @@ def digest(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("ascii")).hexdigest()
 
 
-def key_id_of(token: str) -> Optional[str]:
+def key_id_of(token: str) -> str | None:
     """The key id of a well-formed API key, else None."""
     match = _KEY.fullmatch(token)
     return match.group(1) if match else None

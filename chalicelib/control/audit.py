@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any
 
 from ..clock import Clock
 from ..protocol.models import AuditRecord
@@ -95,8 +95,8 @@ class AuditLog:
             day_s -= 86400
         return records
 
-    def _day_items(self, day: str, start_us: int, end_us: int, limit: int) -> list[dict]:
-        kwargs: dict = {"TableName": self._table.name, "ScanIndexForward": False, "ConsistentRead": True,
+    def _day_items(self, day: str, start_us: int, end_us: int, limit: int) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {"TableName": self._table.name, "ScanIndexForward": False, "ConsistentRead": True,
                         "KeyConditionExpression": "pk = :pk AND sk BETWEEN :lo AND :hi",
                         "ExpressionAttributeValues": encode({":pk": AUDIT_PK + day, ":lo": f"{start_us:020d}",
                                                              ":hi": f"{end_us - 1:020d}~"}),
@@ -105,6 +105,6 @@ class AuditLog:
             return [decode(i) for i in self._table.client.query(**kwargs).get("Items", [])]
 
 
-def _with_suppressed(item: dict) -> str:
-    suppressed: Optional[int] = int(item["suppressed"]) if "suppressed" in item else None
-    return item["message"] + (f" ({suppressed} denied call(s) before this one not recorded)" if suppressed else "")
+def _with_suppressed(item: dict[str, Any]) -> str:
+    suppressed: int | None = int(item["suppressed"]) if "suppressed" in item else None
+    return str(item["message"]) + (f" ({suppressed} denied call(s) before this one not recorded)" if suppressed else "")

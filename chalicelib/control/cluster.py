@@ -9,7 +9,6 @@ cannot look the endpoint up).
 """
 from __future__ import annotations
 
-from typing import Optional
 
 from ..clock import Clock, now_us
 from ..protocol.errors import NotLeaderError
@@ -18,7 +17,7 @@ from ..protocol.models import (GetClusterInfoRequest, GetClusterInfoResponse, Ge
 from ..stores.lease import Lease
 
 
-def advertised_endpoint(endpoint: str, node_id: str) -> Optional[MetaNodeEndpoint]:
+def advertised_endpoint(endpoint: str, node_id: str) -> MetaNodeEndpoint | None:
     """``host:port`` as a MetaNodeEndpoint (the HTTP port; KVCM has no RPC port), or None."""
     host, colon, port = endpoint.rpartition(":")
     if not endpoint or not colon or not host or not port.isdigit():
@@ -26,7 +25,7 @@ def advertised_endpoint(endpoint: str, node_id: str) -> Optional[MetaNodeEndpoin
     return MetaNodeEndpoint(node_id=node_id, host=host.strip("[]"), meta_http_port=int(port))
 
 
-def admin_endpoint(endpoint: str, node_id: str) -> Optional[NodeEndpoint]:
+def admin_endpoint(endpoint: str, node_id: str) -> NodeEndpoint | None:
     """The same as a NodeEndpoint (getManagerClusterInfo): the admin methods share the API's port."""
     meta = advertised_endpoint(endpoint, node_id)
     if meta is None:

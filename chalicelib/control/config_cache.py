@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from ..clock import Clock
 from ..observability.logging import logger
@@ -43,10 +44,10 @@ class _Catalog:
     storages: dict[str, StorageRecord]
     groups: dict[str, InstanceGroup]
     candidates: dict[str, list[tuple[StorageConfig, bool]]]
-    log_level: Optional[str]
+    log_level: str | None
 
     @classmethod
-    def load(cls, control: ControlPlane) -> "_Catalog":
+    def load(cls, control: ControlPlane) -> _Catalog:
         storages = {s.name: s for s in control.list_storages()}
         groups = {g.name: g for g in control.list_groups()}
         return cls(storages, groups, {name: candidate_storages(g, storages) for name, g in groups.items()},
@@ -65,12 +66,12 @@ class ConfigCache:
         self._refresh_s = refresh_s
         self._max_entries = max_entries
         self._lock = threading.Lock()
-        self._epoch: Optional[int] = None
+        self._epoch: int | None = None
         self._next_check = float("-inf")
         # Bumped whenever cached data is dropped, so a load that started before the drop
         # never stores its (possibly stale) result afterwards.
         self._generation = 0
-        self._catalog: Optional[_Catalog] = None
+        self._catalog: _Catalog | None = None
         self._entities: dict[tuple[str, str], Any] = {}
         control.add_listener(self._on_local_write)
 
@@ -85,20 +86,20 @@ class ConfigCache:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
         return record
 
-    def account(self, user_name: str) -> Optional[AccountRecord]:
+    def account(self, user_name: str) -> AccountRecord | None:
         """The account, or None (a deleted account is gone within ``refresh_s``)."""
         return self._lookup(ACCOUNT, user_name, self._control.get_account)
 
-    def api_key(self, key_id: str, before_load: Callable[[], None] = lambda: None) -> Optional[ApiKeyRecord]:
+    def api_key(self, key_id: str, before_load: Callable[[], None] = lambda: None) -> ApiKeyRecord | None:
         """The API key's record, or None (a revoked key is gone within ``refresh_s``).
         ``before_load`` runs only when the table must be read (it may raise to refuse)."""
-        def load(name: str) -> Optional[ApiKeyRecord]:
+        def load(name: str) -> ApiKeyRecord | None:
             before_load()
             return self._control.get_api_key(name)
 
         return self._lookup(API_KEY, key_id, load)
 
-    def _lookup(self, kind: str, name: str, load: Callable[[str], Optional[T]]) -> Optional[T]:
+    def _lookup(self, kind: str, name: str, load: Callable[[str], T | None]) -> T | None:
         """One entity from the cache, or loaded (hits and misses both cached until the
         next epoch change)."""
         generation = self._check()

@@ -34,7 +34,6 @@ updated. What a 0 means where it is kept:
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from ..protocol.codes import ReclaimPolicy, StorageType
 from ..protocol.models import (DEFAULT_RECLAIM_POLICY, DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_TRIGGER_PERIOD_S,
@@ -49,7 +48,7 @@ MAX_STORAGE_CANDIDATES = 32
 MAX_INSTANCE_QUOTAS = 1024
 
 
-def normalize_group(group: Optional[InstanceGroup], path: str = "instance_group") -> InstanceGroup:
+def normalize_group(group: InstanceGroup | None, path: str = "instance_group") -> InstanceGroup:
     """A validated copy of ``group`` with every default filled in (``version`` untouched).
 
     Raises InvalidArgumentError naming the first bad field.

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
 from ..protocol.codes import Role
@@ -52,18 +53,18 @@ _ABSENT = "attribute_not_exists(#pk)"
 _OPTIMISTIC_ATTEMPTS = 4
 
 
-def _names(expression: str) -> dict:
+def _names(expression: str) -> dict[str, str]:
     """The placeholders ``expression`` uses (DynamoDB rejects unused ones)."""
     return {k: _N[k] for k in set(re.findall(r"#\w+", expression))}
 
 
-def _op(factory: Callable[..., Op], pk: str, sk: str, *expressions: str, values: Optional[dict] = None) -> Op:
+def _op(factory: Callable[..., Op], pk: str, sk: str, *expressions: str, values: dict[str, Any] | None = None) -> Op:
     """``factory(pk, sk, *expressions)`` (update and/or condition expressions) with the
     attribute-name placeholders they use."""
     return factory(pk, sk, *expressions, names=_names(" ".join(expressions)), values=values)
 
 
-def _create(pk: str, sk: str, attrs: dict) -> Op:
+def _create(pk: str, sk: str, attrs: dict[str, Any]) -> Op:
     """Put an item that must not exist yet."""
     return put(pk, sk, attrs, _ABSENT, names=_names(_ABSENT))
 
@@ -169,7 +170,7 @@ class ControlPlane:
         return [self._storage(item) for item in self.table.query(STORAGE)]
 
     @staticmethod
-    def _storage(item: dict) -> StorageRecord:
+    def _storage(item: dict[str, Any]) -> StorageRecord:
         return StorageRecord(load_doc(StorageConfig, item["doc"]), bool(item["available"]), int(item["version"]))
 
     # ---------------------------------------------------------------- instance groups
@@ -250,7 +251,7 @@ class ControlPlane:
         group = self.get_group(name)
         return candidate_storages(group, {s.name: s for s in self.list_storages()})
 
-    def _group_item(self, name: str) -> dict:
+    def _group_item(self, name: str) -> dict[str, Any]:
         item = self.table.get(GROUP, name)
         if item is None:
             raise UnknownEntityError(f"instance group '{name}' does not exist")
@@ -300,7 +301,7 @@ class ControlPlane:
                                        f"different {', '.join(differing)}")
         return existing
 
-    def get_instance(self, instance_id: str) -> Optional[InstanceRecord]:
+    def get_instance(self, instance_id: str) -> InstanceRecord | None:
         """One instance, or None."""
         item = self.table.get(INSTANCE, instance_id)
         return InstanceRecord.from_doc(item["doc"]) if item else None
@@ -360,7 +361,7 @@ class ControlPlane:
         ``observability.logging`` accepts."""
         self._write([put(SETTING, "log_level", {"value": level})])
 
-    def log_level(self) -> Optional[str]:
+    def log_level(self) -> str | None:
         """The level set by ``set_log_level``, or None."""
         item = self.table.get(SETTING, "log_level")
         return item["value"] if item else None
@@ -394,12 +395,12 @@ class ControlPlane:
         """Every account's name, role and scope (never a hash)."""
         return [AccountRecord.from_item(item).to_account() for item in self.table.query(ACCOUNT)]
 
-    def get_account(self, user_name: str) -> Optional[AccountRecord]:
+    def get_account(self, user_name: str) -> AccountRecord | None:
         """One account, or None."""
         item = self.table.get(ACCOUNT, user_name) if user_name else None
         return AccountRecord.from_item(item) if item else None
 
-    def verify_account(self, user_name: str, password: str) -> Optional[AccountRecord]:
+    def verify_account(self, user_name: str, password: str) -> AccountRecord | None:
         """The account if it has a password and ``password`` matches, else None (slow on
         purpose: scrypt; a missing account or password costs the same)."""
         account = self.get_account(user_name)
@@ -434,7 +435,7 @@ class ControlPlane:
         except Cancelled:
             raise UnknownEntityError(f"API key '{key_id}' does not exist") from None
 
-    def get_api_key(self, key_id: str) -> Optional[ApiKeyRecord]:
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
         """One key's record, or None."""
         item = self.table.get(API_KEY, key_id)
         return self._api_key(item) if item else None
@@ -445,6 +446,6 @@ class ControlPlane:
                 if not user_name or item["user_name"] == user_name]
 
     @staticmethod
-    def _api_key(item: dict) -> ApiKeyRecord:
+    def _api_key(item: dict[str, Any]) -> ApiKeyRecord:
         return ApiKeyRecord(item["sk"], item["user_name"], item["digest"], int(item["created_us"]),
                             int(item["expires_us"]))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Mapping
 
 from pydantic import BaseModel
 
@@ -69,8 +70,9 @@ class InstanceRecord:
     default_query_type: QueryType = QueryType.QT_UNSPECIFIED
 
     @classmethod
-    def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> "InstanceRecord":
+    def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> InstanceRecord:
         """The record a (validated) registerInstance request asks for."""
+        assert request.model_deployment is not None, "validation requires model_deployment"
         return cls(
             instance_id=request.instance_id,
             group=request.instance_group,
@@ -92,7 +94,7 @@ class InstanceRecord:
         """Bytes of one block across all specs."""
         return sum(s.size for s in self.location_spec_infos)
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What must match for a re-registration to be the same instance
         (everything but ``model_deployment.user_data`` and bookkeeping)."""
         return {
@@ -124,7 +126,7 @@ class InstanceRecord:
                           separators=(",", ":"))
 
     @classmethod
-    def from_doc(cls, doc: str) -> "InstanceRecord":
+    def from_doc(cls, doc: str) -> InstanceRecord:
         data = json.loads(doc)
         info = InstanceInfo.model_validate(data["info"])
         return cls(
@@ -153,7 +155,7 @@ class AccountRecord:
     password_hash: str = ""
 
     @classmethod
-    def from_item(cls, item: Mapping[str, Any]) -> "AccountRecord":
+    def from_item(cls, item: Mapping[str, Any]) -> AccountRecord:
         return cls(user_name=item["sk"], role=Role(int(item["role"])), groups=tuple(item.get("groups") or ("*",)),
                    instance_prefixes=tuple(item.get("prefixes") or ()), password_hash=item.get("password", ""))
 

@@ -2,7 +2,7 @@
 field checks are ``protocol.validation``'s)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..protocol.codes import Role
 from ..protocol.models import RegisterInstanceRequest

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..protocol.models import StorageConfig
 from ..storage.registry import sdk_entry
