@@ -56,7 +56,7 @@ def purge_continue(event, context):
 def optimizer_run(event, context):
     from chalicelib.optimizer import tasks
 
-    return tasks.run_task(event, get_runtime().aws("s3"))
+    return tasks.run_task(event, get_runtime().s3_transfers())
 
 
 @app.lambda_function(name="optimizer_report")
@@ -64,7 +64,7 @@ def optimizer_run(event, context):
 def optimizer_report(event, context):
     from chalicelib.optimizer import tasks
 
-    return tasks.report_task(event, get_runtime().aws("s3"))
+    return tasks.report_task(event, get_runtime().s3_transfers())
 
 
 # ---------------------------------------------------------------- schedules

@@ -3,21 +3,26 @@ per container, each with the few collaborators it uses.
 
 Only app.py's functions and the routes reach for the runtime (``get_runtime()``); nothing
 they call receives it. Tests and the local stack build their own ``Runtime`` (pointing at
-their Valkey, moto endpoint and clock) and install it with ``set_runtime``. Every module is
-imported at the top: ``import app`` loads them all anyway, so deferring imports here would
-buy no cold start.
+their Valkey, moto endpoint and clock) and install it with ``set_runtime``. The app's own
+modules are imported at the top (the routes load them all anyway); the AWS SDK is imported
+when the first client is made, and only botocore: boto3 (with s3transfer) is imported only
+for the optimizer's file transfers (``s3_transfers``). docs/cold-start.md has the figures.
+
+Under Lambda SnapStart the container is restored from a snapshot taken after ``import
+app``: ``after_restore`` (registered with the runtime's restore hook when there is one)
+drops every connection and the container's identity, so a restored container never
+shares a socket, a node id or a random sequence with its snapshot's other copies.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import os
+import random
 import threading
 from functools import cached_property
-from typing import Any, Callable, Optional, TypeVar
-
-import boto3
-from botocore.config import Config
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from .auth import Authorizer
 from .cache.backend_locations import BackendLocations
@@ -58,6 +63,9 @@ from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
 from .workflows.tuning import InstanceTuningJob, instance_tuning
 
+if TYPE_CHECKING:
+    import botocore.session
+
 T = TypeVar("T")
 S = TypeVar("S")
 
@@ -71,6 +79,7 @@ class Runtime:
         self.clock = clock or SystemClock()
         self._valkey = valkey
         self._aws_clients: dict[str, Any] = dict(aws_clients or {})
+        self._aws_session: Optional[botocore.session.Session] = None
         self._lock = threading.Lock()
 
     def reconfigure(self, **changes: Any) -> None:
@@ -78,6 +87,25 @@ class Runtime:
         dropped (to be rebuilt on next use), the Valkey and AWS clients kept. For tests and
         the local stack; a deployed container's settings never change."""
         self.settings = dataclasses.replace(self.settings, **changes)
+        self._drop_services()
+
+    def after_restore(self) -> None:
+        """Make this container its own after a SnapStart restore: the Valkey pool and the
+        AWS clients are dropped (their sockets belong to the snapshot; the next use connects
+        again), and with them every service holding them; a node id the environment did not
+        fix is drawn again (it names the lease holder), and so is the random sequence."""
+        with self._lock:
+            valkey, self._valkey = self._valkey, None
+            self._aws_clients.clear()
+            self._aws_session = None
+        if valkey is not None:
+            valkey.close()
+        random.seed()
+        if "KVCM_NODE_ID" not in os.environ:
+            self.settings = dataclasses.replace(self.settings, node_id=Settings().node_id)
+        self._drop_services()
+
+    def _drop_services(self) -> None:
         for name, value in list(vars(type(self)).items()):
             if isinstance(value, cached_property):
                 self.__dict__.pop(name, None)
@@ -88,7 +116,7 @@ class Runtime:
     def valkey(self) -> Valkey:
         """The redis-py client (one connection pool per container)."""
         if self._valkey is None:
-            credentials = self._valkey_credentials()  # outside the lock: it takes it for a boto3 client
+            credentials = self._valkey_credentials()  # outside the lock: it takes it for an AWS client
             with self._lock:
                 if self._valkey is None:
                     self._valkey = connect(self.settings.valkey_url, cluster=self.settings.valkey_cluster,
@@ -107,13 +135,16 @@ class Runtime:
         return {key: value for key, value in (("username", username), ("password", password)) if value}
 
     def aws(self, service: str) -> Any:
-        """A boto3 client (endpoint from ``AWS_ENDPOINT_URL`` when set, e.g. the moto server)."""
+        """A botocore client (endpoint from ``AWS_ENDPOINT_URL`` when set, e.g. the moto
+        server), one per service and container."""
         client = self._aws_clients.get(service)
         if client is None:
             with self._lock:
                 client = self._aws_clients.get(service)
                 if client is None:
-                    client = boto3.client(
+                    from botocore.config import Config
+
+                    client = self._botocore().create_client(
                         service,
                         region_name=self.settings.aws_region,
                         config=Config(retries={"max_attempts": 3, "mode": "standard"},
@@ -121,6 +152,23 @@ class Runtime:
                     )
                     self._aws_clients[service] = client
         return client
+
+    def s3_transfers(self) -> Any:
+        """An S3 client with boto3's managed transfers (``upload_file``, ``download_file``),
+        for the optimizer's tasks; built on each call from the container's session."""
+        import boto3
+
+        with self._lock:
+            session = self._botocore()
+        return boto3.Session(botocore_session=session).client("s3", region_name=self.settings.aws_region)
+
+    def _botocore(self) -> botocore.session.Session:
+        """The container's botocore session (credentials resolved once); the caller holds ``_lock``."""
+        if self._aws_session is None:
+            import botocore.session
+
+            self._aws_session = botocore.session.get_session()
+        return self._aws_session
 
     # ------------------------------------------------------------ stores and the index
 
@@ -246,7 +294,8 @@ class Runtime:
         return CacheService(self.index, self.contexts, self.deleter, self.purge, self.clock, self.settings,
                             self.metrics, on_capacity_refused=self.reclaim_job.wake,
                             make_room=WritePathEviction(self.index, QueuedDeleter(self.index), self.clock,
-                                                        self.events, self.metrics))
+                                                        self.events, self.metrics),
+                            reported=self.event_reports.visible_if_configured)
 
     @cached_property
     def event_reports(self) -> EventReports:
@@ -372,3 +421,19 @@ def set_runtime(runtime: Optional[Runtime]) -> None:
     global _runtime
     with _runtime_lock:
         _runtime = runtime
+
+
+def after_restore() -> None:
+    """SnapStart's restore hook: the snapshot's runtime, when init built one, becomes this
+    container's (``Runtime.after_restore``)."""
+    runtime = _runtime
+    if runtime is not None:
+        runtime.after_restore()
+
+
+try:  # Lambda's Python runtimes with SnapStart provide the hook registry; elsewhere there is no restore.
+    from snapshot_restore_py import register_after_restore  # type: ignore[import-untyped]
+except ImportError:
+    pass
+else:
+    register_after_restore(after_restore)

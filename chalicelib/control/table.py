@@ -35,12 +35,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import (ClientError, ConnectionError as BotoConnectionError, HTTPClientError,
                                  NoCredentialsError, NoRegionError)
 
 from ..clock import Clock
 from ..protocol.errors import ServiceNotReadyError
+from .attributes import deserialize, serialize
 
 PK, SK = "pk", "sk"
 #: Items with this attribute (epoch seconds) are deleted by DynamoDB after that time.
@@ -56,9 +56,6 @@ _UNAVAILABLE_CODES = frozenset({
 })
 # Cancellation reasons worth retrying: another transaction held an item, or throttling.
 _RETRYABLE_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
-
-_serializer = TypeSerializer()
-_deserializer = TypeDeserializer()
 
 
 def table_definition(name: str) -> dict:
@@ -92,12 +89,12 @@ def ensure_table(dynamodb: Any, name: str) -> None:
 
 def encode(values: Mapping[str, Any]) -> dict:
     """Python values → DynamoDB attribute values."""
-    return {k: _serializer.serialize(v) for k, v in values.items()}
+    return {k: serialize(v) for k, v in values.items()}
 
 
 def decode(item: Mapping[str, Any]) -> dict:
     """A DynamoDB item → Python values (numbers come back as ``Decimal``)."""
-    return {k: _deserializer.deserialize(v) for k, v in item.items()}
+    return {k: deserialize(v) for k, v in item.items()}
 
 
 def key(pk: str, sk: str) -> dict:
