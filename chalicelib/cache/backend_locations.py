@@ -21,7 +21,7 @@ from ..protocol.models import (EVENT_REPORT_TYPES, CacheLocation, CacheLocationV
                                GetCacheLocationsByBackendResponse)
 from ..control.config_cache import ConfigCache
 from ..stores.reporters import RID_TYPES
-from .event_reports import EventReports, Reported
+from .event_reports import EventReports, Reported, merge_specs
 from .keys import request_keys
 from .masks import masked_flags
 from .service import CacheService
@@ -62,14 +62,6 @@ def _location(type_name: str, specs: list[tuple[str, str]], name: Optional[str])
 def _peer(specs: list[tuple[str, str]]) -> str:
     """host:port of a reported location: the authority of its first URI."""
     return specs[0][1].split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
-
-
-def _merge(locations: list[Reported]) -> list[tuple[str, str]]:
-    merged: dict[str, str] = {}
-    for _, _, _, specs in locations:
-        for name, uri in specs:
-            merged.setdefault(name, uri)
-    return list(merged.items())
 
 
 def _pick_peer(per_key: list[dict[str, list[Reported]]], strategy: LocationSelectStrategy) -> tuple[str, list[int]]:
@@ -127,7 +119,7 @@ class BackendLocations:
         if stored_types and wanted:
             found = self.cache.get_cache_location(GetCacheLocationRequest(
                 trace_id=req.trace_id, instance_id=req.instance_id, block_keys=[keys[i] for i in wanted],
-                query_type=QueryType.QT_BATCH_GET))
+                query_type=QueryType.QT_BATCH_GET), with_reported=False)
             stored = dict(zip(wanted, found.locations))
         reported: list[list[Reported]] = []
         if any(s.backend_type in EVENT_REPORT_TYPES for s in req.backend_selectors) and wanted:
@@ -151,7 +143,7 @@ class BackendLocations:
                 for i, locs in zip(wanted, candidates):
                     if locs:
                         host = random.choice(locs)[0]
-                        picked = _location(type_name, _merge([l for l in locs if l[0] == host]), names[i])
+                        picked = _location(type_name, merge_specs([l for l in locs if l[0] == host]), names[i])
                         vectors[i].append(picked)
                 continue
             by_peer = [{} for _ in candidates]
@@ -161,5 +153,5 @@ class BackendLocations:
             peer, covered = _pick_peer(by_peer, selector.strategy)
             for j in covered:
                 i = wanted[j]
-                vectors[i].append(_location(type_name, _merge(by_peer[j][peer]), names[i]))
+                vectors[i].append(_location(type_name, merge_specs(by_peer[j][peer]), names[i]))
         return GetCacheLocationsByBackendResponse(key_locations=[CacheLocationVector(locations=v) for v in vectors])

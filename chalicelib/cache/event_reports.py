@@ -6,6 +6,8 @@ themselves are applied by one script per request (``stores.reporters``).
 """
 from __future__ import annotations
 
+import json
+import random
 import re
 import time
 from typing import Optional
@@ -29,6 +31,39 @@ _DELTAS = (ReportEventType.EVENT_BLOCK_ADD, ReportEventType.EVENT_BLOCK_DELETE)
 _UNSUPPORTED_GROUP_KINDS = "WCEX"
 #: A reported location: (rid, location id, medium, [(spec, uri)]).
 Reported = tuple[str, str, str, list[tuple[str, str]]]
+
+
+_TYPE_OF_KIND = {kind: storage_type.name for storage_type, kind in RID_TYPES.items()}
+
+
+def merge_specs(locations: list[Reported]) -> list[tuple[str, str]]:
+    """The specs of several reported locations (one reporter's media), first URI per name."""
+    merged: dict[str, str] = {}
+    for _, _, _, specs in locations:
+        for name, uri in specs:
+            merged.setdefault(name, uri)
+    return list(merged.items())
+
+
+def pick_reported(locations: list[Reported], names: Optional[frozenset[str]] = None
+                  ) -> Optional[tuple[str, str, list[tuple[str, str]]]]:
+    """One key's reported location as getCacheLocation serves it: (wire type name, location
+    id, specs), or None when no reporter holds a spec of ``names`` (None: any). As upstream's
+    weighted pick among backends with equal weights: a reporter at random, its media merged."""
+    if names is not None:
+        locations = [(rid, lid, medium, [s for s in specs if s[0] in names]) for rid, lid, medium, specs in locations]
+    holders = sorted({rid for rid, _, _, specs in locations if specs})
+    if not holders:
+        return None
+    rid = holders[0] if len(holders) == 1 else random.choice(holders)
+    own = [loc for loc in locations if loc[0] == rid and loc[3]]
+    return _TYPE_OF_KIND[rid.partition("#")[0]], own[0][1], merge_specs(own)
+
+
+def reported_location_json(type_name: str, specs: list[tuple[str, str]]) -> str:
+    """A reported location as wire JSON text (the shape LocationRenderer prints)."""
+    return json.dumps({"type": type_name, "spec_size": len(specs),
+                       "location_specs": [{"name": n, "uri": u} for n, u in specs]}, separators=(",", ":"))
 
 
 class ItemError(Exception):
@@ -196,6 +231,15 @@ class EventReports:
     def visible_locations(self, instance_id: str, keys: list[int], group: InstanceGroup) -> list[list[Reported]]:
         """Per key, its reported locations whose reporters are alive."""
         return self.reporters.visible_locations(instance_id, keys, now_ms(self.clock), self.heartbeat_timeouts(group))
+
+    def visible_if_configured(self, instance_id: str, group: InstanceGroup,
+                              keys: list[int]) -> Optional[list[list[Reported]]]:
+        """``visible_locations``, or None without a round trip when the group has no
+        event-report storage (nothing can be reported for its instances)."""
+        timeouts = self.heartbeat_timeouts(group)
+        if not timeouts or not keys:
+            return None
+        return self.reporters.visible_locations(instance_id, keys, now_ms(self.clock), timeouts)
 
     def _count(self, req: ReportEventRequest, group: str, results: list[ErrorCode], started: float) -> None:
         """upstream's ``event_report.*`` metrics (UPSTREAM_V2 §2.1), per event type."""

@@ -27,6 +27,7 @@ from ..protocol.models import (
     GetCacheLocationResponse,
     GetCacheMetaRequest,
     GetCacheMetaResponse,
+    InstanceGroup,
     RemoveCacheRequest,
     Response,
     ResponseHeader,
@@ -40,6 +41,7 @@ from ..settings import Settings
 from ..storage.base import BlockRef
 from .context import InstanceContext
 from .deletion import Deleter
+from .event_reports import Reported, pick_reported, reported_location_json
 from .purge import CACHE, META, PurgeService
 from .keys import request_keys
 from .locations import ANY_STATUS, LocationRenderer
@@ -75,6 +77,17 @@ def new_session_id() -> str:
     return bytes(_SESSION_ALPHABET[b % 36] for b in os.urandom(32)).decode()
 
 
+def rightmost_window(hits: Sequence[bool], sw: int) -> range:
+    """The positions of the right-most run of ``sw`` hits (empty without one); lua/read.lua
+    finds the same window."""
+    run = 0
+    for i in range(len(hits) - 1, -1, -1):
+        run = run + 1 if hits[i] else 0
+        if run == sw:
+            return range(i, i + sw)
+    return range(0)
+
+
 def placement(first_location_id: int, j: int, pack_count: int, explicit: Sequence[int], i: int) -> tuple[int, int]:
     """(group id, slot) of the j-th new key (request index i); mirrors lua/start.lua."""
     if pack_count > 0:
@@ -88,8 +101,13 @@ class CacheService:
     def __init__(self, index: BlockIndex, contexts: Callable[[str], InstanceContext], deleter: Deleter,
                  purge: PurgeService, clock: Clock, settings: Settings, metrics: MetricsRegistry,
                  on_capacity_refused: Callable[[str], None] = lambda group: None,
-                 make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0) -> None:
+                 make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0,
+                 reported: Callable[[str, InstanceGroup, list[int]], Optional[list[list[Reported]]]]
+                 = lambda instance_id, group, keys: None) -> None:
         self.index = index
+        #: ``reported(instance_id, group, keys)``: per key, its visible reported locations;
+        #: None when the group has no event-report storage (EventReports.visible_if_configured).
+        self.reported = reported
         #: Called with the group's name when a start is refused for capacity (wakes the reclaimer).
         self.on_capacity_refused = on_capacity_refused
         #: ``make_room(ctx, refusal, attempt, protected)``, called when a start is refused for
@@ -131,8 +149,14 @@ class CacheService:
 
     # ---------------------------------------------------------------- reads
 
-    def get_cache_location(self, req: GetCacheLocationRequest) -> GetCacheLocationResponse:
-        """Locations of the cached blocks among the request's keys (API.md, Read semantics)."""
+    def get_cache_location(self, req: GetCacheLocationRequest, with_reported: bool = True
+                           ) -> GetCacheLocationResponse:
+        """Locations of the cached blocks among the request's keys (API.md, Read semantics).
+
+        A key is a hit when it has a SERVING stored location or, unless ``with_reported``
+        is False, a visible reported one (docs/api-v2.md): the stored one is served when
+        both exist. Without event-report storages in the group this is one round trip;
+        with them, the reported locations are read first (one more)."""
         ctx = self.contexts(req.instance_id)
         if req.query_type == QueryType.QT_UNSPECIFIED:
             raise InvalidArgumentError("field 'query_type' is required")
@@ -140,52 +164,82 @@ class CacheService:
             raise InvalidArgumentError(f"field 'query_type': {req.query_type.name} is not served by getCacheLocation")
         keys = self._keys(ctx, req)
         names = self._spec_filter(ctx, req.location_spec_names)
+        if req.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH and not 1 <= req.sw_size <= len(keys):
+            raise InvalidArgumentError(f"field 'sw_size': {req.sw_size} must be between 1 and the {len(keys)} keys")
+        asked = keys
+        if req.query_type == QueryType.QT_PREFIX_MATCH:
+            flags = masked_flags(req.block_mask, len(keys), "block_mask")
+            asked = [k for k, masked in zip(keys, flags) if not masked]
         if ctx.storages and not any(s.available for s in ctx.storages):
             raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
+        reported = (self._reported_texts(ctx, asked, names) if with_reported else None) or []
+        covered = [t is not None for t in reported] if any(t is not None for t in reported) else None
         renderer = self._renderer(ctx, names)
         texts: list[str] = []
         if req.query_type == QueryType.QT_PREFIX_MATCH:
-            flags = masked_flags(req.block_mask, len(keys), "block_mask")
-            wanted = [k for k, masked in zip(keys, flags) if not masked]
-            for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_PREFIX, servable=ctx.servable)):
-                text = renderer.render(key, raw)
+            raws = self.index.read_raw(ctx.layout, asked, MODE_PREFIX, servable=ctx.servable, covered=covered)
+            for i, (key, raw) in enumerate(zip(asked, raws)):
+                text = renderer.render(key, raw) if raw is not None else None
+                if text is None and covered:
+                    text = reported[i]
                 if text is None:
                     break
                 texts.append(text)
             hits = len(texts)
         else:
-            if req.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH:
-                if not 1 <= req.sw_size <= len(keys):
-                    raise InvalidArgumentError(
-                        f"field 'sw_size': {req.sw_size} must be between 1 and the {len(keys)} keys")
-                raws = self.index.read_raw(ctx.layout, keys, MODE_WINDOW, req.sw_size, ctx.servable)
-            else:
-                raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH, servable=ctx.servable)
+            mode = MODE_WINDOW if req.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH else MODE_BATCH
+            raws = self.index.read_raw(ctx.layout, keys, mode, req.sw_size, ctx.servable, covered)
+            window = range(len(keys))
+            if covered and mode == MODE_WINDOW:
+                window = rightmost_window([r is not None or c for r, c in zip(raws, covered)], req.sw_size)
             padding = renderer.padding()
             hits = 0
-            for key, raw in zip(keys, raws):
+            for i, (key, raw) in enumerate(zip(keys, raws)):
                 text = renderer.render(key, raw) if raw is not None else None
+                if text is None and covered and i in window:
+                    text = reported[i]
                 if text is None:
                     text = padding
                 else:
                     hits += 1
                 texts.append(text)
         self.metrics.observe(_MATCH_METRICS[req.query_type], hits, {"instance_id": ctx.instance_id})
-        asked = len(wanted) if req.query_type == QueryType.QT_PREFIX_MATCH else len(keys)
-        self.metrics.observe(_ASKED_METRICS[req.query_type], asked, {"instance_id": ctx.instance_id})
+        self.metrics.observe(_ASKED_METRICS[req.query_type], len(asked), {"instance_id": ctx.instance_id})
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
 
+    def _reported(self, ctx: InstanceContext, keys: list[int], names: Optional[frozenset[str]] = None
+                  ) -> Optional[list[Optional[tuple[str, str, list[tuple[str, str]]]]]]:
+        """Per key, the reported location served for it (event_reports.pick_reported) or
+        None; None for all when the group has no event-report storage (no round trip)."""
+        found = self.reported(ctx.instance_id, ctx.group, keys)
+        if found is None:
+            return None
+        return [pick_reported(locs, names) if locs else None for locs in found]
+
+    def _reported_texts(self, ctx: InstanceContext, keys: list[int], names: Optional[frozenset[str]]
+                        ) -> Optional[list[Optional[str]]]:
+        picked = self._reported(ctx, keys, names)
+        if picked is None:
+            return None
+        return [reported_location_json(p[0], p[2]) if p is not None else None for p in picked]
+
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
-        """Status and location id of every unmasked key (metas are JSON strings, as upstream)."""
+        """Status and location id of every unmasked key (metas are JSON strings, as upstream):
+        its stored location, else its visible reported one (upstream's location id)."""
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         wanted = [k for k, masked in zip(keys, flags) if not masked]
         renderer = self._renderer(ctx)
         padding = renderer.padding()
+        reported = self._reported(ctx, wanted) or [None] * len(wanted)
         texts, metas = [], []
-        for key, raw in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW)):
+        for key, raw, other in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW), reported):
             record = decode_record(raw) if raw is not None else None
+            if (record is None or not record.locations) and other is not None:
+                metas.append(json.dumps({"id": other[1], "status": CacheLocationStatus.CLS_SERVING.name}))
+                texts.append(reported_location_json(other[0], other[2]))
+                continue
             if record is None or not record.locations:
                 metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
                 texts.append(padding)

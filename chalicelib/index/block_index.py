@@ -336,12 +336,15 @@ class BlockIndex:
     # ---------------------------------------------------------------- reads
 
     def read_raw(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
-                 sw_size: int = 0, servable: Sequence[str] | None = None) -> list[bytes | None]:
+                 sw_size: int = 0, servable: Sequence[str] | None = None,
+                 covered: Sequence[bool] | None = None) -> list[bytes | None]:
         """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes).
 
         Prefix mode stops at the first key without a SERVING location; batch and window
         modes return one entry per key. Entries are raw records (None = not served).
         ``servable`` names the storages whose locations may serve (None: any).
+        ``covered`` flags keys served from elsewhere (reported locations): a miss there
+        neither ends the prefix nor breaks the window.
         """
         if not block_keys:
             return []
@@ -352,7 +355,8 @@ class BlockIndex:
         blob = self._call(self._read, [layout.key("m"), layout.key("st"), *buckets],
                           [pack_keys(block_keys), int(mode), sw_size, int(self.clock.now()),
                            self.TOUCH_INTERVAL_S, self.LFU_DECAY_S,
-                           "" if servable is None else "\n" + "\n".join(servable)])
+                           "" if servable is None else "\n" + "\n".join(servable),
+                           *([b"".join(b"1" if c else b"0" for c in covered)] if covered else [])])
         out: list[bytes | None] = []
         pos, end = 0, len(blob)
         while pos < end:

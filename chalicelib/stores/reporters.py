@@ -236,23 +236,20 @@ class ReporterStore:
         flat = self._host_state(keys=[self.locations_key(instance_id), *reporter_keys], args=[*args, *keys])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def _reporter_args(self, instance_id: str, timeouts: dict[str, int]) -> tuple[list[str], list[Any]]:
-        """(the state keys of the reporters of a configured kind, their (rid, timeout) arguments)."""
-        rids = [rid for rid in self.reporters(instance_id) if rid.partition("#")[0] in timeouts]
-        args: list[Any] = [len(rids)]
-        for rid in rids:
-            args += [rid, timeouts[rid.partition("#")[0]]]
-        return [self.node_key(instance_id, rid) for rid in rids], args
-
     def visible_locations(self, instance_id: str, keys: Sequence[int], now_ms: int,
                           timeouts: dict[str, int]) -> list[list[tuple[str, str, str, list[tuple[str, str]]]]]:
         """Per key, its visible reported locations as (rid, location id, medium,
-        [(spec, uri with s_version)]), visible specs only. ``timeouts`` as in host_prefixes."""
+        [(spec, uri with s_version)]), visible specs only. ``timeouts`` as in host_prefixes.
+        One round trip (the script reads the reporters itself)."""
         if not keys:
             return []
-        node_keys, args = self._reporter_args(instance_id, timeouts)
-        raw = self._visible(keys=[self.locations_key(instance_id), *node_keys],
-                            args=[now_ms, *args, *(str(k) for k in keys)])
+        args: list[Any] = [now_ms, self.node_key(instance_id, ""), len(timeouts)]
+        for kind, timeout in timeouts.items():
+            args += [kind, timeout]
+        raw = self._visible(keys=[self.locations_key(instance_id), self.nodes_key(instance_id)],
+                            args=[*args, *(str(k) for k in keys)])
+        if not raw:  # no reporter visible
+            return [[] for _ in keys]
         return [[(rid, location_id(rid, medium), medium,
                   [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)])
                  for rid, medium, specs in per_key] if per_key else []

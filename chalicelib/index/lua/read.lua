@@ -4,7 +4,10 @@
 -- ARGV: keys blob (8 bytes per key), mode (MODE_PREFIX, MODE_BATCH, MODE_WINDOW sliding
 --       window, MODE_RAW),
 --       sw_size, now (s), touch interval (s), LFU decay period (s),
---       servable storages: '' (any) or '\n' followed by their names joined by '\n'.
+--       servable storages: '' (any) or '\n' followed by their names joined by '\n',
+--       optionally keys covered elsewhere: a byte per key, '1' when the key has a visible
+--       reported location (cache/service.py): a stored miss there neither ends the prefix
+--       nor breaks a window.
 -- Returns one blob: per position a u16 length then the record (length 0 = miss).
 -- A location on a storage that may not serve (disabled, unhealthy, not a candidate) is a
 -- miss here, not only when rendered: the window and the prefix are found among blocks
@@ -20,6 +23,7 @@
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local call = redis.call
+local covered = ARGV[8]
 
 -- storage index -> true for storages that may not serve; false when every one may (the
 -- usual case, which keeps the per-key check to one byte compare)
@@ -58,7 +62,7 @@ for i = 1, n do
     recs[i] = rec
   else
     recs[i] = false
-    if mode == MODE_PREFIX then
+    if mode == MODE_PREFIX and not (covered and byte(covered, i) == 49) then
       count = i - 1
       break
     end
@@ -73,7 +77,8 @@ if mode == MODE_WINDOW then
   while base >= 0 do
     local failed = nil
     for o = 0, sw - 1 do
-      if not recs[base + o + 1] then failed = o break end
+      local at = base + o + 1
+      if not recs[at] and not (covered and byte(covered, at) == 49) then failed = o break end
     end
     if failed == nil then
       lo, hi = base + 1, base + sw
