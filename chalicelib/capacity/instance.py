@@ -1,4 +1,5 @@
-"""One instance's share of a reclaim round: sample, pick, mark, hand over, climb.
+"""Freeing a need from one instance, or from several in one recency order: sample, pick,
+mark, hand over, climb.
 
 The loop gathers a pool of about ``oversample`` candidates per block still needed, takes
 the policy's worst (each victim is the worst of about ``oversample`` sampled blocks, as
@@ -6,14 +7,22 @@ in Redis' approximated LRU), marks them DELETING with a compare-and-set on their
 ids, and hands the ones really taken to deletion. Parents of the victims are re-read: a
 parent whose children are all gone or marked has become a leaf and joins the pool, so a
 stale prefix chain goes in one round from its end to its root.
+
+``PooledReclaim`` runs that loop over one pool fed by several instances (Group-LRU,
+UPSTREAM_V2 §2.13): the pool's size is shared out between the instances half evenly,
+half by block count, victims are ordered by (last access, instance id, block key) and
+marked in runs of consecutive victims of the same instance. With one instance it is the
+per-instance loop (``InstanceReclaim``) exactly.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import groupby
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..index import BlockIndex, Victim
+from ..observability.logging import logger
 from .policies import Candidate, VictimPolicy
 from .sampling import BucketSampler, SamplingConfig
 from .selection import CandidatePool
@@ -25,6 +34,9 @@ if TYPE_CHECKING:
 #: Floor of the candidates-per-bucket estimate (an empty start must not divide by zero;
 #: the trip size bounds what one read costs anyway).
 MIN_DENSITY = 0.01
+#: Candidates pooled across a group in one round, at most (upstream's
+#: ``group_lru_max_sampling_size``).
+GROUP_LRU_MAX_SAMPLE = 65536
 
 #: Receives the victims just marked in an instance, with what each frees.
 Submit = Callable[["InstanceContext", Sequence[tuple[Victim, Candidate]]], None]
@@ -43,6 +55,159 @@ class InstanceReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def add(self, other: "InstanceReport") -> "InstanceReport":
+        """Both parts of a round in the same instance, summed."""
+        return InstanceReport(self.instance_id, self.victims + other.victims, self.expired + other.expired,
+                              self.bytes + other.bytes, self.buckets_read + other.buckets_read)
+
+
+@dataclass
+class Member:
+    """One instance taking part in a pooled reclaim."""
+
+    ctx: "InstanceContext"
+    sampler: BucketSampler
+    #: The instance's block count: how many buckets its first sample needs, and its
+    #: weight in the pool's shares.
+    blocks_hint: int
+    #: Blocks never taken (a write making room keeps the blocks it is about).
+    protected: frozenset[int] = frozenset()
+    admitted: int = 0
+    #: Sampling failed: the instance sits the rest of the round out (a partial plan).
+    failed: bool = False
+    report: InstanceReport = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.report = InstanceReport(self.ctx.instance_id)
+
+
+def sample_shares(total: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """``total`` candidates shared among the instances of positive weight: half evenly,
+    half in proportion to weight (largest remainder; ties by instance id)."""
+    ids = sorted(i for i, w in weights.items() if w > 0)
+    if not ids or total <= 0:
+        return {}
+    even_total = total // 2
+    even, extra = divmod(even_total, len(ids))
+    shares = {i: even + (n < extra) for n, i in enumerate(ids)}
+    rest, weight = total - even_total, sum(weights[i] for i in ids)
+    exact = {i: divmod(rest * weights[i], weight) for i in ids}
+    left = rest - sum(q for q, _ in exact.values())
+    for i in sorted(ids, key=lambda i: (-exact[i][1], i))[:left]:
+        shares[i] += 1
+    return {i: shares[i] + exact[i][0] for i in ids}
+
+
+class PooledReclaim:
+    """Frees ``need`` (and expired blocks) once, from one candidate pool over ``members``."""
+
+    def __init__(self, index: BlockIndex, members: Sequence[Member], policy: VictimPolicy, need: Need,
+                 config: SamplingConfig, now_s: int, submit: Submit) -> None:
+        self.index = index
+        self.members = {m.ctx.instance_id: m for m in members}
+        self.policy = policy
+        self.need = need
+        self.config = config
+        self.now_s = now_s
+        self.submit = submit
+        self.pool = CandidatePool()
+        self.max_victims = config.max_victims * max(1, len(members))
+        self.max_pool = min(config.max_pool * max(1, len(members)), max(config.max_pool, GROUP_LRU_MAX_SAMPLE))
+        self.victims = 0
+
+    @property
+    def partial(self) -> bool:
+        """Whether an instance's sampling failed this round."""
+        return any(m.failed for m in self.members.values())
+
+    def run(self, sweep_buckets: int = 0) -> list[InstanceReport]:
+        """Sweep ``sweep_buckets`` buckets of each member for expired blocks, then free the need."""
+        if sweep_buckets:
+            for member in self.members.values():
+                self._admit(member, member.sampler.sweep(sweep_buckets))
+        block_bytes = min(m.ctx.spec_layout.sizes[0] for m in self.members.values()) if self.members else 1
+        while self.victims < self.max_victims:
+            if self.need.pending:
+                self._fill(self.need.blocks(block_bytes))
+            # The worst fifth at a time: parents joining the pool in between compete with
+            # the rest, so a stale chain goes before a fresher leaf.
+            worst = max(1, len(self.pool) // self.config.oversample)
+            limit = min(self.config.mark_batch, self.max_victims - self.victims)
+            picked = self.pool.pick(self.policy, self.need, self.now_s, limit, worst)
+            if not picked:
+                break
+            for n, (instance_id, same) in enumerate(groupby(picked, key=lambda c: c.instance_id)):
+                run = list(same)
+                if n and not self.need.pending and not any(self.policy.expired(c, self.now_s) for c in run):
+                    break  # the water level recovered: the rest stays
+                self._take(self.members[instance_id], run)
+        for member in self.members.values():
+            member.report.buckets_read = member.sampler.buckets_read
+        return [m.report for m in self.members.values()]
+
+    def _admit(self, member: Member, candidates: list[Candidate]) -> None:
+        protected = member.protected
+        self.pool.add([c for c in candidates if c.block_key not in protected] if protected else candidates)
+
+    def _fill(self, blocks: int) -> None:
+        wanted = min(self.max_pool, self.config.oversample * max(1, blocks))
+        shares = sample_shares(wanted, {i: max(1, m.blocks_hint) for i, m in self.members.items() if not m.failed})
+        held = self.pool.count_by_instance()
+        for instance_id, share in shares.items():
+            member = self.members[instance_id]
+            try:
+                self._fill_member(member, share, held[instance_id])
+            except Exception as exc:  # noqa: BLE001 - the others' candidates still make a plan
+                member.failed = True
+                logger.warning("reclaim sampling failed; the round goes on without the instance", extra={
+                    "instance_id": instance_id, "error": f"{type(exc).__name__}: {exc}"})
+
+    def _fill_member(self, member: Member, share: int, held: int) -> None:
+        sampler = member.sampler
+        while held < share and not sampler.exhausted:
+            # Read about as many buckets as the pool lacks: the density of candidates per
+            # bucket is first guessed from the instance's block count, then measured.
+            if sampler.sampled:
+                density = member.admitted / sampler.sampled
+            else:
+                density = member.blocks_hint / max(1, sampler.occupied)
+            before = len(self.pool)
+            self._admit(member, sampler.sample(math.ceil((share - held) / max(density, MIN_DENSITY))))
+            member.admitted += len(self.pool) - before
+            held += len(self.pool) - before
+
+    def _take(self, member: Member, picked: list[Candidate]) -> None:
+        self.pool.discard(picked)
+        ctx = member.ctx
+        by_key = {c.block_key: c for c in picked}
+        # Only locations still SERVING under the same id are taken, of blocks that gained
+        # no child: a block rewritten, removed or extended since it was read is left alone.
+        victims = self.index.mark_deleting(
+            ctx.layout, list(by_key), ctx.spec_layout.sizes, expected_locations=[c.location_id for c in by_key.values()],
+            serving_only=True, max_children=[c.recorded_children for c in by_key.values()])
+        taken = [(v, by_key[v.block_key]) for v in victims]
+        if not taken:
+            return
+        for _, c in taken:
+            self.need.take(c.size, c.storage_type)
+            member.report.victims += 1
+            member.report.bytes += c.size
+            member.report.expired += self.policy.expired(c, self.now_s)
+        self.victims += len(taken)
+        self.submit(ctx, taken)
+        self._climb(member, [c for _, c in taken])
+
+    def _climb(self, member: Member, taken: list[Candidate]) -> None:
+        """Admit the victims' parents, as they are now: a child marked DELETING no longer
+        counts in its parent's child count (the mark unlinks it), so a parent whose
+        children are all marked is a leaf."""
+        parents = list(dict.fromkeys(c.parent for c in taken if c.parent is not None))
+        if not parents:
+            return
+        raws = member.sampler.reread(parents)
+        self._admit(member, [candidate for parent in parents if raws[parent] is not None
+                             and (candidate := member.sampler.candidate(parent, raws[parent])) is not None])
+
 
 class InstanceReclaim:
     """Frees ``need`` (and expired blocks) in one instance, once."""
@@ -50,83 +215,9 @@ class InstanceReclaim:
     def __init__(self, index: BlockIndex, ctx: "InstanceContext", policy: VictimPolicy, need: Need,
                  sampler: BucketSampler, config: SamplingConfig, now_s: int, submit: Submit,
                  blocks_hint: int, protected: frozenset[int] = frozenset()) -> None:
-        self.index = index
-        self.ctx = ctx
-        self.policy = policy
-        self.need = need
-        self.sampler = sampler
-        self.config = config
-        self.now_s = now_s
-        self.submit = submit
-        #: The instance's block count: how many buckets the first sample needs.
-        self.blocks_hint = blocks_hint
-        #: Blocks never taken (a write making room keeps the blocks it is about).
-        self.protected = protected
-        self.pool = CandidatePool()
-        self._admitted = 0
-        self.report = InstanceReport(ctx.instance_id)
+        self.member = Member(ctx, sampler, blocks_hint, protected)
+        self.work = PooledReclaim(index, [self.member], policy, need, config, now_s, submit)
 
     def run(self, sweep_buckets: int = 0) -> InstanceReport:
         """Sweep ``sweep_buckets`` buckets for expired blocks, then free the need."""
-        if sweep_buckets:
-            self._admit(self.sampler.sweep(sweep_buckets))
-        block_bytes = self.ctx.spec_layout.sizes[0]
-        while self.report.victims < self.config.max_victims:
-            if self.need.pending:
-                self._fill(self.need.blocks(block_bytes))
-            # The worst fifth at a time: parents joining the pool in between compete with
-            # the rest, so a stale chain goes before a fresher leaf.
-            worst = max(1, len(self.pool) // self.config.oversample)
-            limit = min(self.config.mark_batch, self.config.max_victims - self.report.victims)
-            picked = self.pool.pick(self.policy, self.need, self.now_s, limit, worst)
-            if not picked:
-                break
-            self._take(picked)
-        self.report.buckets_read = self.sampler.buckets_read
-        return self.report
-
-    def _admit(self, candidates: list[Candidate]) -> None:
-        self.pool.add([c for c in candidates if c.block_key not in self.protected] if self.protected else candidates)
-
-    def _fill(self, blocks: int) -> None:
-        wanted = min(self.config.max_pool, self.config.oversample * max(1, blocks))
-        while len(self.pool) < wanted and not self.sampler.exhausted:
-            # Read about as many buckets as the pool lacks: the density of candidates per
-            # bucket is first guessed from the instance's block count, then measured.
-            if self.sampler.sampled:
-                density = self._admitted / self.sampler.sampled
-            else:
-                density = self.blocks_hint / max(1, self.sampler.occupied)
-            before = len(self.pool)
-            self._admit(self.sampler.sample(math.ceil((wanted - before) / max(density, MIN_DENSITY))))
-            self._admitted += len(self.pool) - before
-
-    def _take(self, picked: list[Candidate]) -> None:
-        self.pool.discard(c.block_key for c in picked)
-        by_key = {c.block_key: c for c in picked}
-        # Only locations still SERVING under the same id are taken, of blocks that gained
-        # no child: a block rewritten, removed or extended since it was read is left alone.
-        victims = self.index.mark_deleting(
-            self.ctx.layout, list(by_key), self.ctx.spec_layout.sizes, expected_locations=[c.location_id for c in by_key.values()],
-            serving_only=True, max_children=[c.recorded_children for c in by_key.values()])
-        taken = [(v, by_key[v.block_key]) for v in victims]
-        if not taken:
-            return
-        for _, c in taken:
-            self.need.take(c.size, c.storage_type)
-            self.report.victims += 1
-            self.report.bytes += c.size
-            self.report.expired += self.policy.expired(c, self.now_s)
-        self.submit(self.ctx, taken)
-        self._climb([c for _, c in taken])
-
-    def _climb(self, taken: list[Candidate]) -> None:
-        """Admit the victims' parents, as they are now: a child marked DELETING no longer
-        counts in its parent's child count (the mark unlinks it), so a parent whose
-        children are all marked is a leaf."""
-        parents = list(dict.fromkeys(c.parent for c in taken if c.parent is not None))
-        if not parents:
-            return
-        raws = self.sampler.reread(parents)
-        self._admit([candidate for parent in parents if raws[parent] is not None
-                     and (candidate := self.sampler.candidate(parent, raws[parent])) is not None])
+        return self.work.run(sweep_buckets)[0]

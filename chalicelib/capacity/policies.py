@@ -2,7 +2,8 @@
 
 A policy ranks candidates by ``score`` — lower goes first — and may declare candidates
 ``expired`` (victims whatever the watermark). Ties fall back to the least recently
-accessed block, then the block key, so a ranking is deterministic.
+accessed block, then the instance id and the block key, so a ranking is deterministic
+(across a group's instances too: Group-LRU sorts by last access, instance, key).
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ class Candidate:
     #: The child count its record held when read, marked children not dropped yet
     #: included: the block is taken only if the record holds no more by then.
     recorded_children: int = 0
+    #: The instance holding it: block keys repeat across instances (the same prompt
+    #: prefix cached twice), so a pool spanning a group keys candidates by both.
+    instance_id: str = ""
 
     @property
     def is_leaf(self) -> bool:
@@ -53,7 +57,7 @@ class VictimPolicy(ABC):
 
     def order(self, candidates: Iterable[Candidate], now_s: int) -> list[Candidate]:
         """``candidates``, first to reclaim first."""
-        return sorted(candidates, key=lambda c: (self.score(c, now_s), c.last_access_s, c.block_key))
+        return sorted(candidates, key=lambda c: (self.score(c, now_s), c.last_access_s, c.instance_id, c.block_key))
 
 
 class LRUPolicy(VictimPolicy):

@@ -29,14 +29,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 from ..clock import Clock, now_us
 from ..index import BlockIndex, Usage, Victim
 from ..observability.logging import logger
+from ..protocol.codes import InstanceReclaimBudgetPolicy
 from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup
 from ..stores.lease import Lease
-from .instance import InstanceReclaim, InstanceReport, Submit
-from .policies import Candidate, VictimPolicy, policy_for
+from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit
+from .policies import Candidate, LRUPolicy, VictimPolicy, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
 from .stranded import stranded_locations
-from .watermark import Limits, Need, Plan, assess, split
+from .watermark import Limits, Need, Plan, assess, own_needs, split
 
 if TYPE_CHECKING:
     from ..cache.context import InstanceContext
@@ -235,7 +236,6 @@ class Reclaimer:
             contexts = self._contexts(self.directory.members(group.name))
             live = {c.instance_id: u.live() for c, u in zip(contexts, self.index.usage([c.layout for c in contexts]))}
             report.plan = assess(limits, live, pressure)
-            needs = split(report.plan, live)
             if report.swept:
                 state.next_sweep = now + period
             swept = self._sweep_share(contexts, state) if report.swept else set()
@@ -244,18 +244,30 @@ class Reclaimer:
             delay_ms = strategy.delay_before_delete_ms if strategy is not None else 0
             storage_name = strategy.storage_unique_name if strategy is not None else ""
             submit = submitter(self.deleter, self.clock, group.name, delay_ms, self.events, self.metrics)
+            budget = strategy.budget_policy() if strategy is not None else InstanceReclaimBudgetPolicy.GROUP_LRU
+            reports: dict[str, InstanceReport] = {}
+            if budget == InstanceReclaimBudgetPolicy.GROUP_LRU and isinstance(policy, LRUPolicy):
+                reports = self._group_lru(group.name, contexts, live, report.plan, policy, storage_name, now, submit)
+                needs = own_needs(report.plan)
+                for instance_id, freed in reports.items():  # the group's victims count towards each own need
+                    if instance_id in needs:
+                        needs[instance_id].bytes = max(0, needs[instance_id].bytes - freed.bytes)
+                        needs[instance_id].keys = max(0, needs[instance_id].keys - freed.victims)
+            else:
+                needs = split(report.plan, live, even=budget == InstanceReclaimBudgetPolicy.FIXED_PER_INSTANCE)
             for ctx in contexts:
                 need = needs.get(ctx.instance_id)
                 sweeping = ctx.instance_id in swept
-                if need is None and not sweeping:
+                if (need is None or not need.pending) and not sweeping:
                     continue
-                sampler = BucketSampler(self.index, ctx.layout, self.index.storage_table(ctx.layout),
-                                        ctx.spec_layout.sizes, self.rng, self.config, storage_name)
+                sampler = self._sampler(ctx, storage_name)
                 work = InstanceReclaim(self.index, ctx, policy, need or Need(), sampler, self.config, int(now),
                                        submit, blocks_hint=live[ctx.instance_id].keys)
                 window = (sweep_buckets(sampler.occupied, period * rotation, strategy.ttl_seconds, self.config)
-                          if sweeping else 0)
-                report.instances.append(work.run(window))
+                          if sweeping and strategy is not None else 0)
+                done = work.run(window)
+                reports[ctx.instance_id] = reports[ctx.instance_id].add(done) if ctx.instance_id in reports else done
+            report.instances = list(reports.values())
         except Exception as exc:  # noqa: BLE001 - one failing group must not stop the others
             logger.exception("reclaim of instance group %s failed", group.name)
             report.error = f"{type(exc).__name__}: {exc}"
@@ -263,6 +275,27 @@ class Reclaimer:
         # blocks are all in flight would otherwise be sampled every round for nothing.
         state.over = report.plan.needed and report.victims > 0
         return report
+
+    def _sampler(self, ctx: "InstanceContext", storage_name: str) -> BucketSampler:
+        return BucketSampler(self.index, ctx.layout, self.index.storage_table(ctx.layout), ctx.spec_layout.sizes,
+                             self.rng, self.config, storage_name)
+
+    def _group_lru(self, group: str, contexts: Sequence["InstanceContext"], live: dict[str, Usage], plan: Plan,
+                   policy: LRUPolicy, storage_name: str, now: float, submit: Submit) -> dict[str, InstanceReport]:
+        """The group's bytes (total and per type) freed in one recency order across its
+        instances (``instance.PooledReclaim``); returns what each instance gave."""
+        need = Need(plan.bytes, {t: n for t, n in plan.by_type.items() if n > 0})
+        members = [Member(ctx, self._sampler(ctx, storage_name), live[ctx.instance_id].keys)
+                   for ctx in contexts if live[ctx.instance_id].keys > 0]
+        if not need.pending or not members:
+            return {}
+        work = PooledReclaim(self.index, members, policy, need, self.config, int(now), submit)
+        reports = work.run()
+        if self.metrics is not None:
+            self.metrics.incr("group_lru_plan_count", 1, {"instance_group": group})
+            if work.partial:
+                self.metrics.incr("group_lru_partial_plan_count", 1, {"instance_group": group})
+        return {r.instance_id: r for r in reports if r.victims or r.buckets_read}
 
     def _hand_over_queued(self) -> int:
         """Hand the victims the write path queued (``QueuedDeleter``) to the deleter,
@@ -390,7 +423,7 @@ def _always() -> bool:
     return True
 
 
-class _LeaseGuard:
+class LeaseGuard:
     """The background lease during a round: renewed once a third of its ttl has passed."""
 
     def __init__(self, lease: Lease, clock: Clock) -> None:
@@ -429,7 +462,7 @@ class ReclaimJob:
         if not self._round_lock.acquire(blocking=False):
             return ReclaimReport(skipped="a reclaim round is already running in this process").to_dict()
         try:
-            guard = _LeaseGuard(self.lease, self.clock) if self.lease is not None else None
+            guard = LeaseGuard(self.lease, self.clock) if self.lease is not None else None
             if guard is not None and not guard.acquire():
                 return ReclaimReport(skipped="another node holds the background lease").to_dict()
             report = self.reclaimer.run_round(guard.held if guard is not None else _always)

@@ -55,7 +55,7 @@ _SPEC_GROUP_AT = LOCATION.offset("spec_group")
 
 
 def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, str]], sizes: Sequence[int],
-                 storage_name: str = "") -> Optional[Candidate]:
+                 storage_name: str = "", instance_id: str = "") -> Optional[Candidate]:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
     given), or None. WRITING and DELETING locations are never candidates."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
@@ -70,7 +70,7 @@ def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, s
         return Candidate(block_key, location_id_at(raw, off),
                          int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
                          children, last_access_s, lfu, sizes[spec_group] if spec_group < len(sizes) else sizes[0],
-                         storage_type, children)
+                         storage_type, children, instance_id)
     return None
 
 
@@ -151,4 +151,4 @@ class BucketSampler:
 
     def candidate(self, block_key: int, raw: bytes) -> Optional[Candidate]:
         """``to_candidate`` with this instance's storages and sizes."""
-        return to_candidate(block_key, raw, self.storages, self.sizes, self.storage_name)
+        return to_candidate(block_key, raw, self.storages, self.sizes, self.storage_name, self.layout.instance_id)

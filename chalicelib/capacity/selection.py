@@ -7,6 +7,7 @@ prefix chain is reclaimed from its end towards its root.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterable
 
 from .policies import Candidate, VictimPolicy
@@ -14,10 +15,11 @@ from .watermark import Need
 
 
 class CandidatePool:
-    """Reclaimable leaf blocks seen this round, by block key."""
+    """Reclaimable leaf blocks seen this round, by instance and block key (one instance's,
+    or a whole group's for Group-LRU)."""
 
     def __init__(self) -> None:
-        self._items: dict[int, Candidate] = {}
+        self._items: dict[tuple[str, int], Candidate] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -26,13 +28,17 @@ class CandidatePool:
         """Admit the leaves among ``candidates`` (a later sighting replaces an earlier one)."""
         for c in candidates:
             if c.is_leaf:
-                self._items[c.block_key] = c
+                self._items[c.instance_id, c.block_key] = c
             else:
-                self._items.pop(c.block_key, None)
+                self._items.pop((c.instance_id, c.block_key), None)
 
-    def discard(self, block_keys: Iterable[int]) -> None:
-        for key in block_keys:
-            self._items.pop(key, None)
+    def discard(self, candidates: Iterable[Candidate]) -> None:
+        for c in candidates:
+            self._items.pop((c.instance_id, c.block_key), None)
+
+    def count_by_instance(self) -> Counter[str]:
+        """How many candidates each instance has in the pool."""
+        return Counter(instance_id for instance_id, _ in self._items)
 
     def pick(self, policy: VictimPolicy, need: Need, now_s: int, limit: int, need_limit: int) -> list[Candidate]:
         """Up to ``limit`` victims: expired candidates first, then — at most ``need_limit``
@@ -43,12 +49,12 @@ class CandidatePool:
         scratch = need.copy()
         for c in picked:
             scratch.take(c.size, c.storage_type)
-        chosen = {c.block_key for c in picked}
+        chosen = {(c.instance_id, c.block_key) for c in picked}
         by_need = 0
         for c in ordered:
             if len(picked) >= limit or by_need >= need_limit or not scratch.pending:
                 break
-            if c.block_key in chosen or not scratch.wants(c.storage_type):
+            if (c.instance_id, c.block_key) in chosen or not scratch.wants(c.storage_type):
                 continue
             picked.append(c)
             scratch.take(c.size, c.storage_type)

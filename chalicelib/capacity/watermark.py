@@ -189,22 +189,46 @@ def _share(amount: int, part: int, whole: int) -> int:
     return min(part, _ceil_div(amount * part, whole)) if whole > 0 and amount > 0 else 0
 
 
-def split(plan: Plan, usages: Mapping[str, Usage]) -> dict[str, Need]:
+def _even(amount: int, part: int, holders: int) -> int:
+    """An equal share of ``amount`` among ``holders``, rounded up, at most ``part``."""
+    return min(part, _ceil_div(amount, holders)) if holders > 0 and amount > 0 and part > 0 else 0
+
+
+def split(plan: Plan, usages: Mapping[str, Usage], even: bool = False) -> dict[str, Need]:
     """The plan spread over the instances: the group's bytes first from the instances
     over their own share (in proportion to how far over), the rest in proportion to
-    usage, as bytes of each type are; block counts and own-quota bytes are per instance
-    already (an instance frees the larger of its share and its own excess)."""
+    usage (``even``: in equal shares among the instances holding any, the
+    FIXED_PER_INSTANCE budget), as bytes of each type are; block counts and own-quota
+    bytes are per instance already (an instance frees the larger of its share and its
+    own excess)."""
     total = sum(u.bytes for u in usages.values())
     type_totals = {t: sum(u.by_type.get(t, 0) for u in usages.values()) for t in plan.by_type}
+    holders = sum(1 for u in usages.values() if u.bytes > 0)
+    type_holders = {t: sum(1 for u in usages.values() if u.by_type.get(t, 0) > 0) for t in plan.by_type}
     over_total = sum(plan.over_share.values())
     first = min(plan.bytes, over_total)
     needs = {}
     for instance_id, usage in usages.items():
-        by_type = {t: _share(n, usage.by_type.get(t, 0), type_totals[t]) for t, n in plan.by_type.items()}
-        group_bytes = (_share(first, plan.over_share.get(instance_id, 0), over_total)
-                       + _share(plan.bytes - first, usage.bytes, total))
+        if even:
+            by_type = {t: _even(n, usage.by_type.get(t, 0), type_holders[t]) for t, n in plan.by_type.items()}
+            rest = _even(plan.bytes - first, usage.bytes, holders)
+        else:
+            by_type = {t: _share(n, usage.by_type.get(t, 0), type_totals[t]) for t, n in plan.by_type.items()}
+            rest = _share(plan.bytes - first, usage.bytes, total)
+        group_bytes = _share(first, plan.over_share.get(instance_id, 0), over_total) + rest
         need = Need(max(group_bytes, plan.instance_bytes.get(instance_id, 0)),
                     {t: n for t, n in by_type.items() if n > 0}, plan.keys.get(instance_id, 0))
+        if need.pending:
+            needs[instance_id] = need
+    return needs
+
+
+def own_needs(plan: Plan) -> dict[str, Need]:
+    """The per-instance part of the plan alone (block counts, own-quota bytes): what
+    Group-LRU frees in each instance before the group's part."""
+    needs = {}
+    for instance_id in set(plan.keys) | set(plan.instance_bytes):
+        need = Need(plan.instance_bytes.get(instance_id, 0), {}, plan.keys.get(instance_id, 0))
         if need.pending:
             needs[instance_id] = need
     return needs

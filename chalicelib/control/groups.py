@@ -10,6 +10,8 @@ updated. What a 0 means where it is kept:
   can trigger a byte-based reclaim.
 - ``cache_config.reclaim_strategy``:
   ``reclaim_policy`` unspecified → ``POLICY_LRU``;
+  ``instance_reclaim_budget_policy`` absent → ``GROUP_LRU`` with LRU, ``USAGE_PROPORTIONAL``
+  with LFU or TTL (GROUP_LRU given with those is refused);
   ``trigger_strategy.used_percentage`` 0 → ``0.9`` (a fraction of capacity; any positive
   value: above 1 it never triggers, which upstream's own reclaim cases use, with 3.2, to
   switch percentage-triggered reclaim off);
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import math
 
-from ..protocol.codes import ReclaimPolicy, StorageType
+from ..protocol.codes import InstanceReclaimBudgetPolicy, ReclaimPolicy, StorageType
 from ..protocol.models import (DEFAULT_RECLAIM_POLICY, DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_TRIGGER_PERIOD_S,
                                DEFAULT_TUNING_MAX_SHIFT, DEFAULT_TUNING_WINDOW_S, DEFAULT_USED_PERCENTAGE,
                                CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
@@ -134,8 +136,14 @@ def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -
     if strategy.storage_unique_name and strategy.storage_unique_name not in candidates:
         raise invalid(f"{path}.storage_unique_name",
                       f"names {strategy.storage_unique_name!r}, which is not one of the storage_candidates")
+    if (strategy.instance_reclaim_budget_policy == InstanceReclaimBudgetPolicy.GROUP_LRU
+            and strategy.reclaim_policy not in (ReclaimPolicy.POLICY_UNSPECIFIED, ReclaimPolicy.POLICY_LRU)):
+        raise invalid(f"{path}.instance_reclaim_budget_policy",
+                      f"GROUP_LRU orders victims by last access: it goes with POLICY_LRU or POLICY_UNSPECIFIED, "
+                      f"not {strategy.reclaim_policy.name}")
     if strategy.reclaim_policy == ReclaimPolicy.POLICY_UNSPECIFIED:
         strategy.reclaim_policy = DEFAULT_RECLAIM_POLICY
+    strategy.instance_reclaim_budget_policy = strategy.budget_policy()
     trigger = strategy.trigger_strategy or TriggerStrategy()
     require_non_negative(trigger.used_size, f"{path}.trigger_strategy.used_size")
     if trigger.used_percentage == 0:

@@ -88,6 +88,14 @@ class ReclaimPolicy(IntEnum):
     POLICY_TTL = 3
 
 
+class InstanceReclaimBudgetPolicy(IntEnum):
+    """How a reclaim round spreads a group's need over its instances (UPSTREAM_V2 §2.13)."""
+
+    USAGE_PROPORTIONAL = 0
+    FIXED_PER_INSTANCE = 1
+    GROUP_LRU = 2
+
+
 class CachePreferStrategy(IntEnum):
     CPS_UNSPECIFIED = 0
     CPS_ALWAYS_3FS = 1

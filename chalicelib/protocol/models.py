@@ -18,6 +18,7 @@ from .codes import (
     ErrorCode,
     FaultTriggerStrategy,
     FaultType,
+    InstanceReclaimBudgetPolicy,
     LocationSelectStrategy,
     QueryType,
     ReclaimPolicy,
@@ -40,6 +41,7 @@ FaultTriggerStrategyField = Annotated[FaultTriggerStrategy, WireEnum(FaultTrigge
 CacheLocationStatusField = Annotated[CacheLocationStatus, WireEnum(CacheLocationStatus)]
 ReportEventTypeField = Annotated[ReportEventType, WireEnum(ReportEventType)]
 LocationSelectStrategyField = Annotated[LocationSelectStrategy, WireEnum(LocationSelectStrategy)]
+InstanceReclaimBudgetPolicyField = Annotated[InstanceReclaimBudgetPolicy, WireEnum(InstanceReclaimBudgetPolicy)]
 
 
 def _one_of(model: WireModel, names: tuple[str, ...], what: str) -> None:
@@ -300,6 +302,19 @@ class CacheReclaimStrategy(WireModel):
     reclaim_step_percentage: Int32 = 0
     delay_before_delete_ms: Int32 = 0
     ttl_seconds: Int64 = 0
+    #: Upstream field 8, a one-field oneof: absent (None) is not USAGE_PROPORTIONAL (0) but
+    #: the default, GROUP_LRU for an LRU group (``control.groups`` fills it in).
+    instance_reclaim_budget_policy: Optional[InstanceReclaimBudgetPolicyField] = None
+
+    def budget_policy(self) -> InstanceReclaimBudgetPolicy:
+        """The budget policy in force: the field, or when absent (a group stored before it
+        existed) GROUP_LRU for an LRU group and USAGE_PROPORTIONAL for LFU and TTL, which
+        GROUP_LRU cannot order by."""
+        if self.instance_reclaim_budget_policy is not None:
+            return self.instance_reclaim_budget_policy
+        if self.reclaim_policy in (ReclaimPolicy.POLICY_UNSPECIFIED, ReclaimPolicy.POLICY_LRU):
+            return InstanceReclaimBudgetPolicy.GROUP_LRU
+        return InstanceReclaimBudgetPolicy.USAGE_PROPORTIONAL
 
 
 class MetaStorageBackendConfig(WireModel):

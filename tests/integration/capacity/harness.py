@@ -32,8 +32,10 @@ STORAGES = {"nfs_01": "ST_NFS", "s3_01": "ST_S3"}
 
 def make_group(capacity_blocks: int = 0, used_percentage: float = 0.9, policy: str = "POLICY_LRU",
                step_percentage: int = 10, ttl_seconds: int = 0, max_keys: int = 0, delay_ms: int = 0,
-               type_quota: Optional[dict[str, int]] = None, period_s: int = 10, step_blocks: int = 0) -> InstanceGroup:
-    """A stored-looking (normalized) group of 1 KiB blocks."""
+               type_quota: Optional[dict[str, int]] = None, period_s: int = 10, step_blocks: int = 0,
+               budget: Optional[str] = None) -> InstanceGroup:
+    """A stored-looking (normalized) group of 1 KiB blocks; ``budget`` is its
+    ``instance_reclaim_budget_policy`` (None: absent, the default)."""
     return normalize_group(InstanceGroup.model_validate({
         "name": "g", "storage_candidates": list(STORAGES),
         "quota": {"capacity": capacity_blocks * BLOCK,
@@ -42,7 +44,8 @@ def make_group(capacity_blocks: int = 0, used_percentage: float = 0.9, policy: s
             "reclaim_policy": policy, "trigger_strategy": {"used_percentage": used_percentage},
             "reclaim_step_percentage": step_percentage, "reclaim_step_size": step_blocks * BLOCK,
             "ttl_seconds": ttl_seconds,
-            "delay_before_delete_ms": delay_ms, "trigger_period_seconds": period_s},
+            "delay_before_delete_ms": delay_ms, "trigger_period_seconds": period_s,
+            "instance_reclaim_budget_policy": budget},
             "meta_indexer_config": {"max_key_count": max_keys}}}))
 
 

@@ -26,7 +26,7 @@ def test_a_later_sighting_replaces_an_earlier_one():
     pool.add([cand(1, NOW - 100, children=1)])  # it got a child meanwhile
     assert len(pool) == 0
     pool.add([cand(1, NOW - 5)])
-    pool.discard([1])
+    pool.discard([cand(1, NOW - 5)])
     assert len(pool) == 0
 
 

@@ -1,7 +1,7 @@
 """Watermark math: triggers, steps, per-type quotas, key counts, pressure, the split."""
 import pytest
 
-from chalicelib.capacity.watermark import Limits, Need, Plan, assess, split
+from chalicelib.capacity.watermark import Limits, Need, Plan, assess, own_needs, split
 from chalicelib.control.groups import normalize_group
 from chalicelib.index import Usage
 from chalicelib.protocol.models import InstanceGroup
@@ -100,6 +100,19 @@ def test_split_is_proportional_to_usage_and_covers_the_plan():
     needs = split(plan, usages)
     assert needs == {"a": Need(67, {"ST_NFS": 10}, 0), "b": Need(34, {"ST_NFS": 20}, 2)}
     assert sum(n.bytes for n in needs.values()) >= plan.bytes
+
+
+def test_an_even_split_gives_every_holder_the_same_share():
+    plan = Plan(90, {"ST_NFS": 30}, {"b": 2})
+    usages = {"a": usage(600, ST_NFS=10), "b": usage(300, ST_NFS=20), "c": usage(20), "d": usage(0)}
+    needs = split(plan, usages, even=True)
+    # 90 bytes over the 3 instances holding any (c holds only 20); 30 of ST_NFS over its 2 holders
+    assert needs == {"a": Need(30, {"ST_NFS": 10}, 0), "b": Need(30, {"ST_NFS": 15}, 2), "c": Need(20, {}, 0)}
+
+
+def test_own_needs_are_the_per_instance_part_alone():
+    plan = Plan(500, {"ST_NFS": 30}, keys={"a": 3}, instance_bytes={"b": 40}, over_share={"b": 40})
+    assert own_needs(plan) == {"a": Need(0, {}, 3), "b": Need(40, {}, 0)}
 
 
 def test_split_never_asks_more_than_an_instance_holds():
