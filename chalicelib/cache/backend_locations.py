@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Optional
 
 from ..protocol.codes import LocationSelectStrategy, QueryType, StorageType
 from ..protocol.errors import InvalidArgumentError
@@ -49,7 +48,7 @@ def _check_selectors(req: GetCacheLocationsByBackendRequest) -> None:
                                    f"LSS_V6D_PREFIX/LSS_V6D_COVERAGE for ST_EVENT_REPORT_L2)")
 
 
-def _location(type_name: str, specs: list[tuple[str, str]], name: Optional[str]) -> Optional[CacheLocation]:
+def _location(type_name: str, specs: list[tuple[str, str]], name: str | None) -> CacheLocation | None:
     """A wire location of ``specs`` projected to ``name`` (None: nothing left)."""
     if name is not None:
         specs = [(n, u) for n, u in specs if n == name]
@@ -106,7 +105,7 @@ class BackendLocations:
         record = self.config.instance(req.instance_id)
         keys = request_keys(req.block_keys, req.token_ids, record.block_size, self.max_keys_per_request)
         masked = masked_flags(req.block_mask, len(keys), "block_mask")
-        names: list[Optional[str]] = [None] * len(keys)
+        names: list[str | None] = [None] * len(keys)
         if req.location_spec_names:
             if len(req.location_spec_names) != len(keys) or not all(req.location_spec_names):
                 raise InvalidArgumentError("field 'location_spec_names' must be empty or contain one non-empty name "
@@ -115,12 +114,12 @@ class BackendLocations:
         wanted = [i for i, m in enumerate(masked) if not m]
         vectors: list[list[CacheLocation]] = [[] for _ in keys]
         stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
-        stored: dict[int, dict] = {}
+        stored: dict[int, CacheLocation] = {}
         if stored_types and wanted:
             found = self.cache.get_cache_location(GetCacheLocationRequest(
                 trace_id=req.trace_id, instance_id=req.instance_id, block_keys=[keys[i] for i in wanted],
                 query_type=QueryType.QT_BATCH_GET), with_reported=False)
-            stored = dict(zip(wanted, found.locations))
+            stored = dict(zip(wanted, found.locations, strict=True))
         reported: list[list[Reported]] = []
         if any(s.backend_type in EVENT_REPORT_TYPES for s in req.backend_selectors) and wanted:
             reported = self.reports.visible_locations(req.instance_id, [keys[i] for i in wanted],
@@ -130,7 +129,8 @@ class BackendLocations:
             if selector.backend_type not in EVENT_REPORT_TYPES:
                 for i, location in stored.items():
                     if location["type"] == type_name:
-                        picked = _location(type_name, [(s["name"], s["uri"]) for s in location["location_specs"]], names[i])
+                        specs = [(s["name"], s["uri"]) for s in location["location_specs"]]
+                        picked = _location(type_name, specs, names[i])
                         if picked is not None:
                             vectors[i].append(picked)
                 continue
@@ -138,20 +138,23 @@ class BackendLocations:
             # Each key's candidates: this type's locations holding the key's requested spec.
             candidates = [[loc for loc in per_key if loc[0].partition("#")[0] == kind
                            and _location(type_name, loc[3], names[i]) is not None]
-                          for i, per_key in zip(wanted, reported)]
+                          for i, per_key in zip(wanted, reported, strict=True)]
             if selector.strategy == LocationSelectStrategy.LSS_WEIGHTED_RANDOM:
-                for i, locs in zip(wanted, candidates):
+                for i, locs in zip(wanted, candidates, strict=True):
                     if locs:
                         host = random.choice(locs)[0]
-                        picked = _location(type_name, merge_specs([l for l in locs if l[0] == host]), names[i])
-                        vectors[i].append(picked)
+                        picked = _location(type_name, merge_specs([loc for loc in locs if loc[0] == host]), names[i])
+                        if picked is not None:
+                            vectors[i].append(picked)
                 continue
-            by_peer = [{} for _ in candidates]
-            for peers, locs in zip(by_peer, candidates):
+            by_peer: list[dict[str, list[Reported]]] = [{} for _ in candidates]
+            for peers, locs in zip(by_peer, candidates, strict=True):
                 for loc in locs:
                     peers.setdefault(_peer(loc[3]), []).append(loc)
             peer, covered = _pick_peer(by_peer, selector.strategy)
             for j in covered:
                 i = wanted[j]
-                vectors[i].append(_location(type_name, merge_specs(by_peer[j][peer]), names[i]))
+                picked = _location(type_name, merge_specs(by_peer[j][peer]), names[i])
+                if picked is not None:
+                    vectors[i].append(picked)
         return GetCacheLocationsByBackendResponse(key_locations=[CacheLocationVector(locations=v) for v in vectors])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..index import InstanceLayout
 from ..protocol.codes import CachePreferStrategy, StorageType
@@ -27,7 +27,7 @@ def bucket_bits_for(max_blocks: int) -> int:
     return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, math.ceil(math.log2(buckets))))
 
 
-def expected_max_blocks(group: Optional[InstanceGroup], block_bytes: int) -> int:
+def expected_max_blocks(group: InstanceGroup | None, block_bytes: int) -> int:
     """How many blocks one instance of ``group`` may hold, from its quota and key cap."""
     limits = []
     if group is not None and group.quota is not None and group.quota.capacity > 0 and block_bytes > 0:
@@ -139,7 +139,7 @@ class InstanceContext:
         """Names of the storages whose blocks may be served now."""
         return tuple(s.name for s in self.storages if s.available)
 
-    def backend(self, name: str) -> Optional[StorageBackend]:
+    def backend(self, name: str) -> StorageBackend | None:
         state = self.by_name.get(name)
         return state.backend if state is not None else self.backends.get(name)
 

@@ -6,19 +6,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
+from collections.abc import Iterator
 
 from ..clock import Clock
 from ..index import BlockIndex
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
+from ..storage.registry import StorageRegistry
 from .context import InstanceContext, SpecLayout, StorageState, bucket_bits_for, expected_max_blocks
 
 
-class _KnownBackends(Mapping):
+class _KnownBackends(Mapping[str, StorageBackend]):
     """Every storage in the control plane, resolved to its backend on first use."""
 
-    def __init__(self, config: Any, registry: Any) -> None:
+    def __init__(self, config: Any, registry: StorageRegistry) -> None:
         self._config = config
         self._registry = registry
 
@@ -48,7 +50,7 @@ class _Entry:
 class ContextProvider:
     """``provider(instance_id) -> InstanceContext``; raises InstanceNotFoundError."""
 
-    def __init__(self, config: Any, registry: Any, index: BlockIndex, health: Any, clock: Clock,
+    def __init__(self, config: Any, registry: StorageRegistry, index: BlockIndex, health: Any, clock: Clock,
                  refresh_s: float = 2.0) -> None:
         self._config = config
         self._health = health
@@ -89,7 +91,8 @@ class ContextProvider:
             block_size=record.block_size,
             spec_layout=SpecLayout(tuple(record.location_spec_infos), tuple(record.location_spec_groups)),
             layout=layout,
-            storages=tuple(StorageState(self._registry.backend(cfg), available and cfg.global_unique_name not in unhealthy)
+            storages=tuple(StorageState(self._registry.backend(cfg),
+                                        available and cfg.global_unique_name not in unhealthy)
                            for cfg, available in candidates),
             backends=self._backends,
         )
@@ -98,7 +101,7 @@ class ContextProvider:
                 self._entries[instance_id] = _Entry(record, group, candidates, now + self._refresh_s, context)
         return context
 
-    def bucket_bits(self, record: Any, group: Optional[InstanceGroup], registering: bool = False) -> int:
+    def bucket_bits(self, record: Any, group: InstanceGroup | None, registering: bool = False) -> int:
         """The instance's bucket bits: fixed at its first use, kept in Valkey, where the
         key space is bound to the record's incarnation (``BlockIndex.claim``; a
         registration takes it over from an earlier one)."""
@@ -118,5 +121,5 @@ class ContextProvider:
                 del self._bits[key]
 
 
-def _same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(x[0] is y[0] and x[1] == y[1] for x, y in zip(a, b))
+def _same(a: list[tuple[StorageConfig, bool]], b: list[tuple[StorageConfig, bool]]) -> bool:
+    return len(a) == len(b) and all(x[0] is y[0] and x[1] == y[1] for x, y in zip(a, b, strict=True))

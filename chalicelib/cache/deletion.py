@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 from ..index import BlockIndex, Status, Victim
 from ..index.block_index import MODE_RAW
@@ -44,7 +45,7 @@ class DeletionService:
     def delete(self, ctx: InstanceContext, victims: Sequence[Victim]) -> DeletionReport:
         layout = ctx.layout
         raws = self.index.read_raw(layout, [v.block_key for v in victims], MODE_RAW)
-        claimed = [v for v, raw in zip(victims, raws)
+        claimed = [v for v, raw in zip(victims, raws, strict=True)
                    if raw is not None and location_status(raw, v.location_id) == Status.DELETING]
         names = self.index.storage_names(layout) if claimed else {}
         per_storage: dict[str, list[Victim]] = defaultdict(list)

@@ -2,7 +2,7 @@
 rolling hash, see API.md "Block keys")."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..protocol.errors import InvalidArgumentError
 

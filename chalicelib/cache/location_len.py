@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from ..protocol.codes import QueryType
 from ..protocol.errors import InvalidArgumentError
-from ..protocol.models import GetCacheLocationLenRequest, GetCacheLocationLenResponse, GetCacheLocationRequest
+from ..protocol.models import (
+    CacheLocation,
+    GetCacheLocationLenRequest,
+    GetCacheLocationLenResponse,
+    GetCacheLocationRequest,
+)
 from .service import CacheService
 
 _COUNTED = (QueryType.QT_BATCH_GET, QueryType.QT_PREFIX_MATCH, QueryType.QT_REVERSE_ROLL_SW_MATCH)
 
 
-def _has_uri(location: dict) -> bool:
+def _has_uri(location: CacheLocation) -> bool:
     return any(spec["uri"] for spec in location["location_specs"])
 
 

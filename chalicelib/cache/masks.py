@@ -1,13 +1,13 @@
 """Block masks: which request keys the engine already holds (offset or bool list)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import BlockMask, BoolMasks
 
 
-def masked_flags(mask: Optional[BlockMask], count: int, field: str) -> list[bool]:
+def masked_flags(mask: BlockMask | None, count: int, field: str) -> list[bool]:
     """One flag per key, True = masked. Offsets beyond ``count`` and bool lists of
     another length are errors naming ``field``."""
     if mask is None:

@@ -29,7 +29,8 @@ Modes:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex
@@ -67,11 +68,11 @@ class PurgeJob:
     blocks: int = 0
     done: bool = False
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "pending": list(self.pending)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "PurgeJob":
+    def from_json(cls, data: dict[str, Any]) -> PurgeJob:
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         fields["pending"] = tuple(fields.get("pending", ()))
         return cls(**fields)
@@ -94,7 +95,7 @@ class PurgeService:
     there is none, purges run inline to their end)."""
 
     def __init__(self, index: BlockIndex, control: Any, contexts: Any, deletion: DeletionService, deleter: Deleter,
-                 clock: Clock, start_execution: Optional[Callable[[dict], Any]] = None) -> None:
+                 clock: Clock, start_execution: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.index = index
         self.control = control
         self.contexts = contexts
