@@ -147,6 +147,19 @@ class StorageBackend(ABC):
     def exists(self, block: BlockRef) -> bool:
         """Whether the data of ``block`` is present (every spec)."""
 
+    def might_exist(self, blocks: Sequence[BlockRef]) -> list[Optional[bool]]:
+        """Per block: False when the storage definitively reports its data missing, True
+        when it is present (or may be: an owner-evicted storage cannot tell), None when the
+        storage could not answer. Backends with a batch probe override this; the default
+        asks ``exists`` block by block."""
+        results: list[Optional[bool]] = []
+        for block in blocks:
+            try:
+                results.append(self.exists(block))
+            except StorageError:
+                results.append(None)
+        return results
+
     @abstractmethod
     def probe(self) -> None:
         """Check the storage can be used now; raise ``StorageUnavailableError`` if not."""

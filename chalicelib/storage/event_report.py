@@ -7,7 +7,7 @@ names them in ``event_report_storage_candidates``, not in ``storage_candidates``
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..protocol.errors import UnsupportedError
 from ..protocol.models import StorageConfig
@@ -39,6 +39,10 @@ class EventReportBackend(StorageBackend):
 
     def exists(self, block: BlockRef) -> bool:
         return False
+
+    def might_exist(self, blocks: Sequence[BlockRef]) -> list[Optional[bool]]:
+        """Unknown: the data lives in the engines, which report it themselves."""
+        return [None] * len(blocks)
 
     def probe(self) -> None:
         """Nothing to reach: the data lives in the engines."""

@@ -33,7 +33,7 @@ import os
 import posixpath
 import stat
 import uuid
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 from ..observability.logging import logger
 from ..protocol.codes import StorageType
@@ -176,6 +176,13 @@ class _FileStorage(StorageBackend):
             if not stat.S_ISREG(status.st_mode) or status.st_size < (block.slot + 1) * spec.size:
                 return False
         return True
+
+    def might_exist(self, blocks: Sequence[BlockRef]) -> list[Optional[bool]]:
+        """``exists`` per block, but unknown for all when the data root itself is not
+        there: a storage that is not mounted has not lost its data."""
+        if not os.path.isdir(self.data_root):
+            return [None] * len(blocks)
+        return super().might_exist(blocks)
 
     def probe(self) -> None:
         """Create, write, fsync and remove a uniquely named file in the data root."""
