@@ -175,7 +175,7 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- instance groups
 
-    def create_group(self, group: InstanceGroup) -> InstanceGroup:
+    def create_group(self, group: InstanceGroup | None) -> InstanceGroup:
         """Create a group (defaults filled in; version 1 unless the request sets one).
         An existing name → DuplicateEntityError."""
         g = normalize_group(group)
@@ -190,7 +190,7 @@ class ControlPlane:
             raise DuplicateEntityError(f"instance group '{g.name}' already exists") from None
         return g
 
-    def update_group(self, group: InstanceGroup, current_version: int) -> InstanceGroup:
+    def update_group(self, group: InstanceGroup | None, current_version: int) -> InstanceGroup:
         """Replace a group if ``current_version`` is the stored version; the new version is
         ``group.version``, or stored + 1 when that is 0, and must be greater than the stored
         one. Of concurrent updates from the same version exactly one succeeds; the others

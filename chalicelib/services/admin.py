@@ -5,7 +5,8 @@ getCacheMeta and removeCache are served by MetaService only.
 Each class below holds the collaborators of one family of methods."""
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 from ..cache.purge import PurgeService
 from ..capacity.usage import UsageReports
@@ -48,7 +49,7 @@ class StorageAdmin:
         self.control = control
         self.storages = storages
 
-    def _checked(self, config: Optional[StorageConfig]) -> StorageConfig:
+    def _checked(self, config: StorageConfig | None) -> StorageConfig:
         """Generic checks first (their messages name ``storage.*``), then the backend's own."""
         config = validate_storage_config(config)
         self.storages.validate(config)

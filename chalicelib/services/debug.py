@@ -1,7 +1,7 @@
 """DebugService: fault injection, when the stage turns the debug service on."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..protocol import models as m
 from ..protocol.errors import InvalidArgumentError, UnsupportedError

@@ -57,8 +57,8 @@ class MetaService:
         record = self.control.register_instance(req)
         group = self.config.group(record.group)
         self.contexts.bucket_bits(record, group, registering=True)
-        return RegisterInstanceResponse(storage_configs=storage_configs_json(self.config.storages_for_group(record.group)),
-                                        extra_info=group.extra_info)
+        storage_configs = storage_configs_json(self.config.storages_for_group(record.group))
+        return RegisterInstanceResponse(storage_configs=storage_configs, extra_info=group.extra_info)
 
     def get_instance_info(self, req: GetInstanceInfoRequest) -> GetInstanceInfoResponse:
         if not req.instance_id:

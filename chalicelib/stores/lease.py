@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..clock import Clock, now_ms, now_us
 from ..protocol.errors import InvalidArgumentError
@@ -57,7 +57,7 @@ return {0, delay}
 class LeaseStatus:
     """Who holds the lease and until when (µs since the epoch, 0 when nobody)."""
 
-    holder: Optional[str]
+    holder: str | None
     expires_at_us: int
 
 
@@ -125,7 +125,7 @@ class Lease:
             return LeaseStatus(None, 0)
         return LeaseStatus(raw.decode() if isinstance(raw, bytes) else raw, now_us(self._clock) + pttl * 1000)
 
-    def holder(self) -> Optional[str]:
+    def holder(self) -> str | None:
         """The node id holding the lease, or None."""
         return self.status().holder
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import redis
+from redis.typing import EncodableT
 
 from ..observability.metrics import MetricKey, MetricsDelta
 from .valkey import lua_source, valkey_errors
@@ -37,7 +39,7 @@ class MetricsStore:
 
     def add(self, delta: MetricsDelta) -> None:
         """Add ``delta`` (counters, sums and counts added, gauges set) in one atomic step."""
-        args: list = []
+        args: list[EncodableT] = []
         for kind, op, values in (("c", "i", delta.counters), ("s", "f", delta.sums), ("n", "i", delta.counts),
                                  ("g", "s", delta.gauges)):
             for key, value in values.items():
@@ -49,9 +51,10 @@ class MetricsStore:
     def totals(self) -> MetricsDelta:
         """Every metric of the service as totals: counters, sums and counts, gauges."""
         with valkey_errors("metrics store"):
-            raw = self.client.hgetall(self.key)
+            raw = cast(dict[bytes, bytes], self.client.hgetall(self.key))
         totals = MetricsDelta()
-        parts = {"c": totals.counters, "s": totals.sums, "n": totals.counts, "g": totals.gauges}
+        parts: dict[str, dict[MetricKey, Any]] = {"c": totals.counters, "s": totals.sums, "n": totals.counts,
+                                                  "g": totals.gauges}
         for field, value in raw.items():
             text = field.decode()
             target = parts[text[0]]

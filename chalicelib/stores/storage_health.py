@@ -3,22 +3,23 @@ container (and the next scheduled run) shares the hysteresis state."""
 from __future__ import annotations
 
 import json
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import cast
 
 from ..storage.health import StorageHealth
-from .valkey import valkey_errors
+from .valkey import Valkey, valkey_errors
 
 
 class StorageHealthStore:
     """``{storage name: StorageHealth}`` in one Valkey hash."""
 
-    def __init__(self, client, prefix: str) -> None:
+    def __init__(self, client: Valkey, prefix: str) -> None:
         self.client = client
         self.key = f"{prefix}:storage-health"
 
     def load(self) -> dict[str, StorageHealth]:
         with valkey_errors("storage health store"):
-            raw_states = self.client.hgetall(self.key)
+            raw_states = cast(dict[bytes, bytes], self.client.hgetall(self.key))
         return {name.decode(): StorageHealth(**json.loads(raw)) for name, raw in raw_states.items()}
 
     def save(self, states: Mapping[str, StorageHealth]) -> None:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -17,7 +17,7 @@ from redis.retry import Retry
 from ..protocol.errors import ServiceNotReadyError
 
 #: What the stores are given: a plain or a cluster-mode client.
-Valkey = Union[redis.Redis, RedisCluster]
+Valkey = redis.Redis | RedisCluster
 
 
 class ValkeyUnavailableError(ServiceNotReadyError):
@@ -53,7 +53,7 @@ def valkey_errors(what: str) -> Iterator[None]:
 
 
 def connect(url: str, *, cluster: bool, connect_timeout_s: float, socket_timeout_s: float,
-            username: Optional[str] = None, password: Optional[str] = None) -> Valkey:
+            username: str | None = None, password: str | None = None) -> Valkey:
     """A client sized for the request path: a hung Valkey fails the call within about a
     second (SERVICE_NOT_READY). redis-py's default retries timeouts 10 times with backoff
     (10-20 s); here a dropped connection is retried once, at once, and a timeout not at all.
@@ -73,7 +73,7 @@ def connect(url: str, *, cluster: bool, connect_timeout_s: float, socket_timeout
     return client
 
 
-def lua_source(directory: Path, name: str, prelude: Optional[str] = None) -> str:
+def lua_source(directory: Path, name: str, prelude: str | None = None) -> str:
     """The text of ``directory/<name>.lua``, after ``directory/<prelude>.lua`` when given
     (Valkey scripts cannot include one another)."""
     body = (directory / f"{name}.lua").read_text()
