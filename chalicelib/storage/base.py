@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.errors import StorageIOError
 from ..protocol.models import StorageConfig
+from .checks import spec_of
 
 
 class StorageError(StorageIOError):
@@ -88,6 +90,8 @@ class StorageBackend(ABC):
     #: ``storage_configs`` entry and the scheme of its URIs (``file``, ``hf3fs``,
     #: ``vcns_hf3fs``, ``mooncake``, ``pace``; types KVCM adds use their own names).
     sdk_type: str = ""
+    #: The member of StorageConfig's storage-spec oneof this backend serves (``nfs``, ``s3``...).
+    spec_field: ClassVar[str] = ""
     #: Fixed weight for choosing among replicas on read: lower is faster.
     read_weight: int = 5
     #: True when the storage evicts its own data and KVCM only drops metadata.
@@ -97,10 +101,15 @@ class StorageBackend(ABC):
         self.config = config
 
     @classmethod
-    def sdk_spec(cls, config: StorageConfig) -> dict:
+    def sdk_spec(cls, config: StorageConfig) -> dict[str, Any]:
         """The ``storage_spec`` of ``config``'s ``storage_configs`` entry: the fields
         upstream's engine SDK reads for this type, under its names (here: the spec as is)."""
-        return config.spec.model_dump()
+        return spec_of(config, cls.spec_field).model_dump()
+
+    @classmethod
+    def check_config(cls, config: StorageConfig) -> None:
+        """Raise InvalidArgumentError naming the first invalid field of ``config``'s spec
+        (every backend of the registry checks its own; the base has nothing to check)."""
 
     @property
     def name(self) -> str:
@@ -113,7 +122,7 @@ class StorageBackend(ABC):
         0 for backends addressed per block (``delete`` runs before the metadata goes)."""
         return 0
 
-    def reserve(self, instance_id: str, count: int, block_bytes: int) -> Optional[list[int]]:
+    def reserve(self, instance_id: str, count: int, block_bytes: int) -> list[int] | None:
         """Explicit group ids for ``count`` new blocks, or None when the index assigns them."""
         return None
 
@@ -147,12 +156,12 @@ class StorageBackend(ABC):
     def exists(self, block: BlockRef) -> bool:
         """Whether the data of ``block`` is present (every spec)."""
 
-    def might_exist(self, blocks: Sequence[BlockRef]) -> list[Optional[bool]]:
+    def might_exist(self, blocks: Sequence[BlockRef]) -> list[bool | None]:
         """Per block: False when the storage definitively reports its data missing, True
         when it is present (or may be: an owner-evicted storage cannot tell), None when the
         storage could not answer. Backends with a batch probe override this; the default
         asks ``exists`` block by block."""
-        results: list[Optional[bool]] = []
+        results: list[bool | None] = []
         for block in blocks:
             try:
                 results.append(self.exists(block))

@@ -1,6 +1,8 @@
 """Config checks shared by the backends: every failure names the offending field."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import StorageConfig
 
@@ -36,7 +38,7 @@ def require_non_negative(config: StorageConfig, field: str, value: int) -> None:
         raise config_error(config, field, f"must be >= 0, got {value}")
 
 
-def spec_of(config: StorageConfig, field: str):
+def spec_of(config: StorageConfig, field: str) -> Any:
     """The ``field`` member of the config's storage-spec oneof; it must be the one set."""
     spec = getattr(config, field)
     if spec is None:

@@ -7,12 +7,12 @@ names them in ``event_report_storage_candidates``, not in ``storage_candidates``
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ..protocol.errors import UnsupportedError
 from ..protocol.models import StorageConfig
 from .base import BlockRef, SpecSlot, StorageBackend, UriFormat
-from .checks import config_error
+from .checks import config_error, spec_of
 
 
 class EventReportBackend(StorageBackend):
@@ -26,7 +26,7 @@ class EventReportBackend(StorageBackend):
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:
         """Raise InvalidArgumentError naming the first negative ``event_report`` setting."""
-        spec = config.event_report
+        spec = spec_of(config, cls.spec_field)
         for name, value in spec.model_dump().items():
             if value < 0:
                 raise config_error(config, f"event_report.{name}", f"must be >= 0 (ms; 0 = default), got {value}")
@@ -40,7 +40,7 @@ class EventReportBackend(StorageBackend):
     def exists(self, block: BlockRef) -> bool:
         return False
 
-    def might_exist(self, blocks: Sequence[BlockRef]) -> list[Optional[bool]]:
+    def might_exist(self, blocks: Sequence[BlockRef]) -> list[bool | None]:
         """Unknown: the data lives in the engines, which report it themselves."""
         return [None] * len(blocks)
 

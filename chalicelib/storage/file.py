@@ -33,7 +33,7 @@ import os
 import posixpath
 import stat
 import uuid
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..observability.logging import logger
 from ..protocol.codes import StorageType
@@ -65,13 +65,15 @@ class _FileStorage(StorageBackend):
         # One leading slash: normpath keeps a leading "//", which would read as a URI authority.
         self._uri_root = posixpath.normpath("/" + self.data_root.strip("/"))
         self._pack = max(1, key_count_per_file)
+        # Per backend, so a backend replaced by a new config version is not kept alive by a cache.
+        self._uri_template = functools.lru_cache(maxsize=4096)(self._build_uri_template)
 
     @classmethod
     def sdk_spec(cls, config: StorageConfig) -> dict:
         """The spec as upstream writes it for its SDK: ``key_count_per_file`` as the URIs
         follow it (0 packs one block per file, upstream's default of 1), and without
         ``touch_file_when_create`` (only KVCM acts on it)."""
-        spec = getattr(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
+        spec = spec_of(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
         spec["key_count_per_file"] = max(1, spec["key_count_per_file"])
         return spec
 
@@ -86,8 +88,7 @@ class _FileStorage(StorageBackend):
         """Absolute path of the file holding ``spec_name`` of a placement group."""
         return os.path.join(self.data_root, self._relative(instance_id, spec_name, group_id))
 
-    @functools.lru_cache(maxsize=4096)
-    def _uri_template(self, instance_id: str, spec_name: str, size: int) -> str:
+    def _build_uri_template(self, instance_id: str, spec_name: str, size: int) -> str:
         directory = posixpath.join(self._uri_root, escape_component(instance_id), escape_component(spec_name))
         params = (("blkid", DECIMAL), ("size", size)) if self._pack > 1 else (("size", size),)
         # Group ids are non-negative (index-assigned location ids): no two's complement needed.
@@ -177,7 +178,7 @@ class _FileStorage(StorageBackend):
                 return False
         return True
 
-    def might_exist(self, blocks: Sequence[BlockRef]) -> list[Optional[bool]]:
+    def might_exist(self, blocks: Sequence[BlockRef]) -> list[bool | None]:
         """``exists`` per block, but unknown for all when the data root itself is not
         there: a storage that is not mounted has not lost its data."""
         if not os.path.isdir(self.data_root):
@@ -219,7 +220,7 @@ class FileBackend(_FileStorage):
 
     def __init__(self, config: StorageConfig) -> None:
         self.check_config(config)
-        spec = config.nfs
+        spec = spec_of(config, self.spec_field)
         super().__init__(config, spec.root_path, spec.key_count_per_file)
 
     @classmethod
@@ -246,7 +247,7 @@ class ThreeFSBackend(_FileStorage):
 
     def __init__(self, config: StorageConfig) -> None:
         self.check_config(config)
-        spec = getattr(config, self.spec_field)
+        spec = spec_of(config, self.spec_field)
         super().__init__(config, os.path.join(spec.mountpoint, spec.root_dir.strip("/")), spec.key_count_per_file)
         self.touch_file_when_create = spec.touch_file_when_create
 
@@ -292,18 +293,18 @@ class VcnsThreeFSBackend(ThreeFSBackend):
     def check_config(cls, config: StorageConfig) -> None:
         """The 3FS checks plus a valid ``remote_port``."""
         super().check_config(config)
-        port = config.vcnsthreefs.remote_port
+        port = spec_of(config, cls.spec_field).remote_port
         if not 0 <= port < 65536:
             raise config_error(config, "vcnsthreefs.remote_port", f"must be a TCP port, got {port}")
 
     @property
     def remote_host(self) -> str:
-        return self.config.vcnsthreefs.remote_host
+        return str(spec_of(self.config, self.spec_field).remote_host)
 
     @property
     def remote_port(self) -> int:
-        return self.config.vcnsthreefs.remote_port
+        return int(spec_of(self.config, self.spec_field).remote_port)
 
     @property
     def meta_storage_uri(self) -> str:
-        return self.config.vcnsthreefs.meta_storage_uri
+        return str(spec_of(self.config, self.spec_field).meta_storage_uri)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from ..clock import Clock, SystemClock
 from .base import StorageBackend
@@ -30,13 +29,13 @@ class ProbeResult:
 
 def probe_storage(backend: StorageBackend, timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> ProbeResult:
     """Probe ``backend`` within ``timeout_s``; any failure is reported, never raised."""
-    outcome: list[Optional[Exception]] = []
+    outcome: list[Exception | None] = []
 
     def run() -> None:
         try:
             backend.probe()
             outcome.append(None)
-        except Exception as exc:  # a probe may fail in any way; the caller wants a result
+        except Exception as exc:  # noqa: BLE001 - a probe may fail in any way; the caller wants a result
             outcome.append(exc)
 
     started = time.perf_counter()
@@ -83,7 +82,7 @@ class AvailabilityTracker:
     state resets the count. Thread-safe.
     """
 
-    def __init__(self, fail_threshold: int = 2, recover_threshold: int = 2, clock: Optional[Clock] = None) -> None:
+    def __init__(self, fail_threshold: int = 2, recover_threshold: int = 2, clock: Clock | None = None) -> None:
         if fail_threshold < 1 or recover_threshold < 1:
             raise ValueError("thresholds must be >= 1")
         self.fail_threshold = fail_threshold
@@ -122,7 +121,7 @@ class AvailabilityTracker:
         """Whether ``storage`` should be used now."""
         return self.status(storage).available
 
-    def observe(self, storage: str, result: ProbeResult) -> Optional[AvailabilityChange]:
+    def observe(self, storage: str, result: ProbeResult) -> AvailabilityChange | None:
         """Feed one probe result; returns the change when availability flips, else None."""
         with self._lock:
             state = self._get(storage)

@@ -45,9 +45,11 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import cast
+from collections.abc import Iterator, Sequence
 
 import redis
+from redis.typing import EncodableT
 
 from ..protocol.codes import StorageType
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
@@ -127,7 +129,7 @@ class TairMemPoolBackend(StorageBackend):
                  reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S) -> None:
         self.check_config(config)
         super().__init__(config)
-        spec = config.tair_mem_pool
+        spec = spec_of(config, self.spec_field)
         self.capacity = spec.capacity
         self.reservation_ttl_s = reservation_ttl_s
         self._endpoint = parse_host_port(spec.domain)
@@ -157,7 +159,7 @@ class TairMemPoolBackend(StorageBackend):
         """Upstream's pace spec: ``enable_vipserver``, ``domain`` and ``timeout`` (older
         SDKs require all three) plus ``service_discovery_url`` (newer SDKs); the pool's
         ``capacity`` is KVCM's allocator setting, not the engines' business."""
-        spec = config.tair_mem_pool
+        spec = spec_of(config, cls.spec_field)
         return {"enable_vipserver": spec.service_discovery_url.startswith("vipserver://"), "domain": spec.domain,
                 "timeout": spec.timeout, "service_discovery_url": spec.service_discovery_url}
 
@@ -194,7 +196,7 @@ class TairMemPoolBackend(StorageBackend):
         (its URI must not reach an engine)."""
         if not blocks:
             return
-        args: list[object] = []
+        args: list[EncodableT] = []
         for block in blocks:
             args += [block.group_id, unbound_tag(block.instance_id), owner_of(block)]
         with self._valkey_errors():
@@ -203,7 +205,7 @@ class TairMemPoolBackend(StorageBackend):
             raise StorageError(f"storage {self.name}: {len(blocks) - bound} reservation(s) were lost before "
                                f"the blocks were placed")
 
-    def _free(self, pairs: list[object]) -> None:
+    def _free(self, pairs: list[EncodableT]) -> None:
         if not pairs:
             return
         with self._valkey_errors():
@@ -221,7 +223,8 @@ class TairMemPoolBackend(StorageBackend):
     def exists(self, block: BlockRef) -> bool:
         """Whether the block's range is still allocated to it."""
         with self._valkey_errors():
-            hit = self._valkey.zrangebyscore(self._keys[2], block.group_id, block.group_id, start=0, num=1)
+            hit = cast(list[bytes], self._valkey.zrangebyscore(self._keys[2], block.group_id, block.group_id,
+                                                              start=0, num=1))
         return bool(hit) and _used_range(hit[0])[2] == owner_of(block)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:

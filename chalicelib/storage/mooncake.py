@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.models import MooncakeStorageSpec, StorageConfig
@@ -56,7 +57,7 @@ class MooncakeStore(Protocol):
 StoreFactory = Callable[[], MooncakeStore]
 
 
-def _store_class() -> Optional[type]:
+def _store_class() -> type | None:
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError:
@@ -80,7 +81,7 @@ def _open_store(store_class: type, spec: MooncakeStorageSpec) -> MooncakeStore:
     return store
 
 
-def store_factory_for(spec: MooncakeStorageSpec) -> Optional[StoreFactory]:
+def store_factory_for(spec: MooncakeStorageSpec) -> StoreFactory | None:
     """A factory of set-up Mooncake clients, or None when the package is not installed."""
     store_class = _store_class()
     if store_class is None:
@@ -96,13 +97,14 @@ class MooncakeBackend(StorageBackend):
     sdk_type = "mooncake"
     read_weight = 3
 
-    def __init__(self, config: StorageConfig, store_factory: Optional[StoreFactory] = None) -> None:
+    def __init__(self, config: StorageConfig, store_factory: StoreFactory | None = None) -> None:
         self.check_config(config)
         super().__init__(config)
-        self._endpoints = parse_endpoints(config.mooncake.master_service_entry)
-        self._store_factory = store_factory or store_factory_for(config.mooncake)
+        spec = spec_of(config, self.spec_field)
+        self._endpoints = parse_endpoints(spec.master_service_entry)
+        self._store_factory = store_factory or store_factory_for(spec)
         self.owner_evicted = self._store_factory is None
-        self._store: Optional[MooncakeStore] = None
+        self._store: MooncakeStore | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -118,7 +120,7 @@ class MooncakeBackend(StorageBackend):
     @classmethod
     def sdk_spec(cls, config: StorageConfig) -> dict:
         """The spec with upstream's ``master_server_entry`` for ``master_service_entry``."""
-        spec = config.mooncake.model_dump()
+        spec = spec_of(config, cls.spec_field).model_dump()
         spec["master_server_entry"] = spec.pop("master_service_entry")
         return spec
 
@@ -139,6 +141,8 @@ class MooncakeBackend(StorageBackend):
         if self._store is None:
             with self._lock:
                 if self._store is None:
+                    if self._store_factory is None:  # owner-evicted mode never gets here
+                        raise StorageError(f"storage {self.name}: the mooncake package is not installed")
                     self._store = self._store_factory()
         return self._store
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import string
-from typing import Sequence, Union
+from collections.abc import Sequence
 from urllib.parse import quote
 
 from ..protocol.errors import InvalidArgumentError
@@ -72,7 +72,7 @@ HEX64 = Placeholder("%016x")
 #: A non-negative integer in decimal.
 DECIMAL = Placeholder("%d")
 
-Part = Union[str, int, Placeholder]
+Part = str | int | Placeholder
 
 
 def block_key_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
@@ -80,15 +80,15 @@ def block_key_args(block_key: int, location_id: int, group_id: int, slot: int) -
     return (block_key & _UINT64,)
 
 
-def _template_text(parts: Union[Part, Sequence[Part]], safe: str) -> str:
+def _template_text(parts: Part | Sequence[Part], safe: str) -> str:
     if isinstance(parts, (str, int)):
         parts = (parts,)
     return "".join(p if isinstance(p, Placeholder) else quote(str(p), safe=safe).replace("%", "%%")
                    for p in parts)
 
 
-def uri_template(scheme: str, host: str, path: Union[Part, Sequence[Part]],
-                 params: Sequence[tuple[str, Union[Part, Sequence[Part]]]] = ()) -> str:
+def uri_template(scheme: str, host: str, path: Part | Sequence[Part],
+                 params: Sequence[tuple[str, Part | Sequence[Part]]] = ()) -> str:
     """``scheme://host/path?k=v&...`` as a %-template: path and values are percent-encoded
     (literal ``%`` doubled), ``Placeholder`` parts are kept as directives. A path or value
     is one part or a sequence of parts joined together."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import socket
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import StorageUnavailableError
 

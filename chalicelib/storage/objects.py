@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..observability.event_store import DIR_SCHEME, S3_SCHEME, ObjectStore
 

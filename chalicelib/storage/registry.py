@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import redis
 
@@ -39,10 +40,18 @@ BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
 _NAME = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 
-def sdk_entry(config: StorageConfig, available: bool) -> dict:
+def backend_class(config: StorageConfig) -> type[StorageBackend]:
+    """The backend class of the storage spec ``config`` sets; InvalidArgumentError when it sets none."""
+    field = config.spec_field
+    if field is None:
+        raise config_error(config, "storage spec", f"is missing: set one of {', '.join(STORAGE_SPEC_FIELDS)}")
+    return BACKEND_CLASSES[field]
+
+
+def sdk_entry(config: StorageConfig, available: bool) -> dict[str, Any]:
     """``config``'s entry in registerInstance's ``storage_configs``, as upstream's engine
     SDK parses it (API.md): its upstream type string and spec field names, in upstream's order."""
-    cls = BACKEND_CLASSES[config.spec_field]
+    cls = backend_class(config)
     return {"type": cls.sdk_type, "is_available": available, "global_unique_name": config.global_unique_name,
             "storage_spec": cls.sdk_spec(config)}
 
@@ -74,10 +83,7 @@ class StorageRegistry:
         if not _NAME.fullmatch(config.global_unique_name):
             raise config_error(config, "global_unique_name",
                                "must be 1-128 characters of A-Z a-z 0-9 . _ ~ -")
-        field = config.spec_field
-        if field is None:
-            raise config_error(config, "storage spec", f"is missing: set one of {', '.join(STORAGE_SPEC_FIELDS)}")
-        BACKEND_CLASSES[field].check_config(config)
+        backend_class(config).check_config(config)
 
     def backend(self, config: StorageConfig) -> StorageBackend:
         """The backend of ``config``, built (after validation) on first use of this version."""
@@ -93,7 +99,7 @@ class StorageRegistry:
             return backend
 
     def _build(self, config: StorageConfig) -> StorageBackend:
-        cls = BACKEND_CLASSES[config.spec_field]
+        cls = backend_class(config)
         if cls is TairMemPoolBackend:
             return TairMemPoolBackend(config, self._valkey_factory(), key_prefix=self._key_prefix)
         if cls is S3Backend:

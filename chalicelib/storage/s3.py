@@ -16,7 +16,8 @@ client serves buckets of every region: botocore follows S3's wrong-region redire
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -51,11 +52,12 @@ class S3Backend(StorageBackend):
     def __init__(self, config: StorageConfig, client_factory: S3ClientFactory) -> None:
         self.check_config(config)
         super().__init__(config)
-        self.bucket = config.s3.bucket
-        self.prefix = config.s3.prefix.strip("/")
-        self.region = config.s3.region
+        spec = spec_of(config, self.spec_field)
+        self.bucket = spec.bucket
+        self.prefix = spec.prefix.strip("/")
+        self.region = spec.region
         self._client_factory = client_factory
-        self._client: Optional[Any] = None
+        self._client: Any | None = None
         self._lock = threading.Lock()
 
     @classmethod
