@@ -93,6 +93,12 @@ def reclaim(event):
     return get_runtime().reclaim_job.run()
 
 
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="cache_gc")
+@job
+def cache_gc(event):
+    return get_runtime().cache_gc.run()
+
+
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="event_report_liveness")
 @job
 def event_report_liveness(event):

@@ -32,6 +32,7 @@ from .cache.event_reports import EventReports
 from .cache.purge import PurgeService
 from .cache.service import CacheService
 from .capacity.eviction import WritePathEviction
+from .capacity.gc import CacheGarbageCollector
 from .capacity.reclaimer import ControlDirectory, ReclaimJob, Reclaimer
 from .capacity.usage import UsageReports
 from .clock import Clock, SystemClock
@@ -49,6 +50,7 @@ from .settings import Settings
 from .storage import StorageRegistry
 from .storage.objects import open_store
 from .stores.faults import FaultRegistry
+from .stores.gc_state import GcStateStore
 from .stores.lease import Lease
 from .stores.metrics import MetricsStore
 from .stores.reporters import ReporterStore
@@ -353,6 +355,16 @@ class Runtime:
         reclaimer = Reclaimer(self.index, ControlDirectory(self.control, self.clock), self.contexts, self.deleter,
                               self.clock, events=self.events, metrics=self.metrics)
         return ReclaimJob(reclaimer, self.index, self.clock, self.lease)
+
+    @cached_property
+    def cache_gc(self) -> CacheGarbageCollector:
+        """The background GC: orphan WRITING locations and those whose data is gone."""
+        return CacheGarbageCollector(self.lease, self.control, self.index, self.contexts, self.deleter,
+                                     GcStateStore(self.valkey, self.settings.key_prefix), self.clock, self.metrics,
+                                     orphan_grace_s=self.settings.cache_gc_orphan_grace_s,
+                                     round_pause_s=self.settings.cache_gc_round_pause_s,
+                                     longest_session_s=self.settings.max_write_timeout_s,
+                                     enabled=self.settings.cache_gc)
 
     @cached_property
     def session_reaper(self) -> SessionReaper:

@@ -17,9 +17,10 @@ per-instance loop (``InstanceReclaim``) exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..index import BlockIndex, Victim
 from ..observability.logging import logger
@@ -55,7 +56,7 @@ class InstanceReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def add(self, other: "InstanceReport") -> "InstanceReport":
+    def add(self, other: InstanceReport) -> InstanceReport:
         """Both parts of a round in the same instance, summed."""
         return InstanceReport(self.instance_id, self.victims + other.victims, self.expired + other.expired,
                               self.bytes + other.bytes, self.buckets_read + other.buckets_read)
@@ -65,7 +66,7 @@ class InstanceReport:
 class Member:
     """One instance taking part in a pooled reclaim."""
 
-    ctx: "InstanceContext"
+    ctx: InstanceContext
     sampler: BucketSampler
     #: The instance's block count: how many buckets its first sample needs, and its
     #: weight in the pool's shares.
@@ -183,7 +184,8 @@ class PooledReclaim:
         # Only locations still SERVING under the same id are taken, of blocks that gained
         # no child: a block rewritten, removed or extended since it was read is left alone.
         victims = self.index.mark_deleting(
-            ctx.layout, list(by_key), ctx.spec_layout.sizes, expected_locations=[c.location_id for c in by_key.values()],
+            ctx.layout, list(by_key), ctx.spec_layout.sizes,
+            expected_locations=[c.location_id for c in by_key.values()],
             serving_only=True, max_children=[c.recorded_children for c in by_key.values()])
         taken = [(v, by_key[v.block_key]) for v in victims]
         if not taken:
@@ -205,14 +207,14 @@ class PooledReclaim:
         if not parents:
             return
         raws = member.sampler.reread(parents)
-        self._admit(member, [candidate for parent in parents if raws[parent] is not None
-                             and (candidate := member.sampler.candidate(parent, raws[parent])) is not None])
+        self._admit(member, [candidate for parent, raw in raws.items() if raw is not None
+                             and (candidate := member.sampler.candidate(parent, raw)) is not None])
 
 
 class InstanceReclaim:
     """Frees ``need`` (and expired blocks) in one instance, once."""
 
-    def __init__(self, index: BlockIndex, ctx: "InstanceContext", policy: VictimPolicy, need: Need,
+    def __init__(self, index: BlockIndex, ctx: InstanceContext, policy: VictimPolicy, need: Need,
                  sampler: BucketSampler, config: SamplingConfig, now_s: int, submit: Submit,
                  blocks_hint: int, protected: frozenset[int] = frozenset()) -> None:
         self.member = Member(ctx, sampler, blocks_hint, protected)

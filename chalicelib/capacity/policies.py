@@ -103,9 +103,10 @@ class TTLPolicy(VictimPolicy):
 
 def policy_for(strategy: Optional[CacheReclaimStrategy], lfu_decay_s: int) -> VictimPolicy:
     """The policy a group's reclaim strategy names (unspecified: LRU, the default)."""
-    policy = strategy.reclaim_policy if strategy is not None else ReclaimPolicy.POLICY_UNSPECIFIED
-    if policy == ReclaimPolicy.POLICY_LFU:
+    if strategy is None:
+        return LRUPolicy()
+    if strategy.reclaim_policy == ReclaimPolicy.POLICY_LFU:
         return LFUPolicy(lfu_decay_s)
-    if policy == ReclaimPolicy.POLICY_TTL:
+    if strategy.reclaim_policy == ReclaimPolicy.POLICY_TTL:
         return TTLPolicy(strategy.ttl_seconds)
     return LRUPolicy()

@@ -141,12 +141,12 @@ def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) 
                 keys[instance_id] = amount
     instance_bytes, over_share = {}, {}
     for instance_id, capacity in limits.instance_capacity.items():
-        usage = usages.get(instance_id)
-        if usage is None:
+        own = usages.get(instance_id)
+        if own is None:
             continue
         trigger = limits.trigger(capacity)
-        over_share[instance_id] = max(0, usage.bytes - trigger)
-        amount = _excess(usage.bytes, trigger, capacity, limits.step(capacity, True), pressure)
+        over_share[instance_id] = max(0, own.bytes - trigger)
+        amount = _excess(own.bytes, trigger, capacity, limits.step(capacity, True), pressure)
         if amount > 0:
             instance_bytes[instance_id] = amount
     return Plan(free_bytes, by_type, keys, instance_bytes, {i: o for i, o in over_share.items() if o > 0})

@@ -447,6 +447,21 @@ class BlockIndex:
             results = pipe.execute()
         return {i: [s.decode() for s in due] for i, due in zip(instance_ids, results, strict=True) if due}
 
+    def open_session_entries(self, layout: InstanceLayout) -> set[tuple[int, int]]:
+        """(block key, location id) of every entry of the instance's open write sessions,
+        in two round trips (the background GC: a WRITING location whose session is still
+        open is never an orphan)."""
+        with valkey_errors("index"):
+            session_ids = cast(list[bytes], self.client.zrange(layout.key("sd"), 0, -1))
+        pipe = self.client.pipeline(transaction=False)
+        for session_id in session_ids:
+            pipe.hget(layout.session(session_id.decode()), "k")
+        with valkey_errors("index"):
+            blobs = cast(list[bytes | None], pipe.execute())
+        return {(int.from_bytes(key, "big", signed=True), location_id) for raw in blobs if raw
+                for key, location_id in (SESSION_ENTRY.unpack_from(raw, o)
+                                         for o in range(0, len(raw), SESSION_ENTRY.size))}
+
     def lost_deletions_before_s(self, delay_ms: int) -> int:
         """Locations that turned DELETING at or before this time (s) count as lost
         deletions, for a group deleting ``delay_ms`` after the mark."""

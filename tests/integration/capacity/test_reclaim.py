@@ -1,6 +1,8 @@
 """The reclaimer on a real Valkey index: watermarks, policies, leaf order, expiry."""
 from __future__ import annotations
 
+import pytest
+
 from chalicelib.cache.deletion import DeletionService, InlineDeleter
 from chalicelib.index import Status
 
@@ -37,26 +39,18 @@ def test_usage_settles_under_a_lowered_watermark_one_step_per_round(cluster, ind
     assert index.take_reclaim_requests() == set()
 
 
-def test_usage_proportional_instances_free_in_proportion_to_their_usage(cluster):
-    cluster.group = make_group(capacity_blocks=80, used_percentage=0.5, step_percentage=25,
-                               budget="USAGE_PROPORTIONAL")
+@pytest.mark.parametrize("budget, victims", [
+    ("USAGE_PROPORTIONAL", {"big": 15, "small": 5}),  # in proportion to usage
+    ("FIXED_PER_INSTANCE", {"big": 10, "small": 10}),  # equal shares
+])
+def test_per_instance_budgets_spread_the_need(cluster, budget, victims):
+    cluster.group = make_group(capacity_blocks=80, used_percentage=0.5, step_percentage=25, budget=budget)
     for instance_id, blocks in (("big", 60), ("small", 20)):
         cluster.add_instance(instance_id)
         cluster.chains(instance_id, count=blocks, length=1)
     report = cluster.reclaimer().run_round()
-    assert {r.instance_id: r.victims for r in report.groups[0].instances} == {"big": 15, "small": 5}
-    assert (cluster.used("big").keys, cluster.used("small").keys) == (45, 15)
-
-
-def test_fixed_per_instance_instances_free_equal_shares(cluster):
-    cluster.group = make_group(capacity_blocks=80, used_percentage=0.5, step_percentage=25,
-                               budget="FIXED_PER_INSTANCE")
-    for instance_id, blocks in (("big", 60), ("small", 20)):
-        cluster.add_instance(instance_id)
-        cluster.chains(instance_id, count=blocks, length=1)
-    report = cluster.reclaimer().run_round()
-    assert {r.instance_id: r.victims for r in report.groups[0].instances} == {"big": 10, "small": 10}
-    assert (cluster.used("big").keys, cluster.used("small").keys) == (50, 10)
+    assert {r.instance_id: r.victims for r in report.groups[0].instances} == victims
+    assert (cluster.used("big").keys, cluster.used("small").keys) == (60 - victims["big"], 20 - victims["small"])
 
 
 def test_writing_blocks_are_never_reclaimed(cluster):
