@@ -74,15 +74,15 @@ class Settings:
     #: ``host:port`` getClusterInfo names as the leader's endpoint (every node serves every
     #: method, so it is the API's own); empty: no endpoint, clients keep the URL they use.
     advertised_endpoint: str = ""
-
-    @classmethod
-    def from_env(cls) -> "Settings":
     #: Background GC (docs/capacity-and-removal.md, "Background GC"): on or off; how long a
     #: location stays WRITING, its session gone, before it is an orphan (at least an hour
     #: and ``max_write_timeout_s``); the pause after each pass over every instance.
     cache_gc: bool = True
     cache_gc_orphan_grace_s: int = 86_400
     cache_gc_round_pause_s: int = 7_200
+
+    @classmethod
+    def from_env(cls) -> "Settings":
         """Read ``KVCM_*`` variables; unset ones keep their defaults."""
         base = cls()
         return cls(
@@ -119,7 +119,7 @@ class Settings:
             sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),
             purge_state_machine_arn=os.environ.get("KVCM_PURGE_STATE_MACHINE_ARN", ""),
             advertised_endpoint=os.environ.get("KVCM_ADVERTISED_ENDPOINT", base.advertised_endpoint),
-        )
             cache_gc=_env_bool("KVCM_CACHE_GC", base.cache_gc),
             cache_gc_orphan_grace_s=_env_int("KVCM_CACHE_GC_ORPHAN_GRACE_S", base.cache_gc_orphan_grace_s),
             cache_gc_round_pause_s=_env_int("KVCM_CACHE_GC_ROUND_PAUSE_S", base.cache_gc_round_pause_s),
+        )
