@@ -20,7 +20,7 @@ from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from ..protocol.models import (EVENT_REPORT_TYPES, EventItem, GetHostCacheStateRequest, GetHostCacheStateResponse,
                                HostCacheMatch, InstanceGroup, ReportEventRequest, ReportEventResponse, ReportedSpec,
                                ResponseHeader, Status, StorageConfig)
-from ..stores.reporters import (RID_TYPES, Liveness, ReporterStore, add_event, delete_event,
+from ..stores.reporters import (RID_TYPES, Event, Liveness, ReporterStore, add_event, delete_event,
                                 heartbeat_event, host_down_event, register_event, reporter_id, snapshot_event)
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -116,7 +116,7 @@ def _specs(specs: list[ReportedSpec], what: str) -> list[tuple[str, str]]:
     return [(spec.name, spec.uri) for spec in specs]
 
 
-def _encode(item: EventItem, i: int) -> list:
+def _encode(item: EventItem, i: int) -> Event:
     """The script's encoding of a valid item; ItemError names what is wrong."""
     what = f"events[{i}]"
     if not item.payload_matches:
@@ -151,7 +151,7 @@ def _encode(item: EventItem, i: int) -> list:
     return snapshot_event(blocks)
 
 
-def encode_events(events: list[EventItem]) -> tuple[list[Optional[ErrorCode]], list[list]]:
+def encode_events(events: list[EventItem]) -> tuple[list[Optional[ErrorCode]], list[Event]]:
     """(per event: INVALID_ARGUMENT or None for a valid one, the valid ones as the report
     script reads them)."""
     codes: list[Optional[ErrorCode]] = []

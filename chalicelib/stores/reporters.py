@@ -5,25 +5,32 @@ so it lives here, beside the instance's block index under the same hash tag
 ``{<prefix>:<instance>}`` (one cluster slot), and every change is one Lua script
 (``lua/er_*.lua``, with ``lua/er_prelude.lua`` describing the encoding):
 
-- ``T:er:loc``          hash: block key → the reported locations of that key (every reporter's)
-- ``T:er:n:<rid>``      hash: one reporter's state (registration, heartbeat, generations)
-- ``T:er:k:<rid>``      set: the block keys that reporter holds locations for (cleanup)
+- ``T:er:r:<rid>``      hash: block key → that reporter's record of the key (its locations
+                        per medium, the generation they were written in)
+- ``T:er:bits``         hash: block key → bitmap of the *slots* (reporter, medium, generation)
+                        holding the key: getHostCacheState's prefix walk reads one short
+                        value per key, never a record
+- ``T:er:slots:free``, ``T:er:slots:next``  the slot numbers freed by cleanup, and the next new one
+- ``T:er:n:<rid>``      hash: one reporter's state (registration, heartbeat, generations, slots)
 - ``T:er:nodes``        set: the instance's reporters (rid = ``<l1p5|l2>#<host_ip_port>``)
 - ``{<prefix>:er}:instances``  set: instances with reporters (the liveness job's work list)
 
-A reporter's specs are stored with its generation token at the time, which readers append
-to every URI (``s_version=<32 hex>``). A full snapshot starts a new generation and makes the reporter
+A record carries its reporter's generation token at the time, which readers append to every
+URI (``s_version=<32 hex>``). A full snapshot starts a new generation and makes the reporter
 strict (only the committed generation is visible); HOST_DOWN, the end of the cleanup grace
-and a snapshot retire the older generations, which hides them at once; ``cleanup`` then
-deletes their metadata in batches.
+and a snapshot retire the older generations, which hides them at once (their slots leave
+every reader's mask); ``cleanup`` then deletes their records and bits in batches and frees
+their slots.
 """
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ..protocol.codes import ErrorCode, StorageType
 from .valkey import lua_source
@@ -32,6 +39,9 @@ LUA_DIR = Path(__file__).with_name("lua")
 RID_TYPES = {StorageType.ST_EVENT_REPORT_L1P5: "l1p5", StorageType.ST_EVENT_REPORT_L2: "l2"}
 #: Keys per cleanup script call.
 CLEANUP_BATCH = 1000
+
+#: One event as the report script reads it (the ``*_event`` functions make them).
+Event = tuple[Any, ...]
 
 
 def _load(name: str) -> str:
@@ -53,33 +63,80 @@ def location_id(rid: str, medium: str) -> str:
     return f"kvs#event_report_{kind}#{medium}#{host}"
 
 
-# Events as the report script reads them (lua/er_report.lua), sent as one JSON array.
-def register_event(mediums: Sequence[str]) -> list:
-    return ["r", list(mediums)]
+def pack_strings(items: Sequence[str]) -> bytes:
+    """A msgpack array of strings, as the scripts store and unpack them (cmsgpack): built
+    here so that a new key's record is the request's bytes behind the generation."""
+    n = len(items)
+    out = [bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
+           else b"\xdd" + n.to_bytes(4, "big")]
+    for item in items:
+        data = item.encode()
+        size = len(data)
+        if size < 32:
+            out.append(bytes([0xA0 | size]))
+        elif size < 1 << 8:
+            out.append(b"\xd9" + bytes([size]))
+        elif size < 1 << 16:
+            out.append(b"\xda" + size.to_bytes(2, "big"))
+        else:
+            out.append(b"\xdb" + size.to_bytes(4, "big"))
+        out.append(data)
+    return b"".join(out)
 
 
-def heartbeat_event() -> list:
-    return ["h"]
+def _location(medium: str, specs: Sequence[tuple[str, str]]) -> bytes:
+    return pack_strings([medium, *(part for spec in specs for part in spec)])
 
 
-def host_down_event() -> list:
-    return ["x"]
+# Events as the report script reads them (lua/er_report.lua); ``ReporterStore.report`` lays
+# them out flat.
+def register_event(mediums: Sequence[str]) -> Event:
+    return ("r", list(mediums))
 
 
-def _specs(specs: Sequence[tuple[str, str]]) -> list:
-    return [part for spec in specs for part in spec]
+def heartbeat_event() -> Event:
+    return ("h",)
 
 
-def add_event(block_key: int, medium: str, specs: Sequence[tuple[str, str]]) -> list:
-    return ["a", str(block_key), medium, _specs(specs)]
+def host_down_event() -> Event:
+    return ("x",)
 
 
-def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> list:
-    return ["d", str(block_key), medium, list(spec_names)]
+def add_event(block_key: int, medium: str, specs: Sequence[tuple[str, str]]) -> Event:
+    return ("a", str(block_key), medium, _location(medium, specs))
 
 
-def snapshot_event(blocks: Sequence[tuple[int, str, Sequence[tuple[str, str]]]]) -> list:
-    return ["s", [[str(key), medium, _specs(specs)] for key, medium, specs in blocks]]
+def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> Event:
+    return ("d", str(block_key), medium, pack_strings(spec_names))
+
+
+def snapshot_event(blocks: Sequence[tuple[int, str, Sequence[tuple[str, str]]]]) -> Event:
+    return ("s", [(str(key), medium, _location(medium, specs)) for key, medium, specs in blocks])
+
+
+def _flatten(events: Sequence[Event]) -> list[str | bytes | int]:
+    """The script's arguments for ``events``: consecutive ADDs of one medium become one run
+    (``'a', medium, n, key, loc, ...``), two arguments per event."""
+    flat: list[str | bytes | int] = []
+    for (op, medium), run in groupby(events, key=lambda e: (e[0], e[2] if e[0] == "a" else "")):
+        if op == "a":
+            adds = list(run)
+            flat += ["a", medium, len(adds)]
+            for event in adds:
+                flat += [event[1], event[3]]
+            continue
+        for event in run:
+            if op == "r":
+                flat += ["r", len(event[1]), *event[1]]
+            elif op == "d":
+                flat += list(event)
+            elif op == "s":
+                flat += ["s", len(event[1])]
+                for block in event[1]:
+                    flat += block
+            else:
+                flat.append(op)
+    return flat
 
 
 def versioned_uri(uri: str, version: str) -> str:
@@ -121,6 +178,7 @@ class ReporterState:
         return self.rid.partition("#")[2]
 
 
+
 class ReporterStore:
     """Reporter state and reported locations of every instance."""
 
@@ -132,21 +190,25 @@ class ReporterStore:
         self._cleanup = client.register_script(_load("er_cleanup"))
         self._retired = client.register_script(_load("er_retired"))
         self._dump = client.register_script(_load("er_dump"))
-        self._visible = client.register_script(_load("er_visible"))
+        self._visible = client.register_script(_load("er_locations"))
 
     # ------------------------------------------------------------ key names
 
     def _tag(self, instance_id: str) -> str:
         return f"{{{self.prefix}:{instance_id}}}"
 
-    def locations_key(self, instance_id: str) -> str:
-        return f"{self._tag(instance_id)}:er:loc"
+    def records_key(self, instance_id: str, rid: str) -> str:
+        return f"{self._tag(instance_id)}:er:r:{rid}"
+
+    def bits_key(self, instance_id: str) -> str:
+        return f"{self._tag(instance_id)}:er:bits"
+
+    def _slot_keys(self, instance_id: str) -> list[str]:
+        """The free-slot zset and the next-slot counter."""
+        return [f"{self._tag(instance_id)}:er:slots:free", f"{self._tag(instance_id)}:er:slots:next"]
 
     def node_key(self, instance_id: str, rid: str) -> str:
         return f"{self._tag(instance_id)}:er:n:{rid}"
-
-    def keyset_key(self, instance_id: str, rid: str) -> str:
-        return f"{self._tag(instance_id)}:er:k:{rid}"
 
     def nodes_key(self, instance_id: str) -> str:
         return f"{self._tag(instance_id)}:er:nodes"
@@ -157,18 +219,18 @@ class ReporterStore:
 
     # ------------------------------------------------------------ writes
 
-    def report(self, instance_id: str, rid: str, events: list[list], now_ms: int, liveness: Liveness,
-               token: Optional[str] = None) -> ReportOutcome:
+    def report(self, instance_id: str, rid: str, events: Sequence[Event], now_ms: int, liveness: Liveness,
+               token: str | None = None) -> ReportOutcome:
         """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically."""
         codes, generation, required, retry_after, retired = self._report(
-            keys=[self.node_key(instance_id, rid), self.locations_key(instance_id),
-                  self.keyset_key(instance_id, rid), self.nodes_key(instance_id)],
+            keys=[self.node_key(instance_id, rid), self.records_key(instance_id, rid), self.bits_key(instance_id),
+                  self.nodes_key(instance_id), *self._slot_keys(instance_id)],
             args=[rid, now_ms, token or new_token(), liveness.snapshot_min_interval_ms,
-                  liveness.heartbeat_timeout_ms, liveness.cleanup_grace_ms,
-                  json.dumps(events, separators=(",", ":"))])
+                  liveness.heartbeat_timeout_ms, liveness.cleanup_grace_ms, *_flatten(events)])
         if events:  # the liveness job's work list; an empty report changes nothing
             self.client.sadd(self.instances_key, instance_id)
-        return ReportOutcome([ErrorCode(int(c)) for c in codes], generation.decode(), bool(required),
+        results = [ErrorCode(int(codes[i])) for i in range(0, len(codes), 2) for _ in range(int(codes[i + 1]))]
+        return ReportOutcome(results, generation.decode(), bool(required),
                              int(retry_after), retired.decode())
 
     def expire(self, instance_id: str, rid: str, now_ms: int, liveness: Liveness) -> ReportOutcome:
@@ -177,27 +239,28 @@ class ReporterStore:
         return self.report(instance_id, rid, [], now_ms, liveness)
 
     def cleanup(self, instance_id: str, rid: str, retired: str) -> int:
-        """Delete the metadata of the ``retired`` generations of one reporter, in batches of
-        its keys; then forget those tokens. Returns the locations removed."""
+        """Delete the records and bits of the ``retired`` generations of one reporter, in
+        batches of its keys; then forget those tokens and free their slots. Returns the
+        locations removed."""
         removed = 0
-        keyset = self.keyset_key(instance_id, rid)
-        keys = [self.locations_key(instance_id), keyset]
+        records = self.records_key(instance_id, rid)
+        keys = [self.node_key(instance_id, rid), records, self.bits_key(instance_id)]
         cursor = 0
         while True:
-            cursor, batch = self.client.sscan(keyset, cursor, count=CLEANUP_BATCH)
+            cursor, batch = self.client.hscan(records, cursor, count=CLEANUP_BATCH, no_values=True)
             if batch:
-                removed += int(self._cleanup(keys=keys, args=[rid, retired, *batch]))
+                removed += int(self._cleanup(keys=keys, args=[retired, *batch]))
             if cursor == 0:
                 break
-        self._retired(keys=[self.node_key(instance_id, rid)], args=[retired])
+        self._retired(keys=[self.node_key(instance_id, rid), self._slot_keys(instance_id)[0]], args=[retired])
         return removed
 
     def forget_instance(self, instance_id: str) -> None:
-        """Delete everything reported for an instance that no longer exists (UNLINK: a
-        large hash is freed in the background)."""
-        keys = [self.locations_key(instance_id), self.nodes_key(instance_id)]
+        """Delete everything reported for an instance that no longer exists (UNLINK: large
+        hashes are freed in the background)."""
+        keys = [self.bits_key(instance_id), self.nodes_key(instance_id), *self._slot_keys(instance_id)]
         for rid in self.reporters(instance_id):
-            keys += [self.node_key(instance_id, rid), self.keyset_key(instance_id, rid)]
+            keys += [self.node_key(instance_id, rid), self.records_key(instance_id, rid)]
         self.client.unlink(*keys)
         self.client.srem(self.instances_key, instance_id)
 
@@ -206,7 +269,7 @@ class ReporterStore:
     def reporters(self, instance_id: str) -> list[str]:
         return sorted(m.decode() for m in self.client.smembers(self.nodes_key(instance_id)))
 
-    def reporter(self, instance_id: str, rid: str) -> Optional[ReporterState]:
+    def reporter(self, instance_id: str, rid: str) -> ReporterState | None:
         raw = self.client.hgetall(self.node_key(instance_id, rid))
         if not raw:
             return None
@@ -217,12 +280,12 @@ class ReporterStore:
         return sorted(m.decode() for m in self.client.smembers(self.instances_key))
 
     def host_prefixes(self, instance_id: str, keys: Sequence[int], now_ms: int, timeouts: dict[str, int],
-                      mediums: Sequence[str] = (), mamba: Optional[tuple[Sequence[str], Sequence[str]]] = None,
+                      mediums: Sequence[str] = (), mamba: tuple[Sequence[str], Sequence[str]] | None = None,
                       eagle_pop: bool = False) -> dict[str, int]:
         """host_ip_port → the length of its prefix of ``keys`` over visible reported
         locations (hosts without one left out). ``timeouts``: reporter kind (``l1p5``,
-        ``l2``) → heartbeat timeout ms (reporters of other kinds are hidden). ``mamba``: (full-attention spec names, state spec
-        names) for QT_PREFIX_MATCH_WITH_MAMBA."""
+        ``l2``) → heartbeat timeout ms (reporters of other kinds are hidden). ``mamba``:
+        (full-attention spec names, state spec names) for QT_PREFIX_MATCH_WITH_MAMBA."""
         rids = [rid for rid in self.reporters(instance_id) if rid.partition("#")[0] in timeouts]
         if not rids or not keys:
             return {}
@@ -232,8 +295,8 @@ class ReporterStore:
         for rid in rids:
             args += [rid, timeouts[rid.partition("#")[0]]]
         reporter_keys = [key for rid in rids for key in (self.node_key(instance_id, rid),
-                                                           self.keyset_key(instance_id, rid))]
-        flat = self._host_state(keys=[self.locations_key(instance_id), *reporter_keys], args=[*args, *keys])
+                                                           self.records_key(instance_id, rid))]
+        flat = self._host_state(keys=[self.bits_key(instance_id), *reporter_keys], args=[*args, *keys])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def visible_locations(self, instance_id: str, keys: Sequence[int], now_ms: int,
@@ -243,10 +306,11 @@ class ReporterStore:
         One round trip (the script reads the reporters itself)."""
         if not keys:
             return []
-        args: list[Any] = [now_ms, self.node_key(instance_id, ""), len(timeouts)]
+        args: list[Any] = [now_ms, self.node_key(instance_id, ""), self.records_key(instance_id, ""),
+                           len(timeouts)]
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
-        raw = self._visible(keys=[self.locations_key(instance_id), self.nodes_key(instance_id)],
+        raw = self._visible(keys=[self.bits_key(instance_id), self.nodes_key(instance_id)],
                             args=[*args, *(str(k) for k in keys)])
         if not raw:  # no reporter visible
             return [[] for _ in keys]
@@ -258,7 +322,10 @@ class ReporterStore:
     def locations(self, instance_id: str, block_key: int) -> list[tuple[str, str, list[tuple[str, str]]]]:
         """The stored locations of one key as (location id, medium, [(spec, uri with s_version)]),
         visible or not."""
-        raw = self._dump(keys=[self.locations_key(instance_id)], args=[str(block_key)])
+        rids = self.reporters(instance_id)
+        if not rids:
+            return []
+        raw = self._dump(keys=[self.records_key(instance_id, rid) for rid in rids], args=[str(block_key), *rids])
         return [(location_id(rid, medium), medium,
                  [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)])
                 for rid, medium, specs in json.loads(raw)]

@@ -1,36 +1,40 @@
--- Drops a reporter's specs of retired generations from a batch of its keys, metadata only
--- (reporters.py; the reporter's URIs are never deleted: KVCM holds no data for them).
--- KEYS: locations hash, the reporter's block-key set
--- ARGV: rid, retired tokens (' '), then block keys
+-- Drops a reporter's records of retired generations from a batch of its keys, and their
+-- bits, metadata only (reporters.py; the reporter's URIs are never deleted: KVCM holds no
+-- data for them).
+-- KEYS: the reporter's state, its records hash, the instance's bitmap hash
+-- ARGV: retired tokens (' '), then block keys
 -- Returns the number of locations removed
-local loc_key, keyset, rid = KEYS[1], KEYS[2], ARGV[1]
-local retired = er_set(ARGV[2])
-local removed = 0
-for i = 3, #ARGV do
-  local key = ARGV[i]
-  local locs = er_decode(redis.call('HGET', loc_key, key))
-  local kept, holds, changed = {}, false, false
-  for _, loc in ipairs(locs) do
-    if loc[1] == rid then
-      local specs, left = loc[3], {}
-      for k = 1, #specs, 3 do
-        if not retired[specs[k + 2]] then
-          left[#left + 1], left[#left + 2], left[#left + 3] = specs[k], specs[k + 1], specs[k + 2]
-        end
-      end
-      if #left < #specs then changed = true end
-      if #left > 0 then
-        loc[3] = left
-        kept[#kept + 1] = loc
-        holds = true
-      else
-        removed = removed + 1
-      end
-    else
-      kept[#kept + 1] = loc
+local state_key, rec_key, bits_key = KEYS[1], KEYS[2], KEYS[3]
+local retired = er_set(ARGV[1])
+local state = hgetall_table(state_key) or {}
+local keys = {}
+for i = 2, #ARGV do keys[#keys + 1] = ARGV[i] end
+local recs, maps, gone, removed = {}, {}, {}, 0
+er_hmget(rec_key, keys, recs)
+for _, key in ipairs(keys) do
+  local raw = recs[key]
+  if raw then
+    local rec = cmsgpack.unpack(raw)
+    if retired[rec[1]] then
+      gone[#gone + 1] = key
+      removed = removed + #rec - 1
     end
   end
-  if not holds then redis.call('SREM', keyset, key) end
-  if changed then er_store(loc_key, key, kept) end
 end
+if #gone == 0 then return 0 end
+er_hmget(bits_key, gone, maps)
+for _, key in ipairs(gone) do
+  local rec = cmsgpack.unpack(recs[key])
+  for j = 2, #rec do
+    local slot = tonumber(state['slot:' .. rec[1] .. ':' .. rec[j][1]])
+    if slot then maps[key] = er_clearbit(maps[key], slot) end
+  end
+end
+local rec_writes, map_writes = er_writes(), er_writes()
+for _, key in ipairs(gone) do
+  er_put(rec_writes, key, false)
+  er_put(map_writes, key, maps[key])
+end
+er_commit(rec_key, rec_writes)
+er_commit(bits_key, map_writes)
 return removed

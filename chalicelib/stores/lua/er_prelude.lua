@@ -1,28 +1,33 @@
 -- Shared by the event-report scripts (reporters.py), prepended at load time.
 --
--- Reported locations of an instance live in one hash (KEYS of the callers):
---   field = block key (decimal), value = cmsgpack array of locations
---   {rid, medium, {name, uri, version, name, uri, version, ...}}
+-- Layout under the instance's hash tag T (reporters.py names the keys):
+--   T:er:r:<rid>  hash, one per reporter: block key -> that reporter's record of the key,
+--                 msgpack [version, [medium, name, uri, name, uri, ...], [medium, ...], ...]
+--                 (one location per medium). ``version`` is the reporter's generation when the
+--                 record was written; readers append it to every URI as ``s_version``. All
+--                 specs of a record share it: a write in a newer generation replaces a record
+--                 of an older one (whose specs were retired, hence hidden, already).
+--   T:er:bits     hash: block key -> a bitmap over *slots*. A slot is one (reporter, medium,
+--                 generation); bit s is set exactly when the slot's reporter has a record of
+--                 the key in the slot's generation with a location in the slot's medium.
+--                 Slot s is bit s % 8 of byte s // 8 + 1; trailing zero bytes are trimmed, so
+--                 equal sets are equal strings; an empty map is no field.
+--   T:er:slots:free  zset of freed slot numbers (reused lowest first, keeping maps short);
+--   T:er:slots:next  the next never-used slot number.
 -- rid = '<l1p5|l2>#<host_ip_port>' names the reporter; the location id upstream prints is
--- 'kvs#event_report_<type>#<medium>#<host_ip_port>'. ``version`` is the reporter's
--- generation when the spec was written; readers append it to the URI as ``s_version``.
+-- 'kvs#event_report_<type>#<medium>#<host_ip_port>'.
 --
 -- A reporter's state is a hash: reg ('1' registered, '0' tombstone), med (mediums, ','),
 -- hb (last heartbeat, ms), life (lifecycle generation), gen (current generation token),
 -- com (committed snapshot token), strict ('1' after a snapshot), snap_at (ms of the last
--- successful snapshot), ret (retired generation tokens, ' '-separated: hidden, cleaned).
+-- successful snapshot), ret (retired generation tokens, ' '-separated: hidden, cleaned),
+-- and 'slot:<token>:<medium>' -> the slot of that generation and medium.
+
+local ER_RECORD1 = string.char(0x92)  -- msgpack header of a record with one location
 
 local function er_decode(raw)
   if not raw then return {} end
   return cmsgpack.unpack(raw)
-end
-
-local function er_store(loc_key, field, locs)
-  if #locs == 0 then
-    redis.call('HDEL', loc_key, field)
-  else
-    redis.call('HSET', loc_key, field, cmsgpack.pack(locs))
-  end
 end
 
 local function er_set(words)
@@ -37,6 +42,12 @@ local function er_view(state, now, timeout_ms)
   if not state or state.reg ~= '1' then return nil end
   if now - tonumber(state.hb or 0) > timeout_ms then return nil end
   return {ret = er_set(state.ret), strict = state.strict == '1', com = state.com or ''}
+end
+
+-- Whether specs of generation ``version`` are visible under ``view``: not retired, and of
+-- the committed snapshot when the reporter is strict.
+local function er_visible_version(view, version)
+  return not view.ret[version] and (not view.strict or version == view.com)
 end
 
 -- The visible spec names of a location under ``view`` (nil when the location is hidden):
@@ -61,4 +72,90 @@ local function hgetall_table(key)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
+end
+
+-- Slots of a reporter state: calls fn(slot, version, medium) for each.
+local function er_each_slot(state, fn)
+  for field, value in pairs(state) do
+    local version, medium = string.match(field, '^slot:([^:]*):(.*)$')
+    if version then fn(tonumber(value), version, medium) end
+  end
+end
+
+-- The byte (1-based) and bit value of a slot in a bitmap string.
+local function er_bit(slot)
+  return math.floor(slot / 8) + 1, 2 ^ (slot % 8)
+end
+
+local function er_has(map, byte, mask)
+  local b = map and string.byte(map, byte)
+  return b ~= nil and bit.band(b, mask) ~= 0
+end
+
+-- ``map`` (a string, or false for none) with slot ``slot`` set; unchanged maps are the same string.
+local function er_setbit(map, slot)
+  local byte, mask = er_bit(slot)
+  map = map or ''
+  local n = #map
+  if n < byte then return map .. string.rep('\0', byte - n - 1) .. string.char(mask) end
+  local b = string.byte(map, byte)
+  if bit.band(b, mask) ~= 0 then return map end
+  return string.sub(map, 1, byte - 1) .. string.char(b + mask) .. string.sub(map, byte + 1)
+end
+
+-- ``map`` with slot ``slot`` cleared, trailing zero bytes trimmed; false when empty.
+local function er_clearbit(map, slot)
+  local byte, mask = er_bit(slot)
+  if not er_has(map, byte, mask) then return map end
+  local b = string.byte(map, byte)
+  map = string.sub(map, 1, byte - 1) .. string.char(b - mask) .. string.sub(map, byte + 1)
+  map = string.gsub(map, '%z+$', '')
+  if map == '' then return false end
+  return map
+end
+
+-- Pending writes to one hash, laid out as HSET's arguments in order: a key written twice
+-- appears twice (HSET keeps the last), false deletes it.
+local function er_writes()
+  return {args = {}, n = 0, deletes = 0}
+end
+
+local function er_put(writes, key, value)
+  local n = writes.n
+  writes.args[n + 1], writes.args[n + 2], writes.n = key, value, n + 2
+  if value == false then writes.deletes = writes.deletes + 1 end
+end
+
+local function er_commit(hash, writes)
+  local sets, n = writes.args, writes.n
+  if writes.deletes > 0 then  -- each key's last value decides
+    local last, order = {}, {}
+    for i = 1, n, 2 do
+      if last[sets[i]] == nil then order[#order + 1] = sets[i] end
+      last[sets[i]] = sets[i + 1]
+    end
+    local gone, kept = {}, {}
+    for _, key in ipairs(order) do
+      if last[key] then kept[#kept + 1] = key; kept[#kept + 1] = last[key] else gone[#gone + 1] = key end
+    end
+    for i = 1, #gone, 2000 do redis.call('HDEL', hash, unpack(gone, i, math.min(i + 1999, #gone))) end
+    sets, n = kept, #kept
+  end
+  for i = 1, n, 4000 do redis.call('HSET', hash, unpack(sets, i, math.min(i + 3999, n))) end
+end
+
+-- HMGET of ``keys`` (a list) into ``into`` (key -> value or false), in chunks. Returns
+-- whether no key was listed twice.
+local function er_hmget(hash, keys, into)
+  local distinct = true
+  for i = 1, #keys, 2000 do
+    local last = math.min(i + 1999, #keys)
+    local raws = redis.call('HMGET', hash, unpack(keys, i, last))
+    for j = i, last do
+      local key = keys[j]
+      if into[key] ~= nil then distinct = false end
+      into[key] = raws[j - i + 1]
+    end
+  end
+  return distinct
 end

@@ -1,16 +1,18 @@
 -- One reportEvent request of one reporter, applied in order, atomically (reporters.py).
--- KEYS: reporter state, locations hash, the reporter's block-key set, the instance's reporter set
+-- KEYS: reporter state, the reporter's records hash, the instance's bitmap hash, the instance's
+--       reporter set, free-slot zset, next-slot counter
 -- ARGV: rid, now ms, fresh token, snapshot min interval ms, heartbeat timeout ms,
---       cleanup grace ms, events (a JSON array; reporters.py encodes them):
---       ['r', mediums] | ['h'] | ['x'] | ['a', key, medium, [name, uri, ...]]
---       | ['d', key, medium, names] | ['s', [[key, medium, [name, uri, ...]], ...]]
--- Returns {item codes, generation token, snapshot required (0/1), retry after ms,
+--       cleanup grace ms, then the events, flat (reporters.py encodes them; ``loc`` is a
+--       msgpack [medium, name, uri, ...], ``names`` a msgpack array):
+--       'r', n, n mediums | 'h' | 'x' | 'a', medium, n, n x (key, loc)  (n ADDs of one medium)
+--       | 'd', key, medium, names | 's', n, n x (key, medium, loc)
+-- Returns {item codes as runs (code, count, code, count, ...), generation token, snapshot required (0/1), retry after ms,
 --          retired tokens to clean ('' = none)}
 local OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED = 1, 10, 13
-local node_key, loc_key, keyset, nodes = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local node_key, rec_key, bits_key, nodes, free_key, next_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rid, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local min_interval, timeout, grace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local events = cjson.decode(ARGV[7])
+local FIRST = 7
 
 local state = hgetall_table(node_key)
 local function retire()
@@ -40,153 +42,268 @@ local function generation()
   return state.gen
 end
 
--- The request's keys are read with HMGET up front and written back once at the end: a
--- batch costs a few commands, not three per event.
-local cache, dirty, order = {}, {}, {}
-local function touch(key) if not dirty[key] then dirty[key] = true; order[#order + 1] = key end end
-local wanted, seen = {}, {}
-for _, ev in ipairs(events) do
-  if ev[1] == 'a' or ev[1] == 'd' then
-    if not seen[ev[2]] then seen[ev[2]] = true; wanted[#wanted + 1] = ev[2] end
-  elseif ev[1] == 's' then
-    for _, item in ipairs(ev[2]) do
-      if not seen[item[1]] then seen[item[1]] = true; wanted[#wanted + 1] = item[1] end
-    end
-  end
-end
-local CHUNK = 1000
-for i = 1, #wanted, CHUNK do
-  local last = math.min(i + CHUNK - 1, #wanted)
-  local raws = redis.call('HMGET', loc_key, unpack(wanted, i, last))
-  for j = i, last do cache[wanted[j]] = er_decode(raws[j - i + 1]) end
+-- The slot of (generation, medium); a new one when ``create`` and there is none.
+local function slot_of(version, medium, create)
+  local field = 'slot:' .. version .. ':' .. medium
+  local slot = state[field]
+  if slot or not create then return tonumber(slot) end
+  local popped = redis.call('ZPOPMIN', free_key)
+  if #popped > 0 then slot = tonumber(popped[1]) else slot = redis.call('INCR', next_key) - 1 end
+  state[field] = tostring(slot)
+  return slot
 end
 
-local function find(locs, medium)
-  for i, loc in ipairs(locs) do
-    if loc[1] == rid and loc[2] == medium then return i end
+-- The block keys the request names: their bitmaps are read up front (one HMGET), and the
+-- records of the keys this reporter already holds (a bit of one of its slots set) too; a
+-- key new to the reporter (the usual ADD) needs no read. Everything is written back once.
+local keys = {}
+local i = FIRST
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 'a' then
+    local n = tonumber(ARGV[i + 2])
+    for j = i + 3, i + 1 + 2 * n, 2 do keys[#keys + 1] = ARGV[j] end
+    i = i + 3 + 2 * n
+  elseif op == 'd' then
+    keys[#keys + 1] = ARGV[i + 1]
+    i = i + 4
+  elseif op == 's' then
+    local n = tonumber(ARGV[i + 1])
+    for j = i + 2, i + 3 * n, 3 do keys[#keys + 1] = ARGV[j] end
+    i = i + 2 + 3 * n
+  elseif op == 'r' then
+    i = i + 2 + tonumber(ARGV[i + 1])
+  else
+    i = i + 1
   end
-  return nil
-end
-local function holds(locs)
-  for _, loc in ipairs(locs) do
-    if loc[1] == rid then return true end
-  end
-  return false
-end
-
-local function add(key, medium, specs, version, replace)
-  local locs = cache[key]
-  if #locs == 0 then  -- a key nobody reported yet (the usual ADD): no merging
-    local held = {}
-    for j = 1, #specs, 2 do
-      held[#held + 1], held[#held + 2], held[#held + 3] = specs[j], specs[j + 1], version
-    end
-    locs[1] = {rid, medium, held}
-    touch(key)
-    return
-  end
-  local i = find(locs, medium)
-  if not i then
-    locs[#locs + 1] = {rid, medium, {}}
-    i = #locs
-  elseif replace then
-    locs[i][3] = {}
-  end
-  local held = locs[i][3]
-  for j = 1, #specs, 2 do
-    local name, uri = specs[j], specs[j + 1]
-    local at = nil
-    for k = 1, #held, 3 do
-      if held[k] == name then at = k break end
-    end
-    if at then
-      held[at + 1], held[at + 2] = uri, version
-    else
-      held[#held + 1], held[#held + 2], held[#held + 3] = name, uri, version
-    end
-  end
-  touch(key)
 end
 
-local shrunk = {}  -- keys a DELETE took something from: does the reporter still hold them?
-local function delete(key, medium, names)
-  local locs = cache[key]
-  local i = find(locs, medium)
-  if not i then return end
-  shrunk[key] = true
-  local drop = {}
-  for _, name in ipairs(names) do drop[name] = true end
-  local kept, held = {}, locs[i][3]
-  for k = 1, #held, 3 do
-    if not drop[held[k]] then
-      kept[#kept + 1], kept[#kept + 2], kept[#kept + 3] = held[k], held[k + 1], held[k + 2]
-    end
+local maps, recs = {}, {}  -- key -> bitmap / this reporter's record (false: none)
+local map_writes, rec_writes = er_writes(), er_writes()
+local distinct = true  -- no key is named twice: a new key's record need not be kept here
+if #keys > 0 then
+  distinct = er_hmget(bits_key, keys, maps)
+  local own = {}  -- this reporter's slots as {byte, mask}
+  if state then
+    er_each_slot(state, function(slot)
+      local byte, mask = er_bit(slot)
+      own[#own + 1] = {byte, mask}
+    end)
   end
-  if #kept == 0 then table.remove(locs, i) else locs[i][3] = kept end
-  touch(key)
-end
-
-local codes, retry_after = {}, 0
-for n, ev in ipairs(events) do
-  local op, code = ev[1], OK
-  if op == 'r' then
-    if state == nil then fresh('1')
-    elseif state.reg ~= '1' then
-      state.reg, state.life = '1', tostring(tonumber(state.life) + 1)
-    end
-    state.hb = tostring(now)
-    local mediums = er_set(string.gsub(state.med, ',', ' '))
-    for _, m in ipairs(ev[2]) do
-      if not mediums[m] then
-        state.med = state.med == '' and m or state.med .. ',' .. m
-        mediums[m] = true
+  if #own > 0 then
+    local holds, held = {}, {}  -- bitmap -> has a bit of ours (one test per distinct map)
+    for _, key in ipairs(keys) do
+      local map = maps[key]
+      if map then
+        local h = holds[map]
+        if h == nil then
+          h = false
+          for _, bm in ipairs(own) do
+            if er_has(map, bm[1], bm[2]) then h = true break end
+          end
+          holds[map] = h
+        end
+        if h then held[#held + 1] = key end
       end
     end
-  elseif op == 'x' then
-    if state == nil then fresh('0')
-    elseif state.reg == '1' then
-      retire()
-      state.reg, state.life = '0', tostring(tonumber(state.life) + 1)
-    end
-  elseif not registered() then
-    code = NODE_NOT_REGISTERED
-  elseif op == 'h' then
-    state.hb = tostring(now)
-  elseif op == 'a' then
-    add(ev[2], ev[3], ev[4], generation(), false)
-  elseif op == 'd' then
-    generation()
-    delete(ev[2], ev[3], ev[4])
-  elseif op == 's' then
-    local last = tonumber(state.snap_at ~= '' and state.snap_at or nil)
-    if last and now - last < min_interval then
-      code, retry_after = SNAPSHOT_RATE_LIMITED, min_interval - (now - last)
+    er_hmget(rec_key, held, recs)
+  end
+end
+
+local function set_record(key, value)
+  recs[key] = value
+  er_put(rec_writes, key, value)
+end
+local function set_map(key, value)
+  if maps[key] == value then return end
+  maps[key] = value
+  er_put(map_writes, key, value)
+end
+-- Clears the bits of every location of a record that is being dropped or replaced.
+local function unset_locations(key, rec)
+  for j = 2, #rec do
+    local slot = slot_of(rec[1], rec[j][1], false)
+    if slot then set_map(key, er_clearbit(maps[key], slot)) end
+  end
+end
+
+-- Bitmaps with one slot set, memoised per slot: most keys share a bitmap (the same hosts
+-- hold a prompt's blocks, and a new key has none), so each is computed once.
+local set_memo = {}
+local function slot_memo(slot)
+  local memo = set_memo[slot]
+  if not memo then memo = {}; set_memo[slot] = memo end
+  return memo
+end
+local function set_slot(key, slot)
+  local memo, map = slot_memo(slot), maps[key] or ''
+  local new = memo[map]
+  if not new then new = er_setbit(map, slot); memo[map] = new end
+  set_map(key, new)
+end
+
+-- Merge one location (msgpack [medium, name, uri, ...]) into the key's record under
+-- ``version``: by spec name, overwriting that spec's URI and keeping its siblings.
+-- ``head`` is the msgpack prefix of a one-location record of ``version``.
+local function add(key, medium, loc, version, slot, head)
+  local fresh_record = head .. loc
+  local old = recs[key]
+  if not old then  -- the usual ADD: a key new to this reporter, stored as sent
+    set_record(key, fresh_record)
+  elseif old ~= fresh_record then
+    local rec = cmsgpack.unpack(old)
+    if rec[1] ~= version then  -- an older generation's record: retired already, replaced
+      unset_locations(key, rec)
+      set_record(key, fresh_record)
     else
-      retire()
-      for _, item in ipairs(ev[2]) do add(item[1], item[2], item[3], token, true) end
-      state.gen, state.com, state.strict, state.snap_at = token, token, '1', tostring(now)
+      local specs = cmsgpack.unpack(loc)
+      local at = nil
+      for j = 2, #rec do
+        if rec[j][1] == medium then at = rec[j] break end
+      end
+      if not at then
+        rec[#rec + 1] = specs
+      else
+        for s = 2, #specs, 2 do
+          local found = false
+          for k = 2, #at, 2 do
+            if at[k] == specs[s] then at[k + 1] = specs[s + 1]; found = true break end
+          end
+          if not found then at[#at + 1] = specs[s]; at[#at + 1] = specs[s + 1] end
+        end
+      end
+      set_record(key, cmsgpack.pack(rec))
     end
   end
-  codes[n] = code
+  set_slot(key, slot)
+end
+local function record_head(version)
+  return ER_RECORD1 .. cmsgpack.pack(version)
 end
 
-local sets, clears, gone, held = {}, {}, {}, {}
-for _, key in ipairs(order) do
-  local locs = cache[key]
-  if #locs == 0 then gone[#gone + 1] = key
-  else sets[#sets + 1] = key; sets[#sets + 1] = cmsgpack.pack(locs) end
-  if not shrunk[key] or holds(locs) then held[#held + 1] = key else clears[#clears + 1] = key end
+local function delete(key, medium, names)
+  local old = recs[key]
+  if not old then return end
+  local rec = cmsgpack.unpack(old)
+  local at = nil
+  for j = 2, #rec do
+    if rec[j][1] == medium then at = j break end
+  end
+  if not at then return end
+  local drop = {}
+  for _, name in ipairs(cmsgpack.unpack(names)) do drop[name] = true end
+  local loc, kept = rec[at], {medium}
+  for k = 2, #loc, 2 do
+    if not drop[loc[k]] then kept[#kept + 1] = loc[k]; kept[#kept + 1] = loc[k + 1] end
+  end
+  if #kept == #loc then return end
+  if #kept > 1 then
+    rec[at] = kept
+  else
+    table.remove(rec, at)
+    local slot = slot_of(rec[1], medium, false)
+    if slot then set_map(key, er_clearbit(maps[key], slot)) end
+  end
+  set_record(key, #rec > 1 and cmsgpack.pack(rec) or false)
 end
-local function each_chunk(cmd, key, list, step)
-  for i = 1, #list, step do
-    redis.call(cmd, key, unpack(list, i, math.min(i + step - 1, #list)))
+
+local codes, retry_after = {}, 0  -- runs: code, count, ...
+local function result(code, count)
+  local n = #codes
+  if n > 0 and codes[n - 1] == code then codes[n] = codes[n] + count
+  else codes[n + 1], codes[n + 2] = code, count end
+end
+i = FIRST
+while i <= #ARGV do
+  local op, code = ARGV[i], OK
+  if op == 'a' then
+    local medium, n = ARGV[i + 1], tonumber(ARGV[i + 2])
+    local ok = registered()
+    if ok then
+      local version = generation()
+      local slot, head = slot_of(version, medium, true), record_head(version)
+      local memo, rargs, margs = slot_memo(slot), rec_writes.args, map_writes.args
+      for j = i + 3, i + 1 + 2 * n, 2 do
+        local key = ARGV[j]
+        if recs[key] then
+          add(key, medium, ARGV[j + 1], version, slot, head)
+        else  -- add() for a key new to this reporter, inlined: most ADDs of a batch
+          local rec, rn = head .. ARGV[j + 1], rec_writes.n
+          rargs[rn + 1], rargs[rn + 2], rec_writes.n = key, rec, rn + 2
+          if not distinct then recs[key] = rec end
+          local map = maps[key] or ''
+          local new = memo[map]
+          if not new then new = er_setbit(map, slot); memo[map] = new end
+          if new ~= map then
+            local mn = map_writes.n
+            maps[key], margs[mn + 1], margs[mn + 2], map_writes.n = new, key, new, mn + 2
+          end
+        end
+      end
+    end
+    result(ok and OK or NODE_NOT_REGISTERED, n)
+    i = i + 3 + 2 * n
+  else
+    if op == 'r' then
+      if state == nil then fresh('1')
+      elseif state.reg ~= '1' then
+        state.reg, state.life = '1', tostring(tonumber(state.life) + 1)
+      end
+      state.hb = tostring(now)
+      local mediums = er_set(string.gsub(state.med, ',', ' '))
+      for j = i + 2, i + 1 + tonumber(ARGV[i + 1]) do
+        local m = ARGV[j]
+        if not mediums[m] then
+          state.med = state.med == '' and m or state.med .. ',' .. m
+          mediums[m] = true
+        end
+      end
+      i = i + 2 + tonumber(ARGV[i + 1])
+    elseif op == 'x' then
+      if state == nil then fresh('0')
+      elseif state.reg == '1' then
+        retire()
+        state.reg, state.life = '0', tostring(tonumber(state.life) + 1)
+      end
+      i = i + 1
+    elseif op == 'h' then
+      if registered() then state.hb = tostring(now) else code = NODE_NOT_REGISTERED end
+      i = i + 1
+    elseif op == 'd' then
+      if registered() then
+        generation()
+        delete(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+      else
+        code = NODE_NOT_REGISTERED
+      end
+      i = i + 4
+    elseif op == 's' then
+      local n = tonumber(ARGV[i + 1])
+      if not registered() then
+        code = NODE_NOT_REGISTERED
+      else
+        local last = tonumber(state.snap_at ~= '' and state.snap_at or nil)
+        if last and now - last < min_interval then
+          code, retry_after = SNAPSHOT_RATE_LIMITED, min_interval - (now - last)
+        else
+          retire()
+          local head = record_head(token)
+          for j = i + 2, i + 3 * n, 3 do
+            add(ARGV[j], ARGV[j + 1], ARGV[j + 2], token, slot_of(token, ARGV[j + 1], true), head)
+          end
+          state.gen, state.com, state.strict, state.snap_at = token, token, '1', tostring(now)
+        end
+      end
+      i = i + 2 + 3 * n
+    else
+      return redis.error_reply('ERR unknown event ' .. tostring(op))
+    end
+    result(code, 1)
   end
 end
-each_chunk('HSET', loc_key, sets, 2 * CHUNK)
-each_chunk('HDEL', loc_key, gone, CHUNK)
-each_chunk('SADD', keyset, held, CHUNK)
-each_chunk('SREM', keyset, clears, CHUNK)
 
+er_commit(rec_key, rec_writes)
+er_commit(bits_key, map_writes)
 if state then
   local flat = {}
   for k, v in pairs(state) do flat[#flat + 1] = k; flat[#flat + 1] = v end

@@ -1,12 +1,24 @@
--- Forgets retired generation tokens once their cleanup pass is done (reporters.py).
--- KEYS: reporter state. ARGV: the tokens the pass cleaned (' ')
+-- Forgets retired generation tokens once their cleanup pass is done, and frees their slots:
+-- the pass cleared every bit of them (reporters.py).
+-- KEYS: reporter state, the instance's free-slot zset. ARGV: the tokens the pass cleaned (' ')
 -- Returns the tokens still retired
-local ret = redis.call('HGET', KEYS[1], 'ret')
-if not ret then return '' end
+local state = hgetall_table(KEYS[1])
+if not state then return '' end
 local done = er_set(ARGV[1])
-local left = {}
-for w in string.gmatch(ret, '%S+') do
+local left, fields, freed = {}, {}, {}
+for w in string.gmatch(state.ret or '', '%S+') do
   if not done[w] then left[#left + 1] = w end
+end
+er_each_slot(state, function(slot, version, medium)
+  if done[version] then
+    fields[#fields + 1] = 'slot:' .. version .. ':' .. medium
+    freed[#freed + 1] = slot
+    freed[#freed + 1] = slot
+  end
+end)
+if #fields > 0 then
+  redis.call('HDEL', KEYS[1], unpack(fields))
+  redis.call('ZADD', KEYS[2], unpack(freed))
 end
 local text = table.concat(left, ' ')
 redis.call('HSET', KEYS[1], 'ret', text)

@@ -1,0 +1,68 @@
+-- The visible reported locations of some keys (reporters.py visible_locations; getCacheLocation,
+-- getCacheMeta, getCacheLocationsByBackend). One call: the reporters are read here.
+-- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set; a reporter's state
+--       hash is ARGV[2] .. rid and its records hash ARGV[3] .. rid (same hash tag, same slot).
+-- ARGV: now ms, state key prefix, records key prefix, kind count K, K x (kind, heartbeat
+--       timeout ms), then the block keys. Reporters of another kind are hidden.
+-- Returns a JSON array, per key, of [rid, medium, [name, uri, version, ...]] with the visible
+-- locations only; '' when no reporter is visible (nothing read).
+local now, state_prefix, rec_prefix, k = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+local timeouts = {}
+for i = 1, k do timeouts[ARGV[3 + 2 * i]] = tonumber(ARGV[4 + 2 * i]) end
+local reporters = {}  -- {rid, view, {{byte, mask}, ...} of its visible slots}
+for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local timeout = timeouts[string.match(rid, '^[^#]*')]
+  local state = timeout and hgetall_table(state_prefix .. rid)
+  local view = state and er_view(state, now, timeout)
+  if view then
+    local own = {}
+    er_each_slot(state, function(slot, version)
+      if er_visible_version(view, version) then
+        local byte, mask = er_bit(slot)
+        own[#own + 1] = {byte, mask}
+      end
+    end)
+    if #own > 0 then reporters[#reporters + 1] = {rid, view, own} end
+  end
+end
+if #reporters == 0 then return '' end
+table.sort(reporters, function(a, b) return a[1] < b[1] end)
+
+local first = 5 + 2 * k
+local keys = {}
+for i = first, #ARGV do keys[#keys + 1] = ARGV[i] end
+local maps = {}
+er_hmget(KEYS[1], keys, maps)
+local out = {}
+for i = 1, #keys do out[i] = {} end
+for _, reporter in ipairs(reporters) do
+  local rid, view, own = reporter[1], reporter[2], reporter[3]
+  local held, at = {}, {}  -- the keys whose bitmap has a visible slot of this reporter
+  for i, key in ipairs(keys) do
+    local map = maps[key]
+    if map then
+      for _, bm in ipairs(own) do
+        if er_has(map, bm[1], bm[2]) then held[#held + 1] = key; at[#at + 1] = i break end
+      end
+    end
+  end
+  if #held > 0 then
+    local recs = {}
+    er_hmget(rec_prefix .. rid, held, recs)
+    for n, key in ipairs(held) do
+      local raw = recs[key]
+      local rec = raw and cmsgpack.unpack(raw)
+      if rec and er_visible_version(view, rec[1]) then
+        local found = out[at[n]]
+        for j = 2, #rec do
+          local loc, specs = rec[j], {}
+          for s = 2, #loc, 2 do
+            specs[#specs + 1], specs[#specs + 2], specs[#specs + 3] = loc[s], loc[s + 1], rec[1]
+          end
+          found[#found + 1] = {rid, loc[1], specs}
+        end
+      end
+    end
+  end
+end
+return cjson.encode(out)
