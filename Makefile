@@ -13,7 +13,7 @@ MERGE_TEMPLATE := out/$(STAGE)-merge-template.json
 # rehearsal), in their own venv.
 TOOLS_STAMP := .venv-tools/.requirements.stamp
 
-.PHONY: help run test clean package bench demo test-tools tools scan deploy deploy-infra rehearse
+.PHONY: help run test test-fast clean package bench demo test-tools tools scan deploy deploy-infra rehearse
 .DEFAULT_GOAL := help
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -56,6 +56,10 @@ lint: $(STAMP)
 ## test: unit, integration and e2e tests (console screenshots in out/console-screenshots)
 test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -ra
+
+## test-fast: the edit loop: every test not marked slow (no soak, fuzz, rehearsal, live replay), under a minute
+test-fast: $(STAMP) $(BIN)/kvcm
+	$(BIN)/python -m pytest -m "not slow"
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
 clean:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -10,6 +11,15 @@ import pytest
 from chalicelib.local import LocalStack
 
 from .harness import Api, e2e_stack
+
+
+def pytest_collection_modifyitems(items):
+    """Every e2e test is ``slow``: it talks HTTP to a whole local stack run as processes
+    (several run on the wall clock, Chromium or schemathesis). ``make test-fast`` skips them."""
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="package")

@@ -96,6 +96,7 @@ def allowed(status: int, data: dict) -> bool:
     return status not in (401, 403) and code(data) not in ("UNAUTHENTICATED", "PERMISSION_DENIED")
 
 
+@pytest.mark.slow  # every method x role x scope on a fresh control plane: about 25 s in all
 @pytest.mark.parametrize("method", sorted(OPERATIONS))
 def test_role_and_scope_matrix(client, keys, method):
     op = OPERATIONS[method]

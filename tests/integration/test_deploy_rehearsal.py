@@ -17,6 +17,8 @@ import pytest
 from chalicelib.local.config import REPO_ROOT
 from infra.rehearsal import TOOLS_PYTHON
 
+pytestmark = pytest.mark.slow  # packages and deploys the app for real: 30-50 s a path
+
 
 def rehearse(path: str, work_dir: Path) -> dict:
     report_file = work_dir / "report.json"

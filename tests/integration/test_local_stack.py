@@ -18,6 +18,8 @@ from chalicelib.runtime import get_runtime
 from chalicelib.protocol.models import NfsStorageSpec, StorageConfig
 from tests.e2e.harness import ECHO_WORKFLOW, FIXTURES, Api, e2e_stack, run_execution
 
+pytestmark = pytest.mark.slow  # starts and stops whole local stacks (a Valkey process each): seconds
+
 ECHO_ASL = FIXTURES / f"{ECHO_WORKFLOW}.asl.json"
 
 

@@ -23,6 +23,8 @@ from chalicelib.local.config import REPO_ROOT
 from chalicelib.local.valkey import PERSISTENCE, valkey_servers_in
 from tests.e2e.harness import Api
 
+pytestmark = pytest.mark.slow  # starts, kills and restarts whole local stacks as processes
+
 START_TIMEOUT_S = 60.0
 #: The issue's bound for a start that must fail.
 FAIL_FAST_S = 10.0

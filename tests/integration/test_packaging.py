@@ -83,6 +83,7 @@ def test_stage_policies_differ_only_by_stage_name():
     assert dev.replace("-dev", "-prod") == prod
 
 
+@pytest.mark.slow  # `chalice package` and cfn-lint: seconds
 def test_workflow_state_machines_package_and_lint(tmp_path: Path):
     """A small project with task functions: the generated state machines, their role and the
     exported ARN variables pass cfn-lint (which validates the ASL of a Definition object)."""
@@ -125,6 +126,7 @@ def packaged_app(tmp_path_factory) -> dict:
 
 
 @needs_pip
+@pytest.mark.slow  # `chalice package` of the whole app: about 7 s
 def test_the_app_packages_and_lints(packaged_app):
     from app import app
 
@@ -149,6 +151,7 @@ def test_the_app_packages_and_lints(packaged_app):
 
 
 @needs_pip
+@pytest.mark.slow  # `chalice package` of the whole app: about 7 s
 def test_the_deployment_package_leaves_out_what_the_runtime_has(packaged_app):
     """boto3/botocore come with the Lambda runtime (16 MB of the package otherwise); the
     optimizer's plotting library is optional and stays out of every function."""
@@ -193,6 +196,7 @@ def test_alarms_and_dashboard_cover_what_an_operator_must_know():
         assert metric in body
 
 
+@pytest.mark.slow  # `chalice package` and cfn-lint: seconds
 def test_infra_stack_binds_state_machines_to_chalice_function_names(tmp_path: Path):
     """The stack `chalice deploy` runs against: no SAM, state machines and their role bound
     to ``kvcm-<stage>-<function>``, and every variable the functions need as an output."""
@@ -225,6 +229,7 @@ def test_deployable_stages_have_auth_on_and_fault_injection_off():
 
 @pytest.mark.skipif(not (TOOLS / "checkov").exists(), reason="checkov lives in .venv-tools: run `make tools`")
 @needs_pip
+@pytest.mark.slow  # packages the app, then checkov: about 25 s
 def test_checkov_finds_nothing_beyond_the_written_waivers(packaged_app, tmp_path: Path):
     import yaml
 

@@ -10,6 +10,8 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from chalicelib.index.records import decode_record
 from chalicelib.protocol.models import BlockMask, BoolMasks, FinishWriteCacheRequest, StartWriteCacheRequest
 
@@ -17,6 +19,7 @@ DURATION_S = float(os.environ.get("KVCM_SOAK_S", "60"))
 THREADS = 16
 
 
+@pytest.mark.slow  # a soak: KVCM_SOAK_S of real time (60 s by default)
 def test_concurrent_writers_are_exclusive_and_usage_exact(runtime, instance):
     cache = runtime.cache
     grants, successes = Counter(), Counter()

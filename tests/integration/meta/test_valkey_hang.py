@@ -17,6 +17,8 @@ from tests.integration.meta.harness import SPECS
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
 
+pytestmark = pytest.mark.slow  # real socket timeouts: seconds of wall clock
+
 
 @pytest.fixture
 def hung_valkey(tmp_path):

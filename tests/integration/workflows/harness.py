@@ -6,7 +6,7 @@ import time
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 
 
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

@@ -31,6 +31,7 @@ def _register(rt, instance_id="i1", block_size=4):
          "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
 
 
+@pytest.mark.slow  # waits for a state machine run on the wall clock
 def test_a_large_instance_is_handed_to_the_state_machine_and_removed_with_its_data(stack, monkeypatch):
     rt = stack.runtime
     rt.reconfigure(purge_state_machine_arn=stack.machines["instance_purge"])
@@ -53,6 +54,7 @@ def test_a_large_instance_is_handed_to_the_state_machine_and_removed_with_its_da
     assert rt.index.read_raw(rt.contexts("i1").layout, [1, 2], MODE_RAW) == [None, None]
 
 
+@pytest.mark.slow  # waits for a state machine run on the wall clock
 def test_a_purge_continues_as_a_new_execution(stack, monkeypatch):
     rt = stack.runtime
     rt.reconfigure(purge_state_machine_arn=stack.machines["instance_purge"])

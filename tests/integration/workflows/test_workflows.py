@@ -2,11 +2,15 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from chalicelib.cache.deletion import DeletionService
 from chalicelib.index.block_index import MODE_PREFIX, MODE_RAW
 from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
 
 from .harness import wait_execution, wait_for
+
+pytestmark = pytest.mark.slow  # every test waits for a state machine run on the wall clock
 
 
 def _write_files(start) -> list[Path]:

@@ -1,7 +1,9 @@
 """Random prefix-chained traces for property tests (seeded: every failure reproduces)."""
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 from chalicelib.optimizer.traces import Op, Query, Record
 
@@ -47,3 +49,11 @@ def random_trace(seed: int, *, requests: int = 150, instances: tuple[str, ...] =
             written = keys + keys[-1:] if rng.random() < 0.1 and keys else keys
             records.append(Record(instance, ts, Op.WRITE, written, skipped))
     return records
+
+
+def write_mooncake_trace(path: Path, seed: int, requests: int = 400) -> Path:
+    """``random_trace`` (one instance) as a Mooncake JSONL file: what the CLI reads."""
+    with open(path, "w") as out:
+        for record in random_trace(seed, requests=requests, instances=("a",)):
+            out.write(json.dumps({"timestamp": record.timestamp_us // 1000, "hash_ids": list(record.keys)}) + "\n")
+    return path

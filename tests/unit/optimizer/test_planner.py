@@ -2,8 +2,11 @@
 quota with its watermark, and the report's human output."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from chalicelib.optimizer.cli import main
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.planner import (MODEL_PRESETS, CapacityPlan, ModelPreset, for_people,
@@ -11,6 +14,8 @@ from chalicelib.optimizer.planner import (MODEL_PRESETS, CapacityPlan, ModelPres
 from chalicelib.optimizer.replay import Totals
 from chalicelib.optimizer.report import build_report, summary_lines
 from chalicelib.optimizer.sweep import PointResult
+
+from .synth import write_mooncake_trace
 
 
 def test_kv_bytes_per_token_from_the_model_shape():
@@ -84,3 +89,35 @@ def test_floats_are_rounded_for_people():
     assert for_people({"a": [0.123456, 1234567.8], "b": 3, "c": None, "d": 0.0}) == {
         "a": [0.1235, 1235000.0], "b": 3, "c": None, "d": 0.0}
     assert human_bytes(1536) == "1.5 KiB" and human_bytes(3 * 2**40) == "3 TiB"
+
+
+def test_report_command_prints_assumptions_and_gib(tmp_path, capsys):
+    trace = write_mooncake_trace(tmp_path / "trace.jsonl", seed=3)
+    out = tmp_path / "r"
+    assert main(["report", "--trace", str(trace), "--format", "mooncake", "--out", str(out),
+                 "--capacities", "1000,20000", "--policies", "lru", "--model", "llama-3.1-70b",
+                 "--storage-tier", "ssd", "--storage-price", "ssd=0.001", "--workers", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "320 KiB of KV per token" in text and "0.001 USD/GiB-h" in text
+    assert "block = 512 tokens = 160 MiB" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["plan"]["block_bytes"] == 512 * 320 * 1024
+    assert report["cost_model"]["model_params"] == 70.6e9
+    rec = report["recommendation"]
+    assert rec["capacity_gib"] == pytest.approx(rec["capacity"] * 160 / 1024, rel=1e-3)
+    # rounded for people: no float in the file has more than 4 significant digits
+    assert len(repr(rec["block_hit_ratio"]).lstrip("0.")) <= 4
+
+
+def test_kv_bytes_per_token_given_directly(tmp_path, capsys):
+    trace = write_mooncake_trace(tmp_path / "trace.jsonl", seed=3)
+    out = tmp_path / "r"
+    assert main(["report", "--trace", str(trace), "--format", "mooncake", "--out", str(out),
+                 "--capacities", "1000", "--policies", "lru", "--kv-bytes-per-token", "1000",
+                 "--used-percentage", "0.5", "--workers", "1"]) == 0
+    assert "model given: 1000 B of KV per token" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["plan"]["block_bytes"] == 512_000
+    assert report["quota"]["max_key_count"] == 2 * report["recommendation"]["capacity"]
+    assert main(["report", "--trace", str(trace), "--out", str(out),
+                 "--used-percentage", "2"]) == 2
