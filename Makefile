@@ -57,7 +57,7 @@ lint: $(STAMP)
 test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -ra
 
-## test-fast: the edit loop: every test not marked slow (no soak, fuzz, rehearsal, live replay), under a minute
+## test-fast: the edit loop: every test not marked slow (no soak, rehearsal, live replay, e2e stack)
 test-fast: $(STAMP) $(BIN)/kvcm
 	$(BIN)/python -m pytest -m "not slow"
 
