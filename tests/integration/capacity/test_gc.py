@@ -15,6 +15,7 @@ from chalicelib.capacity.gc import CacheGarbageCollector, CacheGcConfigError
 from chalicelib.index import Status
 from chalicelib.index.block_index import MODE_RAW
 from chalicelib.index.records import decode_record
+from chalicelib.storage.file import FileBackend
 from chalicelib.stores.gc_state import GcStateStore
 from tests.integration.control.harness import call, code
 
@@ -167,3 +168,21 @@ def test_switched_off_it_does_nothing(gc_setup, client, runtime):
     runtime.reconfigure(cache_gc=False)
     assert runtime.cache_gc.run()["skipped"].startswith("the background GC is switched off")
     assert status(runtime, "i1", 10) == Status.SERVING
+
+
+def test_probes_go_per_storage_in_bounded_chunks(gc_setup, client, runtime, monkeypatch):
+    monkeypatch.setattr(gc, "PROBE_CHUNK", 2)
+    served = start(client, "i1", [10, 11, 12, 13, 14])
+    write_data(served)
+    finish(client, "i1", served)
+    probe = FileBackend.might_exist
+    chunks: list[int] = []
+
+    def counted(backend, blocks):
+        chunks.append(len(blocks))
+        return probe(backend, blocks)
+
+    monkeypatch.setattr(FileBackend, "might_exist", counted)
+    report = runtime.cache_gc.run()
+    assert chunks == [2, 2, 1] and report["candidates"]["storage_missing"] == 0
+    assert runtime.metrics.value("cache_gc.storage_probe_count", {"result": "present"}) == 5
