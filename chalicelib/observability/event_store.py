@@ -24,8 +24,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterator, Optional, Protocol
+from datetime import datetime, timedelta, UTC
+from typing import Protocol
+from collections.abc import Callable, Iterator
 from urllib.parse import quote
 
 from .logging import logger
@@ -70,7 +71,7 @@ def group_prefix(prefix: str, group: str, kind: str = "events") -> str:
 
 
 def _hour(time_us: int) -> datetime:
-    return datetime.fromtimestamp(time_us / 1e6, tz=timezone.utc).replace(minute=0, second=0, microsecond=0)
+    return datetime.fromtimestamp(time_us / 1e6, tz=UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def hour_prefix(prefix: str, group: str, hour: datetime) -> str:
@@ -88,7 +89,7 @@ class _Buffer:
 class PartitionedEventWriter:
     """Buffers event lines per (group, hour) and writes them as objects; thread-safe."""
 
-    def __init__(self, store: ObjectStore, prefix: str = "", container_id: Optional[str] = None,
+    def __init__(self, store: ObjectStore, prefix: str = "", container_id: str | None = None,
                  flush_bytes: int = FLUSH_BYTES, flush_age_s: float = FLUSH_AGE_S,
                  max_buffer_bytes: int = MAX_BUFFER_BYTES,
                  monotonic: Callable[[], float] = time.monotonic) -> None:

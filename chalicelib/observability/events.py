@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Callable, Optional, Protocol, TextIO
+from typing import Any, Protocol, TextIO
+from collections.abc import Callable
 
 from ..cache.keys import keys_from_tokens
 from ..clock import Clock
@@ -33,7 +34,7 @@ def _event_id() -> str:
     return bytes(_ALPHABET[b % 36] for b in os.urandom(32)).decode()
 
 
-def _mask(mask: Optional[BlockMask]) -> Any:
+def _mask(mask: BlockMask | None) -> Any:
     if mask is None:
         return 0
     if mask.bool_masks is not None:
@@ -45,7 +46,7 @@ class EventLog:
     """Appends event lines to a stream, or to partitioned objects per group (``writer``;
     ``group_of`` names an instance's group); thread-safe. Neither = disabled."""
 
-    def __init__(self, stream: Optional[TextIO], writer: Optional[PartitionedEventWriter] = None,
+    def __init__(self, stream: TextIO | None, writer: PartitionedEventWriter | None = None,
                  group_of: Callable[[str], str] = lambda instance_id: "") -> None:
         self._stream = stream
         self._writer = writer
@@ -54,8 +55,8 @@ class EventLog:
 
     @classmethod
     def from_settings(cls, path: str,
-                      open_objects: Optional[Callable[[str], tuple[ObjectStore, str]]] = None,
-                      group_of: Callable[[str], str] = lambda instance_id: "") -> "EventLog":
+                      open_objects: Callable[[str], tuple[ObjectStore, str]] | None = None,
+                      group_of: Callable[[str], str] = lambda instance_id: "") -> EventLog:
         """The log ``KVCM_EVENT_LOG`` asks for: none (empty), ``stdout``, partitioned
         objects (``s3://bucket/prefix``, ``dir:/path`` or a path ending in ``/``: the
         store and key prefix ``open_objects`` gives for it), or a file."""
@@ -83,8 +84,9 @@ class EventLog:
         if self._writer is not None:
             self._writer.append(self._group(source), trigger_time_us, line)
             return
-        with self._lock:
-            self._stream.write(line + "\n")
+        if self._stream is not None:
+            with self._lock:
+                self._stream.write(line + "\n")
 
     def _group(self, instance_id: str) -> str:
         try:

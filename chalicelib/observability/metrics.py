@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..clock import Clock
 from .logging import logger
@@ -43,12 +43,12 @@ class MetricsDelta:
     def __bool__(self) -> bool:
         return bool(self.counters or self.counts or self.gauges)
 
-    def merge(self, other: "MetricsDelta") -> None:
+    def merge(self, other: MetricsDelta) -> None:
         """Add ``other``'s changes (``other``'s gauges are older: they yield to ours)."""
         for key, value in other.counters.items():
             self.counters[key] += value
-        for key, value in other.sums.items():
-            self.sums[key] += value
+        for key, total in other.sums.items():
+            self.sums[key] += total
         for key, value in other.counts.items():
             self.counts[key] += value
         self.gauges = {**other.gauges, **self.gauges}
@@ -71,17 +71,17 @@ class MetricsRegistry:
         self._pending = MetricsDelta()
 
     @staticmethod
-    def _key(name: str, tags: Optional[dict[str, str]]) -> MetricKey:
+    def _key(name: str, tags: dict[str, str] | None) -> MetricKey:
         return name, tuple(sorted((tags or {}).items()))
 
-    def incr(self, name: str, value: int = 1, tags: Optional[dict[str, str]] = None) -> None:
+    def incr(self, name: str, value: int = 1, tags: dict[str, str] | None = None) -> None:
         """Add to a counter."""
         key = self._key(name, tags)
         with self._lock:
             self._totals.counters[key] += value
             self._pending.counters[key] += value
 
-    def observe(self, name: str, value: float, tags: Optional[dict[str, str]] = None) -> None:
+    def observe(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
         """Record a sample; reported as the mean of the samples."""
         key = self._key(name, tags)
         with self._lock:
@@ -89,7 +89,7 @@ class MetricsRegistry:
                 delta.sums[key] += value
                 delta.counts[key] += 1
 
-    def gauge(self, name: str, value: float, tags: Optional[dict[str, str]] = None) -> None:
+    def gauge(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
         """Set a gauge to its current value."""
         key = self._key(name, tags)
         with self._lock:
@@ -116,7 +116,7 @@ class MetricsRegistry:
         if code != "OK":
             self.incr("service.error_counter", 1, {**tags, "code": code})
 
-    def value(self, name: str, tags: Optional[dict[str, str]] = None) -> Optional[float]:
+    def value(self, name: str, tags: dict[str, str] | None = None) -> float | None:
         """One metric's value in this container (None when never recorded); for tests and
         health pages."""
         key = self._key(name, tags)

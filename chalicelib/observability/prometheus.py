@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable, Mapping
 
 from .metrics import MetricKey, MetricsDelta, Tags
 
@@ -36,7 +36,7 @@ def _number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
-def _families(values: dict[MetricKey, float]) -> dict[str, list[tuple[Tags, float]]]:
+def _families(values: Mapping[MetricKey, float]) -> dict[str, list[tuple[Tags, float]]]:
     families: dict[str, list[tuple[Tags, float]]] = defaultdict(list)
     for (name, tags), value in sorted(values.items()):
         families[name].append((tags, value))

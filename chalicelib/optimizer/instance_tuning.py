@@ -25,11 +25,13 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Mapping, Optional, Protocol
+from datetime import datetime, UTC
+from typing import Any, Protocol
+from collections.abc import Mapping
 
 from ..observability.event_store import ObjectStore, group_prefix, read_group_lines
 from ..protocol.models import InstanceGroup
+from .errors import ConfigError
 from .mrc import HitRatioCurve
 from .traces import Record, read_kvcm_events
 from .tuning import instance_curves, recommend
@@ -92,7 +94,7 @@ class GroupResult:
 
     group: str
     status: str  # applied | recommended | conflict | no_quota | no_traffic | below_min_gain
-    recommendation: Optional[dict[str, Any]] = None
+    recommendation: dict[str, Any] | None = None
     output: str = ""
 
     def summary(self) -> dict[str, Any]:
@@ -142,6 +144,8 @@ class InstanceTuning:
 
     def tune(self, group: InstanceGroup) -> GroupResult:
         tuning = group.tuning
+        if tuning is None:
+            raise ConfigError(f"instance group {group.name!r} has no tuning settings (Groups.groups fills them in)")
         capacity = group.quota.capacity if group.quota is not None else 0
         if capacity <= 0:
             return GroupResult(group.name, "no_quota")
@@ -190,7 +194,7 @@ class InstanceTuning:
         return "conflict"
 
     def _write(self, group: str, end_us: int, rec: dict[str, Any]) -> str:
-        when = datetime.fromtimestamp(end_us / 1e6, tz=timezone.utc)
+        when = datetime.fromtimestamp(end_us / 1e6, tz=UTC)
         key = group_prefix(self.output_prefix, group, "tuning") + when.strftime("%Y-%m-%d/%H%M%S") + ".json"
         self.output.put(key, json.dumps(rec, indent=1, sort_keys=True).encode())
         return self.output.uri(key)

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.perf import gc_paused
@@ -45,6 +45,8 @@ from chalicelib.optimizer.replay import Totals
 from chalicelib.optimizer.traces import Op, Query, Record
 
 _READ, _WRITE, _REQUEST, _PREFIX = Op.READ, Op.WRITE, Op.REQUEST, Query.PREFIX_MATCH
+#: Hit counts: whole blocks for exact curves, scaled-up estimates for sampled ones.
+N = TypeVar("N", int, float)
 
 
 class _Stack:
@@ -114,7 +116,7 @@ def _cumulative(diff: list[int], top: int) -> list[int]:
 
 def is_masked(mask: int | tuple[bool, ...], index: int) -> bool:
     """Whether key ``index`` of a record is masked (an int masks the indices below it)."""
-    return index < mask if type(mask) is int else index < len(mask) and mask[index]
+    return index < mask if isinstance(mask, int) else index < len(mask) and mask[index]
 
 
 def window_threshold(dists: Sequence[int | None], size: int) -> list[int]:
@@ -122,12 +124,12 @@ def window_threshold(dists: Sequence[int | None], size: int) -> list[int]:
     smallest, over windows of ``size`` keys, of the largest distance in the window."""
     if size < 1 or size > len(dists):
         return []
-    best = None
+    best: int | None = None
     for start in range(len(dists) - size + 1):
         window = dists[start:start + size]
         if None in window:
             continue
-        worst = max(window)  # type: ignore[type-var]
+        worst = max(cast("Sequence[int]", window))
         best = worst if best is None else min(best, worst)
     return [] if best is None else [best] * size
 
@@ -165,7 +167,7 @@ class HitRatioCurve:
         return _cumulative(self._loss, self._top)
 
     @staticmethod
-    def _at(cumulative: list[int], index: int) -> int:
+    def _at(cumulative: Sequence[N], index: int) -> N:
         if index < 0:
             return 0
         return cumulative[min(index, len(cumulative) - 1)]
@@ -211,7 +213,7 @@ class HitRatioCurve:
         """The totals a replay at ``capacity`` reports (exact curves only)."""
         if not self.exact:
             raise ConfigError("totals need an exact curve (sample_rate 1)")
-        external = self._at(self._hits, capacity)
+        external = int(self._at(self._hits, capacity))  # exact: whole blocks
         external_tokens = external * self.block_size - self._at(self._token_loss, capacity)
         return Totals(
             reads=self.reads, read_blocks=self.read_blocks,
@@ -314,7 +316,7 @@ class CurveBuilder:
         if mask and query is _PREFIX:
             flags = [is_masked(mask, i) for i in range(n)]
             internal = sum(flags)
-            olds = [a for a, masked in zip(olds, flags) if not masked]
+            olds = [a for a, masked in zip(olds, flags, strict=True) if not masked]
         self.reads += 1
         self.read_blocks += n
         self.internal += internal
@@ -393,7 +395,7 @@ class CurveBuilder:
                 stack.clock = clock + n
             else:
                 stack.advance(n)
-            stack.last.update(zip(keys, range(clock + n - 1, clock - 1, -1)))
+            stack.last.update(zip(keys, range(clock + n - 1, clock - 1, -1), strict=True))
 
     def _lose_tokens(self, runs: list[tuple[int, int, int]], end: int, running: int,
                      internal: int, tokens: int) -> None:
@@ -452,8 +454,9 @@ class CurveBuilder:
             block_size=self.block_size, sample_rate=1.0, reads=self.reads,
             read_blocks=self.read_blocks, internal_hit_blocks=self.internal,
             input_tokens=self.input_tokens, written_blocks=self.written_blocks,
-            distinct_written=self.distinct_written, internal_hit_tokens=self.internal_tokens, _hits=_cumulative(self._reads, self._top),
-            _writes=self._writes, _loss=self._loss, _top=self._top, elapsed_s=elapsed_s)
+            distinct_written=self.distinct_written, internal_hit_tokens=self.internal_tokens,
+            _hits=_cumulative(self._reads, self._top), _writes=self._writes, _loss=self._loss, _top=self._top,
+            elapsed_s=elapsed_s)
 
 
 def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float = 1.0

@@ -250,7 +250,7 @@ def build_plan(*, block_size: int, instances: int = 1, model: str = DEFAULT_MODE
     given = kv_bytes_per_token is not None
     plan = CapacityPlan(
         block_size=block_size,
-        kv_bytes_per_token=kv_bytes_per_token if given else preset.kv_bytes_per_token,
+        kv_bytes_per_token=kv_bytes_per_token if kv_bytes_per_token is not None else preset.kv_bytes_per_token,
         model="given" if given else preset.describe(),
         tier=storage_tier(tier, prices), instances=instances,
         used_fraction=used_percentage, step_percentage=reclaim_step_percentage,

@@ -270,13 +270,13 @@ class _Instance:
 
 
 def _is_masked(mask: int | tuple[bool, ...], index: int) -> bool:
-    if type(mask) is int:
+    if isinstance(mask, int):
         return index < mask
     return index < len(mask) and mask[index]
 
 
 def _masked_count(mask: int | tuple[bool, ...], n: int) -> int:
-    return min(mask, n) if type(mask) is int else sum(mask[:n])
+    return min(mask, n) if isinstance(mask, int) else sum(mask[:n])
 
 
 def _rightmost_window(cached: list[bool], size: int) -> int | None:

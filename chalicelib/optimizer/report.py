@@ -233,7 +233,7 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-    plan = report.get("plan")
+    plan: dict[str, Any] = report.get("plan") or {}
     assumptions = report.get("assumptions", [])
     if plan:
         fig, (ax, money) = plt.subplots(2, 1, figsize=(10, 9.5), dpi=120, sharex=True,
@@ -250,10 +250,10 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
     for n, (policy, data) in enumerate(policies):
         color, marker = colors[n % len(colors)], markers[n % len(markers)]
         caps = [c for c in data["capacities"] if c > 0]
-        ratios = [r for c, r in zip(data["capacities"], data["block_hit_ratio"]) if c > 0]
+        ratios = [r for c, r in zip(data["capacities"], data["block_hit_ratio"], strict=True) if c > 0]
         if policy == "lru" and curve:
             # the exact curve over the plotted range: a bit wider than the grid
-            dense = [(c, r) for c, r in zip(curve["capacities"], curve["block_hit_ratio"])
+            dense = [(c, r) for c, r in zip(curve["capacities"], curve["block_hit_ratio"], strict=True)
                      if r is not None and low <= c <= high]
             ax.plot([c for c, _ in dense], [r for _, r in dense], "-", color=color, lw=2,
                     label="lru (exact one-pass curve)")

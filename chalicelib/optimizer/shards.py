@@ -182,13 +182,13 @@ class SampledCurveBuilder:
             # prefix-chained keys: a kept key that is not cached ends the hit prefix (its
             # unsampled neighbours share its fate); the running maximum keeps the order
             running = 0
-            for key, distance in zip(kept, distances):
+            for key, distance in zip(kept, distances, strict=True):
                 if distance is None:
                     break
                 running = max(running, distance)
                 self._hit(running, key)
         elif query is Query.BATCH_GET:
-            for key, distance in zip(kept, distances):
+            for key, distance in zip(kept, distances, strict=True):
                 if distance is not None:
                     self._hit(distance, key)
         else:
@@ -209,7 +209,7 @@ class SampledCurveBuilder:
         others = self._other_hits + [0] * (size - len(self._other_hits))
         hits: list[float] = []
         total = 0.0
-        for root, other in zip(roots, others):
+        for root, other in zip(roots, others, strict=True):
             total += root + other * scale
             hits.append(total)
         return HitRatioCurve(

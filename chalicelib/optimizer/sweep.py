@@ -244,6 +244,7 @@ def sweep(spec: TraceSpec, capacities: Iterable[int], policies: Iterable[str], *
     """
     started = time.perf_counter()
     spec = spec.resolved()
+    assert spec.block_size is not None, "resolved() fills the block size in"
     settings = replace(settings or SweepSettings(), block_size=spec.block_size)
     if split_instances and settings.mode is EvictionMode.GROUP_ROUGH:
         raise ConfigError("split_instances needs an instance mode: group_rough shares capacity")

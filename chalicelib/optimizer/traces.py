@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from pathlib import Path
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from chalicelib.optimizer.errors import ConfigError, TraceFormatError
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 INT64_MAX = (1 << 63) - 1
 _U64 = (1 << 64) - 1
@@ -259,7 +259,7 @@ def _written(keys: list[int], success: Any, line: _Line) -> tuple[list[int], int
     if isinstance(flags, list) and len(flags) != len(keys):
         raise line.error(f"success_block has {len(flags)} flags for a session of {len(keys)} keys")
     ok = _normalize_mask(success, line)
-    if type(ok) is int:
+    if isinstance(ok, int):
         return keys[:ok], 0
     # keep the failed keys in place, masked, so every written key keeps its true parent
     return keys, tuple(not flag for flag in ok)
@@ -322,7 +322,7 @@ def read_kvcm_events(path: PathLike, *, block_size: int | None = None,
             yield Record(line.text("source"), ts, Op.READ, keys, line.mask("block_mask"),
                          n_tokens, line.query(), max(sw_size, 0))
         elif kind == "StartWriteCache":
-            keys, _ = _keys_of(line, block_size)
+            keys = _keys_of(line, block_size)[0]
             session = line.text("write_session_id")
             if session in unfinished:
                 seq += 1

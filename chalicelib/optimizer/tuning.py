@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.mrc import HitRatioCurve, lru_curve
@@ -50,7 +50,7 @@ class QuotaSplit:
         return (self.internal_hit_blocks + self.hits) / self.read_blocks
 
 
-BlockBytes = Optional[Mapping[str, int]]
+BlockBytes = Mapping[str, int] | None
 
 
 def _blocks(quota: int, used_fraction: float, name: str, block_bytes: BlockBytes) -> int:
@@ -114,7 +114,7 @@ def best_split(curves: Mapping[str, HitRatioCurve], total: int, used_fraction: f
         choices.append(choice)
     quotas: dict[str, int] = {}
     g = slots
-    for name, choice in zip(reversed(names), reversed(choices)):
+    for name, choice in zip(reversed(names), reversed(choices), strict=True):
         quotas[name] = floor + choice[g] * unit
         g -= choice[g]
     # what the grid leaves over goes to the instance that gains most from it
