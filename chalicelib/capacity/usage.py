@@ -29,7 +29,7 @@ def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroup
     """The report of one group whose instances use ``usages`` (by instance id)."""
     limits = Limits.of(group)
     types = sorted(set(limits.type_capacity) | {t for u in usages.values() for t in u.by_type})
-    by_type = [StorageTypeUsage(storage_type=StorageType[name] if name in StorageType.__members__ else 0,
+    by_type = [StorageTypeUsage(storage_type=StorageType.__members__.get(name, StorageType.ST_UNSPECIFIED),
                                 used_bytes=sum(u.by_type.get(name, 0) for u in usages.values()),
                                 capacity=limits.type_capacity.get(name, 0),
                                 watermark_bytes=(limits.trigger(limits.type_capacity[name])
