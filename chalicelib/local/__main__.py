@@ -12,7 +12,7 @@ import shutil
 import signal
 import sys
 import threading
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from .config import StackConfig
 from .guard import StackStartError, StartCancelled, StateLock
@@ -74,7 +74,7 @@ def clean(config: StackConfig) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args not in ([], ["clean"]):
         print("usage: python -m chalicelib.local [clean]", file=sys.stderr)

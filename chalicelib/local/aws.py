@@ -13,7 +13,8 @@ import threading
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from . import asl
 from .guard import port_of
@@ -48,8 +49,8 @@ class LocalAws:
     def __init__(self, port: int, region: str) -> None:
         self.region = region
         self._port = port
-        self._server: Optional[Any] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: Any | None = None
+        self._thread: threading.Thread | None = None
         self._clients: dict[str, Any] = {}
 
     @property
@@ -94,7 +95,8 @@ class LocalAws:
         if self._server is not None:
             server, self._server = self._server, None
             server.shutdown()  # serve_forever closes the socket on its way out
-            self._thread.join()
+            if self._thread is not None:
+                self._thread.join()
 
     def client(self, service: str) -> Any:
         """A boto3 client bound to this server, whatever the process environment says."""

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ class StackConfig:
     seed: bool = True
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "StackConfig":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> StackConfig:
         """Read the stack's variables; unset ones keep their defaults."""
         base = cls()
         return cls(

@@ -15,7 +15,8 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from .guard import StackStartError
 
@@ -100,7 +101,7 @@ class ControlSnapshot:
     """The table ``table_name`` saved to ``path`` (snapshot) and ``path.journal`` (writes since)."""
 
     #: The one instance whose journal moto's handlers write to (they are patched process-wide).
-    _attached: Optional["ControlSnapshot"] = None
+    _attached: ControlSnapshot | None = None
 
     def __init__(self, dynamodb: Any, table_name: str, path: Path,
                  key_names: tuple[str, ...] = ("pk", "sk")) -> None:
@@ -112,7 +113,7 @@ class ControlSnapshot:
         # Held across a write request and its journal append, and across a compaction:
         # the journal's order is the order moto applied the writes in.
         self._lock = threading.Lock()
-        self._journal_fd: Optional[int] = None
+        self._journal_fd: int | None = None
         self._originals: dict[str, Callable] = {}
 
     # ------------------------------------------------------------ snapshot
@@ -234,5 +235,7 @@ class ControlSnapshot:
             item = table.get_item(*(DynamoType(key[name]) for name in self.key_names if name in key))
             lines.append(json.dumps({"key": key, "item": item and {
                 name: _wire(value) for name, value in item.attrs.items()}}))
-        os.write(self._journal_fd, ("\n".join(lines) + "\n").encode())
-        os.fsync(self._journal_fd)
+        fd = self._journal_fd
+        assert fd is not None, "the journal is opened before the first write"
+        os.write(fd, ("\n".join(lines) + "\n").encode())
+        os.fsync(fd)

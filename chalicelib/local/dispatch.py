@@ -14,7 +14,8 @@ import threading
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from ..clock import Clock, SystemClock
 from ..observability.logging import logger
@@ -60,12 +61,12 @@ class LambdaDispatch:
 
     _lock = threading.Lock()
 
-    def __init__(self, handlers: Mapping[str, Handler], clock: Optional[Clock] = None) -> None:
+    def __init__(self, handlers: Mapping[str, Handler], clock: Clock | None = None) -> None:
         self.handlers = handlers
         self.clock = clock or SystemClock()
-        self._original: Optional[Callable[..., Any]] = None
+        self._original: Callable[..., Any] | None = None
 
-    def invoke(self, function_name: str, body: Any, response_headers: dict[str, str]) -> Optional[bytes]:
+    def invoke(self, function_name: str, body: Any, response_headers: dict[str, str]) -> bytes | None:
         """Run the named handler on the JSON ``body``; None (→ HTTP 404) for an unknown function."""
         name = function_name_of(function_name)
         handler = self.handlers.get(name)
@@ -85,20 +86,20 @@ class LambdaDispatch:
                       "stackTrace": traceback.format_exception(exc)}
         return json.dumps(result).encode("utf-8")
 
-    def __enter__(self) -> "LambdaDispatch":
+    def __enter__(self) -> LambdaDispatch:
         from moto.awslambda_simple.models import LambdaSimpleBackend
 
         dispatch = self
 
-        def invoke(backend: Any, function_name: str, qualifier: Optional[str], body: Any,
-                   headers: Any, response_headers: dict[str, str]) -> Optional[bytes]:
+        def invoke(backend: Any, function_name: str, qualifier: str | None, body: Any,
+                   headers: Any, response_headers: dict[str, str]) -> bytes | None:
             return dispatch.invoke(function_name, body, response_headers)
 
         with self._lock:
             if self._original is not None:
                 raise RuntimeError("LambdaDispatch is already installed")
             self._original = LambdaSimpleBackend.invoke
-            LambdaSimpleBackend.invoke = invoke
+            setattr(LambdaSimpleBackend, "invoke", invoke)  # noqa: B010 - patching moto's method
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -106,5 +107,5 @@ class LambdaDispatch:
 
         with self._lock:
             if self._original is not None:
-                LambdaSimpleBackend.invoke = self._original
+                setattr(LambdaSimpleBackend, "invoke", self._original)  # noqa: B010 - restoring moto's method
                 self._original = None

@@ -7,14 +7,14 @@ passing objects around, and restores them so an in-process stack leaves no trace
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 
 class EnvPatch:
     """Sets variables and remembers what they were; ``restore`` puts them back."""
 
     def __init__(self) -> None:
-        self._saved: dict[str, Optional[str]] = {}
+        self._saved: dict[str, str | None] = {}
 
     def set(self, values: Mapping[str, str]) -> None:
         """Set every variable (first change of a name records its previous value)."""

@@ -10,7 +10,7 @@ import os
 import socket
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
 
 LOCK_FILE = "stack.lock"
 
@@ -48,7 +48,7 @@ class StateLock:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.path = state_dir / LOCK_FILE
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     def acquire(self, hint: str = ", or set KVCM_STATE_DIR to another directory") -> None:
         """Take the lock or raise StateInUseError naming the holder's pid."""

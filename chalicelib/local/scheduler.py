@@ -11,8 +11,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from ..clock import Clock
 from ..observability.logging import logger
@@ -48,7 +49,7 @@ def period_of(expression: Any) -> float:
 
 def scheduled_event(rule_name: str, region: str, clock: Clock) -> dict:
     """The event EventBridge passes to a scheduled Lambda."""
-    when = datetime.fromtimestamp(clock.now(), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = datetime.fromtimestamp(clock.now(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event",
             "source": "aws.events", "account": LOCAL_ACCOUNT, "time": when, "region": region,
             "resources": [f"arn:aws:events:{region}:{LOCAL_ACCOUNT}:rule/{rule_name}"], "detail": {}}

@@ -7,7 +7,8 @@ records) and only adds what is absent, so changes made to them survive restarts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..protocol.errors import DuplicateEntityError
 from ..protocol.models import InstanceGroup, InstanceGroupQuota, NfsStorageSpec, StorageConfig
@@ -18,10 +19,15 @@ GROUP_QUOTA_BYTES = 100 * 1024 ** 3
 KEY_COUNT_PER_FILE = 8
 
 
+def storage_root(data_dir: Path) -> Path:
+    """Where the default storage keeps its files: in the stack's state folder."""
+    return (data_dir / STORAGE_NAME).resolve()
+
+
 def default_storage(data_dir: Path) -> StorageConfig:
     """``nfs_01``: the file backend rooted in the stack's state folder."""
     return StorageConfig(global_unique_name=STORAGE_NAME,
-                         nfs=NfsStorageSpec(root_path=str((data_dir / STORAGE_NAME).resolve()),
+                         nfs=NfsStorageSpec(root_path=str(storage_root(data_dir)),
                                             key_count_per_file=KEY_COUNT_PER_FILE))
 
 
@@ -42,7 +48,7 @@ def _add_absent(add: Callable[[Any], Any], entity: Any) -> bool:
 def seed_defaults(control: Any, data_dir: Path) -> list[str]:
     """Add the default storage and group unless they exist; returns the names added."""
     storage = default_storage(data_dir)
-    Path(storage.nfs.root_path).mkdir(parents=True, exist_ok=True)
+    storage_root(data_dir).mkdir(parents=True, exist_ok=True)
     added = []
     if _add_absent(control.add_storage, storage):
         added.append(STORAGE_NAME)

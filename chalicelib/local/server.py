@@ -10,7 +10,7 @@ import functools
 import json
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .config import REPO_ROOT
 
@@ -54,8 +54,8 @@ class ApiServer:
         self.config = config
         self.host = host
         self._requested_port = port
-        self._server: Optional[Any] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: Any | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:

@@ -7,7 +7,8 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any, Mapping, Optional
+from typing import Any
+from collections.abc import Mapping
 
 from ..clock import Clock, SystemClock
 from ..observability.logging import logger
@@ -49,8 +50,8 @@ class LocalStack:
     app's task handlers); tests add their own. Usable as a context manager.
     """
 
-    def __init__(self, config: Optional[StackConfig] = None, app: Any = None,
-                 handlers: Optional[Mapping[str, Handler]] = None, clock: Optional[Clock] = None) -> None:
+    def __init__(self, config: StackConfig | None = None, app: Any = None,
+                 handlers: Mapping[str, Handler] | None = None, clock: Clock | None = None) -> None:
         self.config = config or StackConfig.from_env()
         self.app = app if app is not None else load_app()
         self.handlers: Mapping[str, Handler] = handlers if handlers is not None else task_handlers(self.app)
@@ -64,15 +65,15 @@ class LocalStack:
         self.jobs: list[Job] = []
         self.restored_items = 0
         #: The control table on disk (snapshot + journal), once started.
-        self.snapshot: Optional[ControlSnapshot] = None
+        self.snapshot: ControlSnapshot | None = None
         self.seeded: list[str] = []
         self.started_in_s = 0.0
-        self._exits: Optional[ExitStack] = None
+        self._exits: ExitStack | None = None
         self._stop_requested = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, stop_requested: Optional[threading.Event] = None) -> "LocalStack":
+    def start(self, stop_requested: threading.Event | None = None) -> LocalStack:
         """Start everything; on failure, stop what was started and re-raise.
 
         ``stop_requested`` set meanwhile (by a signal handler) ends the start at the next
@@ -98,7 +99,7 @@ class LocalStack:
         if exits is not None:
             exits.close()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -211,7 +212,8 @@ class LocalStack:
         valkey = (f"{self.valkey_url}  (embedded, data in {self.config.valkey_dir})" if self.valkey.embedded
                   else f"{self.valkey_url}  (external)")
         if self.valkey.stopped_leftovers:
-            valkey += f"   (stopped the Valkey left running there: pid {', '.join(map(str, self.valkey.stopped_leftovers))})"
+            pids = ", ".join(map(str, self.valkey.stopped_leftovers))
+            valkey += f"   (stopped the Valkey left running there: pid {pids})"
         schedules = ", ".join(f"{job.name} every {job.period_s:g} s" for job in self.jobs) or "none"
         workflows = ", ".join(self.state_machines) or "none"
         if self.skipped_workflows:

@@ -17,13 +17,15 @@ and of Valkey itself, SIGKILL included; only a crash of the machine can lose the
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from .guard import PortInUseError, StackStartError
 
@@ -36,7 +38,7 @@ POLL_S = 0.05
 PORT_VARIABLE = "KVCM_LOCAL_VALKEY_PORT"
 _PR_SET_PDEATHSIG = 1
 # Resolved before any fork: the child between fork and exec should do as little as possible.
-_libc: Optional[Any] = ctypes.CDLL(None, use_errno=True) if os.uname().sysname == "Linux" else None
+_libc: Any | None = ctypes.CDLL(None, use_errno=True) if os.uname().sysname == "Linux" else None
 
 
 def _die_with(parent_pid: int) -> None:
@@ -117,8 +119,8 @@ class LocalValkey:
         self.host = host
         self._requested_port = port
         self._external_url = url
-        self._process: Optional[subprocess.Popen] = None
-        self._port: Optional[int] = None
+        self._process: subprocess.Popen | None = None
+        self._port: int | None = None
         self.stopped_leftovers: list[int] = []
 
     @property
@@ -134,12 +136,12 @@ class LocalValkey:
         return f"redis://{self.host}:{self._port}/0"
 
     @property
-    def port(self) -> Optional[int]:
+    def port(self) -> int | None:
         """The embedded server's port (None for an external server)."""
         return self._port if self._process is not None else None
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
     @property
@@ -164,24 +166,25 @@ class LocalValkey:
             # Output to the log, not a pipe: nothing reads a pipe, and a full one blocks the server.
             # Its own process group: a Ctrl-C in the terminal reaches the stack only, which
             # stops Valkey last, after everything that uses it.
-            self._process = subprocess.Popen([str(get_binary_path()), str(config)], stdout=log,
-                                             stderr=subprocess.STDOUT, cwd=self.data_dir, process_group=0,
-                                             preexec_fn=lambda parent=os.getpid(): _die_with(parent))
-        self._port = port
-        self._wait_ready(timeout_s, log_offset, cancelled)
+            process = subprocess.Popen([str(get_binary_path()), str(config)], stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=self.data_dir, process_group=0,
+                                       preexec_fn=functools.partial(_die_with, os.getpid()))
+        self._process, self._port = process, port
+        self._wait_ready(process, port, timeout_s, log_offset, cancelled)
         return self.url
 
-    def _wait_ready(self, timeout_s: float, log_offset: int, cancelled: Callable[[], bool]) -> None:
+    def _wait_ready(self, process: subprocess.Popen[bytes], port: int, timeout_s: float, log_offset: int,
+                    cancelled: Callable[[], bool]) -> None:
         deadline = time.monotonic() + timeout_s
-        while not _serves(self.host, self._port, self._process.pid) and not cancelled():
-            exited = self._process.poll()
+        while not _serves(self.host, port, process.pid) and not cancelled():
+            exited = process.poll()
             if exited is not None or time.monotonic() > deadline:
                 self.stop()
                 with open(self.log_path, "rb") as log:
                     log.seek(log_offset)
                     tail = log.read().decode(errors="replace")
                 if "Address already in use" in tail:
-                    raise PortInUseError(PORT_VARIABLE, self.host, self._port)
+                    raise PortInUseError(PORT_VARIABLE, self.host, port)
                 state = f"exited with {exited}" if exited is not None else f"did not answer within {timeout_s:g} s"
                 raise StackStartError(f"Valkey {state}; its log ({self.log_path}):\n{tail[-2000:]}")
             time.sleep(POLL_S)
