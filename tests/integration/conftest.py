@@ -1,5 +1,6 @@
 """The runtime under test: one ``runtime`` fixture on moto + Valkey, its settings chosen
 per directory or module by overriding ``runtime_settings``."""
+
 from __future__ import annotations
 
 from typing import Any

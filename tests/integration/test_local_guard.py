@@ -1,4 +1,5 @@
 """The local stack's port check, on real loopback sockets."""
+
 from __future__ import annotations
 
 import socket

@@ -10,6 +10,7 @@ covers the session-scoped fixtures a unit test would set up first. It applies to
 test's own thread and to threads started during the test; threads that were already
 running (a server left by an earlier integration test) are not the test's I/O.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -18,8 +19,8 @@ import os
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
 

@@ -1,4 +1,5 @@
 """The unit tier's I/O guard (tests/unit/conftest.py) refuses what it promises to refuse."""
+
 from __future__ import annotations
 
 import socket

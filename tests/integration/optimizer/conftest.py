@@ -1,4 +1,5 @@
 """Fixtures of the optimizer tests: the shared real traces, loaded once per session."""
+
 from __future__ import annotations
 
 import pytest

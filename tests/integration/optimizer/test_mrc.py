@@ -1,4 +1,5 @@
 """The one-pass curve on the shared real traces: it equals replays and reproduces the README."""
+
 from __future__ import annotations
 
 import pytest

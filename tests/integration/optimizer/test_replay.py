@@ -1,4 +1,5 @@
 """The replay engine on the real trace and on hand-made cases."""
+
 from __future__ import annotations
 
 import csv

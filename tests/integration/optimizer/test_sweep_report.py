@@ -1,4 +1,5 @@
 """Sweeps, the cost model, reports and their plots."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,7 @@ def test_parallel_sweep_matches_sequential():
     assert [p.totals for p in parallel.points] == [p.totals for p in sequential.points]
     assert {p.method for p in parallel.points} == {"replay"}  # rough mode: no curve
     with pytest.raises(ConfigError):
-        sweep(spec, caps, policies, settings=SweepSettings(mode="group_rough"),
-              split_instances=True, workers=1)
+        sweep(spec, caps, policies, settings=SweepSettings(mode="group_rough"), split_instances=True, workers=1)
 
 
 def test_report_on_the_conversation_trace(conversation, tmp_path):
@@ -38,12 +38,21 @@ def test_report_on_the_conversation_trace(conversation, tmp_path):
     curve = lru_curve(conversation, block_size=512)
     summary = TraceSummary.of(conversation)
     cost = CostModel()
-    report = build_report(trace={"name": CONVERSATION.name}, settings=settings.to_dict(),
-                          points=points, duration_s=summary.duration_s, target=0.3, cost=cost,
-                          curve=curve)
+    report = build_report(
+        trace={"name": CONVERSATION.name},
+        settings=settings.to_dict(),
+        points=points,
+        duration_s=summary.duration_s,
+        target=0.3,
+        cost=cost,
+        curve=curve,
+    )
     smallest = report["smallest_capacity"]
-    assert smallest["lru"] == {"capacity": curve.smallest_capacity(0.3),
-                               "block_hit_ratio": pytest.approx(0.3, abs=1e-4), "exact": True}
+    assert smallest["lru"] == {
+        "capacity": curve.smallest_capacity(0.3),
+        "block_hit_ratio": pytest.approx(0.3, abs=1e-4),
+        "exact": True,
+    }
     assert smallest["lfu"]["capacity"] == 40000 and not smallest["lfu"]["exact"]
     rec = report["recommendation"]
     assert rec["policy"] == "lru" and rec["capacity"] == smallest["lru"]["capacity"]
@@ -52,8 +61,7 @@ def test_report_on_the_conversation_trace(conversation, tmp_path):
     timeseries = replay(conversation, settings.replay_config("lru", rec["capacity"]))
     files = write_report(report, tmp_path, timeseries=timeseries)
     names = {f.name for f in files}
-    assert names == {"report.json", "timeseries.csv", "hit_ratio_vs_capacity.png",
-                     "hit_rate_over_time.png"}
+    assert names == {"report.json", "timeseries.csv", "hit_ratio_vs_capacity.png", "hit_rate_over_time.png"}
     for png in ("hit_ratio_vs_capacity.png", "hit_rate_over_time.png"):
         data = (tmp_path / png).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 20_000

@@ -1,4 +1,5 @@
 """Trace readers: the shared real samples, synthetic samples of every format, bad input."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The storage contract's fixtures: every backend behind one ``harness`` (see ``harness``)."""
+
 from __future__ import annotations
 
 import socket
@@ -6,11 +7,17 @@ import socket
 import boto3
 import pytest
 
-from chalicelib.storage import FileBackend, MooncakeBackend, S3Backend, TairMemPoolBackend, ThreeFSBackend, VcnsThreeFSBackend
+from chalicelib.storage import (
+    FileBackend,
+    MooncakeBackend,
+    S3Backend,
+    TairMemPoolBackend,
+    ThreeFSBackend,
+    VcnsThreeFSBackend,
+)
 from tests.unit.storage.fakes import FakeMooncakeStore
 
-from .harness import (BACKEND_KINDS, FileHarness, Harness, MemPoolHarness, MooncakeHarness, S3Harness,
-                      storage_config)
+from .harness import BACKEND_KINDS, FileHarness, Harness, MemPoolHarness, MooncakeHarness, S3Harness, storage_config
 
 
 @pytest.fixture
@@ -29,13 +36,18 @@ def harness(request, tmp_path, listening_port) -> Harness:
         root = tmp_path / "nfs"
         root.mkdir()
         pack = 4 if kind == "nfs-packed" else 0
-        return FileHarness(FileBackend(storage_config(
-            "nfs_01", "nfs", {"root_path": f"{root}/", "key_count_per_file": pack})))
+        return FileHarness(
+            FileBackend(storage_config("nfs_01", "nfs", {"root_path": f"{root}/", "key_count_per_file": pack}))
+        )
     if kind in ("3fs", "vcns-3fs"):
         mount = tmp_path / "3fs"
         (mount / "kv" / "data").mkdir(parents=True)
-        spec = {"mountpoint": str(mount), "root_dir": "kv/data/", "key_count_per_file": 2,
-                "touch_file_when_create": True}
+        spec = {
+            "mountpoint": str(mount),
+            "root_dir": "kv/data/",
+            "key_count_per_file": 2,
+            "touch_file_when_create": True,
+        }
         if kind == "3fs":
             return FileHarness(ThreeFSBackend(storage_config("3fs_01", "threefs", spec)))
         spec.update(remote_host="10.1.1.1", remote_port=9000, key_count_per_file=1)
@@ -43,13 +55,17 @@ def harness(request, tmp_path, listening_port) -> Harness:
     if kind == "s3":
         request.getfixturevalue("aws")
         boto3.client("s3").create_bucket(Bucket="kvcm-data")
-        return S3Harness(S3Backend(storage_config("s3_01", "s3", {"bucket": "kvcm-data", "prefix": "/kv/"}),
-                                   lambda: boto3.client("s3")))
+        return S3Harness(
+            S3Backend(
+                storage_config("s3_01", "s3", {"bucket": "kvcm-data", "prefix": "/kv/"}), lambda: boto3.client("s3")
+            )
+        )
     if kind == "mooncake":
         store = FakeMooncakeStore()
         cfg = storage_config("mc_01", "mooncake", {"master_service_entry": f"127.0.0.1:{listening_port}"})
         return MooncakeHarness(MooncakeBackend(cfg, store_factory=lambda: store), store)
     valkey = request.getfixturevalue("valkey")
-    cfg = storage_config("pool_01", "tair_mem_pool",
-                         {"domain": f"127.0.0.1:{listening_port}", "capacity": 1 << 20, "timeout": 500})
+    cfg = storage_config(
+        "pool_01", "tair_mem_pool", {"domain": f"127.0.0.1:{listening_port}", "capacity": 1 << 20, "timeout": 500}
+    )
     return MemPoolHarness(TairMemPoolBackend(cfg, valkey), valkey)

@@ -1,4 +1,5 @@
 """Helpers of the workflow tests: waiting on executions (fixtures are in this directory's conftest)."""
+
 from __future__ import annotations
 
 import time
@@ -17,7 +18,6 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.05):
 
 
 def wait_execution(sfn, arn: str, timeout_s: float = 30) -> dict:
-    result = wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d,
-                      timeout_s)
+    result = wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d, timeout_s)
     assert result, f"execution {arn} still running"
     return result

@@ -9,8 +9,16 @@ import pytest
 from chalicelib.optimizer.cli import main
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError
-from chalicelib.optimizer.planner import (MODEL_PRESETS, CapacityPlan, ModelPreset, for_people,
-                                          human_bytes, model_preset, parse_prices, storage_tier)
+from chalicelib.optimizer.planner import (
+    MODEL_PRESETS,
+    CapacityPlan,
+    ModelPreset,
+    for_people,
+    human_bytes,
+    model_preset,
+    parse_prices,
+    storage_tier,
+)
 from chalicelib.optimizer.replay import Totals
 from chalicelib.optimizer.report import build_report, summary_lines
 from chalicelib.optimizer.sweep import PointResult

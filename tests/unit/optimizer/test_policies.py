@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chalicelib.optimizer.errors import ConfigError
-from chalicelib.optimizer.policies import (LRU, POLICIES, LeafAwareLRU, RandomLRU, make_policy,
-                                           policy_name)
+from chalicelib.optimizer.policies import LRU, POLICIES, LeafAwareLRU, RandomLRU, make_policy, policy_name
 from chalicelib.optimizer.replay import ReplayConfig, Replayer, replay
 from chalicelib.optimizer.traces import Op, Record
 

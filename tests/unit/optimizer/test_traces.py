@@ -6,8 +6,7 @@ import json
 import pytest
 
 from chalicelib.optimizer.errors import ConfigError, TraceFormatError
-from chalicelib.optimizer.traces import (FORMATS, Op, Query, Record, block_keys_from_tokens,
-                                         read_trace, sniff_format)
+from chalicelib.optimizer.traces import FORMATS, Op, Query, Record, block_keys_from_tokens, read_trace, sniff_format
 
 
 def write_lines(path, lines):
