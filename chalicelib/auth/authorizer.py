@@ -22,7 +22,7 @@ import hmac
 import os
 import threading
 from collections import deque
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from ..clock import Clock
 from ..control.api_keys import key_id_of, matches
@@ -36,7 +36,7 @@ _KEY_LOOKUPS = "unknown key ids"
 _USAGE = "the Authorization header must be 'Bearer <api key>' (or 'Bearer <user_name>:<password>' of an admin)"
 
 
-def _header(headers: Mapping[str, str], name: str) -> Optional[str]:
+def _header(headers: Mapping[str, str], name: str) -> str | None:
     value = headers.get(name)
     if value is not None:
         return value
@@ -114,7 +114,7 @@ class Authorizer:
     passwords (``ControlPlane.verify_account``)."""
 
     def __init__(self, config, control, clock: Clock, password_ttl_s: float = 10.0, max_entries: int = 1024,
-                 limiter: Optional[FailureLimiter] = None, key_limiter: Optional[FailureLimiter] = None) -> None:
+                 limiter: FailureLimiter | None = None, key_limiter: FailureLimiter | None = None) -> None:
         self._config = config
         self._control = control
         self._clock = clock
@@ -129,7 +129,7 @@ class Authorizer:
         self._verified: dict[bytes, tuple[Principal, float]] = {}
 
     def authorize(self, headers: Mapping[str, str], action: Action, api_name: str,
-                  target: Optional[Target] = None) -> Principal:
+                  target: Target | None = None) -> Principal:
         """The caller, if its role allows ``action`` (on ``target``, when given; the
         dispatcher checks the target once the body is parsed); else Unauthorized/
         Forbidden/TooManyAttempts."""

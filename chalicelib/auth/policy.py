@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
 
 from ..protocol.codes import Role
 from ..protocol.errors import ForbiddenError
@@ -59,7 +58,8 @@ class Scope:
 
     def describe(self) -> str:
         groups = ", ".join(sorted(self.groups))
-        prefixes = f"; instance ids {', '.join(repr(p) for p in self.instance_prefixes)}" if self.instance_prefixes else ""
+        listed = ", ".join(repr(p) for p in self.instance_prefixes)
+        prefixes = f"; instance ids {listed}" if self.instance_prefixes else ""
         return f"groups {groups}{prefixes}"
 
 
@@ -84,8 +84,8 @@ class Target:
     ``group`` is None when it is not known (an instance that is not registered)."""
 
     service: bool = False
-    group: Optional[str] = None
-    instance_id: Optional[str] = None
+    group: str | None = None
+    instance_id: str | None = None
 
 
 SERVICE = Target(service=True)

@@ -6,14 +6,16 @@ answer INSTANCE_NOT_EXIST as it would without auth.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from ..protocol.errors import InstanceNotFoundError
 from .policy import SERVICE, Target
 
 
 class _Registered(Protocol):
-    group: str
+    @property
+    def group(self) -> str: ...
 
 
 class InstanceLookup(Protocol):

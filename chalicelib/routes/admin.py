@@ -55,7 +55,8 @@ OPERATIONS: list[Operation] = [
         ("leaderDemote", m.ListRequest, ServiceAdmin.leader_demote, A.SERVICE_WRITE, t.service),
         ("getLeaderElectorConfig", m.ListRequest, ServiceAdmin.get_leader_elector_config,
          A.SERVICE_READ, t.service),
-        ("updateLeaderElectorConfig", m.UpdateLeaderElectorConfigRequest, ServiceAdmin.update_leader_elector_config, A.SERVICE_WRITE, t.service),
+        ("updateLeaderElectorConfig", m.UpdateLeaderElectorConfigRequest, ServiceAdmin.update_leader_elector_config,
+         A.SERVICE_WRITE, t.service),
         ("updateLogger", m.UpdateLoggerRequest, ServiceAdmin.update_logger, A.SERVICE_WRITE,
          t.service),
     )

@@ -7,7 +7,7 @@ from ..runtime import get_runtime
 from . import gateway
 from .dispatch import Dispatcher, Operation
 
-JSON_HEADERS = {"Content-Type": "application/json"}
+JSON_HEADERS: dict[str, str | list[str]] = {"Content-Type": "application/json"}
 
 
 def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, TypeVar, get_type_hints
+from typing import Any, Protocol, TypeVar, get_type_hints
+from collections.abc import Callable, Mapping
 
 from ..auth import Action, Authorizer, Principal, check_action, check_target, parse_bearer
 from ..auth.targets import TargetOf
@@ -106,7 +107,7 @@ def _body_size(raw_body: Any) -> int:
     return len(raw_body) if isinstance(raw_body, (bytes, str)) else 0
 
 
-def _target_label(request: Optional[Request]) -> str:
+def _target_label(request: Request | None) -> str:
     """The names a request acts on, for the audit log (names only, never a secret)."""
     if request is None:
         return ""
@@ -114,10 +115,11 @@ def _target_label(request: Optional[Request]) -> str:
     for name in ("instance_id", "instance_group", "instance_group_name", "name", "storage_unique_name",
                  "user_name", "key_id", "api_name"):
         value = getattr(request, name, None)
-        if isinstance(value, str) and value:
-            parts.append(f"{name}={value[:128]}")
-        elif value is not None and getattr(value, "name", None):
-            parts.append(f"{name}={value.name[:128]}")  # a group or storage in the body
+        if isinstance(value, str):
+            if value:
+                parts.append(f"{name}={value[:128]}")
+        elif value is not None and (label := getattr(value, "name", None)):
+            parts.append(f"{name}={label[:128]}")  # a group or storage in the body
     storage = getattr(request, "storage", None)
     if storage is not None and storage.global_unique_name:
         parts.append(f"storage={storage.global_unique_name[:128]}")
@@ -138,9 +140,9 @@ class Dispatcher:
         op = self.operations[api_name]
         settings = context.settings
         trace_id = ""
-        principal: Optional[Principal] = None
-        request: Optional[Request] = None
-        response: Optional[Response] = None
+        principal: Principal | None = None
+        request: Request | None = None
+        response: Response | None = None
         try:
             if _body_size(raw_body) > settings.max_body_bytes:
                 raise RequestTooLargeError(f"request body exceeds {settings.max_body_bytes} bytes")

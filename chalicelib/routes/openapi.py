@@ -10,9 +10,11 @@ written by hand twice: a field added to a model shows up in the document.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
-from pydantic.json_schema import models_json_schema
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from ..protocol.models import Response
 from .dispatch import Operation
@@ -88,7 +90,7 @@ def openapi_document(operations: Iterable[Operation], plain_routes: Iterable[Pla
                      version: str = "1") -> dict:
     """The OpenAPI 3.1 document of ``operations`` (POST) and ``plain_routes`` (GET)."""
     operations = list(operations)
-    keys = [(op.request_model, "validation") for op in operations]
+    keys: list[tuple[type[BaseModel], JsonSchemaMode]] = [(op.request_model, "validation") for op in operations]
     keys += [(op.response_model, "serialization") for op in operations]
     keys.append((Response, "serialization"))
     refs, definitions = models_json_schema(keys, by_alias=False, ref_template=COMPONENTS)

@@ -42,14 +42,16 @@ def _probe(runtime: Runtime, headers, path: str, answer) -> tuple[int, str]:
 def metrics_text(runtime: Runtime, headers) -> tuple[int, str]:
     """(HTTP status, body) of a scrape. Never raises."""
     return _probe(runtime, headers, "/metrics",
-                  lambda: (200, exposition(runtime.service_admin.service_metrics(), prefix=runtime.settings.key_prefix)))
+                  lambda: (200, exposition(runtime.service_admin.service_metrics(),
+                                           prefix=runtime.settings.key_prefix)))
 
 
 def healthy(runtime: Runtime, headers) -> tuple[int, str]:
     """``200 {"status":"OK"}`` when checkHealth finds the service healthy, else 503 with
     checkHealth's whole answer (as upstream). Never raises."""
     def answer() -> tuple[int, str]:
-        health = runtime.service_admin.check_health(ListRequest(trace_id=f"kvcm-healthy-{int(runtime.clock.now() * 1000)}"))
+        trace_id = f"kvcm-healthy-{int(runtime.clock.now() * 1000)}"
+        health = runtime.service_admin.check_health(ListRequest(trace_id=trace_id))
         return (200, '{"status":"OK"}') if health.is_health else (503, render(health))
 
     return _probe(runtime, headers, HEALTHY_PATH, answer)

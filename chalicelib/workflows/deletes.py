@@ -1,7 +1,7 @@
 """Batched asynchronous deletion through the ``batched_delete`` state machine."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..cache.context import InstanceContext
 from ..cache.contexts import ContextProvider

@@ -45,7 +45,8 @@ class ReporterLiveness:
                 continue
             storages = self.reports.storages(self.config.group(record.group))
             for rid in store.reporters(instance_id):
-                config = storages.get(_KINDS.get(rid.partition("#")[0]))
+                storage_type = _KINDS.get(rid.partition("#")[0])
+                config = storages.get(storage_type) if storage_type is not None else None
                 checked += 1
                 if config is not None:
                     retired = store.expire(instance_id, rid, now, liveness_of(config)).retired

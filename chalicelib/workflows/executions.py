@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..protocol.errors import ServiceNotReadyError
 
@@ -22,7 +23,7 @@ def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict) -> 
     try:
         return sfn.start_execution(stateMachineArn=state_machine_arn, name=execution_name(name_prefix),
                                    input=json.dumps(payload, separators=(",", ":")))["executionArn"]
-    except Exception as exc:  # botocore raises many types; all mean "not started"
+    except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not started"
         raise ServiceNotReadyError(f"could not start {name_prefix}: {exc}") from None
 
 

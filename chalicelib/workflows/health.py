@@ -47,7 +47,7 @@ class HealthChecks:
         with ThreadPoolExecutor(max_workers=min(8, max(1, len(backends)))) as pool:
             results = list(pool.map(lambda b: probe_storage(b, PROBE_TIMEOUT_S), backends))
         changes = []
-        for backend, result in zip(backends, results):
+        for backend, result in zip(backends, results, strict=True):
             change = tracker.observe(backend.name, result)
             if change is not None:
                 changes.append({"storage": change.storage, "available": change.available, "reason": change.reason})

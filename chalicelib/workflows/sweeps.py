@@ -7,7 +7,8 @@ Reads no optimizer code: importing ``chalicelib.optimizer`` costs the API a thir
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from ..protocol.models import (CapacityCurve, CapacityRecommendation, GetCapacityReportResponse, ListRequest)
 
@@ -15,7 +16,7 @@ from ..protocol.models import (CapacityCurve, CapacityRecommendation, GetCapacit
 EXECUTIONS_PAGE = 100
 
 
-def latest_sweep(sfn: Any, state_machine_arn: str) -> Optional[dict]:
+def latest_sweep(sfn: Any, state_machine_arn: str) -> dict | None:
     """describe_execution of the newest SUCCEEDED sweep, or None."""
     executions = sfn.list_executions(stateMachineArn=state_machine_arn, statusFilter="SUCCEEDED",
                                      maxResults=EXECUTIONS_PAGE)["executions"]

@@ -4,7 +4,8 @@ the event log ``KVCM_EVENT_LOG`` names (S3 or a local directory); its recommenda
 are written beside the events (``<prefix>/tuning/<group>/...``)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from ..control import ControlPlane, VersionConflictError
 from ..control.groups import default_tuning
