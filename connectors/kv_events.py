@@ -16,7 +16,6 @@ sequence numbers are asked of the ROUTER replay socket: send ``(b"", start_seq)`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import msgpack
 
@@ -26,17 +25,17 @@ END_SEQ = -1
 @dataclass(frozen=True)
 class BlockStored:
     block_hashes: list
-    parent_block_hash: Optional[object]
+    parent_block_hash: object | None
     token_ids: list[int]
     block_size: int
-    lora_id: Optional[int] = None
-    medium: Optional[str] = None
+    lora_id: int | None = None
+    medium: str | None = None
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
     block_hashes: list
-    medium: Optional[str] = None
+    medium: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class AllBlocksCleared:
     pass
 
 
-KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 _TYPES = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
 
 
@@ -52,7 +51,7 @@ _TYPES = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCl
 class EventBatch:
     ts: float
     events: list[KVEvent]
-    data_parallel_rank: Optional[int] = None
+    data_parallel_rank: int | None = None
 
 
 class MalformedBatchError(ValueError):

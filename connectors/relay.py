@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import urllib3
 import zmq
@@ -124,23 +124,25 @@ class Translator:
         return [{"name": spec, "uri": c.uri_template.format(host_ip_port=c.host_ip_port, medium=medium, key=key,
                                                             spec=spec)} for spec in c.spec_names]
 
-    def _stored_keys(self, event: BlockStored) -> list[Optional[int]]:
+    def _stored_keys(self, event: BlockStored) -> list[int | None]:
         if self.config.keys == "engine":
             return [block_key(h) for h in event.block_hashes]
         parent = 0
         if event.parent_block_hash is not None:
-            parent = self._kvcm_keys.get(_hashable(event.parent_block_hash))
-            if parent is None:  # the prefix is unknown: its keys cannot be derived
+            known = self._kvcm_keys.get(_hashable(event.parent_block_hash))
+            if known is None:  # the prefix is unknown: its keys cannot be derived
                 self.stats.keys_unchained += len(event.block_hashes)
                 return [None] * len(event.block_hashes)
+            parent = known
         keys = keys_from_tokens(event.token_ids, self.config.block_size, parent)
-        for engine_hash, key in zip(event.block_hashes, keys):
+        # keys cover the full blocks of the tokens only
+        for engine_hash, key in zip(event.block_hashes, keys, strict=False):
             self._kvcm_keys[_hashable(engine_hash)] = key
             if len(self._kvcm_keys) > PARENT_MEMORY:
                 self._kvcm_keys.popitem(last=False)
         return list(keys) + [None] * (len(event.block_hashes) - len(keys))
 
-    def _removed_key(self, engine_hash) -> Optional[int]:
+    def _removed_key(self, engine_hash) -> int | None:
         if self.config.keys == "engine":
             return block_key(engine_hash)
         return self._kvcm_keys.pop(_hashable(engine_hash), None)
@@ -181,7 +183,7 @@ class Sender:
         return {"trace_id": f"relay-{time.time_ns()}", "instance_id": c.instance_id, "host_ip_port": c.host_ip_port,
                 "storage_type": c.storage_type, "events": items}
 
-    def _post(self, items: list[dict]) -> Optional[dict]:
+    def _post(self, items: list[dict]) -> dict | None:
         """The answer to ``items``, retried on transport errors and SERVICE_NOT_READY; None
         when every attempt failed."""
         for attempt in range(self.config.max_retries + 1):
@@ -214,7 +216,8 @@ class Sender:
         if code == "OK":
             self.stats.items_sent += len(items)
             return
-        again = [item for item, result in zip(items, results) if result == "NODE_NOT_REGISTERED"]
+        # one result per item; a short answer leaves the rest counted lost
+        again = [item for item, result in zip(items, results, strict=False) if result == "NODE_NOT_REGISTERED"]
         self.stats.items_sent += sum(1 for r in results if r == "OK")
         lost = len(items) - len(again) - sum(1 for r in results if r == "OK")
         if lost:
@@ -230,7 +233,7 @@ class Relay:
     """Subscribes to an engine's KV events and reports them to KVCM until ``stop``."""
 
     def __init__(self, config: RelayConfig, endpoint: str, replay_endpoint: str = "", transport=None,
-                 context: Optional[zmq.Context] = None, topic: bytes = b"") -> None:
+                 context: zmq.Context | None = None, topic: bytes = b"") -> None:
         self.config = config
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -240,14 +243,14 @@ class Relay:
         self.sender = Sender(config, transport or HttpTransport(config), self.stats)
         self.context = context or zmq.Context.instance()
         self.queue: queue.Queue = queue.Queue(maxsize=config.max_pending)
-        self.last_seq: Optional[int] = None
+        self.last_seq: int | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.subscribed = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Relay":
+    def start(self) -> Relay:
         if not self.sender.register():
             log.warning("NODE_REGISTER failed; the first report registers the reporter")
         for target, name in ((self._subscribe, "kvcm-relay-sub"), (self._send_loop, "kvcm-relay-send")):
@@ -289,6 +292,7 @@ class Relay:
     def _replay(self, start: int, upto: int) -> None:
         """Ask the replay socket for ``start``.. (``upto`` is the message that showed the
         gap); what it no longer has is counted lost."""
+        assert self.last_seq is not None, "a gap shows only after a first message"
         if self.replay_endpoint:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)

@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -37,7 +38,8 @@ class Failure(click.ClickException):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click declares exit_code a class variable; each Failure carries its own.
+        self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.echo(f"kvcm: error: {self.message}", err=True)
@@ -74,7 +76,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
                for i in range(len(headers))]
 
     def line(row: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric)).rstrip()
+        columns = zip(row, widths, numeric, strict=True)
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in columns).rstrip()
 
     return "\n".join([line(headers)] + [line(r) for r in cells])
 
@@ -184,8 +187,8 @@ def storage_rows(storages: Iterable[m.StorageConfig]) -> list[list[Any]]:
     return rows
 
 
-def storage_config(name: str, nfs: Optional[str], s3: Optional[str], key_count_per_file: int,
-                   config: Optional[str]) -> m.StorageConfig:
+def storage_config(name: str, nfs: str | None, s3: str | None, key_count_per_file: int,
+                   config: str | None) -> m.StorageConfig:
     chosen = [o for o in (nfs, s3, config) if o]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --nfs ROOT, --s3 BUCKET[/PREFIX] or --config JSON")
@@ -197,6 +200,7 @@ def storage_config(name: str, nfs: Optional[str], s3: Optional[str], key_count_p
     if nfs:
         return m.StorageConfig(global_unique_name=name,
                                nfs=m.NfsStorageSpec(root_path=nfs, key_count_per_file=key_count_per_file))
+    assert s3, "exactly one of --nfs, --s3 and --config is given"
     bucket, _, prefix = s3.partition("/")
     return m.StorageConfig(global_unique_name=name, s3=m.S3StorageSpec(bucket=bucket, prefix=prefix))
 
@@ -276,8 +280,8 @@ def group_rows(groups: Iterable[m.InstanceGroup]) -> list[list[Any]]:
              g.max_instance_count or "-", g.version] for g in groups]
 
 
-def apply_group_options(group: m.InstanceGroup, storages: Sequence[str], quota: Optional[str],
-                        watermark: Optional[float], max_instances: Optional[int]) -> m.InstanceGroup:
+def apply_group_options(group: m.InstanceGroup, storages: Sequence[str], quota: str | None,
+                        watermark: float | None, max_instances: int | None) -> m.InstanceGroup:
     if storages:
         group.storage_candidates = list(storages)
     if quota is not None:
@@ -324,8 +328,16 @@ def group_list(ctx: click.Context) -> None:
 @api_command
 def group_get(ctx: click.Context, name: str) -> None:
     """One group's configuration."""
-    answer = client_of(ctx).get_instance_group(name=name)
-    emit(ctx, answer.instance_group, lambda: json.dumps(json.loads(render(answer.instance_group)), indent=2))
+    stored = fetched_group(client_of(ctx), name)
+    emit(ctx, stored, lambda: json.dumps(json.loads(render(stored)), indent=2))
+
+
+def fetched_group(client: KvcmClient, name: str) -> m.InstanceGroup:
+    """Group ``name`` as the server has it."""
+    stored = client.get_instance_group(name=name).instance_group
+    if stored is None:
+        raise Failure(f"KVCM answered without instance group {name!r}", EXIT_ERROR)
+    return stored
 
 
 @group.command("add")
@@ -352,7 +364,7 @@ def group_update(ctx: click.Context, name: str, storages: tuple, quota: str, wat
                  config: str) -> None:
     """Change group NAME: read it, apply the options, write it back at the next version."""
     client = client_of(ctx)
-    current = client.get_instance_group(name=name).instance_group
+    current = fetched_group(client, name)
     base = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else current.model_copy(
         deep=True)
     base.name, base.version = name, current.version + 1
@@ -561,7 +573,7 @@ class Ticker:
             click.echo(f"\r{self.what}: {time.monotonic() - start:5.1f} s", err=True, nl=False)
         click.echo("\r\033[K", err=True, nl=False)
 
-    def __enter__(self) -> "Ticker":
+    def __enter__(self) -> Ticker:
         if self._thread is not None:
             self._thread.start()
         return self
@@ -609,7 +621,7 @@ trace.add_command(optimizer_command("report", "Capacity report: JSON, PNG plots 
 # ---------------------------------------------------------------- events
 
 
-def event_line(raw: str) -> Optional[str]:
+def event_line(raw: str) -> str | None:
     try:
         event = json.loads(raw)
     except ValueError:
@@ -659,7 +671,7 @@ def events_tail(ctx: click.Context, path: str, lines: int, follow: bool, poll: f
                 time.sleep(poll)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """The ``kvcm`` entry point; returns the exit code. Every error is one line on stderr."""
     try:
         status = cli.main(args=list(argv) if argv is not None else None, prog_name="kvcm", standalone_mode=False)

@@ -18,7 +18,8 @@ import json
 import random
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import urllib3
 
@@ -49,7 +50,7 @@ class KvcmClient(Methods):
                  connect_timeout_s: float = 3.0, retries: int = 3, backoff_s: float = 0.1,
                  max_backoff_s: float = 2.0, pool_size: int = 8, check: bool = True,
                  auto_discover_leader: bool = False, leader_retry_count: int = 1,
-                 sleep: Callable[[float], None] = time.sleep, rng: Optional[random.Random] = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None) -> None:
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         self.seed_url = url.rstrip("/")
@@ -75,7 +76,7 @@ class KvcmClient(Methods):
         """Close the pooled connections."""
         self._pool.clear()
 
-    def __enter__(self) -> "KvcmClient":
+    def __enter__(self) -> KvcmClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -87,8 +88,8 @@ class KvcmClient(Methods):
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
-    def request(self, method: str, path: str, body: Optional[bytes] = None,
-                timeout: Optional[urllib3.Timeout] = None, base_url: Optional[str] = None) -> tuple[int, bytes, str]:
+    def request(self, method: str, path: str, body: bytes | None = None,
+                timeout: urllib3.Timeout | None = None, base_url: str | None = None) -> tuple[int, bytes, str]:
         """One HTTP exchange: (status, body, content type). TransportError when there is no answer."""
         try:
             response = self._pool.request(method, (base_url or self.url) + path, body=body, headers=self._headers(),
@@ -103,7 +104,7 @@ class KvcmClient(Methods):
 
     # ------------------------------------------------------------ calls
 
-    def call(self, api_name: str, request: Any = None, fields: Optional[Mapping[str, Any]] = None) -> Any:
+    def call(self, api_name: str, request: Any = None, fields: Mapping[str, Any] | None = None) -> Any:
         """Call ``api_name`` with a request model or its fields; returns the response model."""
         request_model, response_model, _ = OPERATIONS[api_name]
         if request is None:
@@ -147,11 +148,12 @@ class KvcmClient(Methods):
         except ValueError:
             raise ProtocolError(f"{api_name}: HTTP {status}, not JSON: {raw[:120]!r}") from None
         header = data.get("header") if isinstance(data, dict) else None
-        code_name = header.get("status", {}).get("code") if isinstance(header, dict) else None
+        reported: dict[str, Any] = header.get("status", {}) if isinstance(header, dict) else {}
+        code_name = reported.get("code", "")
         if code_name not in ErrorCode.__members__:
             raise ProtocolError(f"{api_name}: HTTP {status}, no protocol status in {raw[:120]!r}")
         code = ErrorCode[code_name]
-        message = header["status"].get("message", "")
+        message = reported.get("message", "")
         if status in AUTH_REFUSALS:
             raise AuthError(api_name, code, message, status)
         if status != 200:

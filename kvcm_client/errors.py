@@ -1,7 +1,7 @@
 """What a call can fail with: the service's answer (``KvcmError``) or the way there."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from chalicelib.protocol.codes import ErrorCode
 
@@ -14,7 +14,7 @@ class KvcmError(ClientError):
     """The service answered with ``header.status.code`` other than OK."""
 
     def __init__(self, api_name: str, code: ErrorCode, message: str, http_status: int = 200,
-                 response: Optional[Any] = None) -> None:
+                 response: Any | None = None) -> None:
         super().__init__(f"{api_name}: {code.name}: {message}" if message else f"{api_name}: {code.name}")
         self.api_name = api_name
         self.code = code
