@@ -7,8 +7,8 @@ so it lives here, beside the instance's block index under the same hash tag
 
 - ``T:er:r:<rid>``      hash: block key → that reporter's record of the key (its locations
                         per medium, the generation they were written in)
-- ``T:er:bits``         hash: block key → bitmap of the *slots* (reporter, medium, generation)
-                        holding the key: getHostCacheState's prefix walk reads one short
+- ``T:er:bits``         hash: block key → bitmap of the *slots* (reporter, generation, medium
+                        and spec names) holding the key: getHostCacheState's prefix walk reads one short
                         value per key, never a record
 - ``T:er:slots:free``, ``T:er:slots:next``  the slot numbers freed by cleanup, and the next new one
 - ``T:er:n:<rid>``      hash: one reporter's state (registration, heartbeat, generations, slots)
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
@@ -63,6 +64,17 @@ def location_id(rid: str, medium: str) -> str:
     return f"kvs#event_report_{kind}#{medium}#{host}"
 
 
+def block_field(key: int) -> bytes:
+    """A block key as the hashes' field: 8 bytes, big-endian two's complement."""
+    return key.to_bytes(8, "big", signed=True)
+
+
+def block_fields(keys: Sequence[int]) -> bytes:
+    """Block keys as one argument, 8 bytes each (``block_field``): readers split it as far as
+    they walk, and a 20,000-key prompt is one argument to send instead of 20,000."""
+    return struct.pack(f">{len(keys)}q", *keys)
+
+
 def pack_strings(items: Sequence[str]) -> bytes:
     """A msgpack array of strings, as the scripts store and unpack them (cmsgpack): built
     here so that a new key's record is the request's bytes behind the generation."""
@@ -88,6 +100,12 @@ def _location(medium: str, specs: Sequence[tuple[str, str]]) -> bytes:
     return pack_strings([medium, *(part for spec in specs for part in spec)])
 
 
+def _signature(medium: str, specs: Sequence[tuple[str, str]]) -> bytes:
+    """What a location's slot stands for besides reporter and generation: its medium and
+    spec names, in order (lua/er_prelude.lua er_signature)."""
+    return pack_strings([medium, *(name for name, _ in specs)])
+
+
 # Events as the report script reads them (lua/er_report.lua); ``ReporterStore.report`` lays
 # them out flat.
 def register_event(mediums: Sequence[str]) -> Event:
@@ -103,25 +121,26 @@ def host_down_event() -> Event:
 
 
 def add_event(block_key: int, medium: str, specs: Sequence[tuple[str, str]]) -> Event:
-    return ("a", str(block_key), medium, _location(medium, specs))
+    return ("a", block_field(block_key), _signature(medium, specs), _location(medium, specs))
 
 
 def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> Event:
-    return ("d", str(block_key), medium, pack_strings(spec_names))
+    return ("d", block_field(block_key), medium, pack_strings(spec_names))
 
 
 def snapshot_event(blocks: Sequence[tuple[int, str, Sequence[tuple[str, str]]]]) -> Event:
-    return ("s", [(str(key), medium, _location(medium, specs)) for key, medium, specs in blocks])
+    return ("s", [(block_field(key), _signature(medium, specs), _location(medium, specs))
+                  for key, medium, specs in blocks])
 
 
 def _flatten(events: Sequence[Event]) -> list[str | bytes | int]:
-    """The script's arguments for ``events``: consecutive ADDs of one medium become one run
-    (``'a', medium, n, key, loc, ...``), two arguments per event."""
+    """The script's arguments for ``events``: consecutive ADDs of one signature (medium and
+    spec names) become one run (``'a', signature, n, key, loc, ...``), two arguments per event."""
     flat: list[str | bytes | int] = []
-    for (op, medium), run in groupby(events, key=lambda e: (e[0], e[2] if e[0] == "a" else "")):
+    for (op, signature), run in groupby(events, key=lambda e: (e[0], e[2] if e[0] == "a" else b"")):
         if op == "a":
             adds = list(run)
-            flat += ["a", medium, len(adds)]
+            flat += ["a", signature, len(adds)]
             for event in adds:
                 flat += [event[1], event[3]]
             continue
@@ -270,11 +289,10 @@ class ReporterStore:
         return sorted(m.decode() for m in self.client.smembers(self.nodes_key(instance_id)))
 
     def reporter(self, instance_id: str, rid: str) -> ReporterState | None:
-        raw = self.client.hgetall(self.node_key(instance_id, rid))
-        if not raw:
+        reg, hb, ret = self.client.hmget(self.node_key(instance_id, rid), ["reg", "hb", "ret"])
+        if reg is None:
             return None
-        state = {k.decode(): v.decode() for k, v in raw.items()}
-        return ReporterState(rid, state.get("reg") == "1", int(state.get("hb") or 0), state.get("ret", ""))
+        return ReporterState(rid, reg == b"1", int(hb or 0), (ret or b"").decode())
 
     def instances(self) -> list[str]:
         return sorted(m.decode() for m in self.client.smembers(self.instances_key))
@@ -294,9 +312,8 @@ class ReporterStore:
                            ",".join(full), ",".join(states), len(rids)]
         for rid in rids:
             args += [rid, timeouts[rid.partition("#")[0]]]
-        reporter_keys = [key for rid in rids for key in (self.node_key(instance_id, rid),
-                                                           self.records_key(instance_id, rid))]
-        flat = self._host_state(keys=[self.bits_key(instance_id), *reporter_keys], args=[*args, *keys])
+        flat = self._host_state(keys=[self.bits_key(instance_id), *(self.node_key(instance_id, rid) for rid in rids)],
+                                args=[*args, block_fields(keys)])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def visible_locations(self, instance_id: str, keys: Sequence[int], now_ms: int,
@@ -311,7 +328,7 @@ class ReporterStore:
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
         raw = self._visible(keys=[self.bits_key(instance_id), self.nodes_key(instance_id)],
-                            args=[*args, *(str(k) for k in keys)])
+                            args=[*args, block_fields(keys)])
         if not raw:  # no reporter visible
             return [[] for _ in keys]
         return [[(rid, location_id(rid, medium), medium,
@@ -325,7 +342,8 @@ class ReporterStore:
         rids = self.reporters(instance_id)
         if not rids:
             return []
-        raw = self._dump(keys=[self.records_key(instance_id, rid) for rid in rids], args=[str(block_key), *rids])
+        raw = self._dump(keys=[self.records_key(instance_id, rid) for rid in rids],
+                         args=[block_field(block_key), *rids])
         return [(location_id(rid, medium), medium,
                  [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)])
                 for rid, medium, specs in json.loads(raw)]

@@ -26,7 +26,7 @@ er_hmget(bits_key, gone, maps)
 for _, key in ipairs(gone) do
   local rec = cmsgpack.unpack(recs[key])
   for j = 2, #rec do
-    local slot = tonumber(state['slot:' .. rec[1] .. ':' .. rec[j][1]])
+    local slot = tonumber(state['slot:' .. rec[1] .. ':' .. er_signature(rec[j])])
     if slot then maps[key] = er_clearbit(maps[key], slot) end
   end
 end

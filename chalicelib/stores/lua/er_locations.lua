@@ -3,7 +3,8 @@
 -- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set; a reporter's state
 --       hash is ARGV[2] .. rid and its records hash ARGV[3] .. rid (same hash tag, same slot).
 -- ARGV: now ms, state key prefix, records key prefix, kind count K, K x (kind, heartbeat
---       timeout ms), then the block keys. Reporters of another kind are hidden.
+--       timeout ms), then the block keys (one string, er_fields). Reporters of another kind
+--       are hidden.
 -- Returns a JSON array, per key, of [rid, medium, [name, uri, version, ...]] with the visible
 -- locations only; '' when no reporter is visible (nothing read).
 local now, state_prefix, rec_prefix, k = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -28,9 +29,8 @@ end
 if #reporters == 0 then return '' end
 table.sort(reporters, function(a, b) return a[1] < b[1] end)
 
-local first = 5 + 2 * k
-local keys = {}
-for i = first, #ARGV do keys[#keys + 1] = ARGV[i] end
+local blob = ARGV[5 + 2 * k]
+local keys = er_fields(blob, 1, #blob / 8)
 local maps = {}
 er_hmget(KEYS[1], keys, maps)
 local out = {}

@@ -1,15 +1,18 @@
 -- Shared by the event-report scripts (reporters.py), prepended at load time.
 --
 -- Layout under the instance's hash tag T (reporters.py names the keys):
---   T:er:r:<rid>  hash, one per reporter: block key -> that reporter's record of the key,
+--   T:er:r:<rid>  hash, one per reporter: block key (8 bytes, see er_fields) -> that reporter's record of the key,
 --                 msgpack [version, [medium, name, uri, name, uri, ...], [medium, ...], ...]
 --                 (one location per medium). ``version`` is the reporter's generation when the
 --                 record was written; readers append it to every URI as ``s_version``. All
 --                 specs of a record share it: a write in a newer generation replaces a record
 --                 of an older one (whose specs were retired, hence hidden, already).
---   T:er:bits     hash: block key -> a bitmap over *slots*. A slot is one (reporter, medium,
---                 generation); bit s is set exactly when the slot's reporter has a record of
---                 the key in the slot's generation with a location in the slot's medium.
+--   T:er:bits     hash: block key -> a bitmap over *slots*. A slot is one (reporter,
+--                 generation, signature), the signature being a location's medium and spec
+--                 names in order (msgpack [medium, name, ...]); bit s is set exactly when the
+--                 slot's reporter has a record of the key in the slot's generation with a
+--                 location of the slot's signature. Prefix walks (Mamba's too) thus need no
+--                 record: the slots tell the media and spec names each host holds a key in.
 --                 Slot s is bit s % 8 of byte s // 8 + 1; trailing zero bytes are trimmed, so
 --                 equal sets are equal strings; an empty map is no field.
 --   T:er:slots:free  zset of freed slot numbers (reused lowest first, keeping maps short);
@@ -21,9 +24,17 @@
 -- hb (last heartbeat, ms), life (lifecycle generation), gen (current generation token),
 -- com (committed snapshot token), strict ('1' after a snapshot), snap_at (ms of the last
 -- successful snapshot), ret (retired generation tokens, ' '-separated: hidden, cleaned),
--- and 'slot:<token>:<medium>' -> the slot of that generation and medium.
+-- and 'slot:<token>:<signature>' -> the slot of that generation and signature.
 
 local ER_RECORD1 = string.char(0x92)  -- msgpack header of a record with one location
+
+-- Block keys are hash fields of 8 bytes (big-endian int64, reporters.py block_field); a
+-- request's keys arrive as one string of them. The fields of keys ``from``..``to`` of it:
+local function er_fields(blob, from, to)
+  local list = {}
+  for i = from, to do list[#list + 1] = string.sub(blob, 8 * i - 7, 8 * i) end
+  return list
+end
 
 local function er_decode(raw)
   if not raw then return {} end
@@ -74,12 +85,19 @@ local function hgetall_table(key)
   return t
 end
 
--- Slots of a reporter state: calls fn(slot, version, medium) for each.
+-- Slots of a reporter state: calls fn(slot, version, signature) for each.
 local function er_each_slot(state, fn)
   for field, value in pairs(state) do
-    local version, medium = string.match(field, '^slot:([^:]*):(.*)$')
-    if version then fn(tonumber(value), version, medium) end
+    local version, signature = string.match(field, '^slot:([^:]*):(.*)$')
+    if version then fn(tonumber(value), version, signature) end
   end
+end
+
+-- The signature of a location {medium, name, uri, name, uri, ...} (reporters.py _signature).
+local function er_signature(loc)
+  local sig = {loc[1]}
+  for k = 2, #loc, 2 do sig[#sig + 1] = loc[k] end
+  return cmsgpack.pack(sig)
 end
 
 -- The byte (1-based) and bit value of a slot in a bitmap string.

@@ -3,11 +3,12 @@
 --       reporter set, free-slot zset, next-slot counter
 -- ARGV: rid, now ms, fresh token, snapshot min interval ms, heartbeat timeout ms,
 --       cleanup grace ms, then the events, flat (reporters.py encodes them; ``loc`` is a
---       msgpack [medium, name, uri, ...], ``names`` a msgpack array):
---       'r', n, n mediums | 'h' | 'x' | 'a', medium, n, n x (key, loc)  (n ADDs of one medium)
---       | 'd', key, medium, names | 's', n, n x (key, medium, loc)
--- Returns {item codes as runs (code, count, code, count, ...), generation token, snapshot required (0/1), retry after ms,
---          retired tokens to clean ('' = none)}
+--       msgpack [medium, name, uri, ...], ``sig`` its signature [medium, name, ...],
+--       ``names`` a msgpack array):
+--       'r', n, n mediums | 'h' | 'x' | 'a', sig, n, n x (key, loc)  (n ADDs of one signature)
+--       | 'd', key, medium, names | 's', n, n x (key, sig, loc)
+-- Returns {item codes as runs (code, count, code, count, ...), generation token,
+--          snapshot required (0/1), retry after ms, retired tokens to clean ('' = none)}
 local OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED = 1, 10, 13
 local node_key, rec_key, bits_key, nodes, free_key, next_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rid, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -42,9 +43,9 @@ local function generation()
   return state.gen
 end
 
--- The slot of (generation, medium); a new one when ``create`` and there is none.
-local function slot_of(version, medium, create)
-  local field = 'slot:' .. version .. ':' .. medium
+-- The slot of (generation, signature); a new one when ``create`` and there is none.
+local function slot_of(version, sig, create)
+  local field = 'slot:' .. version .. ':' .. sig
   local slot = state[field]
   if slot or not create then return tonumber(slot) end
   local popped = redis.call('ZPOPMIN', free_key)
@@ -119,12 +120,13 @@ local function set_map(key, value)
   maps[key] = value
   er_put(map_writes, key, value)
 end
+local function clear_slot(key, version, sig)
+  local slot = slot_of(version, sig, false)
+  if slot then set_map(key, er_clearbit(maps[key], slot)) end
+end
 -- Clears the bits of every location of a record that is being dropped or replaced.
 local function unset_locations(key, rec)
-  for j = 2, #rec do
-    local slot = slot_of(rec[1], rec[j][1], false)
-    if slot then set_map(key, er_clearbit(maps[key], slot)) end
-  end
+  for j = 2, #rec do clear_slot(key, rec[1], er_signature(rec[j])) end
 end
 
 -- Bitmaps with one slot set, memoised per slot: most keys share a bitmap (the same hosts
@@ -144,8 +146,9 @@ end
 
 -- Merge one location (msgpack [medium, name, uri, ...]) into the key's record under
 -- ``version``: by spec name, overwriting that spec's URI and keeping its siblings.
--- ``head`` is the msgpack prefix of a one-location record of ``version``.
-local function add(key, medium, loc, version, slot, head)
+-- ``head`` is the msgpack prefix of a one-location record of ``version``, ``slot`` that of
+-- ``loc`` as sent (its signature's).
+local function add(key, loc, version, slot, head)
   local fresh_record = head .. loc
   local old = recs[key]
   if not old then  -- the usual ADD: a key new to this reporter, stored as sent
@@ -159,11 +162,12 @@ local function add(key, medium, loc, version, slot, head)
       local specs = cmsgpack.unpack(loc)
       local at = nil
       for j = 2, #rec do
-        if rec[j][1] == medium then at = rec[j] break end
+        if rec[j][1] == specs[1] then at = rec[j] break end
       end
       if not at then
         rec[#rec + 1] = specs
-      else
+      else  -- the location's signature may change: its bit moves to the new one's slot
+        local before = er_signature(at)
         for s = 2, #specs, 2 do
           local found = false
           for k = 2, #at, 2 do
@@ -171,6 +175,9 @@ local function add(key, medium, loc, version, slot, head)
           end
           if not found then at[#at + 1] = specs[s]; at[#at + 1] = specs[s + 1] end
         end
+        local after = er_signature(at)
+        if after ~= before then clear_slot(key, version, before) end
+        slot = slot_of(version, after, true)
       end
       set_record(key, cmsgpack.pack(rec))
     end
@@ -197,12 +204,12 @@ local function delete(key, medium, names)
     if not drop[loc[k]] then kept[#kept + 1] = loc[k]; kept[#kept + 1] = loc[k + 1] end
   end
   if #kept == #loc then return end
+  clear_slot(key, rec[1], er_signature(loc))
   if #kept > 1 then
     rec[at] = kept
+    set_slot(key, slot_of(rec[1], er_signature(kept), true))
   else
     table.remove(rec, at)
-    local slot = slot_of(rec[1], medium, false)
-    if slot then set_map(key, er_clearbit(maps[key], slot)) end
   end
   set_record(key, #rec > 1 and cmsgpack.pack(rec) or false)
 end
@@ -217,16 +224,16 @@ i = FIRST
 while i <= #ARGV do
   local op, code = ARGV[i], OK
   if op == 'a' then
-    local medium, n = ARGV[i + 1], tonumber(ARGV[i + 2])
+    local sig, n = ARGV[i + 1], tonumber(ARGV[i + 2])
     local ok = registered()
     if ok then
       local version = generation()
-      local slot, head = slot_of(version, medium, true), record_head(version)
+      local slot, head = slot_of(version, sig, true), record_head(version)
       local memo, rargs, margs = slot_memo(slot), rec_writes.args, map_writes.args
       for j = i + 3, i + 1 + 2 * n, 2 do
         local key = ARGV[j]
         if recs[key] then
-          add(key, medium, ARGV[j + 1], version, slot, head)
+          add(key, ARGV[j + 1], version, slot, head)
         else  -- add() for a key new to this reporter, inlined: most ADDs of a batch
           local rec, rn = head .. ARGV[j + 1], rec_writes.n
           rargs[rn + 1], rargs[rn + 2], rec_writes.n = key, rec, rn + 2
@@ -289,7 +296,7 @@ while i <= #ARGV do
           retire()
           local head = record_head(token)
           for j = i + 2, i + 3 * n, 3 do
-            add(ARGV[j], ARGV[j + 1], ARGV[j + 2], token, slot_of(token, ARGV[j + 1], true), head)
+            add(ARGV[j], ARGV[j + 2], token, slot_of(token, ARGV[j + 1], true), head)
           end
           state.gen, state.com, state.strict, state.snap_at = token, token, '1', tostring(now)
         end

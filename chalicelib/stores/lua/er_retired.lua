@@ -9,9 +9,9 @@ local left, fields, freed = {}, {}, {}
 for w in string.gmatch(state.ret or '', '%S+') do
   if not done[w] then left[#left + 1] = w end
 end
-er_each_slot(state, function(slot, version, medium)
+er_each_slot(state, function(slot, version, sig)
   if done[version] then
-    fields[#fields + 1] = 'slot:' .. version .. ':' .. medium
+    fields[#fields + 1] = 'slot:' .. version .. ':' .. sig
     freed[#freed + 1] = slot
     freed[#freed + 1] = slot
   end

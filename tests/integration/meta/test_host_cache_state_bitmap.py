@@ -19,6 +19,7 @@ from chalicelib.stores.reporters import (
     heartbeat_event,
     host_down_event,
     new_token,
+    pack_strings,
     register_event,
     snapshot_event,
 )
@@ -155,24 +156,24 @@ class Reference:
 
 def bitmap_invariant(valkey, store: ReporterStore, instance: str) -> None:
     """Bit s of a key's bitmap is set exactly when slot s's reporter has a record of the key
-    in the slot's generation with a location in the slot's medium; no two slots share a
-    number; free slots are in no bitmap."""
+    in the slot's generation with a location of the slot's signature (medium and spec names);
+    no two slots share a number; free slots are in no bitmap."""
     expected: dict[bytes, set[int]] = {}
-    owners: dict[int, tuple[str, str, str]] = {}
+    owners: dict[int, tuple[str, bytes]] = {}
     for rid in store.reporters(instance):
-        state = {k.decode(): v.decode() for k, v in valkey.hgetall(store.node_key(instance, rid)).items()}
         slots = {}
-        for name, value in state.items():
-            if name.startswith("slot:"):
-                _, version, medium = name.split(":", 2)
+        for name, value in valkey.hgetall(store.node_key(instance, rid)).items():
+            if name.startswith(b"slot:"):
+                _, version, signature = name.split(b":", 2)
                 assert int(value) not in owners, "a slot owned twice"
-                owners[int(value)] = (rid, version, medium)
-                slots[(version, medium)] = int(value)
+                owners[int(value)] = (rid, name)
+                slots[(version.decode(), signature)] = int(value)
         for key, raw in valkey.hgetall(store.records_key(instance, rid)).items():
             version, *locations = msgpack.unpackb(raw)
             assert locations, "an empty record is stored"
             for location in locations:
-                expected.setdefault(key, set()).add(slots[(version, location[0])])
+                signature = pack_strings([location[0], *location[1::2]])
+                expected.setdefault(key, set()).add(slots[(version, signature)])
     actual = {}
     for key, raw in valkey.hgetall(store.bits_key(instance)).items():
         assert raw and raw[-1] != 0, "a bitmap is not trimmed"
@@ -258,3 +259,29 @@ def test_cleanup_frees_slots_for_reuse_and_leaves_no_bits(valkey):
         assert valkey.hlen(store.bits_key(instance)) == 0
     # 4 reporters x 2 media: never more than 8 slots, whatever the number of generations
     assert int(valkey.get(f"{{kvcm:{instance}}}:er:slots:next")) == 8
+
+
+def test_long_prompts_mamba_runs_and_spec_names_across_reporters(valkey):
+    """300 keys: full attention everywhere, state every few blocks, partly from the host's
+    other reporter (the names of its L1P5 and L2 locations add up), holes near the end."""
+    store, ref, instance, now = ReporterStore(valkey), Reference(), "long", 5_000
+    keys = list(range(1000, 1300))
+    plan = {
+        RIDS[0]: [(k, "gpu", [("full_0", "x://f")] + ([("linear_0", "x://l")] if k % 7 == 0 else [])) for k in keys],
+        RIDS[1]: [(k, "mem", [("linear_0", "x://l2")]) for k in keys if k % 11 == 0],
+        RIDS[2]: [(k, "gpu", [("linear_0", "x://l"), ("full_0", "x://f")]) for k in keys[:290] if k != 1250],
+        RIDS[3]: [(k, "mem", [("full_0", "x://f")]) for k in keys if k % 3],
+    }
+    for rid, adds in plan.items():
+        token = new_token()
+        store.report(instance, rid, [add_event(k, m, specs) for k, m, specs in adds], now, LIVENESS, token=token)
+        ref.report(rid, [("a", k, m, specs) for k, m, specs in adds], now, token)
+    bitmap_invariant(valkey, store, instance)
+    for media in ([], ["gpu"], ["mem"]):
+        for mamba in (None, (["full_0"], ["linear_0"])):
+            for eagle in (False, True):
+                for length in (1, 7, 77, 250, 300):
+                    got = store.host_prefixes(instance, keys[:length], now, TIMEOUTS, media, mamba, eagle)
+                    assert got == ref.host_prefixes(keys[:length], now, media, mamba, eagle), (media, mamba, eagle)
+    assert store.host_prefixes(instance, keys, now, TIMEOUTS, [], (["full_0"], ["linear_0"])) == {
+        "10.0.0.1:1": 299, "10.0.0.2:1": 250}  # 1298 = 11 x 118 carries state; 1250 is a hole
