@@ -6,7 +6,7 @@ import tempfile
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 

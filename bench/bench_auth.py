@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import row, timeit_interleaved, timeit_us, valkey_server  # noqa: E402
+from bench._common import row, timeit_interleaved, timeit_us, valkey_server
 
 PASSWORD = "bench-admin-password"
 

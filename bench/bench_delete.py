@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chalicelib.local import LocalStack, StackConfig  # noqa: E402
-from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, RegisterInstanceRequest,  # noqa: E402
+from chalicelib.local import LocalStack, StackConfig
+from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, RegisterInstanceRequest,
                                         RemoveCacheRequest, StartWriteCacheRequest)
-from chalicelib.runtime import get_runtime  # noqa: E402
+from chalicelib.runtime import get_runtime
 
 BATCH = 128
 
@@ -86,7 +86,8 @@ def main() -> None:
             floor_s = time.perf_counter() - t0
 
             print(f"  {'bare os.remove of the same files (floor)':<52} {blocks / floor_s:>12,.0f} blocks/s")
-            print(f"  {'KVCM deletion inline (claim, files, compare-and-delete)':<52} {blocks / inline_s:>12,.0f} blocks/s")
+            inline_label = "KVCM deletion inline (claim, files, compare-and-delete)"
+            print(f"  {inline_label:<52} {blocks / inline_s:>12,.0f} blocks/s")
             print(f"  {'KVCM removeCache -> batched_delete state machine':<52} {blocks / sfn_s:>12,.0f} blocks/s"
                   f"  ({sfn_s:.2f} s end to end, including moto's Step Functions)")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import row, valkey_server  # noqa: E402
+from bench._common import row, valkey_server
 
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 KEYS_PER_START = 16

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chalicelib.local import LocalStack, StackConfig  # noqa: E402
-from tests.e2e.harness import Api  # noqa: E402
+from chalicelib.local import LocalStack, StackConfig
+from tests.e2e.harness import Api
 
 PER_ROUND = 20
 

@@ -51,9 +51,9 @@ def best_of(repeat: int, *runs):
             started = time.perf_counter()
             results[n] = run()
             times[n].append(time.perf_counter() - started)
-    ratios = [statistics.median(t / first for t, first in zip(times[n], times[0]))
+    ratios = [statistics.median(t / first for t, first in zip(times[n], times[0], strict=True))
               for n in range(len(runs))]
-    return [(min(t), r) for t, r in zip(times, results)], ratios
+    return [(min(t), r) for t, r in zip(times, results, strict=True)], ratios
 
 
 def libcachesim_sweep(sequence: list[int], capacities: list[int], hashpower: int):
@@ -141,7 +141,7 @@ def main() -> int:
 
     print("[4] SHARDS spatial sampling (estimate vs the exact curve at the same capacities)")
     for rate in (0.5, 0.1, 0.01):
-        [(shards_s, sampled)], _ = best_of(args.repeat, lambda: lru_curve(
+        [(shards_s, sampled)], _ = best_of(args.repeat, lambda rate=rate: lru_curve(
             records, block_size=512, sample_rate=rate))
         error = shards_error(curve, sampled, capacities)
         print(f"    rate {rate:<5g} {shards_s:7.3f} s   mean |error| {error['mean_abs_error']:.4f}"

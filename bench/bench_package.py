@@ -4,9 +4,10 @@ Baseline: the package with boto3 in requirements.txt (bundling boto3/botocore/s3
 as before they were left to the Lambda runtime). Current: the package `chalice package`
 builds (what `chalice deploy` uploads), and the same with its modules compiled (what
 `make deploy` uploads, `infra.deploy.with_bytecode`). Packages are built by `chalice
-package` from copies of the project, unzipped, and `import app` is timed in fresh processes the way Lambda starts one: `python -S -B` (no
-site-packages, no .pyc written: /var/task is read-only) with the package first on the path
-and the runtime-provided boto3 (this venv's, precompiled like the runtime's) after it.
+package` from copies of the project, unzipped, and `import app` is timed in fresh processes
+the way Lambda starts one: `python -S -B` (no site-packages, no .pyc written: /var/task is
+read-only) with the package first on the path and the runtime-provided boto3 (this venv's,
+precompiled like the runtime's) after it.
 
 Run: `.venv/bin/python bench/bench_package.py [--runs 7]`
 """

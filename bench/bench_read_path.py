@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ValkeyTime, valkey_server  # noqa: E402
-from bench.bench_meta import build_runtime, write_blocks  # noqa: E402
+from bench._common import ValkeyTime, valkey_server
+from bench.bench_meta import build_runtime, write_blocks
 
 N = 128
 BLOCKS = 100_000
@@ -128,7 +128,7 @@ def main() -> None:
             big_bytes = client.info("memory")["used_memory"]
             for start in range(0, BLOCKS, 1000):
                 pipe = client.pipeline(transaction=False)
-                for k, name in zip(keys[start:start + 1000], big_bucket_of[start:start + 1000]):
+                for k, name in zip(keys[start:start + 1000], big_bucket_of[start:start + 1000], strict=True):
                     pipe.hset(name, k.to_bytes(8, "big", signed=True), records[k])
                 pipe.execute()
             big_bytes = (client.info("memory")["used_memory"] - big_bytes) / BLOCKS

@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import row, timeit_us, valkey_server  # noqa: E402
-from chalicelib.cache.context import bucket_bits_for  # noqa: E402
-from chalicelib.clock import ManualClock  # noqa: E402
-from chalicelib.index import BlockIndex  # noqa: E402
-from tests.integration.capacity.harness import Cluster, counting_client, make_group, server_calls  # noqa: E402
+from bench._common import row, timeit_us, valkey_server
+from chalicelib.cache.context import bucket_bits_for
+from chalicelib.clock import ManualClock
+from chalicelib.index import BlockIndex
+from tests.integration.capacity.harness import Cluster, counting_client, make_group, server_calls
 
 SIZES = (10_000, 100_000, 300_000)
 CHAIN = 10

@@ -3,8 +3,8 @@
 Commands (``python -m infra.deploy <command> --help``):
 
 - ``stack`` (``make deploy``): uploads ``out/<stage>/deployment.zip`` (with its modules
-  compiled, for faster cold starts) and the packaged template to S3 (the template is over CloudFormation's 51,200-byte inline limit),
-  creates or updates the stack ``kvcm-<stage>`` and prints its outputs.
+  compiled, for faster cold starts) and the packaged template to S3 (the template is over
+  CloudFormation's 51,200-byte inline limit), creates or updates the stack ``kvcm-<stage>`` and prints its outputs.
 - ``infra`` (``make deploy-infra``): the infrastructure stack ``kvcm-<stage>-infra``
   (``infra.merge_template.build_infra``): table, Valkey, network, state machines bound to
   the functions ``chalice deploy`` will create.
@@ -27,7 +27,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from infra import merge_template
 
@@ -47,7 +48,7 @@ class DeployError(RuntimeError):
     """A deployment step failed; the message says which and why."""
 
 
-def session(region: str, endpoint: Optional[str] = None) -> Any:
+def session(region: str, endpoint: str | None = None) -> Any:
     """A boto3 session for AWS, or for the emulator at ``endpoint`` (``host:port``)."""
     if endpoint:
         from localstack_client.session import Session
@@ -124,7 +125,7 @@ def with_uploaded_code(template: dict, bucket: str, key: str) -> dict:
     return template
 
 
-def template_source(aws: Any, template: dict, bucket: Optional[str], key_prefix: str) -> dict[str, str]:
+def template_source(aws: Any, template: dict, bucket: str | None, key_prefix: str) -> dict[str, str]:
     """``TemplateBody`` when small enough, else ``TemplateURL`` of an upload to ``bucket``."""
     body = json.dumps(template, separators=(",", ":"))
     if bucket:
@@ -138,7 +139,7 @@ def template_source(aws: Any, template: dict, bucket: Optional[str], key_prefix:
     return {"TemplateBody": body}
 
 
-def _stack_status(cloudformation: Any, name: str) -> Optional[str]:
+def _stack_status(cloudformation: Any, name: str) -> str | None:
     try:
         return cloudformation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]
     except cloudformation.exceptions.ClientError as exc:
@@ -235,7 +236,7 @@ def deploy_packaged(aws: Any, stage: str, bucket: str, package_dir: Path,
     return deploy_stack(aws, stack_name(stage), source, stack_parameters(aws, stage, overrides), poll_s)
 
 
-def deploy_infra(aws: Any, stage: str, bucket: Optional[str] = None,
+def deploy_infra(aws: Any, stage: str, bucket: str | None = None,
                  overrides: Mapping[str, str] = {}, poll_s: float = 5.0) -> dict[str, str]:
     """The infrastructure stack ``kvcm-<stage>-infra`` for ``chalice deploy``."""
     source = template_source(aws, merge_template.build_infra(stage), bucket, f"kvcm/{stage}/infra")
@@ -286,7 +287,7 @@ def print_outputs(outputs: Mapping[str, str]) -> None:
         print(f"{key:<{width}}  {outputs[key]}")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--region", default=None, help="AWS region (default: the session's, else us-east-1)")
     parser.add_argument("--endpoint", default=None, metavar="HOST:PORT",

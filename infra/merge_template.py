@@ -32,7 +32,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 import yaml
 
@@ -88,6 +89,9 @@ class PackagedFunctions:
     api_name = {"Fn::Sub": "kvcm-${Stage}"}
 
 
+PACKAGED_FUNCTIONS = PackagedFunctions()
+
+
 def deployed_function_name(name: str) -> str:
     """The name ``chalice deploy`` gives a function (``Fn::Sub`` text): ``<app>-<stage>-<function>``,
     the API handler plain ``<app>-<stage>``."""
@@ -109,7 +113,7 @@ class DeployedFunctions:
 
 
 def state_machine_resource(workflow: str, definition: dict, functions: Iterable[str],
-                           binding: Any = PackagedFunctions()) -> dict:
+                           binding: Any = PACKAGED_FUNCTIONS) -> dict:
     """The state machine of one workflow; ``functions`` are the function names its tasks invoke."""
     return {
         "Type": "AWS::StepFunctions::StateMachine",
@@ -335,7 +339,7 @@ def function_environment(template: dict) -> dict:
 def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
           function_names: Iterable[str] | None = None) -> dict:
     """The merge template of ``chalice package`` for ``stage`` (``function_names``: the app's, by default)."""
-    template, names = _shared(stage, workflows_dir, base, function_names, PackagedFunctions())
+    template, names = _shared(stage, workflows_dir, base, function_names, PACKAGED_FUNCTIONS)
     packaged = yaml.safe_load(PACKAGED_TEMPLATE.read_text(encoding="utf-8"))
     for section in ("Parameters", "Rules", "Conditions", "Resources"):
         template.setdefault(section, {}).update(packaged.get(section, {}))

@@ -46,7 +46,8 @@ import uuid
 import zipfile
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import yaml
 
@@ -248,7 +249,7 @@ class MotoWorkarounds:
         setattr(owner, name, replacement(getattr(owner, name)))
         self._undo.append(lambda: setattr(owner, name, original))
 
-    def __enter__(self) -> "MotoWorkarounds":
+    def __enter__(self) -> MotoWorkarounds:
         from moto.apigateway.models import APIGatewayBackend, RestAPI
         from moto.awslambda_simple.models import LambdaSimpleBackend
         from moto.cloudformation.models import Stack
@@ -257,7 +258,7 @@ class MotoWorkarounds:
         code = self.code
 
         def run_deployed(_original: Any) -> Callable[..., Any]:
-            def invoke(backend: Any, function_name: str, qualifier: Optional[str], body: Any, headers: Any,
+            def invoke(backend: Any, function_name: str, qualifier: str | None, body: Any, headers: Any,
                        response_headers: dict[str, str]) -> bytes:
                 return code.invoke(backend.get_function(function_name, qualifier), body, response_headers)
             return invoke
@@ -333,7 +334,7 @@ class Rehearsal:
 
     # ------------------------------------------------------------ servers
 
-    def __enter__(self) -> "Rehearsal":
+    def __enter__(self) -> Rehearsal:
         try:
             self._start()
         except BaseException:
@@ -537,7 +538,7 @@ class Rehearsal:
 
     # ------------------------------------------------------------ the paths
 
-    def run(self, command: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> str:
+    def run(self, command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
         """Runs a documented command; its output's tail, or AssertionError with it."""
         process = subprocess.run(command, cwd=cwd, env=env or self.aws_cli_environment(), capture_output=True,
                                  text=True, timeout=600)
@@ -630,7 +631,7 @@ def scheduled_event() -> dict:
             "region": REGION, "resources": [], "detail": {}}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.rehearsal", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--port", type=int, default=0, help="moto server port (default: a free one)")
@@ -644,7 +645,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.path in (name, "both"):
                 try:
                     rehearsal.report[name] = run()
-                except Exception as exc:  # noqa: BLE001 - reported; the other path still runs
+                except Exception as exc:  # noqa: BLE001 - a failed path is reported, the other still runs
                     rehearsal.report[name] = {"error": f"{type(exc).__name__}: {exc}"}
                     failed = True
         rehearsal.report["invocations"] = rehearsal.code.invocations
