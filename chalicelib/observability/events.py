@@ -100,7 +100,8 @@ class EventLog:
 
 
 class _Registered(Protocol):
-    block_size: int
+    @property
+    def block_size(self) -> int: ...
 
 
 class InstanceLookup(Protocol):

@@ -54,7 +54,7 @@ from redis.typing import EncodableT
 from ..protocol.codes import StorageType
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
 from ..protocol.models import StorageConfig
-from ..stores.valkey import lua_source
+from ..stores.valkey import Valkey, lua_source
 from .base import BlockRef, SpecSlot, StorageBackend, StorageError, UriFormat
 from .checks import config_error, spec_of
 from .naming import DECIMAL, uri_template
@@ -125,7 +125,7 @@ class TairMemPoolBackend(StorageBackend):
     sdk_type = "pace"
     read_weight = 3
 
-    def __init__(self, config: StorageConfig, valkey: redis.Redis, key_prefix: str = "kvcm",
+    def __init__(self, config: StorageConfig, valkey: Valkey, key_prefix: str = "kvcm",
                  reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S) -> None:
         self.check_config(config)
         super().__init__(config)

@@ -17,9 +17,8 @@ import threading
 from typing import Any
 from collections.abc import Callable
 
-import redis
-
 from ..protocol.models import STORAGE_SPEC_FIELDS, StorageConfig
+from ..stores.valkey import Valkey
 from .base import StorageBackend
 from .checks import config_error
 from .event_report import EventReportBackend
@@ -28,7 +27,7 @@ from .mempool import TairMemPoolBackend
 from .mooncake import MooncakeBackend
 from .s3 import S3Backend, S3ClientFactory
 
-ValkeyFactory = Callable[[], redis.Redis]
+ValkeyFactory = Callable[[], Valkey]
 
 BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
     cls.spec_field: cls

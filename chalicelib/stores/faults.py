@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import json
 
-import redis
-
 from ..protocol.codes import FaultTriggerStrategy, FaultType
 from ..protocol.errors import InjectedFaultError
-from .valkey import valkey_errors
+from .valkey import Valkey, valkey_errors
 
 
 class FaultRegistry:
     """Faults by API name: ``check`` raises InjectedFaultError when one triggers."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: Valkey, prefix: str) -> None:
         self.client = client
         self.key = f"{prefix}:faults"
 

@@ -10,11 +10,10 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
-import redis
 from redis.typing import EncodableT
 
 from ..observability.metrics import MetricKey, MetricsDelta
-from .valkey import lua_source, valkey_errors
+from .valkey import Valkey, lua_source, valkey_errors
 
 _SCRIPT = lua_source(Path(__file__).with_name("lua"), "metrics_add")
 
@@ -32,7 +31,7 @@ def _key_of(field: str) -> MetricKey:
 class MetricsStore:
     """Adds containers' metric changes up; reads the service's metrics."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: Valkey, prefix: str) -> None:
         self.client = client
         self.key = f"{{{prefix}:metrics}}"
         self._add = client.register_script(_SCRIPT)
