@@ -4,24 +4,40 @@ Starts fresh Python processes the way Lambda starts a container (the app module 
 then one API Gateway proxy event handed to ``app.app``), against a local Valkey and moto
 holding one registered instance with 128 cached blocks, and prints per phase the median
 of ``--runs`` processes: interpreter start (baseline: ``python -c pass``), ``import app``,
-the first getCacheLocation (control-plane reads, Valkey connection, the read), and the
-first answered request counted from the process start. Then the imports that cost most
-(``python -X importtime``, cumulative), to say where lazy imports would pay.
+the first getCacheLocation (control-plane reads, Valkey connection, the read), the first
+answered request counted from the process start, and the process's CPU time (user +
+system, start to exit: steadier than wall time on a machine shared with other work).
+The app (``app.py``, ``chalicelib/``) is copied to a temporary directory and compiled as
+``make deploy`` packages it (unchecked-hash ``.pyc``; no process writes bytecode), the
+processes getting the functions' environment variables of its ``.chalice/config.json``, or
+left as sources with ``--sources`` (``chalice deploy``'s package: every cold start
+compiles it). With ``--against REV`` the same phases are measured for the app as of git
+revision REV, its processes taking turns with the working tree's, so both columns see the
+same machine. Then the imports that cost most (``python -X importtime``, cumulative), to
+say where lazy imports would pay.
 
-    .venv/bin/python bench/bench_cold_start.py [--runs 7]
+    .venv/bin/python bench/bench_cold_start.py [--runs 7] [--against REV] [--sources]
 """
 from __future__ import annotations
 
 import argparse
+import compileall
+import contextlib
 import json
 import os
 import random
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from py_compile import PycInvalidationMode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -60,12 +76,83 @@ print(json.dumps({"import_ms": (t1 - t0) * 1e3, "first_ms": (t2 - t1) * 1e3, "st
 """
 
 
-def fresh(args: list[str], env: dict) -> tuple[float, float, str, str]:
-    """One fresh process: its start (epoch s), its wall ms to exit, stdout and stderr."""
+@dataclass
+class Phases:
+    """Per-process figures (ms) of one tree's fresh processes."""
+
+    imports: list[float] = field(default_factory=list)
+    first: list[float] = field(default_factory=list)
+    answered: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Fresh:
+    """One fresh process: its start (epoch s), wall and CPU ms to exit, its output."""
+
+    started: float
+    wall_ms: float
+    cpu_ms: float
+    stdout: str
+    stderr: str
+
+
+def fresh(args: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> Fresh:
+    """Run one fresh interpreter to its exit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started, t0 = time.time(), time.perf_counter()
-    out = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         check=True)
-    return started, (time.perf_counter() - t0) * 1e3, out.stdout, out.stderr
+    out = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    wall = (time.perf_counter() - t0) * 1e3
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1e3
+    return Fresh(started, wall, cpu, out.stdout, out.stderr)
+
+
+def function_environment(tree: Path) -> dict[str, str]:
+    """The variables every function of the app in ``tree`` gets (its ``.chalice/config.json``,
+    top level: the stages' own are left out, the bench runs the local settings)."""
+    config = json.loads((tree / CHALICE_CONFIG).read_text(encoding="utf-8"))
+    return dict(config.get("environment_variables", {}))
+
+
+def first_answer(tree: Path, env: dict[str, str], body: str, into: Phases) -> None:
+    """One cold start of the app in ``tree``: import, first getCacheLocation, figures into ``into``."""
+    run = fresh(["-c", CHILD, body], {**env, **function_environment(tree), "PYTHONPATH": str(tree)}, cwd=tree)
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["status"] == 200 and figures["hits"] == 128, figures
+    into.imports.append(figures["import_ms"])
+    into.first.append(figures["first_ms"])
+    into.answered.append((figures["answered_at"] - run.started) * 1e3)
+    into.cpu.append(run.cpu_ms)
+
+
+UNCHECKED_HASH = PycInvalidationMode.UNCHECKED_HASH
+CHALICE_CONFIG = ".chalice/config.json"
+#: What the deployment package is made of, of the repository (requirements aside).
+APP_FILES = ("app.py", "chalicelib", CHALICE_CONFIG)
+
+
+@contextmanager
+def app_tree(revision: str | None, bytecode: bool) -> Iterator[Path]:
+    """The app (``APP_FILES``) in a temporary directory: the working tree's, or as of git
+    ``revision``; with its modules compiled like ``make deploy``'s package (unchecked-hash
+    ``.pyc``), else sources only like ``chalice deploy``'s (each process compiles them)."""
+    with tempfile.TemporaryDirectory(prefix="kvcm-cold-") as directory:
+        root = Path(directory)
+        if revision is None:
+            shutil.copy2(REPO_ROOT / "app.py", root / "app.py")
+            shutil.copytree(REPO_ROOT / "chalicelib", root / "chalicelib",
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            (root / CHALICE_CONFIG).parent.mkdir()
+            shutil.copy2(REPO_ROOT / CHALICE_CONFIG, root / CHALICE_CONFIG)
+        else:
+            archive = subprocess.run(["git", "archive", revision, *APP_FILES], cwd=REPO_ROOT, capture_output=True,
+                                     check=True)
+            subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+        if bytecode:
+            compileall.compile_file(root / "app.py", quiet=2, invalidation_mode=UNCHECKED_HASH)
+            compileall.compile_dir(root / "chalicelib", quiet=2, workers=1, invalidation_mode=UNCHECKED_HASH)
+        yield root
 
 
 def top_imports(stderr: str, count: int) -> list[tuple[float, str]]:
@@ -91,35 +178,51 @@ def top_imports(stderr: str, count: int) -> list[tuple[float, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--against", metavar="REV", help="also measure the app as of this git revision, in turns")
+    parser.add_argument("--sources", action="store_true",
+                        help="the app without bytecode (chalice deploy's package): every process compiles it")
     args = parser.parse_args()
     from bench.bench_meta import build_runtime, write_blocks
 
-    with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
+    bytecode = not args.sources
+    with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir, \
+            app_tree(None, bytecode) as tree, contextlib.ExitStack() as stack:
+        previous = stack.enter_context(app_tree(args.against, bytecode)) if args.against else None
         rt, aws = build_runtime(client, data_dir, capacity_blocks=10_000)
         try:
             keys = [random.Random(3).getrandbits(63) for _ in range(128)]
             write_blocks(rt, keys)
             port = client.connection_pool.connection_kwargs["port"]
-            env = {**os.environ, "KVCM_VALKEY_URL": f"redis://127.0.0.1:{port}/0", "PYTHONPATH": str(REPO_ROOT)}
+            # Nothing a process compiles is kept: each one is a new container.
+            env = {**os.environ, "KVCM_VALKEY_URL": f"redis://127.0.0.1:{port}/0", "PYTHONDONTWRITEBYTECODE": "1"}
             env.pop("KVCM_EVENT_LOG", None)
             body = json.dumps({"instance_id": "bench", "query_type": "QT_PREFIX_MATCH", "block_keys": keys})
-            interpreter, imports, first, answered = [], [], [], []
+            interpreter, interpreter_cpu, current, before = [], [], Phases(), Phases()
             for _ in range(args.runs):
-                interpreter.append(fresh(["-c", "pass"], env)[1])
-                started, _, out, _ = fresh(["-c", CHILD, body], env)
-                figures = json.loads(out.strip().splitlines()[-1])
-                assert figures["status"] == 200 and figures["hits"] == 128, figures
-                imports.append(figures["import_ms"])
-                first.append(figures["first_ms"])
-                answered.append((figures["answered_at"] - started) * 1e3)
-            importtime = fresh(["-X", "importtime", "-c", "import app"], env)[3]
+                baseline = fresh(["-c", "pass"], env)
+                interpreter.append(baseline.wall_ms)
+                interpreter_cpu.append(baseline.cpu_ms)
+                first_answer(tree, env, body, current)
+                if previous is not None:
+                    first_answer(previous, env, body, before)
+            importtime = fresh(["-X", "importtime", "-c", "import app"],
+                               {**env, **function_environment(tree), "PYTHONPATH": str(tree)}, cwd=tree).stderr
             median = statistics.median
-            print(f"Cold start, median of {args.runs} fresh processes, {os.cpu_count()} cores")
-            print(f"  {'interpreter start and exit: python -c pass (baseline)':<52} {median(interpreter):>8.0f} ms")
-            print(f"  {'import app':<52} {median(imports):>8.0f} ms")
-            print(f"  {'first getCacheLocation (128 hits)':<52} {median(first):>8.0f} ms")
-            print(f"  {'process start to first answer':<52} {median(answered):>8.0f} ms"
-                  f"  (target ≤ {TARGET_MS} ms to the first answer)")
+
+            def row(label: str, now: list[float], then: list[float], note: str = "") -> str:
+                was = f"{median(then):>8.0f} ms" if then else ""
+                return f"  {label:<40} {median(now):>8.0f} ms {was:>11}{note}"
+
+            package = "sources only (chalice deploy)" if args.sources else "with bytecode (make deploy)"
+            print(f"Cold start, median of {args.runs} fresh processes, {os.cpu_count()} cores, app {package}")
+            print(f"  {'':<40} {'now':>11} {args.against or '':>11}")
+            print(row("interpreter start and exit (baseline)", interpreter, []))
+            print(row("import app", current.imports, before.imports))
+            print(row("first getCacheLocation (128 hits)", current.first, before.first))
+            print(row("process start to first answer", current.answered, before.answered,
+                      f"  (target ≤ {TARGET_MS} ms)"))
+            print(row("CPU time, process start to exit", current.cpu, before.cpu,
+                      f"  (baseline {median(interpreter_cpu):.0f} ms)"))
             print("  costliest imports of `import app` (cumulative, one -X importtime run):")
             for ms, name in top_imports(importtime, 10):
                 print(f"    {name:<50} {ms:>8.0f} ms")
