@@ -303,16 +303,16 @@ class ReporterStore:
         """host_ip_port → the length of its prefix of ``keys`` over visible reported
         locations (hosts without one left out). ``timeouts``: reporter kind (``l1p5``,
         ``l2``) → heartbeat timeout ms (reporters of other kinds are hidden). ``mamba``:
-        (full-attention spec names, state spec names) for QT_PREFIX_MATCH_WITH_MAMBA."""
-        rids = [rid for rid in self.reporters(instance_id) if rid.partition("#")[0] in timeouts]
-        if not rids or not keys:
+        (full-attention spec names, state spec names) for QT_PREFIX_MATCH_WITH_MAMBA.
+        One round trip: the script reads the reporters itself."""
+        if not keys or not timeouts:
             return {}
         full, states = mamba or ((), ())
         args: list[Any] = [now_ms, "m" if mamba else "p", "1" if eagle_pop else "0", ",".join(mediums),
-                           ",".join(full), ",".join(states), len(rids)]
-        for rid in rids:
-            args += [rid, timeouts[rid.partition("#")[0]]]
-        flat = self._host_state(keys=[self.bits_key(instance_id), *(self.node_key(instance_id, rid) for rid in rids)],
+                           ",".join(full), ",".join(states), self.node_key(instance_id, ""), len(timeouts)]
+        for kind, timeout in timeouts.items():
+            args += [kind, timeout]
+        flat = self._host_state(keys=[self.bits_key(instance_id), self.nodes_key(instance_id)],
                                 args=[*args, block_fields(keys)])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 

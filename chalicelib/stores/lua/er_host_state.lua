@@ -1,9 +1,10 @@
 -- getHostCacheState over reported locations: each host's prefix of the keys (reporters.py).
--- KEYS: the instance's bitmap hash, then the state hash of every reporter of a configured
---       kind
+-- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set; a reporter's state
+--       hash is ARGV[7] .. rid (same hash tag, hence the same slot)
 -- ARGV: now ms, mode ('p' prefix, 'm' Mamba), eagle pop ('1'/'0'), mediums (',', '' = all),
---       full-attention spec names (','), state spec names (','), reporter count R,
---       R x (rid, heartbeat timeout ms), then the block keys in order (one string, er_fields)
+--       full-attention spec names (','), state spec names (','), state key prefix, kind
+--       count K, K x (kind, heartbeat timeout ms), then the block keys in order (one
+--       string, er_fields). Reporters of another kind are hidden.
 -- Returns {host, prefix, ...} for the hosts with a prefix > 0
 local bits_key = KEYS[1]
 local now, mode, eagle = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
@@ -14,18 +15,32 @@ local function csv(text)
 end
 local media = ARGV[4] ~= '' and er_set(string.gsub(ARGV[4], ',', ' ')) or nil
 local full, states = csv(ARGV[5]), csv(ARGV[6])
-local r = tonumber(ARGV[7])
-local blob = ARGV[8 + 2 * r]
+local state_prefix, k = ARGV[7], tonumber(ARGV[8])
+local timeouts = {}
+for i = 1, k do timeouts[ARGV[7 + 2 * i]] = tonumber(ARGV[8 + 2 * i]) end
+local blob = ARGV[9 + 2 * k]
 local n = #blob / 8
 
 -- The visible slots of each host: those of its live reporters' visible generations whose
 -- medium is allowed (a host reporting as L1P5 and L2, or in several media, or with several
--- sets of spec names, has several), each as {byte, mask, set of its spec names}.
+-- sets of spec names, has several), each as {byte, mask, set of its spec names, level},
+-- ``level`` being what the slot's names give alone (see holds).
+local function has_all(set, names)
+  for _, name in ipairs(names) do
+    if not set[name] then return false end
+  end
+  return true
+end
+local function level_of(names)
+  if mode == 'p' then return 2 end
+  if not has_all(names, full) then return 0 end
+  return has_all(names, states) and 2 or 1
+end
 local slots = {}
-for k = 1, r do
-  local rid = ARGV[6 + 2 * k]
-  local state = hgetall_table(KEYS[1 + k])
-  local view = er_view(state, now, tonumber(ARGV[7 + 2 * k]))
+for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local timeout = timeouts[string.match(rid, '^[^#]*')]
+  local state = timeout and hgetall_table(state_prefix .. rid)
+  local view = state and er_view(state, now, timeout)
   if view then
     local host = string.sub(rid, string.find(rid, '#', 1, true) + 1)
     er_each_slot(state, function(slot, version, sig)
@@ -36,7 +51,7 @@ for k = 1, r do
           local names = {}
           for j = 2, #medium_names do names[medium_names[j]] = true end
           local held = slots[host] or {}
-          held[#held + 1] = {byte, mask, names}
+          held[#held + 1] = {byte, mask, names, level_of(names)}
           slots[host] = held
         end
       end
@@ -45,31 +60,26 @@ for k = 1, r do
 end
 if not next(slots) then return {} end
 
-local function has_all(set, names)
-  for _, name in ipairs(names) do
-    if not set[name] then return false end
-  end
-  return true
-end
 -- What a host holds of a key with bitmap ``map``: plain, 2 (it holds a location) or 0;
 -- Mamba, 2 (every full-attention spec and every state spec), 1 (the full-attention specs
--- only) or 0. Across its slots, the spec names add up.
+-- only) or 0. Across its slots, the spec names add up; one slot alone is its level.
 local function holds(map, host)
   if not map then return 0 end
-  if mode == 'p' then
-    for _, sl in ipairs(slots[host]) do
-      if er_has(map, sl[1], sl[2]) then return 2 end
+  local set, count = nil, 0
+  for _, sl in ipairs(slots[host]) do
+    if er_has(map, sl[1], sl[2]) then
+      if sl[4] == 2 then return 2 end
+      set, count = sl, count + 1
     end
-    return 0
   end
+  if count <= 1 then return set and set[4] or 0 end
   local names = {}
   for _, sl in ipairs(slots[host]) do
     if er_has(map, sl[1], sl[2]) then
       for name in pairs(sl[3]) do names[name] = true end
     end
   end
-  if not has_all(names, full) then return 0 end
-  return has_all(names, states) and 2 or 1
+  return level_of(names)
 end
 
 -- The walk: one bitmap per key, read in runs that double in length. Hosts are looked at

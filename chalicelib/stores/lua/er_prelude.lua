@@ -31,8 +31,8 @@ local ER_RECORD1 = string.char(0x92)  -- msgpack header of a record with one loc
 -- Block keys are hash fields of 8 bytes (big-endian int64, reporters.py block_field); a
 -- request's keys arrive as one string of them. The fields of keys ``from``..``to`` of it:
 local function er_fields(blob, from, to)
-  local list = {}
-  for i = from, to do list[#list + 1] = string.sub(blob, 8 * i - 7, 8 * i) end
+  local list, sub = {}, string.sub
+  for i = from, to do list[i - from + 1] = sub(blob, 8 * i - 7, 8 * i) end
   return list
 end
 
