@@ -24,17 +24,19 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
-from datetime import datetime, UTC
-from typing import Any, Protocol
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from ..observability.event_store import ObjectStore, group_prefix, read_group_lines
-from ..protocol.models import InstanceGroup
+from ..protocol.codes import ReclaimPolicy
+from ..protocol.models import CacheConfig, CacheReclaimStrategy, InstanceGroup, TriggerStrategy
 from .errors import ConfigError
 from .mrc import HitRatioCurve
+from .policy_tuning import ReclaimSettings, recommend_ttl, recommend_watermark
 from .traces import Record, read_kvcm_events
-from .tuning import instance_curves, recommend
+from .tuning import evaluate, instance_curves, recommend
 
 GRANULES = 200
 #: Every instance split keeps at least this share of an even split: one whose traffic
@@ -42,6 +44,11 @@ GRANULES = 200
 FLOOR_SHARE = 0.25
 #: Tokens per block when an event gives tokens but no keys (KVCM's events carry keys).
 EVENT_BLOCK_SIZE = 16
+#: Seconds between reclaimer rounds the simulation assumes: app.py's ``reclaim`` schedule.
+RECLAIM_ROUND_S = 60.0
+#: The reclaim parameter is chosen only from a window holding this many reclaimer looks.
+MIN_RECLAIM_LOOKS = 3
+_ORDERS = {ReclaimPolicy.POLICY_LFU: "lfu", ReclaimPolicy.POLICY_TTL: "ttl"}  # else lru, the default
 
 
 class Groups(Protocol):
@@ -101,7 +108,9 @@ class GroupResult:
         rec = self.recommendation or {}
         return {"group": self.group, "status": self.status, "output": self.output,
                 "changes": rec.get("changes", {}),
-                "expected_gain": rec.get("recommended", {}).get("expected_gain")}
+                "expected_gain": rec.get("recommended", {}).get("expected_gain"),
+                "reclaim": {k: v for k, v in (rec.get("reclaim") or {}).items()
+                            if k in ("parameter", "current", "recommended")}}
 
 
 def current_quotas(group: InstanceGroup, instances: list[str]) -> dict[str, int]:
@@ -121,7 +130,8 @@ class InstanceTuning:
     """Runs the tuning of every group (``run``); one group at a time (``tune``)."""
 
     def __init__(self, groups: Groups, events: EventLogSource, output: ObjectStore, clock: Clock,
-                 logger: Logger, output_prefix: str = "", granules: int = GRANULES) -> None:
+                 logger: Logger, output_prefix: str = "", granules: int = GRANULES,
+                 reclaim_round_s: float = RECLAIM_ROUND_S) -> None:
         self.groups = groups
         self.events = events
         self.output = output
@@ -129,6 +139,7 @@ class InstanceTuning:
         self.clock = clock
         self.logger = logger
         self.granules = granules
+        self.reclaim_round_s = reclaim_round_s
 
     def run(self) -> dict[str, Any]:
         """Tune every group; a failing group is logged and the others go on."""
@@ -162,12 +173,24 @@ class InstanceTuning:
         rec = recommend(curves, current, used_fraction=used, max_shift=tuning.max_shift,
                         granules=self.granules, block_bytes=sizes, floor=floor)
         gain = rec["recommended"]["expected_gain"]
+        quotas = bool(rec["changes"]) and gain >= tuning.min_gain and gain > 0
+        # the reclaim parameter is chosen for the quotas in force once this run is applied
+        after = rec["recommended"] if quotas else rec["current"]
+        limits = {name: quota // sizes[name] for name, quota in after["quotas"].items()}
+        reference = evaluate(curves, after["quotas"], used_fraction=1.0, block_bytes=sizes).hit_ratio
+        reclaim = self._reclaim(group, [r for r in records if r.instance in curves], limits, reference or 0.0)
+        # a reclaim change gains nothing when it trades hits (within tolerance) for room or
+        # freshness: a group asking for a min_gain gets only the changes that gain it
+        reclaim_moves = reclaim is not None and reclaim["recommended"] != reclaim["current"]
+        reclaim_change = reclaim_moves and (tuning.min_gain <= 0 or (reclaim or {})["expected_gain"] >= tuning.min_gain)
         status = "recommended"
-        if tuning.enabled and rec["changes"]:
-            status = "below_min_gain" if gain < tuning.min_gain or gain <= 0 else self._apply(group, rec)
+        if tuning.enabled and (quotas or reclaim_change):
+            status = self._apply(group, rec if quotas else None, reclaim if reclaim_change else None)
+        elif tuning.enabled and (rec["changes"] or reclaim_moves):
+            status = "below_min_gain"
         rec = {"group": group.name, "version": group.version, "status": status, "tuning": tuning.model_dump(),
                "window_us": [end_us - tuning.window_seconds * 1_000_000, end_us],
-               "records": len(records), "quota_unit": "bytes", **rec}
+               "records": len(records), "quota_unit": "bytes", "reclaim": reclaim, **rec}
         output = self._write(group.name, end_us, rec)
         self.logger.info("instance tuning", extra={"group": group.name, "status": status,
                                                     "changes": rec["changes"], "expected_gain": gain,
@@ -182,10 +205,40 @@ class InstanceTuning:
         used = trigger.used_percentage if trigger is not None and trigger.used_percentage > 0 else 0.9
         return min(used, 1.0)
 
-    def _apply(self, group: InstanceGroup, rec: dict[str, Any]) -> str:
-        """The recommended quotas stored with a versioned update: ``applied`` or ``conflict``."""
+    def _reclaim(self, group: InstanceGroup, records: list[Record], limits: dict[str, int],
+                 reference: float) -> dict[str, Any] | None:
+        """The TTL (TTL groups) or watermark (LRU, LFU) the group's policy needs at the
+        recommended quotas (``policy_tuning``); None when reclaim is off (a watermark > 1)
+        or the window spans fewer than ``MIN_RECLAIM_LOOKS`` reclaimer looks."""
+        stored = group.cache_config.reclaim_strategy if group.cache_config is not None else None
+        strategy = stored or CacheReclaimStrategy()
+        trigger = strategy.trigger_strategy or TriggerStrategy()
+        used = trigger.used_percentage or 0.9
+        settings = ReclaimSettings(
+            order=_ORDERS.get(strategy.reclaim_policy, "lru"), used_percentage=used,
+            step_percentage=strategy.reclaim_step_percentage or 10, period_s=strategy.trigger_period_seconds or 10,
+            ttl_s=strategy.ttl_seconds, round_s=self.reclaim_round_s)
+        times = [r.timestamp_us for r in records] or [0]
+        looks = (max(times) - min(times)) / 1e6 / max(settings.round_s, settings.period_s)
+        if used > 1 or not any(limits.values()) or looks < MIN_RECLAIM_LOOKS:
+            return None  # reclaim off, or a window too short to see the reclaimer at work
+        if settings.order == "ttl":
+            return recommend_ttl(records, limits, settings, EVENT_BLOCK_SIZE)
+        return recommend_watermark(records, limits, settings, EVENT_BLOCK_SIZE, reference)
+
+    def _apply(self, group: InstanceGroup, rec: dict[str, Any] | None, reclaim: dict[str, Any] | None) -> str:
+        """The recommended quotas and reclaim parameter stored with one versioned update:
+        ``applied`` or ``conflict``."""
         updated = group.model_copy(deep=True)
-        updated.instance_quotas = {**group.instance_quotas, **rec["recommended"]["quotas"]}
+        if rec is not None:
+            updated.instance_quotas = {**group.instance_quotas, **rec["recommended"]["quotas"]}
+        if reclaim is not None:
+            strategy = _strategy(updated)
+            if reclaim["parameter"] == "ttl_seconds":
+                strategy.ttl_seconds = reclaim["recommended"]
+            else:
+                strategy.trigger_strategy = strategy.trigger_strategy or TriggerStrategy()
+                strategy.trigger_strategy.used_percentage = reclaim["recommended"]
         updated.version = 0  # the stored version + 1
         if self.groups.update(updated, group.version):
             return "applied"
@@ -198,3 +251,12 @@ class InstanceTuning:
         key = group_prefix(self.output_prefix, group, "tuning") + when.strftime("%Y-%m-%d/%H%M%S") + ".json"
         self.output.put(key, json.dumps(rec, indent=1, sort_keys=True).encode())
         return self.output.uri(key)
+
+
+def _strategy(group: InstanceGroup) -> CacheReclaimStrategy:
+    """The group's reclaim strategy, created empty (the defaults) when it has none."""
+    if group.cache_config is None:
+        group.cache_config = CacheConfig()
+    if group.cache_config.reclaim_strategy is None:
+        group.cache_config.reclaim_strategy = CacheReclaimStrategy()
+    return group.cache_config.reclaim_strategy

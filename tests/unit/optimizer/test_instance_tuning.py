@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Optional
 
 import pytest
 
 from chalicelib.control.groups import default_tuning, normalize_group
 from chalicelib.observability.event_store import PartitionedEventWriter
-from chalicelib.storage.objects import DirectoryStore
 from chalicelib.optimizer.instance_tuning import EventLogSource, InstanceTuning, current_quotas
 from chalicelib.protocol.models import InstanceGroup
+from chalicelib.storage.objects import DirectoryStore
 
 BLOCK = 1024
 CAPACITY = 100 * BLOCK
@@ -57,9 +56,9 @@ class FakeGroups:
         return True
 
 
-def write_traffic(writer: PartitionedEventWriter, group: str = "g1", cycles: int = 5) -> int:
+def write_traffic(writer: PartitionedEventWriter, group: str = "g1", cycles: int = 5, spacing_us: int = 1000) -> int:
     """Interleaved requests of 'loop' (cycling over its chains) and 'stream' (new blocks
-    each time): read, start, finish. Returns the last event's time (µs)."""
+    each time): read, start, finish, ``spacing_us`` apart. Returns the last event's time (µs)."""
     t = START_US
     fresh = 10_000_000
     for n in range(cycles * LOOP_CHAINS):
@@ -71,21 +70,22 @@ def write_traffic(writer: PartitionedEventWriter, group: str = "g1", cycles: int
             for kind, extra in (("GetCacheLocation", {"keys": keys, "query_type": "prefix_match", "block_mask": 0}),
                                 ("StartWriteCache", {"keys": keys, "write_session_id": session}),
                                 ("FinishWriteCache", {"write_session_id": session, "success_block": len(keys)})):
-                t += 1000
+                t += spacing_us
                 writer.append(group, t, json.dumps({"source": instance, "type": kind, "trigger_time_us": t,
                                                     "tokens": [], **extra}))
     writer.flush()
     return t
 
 
-def job(tmp_path, group_fields: Optional[dict] = None, instances: Optional[dict[str, int]] = None):
+def job(tmp_path, group_fields: dict | None = None, instances: dict[str, int] | None = None,
+        spacing_us: int = 1000):
     store = DirectoryStore(str(tmp_path))
-    end_us = write_traffic(PartitionedEventWriter(store, "log"))
+    end_us = write_traffic(PartitionedEventWriter(store, "log"), spacing_us=spacing_us)
     group = InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["s"],
                                           "quota": {"capacity": CAPACITY}, **(group_fields or {})})
     groups = FakeGroups(group, instances or {"loop": BLOCK, "stream": BLOCK})
     tuning = InstanceTuning(groups, EventLogSource(store, "log"), store, FixedClock(end_us / 1e6 + 1),
-                            logging.getLogger("test"), output_prefix="log")
+                            logging.getLogger("test"), output_prefix="log", reclaim_round_s=1.0)
     return tuning, groups
 
 
@@ -154,3 +154,46 @@ def test_defaults_fill_a_partial_tuning(bad):
     group = normalize_group(InstanceGroup.model_validate({
         "name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1}, "tuning": bad}))
     assert group.tuning.max_shift == 0.2 and group.tuning.window_seconds == 3600
+
+
+def _reclaim_strategy(**fields) -> dict:
+    return {"cache_config": {"reclaim_strategy": {"trigger_period_seconds": 1, **fields}}}
+
+
+def test_a_ttl_group_gets_the_ttl_its_reuse_needs_one_bounded_step_a_run(tmp_path):
+    # 0.5 s between events: each loop chain comes back every 48 s, past the 10 s TTL
+    fields = {**_reclaim_strategy(reclaim_policy="POLICY_TTL", ttl_seconds=10), "tuning": {"enabled": True}}
+    tuning, groups = job(tmp_path, fields, spacing_us=500_000)
+    (summary,) = tuning.run()["groups"]
+    assert summary["status"] == "applied"
+    assert summary["reclaim"] == {"parameter": "ttl_seconds", "current": 10, "recommended": 20}
+    (written,) = (tmp_path / "log" / "tuning" / "g1").rglob("*.json")
+    reclaim = json.loads(written.read_text())["reclaim"]
+    assert reclaim["optimum"] >= 48 and reclaim["reuse_time_s"]["p50"] >= 48
+    assert groups.group.cache_config.reclaim_strategy.ttl_seconds == 20  # doubled at most
+    assert groups.group.instance_quotas["loop"] > CAPACITY // 2  # the quotas moved in the same update
+    assert len(groups.updates) == 1 and groups.group.version == 2
+
+
+def test_an_lru_group_gets_the_watermark_that_holds_its_quotas_hit_ratio(tmp_path):
+    # the loop's 64 blocks fit in its 80-block quota, not under a 0.5 watermark of it
+    fields = {**_reclaim_strategy(trigger_strategy={"used_percentage": 0.5}), "tuning": {"enabled": True},
+              "instance_quotas": {"loop": 80 * BLOCK, "stream": 20 * BLOCK}}
+    tuning, groups = job(tmp_path, fields, spacing_us=500_000)
+    (summary,) = tuning.run()["groups"]
+    assert summary["status"] == "applied" and summary["changes"] == {}
+    assert summary["reclaim"] == {"parameter": "used_percentage", "current": 0.5, "recommended": 0.55}
+    (written,) = (tmp_path / "log" / "tuning" / "g1").rglob("*.json")
+    reclaim = json.loads(written.read_text())["reclaim"]
+    by_used = {c["value"]: c["hit_ratio"] for c in reclaim["candidates"]}
+    reference = reclaim["reference"]["hit_ratio"]
+    assert by_used[0.5] < reference - 0.1 and by_used[reclaim["optimum"]] >= reference - 0.01
+    assert 64 / 80 <= reclaim["optimum"] < 0.95
+    assert groups.group.cache_config.reclaim_strategy.trigger_strategy.used_percentage == 0.55
+    assert groups.group.instance_quotas == fields["instance_quotas"] and groups.group.version == 2
+
+
+def test_a_window_shorter_than_a_few_reclaim_looks_recommends_no_reclaim_parameter(tmp_path):
+    tuning, _ = job(tmp_path, _reclaim_strategy(reclaim_policy="POLICY_TTL", ttl_seconds=10))  # 0.5 s of traffic
+    (summary,) = tuning.run()["groups"]
+    assert summary["reclaim"] == {}
