@@ -69,8 +69,8 @@ class CostModel:
 
     def assumptions(self) -> list[str]:
         """The model's assumptions, one line each, for stdout and the plots."""
-        source = (f"{self.flops_per_token:.3g} FLOP/token given" if self.flops_per_token
-                  else f"2 x {self.model_params:.3g} params = {self.token_flops:.3g} FLOP/token")
+        source = (f"{_si(self.flops_per_token)}FLOP/token given" if self.flops_per_token
+                  else f"2 x {self.model_params / 1e9:.3g} B params = {_si(self.token_flops)}FLOP/token")
         return [f"prefill {source}; GPU {self.gpu_flops / 1e12:g} TFLOP/s at "
                 f"{self.mfu:.0%} MFU, {self.gpu_hour_price:g} {self.currency}/GPU-h"]
 
@@ -78,3 +78,11 @@ class CostModel:
         data = asdict(self)
         data["token_flops"] = self.token_flops
         return data
+
+
+def _si(value: float) -> str:
+    """``7.06e10`` -> ``70.6 G``: three significant digits and a decimal prefix, for people."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}"
+    return f"{value:.3g} "

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
-from chalicelib.optimizer.mrc import HitRatioCurve
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy
+from chalicelib.optimizer.mrc import HitRatioCurve
 from chalicelib.optimizer.planner import CapacityPlan, for_people
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import ReplayResult, Totals
@@ -308,14 +308,15 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
         money.set_ylabel(f"{plan['currency']} per hour")
         money.set_title("Value per hour: GPU time saved minus the storage of the quota",
                         fontsize=10)
-        money.legend(loc="best", fontsize=8)
+        # two columns in the empty upper left (savings are small at small capacities)
+        money.legend(loc="upper left", fontsize=8, ncol=2)
         # storage grows without bound with capacity: keep the region where the savings are
         rows = report["net"] + report["net_curve"]
         top = max((r["gpu_cost_saved_per_hour"] or 0.0 for r in rows), default=0.0)
         lows = [v for r in rows for v in (r["net_per_hour"], -r["storage_cost_per_hour"])
                 if v is not None]
         if top > 0 and lows:
-            money.set_ylim(1.05 * min(-0.1 * top, max(min(lows), -3 * top)), 1.3 * top)
+            money.set_ylim(1.05 * min(-0.1 * top, max(min(lows), -3 * top)), 1.6 * top)  # legend room
     lines = [part for line in assumptions
              for part in textwrap.wrap(line, 130, subsequent_indent="    ")]
     if lines:
@@ -354,7 +355,8 @@ def _plot_net(axis: Any, report: Mapping[str, Any], policy: str, color: str, mar
                   marker + "--", color=color, ms=5, lw=1.2, mfc="none", label=f"{policy} net")
 
 
-def _plot_timeseries(result: ReplayResult, path: Path, top: int = 8) -> None:
+def _plot_timeseries(result: ReplayResult, path: Path, plan: Mapping[str, Any] | None = None,
+                     top: int = 8) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
 
@@ -389,7 +391,8 @@ def _plot_timeseries(result: ReplayResult, path: Path, top: int = 8) -> None:
     ax.set_ylabel("block hit ratio per window")
     config = result.config
     hidden = len(ranked) - len(shown)
-    title = (f"{config.policy} at {config.capacity:,} blocks: hit ratio per "
+    size = f" ({config.capacity * plan['block_bytes'] / 2**30:,.0f} GiB)" if plan else ""  # as the capacity plot
+    title = (f"{config.policy} at {config.capacity:,} blocks{size} per instance: hit ratio per "
              f"{config.window_s:g} s window")
     ax.set_title(title + (f" (top {top} of {len(ranked)} instances)" if hidden else ""))
     ax.grid(True, alpha=0.35)
@@ -428,7 +431,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path, *,
         report["plots"] = [CAPACITY_PNG]
         written.append(out / CAPACITY_PNG)
         if timeseries is not None and timeseries.windows:
-            _plot_timeseries(timeseries, out / TIMESERIES_PNG)
+            _plot_timeseries(timeseries, out / TIMESERIES_PNG, report.get("plan"))
             report["plots"].append(TIMESERIES_PNG)
             written.append(out / TIMESERIES_PNG)
     with open(out / REPORT_JSON, "w", encoding="utf-8") as handle:
