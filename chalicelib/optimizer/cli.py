@@ -12,22 +12,36 @@ from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError, OptimizerError
 from chalicelib.optimizer.kvcm_policy import ORDERS, KVCMPolicy
 from chalicelib.optimizer.mrc import lru_curve, shards_error
-from chalicelib.optimizer.planner import (DEFAULT_MODEL, DEFAULT_TIER, MODEL_PRESETS,
-                                          STORAGE_TIERS, CapacityPlan, build_plan,
-                                          for_people, parse_prices)
+from chalicelib.optimizer.planner import (
+    DEFAULT_MODEL,
+    DEFAULT_TIER,
+    MODEL_PRESETS,
+    STORAGE_TIERS,
+    CapacityPlan,
+    build_plan,
+    for_people,
+    parse_prices,
+)
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import EvictionMode, replay
-from chalicelib.optimizer.report import (build_report, log_capacities, summary_lines,
-                                         write_report)
-from chalicelib.optimizer.sweep import (PointResult, SweepSettings, TraceSpec, aggregate,
-                                        curve_is_exact, refine_capacity, sweep)
+from chalicelib.optimizer.report import build_report, log_capacities, summary_lines, write_report
+from chalicelib.optimizer.sweep import (
+    PointResult,
+    SweepSettings,
+    TraceSpec,
+    aggregate,
+    curve_is_exact,
+    refine_capacity,
+    sweep,
+)
 from chalicelib.optimizer.synthetic import Workload, generate, workload_summary
-from chalicelib.optimizer.tuning import instance_curves, recommend
 from chalicelib.optimizer.traces import FORMATS
+from chalicelib.optimizer.tuning import instance_curves, recommend
 
 _SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 SYNTHETIC_TRACE = "synthetic_trace.jsonl"
 DEFAULT_SYNTHETIC_BLOCK = 16  # tokens per block of a synthetic workload (vLLM's default)
+SHARDS_GRID_POINTS = 40  # capacities up to saturation at which `mrc` measures a sample's error
 
 DESCRIPTION = """\
 KVCM optimizer: replay KV-cache traces to answer "how much cache does this workload
@@ -241,9 +255,16 @@ def cmd_mrc(args: argparse.Namespace) -> int:
     print(f"saturates at {curve.saturation_capacity:,} blocks")
     if not curve.exact:
         exact = lru_curve(records, block_size=spec.block_size or 16)
-        error = shards_error(exact, curve, caps)
-        print(f"measured SHARDS error: mean {error['mean_abs_error']:.4f}, "
-              f"max {error['max_abs_error']:.4f}")
+        print("SHARDS error against the exact curve (absolute block hit ratio):")
+        # the capacities asked, and a log grid up to saturation: the steep part of the curve
+        # is where a sample errs most, and a few capacities can miss it
+        top = max(2, exact.saturation_capacity)
+        grid = log_capacities(max(1, top // 2000), top, SHARDS_GRID_POINTS)
+        for name, points in (("at the capacities asked", caps),
+                             (f"over {len(grid)} log-spaced capacities {grid[0]:,}..{grid[-1]:,}", grid)):
+            error = shards_error(exact, curve, points)
+            print(f"  {name}: mean {error['mean_abs_error']:.4f}, max {error['max_abs_error']:.4f} "
+                  f"at {error['max_at_capacity']:,} blocks ({error['error_at_max']:+.4f})")
     return 0
 
 

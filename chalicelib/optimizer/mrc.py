@@ -483,9 +483,12 @@ def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float 
 
 def shards_error(exact: HitRatioCurve, sampled: HitRatioCurve, capacities: Iterable[int]
                  ) -> dict[str, float]:
-    """Mean and max absolute block-hit-ratio error of a sampled curve at ``capacities``."""
-    errors = [abs((sampled.block_hit_ratio(c) or 0.0) - (exact.block_hit_ratio(c) or 0.0))
-              for c in capacities]
+    """Mean and max absolute block-hit-ratio error of a sampled curve at ``capacities``, the
+    capacity of the max and the signed error there (negative: the estimate is low)."""
+    errors = {c: (sampled.block_hit_ratio(c) or 0.0) - (exact.block_hit_ratio(c) or 0.0)
+              for c in capacities}
     if not errors:
         raise ConfigError("shards_error needs at least one capacity")
-    return {"mean_abs_error": sum(errors) / len(errors), "max_abs_error": max(errors)}
+    worst = max(errors, key=lambda c: abs(errors[c]))
+    return {"mean_abs_error": sum(map(abs, errors.values())) / len(errors),
+            "max_abs_error": abs(errors[worst]), "max_at_capacity": worst, "error_at_max": errors[worst]}

@@ -128,3 +128,17 @@ def test_sliding_window_reads_use_the_windows_share_of_kept_keys():
     estimate = lru_curve(records, block_size=1, sample_rate=0.5)
     assert exact.block_hit_ratio(100) == 8 / 40
     assert estimate.block_hit_ratio(100) == pytest.approx(8 / 40, abs=0.1)
+
+
+def test_shards_error_names_the_capacity_of_the_largest_error_and_its_sign():
+    records = _shared_root_conversations(3, conversations=300)
+    exact = lru_curve(records, block_size=1)
+    estimate = _estimate(records, 0.1)
+    caps = list(range(0, exact.saturation_capacity + 50, 50))
+    error = shards_error(exact, estimate, caps)
+    signed = {c: estimate.block_hit_ratio(c) - exact.block_hit_ratio(c) for c in caps}
+    worst = max(caps, key=lambda c: abs(signed[c]))
+    assert error["max_at_capacity"] == worst and error["error_at_max"] == signed[worst] != 0
+    assert error["max_abs_error"] == abs(signed[worst]) >= error["mean_abs_error"] > 0
+    with pytest.raises(ConfigError):
+        shards_error(exact, estimate, [])
