@@ -38,10 +38,22 @@ from __future__ import annotations
 import math
 
 from ..protocol.codes import InstanceReclaimBudgetPolicy, ReclaimPolicy, StorageType
-from ..protocol.models import (DEFAULT_RECLAIM_POLICY, DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_TRIGGER_PERIOD_S,
-                               DEFAULT_TUNING_MAX_SHIFT, DEFAULT_TUNING_WINDOW_S, DEFAULT_USED_PERCENTAGE,
-                               CacheConfig, CacheReclaimStrategy, InstanceGroup, InstanceGroupQuota,
-                               MetaIndexerConfig, TriggerStrategy, TuningConfig)
+from ..protocol.models import (
+    DEFAULT_RECLAIM_POLICY,
+    DEFAULT_RECLAIM_STEP_PERCENTAGE,
+    DEFAULT_TRIGGER_PERIOD_S,
+    DEFAULT_TUNING_MAX_SHIFT,
+    DEFAULT_TUNING_WINDOW_S,
+    DEFAULT_USED_PERCENTAGE,
+    MAX_INSTANCE_SHARDS,
+    CacheConfig,
+    CacheReclaimStrategy,
+    InstanceGroup,
+    InstanceGroupQuota,
+    MetaIndexerConfig,
+    TriggerStrategy,
+    TuningConfig,
+)
 from ..protocol.validation import invalid, require_key_name, require_non_negative, require_positive, require_unique
 
 #: Keeps an update (old and new candidates' references) inside one 100-item transaction.
@@ -77,6 +89,9 @@ def normalize_group(group: InstanceGroup | None, path: str = "instance_group") -
     g.quota = _quota(g.quota or InstanceGroupQuota(), f"{path}.quota")
     g.cache_config = _cache_config(g.cache_config or CacheConfig(), g.storage_candidates, f"{path}.cache_config")
     _instance_quotas(g.instance_quotas, g.quota.capacity, f"{path}.instance_quotas")
+    if not 0 <= g.instance_shards <= MAX_INSTANCE_SHARDS:
+        raise invalid(f"{path}.instance_shards", f"must be between 1 and {MAX_INSTANCE_SHARDS} (0: 1), "
+                                                 f"got {g.instance_shards}")
     if g.tuning is not None:
         g.tuning = _tuning(g.tuning, g.quota.capacity, f"{path}.tuning")
     return g

@@ -366,6 +366,11 @@ class TuningConfig(WireModel):
     window_seconds: Int64 = 0
 
 
+#: The most shards (``InstanceGroup.instance_shards``) an instance may spread over: shard s
+#: hands out location ids from s << 36, and they have 40 bits (index/sharding.py).
+MAX_INSTANCE_SHARDS = 16
+
+
 class InstanceGroup(WireModel):
     name: Str = ""
     storage_candidates: list[Str] = Field(default_factory=list)
@@ -385,6 +390,10 @@ class InstanceGroup(WireModel):
     instance_quotas: dict[Str, Int64] = Field(default_factory=dict)
     #: KVCM extension: the per-instance tuning job's settings (absent: recommend only).
     tuning: Optional[TuningConfig] = None
+    #: KVCM extension: how many Valkey hash tags (shards) each instance registered from now on
+    #: spreads its blocks over, 1..16 (0 = 1: today's layout). Fixed per instance when its
+    #: key space is claimed (docs/instance-sharding.md).
+    instance_shards: Int32 = 0
 
 
 # ---------------------------------------------------------------- meta service
