@@ -6,7 +6,7 @@ number. Sub-messages that are absent stay ``None`` and are omitted when renderin
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from typing_extensions import TypedDict
 
@@ -61,7 +61,7 @@ class Request(WireModel):
     """Base of every request: upstream puts ``trace_id`` at the top, KVCM also reads ``header``."""
 
     trace_id: Str = ""
-    header: Optional[RequestHeader] = None
+    header: RequestHeader | None = None
 
     @property
     def effective_trace_id(self) -> str:
@@ -89,11 +89,11 @@ class BoolMasks(WireModel):
 
 
 class BlockMask(WireModel):
-    offset: Optional[Int32] = None
-    bool_masks: Optional[BoolMasks] = None
+    offset: Int32 | None = None
+    bool_masks: BoolMasks | None = None
 
     @model_validator(mode="after")
-    def _oneof(self) -> "BlockMask":
+    def _oneof(self) -> BlockMask:
         _one_of(self, ("offset", "bool_masks"), "block mask")
         if self.offset is not None and self.offset < 0:
             raise ValueError("offset must be >= 0")
@@ -155,7 +155,7 @@ class InstanceInfo(WireModel):
     instance_id: Str = ""
     block_size: Int32 = 0
     location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
-    model_deployment: Optional[ModelDeployment] = None
+    model_deployment: ModelDeployment | None = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
 
@@ -234,18 +234,18 @@ STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
 class StorageConfig(WireModel):
     global_unique_name: Str = ""
     check_storage_available_when_open: Bool = False
-    nfs: Optional[NfsStorageSpec] = None
-    threefs: Optional[ThreeFSStorageSpec] = None
-    vcnsthreefs: Optional[VcnsThreeFSStorageSpec] = None
-    mooncake: Optional[MooncakeStorageSpec] = None
-    tair_mem_pool: Optional[TairMemPoolStorageSpec] = None
-    s3: Optional[S3StorageSpec] = None
-    event_report: Optional[EventReportStorageSpec] = None
+    nfs: NfsStorageSpec | None = None
+    threefs: ThreeFSStorageSpec | None = None
+    vcnsthreefs: VcnsThreeFSStorageSpec | None = None
+    mooncake: MooncakeStorageSpec | None = None
+    tair_mem_pool: TairMemPoolStorageSpec | None = None
+    s3: S3StorageSpec | None = None
+    event_report: EventReportStorageSpec | None = None
     #: The spec's type (filled in when absent); required with ``event_report`` (L1P5 or L2).
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
     @model_validator(mode="after")
-    def _oneof(self) -> "StorageConfig":
+    def _oneof(self) -> StorageConfig:
         _one_of(self, tuple(STORAGE_SPEC_FIELDS), "storage spec")
         field = self.spec_field
         if field == "event_report":
@@ -262,7 +262,7 @@ class StorageConfig(WireModel):
         return self
 
     @property
-    def spec_field(self) -> Optional[str]:
+    def spec_field(self) -> str | None:
         """Which oneof member is set (``nfs``, ``s3``...), or None."""
         for name in STORAGE_SPEC_FIELDS:
             if getattr(self, name) is not None:
@@ -296,7 +296,7 @@ class TriggerStrategy(WireModel):
 class CacheReclaimStrategy(WireModel):
     storage_unique_name: Str = ""
     reclaim_policy: ReclaimPolicyField = ReclaimPolicy.POLICY_UNSPECIFIED
-    trigger_strategy: Optional[TriggerStrategy] = None
+    trigger_strategy: TriggerStrategy | None = None
     trigger_period_seconds: Int32 = 0
     reclaim_step_size: Int64 = 0
     reclaim_step_percentage: Int32 = 0
@@ -304,7 +304,7 @@ class CacheReclaimStrategy(WireModel):
     ttl_seconds: Int64 = 0
     #: Upstream field 8, a one-field oneof: absent (None) is not USAGE_PROPORTIONAL (0) but
     #: the default, GROUP_LRU for an LRU group (``control.groups`` fills it in).
-    instance_reclaim_budget_policy: Optional[InstanceReclaimBudgetPolicyField] = None
+    instance_reclaim_budget_policy: InstanceReclaimBudgetPolicyField | None = None
 
     def budget_policy(self) -> InstanceReclaimBudgetPolicy:
         """The budget policy in force: the field, or when absent (a group stored before it
@@ -333,14 +333,14 @@ class MetaIndexerConfig(WireModel):
     max_key_count: Int64 = 0
     mutex_shard_num: Int64 = 0
     batch_key_size: Int64 = 0
-    meta_storage_backend_config: Optional[MetaStorageBackendConfig] = None
-    meta_cache_policy_config: Optional[MetaCachePolicyConfig] = None
+    meta_storage_backend_config: MetaStorageBackendConfig | None = None
+    meta_cache_policy_config: MetaCachePolicyConfig | None = None
 
 
 class CacheConfig(WireModel):
-    reclaim_strategy: Optional[CacheReclaimStrategy] = None
+    reclaim_strategy: CacheReclaimStrategy | None = None
     data_storage_strategy: CachePreferStrategyField = CachePreferStrategy.CPS_UNSPECIFIED
-    meta_indexer_config: Optional[MetaIndexerConfig] = None
+    meta_indexer_config: MetaIndexerConfig | None = None
 
 
 class QuotaConfig(WireModel):
@@ -376,8 +376,8 @@ class InstanceGroup(WireModel):
     storage_candidates: list[Str] = Field(default_factory=list)
     global_quota_group_name: Str = ""
     max_instance_count: Int64 = 0
-    quota: Optional[InstanceGroupQuota] = None
-    cache_config: Optional[CacheConfig] = None
+    quota: InstanceGroupQuota | None = None
+    cache_config: CacheConfig | None = None
     user_data: Str = ""
     version: Int64 = 0
     #: Opaque JSON handed to clients (registerInstance, reportEvent).
@@ -389,7 +389,7 @@ class InstanceGroup(WireModel):
     #: enforced by startWriteCache and the reclaimer). Unlisted instances: the group quota only.
     instance_quotas: dict[Str, Int64] = Field(default_factory=dict)
     #: KVCM extension: the per-instance tuning job's settings (absent: recommend only).
-    tuning: Optional[TuningConfig] = None
+    tuning: TuningConfig | None = None
     #: KVCM extension: how many Valkey hash tags (shards) each instance registered from now on
     #: spreads its blocks over, 1..16 (0 = 1: today's layout). Fixed per instance when its
     #: key space is claimed (docs/instance-sharding.md).
@@ -412,7 +412,7 @@ class RegisterInstanceRequest(Request):
     instance_id: Str = ""
     block_size: Int32 = 0
     location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
-    model_deployment: Optional[ModelDeployment] = None
+    model_deployment: ModelDeployment | None = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
 
@@ -428,12 +428,12 @@ class GetInstanceInfoRequest(Request):
 
 class GetInstanceInfoResponse(Response):
     instance_group: Str = ""
-    instance_info: Optional[InstanceInfo] = None
+    instance_info: InstanceInfo | None = None
 
 
 class GetCacheLocationRequest(KeysRequest):
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
-    block_mask: Optional[BlockMask] = None
+    block_mask: BlockMask | None = None
     sw_size: Int32 = 0
     location_spec_names: list[Str] = Field(default_factory=list)
 
@@ -443,7 +443,7 @@ class GetCacheLocationResponse(Response):
 
 
 class GetCacheMetaRequest(KeysRequest):
-    block_mask: Optional[BlockMask] = None
+    block_mask: BlockMask | None = None
     detail_level: Int32 = 0
 
 
@@ -461,18 +461,18 @@ class StartWriteCacheRequest(KeysRequest):
 
 class StartWriteCacheResponse(Response):
     write_session_id: Str = ""
-    block_mask: Optional[BlockMask] = None
+    block_mask: BlockMask | None = None
     locations: CacheLocations = Field(default_factory=CacheLocations)
 
 
 class FinishWriteCacheRequest(Request):
     instance_id: Str = ""
     write_session_id: Str = ""
-    success_blocks: Optional[BlockMask] = None
+    success_blocks: BlockMask | None = None
 
 
 class RemoveCacheRequest(KeysRequest):
-    block_mask: Optional[BlockMask] = None
+    block_mask: BlockMask | None = None
 
 
 class TrimCacheRequest(Request):
@@ -502,7 +502,7 @@ class GetCacheLocationsByBackendRequest(KeysRequest):
     """UPSTREAM_V2 §2.5: at most one location per selected backend per key."""
 
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
-    block_mask: Optional[BlockMask] = None
+    block_mask: BlockMask | None = None
     sw_size: Int32 = 0
     #: Empty, or one name per key: each key's locations are projected to its name.
     location_spec_names: list[Str] = Field(default_factory=list)
@@ -533,7 +533,7 @@ class MetaNodeEndpoint(WireModel):
 class GetClusterInfoResponse(Response):
     self_node_id: Str = ""
     leader_node_id: Str = ""
-    leader_endpoint: Optional[MetaNodeEndpoint] = None
+    leader_endpoint: MetaNodeEndpoint | None = None
 
 
 # ---------------------------------------------------------------- reportEvent, getHostCacheState (UPSTREAM_V2 §2.1-2.2)
@@ -593,15 +593,15 @@ EVENT_PAYLOADS: dict[ReportEventType, str] = {
 
 class EventItem(WireModel):
     event_type: ReportEventTypeField = ReportEventType.EVENT_UNSPECIFIED
-    node_register: Optional[NodeRegisterEventParams] = None
-    block_add: Optional[BlockAddEventParams] = None
-    block_delete: Optional[BlockDeleteEventParams] = None
-    host_down: Optional[HostDownEventParams] = None
-    heartbeat: Optional[HeartbeatEventParams] = None
-    block_snapshot: Optional[BlockSnapshotEventParams] = None
+    node_register: NodeRegisterEventParams | None = None
+    block_add: BlockAddEventParams | None = None
+    block_delete: BlockDeleteEventParams | None = None
+    host_down: HostDownEventParams | None = None
+    heartbeat: HeartbeatEventParams | None = None
+    block_snapshot: BlockSnapshotEventParams | None = None
 
     @model_validator(mode="after")
-    def _oneof(self) -> "EventItem":
+    def _oneof(self) -> EventItem:
         _one_of(self, tuple(EVENT_PAYLOADS.values()), "an event")
         return self
 
@@ -651,7 +651,7 @@ class GetHostCacheStateResponse(Response):
 
 
 class StorageRequest(Request):
-    storage: Optional[StorageConfig] = None
+    storage: StorageConfig | None = None
 
 
 class StorageNameRequest(Request):
@@ -671,11 +671,11 @@ class ListStorageResponse(Response):
 
 
 class CreateInstanceGroupRequest(Request):
-    instance_group: Optional[InstanceGroup] = None
+    instance_group: InstanceGroup | None = None
 
 
 class UpdateInstanceGroupRequest(Request):
-    instance_group: Optional[InstanceGroup] = None
+    instance_group: InstanceGroup | None = None
     current_version: Int64 = 0
 
 
@@ -684,7 +684,7 @@ class InstanceGroupNameRequest(Request):
 
 
 class GetInstanceGroupResponse(Response):
-    instance_group: Optional[InstanceGroup] = None
+    instance_group: InstanceGroup | None = None
 
 
 class ListInstanceGroupResponse(Response):
@@ -705,7 +705,7 @@ class ListInstanceInfoResponse(Response):
 
 
 class AdminGetInstanceInfoResponse(Response):
-    instance_info: Optional[InstanceInfo] = None
+    instance_info: InstanceInfo | None = None
 
 
 class Account(WireModel):
@@ -740,7 +740,7 @@ class CreateApiKeyRequest(Request):
 class CreateApiKeyResponse(Response):
     #: The bearer token, shown this once; only its hash is stored.
     api_key: Str = ""
-    key_info: Optional[ApiKeyInfo] = None
+    key_info: ApiKeyInfo | None = None
 
 
 class RevokeApiKeyRequest(Request):
@@ -786,9 +786,9 @@ class ListAccountResponse(Response):
 
 
 class MetricValue(WireModel):
-    int_value: Optional[Int64] = None
-    float_value: Optional[float] = None
-    string_value: Optional[Str] = None
+    int_value: Int64 | None = None
+    float_value: float | None = None
+    string_value: Str | None = None
 
 
 class MetricsTag(WireModel):
@@ -798,7 +798,7 @@ class MetricsTag(WireModel):
 
 class MetricsData(WireModel):
     metric_name: Str = ""
-    metric_value: Optional[MetricValue] = None
+    metric_value: MetricValue | None = None
     metric_tags: list[MetricsTag] = Field(default_factory=list)
 
 
@@ -831,7 +831,7 @@ class GetManagerClusterInfoResponse(Response):
     self_leader_expiration_time: Int64 = 0
     self_node_id: Str = ""
     leader_node_id: Str = ""
-    leader_endpoint: Optional[NodeEndpoint] = None
+    leader_endpoint: NodeEndpoint | None = None
 
 
 class LeaderElectorConfigResponse(Response):
@@ -889,7 +889,7 @@ class CapacityCurve(WireModel):
 
     policy: Str = ""
     capacities: list[Int64] = Field(default_factory=list)
-    block_hit_ratio: list[Optional[float]] = Field(default_factory=list)  # null: no reads replayed
+    block_hit_ratio: list[float | None] = Field(default_factory=list)  # null: no reads replayed
 
 
 class CapacityRecommendation(WireModel):
@@ -906,7 +906,7 @@ class GetCapacityReportResponse(Response):
     report_uri: Str = ""  # s3://bucket/key of the whole report.json
     target_hit_ratio: float = 0.0
     curves: list[CapacityCurve] = Field(default_factory=list)
-    recommendation: Optional[CapacityRecommendation] = None
+    recommendation: CapacityRecommendation | None = None
 
 
 # ---------------------------------------------------------------- debug service

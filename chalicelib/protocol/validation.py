@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any
 
 from .errors import InvalidArgumentError
 from .models import STORAGE_SPEC_FIELDS, FinishWriteCacheRequest, StorageConfig
@@ -83,7 +83,7 @@ def require_unique(names: Iterable[str], path: str) -> None:
         seen.add(name)
 
 
-def validate_storage_config(config: Optional[StorageConfig], path: str = "storage") -> StorageConfig:
+def validate_storage_config(config: StorageConfig | None, path: str = "storage") -> StorageConfig:
     """The generic checks of a storage config (name, exactly one spec); backend-specific
     checks belong to the storage registry."""
     if config is None:

@@ -168,7 +168,7 @@ class JsonArray(Sequence[Any]):
         self._texts = list(texts)
 
     @classmethod
-    def of(cls, items: Iterable[Any]) -> "JsonArray":
+    def of(cls, items: Iterable[Any]) -> JsonArray:
         """An array of ``items`` (JSON-encodable values)."""
         return cls(json.dumps(item, separators=(",", ":")) for item in items)
 
