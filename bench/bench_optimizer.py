@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from chalicelib.optimizer.mrc import lru_curve, shards_error  # noqa: E402
 from chalicelib.optimizer.replay import ReplayConfig, replay  # noqa: E402
 from chalicelib.optimizer.report import log_capacities  # noqa: E402
-from chalicelib.optimizer.shards import SampledCurveBuilder  # noqa: E402
+from chalicelib.optimizer.shards import SampledCurveBuilder, _WeightedStack  # noqa: E402
 from chalicelib.optimizer.traces import read_trace  # noqa: E402
 
 TRACE = (REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl").resolve()
@@ -58,12 +58,32 @@ def best_of(repeat: int, *runs):
     return [(min(t), r) for t, r in zip(times, results, strict=True)], ratios
 
 
-def sampled_curve(records, rate: float, seed: int):
+def sampled_curve(records, rate: float, seed: int, builder_class=SampledCurveBuilder):
     """The SHARDS estimate from the sample hash seed ``seed`` draws."""
-    builder = SampledCurveBuilder(block_size=512, sample_rate=rate, seed=seed)
+    builder = builder_class(block_size=512, sample_rate=rate, seed=seed)
     for record in records:
         builder.add(record)
     return builder.curve()
+
+
+class ExactDistanceSample(SampledCurveBuilder):
+    """The same sample, every kept key's distance read from an exact stack of all keys: the
+    error left when the distance noise is gone (what a perfect correction of it reaches).
+    Request records only (the Mooncake trace)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._all = _WeightedStack()  # every key, one block each
+
+    def distance(self, key: int, own: int) -> int | None:
+        return self._all.distance(key, own)
+
+    def add(self, record) -> None:
+        keys = record.keys
+        self._roots.add(keys[0])
+        self._read(self, keys, record.mask, record.input_tokens, record.query, record.sw_size)
+        for key in reversed(list(dict.fromkeys(keys))):
+            self._all.touch(key, self._threshold)
 
 
 def libcachesim_sweep(sequence: list[int], capacities: list[int], hashpower: int):
@@ -164,9 +184,17 @@ def main() -> int:
         errors = [shards_error(curve, sampled_curve(records, rate, seed), capacities)
                   for seed in range(args.shards_seeds)]
         maxima = [e["max_abs_error"] for e in errors]
-        print(f"    rate {rate:<5g} max |error| median {statistics.median(maxima):.4f}, worst {max(maxima):.4f}"
-              f" (at {[e['max_at_capacity'] for e in errors]});"
-              f" mean |error| {statistics.mean(e['mean_abs_error'] for e in errors):.4f}")
+        print(f"    rate {rate:<5g} max |error| median {statistics.median(maxima):.4f}, worst {max(maxima):.4f};"
+              f" mean |error| {statistics.mean(e['mean_abs_error'] for e in errors):.4f}\n"
+              f"               by seed {', '.join(f'{m:.4f}' for m in maxima)}"
+              f" at {', '.join(format(e['max_at_capacity'], ',') for e in errors)} blocks")
+    print("    rate 0.01 with every kept key's exact distance (the same samples; the error a perfect"
+          " correction of the distance noise would leave):")
+    oracle = [shards_error(curve, sampled_curve(records, 0.01, seed, ExactDistanceSample), capacities)
+              for seed in range(args.shards_seeds)]
+    maxima = ", ".join(f"{e['max_abs_error']:.4f}" for e in oracle)
+    print(f"              max |error| {maxima};"
+          f" mean |error| {statistics.mean(e['mean_abs_error'] for e in oracle):.4f}")
     print()
 
     print("summary")
