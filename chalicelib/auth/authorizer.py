@@ -26,6 +26,8 @@ from collections.abc import Mapping
 
 from ..clock import Clock
 from ..control.api_keys import key_id_of, matches
+from ..control.config_cache import ConfigCache
+from ..control.plane import ControlPlane
 from ..control.records import AccountRecord
 from ..protocol.errors import TooManyAttemptsError, UnauthorizedError
 from .policy import Action, Principal, Scope, Target, check_action, check_target
@@ -113,7 +115,8 @@ class Authorizer:
     ``config`` serves accounts and API keys (``ConfigCache``), ``control`` verifies
     passwords (``ControlPlane.verify_account``)."""
 
-    def __init__(self, config, control, clock: Clock, password_ttl_s: float = 10.0, max_entries: int = 1024,
+    def __init__(self, config: ConfigCache, control: ControlPlane, clock: Clock, password_ttl_s: float = 10.0,
+                 max_entries: int = 1024,
                  limiter: FailureLimiter | None = None, key_limiter: FailureLimiter | None = None) -> None:
         self._config = config
         self._control = control

@@ -10,8 +10,8 @@ capacity recommendations; :mod:`.tasks` holds the Step Functions task logic and
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError, OptimizerError, TraceFormatError
 from chalicelib.optimizer.mrc import HitRatioCurve, lru_curve, shards_error
-from chalicelib.optimizer.policies import (LFU, LRU, POLICIES, EvictionPolicy, LeafAwareLRU,
-                                           RandomLRU, make_policy)
+from chalicelib.optimizer.policies import LFU, LRU, POLICIES, LeafAwareLRU, RandomLRU, make_policy
+from chalicelib.optimizer.policy_base import EvictionPolicy
 from chalicelib.optimizer.replay import (EvictionMode, ReplayConfig, Replayer, ReplayResult,
                                          Totals, replay)
 from chalicelib.optimizer.sweep import GridPoint, SweepSettings, TraceSpec, sweep

@@ -525,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input, with the reason on stderr)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        return int(args.handler(args))
     except OptimizerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

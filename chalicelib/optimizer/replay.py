@@ -36,7 +36,8 @@ from typing import IO, Any
 
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.perf import gc_paused
-from chalicelib.optimizer.policies import POLICIES, EvictionPolicy, make_policy, policy_name
+from chalicelib.optimizer.policies import POLICIES, make_policy, policy_name
+from chalicelib.optimizer.policy_base import EvictionPolicy
 from chalicelib.optimizer.traces import Op, Query, Record
 
 

@@ -71,7 +71,7 @@ def _point_name(policy: str, capacity: int, instance: str | None) -> str:
     return f"timeseries/{policy}-{capacity}{suffix}.csv"
 
 
-def run_task(event: dict, s3_client: Any) -> dict:
+def run_task(event: dict[str, Any], s3_client: Any) -> dict[str, Any]:
     """Replay one grid point of a sweep on a trace stored in S3.
 
     Downloads ``sweep.trace`` into a temporary file, replays ``policy`` at ``capacity``
@@ -111,7 +111,7 @@ def run_task(event: dict, s3_client: Any) -> dict:
     return response
 
 
-def report_task(event: dict, s3_client: Any) -> dict:
+def report_task(event: dict[str, Any], s3_client: Any) -> dict[str, Any]:
     """Combine the Map results of a sweep into a report.
 
     Writes ``report.json`` and the PNG plots under ``output.prefix`` (the time-series plot

@@ -129,7 +129,7 @@ class _Line:
         value = self.obj.get(name)
         if value is None:
             raise self.error(f"missing field {name!r}")
-        if type(value) not in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(f"field {name!r} must be a number, got {value!r}")
         return value
 

@@ -1,6 +1,8 @@
 """Builds a Chalice blueprint that serves a list of operations as ``POST /api/<name>``."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from chalice import Blueprint, Response
 
 from ..runtime import get_runtime
@@ -16,8 +18,8 @@ def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:
     blueprint = Blueprint(import_name)
     dispatcher = Dispatcher(operations)
 
-    def make_view(api_name: str):
-        def view():
+    def make_view(api_name: str) -> Callable[[], Response]:
+        def view() -> Response:
             request = blueprint.current_request
             source = (request.context or {}).get("identity", {}).get("sourceIp", "")
             status, body = dispatcher.handle(get_runtime(), api_name, request.raw_body, request.headers, source)

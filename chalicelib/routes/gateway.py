@@ -13,6 +13,7 @@ The local stack and the tests leave it off and rely on that in-handler check alo
 from __future__ import annotations
 
 from chalice import AuthResponse, Blueprint
+from chalice.app import AuthRequest
 
 from ..protocol.errors import UnauthorizedError
 from ..runtime import Runtime, get_runtime
@@ -44,5 +45,5 @@ def verdict(runtime: Runtime, token: str) -> AuthResponse:
 
 
 @blueprint.authorizer(ttl_seconds=TTL_S, name="kvcm_api_key")
-def api_key_authorizer(auth_request):
+def api_key_authorizer(auth_request: AuthRequest) -> AuthResponse:
     return verdict(get_runtime(), auth_request.token)

@@ -40,7 +40,8 @@ class PlainRoute:
     assets: tuple[str, ...] = ()
 
 
-def _protocol_operation(op: Operation, request_ref: dict, response_ref: dict, error_ref: dict) -> dict:
+def _protocol_operation(op: Operation, request_ref: dict[str, Any], response_ref: dict[str, Any],
+                        error_ref: dict[str, Any]) -> dict[str, Any]:
     doc = (op.handler.__doc__ or "").strip()
     operation: dict[str, Any] = {
         "operationId": op.api_name,
@@ -64,7 +65,7 @@ def _protocol_operation(op: Operation, request_ref: dict, response_ref: dict, er
     return operation
 
 
-def _plain_operation(route: PlainRoute) -> dict:
+def _plain_operation(route: PlainRoute) -> dict[str, Any]:
     body = {"type": "object"} if route.content_types == ("application/json",) else {"type": "string"}
     responses: dict[str, Any] = {"200": {"description": route.summary,
                                          "content": {t: {"schema": body} for t in route.content_types}}}
@@ -87,7 +88,7 @@ def _plain_operation(route: PlainRoute) -> dict:
 
 
 def openapi_document(operations: Iterable[Operation], plain_routes: Iterable[PlainRoute],
-                     version: str = "1") -> dict:
+                     version: str = "1") -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations`` (POST) and ``plain_routes`` (GET)."""
     operations = list(operations)
     keys: list[tuple[type[BaseModel], JsonSchemaMode]] = [(op.request_model, "validation") for op in operations]

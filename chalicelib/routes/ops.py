@@ -7,6 +7,8 @@ on, takes the same ``Authorization: Bearer <user>:<password>`` of an admin accou
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from chalice import Blueprint, Response
 
 from ..auth.policy import SERVICE, Action
@@ -22,7 +24,8 @@ from . import gateway
 blueprint = Blueprint(__name__)
 
 
-def _probe(runtime: Runtime, headers, path: str, answer) -> tuple[int, str]:
+def _probe(runtime: Runtime, headers: Mapping[str, str], path: str, answer: Callable[[], tuple[int, str]]
+           ) -> tuple[int, str]:
     """(HTTP status, body) of a GET probe answered by ``answer()``, with auth as an admin
     read. Never raises: failures are a failing status, never a 500 traceback."""
     try:
@@ -39,14 +42,14 @@ def _probe(runtime: Runtime, headers, path: str, answer) -> tuple[int, str]:
         return status, f"{code.name}: {message}\n"
 
 
-def metrics_text(runtime: Runtime, headers) -> tuple[int, str]:
+def metrics_text(runtime: Runtime, headers: Mapping[str, str]) -> tuple[int, str]:
     """(HTTP status, body) of a scrape. Never raises."""
     return _probe(runtime, headers, "/metrics",
                   lambda: (200, exposition(runtime.service_admin.service_metrics(),
                                            prefix=runtime.settings.key_prefix)))
 
 
-def healthy(runtime: Runtime, headers) -> tuple[int, str]:
+def healthy(runtime: Runtime, headers: Mapping[str, str]) -> tuple[int, str]:
     """``200 {"status":"OK"}`` when checkHealth finds the service healthy, else 503 with
     checkHealth's whole answer (as upstream). Never raises."""
     def answer() -> tuple[int, str]:

@@ -36,7 +36,7 @@ class StorageUnavailableError(StorageError):
 
 
 #: ``args(block_key, location_id, group_id, slot)``: the values a URI template takes.
-UriArgs = Callable[[int, int, int, int], tuple]
+UriArgs = Callable[[int, int, int, int], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ class StorageBackend(ABC):
     def sdk_spec(cls, config: StorageConfig) -> dict[str, Any]:
         """The ``storage_spec`` of ``config``'s ``storage_configs`` entry: the fields
         upstream's engine SDK reads for this type, under its names (here: the spec as is)."""
-        return spec_of(config, cls.spec_field).model_dump()
+        spec: dict[str, Any] = spec_of(config, cls.spec_field).model_dump()
+        return spec
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:

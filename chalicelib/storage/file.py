@@ -34,6 +34,7 @@ import posixpath
 import stat
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..observability.logging import logger
 from ..protocol.codes import StorageType
@@ -69,11 +70,11 @@ class _FileStorage(StorageBackend):
         self._uri_template = functools.lru_cache(maxsize=4096)(self._build_uri_template)
 
     @classmethod
-    def sdk_spec(cls, config: StorageConfig) -> dict:
+    def sdk_spec(cls, config: StorageConfig) -> dict[str, Any]:
         """The spec as upstream writes it for its SDK: ``key_count_per_file`` as the URIs
         follow it (0 packs one block per file, upstream's default of 1), and without
         ``touch_file_when_create`` (only KVCM acts on it)."""
-        spec = spec_of(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
+        spec: dict[str, Any] = spec_of(config, cls.spec_field).model_dump(exclude={"touch_file_when_create"})
         spec["key_count_per_file"] = max(1, spec["key_count_per_file"])
         return spec
 
@@ -202,11 +203,11 @@ class _FileStorage(StorageBackend):
                 f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}") from exc
 
 
-def _packed_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+def _packed_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
     return group_id, slot
 
 
-def _file_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+def _file_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
     return (group_id,)
 
 

@@ -45,7 +45,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 from collections.abc import Iterator, Sequence
 
 import redis
@@ -155,7 +155,7 @@ class TairMemPoolBackend(StorageBackend):
             raise config_error(config, "tair_mem_pool.domain", f"must be host:port ({exc})") from None
 
     @classmethod
-    def sdk_spec(cls, config: StorageConfig) -> dict:
+    def sdk_spec(cls, config: StorageConfig) -> dict[str, Any]:
         """Upstream's pace spec: ``enable_vipserver``, ``domain`` and ``timeout`` (older
         SDKs require all three) plus ``service_discovery_url`` (newer SDKs); the pool's
         ``capacity`` is KVCM's allocator setting, not the engines' business."""
@@ -230,7 +230,7 @@ class TairMemPoolBackend(StorageBackend):
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
         offset = spec.offset
 
-        def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+        def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
             return (group_id + offset,)
 
         # Upstream's SDK reads the address from the path (``pace://<name>/<address>``).

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 from collections.abc import Callable, Sequence
 
 from ..protocol.codes import StorageType
@@ -49,6 +49,9 @@ _LOCAL_BUFFER_BYTES = 16 * 1024 * 1024
 class MooncakeStore(Protocol):
     """The part of ``mooncake.store.MooncakeDistributedStore`` KVCM uses."""
 
+    def setup(self, local_hostname: str, metadata_server: str, global_segment_size: int, local_buffer_size: int,
+              protocol: str, rdma_devices: str, master_server_address: str) -> int: ...
+
     def remove(self, key: str) -> int: ...
 
     def is_exist(self, key: str) -> int: ...
@@ -62,11 +65,12 @@ def _store_class() -> type | None:
         from mooncake.store import MooncakeDistributedStore
     except ImportError:
         return None
-    return MooncakeDistributedStore
+    store_class: type = MooncakeDistributedStore
+    return store_class
 
 
 def _open_store(store_class: type, spec: MooncakeStorageSpec) -> MooncakeStore:
-    store = store_class()
+    store: MooncakeStore = store_class()
     code = store.setup(
         spec.local_hostname or socket.gethostname(),
         spec.metadata_connstring,
@@ -118,9 +122,9 @@ class MooncakeBackend(StorageBackend):
             raise config_error(config, "mooncake.master_service_entry", f"is not usable: {exc}") from None
 
     @classmethod
-    def sdk_spec(cls, config: StorageConfig) -> dict:
+    def sdk_spec(cls, config: StorageConfig) -> dict[str, Any]:
         """The spec with upstream's ``master_server_entry`` for ``master_service_entry``."""
-        spec = spec_of(config, cls.spec_field).model_dump()
+        spec: dict[str, Any] = spec_of(config, cls.spec_field).model_dump()
         spec["master_server_entry"] = spec.pop("master_service_entry")
         return spec
 

@@ -75,7 +75,7 @@ DECIMAL = Placeholder("%d")
 Part = str | int | Placeholder
 
 
-def block_key_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+def block_key_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
     """URI template arguments of backends addressed by block key: the key for ``HEX64``."""
     return (block_key & _UINT64,)
 

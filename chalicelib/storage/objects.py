@@ -56,7 +56,8 @@ class S3Store:
                 yield item["Key"]
 
     def get(self, key: str) -> bytes:
-        return self._client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        data: bytes = self._client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return data
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
