@@ -9,9 +9,9 @@ difference: binary values come back as ``bytes`` where boto3 wraps them in its
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from decimal import Clamped, Context, Decimal, Inexact, Overflow, Rounded, Underflow
-from typing import Any, Callable
+from typing import Any
 
 #: DynamoDB's number range and precision; an inexact or rounded number is an error.
 DYNAMODB_CONTEXT = Context(Emin=-128, Emax=126, prec=38, traps=[Clamped, Overflow, Inexact, Rounded, Underflow])

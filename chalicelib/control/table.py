@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any
 
-from botocore.exceptions import (ClientError, ConnectionError as BotoConnectionError, HTTPClientError,
-                                 NoCredentialsError, NoRegionError)
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError, NoRegionError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from ..clock import Clock
 from ..protocol.errors import ServiceNotReadyError
@@ -58,7 +59,7 @@ _UNAVAILABLE_CODES = frozenset({
 _RETRYABLE_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
 
 
-def table_definition(name: str) -> dict:
+def table_definition(name: str) -> dict[str, Any]:
     """The table's shape, valid both as ``create_table(**...)`` and as the CloudFormation
     ``AWS::DynamoDB::Table`` properties (the two share these property names)."""
     return {
@@ -87,17 +88,17 @@ def ensure_table(dynamodb: Any, name: str) -> None:
                                                                               "AttributeName": TTL_ATTRIBUTE})
 
 
-def encode(values: Mapping[str, Any]) -> dict:
+def encode(values: Mapping[str, Any]) -> dict[str, Any]:
     """Python values → DynamoDB attribute values."""
     return {k: serialize(v) for k, v in values.items()}
 
 
-def decode(item: Mapping[str, Any]) -> dict:
+def decode(item: Mapping[str, Any]) -> dict[str, Any]:
     """A DynamoDB item → Python values (numbers come back as ``Decimal``)."""
     return {k: deserialize(v) for k, v in item.items()}
 
 
-def key(pk: str, sk: str) -> dict:
+def key(pk: str, sk: str) -> dict[str, Any]:
     return {PK: {"S": pk}, SK: {"S": sk}}
 
 
@@ -106,10 +107,11 @@ class Op:
     """One element of a TransactWriteItems call (the table fills in its name)."""
 
     kind: str  # "Put", "Update", "Delete" or "ConditionCheck"
-    body: dict
+    body: dict[str, Any]
 
 
-def _expression(body: dict, condition: Optional[str], names: Optional[dict], values: Optional[dict]) -> dict:
+def _expression(body: dict[str, Any], condition: str | None, names: dict[str, Any] | None,
+                values: dict[str, Any] | None) -> dict[str, Any]:
     if condition:
         body["ConditionExpression"] = condition
     if names:
@@ -119,26 +121,27 @@ def _expression(body: dict, condition: Optional[str], names: Optional[dict], val
     return body
 
 
-def put(pk: str, sk: str, attrs: Mapping[str, Any], condition: Optional[str] = None,
-        names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+def put(pk: str, sk: str, attrs: Mapping[str, Any], condition: str | None = None,
+        names: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> Op:
     """Replace an item."""
     item = {**key(pk, sk), **encode(attrs)}
     return Op("Put", _expression({"Item": item}, condition, names, values))
 
 
-def update(pk: str, sk: str, expression: str, condition: Optional[str] = None,
-           names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+def update(pk: str, sk: str, expression: str, condition: str | None = None,
+           names: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> Op:
     """Update an item in place (creating it unless the condition forbids it)."""
     return Op("Update", _expression({"Key": key(pk, sk), "UpdateExpression": expression}, condition, names, values))
 
 
-def delete(pk: str, sk: str, condition: Optional[str] = None,
-           names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+def delete(pk: str, sk: str, condition: str | None = None,
+           names: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> Op:
     """Delete an item."""
     return Op("Delete", _expression({"Key": key(pk, sk)}, condition, names, values))
 
 
-def check(pk: str, sk: str, condition: str, names: Optional[dict] = None, values: Optional[dict] = None) -> Op:
+def check(pk: str, sk: str, condition: str, names: dict[str, Any] | None = None,
+          values: dict[str, Any] | None = None) -> Op:
     """Require a condition on an item without writing it."""
     return Op("ConditionCheck", _expression({"Key": key(pk, sk)}, condition, names, values))
 
@@ -187,19 +190,19 @@ class ControlTable:
                     self._client = self._client_factory()
         return self._client
 
-    def get(self, pk: str, sk: str) -> Optional[dict]:
+    def get(self, pk: str, sk: str) -> dict[str, Any] | None:
         """One item, strongly consistent, or None."""
         with aws_errors(f"get {pk}/{sk}"):
             response = self.client.get_item(TableName=self.name, Key=key(pk, sk), ConsistentRead=True)
         item = response.get("Item")
         return decode(item) if item else None
 
-    def query(self, pk: str) -> list[dict]:
+    def query(self, pk: str) -> list[dict[str, Any]]:
         """Every item of one partition, in sort-key order, strongly consistent."""
-        items: list[dict] = []
-        kwargs: dict = {"TableName": self.name, "KeyConditionExpression": "#pk = :pk",
-                        "ExpressionAttributeNames": {"#pk": PK},
-                        "ExpressionAttributeValues": {":pk": {"S": pk}}, "ConsistentRead": True}
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {"TableName": self.name, "KeyConditionExpression": "#pk = :pk",
+                                  "ExpressionAttributeNames": {"#pk": PK},
+                                  "ExpressionAttributeValues": {":pk": {"S": pk}}, "ConsistentRead": True}
         with aws_errors(f"query {pk}"):
             while True:
                 page = self.client.query(**kwargs)
