@@ -1,7 +1,8 @@
 """Batched asynchronous deletion through the ``batched_delete`` state machine."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..cache.context import InstanceContext
 from ..cache.contexts import ContextProvider
@@ -17,7 +18,7 @@ EXECUTION_SIZE = 2048
 class StepFunctionsDeleter:
     """Hands victims to ``batched_delete`` executions (the Deleter of deployed stages)."""
 
-    def __init__(self, sfn_factory, state_machine_arn: str) -> None:
+    def __init__(self, sfn_factory: Callable[[], Any], state_machine_arn: str) -> None:
         self._sfn_factory = sfn_factory
         self._arn = state_machine_arn
 
@@ -31,7 +32,7 @@ class StepFunctionsDeleter:
             })
 
 
-def delete_batch(contexts: ContextProvider, deletion: DeletionService, event: dict) -> dict:
+def delete_batch(contexts: ContextProvider, deletion: DeletionService, event: dict[str, Any]) -> dict[str, Any]:
     """Task of ``batched_delete``: delete one batch of one instance. Raises on a storage
     failure so the state machine retries; a retry deletes nothing twice."""
     ctx = contexts(event["instance_id"])

@@ -8,6 +8,7 @@ reported for an instance that no longer exists is deleted too.
 """
 from __future__ import annotations
 
+from typing import Any
 from ..cache.event_reports import EventReports, liveness_of
 from ..clock import Clock, now_ms
 from ..control import ConfigCache
@@ -30,7 +31,7 @@ class ReporterLiveness:
         self.store = store
         self.clock = clock
 
-    def event_report_liveness(self) -> dict:
+    def event_report_liveness(self) -> dict[str, Any]:
         """Expire silent reporters and clean retired generations; returns what was done."""
         if not self.lease.try_acquire():
             return {"skipped": "lease held by another node"}

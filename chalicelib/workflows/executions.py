@@ -16,15 +16,16 @@ def execution_name(prefix: str) -> str:
     return f"{prefix[:40]}-" + bytes(_ALPHABET[b % 36] for b in os.urandom(24)).decode()
 
 
-def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict) -> str:
+def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict[str, Any]) -> str:
     """Start an execution; returns its ARN. Failures become ServiceNotReadyError."""
     if not state_machine_arn:
         raise ServiceNotReadyError(f"no state machine configured for {name_prefix}")
     try:
-        return sfn.start_execution(stateMachineArn=state_machine_arn, name=execution_name(name_prefix),
-                                   input=json.dumps(payload, separators=(",", ":")))["executionArn"]
+        arn: str = sfn.start_execution(stateMachineArn=state_machine_arn, name=execution_name(name_prefix),
+                                       input=json.dumps(payload, separators=(",", ":")))["executionArn"]
     except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not started"
         raise ServiceNotReadyError(f"could not start {name_prefix}: {exc}") from None
+    return arn
 
 
 def state_machine_of(execution_arn: str) -> str:
@@ -53,11 +54,11 @@ class StateMachine:
         self.arn = arn
         self.name_prefix = name_prefix
 
-    def start(self, payload: dict) -> str:
+    def start(self, payload: dict[str, Any]) -> str:
         """Start an execution; returns its ARN."""
         return start(self.stepfunctions(), self.arn, self.name_prefix, payload)
 
-    def continue_as_new(self, event: dict, payload: dict) -> str:
+    def continue_as_new(self, event: dict[str, Any], payload: dict[str, Any]) -> str:
         """Start the next execution of the machine running ``event``'s execution (this
         one when the event does not say)."""
         machine = state_machine_of(event.get("execution", "")) or self.arn

@@ -6,6 +6,7 @@ no reads, from the next context refresh of each container on (``config_refresh_s
 """
 from __future__ import annotations
 
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 
 from ..clock import Clock
@@ -34,7 +35,7 @@ class HealthChecks:
         self.metrics = metrics
         self.clock = clock
 
-    def run_health_checks(self) -> dict:
+    def run_health_checks(self) -> dict[str, Any]:
         """Probe every storage once (the lease holder only); returns what changed."""
         if not self.lease.try_acquire():
             return {"skipped": "lease held by another node"}

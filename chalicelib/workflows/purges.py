@@ -4,6 +4,7 @@ small whatever the instance's size), and a scheduled watchdog resumes removals w
 execution died."""
 from __future__ import annotations
 
+from typing import Any
 from ..cache.purge import PurgeJob, PurgeService
 from .executions import StateMachine
 
@@ -11,7 +12,7 @@ from .executions import StateMachine
 MAX_STEPS = 500
 
 
-def purge_input(job: dict) -> dict:
+def purge_input(job: dict[str, Any]) -> dict[str, Any]:
     """An execution's input: the job and its hand-over counters."""
     return {**job, "max_steps": MAX_STEPS, "round_steps": 0}
 
@@ -23,7 +24,7 @@ class PurgeExecutions:
         self.purge = purge
         self.machine = machine
 
-    def purge_step(self, event: dict) -> dict:
+    def purge_step(self, event: dict[str, Any]) -> dict[str, Any]:
         """Task of ``instance_purge``: one step of the job; the state machine loops on
         ``done``, handing over after ``max_steps`` steps. Raises on a storage or index
         failure so the state machine retries (steps are idempotent)."""
@@ -31,14 +32,14 @@ class PurgeExecutions:
         return {**job.to_json(), "max_steps": event.get("max_steps", MAX_STEPS),
                 "round_steps": event.get("round_steps", 0) + 1}
 
-    def purge_continue(self, event: dict) -> dict:
+    def purge_continue(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the next execution of the state machine running this task with the job as
         it stands (the current execution ends after it)."""
         job = PurgeJob.from_json(event["job"])
         return {"next_execution": self.machine.continue_as_new(event, {
             **job.to_json(), "max_steps": event.get("max_steps", MAX_STEPS), "round_steps": 0})}
 
-    def purge_watchdog(self) -> dict:
+    def purge_watchdog(self) -> dict[str, Any]:
         """Resume the removals still in progress that no execution is working on."""
         if self.machine.running():
             return {"running": True, "resumed": []}

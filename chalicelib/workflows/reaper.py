@@ -6,6 +6,7 @@ a loop; ``reaper_continue`` starts the next execution when one has run its round
 """
 from __future__ import annotations
 
+from typing import Any
 from ..cache.contexts import ContextProvider
 from ..cache.service import CacheService
 from ..clock import Clock, now_ms
@@ -22,7 +23,7 @@ INTERVAL_S = 2
 MAX_ROUNDS = 500
 
 
-def reaper_input() -> dict:
+def reaper_input() -> dict[str, Any]:
     return {"interval_s": INTERVAL_S, "max_rounds": MAX_ROUNDS}
 
 
@@ -39,7 +40,7 @@ class SessionReaper:
         self.clock = clock
         self.machine = machine
 
-    def expire_write_sessions(self) -> dict:
+    def expire_write_sessions(self) -> dict[str, Any]:
         """Fail every write session past its deadline: its WRITING locations go to deletion
         and a later finish is refused. Only the lease holder works; others skip."""
         if not self.lease.try_acquire():
@@ -60,13 +61,13 @@ class SessionReaper:
             logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
         return {"expired": expired, "blocks": blocks}
 
-    def reaper_continue(self, event: dict) -> dict:
+    def reaper_continue(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the next execution of the state machine running this task (the current
         execution ends after it)."""
         return {"next_execution": self.machine.continue_as_new(event, {
             "interval_s": event.get("interval_s", INTERVAL_S), "max_rounds": event.get("max_rounds", MAX_ROUNDS)})}
 
-    def reaper_watchdog(self) -> dict:
+    def reaper_watchdog(self) -> dict[str, Any]:
         """Start a reaper execution unless one is running."""
         running = self.machine.running()
         if running:

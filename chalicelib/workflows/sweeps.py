@@ -16,17 +16,18 @@ from ..protocol.models import (CapacityCurve, CapacityRecommendation, GetCapacit
 EXECUTIONS_PAGE = 100
 
 
-def latest_sweep(sfn: Any, state_machine_arn: str) -> dict | None:
+def latest_sweep(sfn: Any, state_machine_arn: str) -> dict[str, Any] | None:
     """describe_execution of the newest SUCCEEDED sweep, or None."""
     executions = sfn.list_executions(stateMachineArn=state_machine_arn, statusFilter="SUCCEEDED",
                                      maxResults=EXECUTIONS_PAGE)["executions"]
     if not executions:
         return None
     newest = max(executions, key=lambda e: e.get("stopDate") or e["startDate"])
-    return sfn.describe_execution(executionArn=newest["executionArn"])
+    described: dict[str, Any] = sfn.describe_execution(executionArn=newest["executionArn"])
+    return described
 
 
-def report_response(execution: dict, report: dict, report_uri: str) -> GetCapacityReportResponse:
+def report_response(execution: dict[str, Any], report: dict[str, Any], report_uri: str) -> GetCapacityReportResponse:
     """The answer for one sweep's ``report.json`` (see optimizer.report.build_report)."""
     recommendation = report.get("recommendation")
     stopped = execution.get("stopDate")
