@@ -12,11 +12,12 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Sequence
 
 from .relay import Relay, RelayConfig
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m connectors", description=__doc__.splitlines()[0])
     p.add_argument("--endpoint", required=True, help="the engine's KV event PUB socket (tcp://host:port)")
     p.add_argument("--replay-endpoint", default="", help="its replay (ROUTER) socket, to fill gaps")
@@ -39,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.keys == "tokens" and args.block_size <= 0:
         raise SystemExit("--keys tokens needs --block-size")

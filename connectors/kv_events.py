@@ -24,7 +24,7 @@ END_SEQ = -1
 
 @dataclass(frozen=True)
 class BlockStored:
-    block_hashes: list
+    block_hashes: list[object]
     parent_block_hash: object | None
     token_ids: list[int]
     block_size: int
@@ -34,7 +34,7 @@ class BlockStored:
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    block_hashes: list
+    block_hashes: list[object]
     medium: str | None = None
 
 

@@ -20,7 +20,8 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
 import urllib3
 import zmq
@@ -75,8 +76,19 @@ class RelayStats:
     errors: list[str] = field(default_factory=list)
 
 
+#: A reportEvent item, or a whole reportEvent body or answer, as JSON.
+Item = dict[str, Any]
+
+
 class TransportError(Exception):
     """KVCM did not answer usably (connection error, timeout, HTTP 429/5xx)."""
+
+
+class Transport(Protocol):
+    """Where reportEvent bodies go (``HttpTransport``; tests give a recorder)."""
+
+    def post(self, body: Item) -> Item:
+        """KVCM's answer to ``body``; TransportError when there is none to use."""
 
 
 class HttpTransport:
@@ -89,7 +101,7 @@ class HttpTransport:
             self.headers["Authorization"] = f"Bearer {config.token}"
         self.pool = urllib3.PoolManager(timeout=urllib3.Timeout(total=config.timeout_s), retries=False)
 
-    def post(self, body: dict) -> dict:
+    def post(self, body: Item) -> Item:
         try:
             resp = self.pool.request("POST", self.url, body=json.dumps(body).encode(), headers=self.headers)
         except urllib3.exceptions.HTTPError as exc:
@@ -97,12 +109,13 @@ class HttpTransport:
         if resp.status == 429 or resp.status >= 500:
             raise TransportError(f"HTTP {resp.status}")
         try:
-            return json.loads(resp.data)
+            answer: Item = json.loads(resp.data)
         except ValueError as exc:
             raise TransportError(f"HTTP {resp.status}: not JSON") from exc
+        return answer
 
 
-def _item(event_type: str, member: str, payload: dict) -> dict:
+def _item(event_type: str, member: str, payload: Item) -> Item:
     return {"event_type": event_type, member: payload}
 
 
@@ -117,9 +130,9 @@ class Translator:
     def __init__(self, config: RelayConfig, stats: RelayStats) -> None:
         self.config = config
         self.stats = stats
-        self._kvcm_keys: OrderedDict = OrderedDict()  # engine hash → KVCM key (keys="tokens")
+        self._kvcm_keys: OrderedDict[Hashable, int] = OrderedDict()  # engine hash → KVCM key (keys="tokens")
 
-    def _specs(self, medium: str, key: int) -> list[dict]:
+    def _specs(self, medium: str, key: int) -> list[dict[str, str]]:
         c = self.config
         return [{"name": spec, "uri": c.uri_template.format(host_ip_port=c.host_ip_port, medium=medium, key=key,
                                                             spec=spec)} for spec in c.spec_names]
@@ -142,12 +155,12 @@ class Translator:
                 self._kvcm_keys.popitem(last=False)
         return list(keys) + [None] * (len(event.block_hashes) - len(keys))
 
-    def _removed_key(self, engine_hash) -> int | None:
+    def _removed_key(self, engine_hash: object) -> int | None:
         if self.config.keys == "engine":
             return block_key(engine_hash)
         return self._kvcm_keys.pop(_hashable(engine_hash), None)
 
-    def translate(self, event: KVEvent) -> list[dict]:
+    def translate(self, event: KVEvent) -> list[Item]:
         medium = (getattr(event, "medium", None) or self.config.default_medium).lower()
         if isinstance(event, BlockStored):
             return [_item("EVENT_BLOCK_ADD", "block_add",
@@ -164,26 +177,26 @@ class Translator:
         return []
 
 
-def _hashable(value):
+def _hashable(value: object) -> Hashable:
     return bytes(value) if isinstance(value, (bytes, bytearray, list)) else value
 
 
 class Sender:
     """Sends items to KVCM with upstream's reportEvent contract, retrying what may be retried."""
 
-    def __init__(self, config: RelayConfig, transport, stats: RelayStats,
+    def __init__(self, config: RelayConfig, transport: Transport, stats: RelayStats,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config
         self.transport = transport
         self.stats = stats
         self.sleep = sleep
 
-    def _body(self, items: list[dict]) -> dict:
+    def _body(self, items: list[Item]) -> Item:
         c = self.config
         return {"trace_id": f"relay-{time.time_ns()}", "instance_id": c.instance_id, "host_ip_port": c.host_ip_port,
                 "storage_type": c.storage_type, "events": items}
 
-    def _post(self, items: list[dict]) -> dict | None:
+    def _post(self, items: list[Item]) -> Item | None:
         """The answer to ``items``, retried on transport errors and SERVICE_NOT_READY; None
         when every attempt failed."""
         for attempt in range(self.config.max_retries + 1):
@@ -205,7 +218,7 @@ class Sender:
         answer = self._post([_item(REGISTER_TYPE, "node_register", {"mediums": mediums})])
         return answer is not None and answer["header"]["status"]["code"] == "OK"
 
-    def send(self, items: list[dict], registered_again: bool = False) -> None:
+    def send(self, items: list[Item], registered_again: bool = False) -> None:
         answer = self._post(items)
         if answer is None:
             self.stats.items_dropped += len(items)
@@ -232,8 +245,9 @@ class Sender:
 class Relay:
     """Subscribes to an engine's KV events and reports them to KVCM until ``stop``."""
 
-    def __init__(self, config: RelayConfig, endpoint: str, replay_endpoint: str = "", transport=None,
-                 context: zmq.Context | None = None, topic: bytes = b"") -> None:
+    def __init__(self, config: RelayConfig, endpoint: str, replay_endpoint: str = "",
+                 transport: Transport | None = None, context: zmq.Context[Any] | None = None,
+                 topic: bytes = b"") -> None:
         self.config = config
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -242,7 +256,7 @@ class Relay:
         self.translator = Translator(config, self.stats)
         self.sender = Sender(config, transport or HttpTransport(config), self.stats)
         self.context = context or zmq.Context.instance()
-        self.queue: queue.Queue = queue.Queue(maxsize=config.max_pending)
+        self.queue: queue.Queue[Item] = queue.Queue(maxsize=config.max_pending)
         self.last_seq: int | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -268,7 +282,7 @@ class Relay:
 
     # ------------------------------------------------------------ subscriber
 
-    def _enqueue(self, items: list[dict]) -> None:
+    def _enqueue(self, items: list[Item]) -> None:
         for item in items:
             while not self._stop.is_set():  # backpressure: wait for the sender
                 try:
@@ -340,7 +354,7 @@ class Relay:
     def _send_loop(self) -> None:
         last_heartbeat = time.monotonic()
         while True:
-            items: list[dict] = []
+            items: list[Item] = []
             deadline = time.monotonic() + self.config.flush_interval_s
             while len(items) < self.config.max_batch:
                 try:

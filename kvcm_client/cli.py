@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from collections.abc import Callable, Iterable, Sequence
 
 import click
@@ -99,7 +99,14 @@ def load_json_argument(value: str) -> Any:
         raise click.BadParameter(f"not JSON: {exc}") from None
 
 
-def model_from(model: type[BaseModel], data: Any, what: str) -> Any:
+M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
+R = TypeVar("R")
+#: A function-to-function decorator, as click's options are.
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def model_from(model: type[M], data: Any, what: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -115,14 +122,15 @@ def client_of(ctx: click.Context) -> KvcmClient:
     if "client" not in ctx.obj:
         ctx.obj["client"] = ctx.with_resource(
             KvcmClient(ctx.obj["url"], ctx.obj["token"], timeout_s=ctx.obj["timeout"]))
-    return ctx.obj["client"]
+    client: KvcmClient = ctx.obj["client"]
+    return client
 
 
-def api_command(func: Callable) -> Callable:
+def api_command(func: Callable[P, R]) -> Callable[P, R]:
     """Maps the client's exceptions to one line and an exit code."""
 
     @functools.wraps(func)
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except AuthError as exc:
@@ -137,10 +145,10 @@ def api_command(func: Callable) -> Callable:
     return run
 
 
-def options(*decorators: Callable) -> Callable:
+def options(*decorators: Decorator) -> Decorator:
     """Several click options as one decorator."""
 
-    def apply(func: Callable) -> Callable:
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
         for decorator in reversed(decorators):
             func = decorator(func)
         return func
@@ -345,8 +353,8 @@ def fetched_group(client: KvcmClient, name: str) -> m.InstanceGroup:
 @group_options
 @click.pass_context
 @api_command
-def group_add(ctx: click.Context, name: str, storages: tuple, quota: str, watermark: float, max_instances: int,
-              config: str) -> None:
+def group_add(ctx: click.Context, name: str, storages: tuple[str, ...], quota: str, watermark: float,
+              max_instances: int, config: str) -> None:
     """Create instance group NAME."""
     base = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else m.InstanceGroup()
     base.name = name
@@ -360,8 +368,8 @@ def group_add(ctx: click.Context, name: str, storages: tuple, quota: str, waterm
 @group_options
 @click.pass_context
 @api_command
-def group_update(ctx: click.Context, name: str, storages: tuple, quota: str, watermark: float, max_instances: int,
-                 config: str) -> None:
+def group_update(ctx: click.Context, name: str, storages: tuple[str, ...], quota: str, watermark: float,
+                 max_instances: int, config: str) -> None:
     """Change group NAME: read it, apply the options, write it back at the next version."""
     client = client_of(ctx)
     current = fetched_group(client, name)
@@ -419,7 +427,8 @@ def instance_get(ctx: click.Context, instance_id: str) -> None:
 @click.option("--dtype", required=True, help="model_deployment.dtype")
 @click.pass_context
 @api_command
-def instance_add(ctx: click.Context, instance_id: str, group_name: str, block_size: int, specs: tuple, model: str,
+def instance_add(ctx: click.Context, instance_id: str, group_name: str, block_size: int, specs: tuple[str, ...],
+                 model: str,
                  dtype: str) -> None:
     """Register INSTANCE_ID (as an engine would; the same registration again is OK)."""
     infos = []
@@ -591,7 +600,7 @@ def optimizer_command(name: str, summary: str) -> click.Command:
                                      "help_option_names": []})
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context
-    def run(ctx: click.Context, args: tuple) -> None:
+    def run(ctx: click.Context, args: tuple[str, ...]) -> None:
         from chalicelib.optimizer.cli import main
 
         argv = [name, *args]

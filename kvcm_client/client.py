@@ -195,6 +195,7 @@ class KvcmClient(Methods):
         """``GET /metrics``: the service metrics in the Prometheus text format."""
         return self._get_text("/metrics")
 
-    def openapi(self) -> dict:
+    def openapi(self) -> dict[str, Any]:
         """``GET /openapi.json``: the API's OpenAPI document."""
-        return json.loads(self._get_text("/openapi.json"))
+        document: dict[str, Any] = json.loads(self._get_text("/openapi.json"))
+        return document
