@@ -169,7 +169,11 @@ class Runtime:
         if self._aws_session is None:
             import botocore.session
 
-            self._aws_session = botocore.session.get_session()
+            session = botocore.session.get_session()
+            # The service models are read once per process, not once per session (tests and
+            # the local stack build many runtimes; botocore's JSON decoding dominated them).
+            session.register_component("data_loader", _shared_data_loader())
+            self._aws_session = session
         return self._aws_session
 
     # ------------------------------------------------------------ stores and the index
@@ -387,6 +391,14 @@ class Runtime:
     def instance_tuning(self) -> InstanceTuningJob:
         """Per-instance quota tuning from the event log (``KVCM_EVENT_LOG``: S3 or a directory)."""
         return instance_tuning(self.control, self.settings.event_log_path, lambda: self.aws("s3"), self.clock)
+
+
+@functools.cache
+def _shared_data_loader() -> Any:
+    """botocore's loader of service models, with its cache, shared by every session."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader()
 
 
 #: Handler class → the Runtime property building its instance.
