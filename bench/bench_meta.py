@@ -266,7 +266,7 @@ def main() -> None:
             print("(e) Valkey memory per block, 100,000 two-spec blocks")
             client.execute_command("FLUSHALL", "SYNC")
             rt.contexts.forget("bench")
-            register_bits = rt.contexts.bucket_bits(rt.config.instance("bench"), rt.config.group("g"))
+            register_bits = rt.contexts.key_space(rt.config.instance("bench"), rt.config.group("g")).bucket_bits
             before = client.info("memory")["used_memory"]
             many = [rng.getrandbits(63) for _ in range(100_000)]
             write_blocks(rt, many)

@@ -45,6 +45,9 @@ class Settings:
     auth_enabled: bool = False
     default_write_timeout_s: int = 30
     max_write_timeout_s: int = 3600
+    #: startWriteCache probes the keys' SERVING locations (StorageBackend.might_exist) and
+    #: rewrites those whose data is gone (UPSTREAM_V2 §2.6): one more read and a probe per start.
+    prune_stale_on_write: bool = False
     max_keys_per_request: int = 16384
     #: Write sessions one instance may have open; every start opens one, new keys or not.
     max_write_sessions: int = 4096
@@ -100,6 +103,7 @@ class Settings:
             auth_enabled=_env_bool("KVCM_AUTH", base.auth_enabled),
             default_write_timeout_s=_env_int("KVCM_DEFAULT_WRITE_TIMEOUT_S", base.default_write_timeout_s),
             max_write_timeout_s=_env_int("KVCM_MAX_WRITE_TIMEOUT_S", base.max_write_timeout_s),
+            prune_stale_on_write=_env_bool("KVCM_PRUNE_STALE_ON_WRITE", base.prune_stale_on_write),
             max_keys_per_request=_env_int("KVCM_MAX_KEYS_PER_REQUEST", base.max_keys_per_request),
             max_write_sessions=_env_int("KVCM_MAX_WRITE_SESSIONS", base.max_write_sessions),
             config_refresh_s=_env_float("KVCM_CONFIG_REFRESH_S", base.config_refresh_s),

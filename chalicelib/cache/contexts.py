@@ -4,13 +4,12 @@ health is re-read then)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterator
 
 from ..clock import Clock
-from ..index import BlockIndex
+from ..index import BlockIndex, InstanceLayout
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
 from ..storage.registry import StorageRegistry
@@ -60,7 +59,7 @@ class ContextProvider:
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        self._bits: dict[tuple[str, str], int] = {}
+        self._key_spaces: dict[tuple[str, str], InstanceLayout] = {}
         self._backends = _KnownBackends(config, registry)
 
     def __call__(self, instance_id: str) -> InstanceContext:
@@ -83,7 +82,7 @@ class ContextProvider:
     def _build(self, record: Any, group: InstanceGroup, candidates: list[tuple[StorageConfig, bool]], now: float,
                cache: bool = True) -> InstanceContext:
         instance_id = record.instance_id
-        layout = self._index.layout(instance_id, self.bucket_bits(record, group), record.group, record.incarnation)
+        layout = self.key_space(record, group)
         unhealthy = self._health.unhealthy()
         context = InstanceContext(
             instance_id=instance_id,
@@ -101,24 +100,27 @@ class ContextProvider:
                 self._entries[instance_id] = _Entry(record, group, candidates, now + self._refresh_s, context)
         return context
 
-    def bucket_bits(self, record: Any, group: InstanceGroup | None, registering: bool = False) -> int:
-        """The instance's bucket bits: fixed at its first use, kept in Valkey, where the
-        key space is bound to the record's incarnation (``BlockIndex.claim``; a
-        registration takes it over from an earlier one)."""
+    def key_space(self, record: Any, group: InstanceGroup | None, registering: bool = False) -> InstanceLayout:
+        """The instance's key layout: its bucket bits and shards, fixed at its first use
+        (shards: the group's ``instance_shards`` then, or when a registration takes the key
+        space over) and kept in Valkey, where the key space is bound to the record's
+        incarnation (``BlockIndex.claim``; docs/instance-sharding.md)."""
         key = (record.instance_id, record.incarnation)
-        bits = self._bits.get(key)
-        if bits is None or registering:
-            wanted = bucket_bits_for(expected_max_blocks(group, record.block_bytes))
-            bits = self._index.claim(record.instance_id, record.incarnation, wanted, registering)
-            self._bits[key] = bits
-        return bits
+        layout = self._key_spaces.get(key)
+        if layout is None or registering:
+            shards = max(1, group.instance_shards) if group is not None else 1
+            wanted = bucket_bits_for(expected_max_blocks(group, record.block_bytes) // shards)
+            layout = self._index.claim(record.instance_id, record.incarnation, wanted, registering, shards,
+                                       record.group)
+            self._key_spaces[key] = layout
+        return layout
 
     def forget(self, instance_id: str) -> None:
         """Drop what is cached for an instance (after it is removed)."""
         with self._lock:
             self._entries.pop(instance_id, None)
-            for key in [k for k in self._bits if k[0] == instance_id]:
-                del self._bits[key]
+            for key in [k for k in self._key_spaces if k[0] == instance_id]:
+                del self._key_spaces[key]
 
 
 def _same(a: list[tuple[StorageConfig, bool]], b: list[tuple[StorageConfig, bool]]) -> bool:

@@ -15,7 +15,8 @@ from typing import Callable, Optional, Sequence
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex, Status, Usage
-from ..index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartOutcome, StartRequest
+from ..index.block_index import (MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartOutcome, StartRequest,
+                                 rightmost_window)
 from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.records import decode_record
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
@@ -38,8 +39,8 @@ from ..protocol.models import (
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
 from ..settings import Settings
-from ..storage.base import BlockRef
-from .context import InstanceContext
+from ..storage.base import BlockRef, StorageBackend
+from .context import InstanceContext, StorageState
 from .deletion import Deleter
 from .event_reports import Reported, pick_reported, reported_location_json
 from .purge import CACHE, META, PurgeService
@@ -77,22 +78,25 @@ def new_session_id() -> str:
     return bytes(_SESSION_ALPHABET[b % 36] for b in os.urandom(32)).decode()
 
 
-def rightmost_window(hits: Sequence[bool], sw: int) -> range:
-    """The positions of the right-most run of ``sw`` hits (empty without one); lua/read.lua
-    finds the same window."""
-    run = 0
-    for i in range(len(hits) - 1, -1, -1):
-        run = run + 1 if hits[i] else 0
-        if run == sw:
-            return range(i, i + sw)
-    return range(0)
+def spec_group_coverage(ctx: InstanceContext) -> bytes:
+    """Byte a * n + b is '1' when a location of spec group b holds every spec of spec group a
+    (n spec groups, 0 = every spec): whether a location counts for a write of group a."""
+    layout = ctx.spec_layout
+    names = [{s.name for s in layout.slots(g)} for g in range(len(layout.sizes))]
+    return bytes(b"1"[0] if wanted <= held else b"0"[0] for wanted in names for held in names)
 
 
-def placement(first_location_id: int, j: int, pack_count: int, explicit: Sequence[int], i: int) -> tuple[int, int]:
-    """(group id, slot) of the j-th new key (request index i); mirrors lua/start.lua."""
-    if pack_count > 0:
-        return first_location_id + (j // pack_count) * pack_count, j % pack_count
-    return (explicit[i] if explicit else 0), 0
+def _allocates(backend: StorageBackend) -> bool:
+    """Whether the backend places blocks itself (explicit group ids reserved per start:
+    only the start's first candidate gets them)."""
+    return type(backend).reserve is not StorageBackend.reserve
+
+
+def _by_location(backend: StorageBackend) -> bool:
+    """Whether a key's locations on the backend have distinct data places (packed files,
+    allocated ranges), so that one key may have several there; backends naming objects by
+    key alone (S3, Mooncake) may hold one."""
+    return backend.pack_count > 0 or _allocates(backend)
 
 
 class CacheService:
@@ -292,6 +296,8 @@ class CacheService:
         spec_groups = ctx.spec_layout.spec_groups_for(req.location_spec_group_names, len(keys))
         if req.write_timeout_seconds < 0:
             raise InvalidArgumentError("field 'write_timeout_seconds': must be >= 0")
+        if req.min_replica_count < 0:
+            raise InvalidArgumentError("field 'min_replica_count': must be >= 0")
         timeout_s = min(req.write_timeout_seconds or self.settings.default_write_timeout_s,
                         self.settings.max_write_timeout_s)
         candidates = [s for s in ctx.write_candidates() if s.available]
@@ -305,8 +311,10 @@ class CacheService:
         session_id = new_session_id()
         now_ms = int(self.clock.now() * 1000)
         sizes = ctx.spec_layout.sizes
+        stale = self._stale_locations(ctx, keys) if self.settings.prune_stale_on_write else []
+        covers = spec_group_coverage(ctx)
         refusals = []
-        for state in candidates:
+        for position, state in enumerate(candidates):
             backend = state.backend
             type_name = backend.storage_type.name
             try:
@@ -321,7 +329,13 @@ class CacheService:
                     explicit_groups=explicit, group_capacity=ctx.group_capacity,
                     type_capacity=ctx.type_capacity(backend.storage_type), max_keys=ctx.max_key_count,
                     max_sessions=self.settings.max_write_sessions, group_usage=group_usage,
-                    instance_capacity=ctx.instance_capacity))
+                    instance_capacity=ctx.instance_capacity, min_replicas=req.min_replica_count, stale=stale,
+                    covers=covers, by_location=_by_location(backend),
+                    more_candidates=[(c.name, c.storage_type.name, c.backend.pack_count,
+                                      ctx.type_capacity(c.storage_type),
+                                      group_usage.by_type.get(c.storage_type.name, 0) if group_usage else -1,
+                                      _by_location(c.backend))
+                                     for c in candidates[position + 1:] if not _allocates(c.backend)]))
             except QuotaExceededError as exc:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])
@@ -333,13 +347,15 @@ class CacheService:
                 refusals.append(f"{state.name}: {exc}")
                 continue
             self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
+            self.deleter.submit(ctx, list(outcome.victims))
             if explicit:
-                unused = [g for g, new in zip(explicit, outcome.new_flags) if not new]
+                unused = [g for g, c in zip(explicit, outcome.written_to or outcome.new_flags) if c != 1]
                 if unused:
                     backend.unreserve(ctx.instance_id, unused, sizes[0])
             try:
-                return self._start_response(ctx, renderer, keys, spec_groups, session_id, state, outcome,
-                                            explicit)
+                return self._start_response(ctx, renderer, keys, spec_groups, session_id,
+                                            [state, *(c for c in candidates[position + 1:]
+                                                      if not _allocates(c.backend))], outcome, explicit)
             except Exception:
                 # The grant is committed but the caller gets an error and never learns the
                 # session id: fail the session now rather than leave its keys WRITING (and
@@ -368,26 +384,49 @@ class CacheService:
                 f"{MAX_RESPONSE_BYTES / 1e6:.0f} MB an API response may carry: send at most {fit} keys per call "
                 f"for instance {ctx.instance_id!r}")
 
-    def _start_response(self, ctx, renderer, keys, spec_groups, session_id, state, outcome,
-                        explicit) -> StartWriteCacheResponse:
-        backend = state.backend
+    def _start_response(self, ctx: InstanceContext, renderer: LocationRenderer, keys: list[int],
+                        spec_groups: list[int], session_id: str, states: list[StorageState],
+                        outcome: StartOutcome, explicit: Sequence[int]) -> StartWriteCacheResponse:
+        """The written keys' locations, each on the candidate the start script chose
+        (``states``: candidate 1, then the further candidates in order)."""
         texts = []
-        refs = []
-        j = 0
-        for i, (key, new) in enumerate(zip(keys, outcome.new_flags)):
-            if not new:
-                continue
-            group, slot = placement(outcome.first_location_id, j, backend.pack_count, explicit, i)
-            ref = BlockRef(ctx.instance_id, key, outcome.first_location_id + j, group, slot,
-                           ctx.spec_layout.slots(spec_groups[i]))
-            refs.append(ref)
+        refs: dict[int, list[BlockRef]] = {}
+        written = [(i, outcome.written_to[i] if outcome.written_to else 1) for i, new in enumerate(outcome.new_flags)
+                   if new]
+        for j, (location_id, group, slot) in enumerate(outcome.placements_of(
+                written, [state.backend.pack_count for state in states], explicit)):
+            i, candidate = written[j]
+            state = states[candidate - 1]
+            ref = BlockRef(ctx.instance_id, keys[i], location_id, group, slot, ctx.spec_layout.slots(spec_groups[i]))
+            refs.setdefault(candidate, []).append(ref)
             template, args = renderer.prepared(state, spec_groups[i])
-            texts.append(template % args(key, ref.location_id, group, slot))
-            j += 1
-        backend.prepare(refs)
+            texts.append(template % args(keys[i], location_id, group, slot))
+        for candidate, blocks in refs.items():
+            states[candidate - 1].backend.prepare(blocks)
         return StartWriteCacheResponse(write_session_id=session_id,
                                        block_mask=mask_of([not new for new in outcome.new_flags]),
                                        locations=CacheLocations(texts))
+
+    def _stale_locations(self, ctx: InstanceContext, keys: list[int]) -> list[tuple[int, int]]:
+        """(block key, location id) of the keys' SERVING locations whose storage reports their
+        data missing (``StorageBackend.might_exist`` False; unknown counts as present): one
+        read of the keys' records, then one batch probe per storage holding some."""
+        by_storage: dict[int, list[BlockRef]] = {}
+        for key, raw in zip(keys, self.index.read_raw(ctx.layout, keys, MODE_RAW)):
+            record = decode_record(raw) if raw is not None else None
+            for loc in record.locations if record is not None else ():
+                if loc.status == Status.SERVING:
+                    by_storage.setdefault(loc.storage_index, []).append(BlockRef(
+                        ctx.instance_id, key, loc.location_id, loc.group_id, loc.slot,
+                        ctx.spec_layout.slots(loc.spec_group)))
+        stale = []
+        for sidx, blocks in by_storage.items():
+            backend = ctx.backend(self._storage_name(ctx, sidx))
+            if backend is None:
+                continue
+            stale += [(b.block_key, b.location_id) for b, present in zip(blocks, backend.might_exist(blocks))
+                      if present is False]
+        return stale
 
     def fail_session(self, ctx: InstanceContext, session_id: str) -> Optional[int]:
         """Fail a write session now: its WRITING locations go to deletion and a later finish

@@ -23,8 +23,9 @@ trip only when something changed); starts read it instead of every peer's usage.
 """
 from __future__ import annotations
 
+import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
@@ -45,6 +46,9 @@ from .layout import (
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
 
 LUA_DIR = Path(__file__).with_name("lua")
+#: A sharded instance's bucket numbers (occupied pages, samples, sweeps) carry their
+#: shard from this bit up; bucket bits stay below (at most 24: lua/prelude.lua bucket_of).
+SHARD_BUCKET_SHIFT = 24
 #: A hash as the client returns it: its clients are built with decode_responses=False, which
 #: redis-py's annotations (bytes | str) cannot know, hence the casts of replies below.
 RawHash = dict[bytes, bytes]
@@ -67,10 +71,29 @@ class InstanceLayout:
     group: str = ""
     #: The registration the key space is bound to (lua/claim.lua; "": not checked).
     incarnation: str = ""
+    #: Hash-tag suffixes of shards 1.. of a sharded instance (empty: one shard;
+    #: docs/instance-sharding.md). Such a layout names shard 0's keys.
+    shard_suffixes: tuple[int, ...] = ()
+    #: This layout's hash-tag suffix when it is shard 1.. of a sharded instance.
+    suffix: int | None = None
 
     @cached_property
     def tag(self) -> bytes:
-        return f"{{{self.prefix}:{self.instance_id}}}".encode()
+        if self.suffix is None:
+            return f"{{{self.prefix}:{self.instance_id}}}".encode()
+        return f"{{{self.prefix}:{self.instance_id}#{self.suffix}}}".encode()
+
+    @property
+    def shard_count(self) -> int:
+        return 1 + len(self.shard_suffixes)
+
+    @cached_property
+    def shards(self) -> tuple[InstanceLayout, ...]:
+        """The layout of each shard, shard 0 first (one shard: this layout)."""
+        if not self.shard_suffixes:
+            return (self,)
+        first = replace(self, shard_suffixes=())
+        return (first, *(replace(first, suffix=s) for s in self.shard_suffixes))
 
     @cached_property
     def mask(self) -> int:
@@ -88,7 +111,10 @@ class InstanceLayout:
         return 1 << self.bucket_bits
 
     def bucket(self, index: int) -> bytes:
-        """Name of bucket ``index`` (scripts derive it from the key's low bits: lua bucket_of)."""
+        """Name of bucket ``index`` (scripts derive it from the key's low bits: lua bucket_of).
+        In a sharded instance, bits from ``SHARD_BUCKET_SHIFT`` up name the shard."""
+        if self.shard_suffixes:
+            return self.shards[index >> SHARD_BUCKET_SHIFT].bucket(index)
         return b"%b%x" % (self.bucket_prefix, index & self.mask)
 
     @cached_property
@@ -97,6 +123,28 @@ class InstanceLayout:
 
     def session(self, session_id: str) -> bytes:
         return self.key(f"s:{session_id}")
+
+
+def rightmost_window(hits: Sequence[bool], sw: int) -> range:
+    """The positions of the right-most run of ``sw`` hits (empty without one); lua/read.lua
+    finds the same window."""
+    run = 0
+    for i in range(len(hits) - 1, -1, -1):
+        run = run + 1 if hits[i] else 0
+        if run == sw:
+            return range(i, i + sw)
+    return range(0)
+
+
+def parse_suffixes(stored: bytes | None) -> tuple[int, ...]:
+    """The shard suffixes lua/claim.lua keeps (b'' or None: one shard)."""
+    return tuple(int(s) for s in stored.split(b",")) if stored else ()
+
+
+def session_entries(raw: bytes) -> list[tuple[int, int]]:
+    """(block key, location id) of each entry of a session's 'k' field."""
+    return [(int.from_bytes(key, "big", signed=True), location_id) for key, location_id
+            in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))]
 
 
 def pack_keys(block_keys: Sequence[int]) -> bytes:
@@ -192,6 +240,52 @@ class StartOutcome:
     storage_index: int
     #: Bytes the new keys charge.
     new_bytes: int = 0
+    #: (location id, group id, slot) of each new key when the start spanned shards, whose
+    #: ids do not follow one another (empty: they follow ``first_location_id``).
+    placements: tuple[tuple[int, int, int], ...] = ()
+    #: Per request key, the candidate it was written to (1: ``storage_name``, 2..: the
+    #: request's ``more_candidates`` in order; 0: not written). Empty: candidate 1.
+    written_to: tuple[int, ...] = ()
+    #: Storage index of each candidate (0: never written to).
+    storage_indexes: tuple[int, ...] = ()
+    #: Records created (the other written keys got one more location); None: every one.
+    created: int | None = None
+    #: Bytes added per storage type (empty: all of ``storage_type`` passed to ``charge``).
+    bytes_by_type: dict[str, int] = field(default_factory=dict)
+    #: Stale locations the start turned DELETING, for deletion, and their deleting charge.
+    victims: tuple[Victim, ...] = ()
+    pruned: Usage = field(default_factory=Usage)
+
+    def placements_of(self, written: Sequence[tuple[int, int]], pack_counts: Sequence[int],
+                      explicit: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(location id, group id, slot) of each written key, given as (request index,
+        candidate), with each candidate's pack count; mirrors lua/start.lua: ids follow one
+        another in key order, a packing storage fills a file with the next blocks written
+        to it, explicit group ids are candidate 1's."""
+        if self.placements:  # a start spanning shards placed its keys per shard
+            return list(self.placements)
+        out = []
+        filled: dict[int, tuple[int, int]] = {}  # candidate -> (blocks written to it, its file's group id)
+        for j, (i, candidate) in enumerate(written):
+            location_id = self.first_location_id + j
+            pack_count = pack_counts[candidate - 1]
+            group, slot = 0, 0
+            if pack_count > 0:
+                count, group = filled.get(candidate, (0, 0))
+                if count % pack_count == 0:
+                    group = location_id
+                slot = count % pack_count
+                filled[candidate] = (count + 1, group)
+            elif candidate == 1 and explicit:
+                group = explicit[i]
+            out.append((location_id, group, slot))
+        return out
+
+    def charge(self, storage_type: str) -> Usage:
+        """What the new keys add to the usage counters (and stale locations to the deleting ones)."""
+        new_keys = sum(self.new_flags) if self.created is None else self.created
+        by_type = self.bytes_by_type or ({storage_type: self.new_bytes} if self.new_bytes else {})
+        return Usage(self.new_bytes, new_keys, dict(by_type)) + self.pruned
 
 
 @dataclass(frozen=True)
@@ -215,6 +309,19 @@ class StartRequest:
     instance_capacity: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
     group_usage: Usage | None = None
+    #: A key is skipped once this many of its locations cover its spec group (§2.6).
+    min_replicas: int = 1
+    #: (block key, location id) of SERVING locations whose data is gone: not counted,
+    #: turned DELETING.
+    stale: Sequence[tuple[int, int]] = ()
+    #: covers[a * n + b] == ord("1") when a location of spec group b holds every spec of group a
+    #: (n = the number of spec groups, 0 included); empty: every location covers.
+    covers: bytes = b""
+    #: Whether ``storage_name`` addresses blocks by location (several of one key may live there).
+    by_location: bool = False
+    #: Further candidates for keys ``storage_name`` cannot take: (name, type, pack count,
+    #: type capacity, the group's live bytes of that type, by location).
+    more_candidates: Sequence[tuple[str, str, int, int, int, bool]] = ()
 
 
 @dataclass(frozen=True)
@@ -260,9 +367,15 @@ class BlockIndex:
         self._drop = client.register_script(_load("drop"))
         self._claim = client.register_script(_load("claim"))
         self._forget = client.register_script(_load("forget"))
+        self._storage = client.register_script(_load("storage"))
+        # Below the API: a sharded instance's calls split per shard and merge there
+        # (imported here: sharding builds on this module).
+        from .sharding import ShardedIndex
+        self.sharded = ShardedIndex(self)
 
-    def layout(self, instance_id: str, bucket_bits: int, group: str = "", incarnation: str = "") -> InstanceLayout:
-        return InstanceLayout(self.prefix, instance_id, bucket_bits, group, incarnation)
+    def layout(self, instance_id: str, bucket_bits: int, group: str = "", incarnation: str = "",
+               shard_suffixes: tuple[int, ...] = ()) -> InstanceLayout:
+        return InstanceLayout(self.prefix, instance_id, bucket_bits, group, incarnation, shard_suffixes)
 
     def _call(self, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> Any:
         with valkey_errors("index"):
@@ -286,17 +399,20 @@ class BlockIndex:
         # Per-storage bytes are kept per instance only: no quota is set per storage.
         return {k: v for k, v in usage.fields().items() if not k.startswith("s:")}
 
-    def _charge_group(self, layout: InstanceLayout, delta: Usage, sign: int = 1) -> None:
-        """Move the group's counters by what a script just changed in the instance's."""
+    def _charge_group(self, layout: InstanceLayout, delta: Usage, sign: int = 1, pipe: Any = None) -> None:
+        """Move the group's counters by what a script just changed in the instance's (queued
+        on ``pipe`` when given: the caller executes it)."""
         changes = self._group_fields(delta)
         if not layout.group or not changes:
             return
         key = self.group_usage_key(layout.group)
-        pipe = self.client.pipeline(transaction=False)
+        own = pipe is None
+        pipe = self.client.pipeline(transaction=False) if own else pipe
         for name, value in changes.items():
             pipe.hincrby(key, name, sign * value)
-        with valkey_errors("index"):
-            pipe.execute()
+        if own:
+            with valkey_errors("index"):
+                pipe.execute()
 
     def reconcile_group(self, group: str, layouts: Sequence[InstanceLayout]) -> Usage | None:
         """Correct drift of the group's counters (a process that died between an
@@ -348,6 +464,8 @@ class BlockIndex:
         """
         if not block_keys:
             return []
+        if layout.shard_suffixes:
+            return self.sharded.read_raw(layout, block_keys, mode, sw_size, servable, covered)
         # The client names each key's bucket: building the names in Lua cost Valkey's
         # single thread about a fifth of the read (docs/index-read-path.md).
         prefix, mask = layout.bucket_prefix, layout.mask
@@ -376,6 +494,15 @@ class BlockIndex:
     def start(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
         """Add WRITING locations for the keys that have none; all or nothing. Raises
         QuotaExceededError (with the shortfall) when a quota would be passed."""
+        if layout.shard_suffixes:
+            return self.sharded.start(layout, block_keys, req)
+        outcome = self.grant(layout, block_keys, req)
+        self._charge_group(layout, outcome.charge(req.storage_type))
+        return outcome
+
+    def grant(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
+        """The start script of one shard alone: the caller moves the group's counters by
+        ``outcome.charge``."""
         keys = [layout.key("m"), layout.key("u"), layout.key("st"), layout.key("g"), layout.key("sd"),
                 layout.session(req.session_id), layout.occupied]
         group = req.group_usage
@@ -385,7 +512,12 @@ class BlockIndex:
                 req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
                 -1 if group is None else group.by_type.get(req.storage_type, 0), req.max_keys,
                 layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation,
-                req.max_sessions, req.instance_capacity]
+                req.max_sessions, req.instance_capacity, max(1, req.min_replicas),
+                b"".join(SESSION_ENTRY.pack(k.to_bytes(8, "big", signed=True), loc) for k, loc in req.stale),
+                req.covers, max(1, math.isqrt(len(req.covers))), "1" if req.by_location else "0",
+                len(req.more_candidates)]
+        for name, type_name, pack_count, capacity, group_bytes, by_location in req.more_candidates:
+            args += [name, type_name, pack_count, capacity, group_bytes, "1" if by_location else "0"]
         result = self._call(self._start, keys, args)
         if result[0] == StartResult.REFUSED:
             reason = StartRefusal(result[1].decode())
@@ -401,20 +533,23 @@ class BlockIndex:
                 "sessions": f"the instance has {req.max_sessions} write sessions open, the most allowed "
                             f"(KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
             }[reason.value], int(result[2]) if len(result) > 2 else 0, req.storage_type)
-        new_bytes = int(result[4])
-        new_keys = sum(1 for c in result[2] if c == ord("1"))
-        self._charge_group(layout, Usage(new_bytes, new_keys, {req.storage_type: new_bytes}))
-        return StartOutcome(int(result[1]), [c == ord("1") for c in result[2]], int(result[3]), new_bytes)
+        written_to = tuple(c - ord("0") for c in result[2])
+        storage_indexes = tuple(int(x) for x in result[3].split(b","))
+        charge = [int(x) if x.isdigit() else x for x in result[7].split(b",")]
+        return StartOutcome(int(result[1]), [c > 0 for c in written_to], storage_indexes[0], int(result[4]),
+                            written_to=written_to, storage_indexes=storage_indexes, created=int(result[6]),
+                            bytes_by_type={result[i].decode(): int(result[i + 1]) for i in range(8, len(result), 2)},
+                            victims=tuple(decode_victims(result[5])), pruned=Usage.from_charge(charge))
 
     def session(self, layout: InstanceLayout, session_id: str) -> Session | None:
         """A write session's deadline and (key, location id) entries, or None."""
+        if layout.shard_suffixes:
+            return self.sharded.session(layout, session_id)
         with valkey_errors("index"):
             deadline, raw = cast(list[bytes | None], self.client.hmget(layout.session(session_id), "d", "k"))
         if deadline is None or raw is None:
             return None
-        entries = [(int.from_bytes(key, "big", signed=True), location_id) for key, location_id
-                   in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))]
-        return Session(int(deadline), entries, raw)
+        return Session(int(deadline), session_entries(raw), raw)
 
     def finish(self, layout: InstanceLayout, session_id: str, session: Session, success: Sequence[bool],
                sizes: Sequence[int], force_fail: bool = False) -> tuple[bool, list[Victim]]:
@@ -422,6 +557,8 @@ class BlockIndex:
         DELETING (returned). Returns (expired, victims); raises WriteSessionError when the
         session is gone (finished, expired and reaped, never existed, or another
         instance's). ``sizes``: block bytes per spec group."""
+        if layout.shard_suffixes:
+            return self.sharded.finish(layout, session_id, session, success, sizes, force_fail)
         if len(success) != len(session.entries) and not force_fail:
             raise WriteSessionError(
                 f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}")
@@ -438,24 +575,34 @@ class BlockIndex:
         return status == FinishStatus.EXPIRED, decode_victims(reply[1])
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
-        """Ids of sessions past their deadline, per instance, in one round trip."""
+        """Ids of sessions past their deadline, per instance (every shard's), in two round trips."""
+        layouts = self.sharded.stored_layouts(instance_ids)
         pipe = self.client.pipeline(transaction=False)
-        for instance_id in instance_ids:
-            pipe.zrangebyscore(InstanceLayout(self.prefix, instance_id, 0).key("sd"), "-inf", now_ms,
-                               start=0, num=limit)
+        for layout in layouts:
+            for shard in layout.shards:
+                pipe.zrangebyscore(shard.key("sd"), "-inf", now_ms, start=0, num=limit)
         with valkey_errors("index"):
-            results = pipe.execute()
-        return {i: [s.decode() for s in due] for i, due in zip(instance_ids, results, strict=True) if due}
+            results = iter(pipe.execute())
+        due: dict[str, list[str]] = {}
+        for layout in layouts:
+            ids = dict.fromkeys(s.decode() for _ in layout.shards for s in next(results))
+            if ids:
+                due[layout.instance_id] = list(ids)
+        return due
 
     def open_session_entries(self, layout: InstanceLayout) -> set[tuple[int, int]]:
-        """(block key, location id) of every entry of the instance's open write sessions,
-        in two round trips (the background GC: a WRITING location whose session is still
-        open is never an orphan)."""
-        with valkey_errors("index"):
-            session_ids = cast(list[bytes], self.client.zrange(layout.key("sd"), 0, -1))
+        """(block key, location id) of every entry of the instance's open write sessions
+        (every shard's), in two round trips (the background GC: a WRITING location whose
+        session is still open is never an orphan)."""
         pipe = self.client.pipeline(transaction=False)
-        for session_id in session_ids:
-            pipe.hget(layout.session(session_id.decode()), "k")
+        for shard in layout.shards:
+            pipe.zrange(shard.key("sd"), 0, -1)
+        with valkey_errors("index"):
+            per_shard = cast(list[list[bytes]], pipe.execute())
+        pipe = self.client.pipeline(transaction=False)
+        for shard, session_ids in zip(layout.shards, per_shard, strict=True):
+            for session_id in session_ids:
+                pipe.hget(shard.session(session_id.decode()), "k")
         with valkey_errors("index"):
             blobs = cast(list[bytes | None], pipe.execute())
         return {(int.from_bytes(key, "big", signed=True), location_id) for raw in blobs if raw
@@ -482,6 +629,9 @@ class BlockIndex:
         """
         if not block_keys:
             return []
+        if layout.shard_suffixes:
+            return self.sharded.mark_deleting(layout, block_keys, sizes, expected_locations, serving_only,
+                                              max_children, resubmit_before_s)
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
         scope = MarkScope.SERVING if serving_only else MarkScope.ANY
@@ -496,6 +646,8 @@ class BlockIndex:
         """Compare-and-delete DELETING locations: their bytes are released."""
         if not victims:
             return DropOutcome(0, [], Usage())
+        if layout.shard_suffixes:
+            return self.sharded.drop(layout, victims, sizes)
         keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og"), layout.occupied]
         reply = self._call(self._drop, keys, [encode_victims(list(victims)), pack_u48(sizes),
                                               layout.bucket_prefix, layout.bucket_count])
@@ -510,6 +662,8 @@ class BlockIndex:
         without deleting their data, which stays charged (lua/forget.lua); returns how many."""
         if not block_keys:
             return 0
+        if layout.shard_suffixes:
+            return self.sharded.forget(layout, block_keys, location_ids)
         forgotten = int(self._call(self._forget, [layout.key("u"), layout.occupied],
                                    [pack_keys(block_keys), b"".join(v.to_bytes(5, "big") for v in location_ids),
                                     layout.bucket_prefix, layout.bucket_count]))
@@ -517,17 +671,24 @@ class BlockIndex:
         return forgotten
 
     def set_removing(self, layout: InstanceLayout, removing: bool) -> None:
-        """Refuse (or again accept) new writes of the instance (lua/start.lua)."""
-        with valkey_errors("index"):
+        """Refuse (or again accept) new writes of the instance, every shard (lua/start.lua)."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
             if removing:
-                self.client.hset(layout.key("m"), "removing", 1)
+                pipe.hset(shard.key("m"), "removing", 1)
             else:
-                self.client.hdel(layout.key("m"), "removing")
+                pipe.hdel(shard.key("m"), "removing")
+        with valkey_errors("index"):
+            pipe.execute()
 
     def orphan_groups(self, layout: InstanceLayout) -> list[tuple[int, int]]:
-        """Packed groups whose last block is gone and whose files are not deleted yet."""
+        """Packed groups whose last block is gone and whose files are not deleted yet (group
+        ids are unique across shards: lua/claim.lua)."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.smembers(shard.key("og"))
         with valkey_errors("index"):
-            members = cast(set[bytes], self.client.smembers(layout.key("og")))
+            members = [m for found in cast(list[set[bytes]], pipe.execute()) for m in found]
         return _packed_groups(b"".join(members))
 
     def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
@@ -538,26 +699,33 @@ class BlockIndex:
 
     # ---------------------------------------------------------------- usage and tables
 
-    def claim(self, instance_id: str, incarnation: str, wanted_bits: int, registering: bool = False) -> int:
-        """Bind the instance's key space to ``incarnation`` and return its bucket bits
-        (``wanted_bits`` unless fixed already: set once, kept until the key space is
-        dropped). See lua/claim.lua. A registration (``registering``) takes the key space
-        over from an earlier incarnation, dropping what that one left (a registration lost
-        from the control plane: its data cannot be deleted without its specs, and is
-        logged); otherwise another incarnation's key space raises StaleInstanceError."""
+    def claim(self, instance_id: str, incarnation: str, wanted_bits: int, registering: bool = False,
+              shard_count: int = 1, group: str = "") -> InstanceLayout:
+        """Bind the instance's key space to ``incarnation`` and return its layout: its bucket
+        bits (``wanted_bits`` unless fixed already: set once, kept until the key space is
+        dropped) and its shards (``shard_count`` for a new key space or one a registration
+        takes over, else those it has: docs/instance-sharding.md). See lua/claim.lua. A
+        registration (``registering``) takes the key space over from an earlier
+        incarnation, dropping what that one left (a registration lost from the control
+        plane: its data cannot be deleted without its specs, and is logged); otherwise
+        another incarnation's key space raises StaleInstanceError."""
         meta = InstanceLayout(self.prefix, instance_id, 0)
+        wanted_shards = ",".join(str(s) for s in self.sharded.pick_suffixes(instance_id, shard_count))
         for _ in range(2):
-            bits, outcome = self._call(self._claim, [meta.key("m"), meta.occupied],
-                                       [wanted_bits, incarnation, "1" if registering else "0"])
-            layout = InstanceLayout(self.prefix, instance_id, int(bits))
+            others_hold = registering and self.sharded.others_hold(instance_id)
+            bits, outcome, stored = self._call(self._claim, [meta.key("m"), meta.occupied],
+                                               [wanted_bits, incarnation, "1" if registering else "0", wanted_shards,
+                                                "1" if others_hold else "0", 0])
+            layout = InstanceLayout(self.prefix, instance_id, int(bits), group, incarnation, parse_suffixes(stored))
             outcome = ClaimOutcome(outcome.decode())
             if outcome == ClaimOutcome.STALE:
                 raise StaleInstanceError(f"instance '{instance_id}' was registered again")
             if outcome == ClaimOutcome.UNTRACKED:
-                self._ensure_tracked(layout)
+                self._ensure_tracked(layout.shards[0])
             if outcome != ClaimOutcome.OCCUPIED:
-                return int(bits)
-            self._ensure_tracked(layout)
+                self.sharded.claim_shards(layout)
+                return layout
+            self._ensure_tracked(layout.shards[0])
             usage = self.usage([layout])[0]
             logger.warning("dropping the blocks of an earlier registration of the instance; their data stays "
                            "on storage", extra={"instance_id": instance_id, "blocks": usage.keys,
@@ -592,13 +760,14 @@ class BlockIndex:
         return found
 
     def usage(self, layouts: Sequence[InstanceLayout]) -> list[Usage]:
-        """Usage of several instances in one round trip."""
+        """Usage of several instances (summed over their shards) in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for layout in layouts:
-            pipe.hgetall(layout.key("u"))
+            for shard in layout.shards:
+                pipe.hgetall(shard.key("u"))
         with valkey_errors("index"):
-            results = pipe.execute()
-        return [Usage.from_hash(raw) for raw in results]
+            results = iter(pipe.execute())
+        return [sum((Usage.from_hash(next(results)) for _ in layout.shards), Usage()) for layout in layouts]
 
     def storage_names(self, layout: InstanceLayout) -> dict[int, str]:
         """Storage index → storage name, as assigned by starts (append-only)."""
@@ -609,12 +778,17 @@ class BlockIndex:
     # ---------------------------------------------------------------- occupied buckets
 
     def occupied_count(self, layout: InstanceLayout) -> int:
-        """How many buckets hold records."""
+        """How many buckets hold records (every shard's)."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.scard(shard.occupied)
         with valkey_errors("index"):
-            return int(self.client.scard(layout.occupied))
+            return sum(int(n) for n in pipe.execute())
 
     def occupied_page(self, layout: InstanceLayout, cursor: int, count: int) -> tuple[int, list[int]]:
         """One SSCAN page of the occupied buckets: (next cursor, 0 at the end; buckets)."""
+        if layout.shard_suffixes:
+            return self.sharded.occupied_page(layout, cursor, count)
         with valkey_errors("index"):
             cursor, members = self.client.sscan(layout.occupied, cursor, count=count)
         return int(cursor), [int(m) for m in members]
@@ -622,6 +796,8 @@ class BlockIndex:
     def occupied_sample(self, layout: InstanceLayout, count: int) -> tuple[int, list[int]]:
         """How many buckets are occupied, and up to ``count`` distinct ones at random (all
         of them when fewer), in one round trip."""
+        if layout.shard_suffixes:
+            return self.sharded.occupied_sample(layout, count)
         pipe = self.client.pipeline(transaction=False)
         pipe.scard(layout.occupied)
         pipe.srandmember(layout.occupied, count)
@@ -659,6 +835,10 @@ class BlockIndex:
 
         Costs the occupied buckets; the group's counters lose what the instance's had
         (its deleting part too, with ``keep_usage``: nothing of it will be dropped)."""
+        if layout.shard_suffixes:
+            for shard in layout.shards:
+                self.drop_all(shard, keep_usage)
+            return
         with valkey_errors("index"):
             usage = Usage.from_hash(cast(RawHash, self.client.hgetall(layout.key("u"))))
             session_ids = cast(list[bytes], self.client.zrange(layout.key("sd"), 0, -1))

@@ -10,7 +10,7 @@ from ..cache.service import CacheService
 from ..control import ConfigCache, ControlPlane
 from ..control.cluster import ClusterInfo
 from ..control.views import storage_configs_json
-from ..protocol.errors import InvalidArgumentError, UnsupportedError
+from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import (
     FinishWriteCacheRequest,
     GetCacheLocationLenRequest,
@@ -56,7 +56,7 @@ class MetaService:
         """Register (idempotently) and fix the instance's index layout; returns the group's storages."""
         record = self.control.register_instance(req)
         group = self.config.group(record.group)
-        self.contexts.bucket_bits(record, group, registering=True)
+        self.contexts.key_space(record, group, registering=True)
         storage_configs = storage_configs_json(self.config.storages_for_group(record.group))
         return RegisterInstanceResponse(storage_configs=storage_configs, extra_info=group.extra_info)
 
@@ -76,13 +76,8 @@ class MetaService:
         return self.cache.get_cache_meta(req)
 
     def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
-        """Where to write the keys nobody holds or writes yet (``min_replica_count`` 0 or 1:
-        KVCM writes a key only while no location of it exists, so more replicas are refused)."""
-        if req.min_replica_count < 0:
-            raise InvalidArgumentError("field 'min_replica_count' must be >= 0")
-        if req.min_replica_count > 1:
-            raise UnsupportedError(f"field 'min_replica_count': {req.min_replica_count} replicas; KVCM writes a key "
-                                   f"only while no location of it exists (0 or 1)")
+        """Where to write the keys with fewer than ``min_replica_count`` (0 or 1: one) locations
+        covering their spec group, stale locations pruned (UPSTREAM_V2 §2.6)."""
         return self.cache.start_write_cache(req)
 
     def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:

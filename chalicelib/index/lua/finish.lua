@@ -40,7 +40,7 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
           rec = unlink_from_parent(bprefix, nbuckets, set_loc_status(rec, i, DELETING))
           redis.call('HSET', bucket, key, stamp_deleting(rec, math.floor(now_ms / 1000)))
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
-          charge.add(sidx, sg)
+          charge.add(sidx, sg, rec)
         end
       end
     end

@@ -32,7 +32,7 @@ for i = 1, #keys / 8 do
       if want == nil or want == id then
         if eligible then
           rec = set_loc_status(rec, l, DELETING)
-          charge.add(sidx, sg)
+          charge.add(sidx, sg, rec)
         end
         local lost = which == MARK_ANY and st == DELETING
           and struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S) <= lost_s

@@ -143,13 +143,21 @@ local function unlink_from_parent(bprefix, nbuckets, rec)
   return put(rec, H_FLAGS, H_FLAGS_FMT, bit.bor(flags, UNLINKED))
 end
 
+-- Whether a record still has a location that serves or is being written.
+local function has_live(rec)
+  return find_status(rec, SERVING) ~= nil or find_status(rec, WRITING) ~= nil
+end
+
 -- Charging locations that turn DELETING to the usage hash's deleting counters ('d',
 -- 'dt:<type>', 'dk'; start.lua's quotas exclude them, drop.lua releases them). A
 -- charge is summed per call and applied once; `flush` returns it for the caller to
--- add to the group's counters as {bytes, keys, type, bytes, ...}.
+-- add to the group's counters as {bytes, keys, type, bytes, ...}. `rec` is the record
+-- after the change: its key counts as DELETING ('dk') only once no location of it is
+-- live, as drop.lua releases a key only with its last location (a record may hold
+-- replicas: start.lua).
 local function deleting_charge(stab, sizes)
   local charge = {bytes = 0, keys = 0, by_type = {}, types = {}}
-  function charge.add(sidx, sg)
+  function charge.add(sidx, sg, rec)
     local stype = charge.types[sidx]
     if not stype then
       stype = redis.call('HGET', stab, 't' .. sidx) or ''
@@ -157,7 +165,7 @@ local function deleting_charge(stab, sizes)
     end
     local size = struct.unpack('>I6', sizes, sg * 6 + 1)
     charge.bytes = charge.bytes + size
-    charge.keys = charge.keys + 1
+    if not has_live(rec) then charge.keys = charge.keys + 1 end
     charge.by_type[stype] = (charge.by_type[stype] or 0) + size
   end
   function charge.flush(usage)

