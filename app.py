@@ -99,6 +99,12 @@ def cache_gc(event):
     return get_runtime().cache_gc.run()
 
 
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="usage_metrics")
+@job
+def usage_metrics(event):
+    return get_runtime().usage_metrics.run()
+
+
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="event_report_liveness")
 @job
 def event_report_liveness(event):

@@ -63,6 +63,7 @@ from .workflows.health import HealthChecks
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
+from .workflows.usage_metrics import UsageMetrics
 from .workflows.tuning import InstanceTuningJob, instance_tuning
 
 if TYPE_CHECKING:
@@ -157,12 +158,20 @@ class Runtime:
 
     def s3_transfers(self) -> Any:
         """An S3 client with boto3's managed transfers (``upload_file``, ``download_file``),
-        for the optimizer's tasks; built on each call from the container's session."""
-        import boto3
+        for the optimizer's tasks; one per container, over the container's session (boto3
+        registers its class hooks on the session: a second boto3 session over it would
+        inject them twice)."""
+        client = self._aws_clients.get(_S3_TRANSFERS)
+        if client is None:
+            import boto3
 
-        with self._lock:
-            session = self._botocore()
-        return boto3.Session(botocore_session=session).client("s3", region_name=self.settings.aws_region)
+            with self._lock:
+                client = self._aws_clients.get(_S3_TRANSFERS)
+                if client is None:
+                    client = boto3.Session(botocore_session=self._botocore()).client(
+                        "s3", region_name=self.settings.aws_region)
+                    self._aws_clients[_S3_TRANSFERS] = client
+        return client
 
     def _botocore(self) -> botocore.session.Session:
         """The container's botocore session (credentials resolved once); the caller holds ``_lock``."""
@@ -322,12 +331,16 @@ class Runtime:
                            self.cluster)
 
     @cached_property
+    def usage_reports(self) -> UsageReports:
+        return UsageReports(self.control, self.contexts, self.index)
+
+    @cached_property
     def storage_admin(self) -> StorageAdmin:
         return StorageAdmin(self.control, self.storages)
 
     @cached_property
     def group_admin(self) -> GroupAdmin:
-        return GroupAdmin(self.control, self.index, self.purge, UsageReports(self.control, self.contexts, self.index),
+        return GroupAdmin(self.control, self.index, self.purge, self.usage_reports,
                           CapacityReports(lambda: self.aws("stepfunctions"), lambda: self.aws("s3"),
                                           self.settings.sweep_state_machine_arn))
 
@@ -384,6 +397,10 @@ class Runtime:
         return HealthChecks(self.lease, self.control, self.storages, self.health, self.metrics, self.clock)
 
     @cached_property
+    def usage_metrics(self) -> UsageMetrics:
+        return UsageMetrics(self.lease, self.usage_reports, self.metrics)
+
+    @cached_property
     def reporter_liveness(self) -> ReporterLiveness:
         return ReporterLiveness(self.lease, self.config, self.event_reports, self.reporters, self.clock)
 
@@ -391,6 +408,10 @@ class Runtime:
     def instance_tuning(self) -> InstanceTuningJob:
         """Per-instance quota tuning from the event log (``KVCM_EVENT_LOG``: S3 or a directory)."""
         return instance_tuning(self.control, self.settings.event_log_path, lambda: self.aws("s3"), self.clock)
+
+
+#: ``_aws_clients`` entry of the S3 client with boto3's transfer methods.
+_S3_TRANSFERS = "s3+transfers"
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
@@ -161,6 +162,7 @@ class CacheService:
         is False, a visible reported one (docs/api-v2.md): the stored one is served when
         both exist. Without event-report storages in the group this is one round trip;
         with them, the reported locations are read first (one more)."""
+        started = time.perf_counter()
         ctx = self.contexts(req.instance_id)
         if req.query_type == QueryType.QT_UNSPECIFIED:
             raise InvalidArgumentError("field 'query_type' is required")
@@ -207,8 +209,15 @@ class CacheService:
                 else:
                     hits += 1
                 texts.append(text)
-        self.metrics.observe(_MATCH_METRICS[req.query_type], hits, {"instance_id": ctx.instance_id})
-        self.metrics.observe(_ASKED_METRICS[req.query_type], len(asked), {"instance_id": ctx.instance_id})
+        tags = {"instance_id": ctx.instance_id}
+        self.metrics.observe(_MATCH_METRICS[req.query_type], hits, tags)
+        self.metrics.observe(_ASKED_METRICS[req.query_type], len(asked), tags)
+        # UPSTREAM_V2 §2.16's names: hit rate = rate(hit) / rate(query).
+        self.metrics.observe("manager.request_key_count", len(keys), tags)
+        self.metrics.incr("manager.get_cache_location_query_block_counter", len(asked), tags)
+        self.metrics.incr("manager.get_cache_location_hit_block_counter", hits, tags)
+        if req.query_type == QueryType.QT_PREFIX_MATCH:
+            self.metrics.observe("manager.prefix_match_time_us", (time.perf_counter() - started) * 1e6, tags)
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
 
     def _reported(self, ctx: InstanceContext, keys: list[int], names: Optional[frozenset[str]] = None

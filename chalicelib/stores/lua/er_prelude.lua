@@ -36,11 +36,6 @@ local function er_fields(blob, from, to)
   return list
 end
 
-local function er_decode(raw)
-  if not raw then return {} end
-  return cmsgpack.unpack(raw)
-end
-
 local function er_set(words)
   local set = {}
   for w in string.gmatch(words or '', '%S+') do set[w] = true end
@@ -59,22 +54,6 @@ end
 -- the committed snapshot when the reporter is strict.
 local function er_visible_version(view, version)
   return not view.ret[version] and (not view.strict or version == view.com)
-end
-
--- The visible spec names of a location under ``view`` (nil when the location is hidden):
--- specs of retired generations are hidden; a strict reporter's location needs one spec of
--- its committed snapshot.
-local function er_visible_specs(view, specs)
-  local names, committed = {}, false
-  for i = 1, #specs, 3 do
-    local version = specs[i + 2]
-    if not view.ret[version] then
-      names[#names + 1] = specs[i]
-      if version == view.com then committed = true end
-    end
-  end
-  if #names == 0 or (view.strict and not committed) then return nil end
-  return names
 end
 
 local function hgetall_table(key)
