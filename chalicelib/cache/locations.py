@@ -9,7 +9,7 @@ location costs one struct unpack and one %-format, and the response splices the 
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from ..index import Status
 from ..index.layout import HEADER, LOCATION
@@ -20,7 +20,6 @@ from .context import InstanceContext, StorageState
 # Plain ints: the hot path compares raw status bytes with them.
 SERVING_ONLY = (int(Status.SERVING),)
 ANY_STATUS = (int(Status.WRITING), int(Status.SERVING), int(Status.DELETING))
-_UNKNOWN = object()
 
 #: A location in a record (index/layout.py): status, storage index, spec group, location id
 #: (high 8 and low 32 bits), group id (high 16 and low 32 bits), slot.
@@ -42,7 +41,7 @@ def location_template(type_name: str, names: Sequence[str], formats: Sequence[Ur
     # A URI template's static text has its '%' doubled already, and JSON escaping never
     # adds or removes one: json.dumps of the template is the template of the JSON string.
     specs = ",".join(f'{{"name":{_literal(name)},"uri":{json.dumps(fmt.template)}}}'
-                     for name, fmt in zip(names, formats))
+                     for name, fmt in zip(names, formats, strict=True))
     return f'{{"type":{_literal(type_name)},"spec_size":{len(names)},"location_specs":[{specs}]}}'
 
 
@@ -55,33 +54,38 @@ def joined_args(formats: Sequence[UriFormat]) -> UriArgs:
         return first
     rest = joined_args(formats[1:])
 
-    def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+    def args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
         return first(block_key, location_id, group_id, slot) + rest(block_key, location_id, group_id, slot)
 
     return args
 
 
-def _no_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple:
+def _no_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
     return ()
+
+
+#: "Not prepared yet" in the renderer's cache, told apart by identity (a Prepared, so the
+#: cache's lookups stay typed).
+_UNKNOWN: Prepared = ("", _no_args)
 
 
 class LocationRenderer:
     """Renders locations of one instance's records as JSON, filtered to ``spec_names``."""
 
     def __init__(self, ctx: InstanceContext, storage_name: Callable[[int], str],
-                 spec_names: Optional[frozenset] = None) -> None:
+                 spec_names: frozenset[str] | None = None) -> None:
         self._ctx = ctx
         self._storage_name = storage_name
         self._filter = spec_names
-        self._states: dict[int, Optional[StorageState]] = {}
+        self._states: dict[int, StorageState | None] = {}
         self._by_storage: dict[tuple[str, int], Prepared] = {}
-        self._by_index: dict[tuple[int, int], Optional[Prepared]] = {}
+        self._by_index: dict[tuple[int, int], Prepared | None] = {}
 
     def _slots(self, spec_group: int) -> tuple[SpecSlot, ...]:
         slots = self._ctx.spec_layout.slots(spec_group)
         return slots if self._filter is None else tuple(s for s in slots if s.name in self._filter)
 
-    def _state(self, sidx: int) -> Optional[StorageState]:
+    def _state(self, sidx: int) -> StorageState | None:
         """The storage of an index if it may serve reads now, else None."""
         if sidx not in self._states:
             state = self._ctx.by_name.get(self._storage_name(sidx))
@@ -100,7 +104,7 @@ class LocationRenderer:
             self._by_storage[key] = found
         return found
 
-    def _prepared_at(self, sidx: int, spec_group: int) -> Optional[Prepared]:
+    def _prepared_at(self, sidx: int, spec_group: int) -> Prepared | None:
         """Like ``prepared`` for a storage index; None when that storage may not serve now."""
         key = (sidx, spec_group)
         if key not in self._by_index:
@@ -108,7 +112,7 @@ class LocationRenderer:
             self._by_index[key] = self.prepared(state, spec_group) if state is not None else None
         return self._by_index[key]
 
-    def render(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> Optional[str]:
+    def render(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> str | None:
         """JSON of the fastest available location of a record among ``statuses``, or None."""
         if raw[_COUNT_AT] == 1:  # the usual record: one location
             status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(
@@ -129,7 +133,7 @@ class LocationRenderer:
         template, args = prepared
         return template % args(block_key, (id_hi << 32) | id_lo, (group_hi << 32) | group_lo, slot)
 
-    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> Optional[int]:
+    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> int | None:
         """Among replicas, the offset of the available one with the lowest read weight."""
         best, best_offset = None, None
         for offset in range(_FIRST_LOCATION, _FIRST_LOCATION + raw[_COUNT_AT] * _LOCATION_LEN, _LOCATION_LEN):
