@@ -12,7 +12,8 @@ import json
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Optional, Sequence
+from typing import Protocol
+from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex, Status, Usage
@@ -70,6 +71,16 @@ _ASKED_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_asked",
                   QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_asked"}
 
 
+class KeysRequest(Protocol):
+    """A request naming its keys by block key or by token ids."""
+
+    @property
+    def block_keys(self) -> Sequence[int]: ...
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+
 class NoAvailableStorageError(StorageIOError):
     """Every storage of the group is unavailable."""
 
@@ -107,7 +118,7 @@ class CacheService:
                  purge: PurgeService, clock: Clock, settings: Settings, metrics: MetricsRegistry,
                  on_capacity_refused: Callable[[str], None] = lambda group: None,
                  make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0,
-                 reported: Callable[[str, InstanceGroup, list[int]], Optional[list[list[Reported]]]]
+                 reported: Callable[[str, InstanceGroup, list[int]], list[list[Reported]] | None]
                  = lambda instance_id, group, keys: None) -> None:
         self.index = index
         #: ``reported(instance_id, group, keys)``: per key, its visible reported locations;
@@ -130,7 +141,7 @@ class CacheService:
 
     # ---------------------------------------------------------------- helpers
 
-    def _keys(self, ctx: InstanceContext, req) -> list[int]:
+    def _keys(self, ctx: InstanceContext, req: KeysRequest) -> list[int]:
         return request_keys(req.block_keys, req.token_ids, ctx.block_size, self.settings.max_keys_per_request)
 
     def _storage_name(self, ctx: InstanceContext, sidx: int) -> str:
@@ -140,10 +151,10 @@ class CacheService:
             self._storage_names[ctx.instance_id] = names
         return names.get(sidx, "")
 
-    def _renderer(self, ctx: InstanceContext, spec_names: Optional[frozenset] = None) -> LocationRenderer:
+    def _renderer(self, ctx: InstanceContext, spec_names: frozenset[str] | None = None) -> LocationRenderer:
         return LocationRenderer(ctx, lambda sidx: self._storage_name(ctx, sidx), spec_names)
 
-    def _spec_filter(self, ctx: InstanceContext, names: Sequence[str]) -> Optional[frozenset]:
+    def _spec_filter(self, ctx: InstanceContext, names: Sequence[str]) -> frozenset[str] | None:
         if not names:
             return None
         known = {s.name for s in ctx.spec_layout.specs}
@@ -175,7 +186,7 @@ class CacheService:
         asked = keys
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             flags = masked_flags(req.block_mask, len(keys), "block_mask")
-            asked = [k for k, masked in zip(keys, flags) if not masked]
+            asked = [k for k, masked in zip(keys, flags, strict=True) if not masked]
         if ctx.storages and not any(s.available for s in ctx.storages):
             raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
         reported = (self._reported_texts(ctx, asked, names) if with_reported else None) or []
@@ -184,7 +195,8 @@ class CacheService:
         texts: list[str] = []
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             raws = self.index.read_raw(ctx.layout, asked, MODE_PREFIX, servable=ctx.servable, covered=covered)
-            for i, (key, raw) in enumerate(zip(asked, raws)):
+            # the prefix read stops at the first key it cannot serve: fewer raws than keys
+            for i, (key, raw) in enumerate(zip(asked, raws, strict=False)):
                 text = renderer.render(key, raw) if raw is not None else None
                 if text is None and covered:
                     text = reported[i]
@@ -197,10 +209,11 @@ class CacheService:
             raws = self.index.read_raw(ctx.layout, keys, mode, req.sw_size, ctx.servable, covered)
             window = range(len(keys))
             if covered and mode == MODE_WINDOW:
-                window = rightmost_window([r is not None or c for r, c in zip(raws, covered)], req.sw_size)
+                window = rightmost_window([r is not None or c for r, c in zip(raws, covered, strict=True)],
+                                          req.sw_size)
             padding = renderer.padding()
             hits = 0
-            for i, (key, raw) in enumerate(zip(keys, raws)):
+            for i, (key, raw) in enumerate(zip(keys, raws, strict=True)):
                 text = renderer.render(key, raw) if raw is not None else None
                 if text is None and covered and i in window:
                     text = reported[i]
@@ -220,8 +233,8 @@ class CacheService:
             self.metrics.observe("manager.prefix_match_time_us", (time.perf_counter() - started) * 1e6, tags)
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
 
-    def _reported(self, ctx: InstanceContext, keys: list[int], names: Optional[frozenset[str]] = None
-                  ) -> Optional[list[Optional[tuple[str, str, list[tuple[str, str]]]]]]:
+    def _reported(self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None = None
+                  ) -> list[tuple[str, str, list[tuple[str, str]]] | None] | None:
         """Per key, the reported location served for it (event_reports.pick_reported) or
         None; None for all when the group has no event-report storage (no round trip)."""
         found = self.reported(ctx.instance_id, ctx.group, keys)
@@ -229,8 +242,8 @@ class CacheService:
             return None
         return [pick_reported(locs, names) if locs else None for locs in found]
 
-    def _reported_texts(self, ctx: InstanceContext, keys: list[int], names: Optional[frozenset[str]]
-                        ) -> Optional[list[Optional[str]]]:
+    def _reported_texts(self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None
+                        ) -> list[str | None] | None:
         picked = self._reported(ctx, keys, names)
         if picked is None:
             return None
@@ -242,30 +255,30 @@ class CacheService:
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
-        wanted = [k for k, masked in zip(keys, flags) if not masked]
+        wanted = [k for k, masked in zip(keys, flags, strict=True) if not masked]
         renderer = self._renderer(ctx)
         padding = renderer.padding()
         reported = self._reported(ctx, wanted) or [None] * len(wanted)
         texts, metas = [], []
-        for key, raw, other in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW), reported):
+        for key, raw, other in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW), reported, strict=True):
             record = decode_record(raw) if raw is not None else None
             if (record is None or not record.locations) and other is not None:
                 metas.append(json.dumps({"id": other[1], "status": CacheLocationStatus.CLS_SERVING.name}))
                 texts.append(reported_location_json(other[0], other[2]))
                 continue
-            if record is None or not record.locations:
+            if raw is None or record is None or not record.locations:
                 metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
                 texts.append(padding)
                 continue
-            loc = next((l for s in (Status.SERVING, Status.WRITING, Status.DELETING)
-                        for l in record.locations if l.status == s))
+            loc = next(candidate for s in (Status.SERVING, Status.WRITING, Status.DELETING)
+                        for candidate in record.locations if candidate.status == s)
             metas.append(json.dumps({"id": str(loc.location_id), "status": _STATUS_NAMES[loc.status].name}))
             texts.append(renderer.render(key, raw, ANY_STATUS) or padding)
         return GetCacheMetaResponse(locations=CacheLocations(texts), metas=metas)
 
     # ---------------------------------------------------------------- writes
 
-    def _group_live_usage(self, ctx: InstanceContext, fresh: bool = False) -> Optional[Usage]:
+    def _group_live_usage(self, ctx: InstanceContext, fresh: bool = False) -> Usage | None:
         """The group's live usage as this container last read it (None: the group has no
         quota, so it is never needed)."""
         quota = ctx.group.quota
@@ -358,7 +371,7 @@ class CacheService:
             self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
             self.deleter.submit(ctx, list(outcome.victims))
             if explicit:
-                unused = [g for g, c in zip(explicit, outcome.written_to or outcome.new_flags) if c != 1]
+                unused = [g for g, c in zip(explicit, outcome.written_to or outcome.new_flags, strict=True) if c != 1]
                 if unused:
                     backend.unreserve(ctx.instance_id, unused, sizes[0])
             try:
@@ -376,7 +389,7 @@ class CacheService:
 
     @staticmethod
     def _check_response_size(ctx: InstanceContext, renderer: LocationRenderer, keys: list[int],
-                             spec_groups: list[int], candidates: list) -> None:
+                             spec_groups: list[int], candidates: list[StorageState]) -> None:
         """Refuse a start whose response could pass ``MAX_RESPONSE_BYTES`` if every key
         were new, on the candidate with the longest locations."""
         widest: dict[int, int] = {}
@@ -421,7 +434,7 @@ class CacheService:
         data missing (``StorageBackend.might_exist`` False; unknown counts as present): one
         read of the keys' records, then one batch probe per storage holding some."""
         by_storage: dict[int, list[BlockRef]] = {}
-        for key, raw in zip(keys, self.index.read_raw(ctx.layout, keys, MODE_RAW)):
+        for key, raw in zip(keys, self.index.read_raw(ctx.layout, keys, MODE_RAW), strict=True):
             record = decode_record(raw) if raw is not None else None
             for loc in record.locations if record is not None else ():
                 if loc.status == Status.SERVING:
@@ -433,11 +446,12 @@ class CacheService:
             backend = ctx.backend(self._storage_name(ctx, sidx))
             if backend is None:
                 continue
-            stale += [(b.block_key, b.location_id) for b, present in zip(blocks, backend.might_exist(blocks))
+            answers = backend.might_exist(blocks)
+            stale += [(b.block_key, b.location_id) for b, present in zip(blocks, answers, strict=True)
                       if present is False]
         return stale
 
-    def fail_session(self, ctx: InstanceContext, session_id: str) -> Optional[int]:
+    def fail_session(self, ctx: InstanceContext, session_id: str) -> int | None:
         """Fail a write session now: its WRITING locations go to deletion and a later finish
         is refused. Returns how many locations, or None when the session is already gone
         (finished or failed meanwhile)."""
@@ -469,8 +483,8 @@ class CacheService:
             raise InvalidArgumentError("field 'success_blocks' is required")
         session = self.index.session(ctx.layout, req.write_session_id)
         if session is None:
-            raise WriteSessionError(
-                f"write session {req.write_session_id!r} of instance {req.instance_id!r} is unknown, finished or expired")
+            raise WriteSessionError(f"write session {req.write_session_id!r} of instance {req.instance_id!r} "
+                                    f"is unknown, finished or expired")
         success = masked_flags(req.success_blocks, len(session.entries), "success_blocks")
         expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success,
                                              ctx.spec_layout.sizes)
@@ -487,7 +501,7 @@ class CacheService:
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         delay_ms = ctx.delete_delay_ms
-        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags) if not m],
+        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags, strict=True) if not m],
                                            ctx.spec_layout.sizes,
                                            resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
         self.deleter.submit(ctx, victims, delay_ms)
