@@ -10,16 +10,18 @@ import json
 import random
 import re
 import time
-from typing import Optional
+from typing import TypeVar
 
 from ..clock import Clock, now_ms
 from ..control.config_cache import ConfigCache
+from ..control.records import InstanceRecord
 from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import ErrorCode, QueryType, ReportEventType, StorageType
 from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from ..protocol.models import (EVENT_REPORT_TYPES, EventItem, GetHostCacheStateRequest, GetHostCacheStateResponse,
                                HostCacheMatch, InstanceGroup, ReportEventRequest, ReportEventResponse, ReportedSpec,
-                               ResponseHeader, Status, StorageConfig)
+                               EventReportStorageSpec, ResponseHeader, Status, StorageConfig)
+from ..storage.checks import spec_of
 from ..stores.reporters import (RID_TYPES, Event, Liveness, ReporterStore, add_event, delete_event,
                                 heartbeat_event, host_down_event, register_event, reporter_id, snapshot_event)
 
@@ -45,8 +47,8 @@ def merge_specs(locations: list[Reported]) -> list[tuple[str, str]]:
     return list(merged.items())
 
 
-def pick_reported(locations: list[Reported], names: Optional[frozenset[str]] = None
-                  ) -> Optional[tuple[str, str, list[tuple[str, str]]]]:
+def pick_reported(locations: list[Reported], names: frozenset[str] | None = None
+                  ) -> tuple[str, str, list[tuple[str, str]]] | None:
     """One key's reported location as getCacheLocation serves it: (wire type name, location
     id, specs), or None when no reporter holds a spec of ``names`` (None: any). As upstream's
     weighted pick among backends with equal weights: a reporter at random, its media merged."""
@@ -75,7 +77,8 @@ class ItemError(Exception):
 
 def liveness_of(config: StorageConfig) -> Liveness:
     """The storage's settings, upstream's defaults for those left at 0."""
-    spec, default = config.event_report, Liveness()
+    spec: EventReportStorageSpec = spec_of(config, "event_report")
+    default = Liveness()
     return Liveness(heartbeat_timeout_ms=spec.heartbeat_timeout_ms or default.heartbeat_timeout_ms,
                     cleanup_grace_ms=spec.cleanup_grace_ms or default.cleanup_grace_ms,
                     snapshot_min_interval_ms=spec.snapshot_min_interval_ms or default.snapshot_min_interval_ms)
@@ -116,6 +119,16 @@ def _specs(specs: list[ReportedSpec], what: str) -> list[tuple[str, str]]:
     return [(spec.name, spec.uri) for spec in specs]
 
 
+P = TypeVar("P")
+
+
+def _payload(payload: P | None) -> P:
+    """A payload ``EventItem.payload_matches`` vouched for."""
+    if payload is None:
+        raise AssertionError("payload_matches let an event without its payload through")
+    return payload
+
+
 def _encode(item: EventItem, i: int) -> Event:
     """The script's encoding of a valid item; ItemError names what is wrong."""
     what = f"events[{i}]"
@@ -124,24 +137,24 @@ def _encode(item: EventItem, i: int) -> Event:
     kind = item.event_type
     if kind == ReportEventType.EVENT_NODE_REGISTER:
         return register_event([_name(m, f"{what}.node_register.mediums[{j}]")
-                               for j, m in enumerate(item.node_register.mediums)])
+                               for j, m in enumerate(_payload(item.node_register).mediums)])
     if kind == ReportEventType.EVENT_HEARTBEAT:
         return heartbeat_event()
     if kind == ReportEventType.EVENT_HOST_DOWN:
         return host_down_event()
     if kind == ReportEventType.EVENT_BLOCK_ADD:
-        add = item.block_add
+        add = _payload(item.block_add)
         return add_event(_block_key(add.block_key, f"{what}.block_add.block_key"),
                          _name(add.medium, f"{what}.block_add.medium"), _specs(add.specs, f"{what}.block_add"))
     if kind == ReportEventType.EVENT_BLOCK_DELETE:
-        delete = item.block_delete
+        delete = _payload(item.block_delete)
         key = _block_key(delete.block_key, f"{what}.block_delete.block_key")
         medium = _name(delete.medium, f"{what}.block_delete.medium")
         if not delete.spec_names or len(set(delete.spec_names)) != len(delete.spec_names) or not all(delete.spec_names):
             raise ItemError(f"{what}.block_delete.spec_names must be non-empty, unique names")
         return delete_event(key, medium, delete.spec_names)
     blocks, seen = [], set()
-    for j, block in enumerate(item.block_snapshot.blocks):
+    for j, block in enumerate(_payload(item.block_snapshot).blocks):
         where = f"{what}.block_snapshot.blocks[{j}]"
         key, medium = _block_key(block.block_key, f"{where}.block_key"), _name(block.medium, f"{where}.medium")
         if (key, medium) in seen:
@@ -151,10 +164,10 @@ def _encode(item: EventItem, i: int) -> Event:
     return snapshot_event(blocks)
 
 
-def encode_events(events: list[EventItem]) -> tuple[list[Optional[ErrorCode]], list[Event]]:
+def encode_events(events: list[EventItem]) -> tuple[list[ErrorCode | None], list[Event]]:
     """(per event: INVALID_ARGUMENT or None for a valid one, the valid ones as the report
     script reads them)."""
-    codes: list[Optional[ErrorCode]] = []
+    codes: list[ErrorCode | None] = []
     encoded = []
     for i, item in enumerate(events):
         try:
@@ -177,7 +190,7 @@ def _check_shape(events: list[EventItem]) -> None:
         raise InvalidArgumentError("field 'events': EVENT_HOST_DOWN must be the only event")
 
 
-def _mamba_specs(record) -> tuple[list[str], list[str]]:
+def _mamba_specs(record: InstanceRecord) -> tuple[list[str], list[str]]:
     full, states = [], []
     for group in record.location_spec_groups:
         kind = group.name[:1]
@@ -233,7 +246,7 @@ class EventReports:
         return self.reporters.visible_locations(instance_id, keys, now_ms(self.clock), self.heartbeat_timeouts(group))
 
     def visible_if_configured(self, instance_id: str, group: InstanceGroup,
-                              keys: list[int]) -> Optional[list[list[Reported]]]:
+                              keys: list[int]) -> list[list[Reported]] | None:
         """``visible_locations``, or None without a round trip when the group has no
         event-report storage (nothing can be reported for its instances)."""
         timeouts = self.heartbeat_timeouts(group)
@@ -244,7 +257,7 @@ class EventReports:
     def _count(self, req: ReportEventRequest, group: str, results: list[ErrorCode], started: float) -> None:
         """upstream's ``event_report.*`` metrics (UPSTREAM_V2 §2.1), per event type."""
         tags = {"instance_group": group, "instance_id": req.instance_id, "type": req.storage_type.name[3:].lower()}
-        for item, code in zip(req.events, results):
+        for item, code in zip(req.events, results, strict=True):
             event_tags = {**tags, "event_type": item.event_type.name}
             self.metrics.incr("event_report.request_counter", 1, event_tags)
             if code != ErrorCode.OK:
