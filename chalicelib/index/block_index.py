@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any, cast
 from collections.abc import Callable, Iterator, Sequence
 
-import redis
 from redis.commands.core import Script
 from redis.typing import EncodableT, KeyT
 
 from ..clock import Clock
 from ..observability.logging import logger
-from ..stores.valkey import lua_source, valkey_errors
+from ..stores.valkey import Valkey, lua_source, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
 from .layout import (
     PACKED_GROUP, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, ReadMode, StartRefusal, StartResult,
@@ -356,7 +355,7 @@ class BlockIndex:
     #: Buckets per round trip when reading many (scans, removal, migration).
     SCAN_BATCH = 64
 
-    def __init__(self, client: redis.Redis, prefix: str, clock: Clock) -> None:
+    def __init__(self, client: Valkey, prefix: str, clock: Clock) -> None:
         self.client = client
         self.prefix = prefix
         self.clock = clock
