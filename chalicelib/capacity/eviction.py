@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from ..clock import Clock
 from ..index import BlockIndex
@@ -53,9 +53,9 @@ class WritePathEviction:
     """``eviction(ctx, refusal) -> bytes marked``: called by the cache service when a
     start is refused for capacity; never raises (a failure means "no room made")."""
 
-    def __init__(self, index: BlockIndex, deleter: "Deleter", clock: Clock,
-                 events: Optional["EventLog"] = None, metrics: Optional["MetricsRegistry"] = None,
-                 rng: Optional[random.Random] = None, config: SamplingConfig = WRITE_PATH_SAMPLING) -> None:
+    def __init__(self, index: BlockIndex, deleter: Deleter, clock: Clock,
+                 events: EventLog | None = None, metrics: MetricsRegistry | None = None,
+                 rng: random.Random | None = None, config: SamplingConfig = WRITE_PATH_SAMPLING) -> None:
         self.index = index
         self.deleter = deleter
         self.clock = clock
@@ -64,7 +64,7 @@ class WritePathEviction:
         self.rng = rng or random.Random()
         self.config = config
 
-    def __call__(self, ctx: "InstanceContext", refusal: QuotaExceededError, attempt: int = 0,
+    def __call__(self, ctx: InstanceContext, refusal: QuotaExceededError, attempt: int = 0,
                  protected: frozenset[int] = frozenset()) -> int:
         """Mark victims for ``refusal`` (the ``attempt``-th for this write), never one of
         ``protected`` (the write's own keys: its prefix is in use); returns bytes marked."""
@@ -89,7 +89,7 @@ class WritePathEviction:
             return 0
 
     @staticmethod
-    def _need(ctx: "InstanceContext", refusal: QuotaExceededError, scale: int) -> Optional[Need]:
+    def _need(ctx: InstanceContext, refusal: QuotaExceededError, scale: int) -> Need | None:
         """``scale`` times the refusal's shortfall plus ``HEADROOM_PERCENT`` of its limit."""
         shortfall = scale * max(1, refusal.shortfall)
         block = max(1, ctx.spec_layout.sizes[0])

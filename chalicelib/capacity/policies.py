@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Iterable, Optional
+from typing import ClassVar
+from collections.abc import Iterable
 
 from ..protocol.codes import ReclaimPolicy
 from ..protocol.models import CacheReclaimStrategy
@@ -21,7 +22,7 @@ class Candidate:
 
     block_key: int
     location_id: int
-    parent: Optional[int]
+    parent: int | None
     #: Live children (blocks whose prefix parent this is), as far as this round knows.
     children: int
     last_access_s: int
@@ -101,7 +102,7 @@ class TTLPolicy(VictimPolicy):
         return self.expires and now_s - candidate.last_access_s > self.ttl_s
 
 
-def policy_for(strategy: Optional[CacheReclaimStrategy], lfu_decay_s: int) -> VictimPolicy:
+def policy_for(strategy: CacheReclaimStrategy | None, lfu_decay_s: int) -> VictimPolicy:
     """The policy a group's reclaim strategy names (unspecified: LRU, the default)."""
     if strategy is None:
         return LRUPolicy()

@@ -24,7 +24,8 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex, Usage, Victim
@@ -34,7 +35,7 @@ from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup
 from ..stores.lease import Lease
 from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit
-from .policies import Candidate, LRUPolicy, VictimPolicy, policy_for
+from .policies import Candidate, LRUPolicy, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
 from .stranded import stranded_locations
 from .watermark import Limits, Need, Plan, assess, own_needs, split
@@ -172,9 +173,9 @@ class Reclaimer:
     rotating sweeps are; so one Reclaimer per process (``reclaim_handler`` keeps it)."""
 
     def __init__(self, index: BlockIndex, directory: GroupDirectory,
-                 contexts: Callable[[str], "InstanceContext"], deleter: "Deleter", clock: Clock,
-                 events: Optional["EventLog"] = None, metrics: Optional["MetricsRegistry"] = None,
-                 rng: Optional[random.Random] = None, config: SamplingConfig = SamplingConfig()) -> None:
+                 contexts: Callable[[str], InstanceContext], deleter: Deleter, clock: Clock,
+                 events: EventLog | None = None, metrics: MetricsRegistry | None = None,
+                 rng: random.Random | None = None, config: SamplingConfig = SamplingConfig()) -> None:
         self.index = index
         self.directory = directory
         self.contexts = contexts
@@ -194,7 +195,7 @@ class Reclaimer:
         now = self.clock.now()
         groups = self.directory.groups()
         woken = self.index.take_reclaim_requests()
-        usages = dict(zip((g.name for g in groups), self.index.group_usage([g.name for g in groups])))
+        usages = dict(zip((g.name for g in groups), self.index.group_usage([g.name for g in groups]), strict=True))
         self._states = {g.name: self._states.get(g.name, _GroupState()) for g in groups}
         report = ReclaimReport(handed_over=self._hand_over_queued())
         for group in groups:
@@ -234,7 +235,8 @@ class Reclaimer:
                 state.over = False
                 return report
             contexts = self._contexts(self.directory.members(group.name))
-            live = {c.instance_id: u.live() for c, u in zip(contexts, self.index.usage([c.layout for c in contexts]))}
+            usage_of = self.index.usage([c.layout for c in contexts])
+            live = {c.instance_id: u.live() for c, u in zip(contexts, usage_of, strict=True)}
             report.plan = assess(limits, live, pressure)
             if report.swept:
                 state.next_sweep = now + period
@@ -276,11 +278,11 @@ class Reclaimer:
         state.over = report.plan.needed and report.victims > 0
         return report
 
-    def _sampler(self, ctx: "InstanceContext", storage_name: str) -> BucketSampler:
+    def _sampler(self, ctx: InstanceContext, storage_name: str) -> BucketSampler:
         return BucketSampler(self.index, ctx.layout, self.index.storage_table(ctx.layout), ctx.spec_layout.sizes,
                              self.rng, self.config, storage_name)
 
-    def _group_lru(self, group: str, contexts: Sequence["InstanceContext"], live: dict[str, Usage], plan: Plan,
+    def _group_lru(self, group: str, contexts: Sequence[InstanceContext], live: dict[str, Usage], plan: Plan,
                    policy: LRUPolicy, storage_name: str, now: float, submit: Submit) -> dict[str, InstanceReport]:
         """The group's bytes (total and per type) freed in one recency order across its
         instances (``instance.PooledReclaim``); returns what each instance gave."""
@@ -300,7 +302,7 @@ class Reclaimer:
     def _hand_over_queued(self) -> int:
         """Hand the victims the write path queued (``QueuedDeleter``) to the deleter,
         after each group's delete delay; returns how many."""
-        contexts: dict[str, "InstanceContext"] = {}
+        contexts: dict[str, InstanceContext] = {}
 
         def layout_of(instance_id: str):
             try:
@@ -321,7 +323,7 @@ class Reclaimer:
             total += len(victims)
         return total
 
-    def _sweep_share(self, contexts: Sequence["InstanceContext"], state: _GroupState) -> set[str]:
+    def _sweep_share(self, contexts: Sequence[InstanceContext], state: _GroupState) -> set[str]:
         """The instances whose TTL sweep advances this look: a rotating share."""
         if not contexts:
             return set()
@@ -352,7 +354,7 @@ class Reclaimer:
             total += self._resubmit_instance(ctx, self.index.lost_deletions_before_s(delays.get(ctx.group.name, 0)))
         return total
 
-    def _resubmit_instance(self, ctx: "InstanceContext", lost_before_s: int) -> int:
+    def _resubmit_instance(self, ctx: InstanceContext, lost_before_s: int) -> int:
         window = self.index.advance_sweep(ctx.layout, STRANDED_BUCKETS_PER_VISIT, cursor="stranded")
         found = stranded_locations(self.index.read_buckets(ctx.layout, window), lost_before_s)
         if not found:
@@ -389,7 +391,7 @@ class Reclaimer:
                     "instance_group": group.name, "correction": correction.fields()})
             return
 
-    def _contexts(self, instance_ids: Sequence[str]) -> list["InstanceContext"]:
+    def _contexts(self, instance_ids: Sequence[str]) -> list[InstanceContext]:
         out = []
         for instance_id in instance_ids:
             try:
@@ -400,11 +402,11 @@ class Reclaimer:
 
 
 
-def submitter(deleter: "Deleter", clock: Clock, group: str, delay_ms: int, events: Optional["EventLog"] = None,
-              metrics: Optional["MetricsRegistry"] = None, metric: str = "cache_reclaimer.block_submit_count") -> Submit:
+def submitter(deleter: Deleter, clock: Clock, group: str, delay_ms: int, events: EventLog | None = None,
+              metrics: MetricsRegistry | None = None, metric: str = "cache_reclaimer.block_submit_count") -> Submit:
     """Hands victims just marked to deletion after ``delay_ms``, publishing the upstream
     ``CacheReclaimSubmit`` event and counting them in ``metric``."""
-    def submit(ctx: "InstanceContext", taken: Sequence[tuple[Victim, Candidate]]) -> None:
+    def submit(ctx: InstanceContext, taken: Sequence[tuple[Victim, Candidate]]) -> None:
         victims = [v for v, _ in taken]
         deleter.submit(ctx, victims, delay_ms)
         if events is not None:
@@ -448,7 +450,7 @@ class ReclaimJob:
     """One process's reclaim duty: rounds under the background lease (app.py's schedule,
     the local scheduler every second), never two at once, and the write path's wake-ups."""
 
-    def __init__(self, reclaimer: Reclaimer, index: BlockIndex, clock: Clock, lease: Optional[Lease] = None) -> None:
+    def __init__(self, reclaimer: Reclaimer, index: BlockIndex, clock: Clock, lease: Lease | None = None) -> None:
         self.reclaimer = reclaimer
         self.index = index
         self.clock = clock

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..index import BlockIndex, InstanceLayout, Status
 from ..index.block_index import MODE_RAW
@@ -55,7 +55,7 @@ _SPEC_GROUP_AT = LOCATION.offset("spec_group")
 
 
 def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, str]], sizes: Sequence[int],
-                 storage_name: str = "", instance_id: str = "") -> Optional[Candidate]:
+                 storage_name: str = "", instance_id: str = "") -> Candidate | None:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
     given), or None. WRITING and DELETING locations are never candidates."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
@@ -93,7 +93,7 @@ class BucketSampler:
         # Up to ``max_buckets`` distinct occupied buckets (all of them when fewer), drawn
         # once by the server and shuffled by the rng: the round's sample, in order.
         self._order: list[int] = []
-        self._occupied: Optional[int] = None
+        self._occupied: int | None = None
 
     def _count(self) -> int:
         if self._occupied is None:
@@ -145,10 +145,10 @@ class BucketSampler:
         step = self.config.buckets_per_trip
         return [c for i in range(0, len(window), step) for c in self._read(window[i:i + step])]
 
-    def reread(self, block_keys: Sequence[int]) -> dict[int, Optional[bytes]]:
+    def reread(self, block_keys: Sequence[int]) -> dict[int, bytes | None]:
         """Current raw records of ``block_keys`` (None = gone), one round trip, no touch."""
-        return dict(zip(block_keys, self.index.read_raw(self.layout, list(block_keys), MODE_RAW)))
+        return dict(zip(block_keys, self.index.read_raw(self.layout, list(block_keys), MODE_RAW), strict=True))
 
-    def candidate(self, block_key: int, raw: bytes) -> Optional[Candidate]:
+    def candidate(self, block_key: int, raw: bytes) -> Candidate | None:
         """``to_candidate`` with this instance's storages and sizes."""
         return to_candidate(block_key, raw, self.storages, self.sizes, self.storage_name, self.layout.instance_id)

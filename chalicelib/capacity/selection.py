@@ -8,7 +8,7 @@ prefix chain is reclaimed from its end towards its root.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from .policies import Candidate, VictimPolicy
 from .watermark import Need

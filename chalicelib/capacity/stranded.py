@@ -10,7 +10,7 @@ the locations DELETING for longer than the delay plus ``BlockIndex.DELETION_LOST
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..index import Status
 from ..index.records import last_access_s, location_ids

@@ -67,5 +67,5 @@ class UsageReports:
                 except InstanceNotFoundError:
                     continue  # removed since the listing
             usages = self.index.usage([c.layout for c in contexts]) if contexts else []
-            reports.append(group_usage(group, {c.instance_id: u for c, u in zip(contexts, usages)}))
+            reports.append(group_usage(group, {c.instance_id: u for c, u in zip(contexts, usages, strict=True)}))
         return GetInstanceGroupUsageResponse(usage=reports)

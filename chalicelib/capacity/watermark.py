@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from ..index import Usage
 from ..protocol.models import DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_USED_PERCENTAGE, InstanceGroup
@@ -51,7 +51,7 @@ class Limits:
     instance_capacity: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, group: InstanceGroup) -> "Limits":
+    def of(cls, group: InstanceGroup) -> Limits:
         """The limits a stored group (see control/groups.py for the defaults) declares."""
         quota = group.quota
         cache = group.cache_config
@@ -85,7 +85,7 @@ class Limits:
         return math.floor(round(limit * self.used_fraction, 6))
 
 
-def _excess(used: int, trigger: Optional[int], limit: int, step: int, pressure: bool) -> int:
+def _excess(used: int, trigger: int | None, limit: int, step: int, pressure: bool) -> int:
     """What to free now: the amount over ``trigger``, at most one ``step``."""
     if pressure and limit > 0:
         ceiling = limit - min(step, math.ceil(limit * PRESSURE_HEADROOM_PERCENT / 100))
@@ -180,7 +180,7 @@ class Need:
         largest = max([self.bytes, *self.by_type.values()])
         return max(self.keys, _ceil_div(largest, block_bytes) if block_bytes > 0 else 0)
 
-    def copy(self) -> "Need":
+    def copy(self) -> Need:
         return Need(self.bytes, dict(self.by_type), self.keys)
 
 
