@@ -22,7 +22,8 @@ import os
 import random
 import threading
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
 
 from .auth import Authorizer
 from .cache.backend_locations import BackendLocations
@@ -76,13 +77,13 @@ S = TypeVar("S")
 class Runtime:
     """Lazily built clients and services for one container."""
 
-    def __init__(self, settings: Optional[Settings] = None, clock: Optional[Clock] = None,
-                 valkey: Optional[Valkey] = None, aws_clients: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, settings: Settings | None = None, clock: Clock | None = None,
+                 valkey: Valkey | None = None, aws_clients: dict[str, Any] | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
         self._valkey = valkey
         self._aws_clients: dict[str, Any] = dict(aws_clients or {})
-        self._aws_session: Optional[botocore.session.Session] = None
+        self._aws_session: botocore.session.Session | None = None
         self._lock = threading.Lock()
 
     def reconfigure(self, **changes: Any) -> None:
@@ -426,7 +427,7 @@ def _shared_data_loader() -> Any:
 _HANDLERS: dict[type, str] = {MetaService: "meta_service", StorageAdmin: "storage_admin", GroupAdmin: "group_admin",
                               AccountAdmin: "account_admin", ServiceAdmin: "service_admin",
                               DebugService: "debug_service"}
-_runtime: Optional[Runtime] = None
+_runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
@@ -461,7 +462,7 @@ def job(handler: Callable[..., T]) -> Callable[..., T]:
     return run
 
 
-def set_runtime(runtime: Optional[Runtime]) -> None:
+def set_runtime(runtime: Runtime | None) -> None:
     """Install ``runtime`` for this process (tests, the local stack); None resets."""
     global _runtime
     with _runtime_lock:

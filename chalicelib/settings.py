@@ -85,7 +85,7 @@ class Settings:
     cache_gc_round_pause_s: int = 7_200
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         """Read ``KVCM_*`` variables; unset ones keep their defaults."""
         base = cls()
         return cls(
