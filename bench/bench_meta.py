@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import redis  # noqa: E402
+import redis
 
-from bench._common import ValkeyTime, row, timeit_interleaved, timeit_us, valkey_server  # noqa: E402
+from bench._common import ValkeyTime, row, timeit_interleaved, timeit_us, valkey_server
 
 N = 128
 SPECS = [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}]
@@ -123,16 +123,16 @@ def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
             pipe.execute()
 
         next_names = cycle(names)
-        mget = timer.measure(lambda: client.mget(next_names()), calls, SERVER_TIME_ROUNDS)
+        mget = timer.measure(lambda next_names=next_names: client.mget(next_names()), calls, SERVER_TIME_ROUNDS)
         next_names = cycle(names)
-        hset = timer.measure(lambda: hset_all(next_names()), calls, SERVER_TIME_ROUNDS)
+        hset = timer.measure(lambda next_names=next_names: hset_all(next_names()), calls, SERVER_TIME_ROUNDS)
         sessions = []
         next_keys = cycle(batches)
-        start = timer.measure(lambda: sessions.append(rt.cache.start_write_cache(
+        start = timer.measure(lambda sessions=sessions, next_keys=next_keys: sessions.append(rt.cache.start_write_cache(
             StartWriteCacheRequest(instance_id="bench", block_keys=next_keys()))), calls, SERVER_TIME_ROUNDS)
         next_session = cycle(sessions)
 
-        def finish():
+        def finish(next_session=next_session):
             session = next_session()
             rt.cache.finish_write_cache(FinishWriteCacheRequest(
                 instance_id="bench", write_session_id=session.write_session_id,
@@ -146,11 +146,12 @@ def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
                                  ("batch", QueryType.QT_BATCH_GET, 0),
                                  ("window", QueryType.QT_REVERSE_ROLL_SW_MATCH, n // 2)):
             next_keys = cycle(batches)
-            reads[label] = timer.measure(lambda: rt.cache.get_cache_location(GetCacheLocationRequest(
+            reads[label] = timer.measure(lambda query=query, sw=sw, next_keys=next_keys: rt.cache.get_cache_location(
+                GetCacheLocationRequest(
                 instance_id="bench", query_type=query, sw_size=sw, block_keys=next_keys())),
                 calls, SERVER_TIME_ROUNDS)
         next_keys = cycle(batches)
-        removed = timer.measure(lambda: rt.cache.remove_cache(RemoveCacheRequest(
+        removed = timer.measure(lambda next_keys=next_keys: rt.cache.remove_cache(RemoveCacheRequest(
             instance_id="bench", block_keys=next_keys())), calls, SERVER_TIME_ROUNDS)
         client.delete(*[name for chunk in names for name in chunk])
 
@@ -186,7 +187,7 @@ def main() -> None:
             mget_keys = [b"mget:%d" % k for k in keys]
             client.mset({k: b"x" * 40 for k in mget_keys})
             upstream = [b"upstream:bench:%d" % k for k in keys]
-            for name, key in zip(upstream, keys):
+            for name, key in zip(upstream, keys, strict=True):
                 client.hset(name, mapping={"locations": upstream_location_json(key), "write_ts": 1})
 
             def upstream_read():
