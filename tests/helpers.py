@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import threading
 import time
@@ -24,6 +25,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@functools.cache
+def _dynamodb_client(endpoint: str) -> Any:
+    """One DynamoDB client per moto endpoint for every runtime the tests build (a client
+    costs ~6 ms to make; botocore clients are thread-safe). Made by a Runtime, as the
+    service makes its own."""
+    from chalicelib.runtime import Runtime
+    from chalicelib.settings import Settings
+
+    return Runtime(settings=Settings()).aws("dynamodb")
+
+
 def build_runtime(valkey, valkey_url: str, clock=None, *, install: bool = True, **settings: Any):
     """A Runtime on the test Valkey and moto, its control table created (a table of its own
     unless ``control_table`` is given). ``install`` makes it the process's runtime, which
@@ -35,7 +47,8 @@ def build_runtime(valkey, valkey_url: str, clock=None, *, install: bool = True, 
 
     settings.setdefault("control_table", f"ctl-{uuid.uuid4().hex[:8]}")
     settings.setdefault("config_refresh_s", 30.0)
-    runtime = Runtime(settings=Settings(valkey_url=valkey_url, **settings), clock=clock, valkey=valkey)
+    runtime = Runtime(settings=Settings(valkey_url=valkey_url, **settings), clock=clock, valkey=valkey,
+                      aws_clients={"dynamodb": _dynamodb_client(os.environ.get("AWS_ENDPOINT_URL", ""))})
     ensure_table(runtime.aws("dynamodb"), runtime.settings.control_table)
     if install:
         set_runtime(runtime)
