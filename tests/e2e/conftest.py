@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -13,7 +13,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from chalicelib.local import LocalStack, StackConfig
 from chalicelib.local.config import REPO_ROOT
@@ -36,8 +36,8 @@ class Api:
 
     url: str
 
-    def call(self, method: str, body: Union[dict, bytes, str, None] = None,
-             headers: Optional[dict] = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+    def call(self, method: str, body: dict | bytes | str | None = None,
+             headers: dict | None = None, timeout_s: float = 10.0) -> tuple[int, Any]:
         """POST ``body`` (a dict is sent as JSON, bytes/str as is) to ``/api/<method>``."""
         data = body if isinstance(body, bytes) else (
             body.encode() if isinstance(body, str) else json.dumps(body or {}).encode())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 import pytest
 import urllib3
@@ -21,7 +21,7 @@ from kvcm_client import KvcmClient, KvcmError, TransportError
 
 #: What the proxy does with a request: None forwards it, "drop" closes the connection,
 #: a dict is answered as the JSON body.
-Rule = Callable[[str, int], Optional[object]]
+Rule = Callable[[str, int], object | None]
 
 
 class Proxy:

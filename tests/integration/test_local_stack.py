@@ -111,7 +111,7 @@ def test_a_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch):
     assert dict(os.environ) == environ
     assert_no_new_threads(threads_before)
     with pytest.raises(RuntimeError):
-        stack.valkey.url  # stopped
+        _ = stack.valkey.url  # stopped
     assert (tmp_path / "state" / "control.json").exists()  # what was seeded got saved
     assert valkey_servers_in(tmp_path / "state" / "valkey") == []
     e2e_stack(tmp_path / "state").start().stop()  # the state lock was released

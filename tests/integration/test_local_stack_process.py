@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import redis
@@ -59,13 +58,13 @@ class StackProcess:
     state_dir: Path
     env: dict = field(default_factory=dict)
     args: tuple[str, ...] = ()
-    process: Optional[subprocess.Popen] = None
+    process: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.out = self.state_dir.parent / f"stack-{id(self)}.out"
         self.err = self.state_dir.parent / f"stack-{id(self)}.err"
 
-    def launch(self) -> "StackProcess":
+    def launch(self) -> StackProcess:
         environ = {**os.environ, "PYTHONFAULTHANDLER": "1", "KVCM_STATE_DIR": str(self.state_dir),
                    "KVCM_PORT": "0", "KVCM_AWS_PORT": "0", "KVCM_LOCAL_VALKEY_PORT": "0", **self.env}
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
@@ -73,7 +72,7 @@ class StackProcess:
                                             cwd=REPO_ROOT, env=environ, stdout=out, stderr=err)
         return self
 
-    def start(self) -> "StackProcess":
+    def start(self) -> StackProcess:
         """Launch and wait for the banner."""
         self.launch()
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -1,5 +1,4 @@
 """GET /metrics: the service's metrics in the Prometheus text format, over HTTP."""
-import pytest
 
 from chalicelib.protocol.codes import Role
 from tests.integration.control.harness import call, enable_auth

@@ -19,8 +19,6 @@ from chalice.test import Client
 from chalicelib.local.scheduler import app_jobs
 from chalicelib.observability.event_store import group_prefix
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from chalicelib.runtime import set_runtime
-from tests.helpers import build_runtime
 
 BLOCK = 1024
 CAPACITY = 100 * BLOCK
@@ -111,6 +109,7 @@ def test_tuning_shifts_quota_to_the_instance_that_gains_and_the_hit_ratio_rises(
           f"(quotas {quotas}, expected gain {summary['expected_gain']:.3f})")
     assert before < 0.05 and after >= before + 0.25
     # the stream is held to its own quota (write path and reclaimer), the loop kept its set
-    used = dict(zip(("loop", "stream"), runtime.index.usage([runtime.contexts(i).layout for i in ("loop", "stream")])))
+    usages = runtime.index.usage([runtime.contexts(i).layout for i in ("loop", "stream")])
+    used = dict(zip(("loop", "stream"), usages, strict=True))
     assert used["stream"].live().bytes <= quotas["stream"]
     assert used["loop"].live().bytes >= CHAINS * CHAIN * BLOCK

@@ -9,7 +9,6 @@ import json
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
 
 import redis
 
@@ -32,8 +31,8 @@ STORAGES = {"nfs_01": "ST_NFS", "s3_01": "ST_S3"}
 
 def make_group(capacity_blocks: int = 0, used_percentage: float = 0.9, policy: str = "POLICY_LRU",
                step_percentage: int = 10, ttl_seconds: int = 0, max_keys: int = 0, delay_ms: int = 0,
-               type_quota: Optional[dict[str, int]] = None, period_s: int = 10, step_blocks: int = 0,
-               budget: Optional[str] = None) -> InstanceGroup:
+               type_quota: dict[str, int] | None = None, period_s: int = 10, step_blocks: int = 0,
+               budget: str | None = None) -> InstanceGroup:
     """A stored-looking (normalized) group of 1 KiB blocks; ``budget`` is its
     ``instance_reclaim_budget_policy`` (None: absent, the default)."""
     return normalize_group(InstanceGroup.model_validate({

@@ -86,12 +86,12 @@ def test_children_go_before_their_parents(cluster, clock):
     # Extend every chain: the new blocks are the most recent, their parents the oldest,
     # so plain LRU would take the parents first.
     tails = [cluster.keys(2) for _ in chains]
-    for chain, tail in zip(chains, tails):
+    for chain, tail in zip(chains, tails, strict=True):
         cluster.write("i1", chain + tail)
     assert run_until_settled(cluster, cluster.reclaimer()) == [5, 5, 5, 5, 5, 5]
     left = cluster.records("i1")
     assert len(left) == 20
-    for chain, tail in zip(chains, tails):
+    for chain, tail in zip(chains, tails, strict=True):
         full = chain + tail
         kept = [k in left for k in full]
         assert kept == sorted(kept, reverse=True), "a chain lost a block before its descendants"

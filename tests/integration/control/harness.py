@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, ModelDeployment, RegisterInstanceRequest
 
 TABLE = "kvcm-control-test"
 
 
-def post(client, method: str, body: Any = None, raw: Optional[str] = None,
-         headers: Optional[dict] = None) -> tuple[int, dict]:
+def post(client, method: str, body: Any = None, raw: str | None = None,
+         headers: dict | None = None) -> tuple[int, dict]:
     """POST /api/<method>; returns (HTTP status, decoded JSON body)."""
     payload = raw if raw is not None else json.dumps({} if body is None else body)
     response = client.http.post(f"/api/{method}", body=payload,

@@ -51,7 +51,7 @@ def test_child_counts_follow_new_keys_within_and_across_starts(index, layout):
     call, already stored, or named twice; a repeated key is written once."""
     assert start(index, layout, [1, 2, 3]).new_flags == [True, True, True]
     assert start(index, layout, [1, 2, 4, 2, 5], sid="s2").new_flags == [False, False, True, False, True]
-    records = dict(zip([1, 2, 3, 4, 5], index.read(layout, [1, 2, 3, 4, 5], MODE_RAW)))
+    records = dict(zip([1, 2, 3, 4, 5], index.read(layout, [1, 2, 3, 4, 5], MODE_RAW), strict=True))
     assert {k: r.children for k, r in records.items()} == {1: 1, 2: 3, 3: 0, 4: 0, 5: 0}
     assert {k: r.parent for k, r in records.items()} == {1: None, 2: 1, 3: 2, 4: 2, 5: 2}
 

@@ -41,7 +41,8 @@ def remove(index, layout, keys):
 
 
 def children(index, layout, keys):
-    return {k: (None if r is None else r.children) for k, r in zip(keys, index.read(layout, list(keys), MODE_RAW))}
+    records = index.read(layout, list(keys), MODE_RAW)
+    return {k: (None if r is None else r.children) for k, r in zip(keys, records, strict=True)}
 
 
 P, C, D = 10, 11, 12
@@ -154,7 +155,7 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
 
     def sync():
         """Forget records that are gone; return {key: record} of the live ones."""
-        recs = dict(zip(nodes, index.read(layout, list(nodes), MODE_RAW)))
+        recs = dict(zip(nodes, index.read(layout, list(nodes), MODE_RAW), strict=True))
         for key in list(live):
             if recs[key] is None:
                 del live[key]
@@ -169,8 +170,8 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
             before = set(live)
             sid = f"s{step}"
             out = start(index, layout, keys, sid)
-            recs = dict(zip(keys, index.read(layout, keys, MODE_RAW)))
-            for i, (key, new) in enumerate(zip(keys, out.new_flags)):
+            recs = dict(zip(keys, index.read(layout, keys, MODE_RAW), strict=True))
+            for i, (key, new) in enumerate(zip(keys, out.new_flags, strict=True)):
                 if new:
                     link = (keys[i - 1], live[keys[i - 1]][0]) if i > 0 else None
                     live[key] = (recs[key].locations[0].location_id, link)

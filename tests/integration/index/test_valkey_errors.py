@@ -36,4 +36,4 @@ def test_other_errors_stay_what_they_are(error):
 def test_a_cluster_client_that_cannot_connect_is_service_not_ready():
     runtime = Runtime(settings=Settings(valkey_url=f"redis://127.0.0.1:{free_port()}/0", valkey_cluster=True))
     with pytest.raises(ValkeyUnavailableError, match="cannot be connected"):
-        runtime.valkey
+        _ = runtime.valkey

@@ -8,7 +8,7 @@ import pytest
 from chalice.test import Client
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from tests.integration.meta.harness import SPECS, code
+from tests.integration.meta.harness import ER_SPECS, L1, L2, LIVENESS, SPECS, code
 
 
 @pytest.fixture
@@ -56,3 +56,25 @@ def instance(http, group):
                                      "model_deployment": {"model_name": "m", "dtype": "fp16"}})
     assert code(resp) == "OK", resp
     return "i1"
+
+
+@pytest.fixture
+def er(http, group):
+    """Instance e1 of group ger, which has both event-report storages; e2 in gl1 (L1P5 only)."""
+    for name, kind in (("er_l1p5", L1), ("er_l2", L2)):
+        resp = http("addStorage", {"storage": {"global_unique_name": name, "storage_type": kind,
+                                               "event_report": LIVENESS}})
+        assert code(resp) == "OK", resp
+    for name, candidates in (("ger", ["er_l1p5", "er_l2"]), ("gl1", ["er_l1p5"])):
+        resp = http("createInstanceGroup", {"instance_group": {
+            "name": name, "storage_candidates": ["nfs_01"], "event_report_storage_candidates": candidates,
+            "extra_info": '{"zone":"a"}'}})
+        assert code(resp) == "OK", resp
+    for instance, group_name in (("e1", "ger"), ("e2", "gl1")):
+        resp = http("registerInstance", {
+            "instance_group": group_name, "instance_id": instance, "block_size": 4, "location_spec_infos": ER_SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            "location_spec_groups": [{"name": "F0", "spec_names": ["full_0"]},
+                                     {"name": "L0", "spec_names": ["linear_0"]}]})
+        assert code(resp) == "OK", resp
+    return "e1"

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import code
-from .test_report_event import HOST, HOST2, L1, L2, add, er, report  # noqa: F401 - er is a fixture
+from .harness import HOST2, L1, L2, add, code, report
 
 
 def by_backend(http, keys, selectors, **extra):

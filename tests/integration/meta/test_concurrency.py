@@ -37,16 +37,16 @@ def test_concurrent_writers_are_exclusive_and_usage_exact(runtime, instance):
                 mask = start.block_mask
                 new = ([i >= mask.offset for i in range(len(keys))] if mask.offset is not None
                        else [not v for v in mask.bool_masks.values])
-                granted = [k for k, n in zip(keys, new) if n]
+                granted = [k for k, n in zip(keys, new, strict=True) if n]
                 assert len(granted) == len(start.locations)
                 ok = [rng.random() < 0.9 for _ in granted]
                 with lock:
                     grants.update(granted)
-                    successes.update(k for k, s in zip(granted, ok) if s)
+                    successes.update(k for k, s in zip(granted, ok, strict=True) if s)
                 cache.finish_write_cache(FinishWriteCacheRequest(
                     instance_id="i1", write_session_id=start.write_session_id,
                     success_blocks=BlockMask(bool_masks=BoolMasks(values=ok))))
-        except Exception as exc:  # surfaced below
+        except Exception as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(THREADS)]

@@ -147,7 +147,7 @@ def test_trim_strategies(http, instance, clock):
                               "end_timestamp": str(t_mid)})
     assert code(resp) == "OK"
     batch = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [1, 2, 3, 4]})
-    assert [bool(l["location_specs"][0]["uri"]) for l in batch["locations"]] == [False, False, True, True]
+    assert [bool(loc["location_specs"][0]["uri"]) for loc in batch["locations"]] == [False, False, True, True]
     assert code(http("trimCache", {"instance_id": "i1", "strategy": "TS_REMOVE_ALL_META"})) == "OK"
     assert prefix(http, [3, 4])["locations"] == []
     write(http, [5])
@@ -197,7 +197,7 @@ def test_awkward_names_reach_uris_and_json_intact(http, runtime, tmp_path):
     backend = runtime.contexts(instance).by_name["nfs_~2"].backend
     slots = runtime.contexts(instance).spec_layout.slots(0)
     expected = [[backend.uri(BlockRef(instance, key, 0, group, slot, slots), spec) for spec in slots]
-                for key, (group, slot) in zip([-1, 7, 9], [(1, 0), (1, 1), (3, 0)])]
+                for key, (group, slot) in zip([-1, 7, 9], [(1, 0), (1, 1), (3, 0)], strict=True)]
     for resp in (start, prefix(http, [-1, 7, 9], instance_id=instance),
                  http("getCacheMeta", {"instance_id": instance, "block_keys": [-1, 7, 9]})):
         assert [[s["uri"] for s in loc["location_specs"]] for loc in resp["locations"]] == expected

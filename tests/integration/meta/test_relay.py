@@ -18,8 +18,7 @@ from chalicelib.cache.keys import keys_from_tokens
 from connectors.kv_events import block_key, decode_batch
 from connectors.relay import Relay, RelayConfig, Sender, RelayStats, TransportError
 
-from .harness import code
-from .test_report_event import HOST, er, hosts  # noqa: F401 - er is a fixture
+from .harness import HOST, code, hosts
 
 END = (-1).to_bytes(8, "big", signed=True)
 

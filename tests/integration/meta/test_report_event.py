@@ -5,75 +5,8 @@ import re
 
 import pytest
 
-from .harness import code
-
-HOST, HOST2 = "10.0.0.8:8080", "10.0.0.9:8080"
-L1, L2 = "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"
-SPECS = [{"name": "full_0", "size": 1024}, {"name": "linear_0", "size": 256}]
-LIVENESS = {"heartbeat_timeout_ms": 1000, "cleanup_grace_ms": 2000, "liveness_check_interval_ms": 200,
-            "snapshot_min_interval_ms": 30000}
-
-
-@pytest.fixture
-def er(http, group):
-    """Instance e1 of group ger, which has both event-report storages; e2 in gl1 (L1P5 only)."""
-    for name, kind in (("er_l1p5", L1), ("er_l2", L2)):
-        resp = http("addStorage", {"storage": {"global_unique_name": name, "storage_type": kind,
-                                               "event_report": LIVENESS}})
-        assert code(resp) == "OK", resp
-    for name, candidates in (("ger", ["er_l1p5", "er_l2"]), ("gl1", ["er_l1p5"])):
-        resp = http("createInstanceGroup", {"instance_group": {
-            "name": name, "storage_candidates": ["nfs_01"], "event_report_storage_candidates": candidates,
-            "extra_info": '{"zone":"a"}'}})
-        assert code(resp) == "OK", resp
-    for instance, group_name in (("e1", "ger"), ("e2", "gl1")):
-        resp = http("registerInstance", {
-            "instance_group": group_name, "instance_id": instance, "block_size": 4, "location_spec_infos": SPECS,
-            "model_deployment": {"model_name": "m", "dtype": "fp16"},
-            "location_spec_groups": [{"name": "F0", "spec_names": ["full_0"]},
-                                     {"name": "L0", "spec_names": ["linear_0"]}]})
-        assert code(resp) == "OK", resp
-    return "e1"
-
-
-def report(http, events, host=HOST, storage_type=L1, instance="e1"):
-    return http("reportEvent", {"trace_id": "t", "instance_id": instance, "host_ip_port": host,
-                                "storage_type": storage_type, "events": events})
-
-
-def add(key, medium="gpu", **specs):
-    specs = specs or {"full_0": f"event_report://h/gpu/{key}?size=4096"}
-    return {"event_type": "EVENT_BLOCK_ADD", "block_add": {
-        "block_key": str(key), "medium": medium, "specs": [{"name": n, "uri": u} for n, u in specs.items()]}}
-
-
-def delete(key, medium="gpu", names=("full_0",)):
-    return {"event_type": "EVENT_BLOCK_DELETE",
-            "block_delete": {"block_key": str(key), "medium": medium, "spec_names": list(names)}}
-
-
-def snapshot(*blocks):
-    return {"event_type": "EVENT_BLOCK_SNAPSHOT", "block_snapshot": {"blocks": [
-        {"block_key": str(k), "medium": "gpu", "specs": [{"name": "full_0", "uri": f"event_report://h/{k}"}]}
-        for k in blocks]}}
-
-
-REGISTER = {"event_type": "EVENT_NODE_REGISTER", "node_register": {"mediums": ["gpu", "mem"]}}
-HEARTBEAT = {"event_type": "EVENT_HEARTBEAT", "heartbeat": {"system_status": {"load": "0.4"}}}
-HOST_DOWN = {"event_type": "EVENT_HOST_DOWN", "host_down": {}}
-
-
-def hosts(http, keys, instance="e1", **extra):
-    resp = http("getHostCacheState", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH",
-                                      "block_cache_keys": keys, **extra})
-    assert code(resp) == "OK", resp
-    return {h["host_ip_port"]: int(h["local"]) for h in resp["hosts"]}
-
-
-def reported_state(valkey) -> dict:
-    """Every event-report key and its content (what a refused request must leave alone)."""
-    return {key: valkey.dump(key) for key in sorted(valkey.keys("*:er*"))}
-
+from .harness import (ER_SPECS, HEARTBEAT, HOST, HOST2, HOST_DOWN, L1, L2, REGISTER, add, code, delete, hosts,
+                      report, reported_state, snapshot)
 
 # ---------------------------------------------------------------- events
 
@@ -84,7 +17,7 @@ def test_register_then_add_is_visible_with_versioned_uris(http, er, runtime):
     assert first["committed_snapshot_version"] == "" and first["extra_info"] == '{"zone":"a"}'
     assert first["item_results"] == []
     assert http("registerInstance", {"instance_group": "ger", "instance_id": "e1", "block_size": 4,
-                                     "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                                     "location_spec_infos": ER_SPECS, "model_deployment": {"model_name": "m", "dtype": "fp16"},
                                      "location_spec_groups": [{"name": "F0", "spec_names": ["full_0"]},
                                                               {"name": "L0", "spec_names": ["linear_0"]}]})["extra_info"] == '{"zone":"a"}'
     added = report(http, [add(100, full_0="event_report://10.0.0.8:9600/gpu/100?size=4096",
@@ -298,7 +231,7 @@ def test_mamba_prefix_ends_on_a_block_with_state(http, er):
 
 def test_eagle_pop_takes_one_block_off(http, er):
     resp = http("registerInstance", {
-        "instance_group": "ger", "instance_id": "eagle", "block_size": 4, "location_spec_infos": SPECS,
+        "instance_group": "ger", "instance_id": "eagle", "block_size": 4, "location_spec_infos": ER_SPECS,
         "model_deployment": {"model_name": "m", "dtype": "fp16", "use_eagle_pop": True},
         "location_spec_groups": [{"name": "F0", "spec_names": ["full_0"]}, {"name": "L0", "spec_names": ["linear_0"]}],
         "default_query_type": "QT_PREFIX_MATCH_WITH_MAMBA"})

@@ -6,9 +6,7 @@ import json
 
 import pytest
 
-from .harness import code, write
-from .test_report_event import HEARTBEAT, HOST, HOST2, add, report
-from .test_report_event import er as er  # the fixture of the event-report groups
+from .harness import HEARTBEAT, HOST, HOST2, add, code, report, write
 
 L1P5 = "ST_EVENT_REPORT_L1P5"
 

@@ -172,8 +172,8 @@ def test_an_engine_writes_and_reads_blocks_through_kvcm_answers(http, tmp_path, 
     start = http("startWriteCache", {"instance_id": "inst1", "block_keys": KEYS})
     assert code(start) == "OK" and len(start["locations"]) == len(KEYS), start
     written = {}
-    for key, location in zip(KEYS, start["locations"]):
-        for spec_info, spec_location in zip(SPECS, location["location_specs"]):
+    for key, location in zip(KEYS, start["locations"], strict=True):
+        for spec_info, spec_location in zip(SPECS, location["location_specs"], strict=True):
             data = os.urandom(spec_info["size"])
             engine.write(spec_location["uri"], data)
             written[key, spec_location["name"]] = data
@@ -183,7 +183,7 @@ def test_an_engine_writes_and_reads_blocks_through_kvcm_answers(http, tmp_path, 
 
     read = http("getCacheLocation", {"instance_id": "inst1", "query_type": "QT_PREFIX_MATCH", "block_keys": KEYS})
     assert len(read["locations"]) == len(KEYS), read
-    for key, location in zip(KEYS, read["locations"]):
+    for key, location in zip(KEYS, read["locations"], strict=True):
         for spec_location in location["location_specs"]:
             assert engine.read(spec_location["uri"]) == written[key, spec_location["name"]], (key, spec_location)
 

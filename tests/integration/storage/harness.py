@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 from abc import ABC, abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 from urllib.parse import parse_qs, unquote
 
 import boto3
@@ -61,7 +61,7 @@ class Harness(ABC):
             groups = explicit or [0] * len(block_keys)
             slots = [0] * len(block_keys)
         blocks = [BlockRef(instance_id, key, loc, group, slot, tuple(specs))
-                  for key, loc, group, slot in zip(block_keys, locations, groups, slots)]
+                  for key, loc, group, slot in zip(block_keys, locations, groups, slots, strict=True)]
         self.backend.prepare(blocks)
         return blocks
 

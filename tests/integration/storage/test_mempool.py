@@ -1,4 +1,5 @@
 """The memory-pool allocator on a real Valkey: placement, reuse, atomicity, ownership, capacity."""
+import itertools
 import random
 import threading
 
@@ -32,13 +33,13 @@ def place(backend, count, size=100, instance="inst", first_location=1):
 def check_invariants(backend):
     """Ranges are disjoint, free ranges are maximal, and the books balance."""
     snap = backend.snapshot()
-    ranges = sorted([(s, l, "free") for s, l in snap.free] + [(s, l, "used") for s, l in snap.used])
-    for (s1, l1, k1), (s2, _, k2) in zip(ranges, ranges[1:]):
-        assert s1 + l1 <= s2, f"overlap: {(s1, l1, k1)} and {s2}"
-        assert not (k1 == k2 == "free" and s1 + l1 == s2), "touching free ranges were not merged"
-    assert all(l > 0 for _, l, _ in ranges)
-    assert snap.free_bytes == sum(l for _, l in snap.free)
-    assert snap.used_bytes == sum(l for _, l in snap.used)
+    ranges = sorted([(s, n, "free") for s, n in snap.free] + [(s, n, "used") for s, n in snap.used])
+    for (s1, n1, k1), (s2, _, k2) in itertools.pairwise(ranges):
+        assert s1 + n1 <= s2, f"overlap: {(s1, n1, k1)} and {s2}"
+        assert not (k1 == k2 == "free" and s1 + n1 == s2), "touching free ranges were not merged"
+    assert all(n > 0 for _, n, _ in ranges)
+    assert snap.free_bytes == sum(n for _, n in snap.free)
+    assert snap.used_bytes == sum(n for _, n in snap.used)
     assert snap.free_bytes + snap.used_bytes == snap.capacity == backend.capacity
     return snap
 
@@ -212,7 +213,7 @@ def test_concurrent_random_reserve_and_free(valkey):
                         except PoolExhaustedError:
                             continue
                         backend.unreserve(f"i{seed}", spare, size)
-        except BaseException as exc:  # surfaced to the test below
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the test below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(1, 7)]

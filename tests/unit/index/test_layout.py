@@ -25,7 +25,7 @@ def _generated() -> dict[str, object]:
         values = re.findall(r"'[^']*'|-?\d+", match.group(2))
         names = [n.strip() for n in match.group(1).split(",")]
         assert len(names) == len(values), line
-        for name, value in zip(names, values):
+        for name, value in zip(names, values, strict=True):
             assert name not in out, f"{name} generated twice"
             out[name] = value[1:-1] if value.startswith("'") else int(value)
     return out

@@ -3,7 +3,7 @@ demand, read back in time order (observability/event_store.py)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 
@@ -12,7 +12,7 @@ from chalicelib.storage.objects import DirectoryStore, open_store
 from chalicelib.observability.events import EventLog
 
 HOUR_US = 3600 * 1_000_000
-T0 = int(datetime(2026, 12, 1, 10, 59, tzinfo=timezone.utc).timestamp() * 1e6)
+T0 = int(datetime(2026, 12, 1, 10, 59, tzinfo=UTC).timestamp() * 1e6)
 
 
 class Ticks:

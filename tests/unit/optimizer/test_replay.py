@@ -44,7 +44,7 @@ def test_read_refresh_changes_lru_order():
 def test_eviction_modes():
     a = [Record("a", t, Op.REQUEST, [100 + t]) for t in range(10)]
     b = [Record("b", t, Op.REQUEST, [200 + t]) for t in range(10)]
-    both = [r for pair in zip(a, b) for r in pair]
+    both = [r for pair in zip(a, b, strict=True) for r in pair]
     precise = replay(both, ReplayConfig(capacity=3, block_size=1))
     assert precise.instances["a"].inserted_blocks == 10
     # instance rough: at 4 blocks (over 3) a batch of 2 goes, so the cache swings 2..3

@@ -3,6 +3,7 @@ and the ROI report of a model not served yet."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import random
 import statistics
@@ -48,7 +49,7 @@ def test_requests_follow_the_rate_the_turns_and_the_prefixes():
         ids = r["hash_ids"]
         assert len(ids) == r["input_length"] // 16
         first_blocks.add(ids[0])
-        for parent, block in zip([None, *ids], ids):
+        for parent, block in itertools.pairwise([None, *ids]):
             # prefix-aware: a block id always follows the same prefix
             assert parents.setdefault(block, parent) == parent
     assert len(first_blocks) == 2  # the 64-token system prompts: 4 blocks each, 2 prompts
