@@ -1,5 +1,8 @@
 """KVCM: wiring only. Routes live in chalicelib/routes; logic below them."""
+from typing import Any
+
 from chalice import Chalice, Rate
+from chalice.app import CloudWatchEvent
 
 from chalicelib.routes import admin, console, debug, docs, gateway, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
@@ -22,38 +25,38 @@ app.register_blueprint(unknown.blueprint)
 
 @app.lambda_function(name="expire_write_sessions")
 @job
-def expire_write_sessions(event, context):
+def expire_write_sessions(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return get_runtime().session_reaper.expire_write_sessions()
 
 
 @app.lambda_function(name="reaper_continue")
 @job
-def reaper_continue(event, context):
+def reaper_continue(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return get_runtime().session_reaper.reaper_continue(event)
 
 
 @app.lambda_function(name="delete_batch")
 @job
-def delete_batch(event, context):
+def delete_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
     runtime = get_runtime()
     return deletes.delete_batch(runtime.contexts, runtime.deletion, event)
 
 
 @app.lambda_function(name="purge_step")
 @job
-def purge_step(event, context):
+def purge_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return get_runtime().purge_executions.purge_step(event)
 
 
 @app.lambda_function(name="purge_continue")
 @job
-def purge_continue(event, context):
+def purge_continue(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return get_runtime().purge_executions.purge_continue(event)
 
 
 @app.lambda_function(name="optimizer_run")
 @job
-def optimizer_run(event, context):
+def optimizer_run(event: dict[str, Any], context: Any) -> dict[str, Any]:
     from chalicelib.optimizer import tasks
 
     return tasks.run_task(event, get_runtime().s3_transfers())
@@ -61,7 +64,7 @@ def optimizer_run(event, context):
 
 @app.lambda_function(name="optimizer_report")
 @job
-def optimizer_report(event, context):
+def optimizer_report(event: dict[str, Any], context: Any) -> dict[str, Any]:
     from chalicelib.optimizer import tasks
 
     return tasks.report_task(event, get_runtime().s3_transfers())
@@ -71,47 +74,47 @@ def optimizer_report(event, context):
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")
 @job
-def reaper_watchdog(event):
+def reaper_watchdog(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().session_reaper.reaper_watchdog()
 
 
 @app.schedule(Rate(5, unit=Rate.MINUTES), name="purge_watchdog")
 @job
-def purge_watchdog(event):
+def purge_watchdog(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().purge_executions.purge_watchdog()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="health_check")
 @job
-def health_check(event):
+def health_check(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().health_checks.run_health_checks()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reclaim")
 @job
-def reclaim(event):
+def reclaim(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().reclaim_job.run()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="cache_gc")
 @job
-def cache_gc(event):
+def cache_gc(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().cache_gc.run()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="usage_metrics")
 @job
-def usage_metrics(event):
+def usage_metrics(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().usage_metrics.run()
 
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="event_report_liveness")
 @job
-def event_report_liveness(event):
+def event_report_liveness(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().reporter_liveness.event_report_liveness()
 
 
 @app.schedule(Rate(1, unit=Rate.HOURS), name="instance_tuning")
 @job
-def instance_tuning(event):
+def instance_tuning(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().instance_tuning.run()

@@ -78,7 +78,7 @@ class GcReport:
     errors: list[str] = field(default_factory=list)
     round_finished: bool = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped, "visits": self.visits, "scanned_keys": self.scanned_keys,
                 "candidates": dict(self.candidates), "deleted": self.deleted, "errors": self.errors,
                 "round_finished": self.round_finished}
@@ -115,7 +115,7 @@ class CacheGarbageCollector:
         self.round_pause_s = round_pause_s
         self.enabled = enabled
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         """Scan the next pages of the rotation and delete what is garbage; returns the
         run's report (``skipped`` says why it did nothing)."""
         if not self.enabled:

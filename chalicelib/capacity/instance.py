@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..index import BlockIndex, Victim
 from ..observability.logging import logger
@@ -53,7 +53,7 @@ class InstanceReport:
     bytes: int = 0
     buckets_read: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def add(self, other: InstanceReport) -> InstanceReport:

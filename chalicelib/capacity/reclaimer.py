@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
-from ..index import BlockIndex, Usage, Victim
+from ..control import ControlPlane
+from ..index import BlockIndex, InstanceLayout, Usage, Victim
 from ..observability.logging import logger
 from ..protocol.codes import InstanceReclaimBudgetPolicy
 from ..protocol.errors import InstanceNotFoundError
@@ -76,7 +77,7 @@ class ControlDirectory:
     """Groups and their instances from the control plane; instance lists are reused for
     ``MEMBERS_TTL_S`` (a round must not list every instance every second)."""
 
-    def __init__(self, control: Any, clock: Clock) -> None:
+    def __init__(self, control: ControlPlane, clock: Clock) -> None:
         self.control = control
         self.clock = clock
         self._listing: tuple[float, dict[str, list[str]]] = (float("-inf"), {})
@@ -122,7 +123,7 @@ class GroupReport:
     def bytes(self) -> int:
         return sum(r.bytes for r in self.instances)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"group": self.group, "reason": self.reason, "swept": self.swept,
                 "victims": self.victims, "bytes": self.bytes, "error": self.error,
                 "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
@@ -152,7 +153,7 @@ class ReclaimReport:
     def bytes(self) -> int:
         return sum(g.bytes for g in self.groups)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"victims": self.victims, "bytes": self.bytes, "duration_ms": round(self.duration_ms, 3),
                 "resubmitted": self.resubmitted, "handed_over": self.handed_over, "skipped": self.skipped, "interrupted": self.interrupted,
                 "groups": [g.to_dict() for g in self.groups]}
@@ -304,7 +305,7 @@ class Reclaimer:
         after each group's delete delay; returns how many."""
         contexts: dict[str, InstanceContext] = {}
 
-        def layout_of(instance_id: str):
+        def layout_of(instance_id: str) -> InstanceLayout | None:
             try:
                 contexts[instance_id] = self.contexts(instance_id)
             except InstanceNotFoundError:
@@ -458,7 +459,7 @@ class ReclaimJob:
         self._round_lock = threading.Lock()
         self._woken_at: dict[str, float] = {}
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         """One reclaim round; returns its report as a dict (``skipped`` says why a round did
         nothing). Runs only while this node holds the lease (when there is one)."""
         if not self._round_lock.acquire(blocking=False):
