@@ -59,9 +59,10 @@ test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
 
 ## test-fast: the edit loop: every test not marked slow (no soak, rehearsal, live replay, e2e stack)
 # Bytecode is kept between runs of the edit loop (some shells set PYTHONDONTWRITEBYTECODE:
-# every run would then compile the app, the tests and their libraries again, ~10% of it).
+# every run would then compile the app, the tests and their libraries again, ~10% of it),
+# under .venv: __pycache__ folders in chalicelib/ would go into the deployment package.
 test-fast: $(STAMP) $(BIN)/kvcm
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m "not slow"
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(BIN)/python -m pytest -m "not slow"
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
 clean:

@@ -1,4 +1,5 @@
 """KVCM: wiring only. Routes live in chalicelib/routes; logic below them."""
+
 from typing import Any
 
 from chalice import Chalice, Rate
@@ -22,6 +23,7 @@ app.register_blueprint(unknown.blueprint)
 
 
 # ---------------------------------------------------------------- state machine tasks
+
 
 @app.lambda_function(name="expire_write_sessions")
 @job
@@ -71,6 +73,7 @@ def optimizer_report(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- schedules
+
 
 @app.schedule(Rate(1, unit=Rate.MINUTES), name="reaper_watchdog")
 @job

@@ -1,12 +1,13 @@
 """Shared helpers for the benchmarks: a throwaway Valkey and a timing loop."""
+
 from __future__ import annotations
 
 import statistics
 import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import redis
 
@@ -37,8 +38,9 @@ def timeit_us(fn: Callable[[], object], repeat: int = 2000, warmup: int = 200) -
     return statistics.median(samples) * 1e6
 
 
-def timeit_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 20, per_round: int = 100,
-                       warmup: int = 100) -> dict[str, float]:
+def timeit_interleaved(
+    fns: dict[str, Callable[[], object]], rounds: int = 20, per_round: int = 100, warmup: int = 100
+) -> dict[str, float]:
     """Median wall time of one call of each function in microseconds, sampled in turns
     (``per_round`` calls of each, ``rounds`` times), so a machine that speeds up or slows
     down during the run moves every figure alike and the ratios stay comparable."""
@@ -83,6 +85,7 @@ class ValkeyTime:
                     name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
                     tracker.sent[name.lower().replace(" ", "|")] += 1
                 return original(packer, *args)
+
             return pack
 
         # Both serializers: redis-py packs with hiredis's when it is installed.

@@ -9,6 +9,7 @@ an API key, so the share of authentication in a call shows.
 
     .venv/bin/python bench/bench_auth.py
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,14 @@ def build_runtime(client):
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region,
-                       "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": aws.region,
+            "MOTO_PORT": str(aws.port),
+            **DUMMY_CREDENTIALS,
+        }
+    )
     from chalicelib.control import ensure_table
     from chalicelib.protocol.codes import Role
     from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
@@ -41,12 +48,23 @@ def build_runtime(client):
     # A manual clock: the config cache never refreshes mid-run, as in a warm container.
     rt = Runtime(settings=Settings(config_refresh_s=3600, node_id="bench"), clock=ManualClock(), valkey=client)
     ensure_table(rt.aws("dynamodb"), rt.settings.control_table)
-    rt.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": "/tmp/kvcm-bench-auth", "key_count_per_file": 8}}))
+    rt.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": "/tmp/kvcm-bench-auth", "key_count_per_file": 8}}
+        )
+    )
     rt.control.create_group(InstanceGroup.model_validate({"name": "g", "storage_candidates": ["nfs_01"]}))
-    rt.control.register_instance(RegisterInstanceRequest.model_validate(
-        {"instance_group": "g", "instance_id": "bench", "block_size": 16,
-         "location_spec_infos": [{"name": "tp0", "size": 1024}], "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
+    rt.control.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g",
+                "instance_id": "bench",
+                "block_size": 16,
+                "location_spec_infos": [{"name": "tp0", "size": 1024}],
+                "model_deployment": {"model_name": "m", "dtype": "bf16"},
+            }
+        )
+    )
     rt.control.add_account("root", PASSWORD, Role.ROLE_ADMIN)
     rt.control.add_account("engine", "", Role.ROLE_ENGINE, groups=["g"])
     api_key, _ = rt.control.create_api_key("engine", 3600)
@@ -79,12 +97,14 @@ def main() -> None:
             locked = Authorizer(rt.config, rt.control, rt.clock, limiter=FailureLimiter(rt.clock, per_user=1))
             refused({"Authorization": "Bearer root:guess"}, locked)
             guess = {"Authorization": "Bearer root:another-guess"}
-            figures = timeit_interleaved({
-                "password cached": lambda: auth.authenticate(password),
-                "api key": lambda: auth.authenticate(key),
-                "bad api key": lambda: refused(bad_key),
-                "limited guess": lambda: refused(guess, locked),
-            })
+            figures = timeit_interleaved(
+                {
+                    "password cached": lambda: auth.authenticate(password),
+                    "api key": lambda: auth.authenticate(key),
+                    "bad api key": lambda: refused(bad_key),
+                    "limited guess": lambda: refused(guess, locked),
+                }
+            )
 
             dispatcher = Dispatcher(meta.OPERATIONS)
             body = json.dumps({"instance_id": "bench"})
@@ -96,8 +116,9 @@ def main() -> None:
                 status, _ = dispatcher.handle(rt, "getInstanceInfo", body, headers)
                 assert status == 200
 
-            calls = timeit_interleaved({"auth off": lambda: call(off, {}), "api key": lambda: call(on, key)},
-                                       rounds=10, per_round=200)
+            calls = timeit_interleaved(
+                {"auth off": lambda: call(off, {}), "api key": lambda: call(on, key)}, rounds=10, per_round=200
+            )
         finally:
             aws.stop()
 

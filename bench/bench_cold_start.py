@@ -18,6 +18,7 @@ say where lazy imports would pay.
 
     .venv/bin/python bench/bench_cold_start.py [--runs 7] [--against REV] [--sources]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -141,13 +142,15 @@ def app_tree(revision: str | None, bytecode: bool) -> Iterator[Path]:
         root = Path(directory)
         if revision is None:
             shutil.copy2(REPO_ROOT / "app.py", root / "app.py")
-            shutil.copytree(REPO_ROOT / "chalicelib", root / "chalicelib",
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                REPO_ROOT / "chalicelib", root / "chalicelib", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
             (root / CHALICE_CONFIG).parent.mkdir()
             shutil.copy2(REPO_ROOT / CHALICE_CONFIG, root / CHALICE_CONFIG)
         else:
-            archive = subprocess.run(["git", "archive", revision, *APP_FILES], cwd=REPO_ROOT, capture_output=True,
-                                     check=True)
+            archive = subprocess.run(
+                ["git", "archive", revision, *APP_FILES], cwd=REPO_ROOT, capture_output=True, check=True
+            )
             subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
         if bytecode:
             compileall.compile_file(root / "app.py", quiet=2, invalidation_mode=UNCHECKED_HASH)
@@ -161,7 +164,7 @@ def top_imports(stderr: str, count: int) -> list[tuple[float, str]]:
     rows = []
     for line in stderr.splitlines():
         if line.startswith("import time:") and "|" in line and "cumulative" not in line:
-            _, cumulative, name = line[len("import time:"):].split("|")
+            _, cumulative, name = line[len("import time:") :].split("|")
             rows.append((int(cumulative) / 1e3, name.rstrip()))
     rows.sort(reverse=True)
     picked: list[tuple[float, str]] = []
@@ -179,14 +182,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--against", metavar="REV", help="also measure the app as of this git revision, in turns")
-    parser.add_argument("--sources", action="store_true",
-                        help="the app without bytecode (chalice deploy's package): every process compiles it")
+    parser.add_argument(
+        "--sources",
+        action="store_true",
+        help="the app without bytecode (chalice deploy's package): every process compiles it",
+    )
     args = parser.parse_args()
     from bench.bench_meta import build_runtime, write_blocks
 
     bytecode = not args.sources
-    with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir, \
-            app_tree(None, bytecode) as tree, contextlib.ExitStack() as stack:
+    with (
+        valkey_server() as client,
+        tempfile.TemporaryDirectory() as data_dir,
+        app_tree(None, bytecode) as tree,
+        contextlib.ExitStack() as stack,
+    ):
         previous = stack.enter_context(app_tree(args.against, bytecode)) if args.against else None
         rt, aws = build_runtime(client, data_dir, capacity_blocks=10_000)
         try:
@@ -205,8 +215,11 @@ def main() -> None:
                 first_answer(tree, env, body, current)
                 if previous is not None:
                     first_answer(previous, env, body, before)
-            importtime = fresh(["-X", "importtime", "-c", "import app"],
-                               {**env, **function_environment(tree), "PYTHONPATH": str(tree)}, cwd=tree).stderr
+            importtime = fresh(
+                ["-X", "importtime", "-c", "import app"],
+                {**env, **function_environment(tree), "PYTHONPATH": str(tree)},
+                cwd=tree,
+            ).stderr
             median = statistics.median
 
             def row(label: str, now: list[float], then: list[float], note: str = "") -> str:
@@ -219,10 +232,17 @@ def main() -> None:
             print(row("interpreter start and exit (baseline)", interpreter, []))
             print(row("import app", current.imports, before.imports))
             print(row("first getCacheLocation (128 hits)", current.first, before.first))
-            print(row("process start to first answer", current.answered, before.answered,
-                      f"  (target ≤ {TARGET_MS} ms)"))
-            print(row("CPU time, process start to exit", current.cpu, before.cpu,
-                      f"  (baseline {median(interpreter_cpu):.0f} ms)"))
+            print(
+                row("process start to first answer", current.answered, before.answered, f"  (target ≤ {TARGET_MS} ms)")
+            )
+            print(
+                row(
+                    "CPU time, process start to exit",
+                    current.cpu,
+                    before.cpu,
+                    f"  (baseline {median(interpreter_cpu):.0f} ms)",
+                )
+            )
             print("  costliest imports of `import app` (cumulative, one -X importtime run):")
             for ms, name in top_imports(importtime, 10):
                 print(f"    {name:<50} {ms:>8.0f} ms")

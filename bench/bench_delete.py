@@ -5,6 +5,7 @@ the same files (the floor).
 
     .venv/bin/python bench/bench_delete.py [blocks]
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chalicelib.local import LocalStack, StackConfig
-from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, RegisterInstanceRequest,
-                                        RemoveCacheRequest, StartWriteCacheRequest)
+from chalicelib.protocol.models import (
+    BlockMask,
+    FinishWriteCacheRequest,
+    RegisterInstanceRequest,
+    RemoveCacheRequest,
+    StartWriteCacheRequest,
+)
 from chalicelib.runtime import get_runtime
 
 BATCH = 128
@@ -28,25 +34,36 @@ def write(rt, instance: str, keys: list[int]) -> list[Path]:
     """Start + finish ``keys`` and create the files the URIs name (what engines do)."""
     paths = set()
     for i in range(0, len(keys), BATCH):
-        start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance, block_keys=keys[i:i + BATCH]))
+        start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance, block_keys=keys[i : i + BATCH]))
         for loc in start.locations:
             for spec in loc["location_specs"]:
-                path = Path(spec["uri"].split("?")[0][len("file://nfs_01"):])
+                path = Path(spec["uri"].split("?")[0][len("file://nfs_01") :])
                 path.parent.mkdir(parents=True, exist_ok=True)
                 paths.add(path)
         for path in paths:
             path.touch()
-        rt.cache.finish_write_cache(FinishWriteCacheRequest(instance_id=instance, write_session_id=start.write_session_id,
-                                                            success_blocks=BlockMask(offset=len(start.locations))))
+        rt.cache.finish_write_cache(
+            FinishWriteCacheRequest(
+                instance_id=instance,
+                write_session_id=start.write_session_id,
+                success_blocks=BlockMask(offset=len(start.locations)),
+            )
+        )
     return sorted(paths)
 
 
 def register(rt, instance: str) -> None:
-
-    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-        {"instance_group": "default", "instance_id": instance, "block_size": 16,
-         "location_spec_infos": [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}],
-         "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
+    rt.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "default",
+                "instance_id": instance,
+                "block_size": 16,
+                "location_spec_infos": [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}],
+                "model_deployment": {"model_name": "m", "dtype": "bf16"},
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -71,7 +88,7 @@ def main() -> None:
             t0 = time.perf_counter()
             victims = rt.index.mark_deleting(ctx.layout, list(range(1, blocks + 1)), ctx.spec_layout.sizes)
             for i in range(0, len(victims), 256):
-                rt.deletion.delete(ctx, victims[i:i + 256])
+                rt.deletion.delete(ctx, victims[i : i + 256])
             inline_s = time.perf_counter() - t0
 
             floor_paths = []
@@ -88,8 +105,10 @@ def main() -> None:
             print(f"  {'bare os.remove of the same files (floor)':<52} {blocks / floor_s:>12,.0f} blocks/s")
             inline_label = "KVCM deletion inline (claim, files, compare-and-delete)"
             print(f"  {inline_label:<52} {blocks / inline_s:>12,.0f} blocks/s")
-            print(f"  {'KVCM removeCache -> batched_delete state machine':<52} {blocks / sfn_s:>12,.0f} blocks/s"
-                  f"  ({sfn_s:.2f} s end to end, including moto's Step Functions)")
+            print(
+                f"  {'KVCM removeCache -> batched_delete state machine':<52} {blocks / sfn_s:>12,.0f} blocks/s"
+                f"  ({sfn_s:.2f} s end to end, including moto's Step Functions)"
+            )
 
 
 if __name__ == "__main__":

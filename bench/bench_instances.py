@@ -14,6 +14,7 @@ p50 went from 1.9 to 16 ms with 660 instances, reading every peer's usage).
 
     .venv/bin/python bench/bench_instances.py [--counts 10,100,1000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,29 +41,51 @@ def valkey_time_us(client) -> float:
 
 def measure(count: int, client, data_dir: str) -> dict:
     from chalicelib.control import ensure_table
-    from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, InstanceGroup,
-                                            RegisterInstanceRequest, StartWriteCacheRequest, StorageConfig)
+    from chalicelib.protocol.models import (
+        BlockMask,
+        FinishWriteCacheRequest,
+        InstanceGroup,
+        RegisterInstanceRequest,
+        StartWriteCacheRequest,
+        StorageConfig,
+    )
     from chalicelib.runtime import Runtime, set_runtime
     from chalicelib.settings import Settings
 
     client.flushall()
-    rt = Runtime(settings=Settings(config_refresh_s=3600, node_id="bench", control_table=f"ctl-{count}"),
-                 valkey=client)
+    rt = Runtime(settings=Settings(config_refresh_s=3600, node_id="bench", control_table=f"ctl-{count}"), valkey=client)
     set_runtime(rt)
     ensure_table(rt.aws("dynamodb"), rt.settings.control_table)
-    rt.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": data_dir, "key_count_per_file": 8}}))
-    rt.control.create_group(InstanceGroup.model_validate(
-        {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": 100 << 30}}))
+    rt.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": data_dir, "key_count_per_file": 8}}
+        )
+    )
+    rt.control.create_group(
+        InstanceGroup.model_validate({"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": 100 << 30}})
+    )
     for i in range(count):
-        rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-            {"instance_group": "g", "instance_id": f"i{i}", "block_size": 16, "location_spec_infos": SPECS,
-             "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
+        rt.meta_service.register_instance(
+            RegisterInstanceRequest.model_validate(
+                {
+                    "instance_group": "g",
+                    "instance_id": f"i{i}",
+                    "block_size": 16,
+                    "location_spec_infos": SPECS,
+                    "model_deployment": {"model_name": "m", "dtype": "bf16"},
+                }
+            )
+        )
 
     def start(instance: str, keys: list[int]):
         out = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance, block_keys=keys))
-        rt.cache.finish_write_cache(FinishWriteCacheRequest(instance_id=instance, write_session_id=out.write_session_id,
-                                                            success_blocks=BlockMask(offset=len(out.locations))))
+        rt.cache.finish_write_cache(
+            FinishWriteCacheRequest(
+                instance_id=instance,
+                write_session_id=out.write_session_id,
+                success_blocks=BlockMask(offset=len(out.locations)),
+            )
+        )
 
     for i in range(count):
         start(f"i{i}", [i * 1000 + k for k in range(1, 4)])
@@ -92,9 +115,13 @@ def measure(count: int, client, data_dir: str) -> dict:
         pipe.execute()
         pipe_samples.append(time.perf_counter() - t0)
     set_runtime(None)
-    return {"round_ms": statistics.median(rounds) * 1000, "round_valkey_us": round_valkey,
-            "start_us": statistics.median(samples) * 1e6, "start_valkey_us": start_valkey,
-            "pipeline_us": statistics.median(pipe_samples) * 1e6}
+    return {
+        "round_ms": statistics.median(rounds) * 1000,
+        "round_valkey_us": round_valkey,
+        "start_us": statistics.median(samples) * 1e6,
+        "start_valkey_us": start_valkey,
+        "pipeline_us": statistics.median(pipe_samples) * 1e6,
+    }
 
 
 def main() -> None:
@@ -105,8 +132,14 @@ def main() -> None:
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region,
-                       "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": aws.region,
+            "MOTO_PORT": str(aws.port),
+            **DUMMY_CREDENTIALS,
+        }
+    )
     try:
         with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
             for count in (int(c) for c in args.counts.split(",")):
@@ -114,8 +147,13 @@ def main() -> None:
                 print(f"{count} instances in the group")
                 print(row("reclaim round (wall)", result["round_ms"], unit="ms"))
                 print(row("reclaim round (Valkey time)", result["round_valkey_us"]))
-                print(row(f"startWriteCache of {KEYS_PER_START} keys, p50 (wall)", result["start_us"],
-                          result["pipeline_us"]))
+                print(
+                    row(
+                        f"startWriteCache of {KEYS_PER_START} keys, p50 (wall)",
+                        result["start_us"],
+                        result["pipeline_us"],
+                    )
+                )
                 print(row("startWriteCache (Valkey time per call)", result["start_valkey_us"]))
                 print(row(f"baseline: pipelined HSET of {KEYS_PER_START} keys, p50", result["pipeline_us"]))
     finally:

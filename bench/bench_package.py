@@ -11,6 +11,7 @@ precompiled like the runtime's) after it.
 
 Run: `.venv/bin/python bench/bench_package.py [--runs 7]`
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,35 @@ def build(work: Path, name: str, extra_requirements: str = "") -> Path:
         with (project / "requirements.txt").open("a") as requirements:
             requirements.write(extra_requirements)
     out = work / f"{name}-out"
-    subprocess.run([str(Path(sys.executable).parent / "chalice"), "package", "--stage", "dev", str(out)], cwd=project,
-                   env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}, check=True, capture_output=True)
+    subprocess.run(
+        [str(Path(sys.executable).parent / "chalice"), "package", "--stage", "dev", str(out)],
+        cwd=project,
+        env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"},
+        check=True,
+        capture_output=True,
+    )
     return out / "deployment.zip"
 
 
 def import_times(code_dir: Path, runtime_dir: Path, runs: int) -> list[float]:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{code_dir}:{runtime_dir}", "AWS_DEFAULT_REGION": "us-east-1"}
-    return [float(subprocess.run([sys.executable, "-S", "-B", "-c", IMPORT_APP], cwd=code_dir, env=env, check=True,
-                                 capture_output=True, text=True).stdout.split()[-1]) for _ in range(runs)]
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": f"{code_dir}:{runtime_dir}",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return [
+        float(
+            subprocess.run(
+                [sys.executable, "-S", "-B", "-c", IMPORT_APP],
+                cwd=code_dir,
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.split()[-1]
+        )
+        for _ in range(runs)
+    ]
 
 
 def main() -> int:
@@ -65,8 +86,10 @@ def main() -> int:
         site = Path(boto3.__file__).resolve().parents[1]
         for name in RUNTIME_PACKAGES:
             (runtime_dir / name).symlink_to(site / name)
-        packages = {"baseline (boto3 bundled)": build(work, "baseline", "boto3>=1.40\n"),
-                    "chalice deploy (no boto3)": build(work, "current")}
+        packages = {
+            "baseline (boto3 bundled)": build(work, "baseline", "boto3>=1.40\n"),
+            "chalice deploy (no boto3)": build(work, "current"),
+        }
         compiled = work / "compiled.zip"
         compiled.write_bytes(with_bytecode(packages["chalice deploy (no boto3)"].read_bytes()))
         packages["make deploy (+ bytecode)"] = compiled

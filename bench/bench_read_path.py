@@ -11,6 +11,7 @@ multi-key or multi-field command per read) with their memory. Baseline: a client
 
     .venv/bin/python bench/bench_read_path.py
 """
+
 from __future__ import annotations
 
 import os
@@ -99,6 +100,7 @@ def main() -> None:
         rt, aws = build_runtime(client, data_dir, capacity_blocks=BLOCKS)
         try:
             from chalicelib.observability.logging import logger
+
             logger.registered_handler.setStream(open(os.devnull, "w"))
             rng = random.Random(11)
             keys = [rng.getrandbits(63) for _ in range(BLOCKS)]
@@ -110,16 +112,22 @@ def main() -> None:
             records = dict(index.scan(layout))
             string_bytes = client.info("memory")["used_memory"]
             for start in range(0, BLOCKS, 1000):
-                client.mset({layout.key("r:") + k.to_bytes(8, "big", signed=True): records[k]
-                             for k in keys[start:start + 1000]})
+                client.mset(
+                    {
+                        layout.key("r:") + k.to_bytes(8, "big", signed=True): records[k]
+                        for k in keys[start : start + 1000]
+                    }
+                )
             string_bytes = (client.info("memory")["used_memory"] - string_bytes) / BLOCKS
             # Every record in one hash: past hash-max-listpack-entries Valkey keeps it as a
             # hashtable, whose lookups do not scan (a listpack bucket's do).
             one_hash = layout.key("all")
             one_hash_bytes = client.info("memory")["used_memory"]
             for start in range(0, BLOCKS, 1000):
-                client.hset(one_hash, mapping={k.to_bytes(8, "big", signed=True): records[k]
-                                               for k in keys[start:start + 1000]})
+                client.hset(
+                    one_hash,
+                    mapping={k.to_bytes(8, "big", signed=True): records[k] for k in keys[start : start + 1000]},
+                )
             one_hash_bytes = (client.info("memory")["used_memory"] - one_hash_bytes) / BLOCKS
             one_hash_encoding = client.object("encoding", one_hash).decode()
             # The middle way: buckets as today, sized past the listpack limit (hashtables).
@@ -128,35 +136,51 @@ def main() -> None:
             big_bytes = client.info("memory")["used_memory"]
             for start in range(0, BLOCKS, 1000):
                 pipe = client.pipeline(transaction=False)
-                for k, name in zip(keys[start:start + 1000], big_bucket_of[start:start + 1000], strict=True):
+                for k, name in zip(keys[start : start + 1000], big_bucket_of[start : start + 1000], strict=True):
                     pipe.hset(name, k.to_bytes(8, "big", signed=True), records[k])
                 pipe.execute()
             big_bytes = (client.info("memory")["used_memory"] - big_bytes) / BLOCKS
             packed: dict[bytes, list[bytes]] = {}
             for k in keys:
                 record = records[k]
-                packed.setdefault(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix):], []).append(
-                    k.to_bytes(8, "big", signed=True) + bytes([len(record)]) + record)
+                packed.setdefault(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix) :], []).append(
+                    k.to_bytes(8, "big", signed=True) + bytes([len(record)]) + record
+                )
             packed_bytes = client.info("memory")["used_memory"]
             client.mset({name: b"".join(entries) for name, entries in packed.items()})
             packed_bytes = (client.info("memory")["used_memory"] - packed_bytes) / BLOCKS
 
-            batches = [keys[i * N:(i + 1) * N] for i in range(BLOCKS // N)]
+            batches = [keys[i * N : (i + 1) * N] for i in range(BLOCKS // N)]
             buckets = [[layout.bucket(k) for k in batch] for batch in batches]
             distinct = statistics.mean(len(set(b)) for b in buckets)
-            big_names = [big_bucket_of[i * N:(i + 1) * N] for i in range(len(batches))]
+            big_names = [big_bucket_of[i * N : (i + 1) * N] for i in range(len(batches))]
             big_distinct = statistics.mean(len(set(b)) for b in big_names)
-            scripts = {name: client.register_script(prelude + "\n" + src) for name, src in (
-                ("hget", HGET_GIVEN_NAMES), ("hget_lua_names", HGET_NAMES_IN_LUA), ("exists", EXISTS_PER_KEY),
-                ("hmget", HMGET_PER_BUCKET), ("mget_strings", MGET_STRING_RECORDS),
-                ("packed", FIND_IN_PACKED_BUCKETS), ("one_hash", HMGET_ONE_HASH))}
+            scripts = {
+                name: client.register_script(prelude + "\n" + src)
+                for name, src in (
+                    ("hget", HGET_GIVEN_NAMES),
+                    ("hget_lua_names", HGET_NAMES_IN_LUA),
+                    ("exists", EXISTS_PER_KEY),
+                    ("hmget", HMGET_PER_BUCKET),
+                    ("mget_strings", MGET_STRING_RECORDS),
+                    ("packed", FIND_IN_PACKED_BUCKETS),
+                    ("one_hash", HMGET_ONE_HASH),
+                )
+            }
             packed_reads = []
             for batch in batches:
-                names = list(dict.fromkeys(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix):]
-                                           for k in batch))
+                names = list(
+                    dict.fromkeys(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix) :] for k in batch)
+                )
                 position = {name: i + 1 for i, name in enumerate(names)}
-                packed_reads.append((names, bytes(position[layout.key("p:") + layout.bucket(k)[
-                    len(layout.bucket_prefix):]] for k in batch)))
+                packed_reads.append(
+                    (
+                        names,
+                        bytes(
+                            position[layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix) :]] for k in batch
+                        ),
+                    )
+                )
             assert scripts["packed"](keys=packed_reads[0][0], args=[pack_keys(batches[0]), packed_reads[0][1]]) == N
 
             def cycling(fn):
@@ -166,12 +190,15 @@ def main() -> None:
                     i = position[0] % len(batches)
                     position[0] += 1
                     return fn(i)
+
                 return call
 
             def script(name, names_of):
-                return cycling(lambda i: scripts[name](keys=names_of(i), args=[pack_keys(batches[i]),
-                                                                               layout.bucket_prefix,
-                                                                               layout.bucket_count]))
+                return cycling(
+                    lambda i: scripts[name](
+                        keys=names_of(i), args=[pack_keys(batches[i]), layout.bucket_prefix, layout.bucket_count]
+                    )
+                )
 
             # A second index on a clock running 2 s ahead per call: every read finds every
             # key's recency due and rewrites each record (one HSET per key). Its stamps lie in
@@ -187,33 +214,40 @@ def main() -> None:
                 due_read(i)
             options = {
                 "client MGET of 128 string keys (baseline)": cycling(
-                    lambda i: client.mget([layout.key("r:") + k.to_bytes(8, "big", signed=True)
-                                           for k in batches[i]])),
+                    lambda i: client.mget([layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]])
+                ),
                 "read as shipped (names from the client, no refresh due)": cycling(
-                    lambda i: index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)),
+                    lambda i: index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
+                ),
                 "  the same, every key's recency due (HSET per key)": cycling(due_read),
                 "floor: one HGET per key, names given": script("hget", lambda i: buckets[i]),
-                "one HGET per key, bucket names built in Lua (before)": script("hget_lua_names",
-                                                                               lambda i: [layout.key("m")]),
+                "one HGET per key, bucket names built in Lua (before)": script(
+                    "hget_lua_names", lambda i: [layout.key("m")]
+                ),
                 "floor of any per-key call: one EXISTS per key": script("exists", lambda i: buckets[i]),
                 f"one HMGET per distinct bucket ({distinct:.1f} of 128)": script("hmget", lambda i: buckets[i]),
                 "string key per record: one MGET in Lua": script(
-                    "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True)
-                                               for k in batches[i]]),
+                    "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]]
+                ),
                 f"one {one_hash_encoding} hash per instance: one HMGET": script("one_hash", lambda i: [one_hash]),
                 f"{big_buckets} buckets of {BIG_BUCKET_RECORDS}: HMGET per bucket ({big_distinct:.1f} of 128)": script(
-                    "hmget", lambda i: big_names[i]),
+                    "hmget", lambda i: big_names[i]
+                ),
                 "packed string buckets: one MGET, keys found by string.find": cycling(
-                    lambda i: scripts["packed"](keys=packed_reads[i][0],
-                                                args=[pack_keys(batches[i]), packed_reads[i][1]])),
+                    lambda i: scripts["packed"](
+                        keys=packed_reads[i][0], args=[pack_keys(batches[i]), packed_reads[i][1]]
+                    )
+                ),
             }
             timer = ValkeyTime(client)
             samples = {name: [] for name in options}
             for _ in range(ROUNDS):
                 for name, fn in options.items():
                     samples[name].append(timer.measure(fn, CALLS))
-            print(f"Valkey time per {N}-key read, {BLOCKS:,} two-spec records in {layout.bucket_count} buckets, "
-                  f"median of {ROUNDS} batches of {CALLS} calls, {os.cpu_count()} cores")
+            print(
+                f"Valkey time per {N}-key read, {BLOCKS:,} two-spec records in {layout.bucket_count} buckets, "
+                f"median of {ROUNDS} batches of {CALLS} calls, {os.cpu_count()} cores"
+            )
             print(f"  {'':<58} {'wall µs':>9} {'Valkey µs':>10} {'CPU µs':>9}")
             for name, runs in samples.items():
                 wall, server, cpu = (statistics.median(run[i] for run in runs) for i in range(3))

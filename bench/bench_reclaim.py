@@ -9,6 +9,7 @@ scan of the instance, what a reclaimer without sampling reads before it can choo
 
     .venv/bin/python bench/bench_reclaim.py
 """
+
 from __future__ import annotations
 
 import random
@@ -51,18 +52,30 @@ def measure(blocks: int) -> dict:
         scan_trips = (counting.sends - sends) / 2
         client.close()
     assert set(freed) == {STEP_BLOCKS}, freed
-    return {"blocks": blocks, "buckets": ctx.layout.bucket_count, "round_ms": round_us / 1000, "trips": trips,
-            "commands": commands, "victims": STEP_BLOCKS, "scan_ms": scan_us / 1000, "scan_trips": scan_trips}
+    return {
+        "blocks": blocks,
+        "buckets": ctx.layout.bucket_count,
+        "round_ms": round_us / 1000,
+        "trips": trips,
+        "commands": commands,
+        "victims": STEP_BLOCKS,
+        "scan_ms": scan_us / 1000,
+        "scan_trips": scan_trips,
+    }
 
 
 def main() -> None:
     results = [measure(n) for n in SIZES]
     print(f"reclaim round: {STEP_BLOCKS} blocks freed per round, chains of {CHAIN}, median of {ROUNDS} rounds")
-    print(f"  {'blocks':>8} {'buckets':>8} {'ms/round':>9} {'trips/round':>12} {'cmds/round':>11}"
-          f" {'victims':>8} | {'full scan ms':>12} {'scan trips':>10}")
+    print(
+        f"  {'blocks':>8} {'buckets':>8} {'ms/round':>9} {'trips/round':>12} {'cmds/round':>11}"
+        f" {'victims':>8} | {'full scan ms':>12} {'scan trips':>10}"
+    )
     for r in results:
-        print(f"  {r['blocks']:>8,} {r['buckets']:>8,} {r['round_ms']:>9.2f} {r['trips']:>12.1f} {r['commands']:>11.0f}"
-              f" {r['victims']:>8} | {r['scan_ms']:>12.1f} {r['scan_trips']:>10.0f}")
+        print(
+            f"  {r['blocks']:>8,} {r['buckets']:>8,} {r['round_ms']:>9.2f} {r['trips']:>12.1f} {r['commands']:>11.0f}"
+            f" {r['victims']:>8} | {r['scan_ms']:>12.1f} {r['scan_trips']:>10.0f}"
+        )
     smallest = results[0]
     print("round time against the smallest instance, and against a full scan:")
     for r in results:

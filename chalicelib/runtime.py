@@ -13,6 +13,7 @@ app``: ``after_restore`` (registered with the runtime's restore hook when there 
 drops every connection and the container's identity, so a restored container never
 shares a socket, a node id or a random sequence with its snapshot's other copies.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +22,9 @@ import json
 import os
 import random
 import threading
+from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
-from collections.abc import Callable
 
 from .auth import Authorizer
 from .cache.backend_locations import BackendLocations
@@ -34,7 +35,7 @@ from .cache.purge import PurgeService
 from .cache.service import CacheService
 from .capacity.eviction import WritePathEviction
 from .capacity.gc import CacheGarbageCollector
-from .capacity.reclaimer import ControlDirectory, ReclaimJob, Reclaimer
+from .capacity.reclaimer import ControlDirectory, Reclaimer, ReclaimJob
 from .capacity.usage import UsageReports
 from .clock import Clock, SystemClock
 from .control import ConfigCache, ControlPlane
@@ -64,8 +65,8 @@ from .workflows.health import HealthChecks
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
-from .workflows.usage_metrics import UsageMetrics
 from .workflows.tuning import InstanceTuningJob, instance_tuning
+from .workflows.usage_metrics import UsageMetrics
 
 if TYPE_CHECKING:
     import botocore.session
@@ -77,8 +78,13 @@ S = TypeVar("S")
 class Runtime:
     """Lazily built clients and services for one container."""
 
-    def __init__(self, settings: Settings | None = None, clock: Clock | None = None,
-                 valkey: Valkey | None = None, aws_clients: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        valkey: Valkey | None = None,
+        aws_clients: dict[str, Any] | None = None,
+    ) -> None:
         self.settings = settings or Settings.from_env()
         self.clock = clock or SystemClock()
         self._valkey = valkey
@@ -123,9 +129,13 @@ class Runtime:
             credentials = self._valkey_credentials()  # outside the lock: it takes it for an AWS client
             with self._lock:
                 if self._valkey is None:
-                    self._valkey = connect(self.settings.valkey_url, cluster=self.settings.valkey_cluster,
-                                           connect_timeout_s=self.settings.valkey_connect_timeout_s,
-                                           socket_timeout_s=self.settings.valkey_socket_timeout_s, **credentials)
+                    self._valkey = connect(
+                        self.settings.valkey_url,
+                        cluster=self.settings.valkey_cluster,
+                        connect_timeout_s=self.settings.valkey_connect_timeout_s,
+                        socket_timeout_s=self.settings.valkey_socket_timeout_s,
+                        **credentials,
+                    )
         return self._valkey
 
     def _valkey_credentials(self) -> dict[str, str]:
@@ -133,8 +143,9 @@ class Runtime:
         else the settings' (a URL ``rediss://user:password@host`` works too)."""
         username, password = self.settings.valkey_username, self.settings.valkey_password
         if self.settings.valkey_secret_arn:
-            secret = json.loads(self.aws("secretsmanager").get_secret_value(
-                SecretId=self.settings.valkey_secret_arn)["SecretString"])
+            secret = json.loads(
+                self.aws("secretsmanager").get_secret_value(SecretId=self.settings.valkey_secret_arn)["SecretString"]
+            )
             username, password = secret.get("username", username), secret["password"]
         return {key: value for key, value in (("username", username), ("password", password)) if value}
 
@@ -151,8 +162,9 @@ class Runtime:
                     client = self._botocore().create_client(
                         service,
                         region_name=self.settings.aws_region,
-                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
-                                      connect_timeout=2, read_timeout=10),
+                        config=Config(
+                            retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=2, read_timeout=10
+                        ),
                     )
                     self._aws_clients[service] = client
         return client
@@ -170,7 +182,8 @@ class Runtime:
                 client = self._aws_clients.get(_S3_TRANSFERS)
                 if client is None:
                     client = boto3.Session(botocore_session=self._botocore()).client(
-                        "s3", region_name=self.settings.aws_region)
+                        "s3", region_name=self.settings.aws_region
+                    )
                     self._aws_clients[_S3_TRANSFERS] = client
         return client
 
@@ -191,14 +204,16 @@ class Runtime:
     @cached_property
     def control(self) -> ControlPlane:
         """DynamoDB control plane: storages, groups, instances, accounts."""
-        return ControlPlane(dynamodb=lambda: self.aws("dynamodb"), table_name=self.settings.control_table,
-                            clock=self.clock)
+        return ControlPlane(
+            dynamodb=lambda: self.aws("dynamodb"), table_name=self.settings.control_table, clock=self.clock
+        )
 
     @cached_property
     def config(self) -> ConfigCache:
         """Per-container, version-refreshed cache of the control plane for the hot path."""
-        return ConfigCache(self.control, clock=self.clock, refresh_s=self.settings.config_refresh_s,
-                           on_log_level=apply_level)
+        return ConfigCache(
+            self.control, clock=self.clock, refresh_s=self.settings.config_refresh_s, on_log_level=apply_level
+        )
 
     @cached_property
     def audit(self) -> AuditLog:
@@ -213,8 +228,11 @@ class Runtime:
     @cached_property
     def storages(self) -> StorageRegistry:
         """Data storage backends by config."""
-        return StorageRegistry(valkey_factory=lambda: self.valkey, s3_client_factory=lambda: self.aws("s3"),
-                               key_prefix=self.settings.key_prefix)
+        return StorageRegistry(
+            valkey_factory=lambda: self.valkey,
+            s3_client_factory=lambda: self.aws("s3"),
+            key_prefix=self.settings.key_prefix,
+        )
 
     @cached_property
     def reporters(self) -> ReporterStore:
@@ -234,8 +252,13 @@ class Runtime:
     @cached_property
     def lease(self) -> Lease:
         """The background-job lease ("leader" in upstream's words)."""
-        return Lease(self.valkey, prefix=self.settings.key_prefix, node_id=self.settings.node_id,
-                     ttl_ms=self.settings.lease_ttl_ms, clock=self.clock)
+        return Lease(
+            self.valkey,
+            prefix=self.settings.key_prefix,
+            node_id=self.settings.node_id,
+            ttl_ms=self.settings.lease_ttl_ms,
+            clock=self.clock,
+        )
 
     @cached_property
     def metrics_store(self) -> MetricsStore:
@@ -259,9 +282,11 @@ class Runtime:
     @cached_property
     def events(self) -> EventLog:
         """The event log (``KVCM_EVENT_LOG``); partitioned by each instance's group."""
-        return EventLog.from_settings(self.settings.event_log_path,
-                                      open_objects=lambda target: open_store(target, lambda: self.aws("s3")),
-                                      group_of=lambda instance_id: self.config.instance(instance_id).group)
+        return EventLog.from_settings(
+            self.settings.event_log_path,
+            open_objects=lambda target: open_store(target, lambda: self.aws("s3")),
+            group_of=lambda instance_id: self.config.instance(instance_id).group,
+        )
 
     @cached_property
     def event_recorder(self) -> EventRecorder:
@@ -278,8 +303,9 @@ class Runtime:
     @cached_property
     def contexts(self) -> ContextProvider:
         """instance id → InstanceContext for the hot path."""
-        return ContextProvider(self.config, self.storages, self.index, self.health, self.clock,
-                               refresh_s=self.settings.config_refresh_s)
+        return ContextProvider(
+            self.config, self.storages, self.index, self.health, self.clock, refresh_s=self.settings.config_refresh_s
+        )
 
     @cached_property
     def deletion(self) -> DeletionService:
@@ -301,22 +327,35 @@ class Runtime:
         """Whole-instance purges (removeInstance, trimCache): inline, then the
         instance_purge state machine when one is configured."""
         machine = self._state_machine(self.settings.purge_state_machine_arn, "purge")
-        return PurgeService(self.index, self.control, self.contexts, self.deletion, self.deleter, self.clock,
-                            start_execution=(lambda job: machine.start(purge_input(job))) if machine.arn else None)
+        return PurgeService(
+            self.index,
+            self.control,
+            self.contexts,
+            self.deletion,
+            self.deleter,
+            self.clock,
+            start_execution=(lambda job: machine.start(purge_input(job))) if machine.arn else None,
+        )
 
     @cached_property
     def cache(self) -> CacheService:
         """The meta data plane."""
-        return CacheService(self.index, self.contexts, self.deleter, self.purge, self.clock, self.settings,
-                            self.metrics, on_capacity_refused=self.reclaim_job.wake,
-                            make_room=WritePathEviction(self.index, QueuedDeleter(self.index), self.clock,
-                                                        self.events, self.metrics),
-                            reported=self.event_reports.visible_if_configured)
+        return CacheService(
+            self.index,
+            self.contexts,
+            self.deleter,
+            self.purge,
+            self.clock,
+            self.settings,
+            self.metrics,
+            on_capacity_refused=self.reclaim_job.wake,
+            make_room=WritePathEviction(self.index, QueuedDeleter(self.index), self.clock, self.events, self.metrics),
+            reported=self.event_reports.visible_if_configured,
+        )
 
     @cached_property
     def event_reports(self) -> EventReports:
-        return EventReports(self.config, self.reporters, self.metrics, self.clock,
-                            self.settings.max_keys_per_request)
+        return EventReports(self.config, self.reporters, self.metrics, self.clock, self.settings.max_keys_per_request)
 
     @cached_property
     def cluster(self) -> ClusterInfo:
@@ -326,10 +365,15 @@ class Runtime:
 
     @cached_property
     def meta_service(self) -> MetaService:
-        return MetaService(self.control, self.config, self.contexts, self.cache, self.event_reports,
-                           BackendLocations(self.config, self.cache, self.event_reports,
-                                            self.settings.max_keys_per_request),
-                           self.cluster)
+        return MetaService(
+            self.control,
+            self.config,
+            self.contexts,
+            self.cache,
+            self.event_reports,
+            BackendLocations(self.config, self.cache, self.event_reports, self.settings.max_keys_per_request),
+            self.cluster,
+        )
 
     @cached_property
     def usage_reports(self) -> UsageReports:
@@ -341,24 +385,46 @@ class Runtime:
 
     @cached_property
     def group_admin(self) -> GroupAdmin:
-        return GroupAdmin(self.control, self.index, self.purge, self.usage_reports,
-                          CapacityReports(lambda: self.aws("stepfunctions"), lambda: self.aws("s3"),
-                                          self.settings.sweep_state_machine_arn))
+        return GroupAdmin(
+            self.control,
+            self.index,
+            self.purge,
+            self.usage_reports,
+            CapacityReports(
+                lambda: self.aws("stepfunctions"), lambda: self.aws("s3"), self.settings.sweep_state_machine_arn
+            ),
+        )
 
     @cached_property
     def account_admin(self) -> AccountAdmin:
-        return AccountAdmin(self.control, lambda: self.audit, self.clock, self.settings.api_key_default_ttl_s,
-                            self.settings.api_key_max_ttl_s)
+        return AccountAdmin(
+            self.control,
+            lambda: self.audit,
+            self.clock,
+            self.settings.api_key_default_ttl_s,
+            self.settings.api_key_max_ttl_s,
+        )
 
     @cached_property
     def service_admin(self) -> ServiceAdmin:
-        return ServiceAdmin(self.control, lambda: self.valkey.ping(), self.lease, self.cluster,
-                            self.metrics_publisher, self.metrics_store, self.clock)
+        return ServiceAdmin(
+            self.control,
+            lambda: self.valkey.ping(),
+            self.lease,
+            self.cluster,
+            self.metrics_publisher,
+            self.metrics_store,
+            self.clock,
+        )
 
     @cached_property
     def debug_service(self) -> DebugService:
-        return DebugService(lambda: self.faults, enabled=self.settings.debug_service,
-                            auth_enabled=self.settings.auth_enabled, stage=self.settings.stage)
+        return DebugService(
+            lambda: self.faults,
+            enabled=self.settings.debug_service,
+            auth_enabled=self.settings.auth_enabled,
+            stage=self.settings.stage,
+        )
 
     def service(self, owner: type[S]) -> S:
         """The container's instance of a handler class (``routes.dispatch``)."""
@@ -370,24 +436,46 @@ class Runtime:
     @cached_property
     def reclaim_job(self) -> ReclaimJob:
         """Reclaim rounds and the write path's wake-ups, with this process's state."""
-        reclaimer = Reclaimer(self.index, ControlDirectory(self.control, self.clock), self.contexts, self.deleter,
-                              self.clock, events=self.events, metrics=self.metrics)
+        reclaimer = Reclaimer(
+            self.index,
+            ControlDirectory(self.control, self.clock),
+            self.contexts,
+            self.deleter,
+            self.clock,
+            events=self.events,
+            metrics=self.metrics,
+        )
         return ReclaimJob(reclaimer, self.index, self.clock, self.lease)
 
     @cached_property
     def cache_gc(self) -> CacheGarbageCollector:
         """The background GC: orphan WRITING locations and those whose data is gone."""
-        return CacheGarbageCollector(self.lease, self.control, self.index, self.contexts, self.deleter,
-                                     GcStateStore(self.valkey, self.settings.key_prefix), self.clock, self.metrics,
-                                     orphan_grace_s=self.settings.cache_gc_orphan_grace_s,
-                                     round_pause_s=self.settings.cache_gc_round_pause_s,
-                                     longest_session_s=self.settings.max_write_timeout_s,
-                                     enabled=self.settings.cache_gc)
+        return CacheGarbageCollector(
+            self.lease,
+            self.control,
+            self.index,
+            self.contexts,
+            self.deleter,
+            GcStateStore(self.valkey, self.settings.key_prefix),
+            self.clock,
+            self.metrics,
+            orphan_grace_s=self.settings.cache_gc_orphan_grace_s,
+            round_pause_s=self.settings.cache_gc_round_pause_s,
+            longest_session_s=self.settings.max_write_timeout_s,
+            enabled=self.settings.cache_gc,
+        )
 
     @cached_property
     def session_reaper(self) -> SessionReaper:
-        return SessionReaper(self.lease, self.control, self.index, self.contexts, self.cache, self.clock,
-                             self._state_machine(self.settings.reaper_state_machine_arn, "reaper"))
+        return SessionReaper(
+            self.lease,
+            self.control,
+            self.index,
+            self.contexts,
+            self.cache,
+            self.clock,
+            self._state_machine(self.settings.reaper_state_machine_arn, "reaper"),
+        )
 
     @cached_property
     def purge_executions(self) -> PurgeExecutions:
@@ -424,9 +512,14 @@ def _shared_data_loader() -> Any:
 
 
 #: Handler class → the Runtime property building its instance.
-_HANDLERS: dict[type, str] = {MetaService: "meta_service", StorageAdmin: "storage_admin", GroupAdmin: "group_admin",
-                              AccountAdmin: "account_admin", ServiceAdmin: "service_admin",
-                              DebugService: "debug_service"}
+_HANDLERS: dict[type, str] = {
+    MetaService: "meta_service",
+    StorageAdmin: "storage_admin",
+    GroupAdmin: "group_admin",
+    AccountAdmin: "account_admin",
+    ServiceAdmin: "service_admin",
+    DebugService: "debug_service",
+}
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
@@ -446,6 +539,7 @@ def job(handler: Callable[..., T]) -> Callable[..., T]:
     work: the service's shared settings applied first (the log level ``updateLogger``
     stored), this container's metrics published and its buffered events written last.
     None of them can fail the job."""
+
     @functools.wraps(handler)
     def run(*args: Any) -> T:
         runtime = get_runtime()

@@ -1,4 +1,5 @@
 """Service configuration, read once from the environment (see README "Configuration")."""
+
 from __future__ import annotations
 
 import os

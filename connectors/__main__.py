@@ -6,6 +6,7 @@ Example (vLLM started with ``--kv-events-config '{"enable_kv_cache_events": true
     python -m connectors --endpoint tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558 \\
         --manager http://127.0.0.1:8000 --instance-id demo --host-ip-port 10.0.0.8:8080 --spec full_0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token", default="", help="bearer token (an API key) when KVCM has auth on")
     p.add_argument("--instance-id", required=True)
     p.add_argument("--host-ip-port", required=True, help="this engine's address, as routers should see it")
-    p.add_argument("--storage-type", default="ST_EVENT_REPORT_L1P5",
-                   choices=["ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"])
+    p.add_argument(
+        "--storage-type", default="ST_EVENT_REPORT_L1P5", choices=["ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"]
+    )
     p.add_argument("--spec", action="append", default=[], help="a location spec name each block carries (repeat)")
     p.add_argument("--uri-template", default=RelayConfig.uri_template)
     p.add_argument("--medium", default="gpu", help="the medium of events that name none")
-    p.add_argument("--keys", choices=["engine", "tokens"], default="engine",
-                   help="block keys: the engine's hashes, or KVCM's keys of the token ids")
+    p.add_argument(
+        "--keys",
+        choices=["engine", "tokens"],
+        default="engine",
+        help="block keys: the engine's hashes, or KVCM's keys of the token ids",
+    )
     p.add_argument("--block-size", type=int, default=0, help="tokens per block (--keys tokens)")
     p.add_argument("--max-batch", type=int, default=1000)
     p.add_argument("--flush-ms", type=float, default=50)
@@ -45,12 +51,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.keys == "tokens" and args.block_size <= 0:
         raise SystemExit("--keys tokens needs --block-size")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config = RelayConfig(manager_url=args.manager, instance_id=args.instance_id, host_ip_port=args.host_ip_port,
-                         storage_type=args.storage_type, spec_names=tuple(args.spec or ["full_0"]),
-                         uri_template=args.uri_template, default_medium=args.medium, keys=args.keys,
-                         block_size=args.block_size, max_batch=args.max_batch,
-                         flush_interval_s=args.flush_ms / 1000, heartbeat_interval_s=args.heartbeat_s,
-                         token=args.token)
+    config = RelayConfig(
+        manager_url=args.manager,
+        instance_id=args.instance_id,
+        host_ip_port=args.host_ip_port,
+        storage_type=args.storage_type,
+        spec_names=tuple(args.spec or ["full_0"]),
+        uri_template=args.uri_template,
+        default_medium=args.medium,
+        keys=args.keys,
+        block_size=args.block_size,
+        max_batch=args.max_batch,
+        flush_interval_s=args.flush_ms / 1000,
+        heartbeat_interval_s=args.heartbeat_s,
+        token=args.token,
+    )
     relay = Relay(config, args.endpoint, args.replay_endpoint, topic=args.topic.encode()).start()
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,6 +13,7 @@ multipart messages ``(topic, seq, payload)``: ``seq`` an 8-byte big-endian seque
 sequence numbers are asked of the ROUTER replay socket: send ``(b"", start_seq)``, receive
 ``(b"", seq, payload)`` frames up to ``seq == -1``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,6 +10,7 @@ a NODE_REGISTER; items refused as invalid are dropped and counted. The queue bet
 is bounded: when KVCM falls behind the subscriber waits, the engine's socket buffers and
 then drops, and the dropped sequence numbers come back from the replay socket.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import urllib3
@@ -28,8 +29,17 @@ import zmq
 
 from chalicelib.cache.keys import keys_from_tokens
 
-from .kv_events import (END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, MalformedBatchError,
-                        block_key, decode_batch, sequence_number)
+from .kv_events import (
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    MalformedBatchError,
+    block_key,
+    decode_batch,
+    sequence_number,
+)
 
 log = logging.getLogger("kvcm.relay")
 #: Engine block hashes remembered to chain token-derived keys (``keys="tokens"``).
@@ -134,8 +144,10 @@ class Translator:
 
     def _specs(self, medium: str, key: int) -> list[dict[str, str]]:
         c = self.config
-        return [{"name": spec, "uri": c.uri_template.format(host_ip_port=c.host_ip_port, medium=medium, key=key,
-                                                            spec=spec)} for spec in c.spec_names]
+        return [
+            {"name": spec, "uri": c.uri_template.format(host_ip_port=c.host_ip_port, medium=medium, key=key, spec=spec)}
+            for spec in c.spec_names
+        ]
 
     def _stored_keys(self, event: BlockStored) -> list[int | None]:
         if self.config.keys == "engine":
@@ -163,14 +175,26 @@ class Translator:
     def translate(self, event: KVEvent) -> list[Item]:
         medium = (getattr(event, "medium", None) or self.config.default_medium).lower()
         if isinstance(event, BlockStored):
-            return [_item("EVENT_BLOCK_ADD", "block_add",
-                          {"block_key": str(key), "medium": medium, "specs": self._specs(medium, key)})
-                    for key in self._stored_keys(event) if key is not None]
+            return [
+                _item(
+                    "EVENT_BLOCK_ADD",
+                    "block_add",
+                    {"block_key": str(key), "medium": medium, "specs": self._specs(medium, key)},
+                )
+                for key in self._stored_keys(event)
+                if key is not None
+            ]
         if isinstance(event, BlockRemoved):
             keys = [self._removed_key(h) for h in event.block_hashes]
-            return [_item("EVENT_BLOCK_DELETE", "block_delete",
-                          {"block_key": str(key), "medium": medium, "spec_names": list(self.config.spec_names)})
-                    for key in keys if key is not None]
+            return [
+                _item(
+                    "EVENT_BLOCK_DELETE",
+                    "block_delete",
+                    {"block_key": str(key), "medium": medium, "spec_names": list(self.config.spec_names)},
+                )
+                for key in keys
+                if key is not None
+            ]
         if isinstance(event, AllBlocksCleared):
             self._kvcm_keys.clear()
             return [HOST_DOWN]  # then a NODE_REGISTER: the reporter starts empty
@@ -184,8 +208,9 @@ def _hashable(value: object) -> Hashable:
 class Sender:
     """Sends items to KVCM with upstream's reportEvent contract, retrying what may be retried."""
 
-    def __init__(self, config: RelayConfig, transport: Transport, stats: RelayStats,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, config: RelayConfig, transport: Transport, stats: RelayStats, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.config = config
         self.transport = transport
         self.stats = stats
@@ -193,8 +218,13 @@ class Sender:
 
     def _body(self, items: list[Item]) -> Item:
         c = self.config
-        return {"trace_id": f"relay-{time.time_ns()}", "instance_id": c.instance_id, "host_ip_port": c.host_ip_port,
-                "storage_type": c.storage_type, "events": items}
+        return {
+            "trace_id": f"relay-{time.time_ns()}",
+            "instance_id": c.instance_id,
+            "host_ip_port": c.host_ip_port,
+            "storage_type": c.storage_type,
+            "events": items,
+        }
 
     def _post(self, items: list[Item]) -> Item | None:
         """The answer to ``items``, retried on transport errors and SERVICE_NOT_READY; None
@@ -245,9 +275,15 @@ class Sender:
 class Relay:
     """Subscribes to an engine's KV events and reports them to KVCM until ``stop``."""
 
-    def __init__(self, config: RelayConfig, endpoint: str, replay_endpoint: str = "",
-                 transport: Transport | None = None, context: zmq.Context[Any] | None = None,
-                 topic: bytes = b"") -> None:
+    def __init__(
+        self,
+        config: RelayConfig,
+        endpoint: str,
+        replay_endpoint: str = "",
+        transport: Transport | None = None,
+        context: zmq.Context[Any] | None = None,
+        topic: bytes = b"",
+    ) -> None:
         self.config = config
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint

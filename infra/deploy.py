@@ -19,6 +19,7 @@ Step Functions and Secrets Manager without a NAT gateway).
 ``--endpoint HOST:PORT`` points every call at a local AWS emulator (LocalStack, or the
 moto server of ``infra.rehearsal``) through a ``localstack-client`` session.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,9 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Mapping
 
 from infra import merge_template
 
@@ -92,10 +93,12 @@ def default_network(ec2: Any) -> dict[str, str]:
     for subnet in sorted(subnets, key=lambda s: (s["AvailabilityZone"], s["SubnetId"])):
         by_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
     tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["RouteTables"]
-    return {"VpcId": vpc_id,
-            # One subnet in each of the first DEFAULT_ZONES zones, as ElastiCache picks by itself.
-            "SubnetIds": ",".join(list(by_zone.values())[:DEFAULT_ZONES]),
-            "RouteTableIds": ",".join(sorted(table["RouteTableId"] for table in tables))}
+    return {
+        "VpcId": vpc_id,
+        # One subnet in each of the first DEFAULT_ZONES zones, as ElastiCache picks by itself.
+        "SubnetIds": ",".join(list(by_zone.values())[:DEFAULT_ZONES]),
+        "RouteTableIds": ",".join(sorted(table["RouteTableId"] for table in tables)),
+    }
 
 
 def stack_parameters(aws: Any, stage: str, overrides: Mapping[str, str]) -> dict[str, str]:
@@ -134,8 +137,10 @@ def template_source(aws: Any, template: dict, bucket: str | None, key_prefix: st
         upload(s3, bucket, key, body.encode())
         return {"TemplateURL": object_url(s3, bucket, key)}
     if len(body) > INLINE_TEMPLATE_LIMIT:
-        raise DeployError(f"the template is {len(body)} bytes, over CloudFormation's inline limit of "
-                          f"{INLINE_TEMPLATE_LIMIT}: give an S3 bucket for it (BUCKET=... / --bucket)")
+        raise DeployError(
+            f"the template is {len(body)} bytes, over CloudFormation's inline limit of "
+            f"{INLINE_TEMPLATE_LIMIT}: give an S3 bucket for it (BUCKET=... / --bucket)"
+        )
     return {"TemplateBody": body}
 
 
@@ -154,13 +159,17 @@ def _failure_reasons(cloudformation: Any, name: str) -> str:
     except cloudformation.exceptions.ClientError as exc:
         return f"the stack is gone ({exc})"
     events = cloudformation.describe_stack_events(StackName=name)["StackEvents"]
-    reasons = [f"{event.get('LogicalResourceId')}: {event.get('ResourceStatusReason', '')}" for event in events
-               if event.get("ResourceStatus", "").endswith("_FAILED")]
+    reasons = [
+        f"{event.get('LogicalResourceId')}: {event.get('ResourceStatusReason', '')}"
+        for event in events
+        if event.get("ResourceStatus", "").endswith("_FAILED")
+    ]
     return "; ".join([f"{stack['StackStatus']} {stack.get('StackStatusReason', '')}".strip(), *reasons[:10]])
 
 
-def deploy_stack(aws: Any, name: str, source: Mapping[str, str], parameters: Mapping[str, str],
-                 poll_s: float = 5.0) -> dict[str, str]:
+def deploy_stack(
+    aws: Any, name: str, source: Mapping[str, str], parameters: Mapping[str, str], poll_s: float = 5.0
+) -> dict[str, str]:
     """Creates or updates the stack and waits for it; returns its outputs."""
     cloudformation = aws.client("cloudformation")
     status = _stack_status(cloudformation, name)
@@ -168,9 +177,12 @@ def deploy_stack(aws: Any, name: str, source: Mapping[str, str], parameters: Map
         cloudformation.delete_stack(StackName=name)
         cloudformation.get_waiter("stack_delete_complete").wait(StackName=name, WaiterConfig={"Delay": poll_s})
         status = None
-    arguments = dict(StackName=name, Capabilities=CAPABILITIES,
-                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
-                     **source)
+    arguments = dict(
+        StackName=name,
+        Capabilities=CAPABILITIES,
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+        **source,
+    )
     try:
         if status is None:
             cloudformation.create_stack(**arguments)
@@ -210,8 +222,14 @@ def with_bytecode(code: bytes) -> bytes:
         with zipfile.ZipFile(io.BytesIO(code)) as archive:
             archive.extractall(root)
             entries = archive.infolist()
-        compileall.compile_dir(root, quiet=2, workers=1,
-                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        # Into the package's own __pycache__ folders, whatever PYTHONPYCACHEPREFIX says.
+        prefix, sys.pycache_prefix = sys.pycache_prefix, None
+        try:
+            compileall.compile_dir(
+                root, quiet=2, workers=1, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+            )
+        finally:
+            sys.pycache_prefix = prefix
         known = {entry.filename for entry in entries}
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -225,8 +243,9 @@ def with_bytecode(code: bytes) -> bytes:
         return buffer.getvalue()
 
 
-def deploy_packaged(aws: Any, stage: str, bucket: str, package_dir: Path,
-                    overrides: Mapping[str, str] = {}, poll_s: float = 5.0) -> dict[str, str]:
+def deploy_packaged(
+    aws: Any, stage: str, bucket: str, package_dir: Path, overrides: Mapping[str, str] = {}, poll_s: float = 5.0
+) -> dict[str, str]:
     """``make deploy``: the packaged template and its code, through S3, as stack ``kvcm-<stage>``."""
     template = json.loads((package_dir / "sam.json").read_text(encoding="utf-8"))
     code = with_bytecode((package_dir / "deployment.zip").read_bytes())
@@ -236,8 +255,9 @@ def deploy_packaged(aws: Any, stage: str, bucket: str, package_dir: Path,
     return deploy_stack(aws, stack_name(stage), source, stack_parameters(aws, stage, overrides), poll_s)
 
 
-def deploy_infra(aws: Any, stage: str, bucket: str | None = None,
-                 overrides: Mapping[str, str] = {}, poll_s: float = 5.0) -> dict[str, str]:
+def deploy_infra(
+    aws: Any, stage: str, bucket: str | None = None, overrides: Mapping[str, str] = {}, poll_s: float = 5.0
+) -> dict[str, str]:
     """The infrastructure stack ``kvcm-<stage>-infra`` for ``chalice deploy``."""
     source = template_source(aws, merge_template.build_infra(stage), bucket, f"kvcm/{stage}/infra")
     return deploy_stack(aws, stack_name(stage, infra=True), source, stack_parameters(aws, stage, overrides), poll_s)
@@ -264,9 +284,14 @@ def configure_stage(project_dir: Path, stage: str, outputs: Mapping[str, str]) -
     chalice_dir = project_dir / ".chalice"
     config_path = chalice_dir / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    settings = config.setdefault("stages", {}).setdefault(stage, {
-        "api_gateway_stage": "api", "autogen_policy": False,
-        "environment_variables": {"KVCM_STAGE": stage, "KVCM_DEBUG_SERVICE": "false", "KVCM_AUTH": "true"}})
+    settings = config.setdefault("stages", {}).setdefault(
+        stage,
+        {
+            "api_gateway_stage": "api",
+            "autogen_policy": False,
+            "environment_variables": {"KVCM_STAGE": stage, "KVCM_DEBUG_SERVICE": "false", "KVCM_AUTH": "true"},
+        },
+    )
     policy_file = settings.setdefault("iam_policy_file", f"policy-{stage}.json")
     settings["autogen_policy"] = False
     settings.setdefault("environment_variables", {}).update(stage_environment(outputs))
@@ -276,8 +301,10 @@ def configure_stage(project_dir: Path, stage: str, outputs: Mapping[str, str]) -
     policy_path = chalice_dir / policy_file
     if not policy_path.exists():
         template = (chalice_dir / "policy-dev.json").read_text(encoding="utf-8")
-        policy_path.write_text(template.replace("kvcm-control-dev", f"kvcm-control-{stage}")
-                               .replace("kvcm-dev-", f"kvcm-{stage}-"), encoding="utf-8")
+        policy_path.write_text(
+            template.replace("kvcm-control-dev", f"kvcm-control-{stage}").replace("kvcm-dev-", f"kvcm-{stage}-"),
+            encoding="utf-8",
+        )
     return settings
 
 
@@ -290,11 +317,17 @@ def print_outputs(outputs: Mapping[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--region", default=None, help="AWS region (default: the session's, else us-east-1)")
-    parser.add_argument("--endpoint", default=None, metavar="HOST:PORT",
-                        help="a local AWS emulator (LocalStack or moto on :4566) instead of AWS")
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="a local AWS emulator (LocalStack or moto on :4566) instead of AWS",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("stack", "deploy the packaged template (make deploy)"),
-                            ("infra", "deploy the infrastructure stack for chalice deploy")):
+    for name, help_text in (
+        ("stack", "deploy the packaged template (make deploy)"),
+        ("infra", "deploy the infrastructure stack for chalice deploy"),
+    ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--stage", required=True)
         command.add_argument("--bucket", required=name == "stack", help="S3 bucket for the code and template")
@@ -309,15 +342,22 @@ def main(argv: list[str] | None = None) -> int:
     aws = session(args.region or _default_region(), args.endpoint)
     try:
         if args.command == "stack":
-            outputs = deploy_packaged(aws, args.stage, args.bucket, args.package_dir or REPO_ROOT / "out" / args.stage,
-                                      parse_overrides(args.parameters))
+            outputs = deploy_packaged(
+                aws,
+                args.stage,
+                args.bucket,
+                args.package_dir or REPO_ROOT / "out" / args.stage,
+                parse_overrides(args.parameters),
+            )
         elif args.command == "infra":
             outputs = deploy_infra(aws, args.stage, args.bucket, parse_overrides(args.parameters))
         else:
             outputs = stack_outputs(aws, stack_name(args.stage, infra=True))
             configure_stage(args.project_dir, args.stage, outputs)
-            print(f"stage {args.stage} of {args.project_dir / '.chalice' / 'config.json'} configured; "
-                  f"next: chalice deploy --stage {args.stage}")
+            print(
+                f"stage {args.stage} of {args.project_dir / '.chalice' / 'config.json'} configured; "
+                f"next: chalice deploy --stage {args.stage}"
+            )
             return 0
     except DeployError as exc:
         print(f"deploy failed: {exc}", file=sys.stderr)

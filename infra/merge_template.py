@@ -25,15 +25,16 @@ Two builds:
 
 Usage: ``python -m infra.merge_template --stage dev [--infra] --output FILE``
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Mapping
 
 import yaml
 
@@ -72,8 +73,10 @@ def state_machine_name(workflow: str) -> dict:
 def state_machine_arn(workflow: str) -> dict:
     """Built, not ``Ref``-ed: a function's environment referencing a state machine that
     references the function would be a dependency cycle."""
-    return {"Fn::Sub": "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
-                       f":stateMachine:kvcm-${{Stage}}-{workflow}"}
+    return {
+        "Fn::Sub": "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
+        f":stateMachine:kvcm-${{Stage}}-{workflow}"
+    }
 
 
 class PackagedFunctions:
@@ -102,8 +105,10 @@ class DeployedFunctions:
     """Functions as ``chalice deploy`` creates them (``deployed_function_name``)."""
 
     def arn(self, name: str) -> dict:
-        return {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
-                           f":function:{deployed_function_name(name)}"}
+        return {
+            "Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}"
+            f":function:{deployed_function_name(name)}"
+        }
 
     def name(self, name: str) -> dict:
         return {"Fn::Sub": deployed_function_name(name)}
@@ -112,8 +117,9 @@ class DeployedFunctions:
     api_name = APP_NAME
 
 
-def state_machine_resource(workflow: str, definition: dict, functions: Iterable[str],
-                           binding: Any = PACKAGED_FUNCTIONS) -> dict:
+def state_machine_resource(
+    workflow: str, definition: dict, functions: Iterable[str], binding: Any = PACKAGED_FUNCTIONS
+) -> dict:
     """The state machine of one workflow; ``functions`` are the function names its tasks invoke."""
     return {
         "Type": "AWS::StepFunctions::StateMachine",
@@ -122,8 +128,9 @@ def state_machine_resource(workflow: str, definition: dict, functions: Iterable[
             "RoleArn": {"Fn::GetAtt": ["StateMachineRole", "Arn"]},
             # An object (not DefinitionString), so cfn-lint validates the ASL.
             "Definition": definition,
-            "DefinitionSubstitutions": {asl.arn_placeholder(function_logical_id(name)): binding.arn(name)
-                                        for name in sorted(functions)},
+            "DefinitionSubstitutions": {
+                asl.arn_placeholder(function_logical_id(name)): binding.arn(name) for name in sorted(functions)
+            },
         },
     }
 
@@ -147,30 +154,51 @@ def log_groups(function_names: Iterable[str]) -> dict:
     """One log group per function, named as Lambda names a ``chalice deploy`` function's
     (``/aws/lambda/<function name>``) so both paths log to the same place, with the stack's
     retention."""
-    return {log_group_logical_id(name): {
-        "Type": "AWS::Logs::LogGroup",
-        "DeletionPolicy": "Delete",
-        "UpdateReplacePolicy": "Delete",
-        "Properties": {"LogGroupName": {"Fn::Sub": f"/aws/lambda/{deployed_function_name(name)}"},
-                       "RetentionInDays": {"Ref": "LogRetentionDays"}},
-    } for name in function_names}
+    return {
+        log_group_logical_id(name): {
+            "Type": "AWS::Logs::LogGroup",
+            "DeletionPolicy": "Delete",
+            "UpdateReplacePolicy": "Delete",
+            "Properties": {
+                "LogGroupName": {"Fn::Sub": f"/aws/lambda/{deployed_function_name(name)}"},
+                "RetentionInDays": {"Ref": "LogRetentionDays"},
+            },
+        }
+        for name in function_names
+    }
 
 
 #: The alarms notify the AlarmTopicArn parameter's topic when one is given.
 ALARM_ACTIONS = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
 
 
-def alarm(description: str, namespace: str, metric: str, dimensions: Mapping[str, Any], threshold: float,
-          statistic: str = "Sum", periods: int = 1, condition: str | None = None) -> dict:
+def alarm(
+    description: str,
+    namespace: str,
+    metric: str,
+    dimensions: Mapping[str, Any],
+    threshold: float,
+    statistic: str = "Sum",
+    periods: int = 1,
+    condition: str | None = None,
+) -> dict:
     """A CloudWatch alarm on one metric over 5-minute periods; missing data is fine."""
-    resource: dict[str, Any] = {"Type": "AWS::CloudWatch::Alarm", "Properties": {
-        "AlarmDescription": description,
-        "Namespace": namespace, "MetricName": metric,
-        "Dimensions": [{"Name": key, "Value": value} for key, value in dimensions.items()],
-        "Statistic": statistic, "Period": 300, "EvaluationPeriods": periods, "Threshold": threshold,
-        "ComparisonOperator": "GreaterThanThreshold", "TreatMissingData": "notBreaching",
-        "AlarmActions": ALARM_ACTIONS,
-    }}
+    resource: dict[str, Any] = {
+        "Type": "AWS::CloudWatch::Alarm",
+        "Properties": {
+            "AlarmDescription": description,
+            "Namespace": namespace,
+            "MetricName": metric,
+            "Dimensions": [{"Name": key, "Value": value} for key, value in dimensions.items()],
+            "Statistic": statistic,
+            "Period": 300,
+            "EvaluationPeriods": periods,
+            "Threshold": threshold,
+            "ComparisonOperator": "GreaterThanThreshold",
+            "TreatMissingData": "notBreaching",
+            "AlarmActions": ALARM_ACTIONS,
+        },
+    }
     if condition:
         resource["Condition"] = condition
     return resource
@@ -183,41 +211,88 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
     resources = {
         "ApiServerErrorsAlarm": alarm(
             "More than 1% of API calls answered 5xx for 10 minutes (Valkey or DynamoDB unreachable, handler crash)",
-            "AWS/ApiGateway", "5XXError", {"ApiName": binding.api_name, "Stage": api_stage}, 0.01,
-            statistic="Average", periods=2),
+            "AWS/ApiGateway",
+            "5XXError",
+            {"ApiName": binding.api_name, "Stage": api_stage},
+            0.01,
+            statistic="Average",
+            periods=2,
+        ),
         "ReaperFailuresAlarm": alarm(
             "A write-session reaper execution failed: expired write sessions are not being cleaned up",
-            "AWS/States", "ExecutionsFailed", {"StateMachineArn": state_machine_arn("write_session_reaper")}, 0),
+            "AWS/States",
+            "ExecutionsFailed",
+            {"StateMachineArn": state_machine_arn("write_session_reaper")},
+            0,
+        ),
         "DeletionFailuresAlarm": alarm(
             "A batched deletion execution failed: removed blocks' data stays on storage until the stranded sweep",
-            "AWS/States", "ExecutionsFailed", {"StateMachineArn": state_machine_arn("batched_delete")}, 0),
-        "ValkeyMemoryAlarm": {"Type": "AWS::CloudWatch::Alarm", "Condition": "CreateValkey", "Properties": {
-            "AlarmDescription": "Valkey data above 80% of ValkeyMaxDataGB: writes will be refused at the limit",
-            "Metrics": [
-                {"Id": "used", "ReturnData": False, "MetricStat": {"Stat": "Maximum", "Period": 300, "Metric": {
-                    "Namespace": "AWS/ElastiCache", "MetricName": "BytesUsedForCache",
-                    "Dimensions": [{"Name": "clusterId", "Value": {"Fn::Sub": "kvcm-${Stage}"}}]}}},
-                {"Id": "percent", "Label": "Valkey data, % of the limit",
-                 "Expression": {"Fn::Sub": "100 * used / (${ValkeyMaxDataGB} * 1073741824)"}}],
-            "EvaluationPeriods": 1, "Threshold": 80, "ComparisonOperator": "GreaterThanThreshold",
-            "TreatMissingData": "notBreaching",
-            "AlarmActions": ALARM_ACTIONS}},
+            "AWS/States",
+            "ExecutionsFailed",
+            {"StateMachineArn": state_machine_arn("batched_delete")},
+            0,
+        ),
+        "ValkeyMemoryAlarm": {
+            "Type": "AWS::CloudWatch::Alarm",
+            "Condition": "CreateValkey",
+            "Properties": {
+                "AlarmDescription": "Valkey data above 80% of ValkeyMaxDataGB: writes will be refused at the limit",
+                "Metrics": [
+                    {
+                        "Id": "used",
+                        "ReturnData": False,
+                        "MetricStat": {
+                            "Stat": "Maximum",
+                            "Period": 300,
+                            "Metric": {
+                                "Namespace": "AWS/ElastiCache",
+                                "MetricName": "BytesUsedForCache",
+                                "Dimensions": [{"Name": "clusterId", "Value": {"Fn::Sub": "kvcm-${Stage}"}}],
+                            },
+                        },
+                    },
+                    {
+                        "Id": "percent",
+                        "Label": "Valkey data, % of the limit",
+                        "Expression": {"Fn::Sub": "100 * used / (${ValkeyMaxDataGB} * 1073741824)"},
+                    },
+                ],
+                "EvaluationPeriods": 1,
+                "Threshold": 80,
+                "ComparisonOperator": "GreaterThanThreshold",
+                "TreatMissingData": "notBreaching",
+                "AlarmActions": ALARM_ACTIONS,
+            },
+        },
         # Serverless Valkey has no CPU metric: it scales compute (ECPUs) and throttles
         # commands when load grows faster than it scales.
         "ValkeyComputeAlarm": alarm(
             "Valkey throttled commands (compute scaling behind the load): API calls slow down or fail",
-            "AWS/ElastiCache", "ThrottledCmds", {"clusterId": {"Fn::Sub": "kvcm-${Stage}"}}, 0,
-            condition="CreateValkey"),
+            "AWS/ElastiCache",
+            "ThrottledCmds",
+            {"clusterId": {"Fn::Sub": "kvcm-${Stage}"}},
+            0,
+            condition="CreateValkey",
+        ),
     }
     if "api_handler" in names:
         resources["ApiThrottlesAlarm"] = alarm(
             "The API function was throttled (account or reserved concurrency exhausted): callers get 5xx",
-            "AWS/Lambda", "Throttles", {"FunctionName": fn("api_handler")}, 0)
+            "AWS/Lambda",
+            "Throttles",
+            {"FunctionName": fn("api_handler")},
+            0,
+        )
     for name, what in (("reclaim", "Reclaim"), ("reaper_watchdog", "ReaperWatchdog")):
         if name in names:
             resources[f"{what}ErrorsAlarm"] = alarm(
                 f"The {name} function failed in 3 consecutive 5-minute periods",
-                "AWS/Lambda", "Errors", {"FunctionName": fn(name)}, 0, periods=3)
+                "AWS/Lambda",
+                "Errors",
+                {"FunctionName": fn(name)},
+                0,
+                periods=3,
+            )
     return resources
 
 
@@ -232,39 +307,76 @@ def dashboard(binding: Any, api_stage: str, function_names: Iterable[str], workf
         return f"${{Fn{function_logical_id(name)}}}"
 
     def widget(title: str, metrics: list[list], stat: str = "Sum") -> dict:
-        return {"type": "metric", "width": 12, "height": 6, "properties": {
-            "title": title, "metrics": metrics, "stat": stat, "period": 60, "region": "${AWS::Region}",
-            "view": "timeSeries"}}
+        return {
+            "type": "metric",
+            "width": 12,
+            "height": 6,
+            "properties": {
+                "title": title,
+                "metrics": metrics,
+                "stat": stat,
+                "period": 60,
+                "region": "${AWS::Region}",
+                "view": "timeSeries",
+            },
+        }
 
     api = ["ApiName", "${ApiName}", "Stage", api_stage]
     widgets = [
-        widget("API calls and errors", [["AWS/ApiGateway", metric, *api] for metric in ("Count", "5XXError", "4XXError")]),
-        widget("API latency (p50, p99)", [["AWS/ApiGateway", "Latency", *api, {"stat": stat}] for stat in ("p50", "p99")],
-               stat="p50"),
+        widget(
+            "API calls and errors", [["AWS/ApiGateway", metric, *api] for metric in ("Count", "5XXError", "4XXError")]
+        ),
+        widget(
+            "API latency (p50, p99)",
+            [["AWS/ApiGateway", "Latency", *api, {"stat": stat}] for stat in ("p50", "p99")],
+            stat="p50",
+        ),
         widget("Function errors", [["AWS/Lambda", "Errors", "FunctionName", fn(n)] for n in names]),
         widget("Function throttles", [["AWS/Lambda", "Throttles", "FunctionName", fn(n)] for n in names]),
-        widget("State machine failures", [["AWS/States", "ExecutionsFailed", "StateMachineArn",
-                                           "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
-                                           f":stateMachine:kvcm-${{Stage}}-{w}"] for w in sorted(workflows)]),
-        widget("Valkey data (bytes) and compute (ECPUs)", [
-            ["AWS/ElastiCache", "BytesUsedForCache", "clusterId", "kvcm-${Stage}", {"stat": "Maximum"}],
-            ["AWS/ElastiCache", "ElastiCacheProcessingUnits", "clusterId", "kvcm-${Stage}", {"yAxis": "right"}],
-            ["AWS/ElastiCache", "ThrottledCmds", "clusterId", "kvcm-${Stage}", {"yAxis": "right"}]]),
-        widget("Control table throttles", [["AWS/DynamoDB", "ThrottledRequests", "TableName",
-                                            "kvcm-control-${Stage}"]]),
+        widget(
+            "State machine failures",
+            [
+                [
+                    "AWS/States",
+                    "ExecutionsFailed",
+                    "StateMachineArn",
+                    "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
+                    f":stateMachine:kvcm-${{Stage}}-{w}",
+                ]
+                for w in sorted(workflows)
+            ],
+        ),
+        widget(
+            "Valkey data (bytes) and compute (ECPUs)",
+            [
+                ["AWS/ElastiCache", "BytesUsedForCache", "clusterId", "kvcm-${Stage}", {"stat": "Maximum"}],
+                ["AWS/ElastiCache", "ElastiCacheProcessingUnits", "clusterId", "kvcm-${Stage}", {"yAxis": "right"}],
+                ["AWS/ElastiCache", "ThrottledCmds", "clusterId", "kvcm-${Stage}", {"yAxis": "right"}],
+            ],
+        ),
+        widget(
+            "Control table throttles", [["AWS/DynamoDB", "ThrottledRequests", "TableName", "kvcm-control-${Stage}"]]
+        ),
     ]
     for number, item in enumerate(widgets):
         item["x"], item["y"] = 12 * (number % 2), 6 * (number // 2)
     body = json.dumps({"widgets": widgets})
-    return {"Type": "AWS::CloudWatch::Dashboard", "Properties": {
-        "DashboardName": {"Fn::Sub": "kvcm-${Stage}"}, "DashboardBody": {"Fn::Sub": [body, variables]}}}
+    return {
+        "Type": "AWS::CloudWatch::Dashboard",
+        "Properties": {"DashboardName": {"Fn::Sub": "kvcm-${Stage}"}, "DashboardBody": {"Fn::Sub": [body, variables]}},
+    }
 
 
 def efs_mount(function_names: Iterable[str]) -> dict:
     """Resources fragments: the EFS mount on each function, the mount policy on its role
     (named ``<function>_role`` by Chalice for a stage with an ``iam_policy_file``)."""
-    mount = {"Fn::If": ["MountEfs", [{"Arn": {"Ref": "EfsAccessPointArn"}, "LocalMountPath": {"Ref": "EfsMountPath"}}],
-                        {"Ref": "AWS::NoValue"}]}
+    mount = {
+        "Fn::If": [
+            "MountEfs",
+            [{"Arn": {"Ref": "EfsAccessPointArn"}, "LocalMountPath": {"Ref": "EfsMountPath"}}],
+            {"Ref": "AWS::NoValue"},
+        ]
+    }
     policy = {"Fn::If": ["MountEfs", [{"Ref": "EfsClientPolicy"}], {"Ref": "AWS::NoValue"}]}
     resources = {}
     for name in function_names:
@@ -284,14 +396,17 @@ def apply_stage_environment(stage: str, config: Path = CHALICE_CONFIG) -> None:
     loads the app to package or deploy it: which functions the app has may depend on them
     (the API Gateway authorizer)."""
     settings = json.loads(config.read_text(encoding="utf-8"))
-    variables = {**settings.get("environment_variables", {}),
-                 **settings.get("stages", {}).get(stage, {}).get("environment_variables", {})}
+    variables = {
+        **settings.get("environment_variables", {}),
+        **settings.get("stages", {}).get(stage, {}).get("environment_variables", {}),
+    }
     for key, value in variables.items():
         os.environ.setdefault(key, value)
 
 
-def _shared(stage: str, workflows_dir: Path, base: Path, function_names: Iterable[str] | None,
-            binding: Any) -> tuple[dict, list[str]]:
+def _shared(
+    stage: str, workflows_dir: Path, base: Path, function_names: Iterable[str] | None, binding: Any
+) -> tuple[dict, list[str]]:
     """kvcm.yaml with everything derived from the code, functions bound by ``binding``."""
     template: dict[str, Any] = yaml.safe_load(base.read_text(encoding="utf-8"))
     template["Parameters"]["Stage"]["Default"] = stage
@@ -311,14 +426,20 @@ def _shared(stage: str, workflows_dir: Path, base: Path, function_names: Iterabl
         functions = {by_logical_id.get(logical_id, logical_id) for logical_id in asl.invoked_functions(text, str(path))}
         invoked |= functions
         template["Resources"][f"{asl.logical_id(workflow)}StateMachine"] = state_machine_resource(
-            workflow, json.loads(text), functions, binding)
+            workflow, json.loads(text), functions, binding
+        )
         if workflow in asl.STATE_MACHINE_ENV:
             template["Outputs"][state_machine_output(workflow)] = {"Value": state_machine_arn(workflow)}
     if invoked:
         document = template["Resources"]["StateMachineRole"]["Properties"]["Policies"][0]["PolicyDocument"]
-        document["Statement"].append({
-            "Sid": "InvokeTaskFunctions", "Effect": "Allow", "Action": "lambda:InvokeFunction",
-            "Resource": [binding.arn(name) for name in sorted(invoked)]})
+        document["Statement"].append(
+            {
+                "Sid": "InvokeTaskFunctions",
+                "Effect": "Allow",
+                "Action": "lambda:InvokeFunction",
+                "Resource": [binding.arn(name) for name in sorted(invoked)],
+            }
+        )
     api_stage = api_gateway_stage(stage)
     template["Resources"].update(log_groups(names))
     template["Resources"].update(alarms(binding, api_stage, names))
@@ -336,8 +457,12 @@ def function_environment(template: dict) -> dict:
     return variables
 
 
-def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
-          function_names: Iterable[str] | None = None) -> dict:
+def build(
+    stage: str,
+    workflows_dir: Path = WORKFLOWS_DIR,
+    base: Path = BASE_TEMPLATE,
+    function_names: Iterable[str] | None = None,
+) -> dict:
     """The merge template of ``chalice package`` for ``stage`` (``function_names``: the app's, by default)."""
     template, names = _shared(stage, workflows_dir, base, function_names, PACKAGED_FUNCTIONS)
     packaged = yaml.safe_load(PACKAGED_TEMPLATE.read_text(encoding="utf-8"))
@@ -350,14 +475,19 @@ def build(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEM
         # The function logs into the stack's log group (created first, retention set)
         # instead of one Lambda would create on first use.
         template["Resources"][function_logical_id(name)]["Properties"]["LoggingConfig"] = {
-            "LogGroup": {"Ref": log_group_logical_id(name)}}
+            "LogGroup": {"Ref": log_group_logical_id(name)}
+        }
     if "api_handler" in names:
         template["Resources"]["RestAPI"] = {"Properties": {"Name": PackagedFunctions.api_name}}
     return template
 
 
-def build_infra(stage: str, workflows_dir: Path = WORKFLOWS_DIR, base: Path = BASE_TEMPLATE,
-                function_names: Iterable[str] | None = None) -> dict:
+def build_infra(
+    stage: str,
+    workflows_dir: Path = WORKFLOWS_DIR,
+    base: Path = BASE_TEMPLATE,
+    function_names: Iterable[str] | None = None,
+) -> dict:
     """The infrastructure stack ``chalice deploy --stage <stage>`` runs against."""
     template, _ = _shared(stage, workflows_dir, base, function_names, DeployedFunctions())
     template["Description"] = template["Description"] + " - infrastructure for chalice deploy"

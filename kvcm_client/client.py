@@ -12,14 +12,15 @@ error, no endpoint) keeps the seed. A SERVER_NOT_LEADER answer makes it discover
 and retry, up to ``leader_retry_count`` times. A KVCM deployment has no leader-only method
 (every API container serves everything), so against KVCM the seed URL simply stays.
 """
+
 from __future__ import annotations
 
 import json
 import random
 import threading
 import time
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import urllib3
 
@@ -46,11 +47,23 @@ class KvcmClient(Methods):
     the response is returned as it is).
     """
 
-    def __init__(self, url: str = DEFAULT_URL, token: str = "", *, timeout_s: float = 10.0,
-                 connect_timeout_s: float = 3.0, retries: int = 3, backoff_s: float = 0.1,
-                 max_backoff_s: float = 2.0, pool_size: int = 8, check: bool = True,
-                 auto_discover_leader: bool = False, leader_retry_count: int = 1,
-                 sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str = "",
+        *,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 3.0,
+        retries: int = 3,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 2.0,
+        pool_size: int = 8,
+        check: bool = True,
+        auto_discover_leader: bool = False,
+        leader_retry_count: int = 1,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         self.seed_url = url.rstrip("/")
@@ -88,12 +101,24 @@ class KvcmClient(Methods):
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                timeout: urllib3.Timeout | None = None, base_url: str | None = None) -> tuple[int, bytes, str]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: urllib3.Timeout | None = None,
+        base_url: str | None = None,
+    ) -> tuple[int, bytes, str]:
         """One HTTP exchange: (status, body, content type). TransportError when there is no answer."""
         try:
-            response = self._pool.request(method, (base_url or self.url) + path, body=body, headers=self._headers(),
-                                          timeout=timeout or self._timeout, redirect=False)
+            response = self._pool.request(
+                method,
+                (base_url or self.url) + path,
+                body=body,
+                headers=self._headers(),
+                timeout=timeout or self._timeout,
+                redirect=False,
+            )
         except urllib3.exceptions.HTTPError as exc:
             raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         return response.status, response.data, response.headers.get("Content-Type", "")
@@ -169,8 +194,13 @@ class KvcmClient(Methods):
         """Ask the seed URL for the leader (upstream's ``getClusterInfo``); returns the URL now used."""
         body = json.dumps({"trace_id": f"leader_discovery_{time.monotonic_ns()}"}).encode()
         try:
-            status, raw, _ = self.request("POST", "/api/getClusterInfo", body,
-                                          timeout=urllib3.Timeout(DISCOVERY_TIMEOUT_S), base_url=self.seed_url)
+            status, raw, _ = self.request(
+                "POST",
+                "/api/getClusterInfo",
+                body,
+                timeout=urllib3.Timeout(DISCOVERY_TIMEOUT_S),
+                base_url=self.seed_url,
+            )
             data = json.loads(raw) if status == 200 else {}
         except (TransportError, ValueError):
             return self.url

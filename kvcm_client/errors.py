@@ -1,4 +1,5 @@
 """What a call can fail with: the service's answer (``KvcmError``) or the way there."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,9 @@ class ClientError(Exception):
 class KvcmError(ClientError):
     """The service answered with ``header.status.code`` other than OK."""
 
-    def __init__(self, api_name: str, code: ErrorCode, message: str, http_status: int = 200,
-                 response: Any | None = None) -> None:
+    def __init__(
+        self, api_name: str, code: ErrorCode, message: str, http_status: int = 200, response: Any | None = None
+    ) -> None:
         super().__init__(f"{api_name}: {code.name}: {message}" if message else f"{api_name}: {code.name}")
         self.api_name = api_name
         self.code = code

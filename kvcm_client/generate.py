@@ -6,6 +6,7 @@
 The request and response types are the service's own pydantic models, named by the route
 tables (``chalicelib.routes``): nothing about the shapes is written twice.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,18 @@ TARGET = Path(__file__).with_name("methods.py")
 #: Writes that may be sent twice with the same outcome, so a lost answer can be retried:
 #: re-registering the same config is OK, removing removed blocks removes nothing more,
 #: enabling an enabled storage or setting a setting again changes nothing.
-IDEMPOTENT_WRITES = frozenset({"registerInstance", "removeCache", "enableStorage", "disableStorage",
-                               "updateLogger", "updateLeaderElectorConfig", "removeFault", "clearFaults"})
+IDEMPOTENT_WRITES = frozenset(
+    {
+        "registerInstance",
+        "removeCache",
+        "enableStorage",
+        "disableStorage",
+        "updateLogger",
+        "updateLeaderElectorConfig",
+        "removeFault",
+        "clearFaults",
+    }
+)
 READ_PREFIXES = ("get", "list", "check")
 
 
@@ -60,8 +71,10 @@ def render_module(ops: list[Operation]) -> str:
         "",
         "#: api name → (request model, response model, service).",
         "OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {",
-        *[f'    "{op.api_name}": (m.{op.request_model.__name__}, m.{op.response_model.__name__}, "{op.service}"),'
-          for op in ops],
+        *[
+            f'    "{op.api_name}": (m.{op.request_model.__name__}, m.{op.response_model.__name__}, "{op.service}"),'
+            for op in ops
+        ],
         "}",
         "",
         "",

@@ -3,6 +3,7 @@
 Every test that touches Valkey gets a flushed database; every test that touches AWS gets
 a reset moto backend. Nothing here needs a network beyond loopback.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,21 +46,30 @@ def moto_endpoint():
     from moto.server import ThreadedMotoServer
 
     port = free_port()
-    saved = {k: os.environ.get(k) for k in (
-        "MOTO_PORT", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-        "AWS_DEFAULT_REGION", "AWS_REGION")}
-    os.environ.update({
-        "MOTO_PORT": str(port),
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_REGION": "us-east-1",
-    })
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "MOTO_PORT",
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "AWS_REGION",
+        )
+    }
+    os.environ.update(
+        {
+            "MOTO_PORT": str(port),
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+        }
+    )
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True},
-                                 "lambda": {"use_docker": False}})
+    moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}})
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -79,8 +89,7 @@ def aws(moto_endpoint):
     urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
     from moto.moto_api._internal.models import moto_api_backend
 
-    moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True},
-                                 "lambda": {"use_docker": False}})
+    moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}})
     return moto_endpoint
 
 

@@ -1,4 +1,5 @@
 """Helpers shared by the test tiers (fixtures live in the conftest files, not here)."""
+
 from __future__ import annotations
 
 import functools
@@ -47,8 +48,12 @@ def build_runtime(valkey, valkey_url: str, clock=None, *, install: bool = True, 
 
     settings.setdefault("control_table", f"ctl-{uuid.uuid4().hex[:8]}")
     settings.setdefault("config_refresh_s", 30.0)
-    runtime = Runtime(settings=Settings(valkey_url=valkey_url, **settings), clock=clock, valkey=valkey,
-                      aws_clients={"dynamodb": _dynamodb_client(os.environ.get("AWS_ENDPOINT_URL", ""))})
+    runtime = Runtime(
+        settings=Settings(valkey_url=valkey_url, **settings),
+        clock=clock,
+        valkey=valkey,
+        aws_clients={"dynamodb": _dynamodb_client(os.environ.get("AWS_ENDPOINT_URL", ""))},
+    )
     ensure_table(runtime.aws("dynamodb"), runtime.settings.control_table)
     if install:
         set_runtime(runtime)
@@ -93,9 +98,16 @@ def valkey_cluster(directory: Path, masters: int) -> Iterator[Any]:
             # The bus port is given: by default it is the port + 10000, beyond 65535 for a
             # high ephemeral port.
             bus_ports.append(free_port())
-            server = ValkeyServer(port=free_port(), data_dir=data, persist=False,
-                                  config={"cluster-enabled": "yes", "cluster-config-file": str(data / "nodes.conf"),
-                                          "cluster-port": str(bus_ports[-1])})
+            server = ValkeyServer(
+                port=free_port(),
+                data_dir=data,
+                persist=False,
+                config={
+                    "cluster-enabled": "yes",
+                    "cluster-config-file": str(data / "nodes.conf"),
+                    "cluster-port": str(bus_ports[-1]),
+                },
+            )
             server.start()
             servers.append(server)
         nodes = [redis.Redis(port=s.port) for s in servers]
@@ -106,8 +118,10 @@ def valkey_cluster(directory: Path, masters: int) -> Iterator[Any]:
             nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", server.port, bus_port)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(
-                b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO")
-                and len(node.execute_command("CLUSTER", "NODES").splitlines()) == masters for node in nodes):
+            b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO")
+            and len(node.execute_command("CLUSTER", "NODES").splitlines()) == masters
+            for node in nodes
+        ):
             time.sleep(0.05)
         client = RedisCluster.from_url(f"redis://127.0.0.1:{servers[0].port}/0")
         try:

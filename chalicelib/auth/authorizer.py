@@ -15,6 +15,7 @@ Missing or invalid credentials → UnauthorizedError (HTTP 401); too many failur
 TooManyAttemptsError (HTTP 429); a role without the permission → ForbiddenError (HTTP
 403). Messages name at most the user or key id, never a secret.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,8 +61,9 @@ def parse_bearer(headers: Mapping[str, str]) -> str:
 
 def principal_of(account: AccountRecord, key_id: str = "") -> Principal:
     """The caller an account (and the key it used) stands for."""
-    return Principal(account.user_name, account.role, Scope(frozenset(account.groups), account.instance_prefixes),
-                     key_id)
+    return Principal(
+        account.user_name, account.role, Scope(frozenset(account.groups), account.instance_prefixes), key_id
+    )
 
 
 class FailureLimiter:
@@ -69,8 +71,15 @@ class FailureLimiter:
     ``window_s`` is locked until they age out, and all failures together may not exceed
     ``per_window`` in ``window_s`` (each cost a scrypt check or a table read). Thread-safe."""
 
-    def __init__(self, clock: Clock, per_user: int = 5, per_window: int = 60, window_s: float = 60.0,
-                 max_users: int = 10_000, what: str = "password attempts") -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        per_user: int = 5,
+        per_window: int = 60,
+        window_s: float = 60.0,
+        max_users: int = 10_000,
+        what: str = "password attempts",
+    ) -> None:
         self._clock = clock
         self._what = what
         self._per_user = per_user
@@ -93,8 +102,9 @@ class FailureLimiter:
             if len(self._prune(self._all, now)) >= self._per_window:
                 raise TooManyAttemptsError(f"too many failed {self._what} on this node: retry later")
             if len(self._prune(self._users.get(user_name, deque()), now)) >= self._per_user:
-                raise TooManyAttemptsError(f"too many failed {self._what} for '{user_name}': "
-                                           f"retry in {self._window_s:.0f} s")
+                raise TooManyAttemptsError(
+                    f"too many failed {self._what} for '{user_name}': retry in {self._window_s:.0f} s"
+                )
 
     def failed(self, user_name: str) -> None:
         now = self._clock.now()
@@ -115,9 +125,16 @@ class Authorizer:
     ``config`` serves accounts and API keys (``ConfigCache``), ``control`` verifies
     passwords (``ControlPlane.verify_account``)."""
 
-    def __init__(self, config: ConfigCache, control: ControlPlane, clock: Clock, password_ttl_s: float = 10.0,
-                 max_entries: int = 1024,
-                 limiter: FailureLimiter | None = None, key_limiter: FailureLimiter | None = None) -> None:
+    def __init__(
+        self,
+        config: ConfigCache,
+        control: ControlPlane,
+        clock: Clock,
+        password_ttl_s: float = 10.0,
+        max_entries: int = 1024,
+        limiter: FailureLimiter | None = None,
+        key_limiter: FailureLimiter | None = None,
+    ) -> None:
         self._config = config
         self._control = control
         self._clock = clock
@@ -125,14 +142,14 @@ class Authorizer:
         self._max_entries = max_entries
         self._limiter = limiter or FailureLimiter(clock)
         # Unknown key ids cost a table read each the first time a container sees them.
-        self._key_limiter = key_limiter or FailureLimiter(clock, per_user=600, per_window=600,
-                                                          what="API key lookups")
+        self._key_limiter = key_limiter or FailureLimiter(clock, per_user=600, per_window=600, what="API key lookups")
         self._key = os.urandom(32)
         self._lock = threading.Lock()
         self._verified: dict[bytes, tuple[Principal, float]] = {}
 
-    def authorize(self, headers: Mapping[str, str], action: Action, api_name: str,
-                  target: Target | None = None) -> Principal:
+    def authorize(
+        self, headers: Mapping[str, str], action: Action, api_name: str, target: Target | None = None
+    ) -> Principal:
         """The caller, if its role allows ``action`` (on ``target``, when given; the
         dispatcher checks the target once the body is parsed); else Unauthorized/
         Forbidden/TooManyAttempts."""
@@ -179,8 +196,10 @@ class Authorizer:
         account = self._control.verify_account(user_name, password)
         if account is None:
             self._limiter.failed(user_name)
-            raise UnauthorizedError(f"invalid credentials for user '{user_name}' (passwords are accepted for "
-                                    f"admin accounts only; others use API keys)")
+            raise UnauthorizedError(
+                f"invalid credentials for user '{user_name}' (passwords are accepted for "
+                f"admin accounts only; others use API keys)"
+            )
         self._limiter.succeeded(user_name)
         principal = principal_of(account)
         with self._lock:

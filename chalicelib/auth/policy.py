@@ -4,6 +4,7 @@ Every operation declares one ``Action`` and how to find its ``Target`` in the re
 ``check_action`` runs before the body is parsed, ``check_target`` once the target is
 known. The dispatcher calls both for every method, so this table is the whole policy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,16 @@ class Action(Enum):
 _READS = {Action.META_READ, Action.GROUP_READ, Action.SERVICE_READ}
 ROLE_ACTIONS: dict[Role, frozenset[Action]] = {
     Role.ROLE_ADMIN: frozenset(Action),
-    Role.ROLE_OPERATOR: frozenset({Action.META_READ, Action.META_WRITE, Action.GROUP_READ, Action.GROUP_WRITE,
-                                   Action.SERVICE_READ, Action.SERVICE_WRITE}),
+    Role.ROLE_OPERATOR: frozenset(
+        {
+            Action.META_READ,
+            Action.META_WRITE,
+            Action.GROUP_READ,
+            Action.GROUP_WRITE,
+            Action.SERVICE_READ,
+            Action.SERVICE_WRITE,
+        }
+    ),
     Role.ROLE_USER: frozenset({Action.META_READ, Action.META_WRITE}),  # the engine role
     Role.ROLE_READ_ONLY: frozenset(_READS),
 }
@@ -94,8 +103,9 @@ SERVICE = Target(service=True)
 def check_action(principal: Principal, action: Action, api_name: str) -> None:
     """ForbiddenError unless the principal's role allows ``action``."""
     if action not in ROLE_ACTIONS.get(principal.role, frozenset()):
-        raise ForbiddenError(f"account '{principal.user_name}' ({principal.role.name}) may not call "
-                             f"{api_name} ({action.label})")
+        raise ForbiddenError(
+            f"account '{principal.user_name}' ({principal.role.name}) may not call {api_name} ({action.label})"
+        )
 
 
 def check_target(principal: Principal, target: Target, api_name: str) -> None:
@@ -104,12 +114,20 @@ def check_target(principal: Principal, target: Target, api_name: str) -> None:
     if scope.unrestricted:
         return
     if target.service:
-        raise ForbiddenError(f"account '{principal.user_name}' is scoped to {scope.describe()}: {api_name} "
-                             f"acts on the whole service")
+        raise ForbiddenError(
+            f"account '{principal.user_name}' is scoped to {scope.describe()}: {api_name} acts on the whole service"
+        )
     if target.group is not None and ALL_GROUPS not in scope.groups and target.group not in scope.groups:
-        raise ForbiddenError(f"account '{principal.user_name}' is scoped to {scope.describe()}: {api_name} "
-                             f"acts on instance group '{target.group}'")
-    if target.instance_id is not None and scope.instance_prefixes \
-            and not target.instance_id.startswith(scope.instance_prefixes):
-        raise ForbiddenError(f"account '{principal.user_name}' is scoped to {scope.describe()}: {api_name} "
-                             f"acts on instance '{target.instance_id}'")
+        raise ForbiddenError(
+            f"account '{principal.user_name}' is scoped to {scope.describe()}: {api_name} "
+            f"acts on instance group '{target.group}'"
+        )
+    if (
+        target.instance_id is not None
+        and scope.instance_prefixes
+        and not target.instance_id.startswith(scope.instance_prefixes)
+    ):
+        raise ForbiddenError(
+            f"account '{principal.user_name}' is scoped to {scope.describe()}: {api_name} "
+            f"acts on instance '{target.instance_id}'"
+        )

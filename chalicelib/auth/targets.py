@@ -4,10 +4,11 @@ The instance's group comes from the container's ``ConfigCache`` (no DynamoDB rea
 warm cache); an instance that is not registered has no group, and the call goes on to
 answer INSTANCE_NOT_EXIST as it would without auth.
 """
+
 from __future__ import annotations
 
-from typing import Any, Protocol
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..protocol.errors import InstanceNotFoundError
 from .policy import SERVICE, Target

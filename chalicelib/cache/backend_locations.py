@@ -8,17 +8,23 @@ reporters' visible locations; L2 peers may be chosen for a whole prompt (LSS_V6D
 the peer holding the longest run from the first key; LSS_V6D_COVERAGE: the peer holding
 the most keys; ties to the smallest address).
 """
+
 from __future__ import annotations
 
 import random
 from collections import Counter
 
+from ..control.config_cache import ConfigCache
 from ..protocol.codes import LocationSelectStrategy, QueryType, StorageType
 from ..protocol.errors import InvalidArgumentError
-from ..protocol.models import (EVENT_REPORT_TYPES, CacheLocation, CacheLocationVector,
-                               GetCacheLocationRequest, GetCacheLocationsByBackendRequest,
-                               GetCacheLocationsByBackendResponse)
-from ..control.config_cache import ConfigCache
+from ..protocol.models import (
+    EVENT_REPORT_TYPES,
+    CacheLocation,
+    CacheLocationVector,
+    GetCacheLocationRequest,
+    GetCacheLocationsByBackendRequest,
+    GetCacheLocationsByBackendResponse,
+)
 from ..stores.reporters import RID_TYPES
 from .event_reports import EventReports, Reported, merge_specs
 from .keys import request_keys
@@ -43,9 +49,11 @@ def _check_selectors(req: GetCacheLocationsByBackendRequest) -> None:
             continue
         if selector.strategy in _V6D and selector.backend_type == StorageType.ST_EVENT_REPORT_L2:
             continue
-        raise InvalidArgumentError(f"field '{where}.strategy': {selector.strategy.name} is not allowed for "
-                                   f"{selector.backend_type.name} (LSS_WEIGHTED_RANDOM for any type, "
-                                   f"LSS_V6D_PREFIX/LSS_V6D_COVERAGE for ST_EVENT_REPORT_L2)")
+        raise InvalidArgumentError(
+            f"field '{where}.strategy': {selector.strategy.name} is not allowed for "
+            f"{selector.backend_type.name} (LSS_WEIGHTED_RANDOM for any type, "
+            f"LSS_V6D_PREFIX/LSS_V6D_COVERAGE for ST_EVENT_REPORT_L2)"
+        )
 
 
 def _location(type_name: str, specs: list[tuple[str, str]], name: str | None) -> CacheLocation | None:
@@ -87,15 +95,17 @@ def _pick_peer(per_key: list[dict[str, list[Reported]]], strategy: LocationSelec
 class BackendLocations:
     """getCacheLocationsByBackend over the cache's reads and the engines' reports."""
 
-    def __init__(self, config: ConfigCache, cache: CacheService, reports: EventReports,
-                 max_keys_per_request: int) -> None:
+    def __init__(
+        self, config: ConfigCache, cache: CacheService, reports: EventReports, max_keys_per_request: int
+    ) -> None:
         self.config = config
         self.cache = cache
         self.reports = reports
         self.max_keys_per_request = max_keys_per_request
 
-    def get_cache_locations_by_backend(self, req: GetCacheLocationsByBackendRequest
-                                       ) -> GetCacheLocationsByBackendResponse:
+    def get_cache_locations_by_backend(
+        self, req: GetCacheLocationsByBackendRequest
+    ) -> GetCacheLocationsByBackendResponse:
         """Per key, at most one location of each selected backend type, in selector order."""
         if not req.instance_id:
             raise InvalidArgumentError("field 'instance_id' is required")
@@ -108,22 +118,30 @@ class BackendLocations:
         names: list[str | None] = [None] * len(keys)
         if req.location_spec_names:
             if len(req.location_spec_names) != len(keys) or not all(req.location_spec_names):
-                raise InvalidArgumentError("field 'location_spec_names' must be empty or contain one non-empty name "
-                                           "per query key")
+                raise InvalidArgumentError(
+                    "field 'location_spec_names' must be empty or contain one non-empty name per query key"
+                )
             names = list(req.location_spec_names)
         wanted = [i for i, m in enumerate(masked) if not m]
         vectors: list[list[CacheLocation]] = [[] for _ in keys]
         stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
         stored: dict[int, CacheLocation] = {}
         if stored_types and wanted:
-            found = self.cache.get_cache_location(GetCacheLocationRequest(
-                trace_id=req.trace_id, instance_id=req.instance_id, block_keys=[keys[i] for i in wanted],
-                query_type=QueryType.QT_BATCH_GET), with_reported=False)
+            found = self.cache.get_cache_location(
+                GetCacheLocationRequest(
+                    trace_id=req.trace_id,
+                    instance_id=req.instance_id,
+                    block_keys=[keys[i] for i in wanted],
+                    query_type=QueryType.QT_BATCH_GET,
+                ),
+                with_reported=False,
+            )
             stored = dict(zip(wanted, found.locations, strict=True))
         reported: list[list[Reported]] = []
         if any(s.backend_type in EVENT_REPORT_TYPES for s in req.backend_selectors) and wanted:
-            reported = self.reports.visible_locations(req.instance_id, [keys[i] for i in wanted],
-                                                      self.config.group(record.group))
+            reported = self.reports.visible_locations(
+                req.instance_id, [keys[i] for i in wanted], self.config.group(record.group)
+            )
         for selector in req.backend_selectors:
             type_name = selector.backend_type.name
             if selector.backend_type not in EVENT_REPORT_TYPES:
@@ -136,9 +154,14 @@ class BackendLocations:
                 continue
             kind = RID_TYPES[selector.backend_type]
             # Each key's candidates: this type's locations holding the key's requested spec.
-            candidates = [[loc for loc in per_key if loc[0].partition("#")[0] == kind
-                           and _location(type_name, loc[3], names[i]) is not None]
-                          for i, per_key in zip(wanted, reported, strict=True)]
+            candidates = [
+                [
+                    loc
+                    for loc in per_key
+                    if loc[0].partition("#")[0] == kind and _location(type_name, loc[3], names[i]) is not None
+                ]
+                for i, per_key in zip(wanted, reported, strict=True)
+            ]
             if selector.strategy == LocationSelectStrategy.LSS_WEIGHTED_RANDOM:
                 for i, locs in zip(wanted, candidates, strict=True):
                     if locs:

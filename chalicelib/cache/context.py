@@ -1,11 +1,12 @@
 """What the hot path knows about an instance: its specs, group, storages and key layout,
 assembled from the per-container config cache (no DynamoDB read per call)."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from collections.abc import Mapping, Sequence
 
 from ..index import InstanceLayout
 from ..protocol.codes import CachePreferStrategy, StorageType
@@ -78,13 +79,13 @@ class SpecLayout:
         if not names:
             return [0] * count
         if len(names) != count:
-            raise InvalidArgumentError(
-                f"field 'location_spec_group_names': {len(names)} names for {count} keys")
+            raise InvalidArgumentError(f"field 'location_spec_group_names': {len(names)} names for {count} keys")
         try:
             return [self.group_index[n] for n in names]
         except KeyError as exc:
             raise InvalidArgumentError(
-                f"field 'location_spec_group_names': unknown location spec group {exc.args[0]!r}") from None
+                f"field 'location_spec_group_names': unknown location spec group {exc.args[0]!r}"
+            ) from None
 
 
 @dataclass(frozen=True)

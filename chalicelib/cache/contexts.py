@@ -1,6 +1,7 @@
 """Builds InstanceContexts from the per-container config cache, reusing them while the
 config objects they were built from are unchanged, for at most ``refresh_s`` (storage
 health is re-read then)."""
+
 from __future__ import annotations
 
 import threading
@@ -49,8 +50,15 @@ class _Entry:
 class ContextProvider:
     """``provider(instance_id) -> InstanceContext``; raises InstanceNotFoundError."""
 
-    def __init__(self, config: Any, registry: StorageRegistry, index: BlockIndex, health: Any, clock: Clock,
-                 refresh_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        config: Any,
+        registry: StorageRegistry,
+        index: BlockIndex,
+        health: Any,
+        clock: Clock,
+        refresh_s: float = 2.0,
+    ) -> None:
         self._config = config
         self._health = health
         self._registry = registry
@@ -68,19 +76,35 @@ class ContextProvider:
         candidates = self._config.storages_for_group(record.group)
         now = self._clock.now()
         entry = self._entries.get(instance_id)
-        if (entry is not None and entry.record is record and entry.group is group
-                and _same(entry.candidates, candidates) and now < entry.until):
+        if (
+            entry is not None
+            and entry.record is record
+            and entry.group is group
+            and _same(entry.candidates, candidates)
+            and now < entry.until
+        ):
             return entry.context
         return self._build(record, group, candidates, now)
 
     def build(self, record: Any) -> InstanceContext:
         """The context of ``record`` as it is, removing or not (removal, deletion tasks):
         the cache of lookups is bypassed."""
-        return self._build(record, self._config.group(record.group), self._config.storages_for_group(record.group),
-                           self._clock.now(), cache=False)
+        return self._build(
+            record,
+            self._config.group(record.group),
+            self._config.storages_for_group(record.group),
+            self._clock.now(),
+            cache=False,
+        )
 
-    def _build(self, record: Any, group: InstanceGroup, candidates: list[tuple[StorageConfig, bool]], now: float,
-               cache: bool = True) -> InstanceContext:
+    def _build(
+        self,
+        record: Any,
+        group: InstanceGroup,
+        candidates: list[tuple[StorageConfig, bool]],
+        now: float,
+        cache: bool = True,
+    ) -> InstanceContext:
         instance_id = record.instance_id
         layout = self.key_space(record, group)
         unhealthy = self._health.unhealthy()
@@ -90,9 +114,10 @@ class ContextProvider:
             block_size=record.block_size,
             spec_layout=SpecLayout(tuple(record.location_spec_infos), tuple(record.location_spec_groups)),
             layout=layout,
-            storages=tuple(StorageState(self._registry.backend(cfg),
-                                        available and cfg.global_unique_name not in unhealthy)
-                           for cfg, available in candidates),
+            storages=tuple(
+                StorageState(self._registry.backend(cfg), available and cfg.global_unique_name not in unhealthy)
+                for cfg, available in candidates
+            ),
             backends=self._backends,
         )
         if cache:
@@ -110,8 +135,9 @@ class ContextProvider:
         if layout is None or registering:
             shards = max(1, group.instance_shards) if group is not None else 1
             wanted = bucket_bits_for(expected_max_blocks(group, record.block_bytes) // shards)
-            layout = self._index.claim(record.instance_id, record.incarnation, wanted, registering, shards,
-                                       record.group)
+            layout = self._index.claim(
+                record.instance_id, record.incarnation, wanted, registering, shards, record.group
+            )
             self._key_spaces[key] = layout
         return layout
 

@@ -6,12 +6,13 @@ data deleted is never a newer block's. Packed files are deleted after the metada
 the index says their last block is gone; until then they sit in the instance's orphan
 set, so a crash in between only delays the file deletion.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import Sequence
 
 from ..index import BlockIndex, Status, Victim
 from ..index.block_index import MODE_RAW
@@ -31,8 +32,7 @@ class DeletionReport:
 class Deleter(Protocol):
     """Where deletions go: inline here, a Step Functions execution in the workflows."""
 
-    def submit(self, ctx: InstanceContext, victims: Sequence[Victim], delay_ms: int = 0) -> None:
-        ...
+    def submit(self, ctx: InstanceContext, victims: Sequence[Victim], delay_ms: int = 0) -> None: ...
 
 
 class DeletionService:
@@ -45,8 +45,11 @@ class DeletionService:
     def delete(self, ctx: InstanceContext, victims: Sequence[Victim]) -> DeletionReport:
         layout = ctx.layout
         raws = self.index.read_raw(layout, [v.block_key for v in victims], MODE_RAW)
-        claimed = [v for v, raw in zip(victims, raws, strict=True)
-                   if raw is not None and location_status(raw, v.location_id) == Status.DELETING]
+        claimed = [
+            v
+            for v, raw in zip(victims, raws, strict=True)
+            if raw is not None and location_status(raw, v.location_id) == Status.DELETING
+        ]
         names = self.index.storage_names(layout) if claimed else {}
         per_storage: dict[str, list[Victim]] = defaultdict(list)
         for v in claimed:
@@ -78,8 +81,9 @@ class DeletionService:
 
     @staticmethod
     def _ref(ctx: InstanceContext, v: Victim) -> BlockRef:
-        return BlockRef(ctx.instance_id, v.block_key, v.location_id, v.group_id, v.slot,
-                        ctx.spec_layout.slots(v.spec_group))
+        return BlockRef(
+            ctx.instance_id, v.block_key, v.location_id, v.group_id, v.slot, ctx.spec_layout.slots(v.spec_group)
+        )
 
 
 class QueuedDeleter:

@@ -4,6 +4,7 @@ they hold, routers ask which host holds the longest prefix of a prompt.
 The request rules run here, in upstream's order and before anything changes; the events
 themselves are applied by one script per request (``stores.reporters``).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,35 @@ from ..control.records import InstanceRecord
 from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import ErrorCode, QueryType, ReportEventType, StorageType
 from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
-from ..protocol.models import (EVENT_REPORT_TYPES, EventItem, GetHostCacheStateRequest, GetHostCacheStateResponse,
-                               HostCacheMatch, InstanceGroup, ReportEventRequest, ReportEventResponse, ReportedSpec,
-                               EventReportStorageSpec, ResponseHeader, Status, StorageConfig)
+from ..protocol.models import (
+    EVENT_REPORT_TYPES,
+    EventItem,
+    EventReportStorageSpec,
+    GetHostCacheStateRequest,
+    GetHostCacheStateResponse,
+    HostCacheMatch,
+    InstanceGroup,
+    ReportedSpec,
+    ReportEventRequest,
+    ReportEventResponse,
+    ResponseHeader,
+    Status,
+    StorageConfig,
+)
 from ..storage.checks import spec_of
-from ..stores.reporters import (RID_TYPES, Event, Liveness, ReporterStore, add_event, delete_event,
-                                heartbeat_event, host_down_event, register_event, reporter_id, snapshot_event)
+from ..stores.reporters import (
+    RID_TYPES,
+    Event,
+    Liveness,
+    ReporterStore,
+    add_event,
+    delete_event,
+    heartbeat_event,
+    host_down_event,
+    register_event,
+    reporter_id,
+    snapshot_event,
+)
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 #: ``scheme://authority[/path][?query]``; schemes may hold '_' (upstream's ``event_report://``).
@@ -47,8 +71,9 @@ def merge_specs(locations: list[Reported]) -> list[tuple[str, str]]:
     return list(merged.items())
 
 
-def pick_reported(locations: list[Reported], names: frozenset[str] | None = None
-                  ) -> tuple[str, str, list[tuple[str, str]]] | None:
+def pick_reported(
+    locations: list[Reported], names: frozenset[str] | None = None
+) -> tuple[str, str, list[tuple[str, str]]] | None:
     """One key's reported location as getCacheLocation serves it: (wire type name, location
     id, specs), or None when no reporter holds a spec of ``names`` (None: any). As upstream's
     weighted pick among backends with equal weights: a reporter at random, its media merged."""
@@ -64,8 +89,10 @@ def pick_reported(locations: list[Reported], names: frozenset[str] | None = None
 
 def reported_location_json(type_name: str, specs: list[tuple[str, str]]) -> str:
     """A reported location as wire JSON text (the shape LocationRenderer prints)."""
-    return json.dumps({"type": type_name, "spec_size": len(specs),
-                       "location_specs": [{"name": n, "uri": u} for n, u in specs]}, separators=(",", ":"))
+    return json.dumps(
+        {"type": type_name, "spec_size": len(specs), "location_specs": [{"name": n, "uri": u} for n, u in specs]},
+        separators=(",", ":"),
+    )
 
 
 class ItemError(Exception):
@@ -79,9 +106,11 @@ def liveness_of(config: StorageConfig) -> Liveness:
     """The storage's settings, upstream's defaults for those left at 0."""
     spec: EventReportStorageSpec = spec_of(config, "event_report")
     default = Liveness()
-    return Liveness(heartbeat_timeout_ms=spec.heartbeat_timeout_ms or default.heartbeat_timeout_ms,
-                    cleanup_grace_ms=spec.cleanup_grace_ms or default.cleanup_grace_ms,
-                    snapshot_min_interval_ms=spec.snapshot_min_interval_ms or default.snapshot_min_interval_ms)
+    return Liveness(
+        heartbeat_timeout_ms=spec.heartbeat_timeout_ms or default.heartbeat_timeout_ms,
+        cleanup_grace_ms=spec.cleanup_grace_ms or default.cleanup_grace_ms,
+        snapshot_min_interval_ms=spec.snapshot_min_interval_ms or default.snapshot_min_interval_ms,
+    )
 
 
 # ---------------------------------------------------------------- item checks
@@ -136,16 +165,20 @@ def _encode(item: EventItem, i: int) -> Event:
         raise ItemError(f"{what}: event_type {item.event_type.name} needs its own payload")
     kind = item.event_type
     if kind == ReportEventType.EVENT_NODE_REGISTER:
-        return register_event([_name(m, f"{what}.node_register.mediums[{j}]")
-                               for j, m in enumerate(_payload(item.node_register).mediums)])
+        return register_event(
+            [_name(m, f"{what}.node_register.mediums[{j}]") for j, m in enumerate(_payload(item.node_register).mediums)]
+        )
     if kind == ReportEventType.EVENT_HEARTBEAT:
         return heartbeat_event()
     if kind == ReportEventType.EVENT_HOST_DOWN:
         return host_down_event()
     if kind == ReportEventType.EVENT_BLOCK_ADD:
         add = _payload(item.block_add)
-        return add_event(_block_key(add.block_key, f"{what}.block_add.block_key"),
-                         _name(add.medium, f"{what}.block_add.medium"), _specs(add.specs, f"{what}.block_add"))
+        return add_event(
+            _block_key(add.block_key, f"{what}.block_add.block_key"),
+            _name(add.medium, f"{what}.block_add.medium"),
+            _specs(add.specs, f"{what}.block_add"),
+        )
     if kind == ReportEventType.EVENT_BLOCK_DELETE:
         delete = _payload(item.block_delete)
         key = _block_key(delete.block_key, f"{what}.block_delete.block_key")
@@ -199,11 +232,14 @@ def _mamba_specs(record: InstanceRecord) -> tuple[list[str], list[str]]:
         elif kind == "L":
             states += group.spec_names
         elif kind and kind in _UNSUPPORTED_GROUP_KINDS:
-            raise InvalidArgumentError(f"field 'query_type': location spec group {group.name!r} is of an "
-                                       f"unsupported kind for QT_PREFIX_MATCH_WITH_MAMBA")
+            raise InvalidArgumentError(
+                f"field 'query_type': location spec group {group.name!r} is of an "
+                f"unsupported kind for QT_PREFIX_MATCH_WITH_MAMBA"
+            )
         else:
-            raise InvalidArgumentError(f"field 'query_type': location spec group {group.name!r} is neither "
-                                       f"F (full attention) nor L (state)")
+            raise InvalidArgumentError(
+                f"field 'query_type': location spec group {group.name!r} is neither F (full attention) nor L (state)"
+            )
     if not full or not states:
         raise InvalidArgumentError("field 'query_type': QT_PREFIX_MATCH_WITH_MAMBA needs F and L location spec groups")
     return full, states
@@ -216,8 +252,14 @@ class EventReports:
     """reportEvent and getHostCacheState over the reporters' store, and the reported
     locations other reads merge (getCacheLocationsByBackend)."""
 
-    def __init__(self, config: ConfigCache, reporters: ReporterStore, metrics: MetricsRegistry, clock: Clock,
-                 max_keys_per_request: int) -> None:
+    def __init__(
+        self,
+        config: ConfigCache,
+        reporters: ReporterStore,
+        metrics: MetricsRegistry,
+        clock: Clock,
+        max_keys_per_request: int,
+    ) -> None:
         self.config = config
         self.reporters = reporters
         self.metrics = metrics
@@ -238,15 +280,17 @@ class EventReports:
 
     def heartbeat_timeouts(self, group: InstanceGroup) -> dict[str, int]:
         """Reporter kind (``l1p5``, ``l2``) → its heartbeat timeout in the group (ms)."""
-        return {RID_TYPES[kind]: liveness_of(config).heartbeat_timeout_ms
-                for kind, config in self.storages(group).items()}
+        return {
+            RID_TYPES[kind]: liveness_of(config).heartbeat_timeout_ms for kind, config in self.storages(group).items()
+        }
 
     def visible_locations(self, instance_id: str, keys: list[int], group: InstanceGroup) -> list[list[Reported]]:
         """Per key, its reported locations whose reporters are alive."""
         return self.reporters.visible_locations(instance_id, keys, now_ms(self.clock), self.heartbeat_timeouts(group))
 
-    def visible_if_configured(self, instance_id: str, group: InstanceGroup,
-                              keys: list[int]) -> list[list[Reported]] | None:
+    def visible_if_configured(
+        self, instance_id: str, group: InstanceGroup, keys: list[int]
+    ) -> list[list[Reported]] | None:
         """``visible_locations``, or None without a round trip when the group has no
         event-report storage (nothing can be reported for its instances)."""
         timeouts = self.heartbeat_timeouts(group)
@@ -279,8 +323,10 @@ class EventReports:
             raise InvalidArgumentError("field 'storage_type' must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2")
         storage = self.storages(group).get(req.storage_type)
         if storage is None:
-            raise InstanceNotFoundError(f"instance group {group.name!r} has no {req.storage_type.name} storage "
-                                        f"in event_report_storage_candidates")
+            raise InstanceNotFoundError(
+                f"instance group {group.name!r} has no {req.storage_type.name} storage "
+                f"in event_report_storage_candidates"
+            )
         _check_shape(req.events)  # rule 5
         codes, encoded = encode_events(req.events)  # rule 6
         rid = reporter_id(req.storage_type, req.host_ip_port)
@@ -288,9 +334,12 @@ class EventReports:
         applied = iter(outcome.codes)
         results = [code if code is not None else next(applied) for code in codes]
         self._count(req, group.name, results, started)
-        response = ReportEventResponse(committed_snapshot_version=outcome.generation,
-                                       snapshot_required=outcome.snapshot_required,
-                                       retry_after_ms=outcome.retry_after_ms, extra_info=group.extra_info)
+        response = ReportEventResponse(
+            committed_snapshot_version=outcome.generation,
+            snapshot_required=outcome.snapshot_required,
+            retry_after_ms=outcome.retry_after_ms,
+            extra_info=group.extra_info,
+        )
         failed = [code for code in results if code != ErrorCode.OK]
         if failed:
             response.item_results = results
@@ -310,12 +359,21 @@ class EventReports:
         if query_type == QueryType.QT_UNSPECIFIED:
             query_type = record.default_query_type
         if query_type not in (QueryType.QT_PREFIX_MATCH, QueryType.QT_PREFIX_MATCH_WITH_MAMBA):
-            raise InvalidArgumentError(f"field 'query_type': {query_type.name} is not QT_PREFIX_MATCH "
-                                       f"or QT_PREFIX_MATCH_WITH_MAMBA")
+            raise InvalidArgumentError(
+                f"field 'query_type': {query_type.name} is not QT_PREFIX_MATCH or QT_PREFIX_MATCH_WITH_MAMBA"
+            )
         mamba = _mamba_specs(record) if query_type == QueryType.QT_PREFIX_MATCH_WITH_MAMBA else None
         timeouts = self.heartbeat_timeouts(self.config.group(record.group))
-        prefixes = self.reporters.host_prefixes(req.instance_id, req.block_cache_keys, now_ms(self.clock), timeouts,
-                                                req.medium, mamba, record.model_deployment.use_eagle_pop)
+        prefixes = self.reporters.host_prefixes(
+            req.instance_id,
+            req.block_cache_keys,
+            now_ms(self.clock),
+            timeouts,
+            req.medium,
+            mamba,
+            record.model_deployment.use_eagle_pop,
+        )
         hosts = sorted(prefixes.items(), key=lambda item: (-item[1], item[0]))
-        return GetHostCacheStateResponse(hosts=[HostCacheMatch(host_ip_port=host, local=n, p2p_1_total_match=n)
-                                                for host, n in hosts])
+        return GetHostCacheStateResponse(
+            hosts=[HostCacheMatch(host_ip_port=host, local=n, p2p_1_total_match=n) for host, n in hosts]
+        )

@@ -7,6 +7,7 @@ one URI (hits anywhere), QT_PREFIX_MATCH the matched prefix; any other query typ
 the instance's ``default_query_type`` (INVALID_ARGUMENT naming the field, where upstream
 answers INTERNAL_ERROR "unknown query type").
 """
+
 from __future__ import annotations
 
 from ..protocol.codes import QueryType
@@ -36,9 +37,16 @@ def get_cache_location_len(cache: CacheService, req: GetCacheLocationLenRequest)
         raise InvalidArgumentError("field 'query_type': unknown query type")
     if req.query_type not in _COUNTED:
         return GetCacheLocationLenResponse(cache_location_len=0)
-    found = cache.get_cache_location(GetCacheLocationRequest(
-        trace_id=req.trace_id, instance_id=req.instance_id, block_keys=req.block_keys, token_ids=req.token_ids,
-        query_type=req.query_type, sw_size=req.sw_size))
+    found = cache.get_cache_location(
+        GetCacheLocationRequest(
+            trace_id=req.trace_id,
+            instance_id=req.instance_id,
+            block_keys=req.block_keys,
+            token_ids=req.token_ids,
+            query_type=req.query_type,
+            sw_size=req.sw_size,
+        )
+    )
     if req.query_type == QueryType.QT_PREFIX_MATCH:
         return GetCacheLocationLenResponse(cache_location_len=len(found.locations))
     return GetCacheLocationLenResponse(cache_location_len=sum(map(_has_uri, found.locations)))

@@ -6,6 +6,7 @@ the backend's URI placeholders left in) plus the function giving its arguments, 
 location costs one struct unpack and one %-format, and the response splices the texts in
 (``protocol.wire.JsonArray``).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,10 @@ def location_template(type_name: str, names: Sequence[str], formats: Sequence[Ur
     """The JSON of a CacheLocation as a %-template taking the URIs' arguments in order."""
     # A URI template's static text has its '%' doubled already, and JSON escaping never
     # adds or removes one: json.dumps of the template is the template of the JSON string.
-    specs = ",".join(f'{{"name":{_literal(name)},"uri":{json.dumps(fmt.template)}}}'
-                     for name, fmt in zip(names, formats, strict=True))
+    specs = ",".join(
+        f'{{"name":{_literal(name)},"uri":{json.dumps(fmt.template)}}}'
+        for name, fmt in zip(names, formats, strict=True)
+    )
     return f'{{"type":{_literal(type_name)},"spec_size":{len(names)},"location_specs":[{specs}]}}'
 
 
@@ -72,8 +75,9 @@ _UNKNOWN: Prepared = ("", _no_args)
 class LocationRenderer:
     """Renders locations of one instance's records as JSON, filtered to ``spec_names``."""
 
-    def __init__(self, ctx: InstanceContext, storage_name: Callable[[int], str],
-                 spec_names: frozenset[str] | None = None) -> None:
+    def __init__(
+        self, ctx: InstanceContext, storage_name: Callable[[int], str], spec_names: frozenset[str] | None = None
+    ) -> None:
         self._ctx = ctx
         self._storage_name = storage_name
         self._filter = spec_names
@@ -99,8 +103,7 @@ class LocationRenderer:
         if found is None:
             slots = self._slots(spec_group)
             formats = [state.backend.uri_format(self._ctx.instance_id, slot) for slot in slots]
-            found = (location_template(state.storage_type.name, [s.name for s in slots], formats),
-                     joined_args(formats))
+            found = (location_template(state.storage_type.name, [s.name for s in slots], formats), joined_args(formats))
             self._by_storage[key] = found
         return found
 
@@ -116,7 +119,8 @@ class LocationRenderer:
         """JSON of the fastest available location of a record among ``statuses``, or None."""
         if raw[_COUNT_AT] == 1:  # the usual record: one location
             status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(
-                raw, _FIRST_LOCATION)
+                raw, _FIRST_LOCATION
+            )
             if status not in statuses:
                 return None
             prepared = self._by_index.get((sidx, spec_group), _UNKNOWN)

@@ -1,4 +1,5 @@
 """Block masks: which request keys the engine already holds (offset or bool list)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -19,8 +20,7 @@ def masked_flags(mask: BlockMask | None, count: int, field: str) -> list[bool]:
     if mask.bool_masks is not None:
         values = mask.bool_masks.values
         if len(values) != count:
-            raise InvalidArgumentError(
-                f"field '{field}.bool_masks.values': {len(values)} values for {count} keys")
+            raise InvalidArgumentError(f"field '{field}.bool_masks.values': {len(values)} values for {count} keys")
         return list(values)
     return [False] * count
 

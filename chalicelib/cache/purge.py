@@ -26,11 +26,12 @@ Modes:
   stays on storage and stays charged to the quota (usage follows the bytes that exist),
   until the instance is removed.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
-from collections.abc import Callable
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex
@@ -94,8 +95,16 @@ class PurgeService:
     """Runs purges; ``start_execution(job_json)`` hands one to the state machine (None:
     there is none, purges run inline to their end)."""
 
-    def __init__(self, index: BlockIndex, control: Any, contexts: Any, deletion: DeletionService, deleter: Deleter,
-                 clock: Clock, start_execution: Callable[[dict[str, Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        control: Any,
+        contexts: Any,
+        deletion: DeletionService,
+        deleter: Deleter,
+        clock: Clock,
+        start_execution: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
         self.index = index
         self.control = control
         self.contexts = contexts
@@ -124,8 +133,10 @@ class PurgeService:
         while not job.done:
             if job.blocks >= INLINE_BLOCKS and self.start_execution is not None:
                 self.start_execution(job.to_json())
-                logger.info("purge handed to the state machine", extra={
-                    "instance_id": job.instance_id, "mode": job.mode, "blocks": job.blocks})
+                logger.info(
+                    "purge handed to the state machine",
+                    extra={"instance_id": job.instance_id, "mode": job.mode, "blocks": job.blocks},
+                )
                 return job
             job = self.step(job)
         return job
@@ -181,11 +192,12 @@ class PurgeService:
             resubmit = int(self.clock.now()) + 1
         else:
             resubmit = self.index.lost_deletions_before_s(delay_ms)
-        victims = self.index.mark_deleting(ctx.layout, keys, ctx.spec_layout.sizes, expected_locations=locations,
-                                           resubmit_before_s=resubmit)
+        victims = self.index.mark_deleting(
+            ctx.layout, keys, ctx.spec_layout.sizes, expected_locations=locations, resubmit_before_s=resubmit
+        )
         if job.mode == INSTANCE:
             for start in range(0, len(victims), DELETE_CHUNK):
-                self.deletion.delete(ctx, victims[start:start + DELETE_CHUNK])
+                self.deletion.delete(ctx, victims[start : start + DELETE_CHUNK])
         else:
             self.deleter.submit(ctx, victims, delay_ms)
 
@@ -198,6 +210,10 @@ class PurgeService:
         except InstanceNotFoundError:
             pass  # another step finished it first
         self.contexts.forget(record.instance_id)
-        logger.info("instance removed", extra={"instance_id": record.instance_id,
-                                               "removal_s": round((now_us(self.clock) - record.removing_us) / 1e6, 3)})
-
+        logger.info(
+            "instance removed",
+            extra={
+                "instance_id": record.instance_id,
+                "removal_s": round((now_us(self.clock) - record.removing_us) / 1e6, 3),
+            },
+        )

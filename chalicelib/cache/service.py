@@ -6,21 +6,31 @@ plus one to read them when the group has a quota and this container's copy is ol
 ``GROUP_USAGE_MAX_AGE_S``; a finish two. A start refused for capacity makes room in its
 instance (``make_room``, the capacity layer's write-path eviction) and is tried once more.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
-from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex, Status, Usage
-from ..index.block_index import (MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartOutcome, StartRequest,
-                                 rightmost_window)
+from ..index.block_index import (
+    MODE_BATCH,
+    MODE_PREFIX,
+    MODE_RAW,
+    MODE_WINDOW,
+    StartOutcome,
+    StartRequest,
+    rightmost_window,
+)
 from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.records import decode_record
+from ..observability.logging import logger
+from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
@@ -38,21 +48,22 @@ from ..protocol.models import (
     StartWriteCacheResponse,
     TrimCacheRequest,
 )
-from ..observability.logging import logger
-from ..observability.metrics import MetricsRegistry
 from ..settings import Settings
 from ..storage.base import BlockRef, StorageBackend
 from .context import InstanceContext, StorageState
 from .deletion import Deleter
 from .event_reports import Reported, pick_reported, reported_location_json
-from .purge import CACHE, META, PurgeService
 from .keys import request_keys
 from .locations import ANY_STATUS, LocationRenderer
 from .masks import mask_of, masked_flags
+from .purge import CACHE, META, PurgeService
 
 _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
-_STATUS_NAMES = {Status.WRITING: CacheLocationStatus.CLS_WRITING, Status.SERVING: CacheLocationStatus.CLS_SERVING,
-                 Status.DELETING: CacheLocationStatus.CLS_DELETING}
+_STATUS_NAMES = {
+    Status.WRITING: CacheLocationStatus.CLS_WRITING,
+    Status.SERVING: CacheLocationStatus.CLS_SERVING,
+    Status.DELETING: CacheLocationStatus.CLS_DELETING,
+}
 #: How stale this container's copy of a group's usage may be when a start checks the
 #: group quota: the other instances' part is read from it (lua/start.lua).
 GROUP_USAGE_MAX_AGE_S = 0.1
@@ -62,13 +73,17 @@ GROUP_USAGE_MAX_AGE_S = 0.1
 MAX_RESPONSE_BYTES = 6_000_000
 #: Times a start refused for a quota makes room and tries again.
 MAKE_ROOM_ATTEMPTS = 6
-_MATCH_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
-                  QueryType.QT_BATCH_GET: "manager.batch_get_len",
-                  QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_len"}
+_MATCH_METRICS = {
+    QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
+    QueryType.QT_BATCH_GET: "manager.batch_get_len",
+    QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_len",
+}
 #: The blocks a read asked for (unmasked ones for a prefix match): hit ratio = found / asked.
-_ASKED_METRICS = {QueryType.QT_PREFIX_MATCH: "manager.prefix_match_asked",
-                  QueryType.QT_BATCH_GET: "manager.batch_get_asked",
-                  QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_asked"}
+_ASKED_METRICS = {
+    QueryType.QT_PREFIX_MATCH: "manager.prefix_match_asked",
+    QueryType.QT_BATCH_GET: "manager.batch_get_asked",
+    QueryType.QT_REVERSE_ROLL_SW_MATCH: "manager.sw_match_asked",
+}
 
 
 class KeysRequest(Protocol):
@@ -114,12 +129,21 @@ def _by_location(backend: StorageBackend) -> bool:
 class CacheService:
     """MetaService's cache methods over one instance context at a time."""
 
-    def __init__(self, index: BlockIndex, contexts: Callable[[str], InstanceContext], deleter: Deleter,
-                 purge: PurgeService, clock: Clock, settings: Settings, metrics: MetricsRegistry,
-                 on_capacity_refused: Callable[[str], None] = lambda group: None,
-                 make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0,
-                 reported: Callable[[str, InstanceGroup, list[int]], list[list[Reported]] | None]
-                 = lambda instance_id, group, keys: None) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        contexts: Callable[[str], InstanceContext],
+        deleter: Deleter,
+        purge: PurgeService,
+        clock: Clock,
+        settings: Settings,
+        metrics: MetricsRegistry,
+        on_capacity_refused: Callable[[str], None] = lambda group: None,
+        make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0,
+        reported: Callable[[str, InstanceGroup, list[int]], list[list[Reported]] | None] = lambda instance_id,
+        group,
+        keys: None,
+    ) -> None:
         self.index = index
         #: ``reported(instance_id, group, keys)``: per key, its visible reported locations;
         #: None when the group has no event-report storage (EventReports.visible_if_configured).
@@ -165,8 +189,7 @@ class CacheService:
 
     # ---------------------------------------------------------------- reads
 
-    def get_cache_location(self, req: GetCacheLocationRequest, with_reported: bool = True
-                           ) -> GetCacheLocationResponse:
+    def get_cache_location(self, req: GetCacheLocationRequest, with_reported: bool = True) -> GetCacheLocationResponse:
         """Locations of the cached blocks among the request's keys (API.md, Read semantics).
 
         A key is a hit when it has a SERVING stored location or, unless ``with_reported``
@@ -209,8 +232,7 @@ class CacheService:
             raws = self.index.read_raw(ctx.layout, keys, mode, req.sw_size, ctx.servable, covered)
             window = range(len(keys))
             if covered and mode == MODE_WINDOW:
-                window = rightmost_window([r is not None or c for r, c in zip(raws, covered, strict=True)],
-                                          req.sw_size)
+                window = rightmost_window([r is not None or c for r, c in zip(raws, covered, strict=True)], req.sw_size)
             padding = renderer.padding()
             hits = 0
             for i, (key, raw) in enumerate(zip(keys, raws, strict=True)):
@@ -233,8 +255,9 @@ class CacheService:
             self.metrics.observe("manager.prefix_match_time_us", (time.perf_counter() - started) * 1e6, tags)
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
 
-    def _reported(self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None = None
-                  ) -> list[tuple[str, str, list[tuple[str, str]]] | None] | None:
+    def _reported(
+        self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None = None
+    ) -> list[tuple[str, str, list[tuple[str, str]]] | None] | None:
         """Per key, the reported location served for it (event_reports.pick_reported) or
         None; None for all when the group has no event-report storage (no round trip)."""
         found = self.reported(ctx.instance_id, ctx.group, keys)
@@ -242,8 +265,9 @@ class CacheService:
             return None
         return [pick_reported(locs, names) if locs else None for locs in found]
 
-    def _reported_texts(self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None
-                        ) -> list[str | None] | None:
+    def _reported_texts(
+        self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None
+    ) -> list[str | None] | None:
         picked = self._reported(ctx, keys, names)
         if picked is None:
             return None
@@ -270,8 +294,12 @@ class CacheService:
                 metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
                 texts.append(padding)
                 continue
-            loc = next(candidate for s in (Status.SERVING, Status.WRITING, Status.DELETING)
-                        for candidate in record.locations if candidate.status == s)
+            loc = next(
+                candidate
+                for s in (Status.SERVING, Status.WRITING, Status.DELETING)
+                for candidate in record.locations
+                if candidate.status == s
+            )
             metas.append(json.dumps({"id": str(loc.location_id), "status": _STATUS_NAMES[loc.status].name}))
             texts.append(renderer.render(key, raw, ANY_STATUS) or padding)
         return GetCacheMetaResponse(locations=CacheLocations(texts), metas=metas)
@@ -320,12 +348,12 @@ class CacheService:
             raise InvalidArgumentError("field 'write_timeout_seconds': must be >= 0")
         if req.min_replica_count < 0:
             raise InvalidArgumentError("field 'min_replica_count': must be >= 0")
-        timeout_s = min(req.write_timeout_seconds or self.settings.default_write_timeout_s,
-                        self.settings.max_write_timeout_s)
+        timeout_s = min(
+            req.write_timeout_seconds or self.settings.default_write_timeout_s, self.settings.max_write_timeout_s
+        )
         candidates = [s for s in ctx.write_candidates() if s.available]
         if not candidates:
-            raise CapacityExceededError(
-                f"instance group {ctx.group.name!r} has no available storage to write to")
+            raise CapacityExceededError(f"instance group {ctx.group.name!r} has no available storage to write to")
         # One renderer for the size check and the response: its templates are built once.
         renderer = self._renderer(ctx)
         self._check_response_size(ctx, renderer, keys, spec_groups, candidates)
@@ -345,19 +373,42 @@ class CacheService:
                 refusals.append(f"{state.name}: {exc}")
                 continue
             try:
-                outcome = self._start(ctx, keys, StartRequest(
-                    session_id=session_id, deadline_ms=now_ms + timeout_s * 1000, storage_name=state.name,
-                    storage_type=type_name, pack_count=backend.pack_count, sizes=sizes, spec_groups=spec_groups,
-                    explicit_groups=explicit, group_capacity=ctx.group_capacity,
-                    type_capacity=ctx.type_capacity(backend.storage_type), max_keys=ctx.max_key_count,
-                    max_sessions=self.settings.max_write_sessions, group_usage=group_usage,
-                    instance_capacity=ctx.instance_capacity, min_replicas=req.min_replica_count, stale=stale,
-                    covers=covers, by_location=_by_location(backend),
-                    more_candidates=[(c.name, c.storage_type.name, c.backend.pack_count,
-                                      ctx.type_capacity(c.storage_type),
-                                      group_usage.by_type.get(c.storage_type.name, 0) if group_usage else -1,
-                                      _by_location(c.backend))
-                                     for c in candidates[position + 1:] if not _allocates(c.backend)]))
+                outcome = self._start(
+                    ctx,
+                    keys,
+                    StartRequest(
+                        session_id=session_id,
+                        deadline_ms=now_ms + timeout_s * 1000,
+                        storage_name=state.name,
+                        storage_type=type_name,
+                        pack_count=backend.pack_count,
+                        sizes=sizes,
+                        spec_groups=spec_groups,
+                        explicit_groups=explicit,
+                        group_capacity=ctx.group_capacity,
+                        type_capacity=ctx.type_capacity(backend.storage_type),
+                        max_keys=ctx.max_key_count,
+                        max_sessions=self.settings.max_write_sessions,
+                        group_usage=group_usage,
+                        instance_capacity=ctx.instance_capacity,
+                        min_replicas=req.min_replica_count,
+                        stale=stale,
+                        covers=covers,
+                        by_location=_by_location(backend),
+                        more_candidates=[
+                            (
+                                c.name,
+                                c.storage_type.name,
+                                c.backend.pack_count,
+                                ctx.type_capacity(c.storage_type),
+                                group_usage.by_type.get(c.storage_type.name, 0) if group_usage else -1,
+                                _by_location(c.backend),
+                            )
+                            for c in candidates[position + 1 :]
+                            if not _allocates(c.backend)
+                        ],
+                    ),
+                )
             except QuotaExceededError as exc:
                 if explicit:
                     backend.unreserve(ctx.instance_id, explicit, sizes[0])
@@ -375,9 +426,16 @@ class CacheService:
                 if unused:
                     backend.unreserve(ctx.instance_id, unused, sizes[0])
             try:
-                return self._start_response(ctx, renderer, keys, spec_groups, session_id,
-                                            [state, *(c for c in candidates[position + 1:]
-                                                      if not _allocates(c.backend))], outcome, explicit)
+                return self._start_response(
+                    ctx,
+                    renderer,
+                    keys,
+                    spec_groups,
+                    session_id,
+                    [state, *(c for c in candidates[position + 1 :] if not _allocates(c.backend))],
+                    outcome,
+                    explicit,
+                )
             except Exception:
                 # The grant is committed but the caller gets an error and never learns the
                 # session id: fail the session now rather than leave its keys WRITING (and
@@ -388,8 +446,13 @@ class CacheService:
         raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
 
     @staticmethod
-    def _check_response_size(ctx: InstanceContext, renderer: LocationRenderer, keys: list[int],
-                             spec_groups: list[int], candidates: list[StorageState]) -> None:
+    def _check_response_size(
+        ctx: InstanceContext,
+        renderer: LocationRenderer,
+        keys: list[int],
+        spec_groups: list[int],
+        candidates: list[StorageState],
+    ) -> None:
         """Refuse a start whose response could pass ``MAX_RESPONSE_BYTES`` if every key
         were new, on the candidate with the longest locations."""
         widest: dict[int, int] = {}
@@ -404,19 +467,30 @@ class CacheService:
             raise InvalidArgumentError(
                 f"field 'block_keys': {len(keys)} keys could need a {total / 1e6:.1f} MB response, over the "
                 f"{MAX_RESPONSE_BYTES / 1e6:.0f} MB an API response may carry: send at most {fit} keys per call "
-                f"for instance {ctx.instance_id!r}")
+                f"for instance {ctx.instance_id!r}"
+            )
 
-    def _start_response(self, ctx: InstanceContext, renderer: LocationRenderer, keys: list[int],
-                        spec_groups: list[int], session_id: str, states: list[StorageState],
-                        outcome: StartOutcome, explicit: Sequence[int]) -> StartWriteCacheResponse:
+    def _start_response(
+        self,
+        ctx: InstanceContext,
+        renderer: LocationRenderer,
+        keys: list[int],
+        spec_groups: list[int],
+        session_id: str,
+        states: list[StorageState],
+        outcome: StartOutcome,
+        explicit: Sequence[int],
+    ) -> StartWriteCacheResponse:
         """The written keys' locations, each on the candidate the start script chose
         (``states``: candidate 1, then the further candidates in order)."""
         texts = []
         refs: dict[int, list[BlockRef]] = {}
-        written = [(i, outcome.written_to[i] if outcome.written_to else 1) for i, new in enumerate(outcome.new_flags)
-                   if new]
-        for j, (location_id, group, slot) in enumerate(outcome.placements_of(
-                written, [state.backend.pack_count for state in states], explicit)):
+        written = [
+            (i, outcome.written_to[i] if outcome.written_to else 1) for i, new in enumerate(outcome.new_flags) if new
+        ]
+        for j, (location_id, group, slot) in enumerate(
+            outcome.placements_of(written, [state.backend.pack_count for state in states], explicit)
+        ):
             i, candidate = written[j]
             state = states[candidate - 1]
             ref = BlockRef(ctx.instance_id, keys[i], location_id, group, slot, ctx.spec_layout.slots(spec_groups[i]))
@@ -425,9 +499,11 @@ class CacheService:
             texts.append(template % args(keys[i], location_id, group, slot))
         for candidate, blocks in refs.items():
             states[candidate - 1].backend.prepare(blocks)
-        return StartWriteCacheResponse(write_session_id=session_id,
-                                       block_mask=mask_of([not new for new in outcome.new_flags]),
-                                       locations=CacheLocations(texts))
+        return StartWriteCacheResponse(
+            write_session_id=session_id,
+            block_mask=mask_of([not new for new in outcome.new_flags]),
+            locations=CacheLocations(texts),
+        )
 
     def _stale_locations(self, ctx: InstanceContext, keys: list[int]) -> list[tuple[int, int]]:
         """(block key, location id) of the keys' SERVING locations whose storage reports their
@@ -438,17 +514,25 @@ class CacheService:
             record = decode_record(raw) if raw is not None else None
             for loc in record.locations if record is not None else ():
                 if loc.status == Status.SERVING:
-                    by_storage.setdefault(loc.storage_index, []).append(BlockRef(
-                        ctx.instance_id, key, loc.location_id, loc.group_id, loc.slot,
-                        ctx.spec_layout.slots(loc.spec_group)))
+                    by_storage.setdefault(loc.storage_index, []).append(
+                        BlockRef(
+                            ctx.instance_id,
+                            key,
+                            loc.location_id,
+                            loc.group_id,
+                            loc.slot,
+                            ctx.spec_layout.slots(loc.spec_group),
+                        )
+                    )
         stale = []
         for sidx, blocks in by_storage.items():
             backend = ctx.backend(self._storage_name(ctx, sidx))
             if backend is None:
                 continue
             answers = backend.might_exist(blocks)
-            stale += [(b.block_key, b.location_id) for b, present in zip(blocks, answers, strict=True)
-                      if present is False]
+            stale += [
+                (b.block_key, b.location_id) for b, present in zip(blocks, answers, strict=True) if present is False
+            ]
         return stale
 
     def fail_session(self, ctx: InstanceContext, session_id: str) -> int | None:
@@ -459,8 +543,7 @@ class CacheService:
         if session is None:
             return None
         try:
-            _, victims = self.index.finish(ctx.layout, session_id, session, (), ctx.spec_layout.sizes,
-                                           force_fail=True)
+            _, victims = self.index.finish(ctx.layout, session_id, session, (), ctx.spec_layout.sizes, force_fail=True)
         except WriteSessionError:
             return None  # finished between the read and the finish
         self.deleter.submit(ctx, victims)
@@ -471,8 +554,10 @@ class CacheService:
             self.fail_session(ctx, session_id)
         # The reaper fails it at the deadline; the start's own error is the one to report.
         except Exception as exc:  # noqa: BLE001
-            logger.warning("could not fail the write session of a failed start",
-                           extra={"write_session_id": session_id, "error": str(exc)})
+            logger.warning(
+                "could not fail the write session of a failed start",
+                extra={"write_session_id": session_id, "error": str(exc)},
+            )
 
     def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
         """Close a write session: successful blocks start serving, the rest are deleted."""
@@ -483,11 +568,12 @@ class CacheService:
             raise InvalidArgumentError("field 'success_blocks' is required")
         session = self.index.session(ctx.layout, req.write_session_id)
         if session is None:
-            raise WriteSessionError(f"write session {req.write_session_id!r} of instance {req.instance_id!r} "
-                                    f"is unknown, finished or expired")
+            raise WriteSessionError(
+                f"write session {req.write_session_id!r} of instance {req.instance_id!r} "
+                f"is unknown, finished or expired"
+            )
         success = masked_flags(req.success_blocks, len(session.entries), "success_blocks")
-        expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success,
-                                             ctx.spec_layout.sizes)
+        expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success, ctx.spec_layout.sizes)
         self.deleter.submit(ctx, victims)
         if expired:
             raise WriteSessionError(f"write session {req.write_session_id!r} expired before it was finished")
@@ -501,9 +587,12 @@ class CacheService:
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         delay_ms = ctx.delete_delay_ms
-        victims = self.index.mark_deleting(ctx.layout, [k for k, m in zip(keys, flags, strict=True) if not m],
-                                           ctx.spec_layout.sizes,
-                                           resubmit_before_s=self.index.lost_deletions_before_s(delay_ms))
+        victims = self.index.mark_deleting(
+            ctx.layout,
+            [k for k, m in zip(keys, flags, strict=True) if not m],
+            ctx.spec_layout.sizes,
+            resubmit_before_s=self.index.lost_deletions_before_s(delay_ms),
+        )
         self.deleter.submit(ctx, victims, delay_ms)
         return Response()
 
@@ -520,7 +609,10 @@ class CacheService:
             return Response()
         if req.strategy == TrimStrategy.TS_TIMESTAMP and req.begin_timestamp > req.end_timestamp:
             raise InvalidArgumentError("field 'begin_timestamp': must not be after end_timestamp")
-        written = ((req.begin_timestamp, req.end_timestamp) if req.strategy == TrimStrategy.TS_TIMESTAMP
-                   else (0, now_us(self.clock)))
+        written = (
+            (req.begin_timestamp, req.end_timestamp)
+            if req.strategy == TrimStrategy.TS_TIMESTAMP
+            else (0, now_us(self.clock))
+        )
         self.purge.trim(ctx, CACHE, written)
         return Response()

@@ -11,11 +11,28 @@ Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``se
 (the candidate pool, leaves only), ``stranded`` (deletions that never finished). I/O
 through the index only: ``sampling``, ``instance`` and ``reclaimer``; ``eviction`` makes room on the write path.
 """
+
 from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for
-from .reclaimer import ControlDirectory, GroupReport, ReclaimJob, ReclaimReport, Reclaimer
+from .reclaimer import ControlDirectory, GroupReport, Reclaimer, ReclaimJob, ReclaimReport
 from .sampling import SamplingConfig
 from .watermark import Limits, Need, Plan, assess, split
 
-__all__ = ["Candidate", "ControlDirectory", "GroupReport", "LFUPolicy", "LRUPolicy", "Limits", "Need", "Plan",
-           "ReclaimJob", "ReclaimReport", "Reclaimer", "SamplingConfig", "TTLPolicy", "VictimPolicy", "assess",
-           "policy_for", "split"]
+__all__ = [
+    "Candidate",
+    "ControlDirectory",
+    "GroupReport",
+    "LFUPolicy",
+    "LRUPolicy",
+    "Limits",
+    "Need",
+    "Plan",
+    "ReclaimJob",
+    "ReclaimReport",
+    "Reclaimer",
+    "SamplingConfig",
+    "TTLPolicy",
+    "VictimPolicy",
+    "assess",
+    "policy_for",
+    "split",
+]

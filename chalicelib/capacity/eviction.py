@@ -18,6 +18,7 @@ for â€” everything WRITING, or the space held by other instances of the group â€
 refused as before and wakes the reclaimer. A group whose ``used_percentage`` is above 1
 has reclaim switched off (upstream's reclaim cases rely on it): nothing is evicted.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,16 @@ class WritePathEviction:
     """``eviction(ctx, refusal) -> bytes marked``: called by the cache service when a
     start is refused for capacity; never raises (a failure means "no room made")."""
 
-    def __init__(self, index: BlockIndex, deleter: Deleter, clock: Clock,
-                 events: EventLog | None = None, metrics: MetricsRegistry | None = None,
-                 rng: random.Random | None = None, config: SamplingConfig = WRITE_PATH_SAMPLING) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        deleter: Deleter,
+        clock: Clock,
+        events: EventLog | None = None,
+        metrics: MetricsRegistry | None = None,
+        rng: random.Random | None = None,
+        config: SamplingConfig = WRITE_PATH_SAMPLING,
+    ) -> None:
         self.index = index
         self.deleter = deleter
         self.clock = clock
@@ -64,8 +72,13 @@ class WritePathEviction:
         self.rng = rng or random.Random()
         self.config = config
 
-    def __call__(self, ctx: InstanceContext, refusal: QuotaExceededError, attempt: int = 0,
-                 protected: frozenset[int] = frozenset()) -> int:
+    def __call__(
+        self,
+        ctx: InstanceContext,
+        refusal: QuotaExceededError,
+        attempt: int = 0,
+        protected: frozenset[int] = frozenset(),
+    ) -> int:
         """Mark victims for ``refusal`` (the ``attempt``-th for this write), never one of
         ``protected`` (the write's own keys: its prefix is in use); returns bytes marked."""
         need = self._need(ctx, refusal, 1 << attempt)
@@ -74,18 +87,41 @@ class WritePathEviction:
         strategy = ctx.group.cache_config.reclaim_strategy if ctx.group.cache_config is not None else None
         delay_ms = strategy.delay_before_delete_ms if strategy is not None else 0
         try:
-            sampler = BucketSampler(self.index, ctx.layout, self.index.storage_table(ctx.layout),
-                                    ctx.spec_layout.sizes, self.rng, self.config,
-                                    strategy.storage_unique_name if strategy is not None else "")
-            work = InstanceReclaim(self.index, ctx, policy_for(strategy, self.index.LFU_DECAY_S), need, sampler,
-                                   self.config, int(self.clock.now()),
-                                   submitter(self.deleter, self.clock, ctx.group.name, delay_ms, self.events,
-                                             self.metrics, "cache_reclaimer.write_path_evict_count"),
-                                   blocks_hint=0, protected=protected)
+            sampler = BucketSampler(
+                self.index,
+                ctx.layout,
+                self.index.storage_table(ctx.layout),
+                ctx.spec_layout.sizes,
+                self.rng,
+                self.config,
+                strategy.storage_unique_name if strategy is not None else "",
+            )
+            work = InstanceReclaim(
+                self.index,
+                ctx,
+                policy_for(strategy, self.index.LFU_DECAY_S),
+                need,
+                sampler,
+                self.config,
+                int(self.clock.now()),
+                submitter(
+                    self.deleter,
+                    self.clock,
+                    ctx.group.name,
+                    delay_ms,
+                    self.events,
+                    self.metrics,
+                    "cache_reclaimer.write_path_evict_count",
+                ),
+                blocks_hint=0,
+                protected=protected,
+            )
             return work.run().bytes
         except Exception as exc:  # noqa: BLE001 - the refusal stands; the reclaimer follows
-            logger.warning("could not make room on the write path", extra={
-                "instance_id": ctx.instance_id, "error": f"{type(exc).__name__}: {exc}"})
+            logger.warning(
+                "could not make room on the write path",
+                extra={"instance_id": ctx.instance_id, "error": f"{type(exc).__name__}: {exc}"},
+            )
             return 0
 
     @staticmethod

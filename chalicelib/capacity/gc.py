@@ -22,6 +22,7 @@ storage), then handed to the deleter after the group's delete delay.
 
 Runs only under the background lease. Metrics: ``cache_gc.*`` (docs/capacity-and-removal.md).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -79,9 +80,15 @@ class GcReport:
     round_finished: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped, "visits": self.visits, "scanned_keys": self.scanned_keys,
-                "candidates": dict(self.candidates), "deleted": self.deleted, "errors": self.errors,
-                "round_finished": self.round_finished}
+        return {
+            "skipped": self.skipped,
+            "visits": self.visits,
+            "scanned_keys": self.scanned_keys,
+            "candidates": dict(self.candidates),
+            "deleted": self.deleted,
+            "errors": self.errors,
+            "round_finished": self.round_finished,
+        }
 
 
 @dataclass(frozen=True)
@@ -95,14 +102,26 @@ class _Found:
 class CacheGarbageCollector:
     """The ``cache_gc`` schedule's work (module docstring)."""
 
-    def __init__(self, lease: Lease, control: InstanceListing, index: BlockIndex,
-                 contexts: Callable[[str], InstanceContext], deleter: Deleter, state: GcStateStore, clock: Clock,
-                 metrics: MetricsRegistry, orphan_grace_s: int, round_pause_s: int, longest_session_s: int = 0,
-                 enabled: bool = True) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        control: InstanceListing,
+        index: BlockIndex,
+        contexts: Callable[[str], InstanceContext],
+        deleter: Deleter,
+        state: GcStateStore,
+        clock: Clock,
+        metrics: MetricsRegistry,
+        orphan_grace_s: int,
+        round_pause_s: int,
+        longest_session_s: int = 0,
+        enabled: bool = True,
+    ) -> None:
         if orphan_grace_s < max(MIN_ORPHAN_GRACE_S, longest_session_s):
             raise CacheGcConfigError(
                 f"KVCM_CACHE_GC_ORPHAN_GRACE_S must be at least {max(MIN_ORPHAN_GRACE_S, longest_session_s)} s "
-                f"(an hour, and the longest write session), got {orphan_grace_s}")
+                f"(an hour, and the longest write session), got {orphan_grace_s}"
+            )
         self.lease = lease
         self.control = control
         self.index = index
@@ -184,8 +203,9 @@ class CacheGarbageCollector:
         self._delete(ctx, STORAGE_MISSING, self._missing(ctx, serving, storages), serving_only=True, report=report)
         return cursor
 
-    def _classify(self, records: Sequence[tuple[int, BlockRecord]], storages: dict[int, tuple[str, str]]
-                  ) -> tuple[list[_Found], dict[int, list[tuple[int, Any]]]]:
+    def _classify(
+        self, records: Sequence[tuple[int, BlockRecord]], storages: dict[int, tuple[str, str]]
+    ) -> tuple[list[_Found], dict[int, list[tuple[int, Any]]]]:
         """Orphan WRITING locations, and SERVING ones by storage index (to probe)."""
         now_ms = int(self.clock.now() * 1000)
         grace_ms = self.orphan_grace_s * 1000
@@ -203,8 +223,9 @@ class CacheGarbageCollector:
                     serving[location.storage_index].append((key, location))
         return orphans, serving
 
-    def _missing(self, ctx: InstanceContext, serving: dict[int, list[tuple[int, Any]]],
-                 storages: dict[int, tuple[str, str]]) -> list[_Found]:
+    def _missing(
+        self, ctx: InstanceContext, serving: dict[int, list[tuple[int, Any]]], storages: dict[int, tuple[str, str]]
+    ) -> list[_Found]:
         """The SERVING locations whose storage says their data is gone (unknown: kept)."""
         missing: list[_Found] = []
         for storage_index, located in serving.items():
@@ -216,9 +237,18 @@ class CacheGarbageCollector:
                 self.metrics.incr("cache_gc.storage_probe_count", len(located), {"result": "unknown"})
                 continue
             for start in range(0, len(located), PROBE_CHUNK):
-                chunk = located[start:start + PROBE_CHUNK]
-                refs = [BlockRef(ctx.instance_id, key, loc.location_id, loc.group_id, loc.slot,
-                                 ctx.spec_layout.slots(loc.spec_group)) for key, loc in chunk]
+                chunk = located[start : start + PROBE_CHUNK]
+                refs = [
+                    BlockRef(
+                        ctx.instance_id,
+                        key,
+                        loc.location_id,
+                        loc.group_id,
+                        loc.slot,
+                        ctx.spec_layout.slots(loc.spec_group),
+                    )
+                    for key, loc in chunk
+                ]
                 try:
                     answers: Sequence[bool | None] = backend.might_exist(refs)
                 except Exception as exc:  # noqa: BLE001 - a failing probe is an unknown answer
@@ -229,21 +259,29 @@ class CacheGarbageCollector:
                     hits = sum(1 for a in answers if a is result)
                     if hits:
                         self.metrics.incr("cache_gc.storage_probe_count", hits, {"result": count})
-                missing += [_Found(key, loc.location_id)
-                            for (key, loc), answer in zip(chunk, answers, strict=True) if answer is False]
+                missing += [
+                    _Found(key, loc.location_id)
+                    for (key, loc), answer in zip(chunk, answers, strict=True)
+                    if answer is False
+                ]
         return missing
 
-    def _delete(self, ctx: InstanceContext, reason: str, found: list[_Found], serving_only: bool,
-                report: GcReport) -> None:
+    def _delete(
+        self, ctx: InstanceContext, reason: str, found: list[_Found], serving_only: bool, report: GcReport
+    ) -> None:
         """Mark ``found`` DELETING, each only while it is the same location (id and, for
         ``serving_only``, still SERVING), and hand what was marked to the deleter."""
         if not found:
             return
         report.candidates[reason] += len(found)
         self.metrics.incr("cache_gc.candidate_count", len(found), {"reason": reason})
-        victims = self.index.mark_deleting(ctx.layout, [f.block_key for f in found], ctx.spec_layout.sizes,
-                                           expected_locations=[f.location_id for f in found],
-                                           serving_only=serving_only)
+        victims = self.index.mark_deleting(
+            ctx.layout,
+            [f.block_key for f in found],
+            ctx.spec_layout.sizes,
+            expected_locations=[f.location_id for f in found],
+            serving_only=serving_only,
+        )
         if len(victims) < len(found):
             self._count_dropped(reason, "changed", len(found) - len(victims))
         if not victims:
@@ -254,8 +292,10 @@ class CacheGarbageCollector:
         except Exception as exc:  # noqa: BLE001 - the stranded-deletion sweep hands them over again
             self.metrics.incr("cache_gc.delete_result_count", len(victims), {"status": "failed"})
             self.metrics.incr("cache_gc.operation_error_count", 1, {"stage": "submit"})
-            logger.warning("cache gc deletions not handed over", extra={
-                "instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)})
+            logger.warning(
+                "cache gc deletions not handed over",
+                extra={"instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)},
+            )
             return
         self.metrics.incr("cache_gc.delete_result_count", len(victims), {"status": "submitted"})
         report.deleted += len(victims)

@@ -14,6 +14,7 @@ half by block count, victims are ordered by (last access, instance id, block key
 marked in runs of consecutive victims of the same instance. With one instance it is the
 per-instance loop (``InstanceReclaim``) exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,13 @@ class InstanceReport:
 
     def add(self, other: InstanceReport) -> InstanceReport:
         """Both parts of a round in the same instance, summed."""
-        return InstanceReport(self.instance_id, self.victims + other.victims, self.expired + other.expired,
-                              self.bytes + other.bytes, self.buckets_read + other.buckets_read)
+        return InstanceReport(
+            self.instance_id,
+            self.victims + other.victims,
+            self.expired + other.expired,
+            self.bytes + other.bytes,
+            self.buckets_read + other.buckets_read,
+        )
 
 
 @dataclass
@@ -102,8 +108,16 @@ def sample_shares(total: int, weights: Mapping[str, int]) -> dict[str, int]:
 class PooledReclaim:
     """Frees ``need`` (and expired blocks) once, from one candidate pool over ``members``."""
 
-    def __init__(self, index: BlockIndex, members: Sequence[Member], policy: VictimPolicy, need: Need,
-                 config: SamplingConfig, now_s: int, submit: Submit) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        members: Sequence[Member],
+        policy: VictimPolicy,
+        need: Need,
+        config: SamplingConfig,
+        now_s: int,
+        submit: Submit,
+    ) -> None:
         self.index = index
         self.members = {m.ctx.instance_id: m for m in members}
         self.policy = policy
@@ -160,8 +174,10 @@ class PooledReclaim:
                 self._fill_member(member, share, held[instance_id])
             except Exception as exc:  # noqa: BLE001 - the others' candidates still make a plan
                 member.failed = True
-                logger.warning("reclaim sampling failed; the round goes on without the instance", extra={
-                    "instance_id": instance_id, "error": f"{type(exc).__name__}: {exc}"})
+                logger.warning(
+                    "reclaim sampling failed; the round goes on without the instance",
+                    extra={"instance_id": instance_id, "error": f"{type(exc).__name__}: {exc}"},
+                )
 
     def _fill_member(self, member: Member, share: int, held: int) -> None:
         sampler = member.sampler
@@ -184,9 +200,13 @@ class PooledReclaim:
         # Only locations still SERVING under the same id are taken, of blocks that gained
         # no child: a block rewritten, removed or extended since it was read is left alone.
         victims = self.index.mark_deleting(
-            ctx.layout, list(by_key), ctx.spec_layout.sizes,
+            ctx.layout,
+            list(by_key),
+            ctx.spec_layout.sizes,
             expected_locations=[c.location_id for c in by_key.values()],
-            serving_only=True, max_children=[c.recorded_children for c in by_key.values()])
+            serving_only=True,
+            max_children=[c.recorded_children for c in by_key.values()],
+        )
         taken = [(v, by_key[v.block_key]) for v in victims]
         if not taken:
             return
@@ -207,16 +227,32 @@ class PooledReclaim:
         if not parents:
             return
         raws = member.sampler.reread(parents)
-        self._admit(member, [candidate for parent, raw in raws.items() if raw is not None
-                             and (candidate := member.sampler.candidate(parent, raw)) is not None])
+        self._admit(
+            member,
+            [
+                candidate
+                for parent, raw in raws.items()
+                if raw is not None and (candidate := member.sampler.candidate(parent, raw)) is not None
+            ],
+        )
 
 
 class InstanceReclaim:
     """Frees ``need`` (and expired blocks) in one instance, once."""
 
-    def __init__(self, index: BlockIndex, ctx: InstanceContext, policy: VictimPolicy, need: Need,
-                 sampler: BucketSampler, config: SamplingConfig, now_s: int, submit: Submit,
-                 blocks_hint: int, protected: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        ctx: InstanceContext,
+        policy: VictimPolicy,
+        need: Need,
+        sampler: BucketSampler,
+        config: SamplingConfig,
+        now_s: int,
+        submit: Submit,
+        blocks_hint: int,
+        protected: frozenset[int] = frozenset(),
+    ) -> None:
         self.member = Member(ctx, sampler, blocks_hint, protected)
         self.work = PooledReclaim(index, [self.member], policy, need, config, now_s, submit)
 

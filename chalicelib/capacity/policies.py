@@ -5,12 +5,13 @@ A policy ranks candidates by ``score`` — lower goes first — and may declare 
 accessed block, then the instance id and the block key, so a ranking is deterministic
 (across a group's instances too: Group-LRU sorts by last access, instance, key).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
-from collections.abc import Iterable
 
 from ..protocol.codes import ReclaimPolicy
 from ..protocol.models import CacheReclaimStrategy

@@ -18,14 +18,15 @@ round at most (``RECONCILE_S`` apart per group).
 
 Only the holder of the background lease reclaims (``reclaim_handler``).
 """
+
 from __future__ import annotations
 
 import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
-from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
 from ..control import ControlPlane
@@ -124,10 +125,16 @@ class GroupReport:
         return sum(r.bytes for r in self.instances)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "reason": self.reason, "swept": self.swept,
-                "victims": self.victims, "bytes": self.bytes, "error": self.error,
-                "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
-                "instances": [r.to_dict() for r in self.instances]}
+        return {
+            "group": self.group,
+            "reason": self.reason,
+            "swept": self.swept,
+            "victims": self.victims,
+            "bytes": self.bytes,
+            "error": self.error,
+            "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
+            "instances": [r.to_dict() for r in self.instances],
+        }
 
 
 @dataclass
@@ -154,9 +161,16 @@ class ReclaimReport:
         return sum(g.bytes for g in self.groups)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"victims": self.victims, "bytes": self.bytes, "duration_ms": round(self.duration_ms, 3),
-                "resubmitted": self.resubmitted, "handed_over": self.handed_over, "skipped": self.skipped, "interrupted": self.interrupted,
-                "groups": [g.to_dict() for g in self.groups]}
+        return {
+            "victims": self.victims,
+            "bytes": self.bytes,
+            "duration_ms": round(self.duration_ms, 3),
+            "resubmitted": self.resubmitted,
+            "handed_over": self.handed_over,
+            "skipped": self.skipped,
+            "interrupted": self.interrupted,
+            "groups": [g.to_dict() for g in self.groups],
+        }
 
 
 @dataclass
@@ -173,10 +187,18 @@ class Reclaimer:
     """Runs reclaim rounds. Keeps, between rounds, when each group is due and where the
     rotating sweeps are; so one Reclaimer per process (``reclaim_handler`` keeps it)."""
 
-    def __init__(self, index: BlockIndex, directory: GroupDirectory,
-                 contexts: Callable[[str], InstanceContext], deleter: Deleter, clock: Clock,
-                 events: EventLog | None = None, metrics: MetricsRegistry | None = None,
-                 rng: random.Random | None = None, config: SamplingConfig = SamplingConfig()) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        directory: GroupDirectory,
+        contexts: Callable[[str], InstanceContext],
+        deleter: Deleter,
+        clock: Clock,
+        events: EventLog | None = None,
+        metrics: MetricsRegistry | None = None,
+        rng: random.Random | None = None,
+        config: SamplingConfig = SamplingConfig(),
+    ) -> None:
         self.index = index
         self.directory = directory
         self.contexts = contexts
@@ -201,8 +223,15 @@ class Reclaimer:
         report = ReclaimReport(handed_over=self._hand_over_queued())
         for group in groups:
             state = self._states[group.name]
-            reason = ("woken" if group.name in woken else "over" if state.over
-                      else "period" if now >= state.next_check else "")
+            reason = (
+                "woken"
+                if group.name in woken
+                else "over"
+                if state.over
+                else "period"
+                if now >= state.next_check
+                else ""
+            )
             if not reason:
                 continue
             if not keep_going():
@@ -218,12 +247,16 @@ class Reclaimer:
             self.metrics.observe("cache_reclaimer.reclaim_cron_duration_us", report.duration_ms * 1000)
         return report
 
-    def _reclaim_group(self, group: InstanceGroup, usage: Usage, state: _GroupState, now: float,
-                       reason: str) -> GroupReport:
+    def _reclaim_group(
+        self, group: InstanceGroup, usage: Usage, state: _GroupState, now: float, reason: str
+    ) -> GroupReport:
         report = GroupReport(group.name, reason)
         strategy = group.cache_config.reclaim_strategy if group.cache_config is not None else None
-        period = (strategy.trigger_period_seconds if strategy is not None and strategy.trigger_period_seconds > 0
-                  else DEFAULT_TRIGGER_PERIOD_S)
+        period = (
+            strategy.trigger_period_seconds
+            if strategy is not None and strategy.trigger_period_seconds > 0
+            else DEFAULT_TRIGGER_PERIOD_S
+        )
         state.next_check = now + period
         limits = Limits.of(group)
         pressure = reason == "woken"
@@ -231,8 +264,12 @@ class Reclaimer:
         report.swept = policy.expires and now >= state.next_sweep
         try:
             # The group's own counters decide whether its instances need reading at all.
-            if not (assess(limits, {"": usage.live()}, pressure).needed or limits.max_keys > 0
-                    or limits.instance_capacity or report.swept):
+            if not (
+                assess(limits, {"": usage.live()}, pressure).needed
+                or limits.max_keys > 0
+                or limits.instance_capacity
+                or report.swept
+            ):
                 state.over = False
                 return report
             contexts = self._contexts(self.directory.members(group.name))
@@ -264,10 +301,22 @@ class Reclaimer:
                 if (need is None or not need.pending) and not sweeping:
                     continue
                 sampler = self._sampler(ctx, storage_name)
-                work = InstanceReclaim(self.index, ctx, policy, need or Need(), sampler, self.config, int(now),
-                                       submit, blocks_hint=live[ctx.instance_id].keys)
-                window = (sweep_buckets(sampler.occupied, period * rotation, strategy.ttl_seconds, self.config)
-                          if sweeping and strategy is not None else 0)
+                work = InstanceReclaim(
+                    self.index,
+                    ctx,
+                    policy,
+                    need or Need(),
+                    sampler,
+                    self.config,
+                    int(now),
+                    submit,
+                    blocks_hint=live[ctx.instance_id].keys,
+                )
+                window = (
+                    sweep_buckets(sampler.occupied, period * rotation, strategy.ttl_seconds, self.config)
+                    if sweeping and strategy is not None
+                    else 0
+                )
                 done = work.run(window)
                 reports[ctx.instance_id] = reports[ctx.instance_id].add(done) if ctx.instance_id in reports else done
             report.instances = list(reports.values())
@@ -280,16 +329,35 @@ class Reclaimer:
         return report
 
     def _sampler(self, ctx: InstanceContext, storage_name: str) -> BucketSampler:
-        return BucketSampler(self.index, ctx.layout, self.index.storage_table(ctx.layout), ctx.spec_layout.sizes,
-                             self.rng, self.config, storage_name)
+        return BucketSampler(
+            self.index,
+            ctx.layout,
+            self.index.storage_table(ctx.layout),
+            ctx.spec_layout.sizes,
+            self.rng,
+            self.config,
+            storage_name,
+        )
 
-    def _group_lru(self, group: str, contexts: Sequence[InstanceContext], live: dict[str, Usage], plan: Plan,
-                   policy: LRUPolicy, storage_name: str, now: float, submit: Submit) -> dict[str, InstanceReport]:
+    def _group_lru(
+        self,
+        group: str,
+        contexts: Sequence[InstanceContext],
+        live: dict[str, Usage],
+        plan: Plan,
+        policy: LRUPolicy,
+        storage_name: str,
+        now: float,
+        submit: Submit,
+    ) -> dict[str, InstanceReport]:
         """The group's bytes (total and per type) freed in one recency order across its
         instances (``instance.PooledReclaim``); returns what each instance gave."""
         need = Need(plan.bytes, {t: n for t, n in plan.by_type.items() if n > 0})
-        members = [Member(ctx, self._sampler(ctx, storage_name), live[ctx.instance_id].keys)
-                   for ctx in contexts if live[ctx.instance_id].keys > 0]
+        members = [
+            Member(ctx, self._sampler(ctx, storage_name), live[ctx.instance_id].keys)
+            for ctx in contexts
+            if live[ctx.instance_id].keys > 0
+        ]
         if not need.pending or not members:
             return {}
         work = PooledReclaim(self.index, members, policy, need, self.config, int(now), submit)
@@ -318,8 +386,10 @@ class Reclaimer:
             try:
                 self.deleter.submit(ctx, victims, ctx.delete_delay_ms)
             except Exception as exc:  # noqa: BLE001 - the stranded sweep hands them over later
-                logger.warning("queued deletions not handed over", extra={
-                    "instance_id": instance_id, "locations": len(victims), "error": str(exc)})
+                logger.warning(
+                    "queued deletions not handed over",
+                    extra={"instance_id": instance_id, "locations": len(victims), "error": str(exc)},
+                )
                 continue
             total += len(victims)
         return total
@@ -340,9 +410,14 @@ class Reclaimer:
         instances = self.directory.instances()
         if not instances:
             return 0
-        delays = {g.name: (g.cache_config.reclaim_strategy.delay_before_delete_ms
-                           if g.cache_config is not None and g.cache_config.reclaim_strategy is not None else 0)
-                  for g in groups}
+        delays = {
+            g.name: (
+                g.cache_config.reclaim_strategy.delay_before_delete_ms
+                if g.cache_config is not None and g.cache_config.reclaim_strategy is not None
+                else 0
+            )
+            for g in groups
+        }
         count = min(len(instances), STRANDED_INSTANCES_PER_ROUND)
         start = self._stranded_position % len(instances)
         self._stranded_position = start + count
@@ -362,20 +437,27 @@ class Reclaimer:
             return 0
         # Through the mark script: only what is still lost is taken, and stamped again, so
         # a removeCache right after this cannot hand the same deletion over a second time.
-        victims = self.index.mark_deleting(ctx.layout, [key for key, _ in found], ctx.spec_layout.sizes,
-                                           expected_locations=[location for _, location in found],
-                                           resubmit_before_s=lost_before_s)
+        victims = self.index.mark_deleting(
+            ctx.layout,
+            [key for key, _ in found],
+            ctx.spec_layout.sizes,
+            expected_locations=[location for _, location in found],
+            resubmit_before_s=lost_before_s,
+        )
         if not victims:
             return 0
         try:
             self.deleter.submit(ctx, victims)
         except Exception as exc:  # noqa: BLE001 - one instance's storage must not stop the round
-            logger.warning("stranded deletions failed again", extra={
-                "instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)})
+            logger.warning(
+                "stranded deletions failed again",
+                extra={"instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)},
+            )
             return 0
         if self.metrics is not None:
-            self.metrics.incr("cache_reclaimer.stranded_resubmit_count", len(victims),
-                              {"instance_group": ctx.group.name})
+            self.metrics.incr(
+                "cache_reclaimer.stranded_resubmit_count", len(victims), {"instance_group": ctx.group.name}
+            )
         return len(victims)
 
     def _reconcile_one(self, groups: Sequence[InstanceGroup], now: float) -> None:
@@ -388,8 +470,10 @@ class Reclaimer:
             layouts = [c.layout for c in self._contexts(self.directory.members(group.name))]
             correction = self.index.reconcile_group(group.name, layouts)
             if correction is not None and correction.fields():
-                logger.warning("instance group usage counters corrected", extra={
-                    "instance_group": group.name, "correction": correction.fields()})
+                logger.warning(
+                    "instance group usage counters corrected",
+                    extra={"instance_group": group.name, "correction": correction.fields()},
+                )
             return
 
     def _contexts(self, instance_ids: Sequence[str]) -> list[InstanceContext]:
@@ -402,20 +486,33 @@ class Reclaimer:
         return out
 
 
-
-def submitter(deleter: Deleter, clock: Clock, group: str, delay_ms: int, events: EventLog | None = None,
-              metrics: MetricsRegistry | None = None, metric: str = "cache_reclaimer.block_submit_count") -> Submit:
+def submitter(
+    deleter: Deleter,
+    clock: Clock,
+    group: str,
+    delay_ms: int,
+    events: EventLog | None = None,
+    metrics: MetricsRegistry | None = None,
+    metric: str = "cache_reclaimer.block_submit_count",
+) -> Submit:
     """Hands victims just marked to deletion after ``delay_ms``, publishing the upstream
     ``CacheReclaimSubmit`` event and counting them in ``metric``."""
+
     def submit(ctx: InstanceContext, taken: Sequence[tuple[Victim, Candidate]]) -> None:
         victims = [v for v, _ in taken]
         deleter.submit(ctx, victims, delay_ms)
         if events is not None:
-            events.publish(ctx.instance_id, "CacheReclaimSubmit", now_us(clock),
-                           block_keys=[v.block_key for v in victims],
-                           location_ids=[[str(v.location_id)] for v in victims], delay_us=delay_ms * 1000)
+            events.publish(
+                ctx.instance_id,
+                "CacheReclaimSubmit",
+                now_us(clock),
+                block_keys=[v.block_key for v in victims],
+                location_ids=[[str(v.location_id)] for v in victims],
+                delay_us=delay_ms * 1000,
+            )
         if metrics is not None:
             metrics.incr(metric, len(victims), {"instance_group": group})
+
     return submit
 
 
@@ -470,9 +567,15 @@ class ReclaimJob:
                 return ReclaimReport(skipped="another node holds the background lease").to_dict()
             report = self.reclaimer.run_round(guard.held if guard is not None else _always)
             if report.victims or any(g.error for g in report.groups):
-                logger.info("reclaim round", extra={"victims": report.victims, "bytes": report.bytes,
-                                                    "duration_ms": round(report.duration_ms, 1),
-                                                    "errors": [g.error for g in report.groups if g.error]})
+                logger.info(
+                    "reclaim round",
+                    extra={
+                        "victims": report.victims,
+                        "bytes": report.bytes,
+                        "duration_ms": round(report.duration_ms, 1),
+                        "errors": [g.error for g in report.groups if g.error],
+                    },
+                )
             return report.to_dict()
         finally:
             self._round_lock.release()

@@ -7,12 +7,13 @@ instance. Buckets are drawn from the instance's occupied-bucket set, so a sparse
 sized for millions of buckets is sampled as cheaply as a full one; TTL expiry walks a
 cursor over that set instead, so every block is looked at once per pass.
 """
+
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ..index import BlockIndex, InstanceLayout, Status
 from ..index.block_index import MODE_RAW
@@ -54,8 +55,14 @@ _STORAGE_AT = LOCATION.offset("storage_index")
 _SPEC_GROUP_AT = LOCATION.offset("spec_group")
 
 
-def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, str]], sizes: Sequence[int],
-                 storage_name: str = "", instance_id: str = "") -> Candidate | None:
+def to_candidate(
+    block_key: int,
+    raw: bytes,
+    storages: Mapping[int, tuple[str, str]],
+    sizes: Sequence[int],
+    storage_name: str = "",
+    instance_id: str = "",
+) -> Candidate | None:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
     given), or None. WRITING and DELETING locations are never candidates."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
@@ -67,18 +74,34 @@ def to_candidate(block_key: int, raw: bytes, storages: Mapping[int, tuple[str, s
             continue
         spec_group = raw[off + _SPEC_GROUP_AT]
         flags, parent, children, last_access_s, lfu, _, _ = HEADER.unpack_from(raw)
-        return Candidate(block_key, location_id_at(raw, off),
-                         int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
-                         children, last_access_s, lfu, sizes[spec_group] if spec_group < len(sizes) else sizes[0],
-                         storage_type, children, instance_id)
+        return Candidate(
+            block_key,
+            location_id_at(raw, off),
+            int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
+            children,
+            last_access_s,
+            lfu,
+            sizes[spec_group] if spec_group < len(sizes) else sizes[0],
+            storage_type,
+            children,
+            instance_id,
+        )
     return None
 
 
 class BucketSampler:
     """Candidates of one instance, read bucket by bucket. Never reads a bucket twice."""
 
-    def __init__(self, index: BlockIndex, layout: InstanceLayout, storages: Mapping[int, tuple[str, str]],
-                 sizes: Sequence[int], rng: random.Random, config: SamplingConfig, storage_name: str = "") -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        layout: InstanceLayout,
+        storages: Mapping[int, tuple[str, str]],
+        sizes: Sequence[int],
+        rng: random.Random,
+        config: SamplingConfig,
+        storage_name: str = "",
+    ) -> None:
         self.index = index
         self.layout = layout
         self.storages = storages
@@ -127,8 +150,12 @@ class BucketSampler:
         """The candidates of ``buckets`` random, unread buckets (at most one round trip's
         worth and what the budget has left)."""
         count = self._count()
-        wanted = min(max(1, buckets), self.config.buckets_per_trip, self.config.max_buckets - self._sampled,
-                     count - len(self._seen))
+        wanted = min(
+            max(1, buckets),
+            self.config.buckets_per_trip,
+            self.config.max_buckets - self._sampled,
+            count - len(self._seen),
+        )
         if wanted <= 0:
             return []
         picks = [b for b in self._order if b not in self._seen][:wanted]
@@ -143,7 +170,7 @@ class BucketSampler:
         """The candidates of the next ``buckets`` buckets of the instance's sweep cursor."""
         window = self.index.advance_sweep(self.layout, buckets)
         step = self.config.buckets_per_trip
-        return [c for i in range(0, len(window), step) for c in self._read(window[i:i + step])]
+        return [c for i in range(0, len(window), step) for c in self._read(window[i : i + step])]
 
     def reread(self, block_keys: Sequence[int]) -> dict[int, bytes | None]:
         """Current raw records of ``block_keys`` (None = gone), one round trip, no touch."""

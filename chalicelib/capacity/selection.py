@@ -5,6 +5,7 @@ descendants would no longer match any prefix. A parent becomes a candidate once 
 child is gone — or marked in this same round (the sampler re-reads it then) — so a
 prefix chain is reclaimed from its end towards its root.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -8,6 +8,7 @@ record's access time when its location turns DELETING; the reclaimer sweeps a fe
 instances per round (the occupied buckets of each, a window per visit) and re-submits
 the locations DELETING for longer than the delay plus ``BlockIndex.DELETION_LOST_AFTER_S``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -15,8 +16,13 @@ from collections.abc import Iterable
 from ..index import Status
 from ..index.records import last_access_s, location_ids
 
+
 def stranded_locations(records: Iterable[tuple[int, bytes]], deleting_since_s: int) -> list[tuple[int, int]]:
     """(block key, location id) of the DELETING locations of ``records`` ((block key, raw
     record) pairs) whose record turned DELETING at or before ``deleting_since_s``."""
-    return [(key, location) for key, raw in records if last_access_s(raw) <= deleting_since_s
-            for location in location_ids(raw, Status.DELETING)]
+    return [
+        (key, location)
+        for key, raw in records
+        if last_access_s(raw) <= deleting_since_s
+        for location in location_ids(raw, Status.DELETING)
+    ]

@@ -5,6 +5,7 @@ Usage comes from the index's counters (one round trip per group, like the reclai
 limits from the group's config with the reclaimer's defaults (``watermark.Limits``), so the
 watermark shown is the one reclaim really starts at.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -14,14 +15,21 @@ from ..control import ControlPlane
 from ..index import BlockIndex, Usage
 from ..protocol.codes import StorageType
 from ..protocol.errors import InstanceNotFoundError
-from ..protocol.models import (GetInstanceGroupUsageRequest, GetInstanceGroupUsageResponse, InstanceGroup,
-                               InstanceGroupUsage, InstanceUsage, StorageTypeUsage)
+from ..protocol.models import (
+    GetInstanceGroupUsageRequest,
+    GetInstanceGroupUsageResponse,
+    InstanceGroup,
+    InstanceGroupUsage,
+    InstanceUsage,
+    StorageTypeUsage,
+)
 from .watermark import Limits
 
 
 def _watermark(limits: Limits) -> int:
     triggers = ([limits.trigger(limits.capacity)] if limits.capacity > 0 else []) + (
-        [limits.used_size] if limits.used_size > 0 else [])
+        [limits.used_size] if limits.used_size > 0 else []
+    )
     return min(triggers, default=0)
 
 
@@ -29,18 +37,29 @@ def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroup
     """The report of one group whose instances use ``usages`` (by instance id)."""
     limits = Limits.of(group)
     types = sorted(set(limits.type_capacity) | {t for u in usages.values() for t in u.by_type})
-    by_type = [StorageTypeUsage(storage_type=StorageType.__members__.get(name, StorageType.ST_UNSPECIFIED),
-                                used_bytes=sum(u.by_type.get(name, 0) for u in usages.values()),
-                                capacity=limits.type_capacity.get(name, 0),
-                                watermark_bytes=(limits.trigger(limits.type_capacity[name])
-                                                 if name in limits.type_capacity else 0))
-               for name in types]
-    instances = sorted((InstanceUsage(instance_id=i, used_bytes=u.bytes, key_count=u.keys) for i, u in usages.items()),
-                       key=lambda usage: (-usage.used_bytes, usage.instance_id))
-    return InstanceGroupUsage(name=group.name, capacity=limits.capacity, watermark_bytes=_watermark(limits),
-                              used_bytes=sum(u.bytes for u in usages.values()),
-                              key_count=sum(u.keys for u in usages.values()), max_key_count=limits.max_keys,
-                              by_storage_type=by_type, instances=instances)
+    by_type = [
+        StorageTypeUsage(
+            storage_type=StorageType.__members__.get(name, StorageType.ST_UNSPECIFIED),
+            used_bytes=sum(u.by_type.get(name, 0) for u in usages.values()),
+            capacity=limits.type_capacity.get(name, 0),
+            watermark_bytes=(limits.trigger(limits.type_capacity[name]) if name in limits.type_capacity else 0),
+        )
+        for name in types
+    ]
+    instances = sorted(
+        (InstanceUsage(instance_id=i, used_bytes=u.bytes, key_count=u.keys) for i, u in usages.items()),
+        key=lambda usage: (-usage.used_bytes, usage.instance_id),
+    )
+    return InstanceGroupUsage(
+        name=group.name,
+        capacity=limits.capacity,
+        watermark_bytes=_watermark(limits),
+        used_bytes=sum(u.bytes for u in usages.values()),
+        key_count=sum(u.keys for u in usages.values()),
+        max_key_count=limits.max_keys,
+        by_storage_type=by_type,
+        instances=instances,
+    )
 
 
 class UsageReports:

@@ -19,11 +19,12 @@ the limit — under the hard limit, so that a group configured with ``used_perce
 A ``used_percentage`` above 1 switches that off too: it never triggers (upstream's reclaim
 cases use 3.2 so that a full group refuses writes rather than reclaim).
 """
+
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..index import Usage
 from ..protocol.models import DEFAULT_RECLAIM_STEP_PERCENTAGE, DEFAULT_USED_PERCENTAGE, InstanceGroup
@@ -60,15 +61,22 @@ class Limits:
         indexer = cache.meta_indexer_config if cache is not None else None
         return cls(
             capacity=quota.capacity if quota is not None else 0,
-            type_capacity={q.storage_type.name: q.capacity for q in (quota.quota_config if quota else ())
-                           if q.capacity > 0},
+            type_capacity={
+                q.storage_type.name: q.capacity for q in (quota.quota_config if quota else ()) if q.capacity > 0
+            },
             max_keys=indexer.max_key_count if indexer is not None else 0,
-            used_fraction=(trigger.used_percentage if trigger is not None and trigger.used_percentage > 0
-                           else DEFAULT_USED_PERCENTAGE),
+            used_fraction=(
+                trigger.used_percentage
+                if trigger is not None and trigger.used_percentage > 0
+                else DEFAULT_USED_PERCENTAGE
+            ),
             used_size=trigger.used_size if trigger is not None else 0,
             step_size=strategy.reclaim_step_size if strategy is not None else 0,
-            step_percentage=(strategy.reclaim_step_percentage if strategy is not None
-                             and strategy.reclaim_step_percentage > 0 else DEFAULT_RECLAIM_STEP_PERCENTAGE),
+            step_percentage=(
+                strategy.reclaim_step_percentage
+                if strategy is not None and strategy.reclaim_step_percentage > 0
+                else DEFAULT_RECLAIM_STEP_PERCENTAGE
+            ),
             instance_capacity=dict(group.instance_quotas),
         )
 
@@ -109,8 +117,9 @@ class Plan:
 
     @property
     def needed(self) -> bool:
-        return (self.bytes > 0 or any(self.by_type.values()) or any(self.keys.values())
-                or any(self.instance_bytes.values()))
+        return (
+            self.bytes > 0 or any(self.by_type.values()) or any(self.keys.values()) or any(self.instance_bytes.values())
+        )
 
 
 def assess(limits: Limits, usages: Mapping[str, Usage], pressure: bool = False) -> Plan:
@@ -216,8 +225,11 @@ def split(plan: Plan, usages: Mapping[str, Usage], even: bool = False) -> dict[s
             by_type = {t: _share(n, usage.by_type.get(t, 0), type_totals[t]) for t, n in plan.by_type.items()}
             rest = _share(plan.bytes - first, usage.bytes, total)
         group_bytes = _share(first, plan.over_share.get(instance_id, 0), over_total) + rest
-        need = Need(max(group_bytes, plan.instance_bytes.get(instance_id, 0)),
-                    {t: n for t, n in by_type.items() if n > 0}, plan.keys.get(instance_id, 0))
+        need = Need(
+            max(group_bytes, plan.instance_bytes.get(instance_id, 0)),
+            {t: n for t, n in by_type.items() if n > 0},
+            plan.keys.get(instance_id, 0),
+        )
         if need.pending:
             needs[instance_id] = need
     return needs

@@ -10,6 +10,7 @@ taken from the command line, where it would show in the process list and shell h
         --role ROLE_ENGINE --groups g1
     KVCM_CONTROL_TABLE=kvcm-control-prod python -m chalicelib.control create-api-key --user vllm-a
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,21 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
     parser = argparse.ArgumentParser(prog="python -m chalicelib.control", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     add = commands.add_parser(
-        "add-account", help="add an account (an admin's password from KVCM_PASSWORD or a prompt; other roles use "
-                            "API keys)",
+        "add-account",
+        help="add an account (an admin's password from KVCM_PASSWORD or a prompt; other roles use API keys)",
         description="Add an account straight in the control table (the first admin of a stage with auth on).",
         epilog=f"environment: {PASSWORD_ENV} (the password of an admin account; else asked twice on a terminal), "
-               "KVCM_CONTROL_TABLE (default kvcm-control; deployed: kvcm-control-<stage>), AWS_REGION, "
-               "AWS_ENDPOINT_URL and the usual AWS credentials (the local stack: http://127.0.0.1:4566, any "
-               "credentials).")
+        "KVCM_CONTROL_TABLE (default kvcm-control; deployed: kvcm-control-<stage>), AWS_REGION, "
+        "AWS_ENDPOINT_URL and the usual AWS credentials (the local stack: http://127.0.0.1:4566, any "
+        "credentials).",
+    )
     add.add_argument("--user", required=True, help="the account's user_name")
-    add.add_argument("--role", choices=[role.name for role in Role], default=Role.ROLE_ADMIN.name,
-                     help="its role (default: %(default)s)")
+    add.add_argument(
+        "--role",
+        choices=[role.name for role in Role],
+        default=Role.ROLE_ADMIN.name,
+        help="its role (default: %(default)s)",
+    )
     add.add_argument("--groups", default="", help="comma-separated instance groups (default: all)")
     add.add_argument("--instance-prefixes", default="", help="comma-separated instance-id prefixes")
     key = commands.add_parser("create-api-key", help="print a new API key of an account (shown only now)")

@@ -6,6 +6,7 @@ that much entropy a fast hash is as strong as a slow one, and checking a key cos
 microseconds instead of scrypt's tens of milliseconds. The key is shown once, by
 createApiKey.
 """
+
 from __future__ import annotations
 
 import base64

@@ -7,6 +7,7 @@ come back as ``Decimal``; sets are homogeneous sets of numbers, strings or bytes
 difference: binary values come back as ``bytes`` where boto3 wraps them in its
 ``Binary`` (which compares equal to the bytes).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Set

@@ -12,6 +12,7 @@ the dispatcher passes names, not request bodies. Denied calls are recorded at mo
 ``max_denied_per_s`` per container and second; the next record written counts those
 left out (``suppressed``), so a flood of bad credentials cannot flood the table.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,10 +73,18 @@ class AuditLog:
                 self._denied_this_second += 1
             suppressed, self._suppressed = self._suppressed, 0
         now_us = int(now * 1e6)
-        item = {"pk": AUDIT_PK + _day(now), "sk": f"{now_us:020d}#{os.urandom(4).hex()}", "at_us": now_us,
-                "principal": entry.principal, "source": entry.source, "api": entry.api_name,
-                "target": entry.target, "code": entry.code, "message": entry.message[:MAX_MESSAGE_LENGTH],
-                TTL_ATTRIBUTE: int(now) + self._ttl_s}
+        item = {
+            "pk": AUDIT_PK + _day(now),
+            "sk": f"{now_us:020d}#{os.urandom(4).hex()}",
+            "at_us": now_us,
+            "principal": entry.principal,
+            "source": entry.source,
+            "api": entry.api_name,
+            "target": entry.target,
+            "code": entry.code,
+            "message": entry.message[:MAX_MESSAGE_LENGTH],
+            TTL_ATTRIBUTE: int(now) + self._ttl_s,
+        }
         if suppressed:
             item["suppressed"] = suppressed
         with aws_errors("audit write"):
@@ -89,18 +98,31 @@ class AuditLog:
         day_s = end_s
         while len(records) < limit and _day(day_s) >= _day(start_s):
             for item in self._day_items(_day(day_s), int(start_s * 1e6), int(end_s * 1e6), limit - len(records)):
-                records.append(AuditRecord(time=int(item["at_us"]), principal=item["principal"],
-                                           source=item["source"], api_name=item["api"], target=item["target"],
-                                           code=item["code"], message=_with_suppressed(item)))
+                records.append(
+                    AuditRecord(
+                        time=int(item["at_us"]),
+                        principal=item["principal"],
+                        source=item["source"],
+                        api_name=item["api"],
+                        target=item["target"],
+                        code=item["code"],
+                        message=_with_suppressed(item),
+                    )
+                )
             day_s -= 86400
         return records
 
     def _day_items(self, day: str, start_us: int, end_us: int, limit: int) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"TableName": self._table.name, "ScanIndexForward": False, "ConsistentRead": True,
-                        "KeyConditionExpression": "pk = :pk AND sk BETWEEN :lo AND :hi",
-                        "ExpressionAttributeValues": encode({":pk": AUDIT_PK + day, ":lo": f"{start_us:020d}",
-                                                             ":hi": f"{end_us - 1:020d}~"}),
-                        "Limit": limit}
+        kwargs: dict[str, Any] = {
+            "TableName": self._table.name,
+            "ScanIndexForward": False,
+            "ConsistentRead": True,
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :lo AND :hi",
+            "ExpressionAttributeValues": encode(
+                {":pk": AUDIT_PK + day, ":lo": f"{start_us:020d}", ":hi": f"{end_us - 1:020d}~"}
+            ),
+            "Limit": limit,
+        }
         with aws_errors("audit query"):
             return [decode(i) for i in self._table.client.query(**kwargs).get("Items", [])]
 

@@ -7,13 +7,18 @@ as its address. Without an advertised endpoint the answer has no ``leader_endpoi
 which upstream's client reads as "keep the URL in use" (upstream answers so when it
 cannot look the endpoint up).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 from ..clock import Clock, now_us
 from ..protocol.errors import NotLeaderError
-from ..protocol.models import (GetClusterInfoRequest, GetClusterInfoResponse, GetManagerClusterInfoResponse,
-                               MetaNodeEndpoint, NodeEndpoint)
+from ..protocol.models import (
+    GetClusterInfoRequest,
+    GetClusterInfoResponse,
+    GetManagerClusterInfoResponse,
+    MetaNodeEndpoint,
+    NodeEndpoint,
+)
 from ..stores.lease import Lease
 
 
@@ -30,8 +35,9 @@ def admin_endpoint(endpoint: str, node_id: str) -> NodeEndpoint | None:
     meta = advertised_endpoint(endpoint, node_id)
     if meta is None:
         return None
-    return NodeEndpoint(node_id=node_id, host=meta.host, meta_http_port=meta.meta_http_port,
-                        admin_http_port=meta.meta_http_port)
+    return NodeEndpoint(
+        node_id=node_id, host=meta.host, meta_http_port=meta.meta_http_port, admin_http_port=meta.meta_http_port
+    )
 
 
 class ClusterInfo:
@@ -45,9 +51,11 @@ class ClusterInfo:
     def get_cluster_info(self, request: GetClusterInfoRequest) -> GetClusterInfoResponse:
         """Who answers and where the leader is: any node answers, and it is the API itself."""
         leader = self.lease.status().holder or ""
-        return GetClusterInfoResponse(self_node_id=self.lease.node_id, leader_node_id=leader,
-                                      leader_endpoint=advertised_endpoint(self.advertised_endpoint,
-                                                                          leader or self.lease.node_id))
+        return GetClusterInfoResponse(
+            self_node_id=self.lease.node_id,
+            leader_node_id=leader,
+            leader_endpoint=advertised_endpoint(self.advertised_endpoint, leader or self.lease.node_id),
+        )
 
     def get_manager_cluster_info(self) -> GetManagerClusterInfoResponse:
         """The lease holder is the "leader"; ``info_updated_time`` is when this was read (µs)."""
@@ -57,11 +65,14 @@ class ClusterInfo:
             leader_node_id=status.holder or "",
             self_leader_expiration_time=status.expires_at_us if status.holder == self.lease.node_id else 0,
             info_updated_time=now_us(self.clock),
-            leader_endpoint=admin_endpoint(self.advertised_endpoint, status.holder or self.lease.node_id))
+            leader_endpoint=admin_endpoint(self.advertised_endpoint, status.holder or self.lease.node_id),
+        )
 
     def leader_demote(self) -> None:
         """Release the lease if this node holds it; otherwise SERVER_NOT_LEADER (as upstream)."""
         if not self.lease.release():
             holder = self.lease.holder()
-            raise NotLeaderError(f"node '{self.lease.node_id}' does not hold the background-job lease "
-                                 f"(holder: {repr(holder) if holder else 'none'})")
+            raise NotLeaderError(
+                f"node '{self.lease.node_id}' does not hold the background-job lease "
+                f"(holder: {repr(holder) if holder else 'none'})"
+            )

@@ -16,22 +16,23 @@ time, the cache keeps serving what it has and tries again after ``refresh_s``.
 
 Returned records and models are shared: callers must not mutate them.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from collections.abc import Callable
 
 from ..clock import Clock
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError, ServiceNotReadyError
 from ..protocol.models import InstanceGroup, StorageConfig
-from .errors import UnknownEntityError
+from ..protocol.validation import require
 from .api_keys import ApiKeyRecord
+from .errors import UnknownEntityError
 from .plane import ACCOUNT, API_KEY, INSTANCE, ControlPlane
 from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages
-from ..protocol.validation import require
 
 T = TypeVar("T")
 
@@ -50,15 +51,22 @@ class _Catalog:
     def load(cls, control: ControlPlane) -> _Catalog:
         storages = {s.name: s for s in control.list_storages()}
         groups = {g.name: g for g in control.list_groups()}
-        return cls(storages, groups, {name: candidate_storages(g, storages) for name, g in groups.items()},
-                   control.log_level())
+        return cls(
+            storages, groups, {name: candidate_storages(g, storages) for name, g in groups.items()}, control.log_level()
+        )
 
 
 class ConfigCache:
     """Version-refreshed, thread-safe cache of instances, groups and storages."""
 
-    def __init__(self, control: ControlPlane, clock: Clock, refresh_s: float = 2.0,
-                 max_entries: int = 100_000, on_log_level: Callable[[str], None] = lambda level: None) -> None:
+    def __init__(
+        self,
+        control: ControlPlane,
+        clock: Clock,
+        refresh_s: float = 2.0,
+        max_entries: int = 100_000,
+        on_log_level: Callable[[str], None] = lambda level: None,
+    ) -> None:
         self._control = control
         #: Applies the service's log level, when set, each time the catalog is loaded.
         self._on_log_level = on_log_level
@@ -93,6 +101,7 @@ class ConfigCache:
     def api_key(self, key_id: str, before_load: Callable[[], None] = lambda: None) -> ApiKeyRecord | None:
         """The API key's record, or None (a revoked key is gone within ``refresh_s``).
         ``before_load`` runs only when the table must be read (it may raise to refuse)."""
+
         def load(name: str) -> ApiKeyRecord | None:
             before_load()
             return self._control.get_api_key(name)

@@ -1,4 +1,5 @@
 """Errors of the control plane, all inside the protocol's error family (see protocol.errors)."""
+
 from __future__ import annotations
 
 from ..protocol.errors import InvalidArgumentError, ServiceNotReadyError

@@ -33,6 +33,7 @@ updated. What a 0 means where it is kept:
   (0, 1]); ``min_gain`` >= 0; ``window_seconds`` 0 → ``3600``; ``enabled`` needs a
   ``quota.capacity`` to split.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,8 +91,9 @@ def normalize_group(group: InstanceGroup | None, path: str = "instance_group") -
     g.cache_config = _cache_config(g.cache_config or CacheConfig(), g.storage_candidates, f"{path}.cache_config")
     _instance_quotas(g.instance_quotas, g.quota.capacity, f"{path}.instance_quotas")
     if not 0 <= g.instance_shards <= MAX_INSTANCE_SHARDS:
-        raise invalid(f"{path}.instance_shards", f"must be between 1 and {MAX_INSTANCE_SHARDS} (0: 1), "
-                                                 f"got {g.instance_shards}")
+        raise invalid(
+            f"{path}.instance_shards", f"must be between 1 and {MAX_INSTANCE_SHARDS} (0: 1), got {g.instance_shards}"
+        )
     if g.tuning is not None:
         g.tuning = _tuning(g.tuning, g.quota.capacity, f"{path}.tuning")
     return g
@@ -138,8 +140,9 @@ def _quota(quota: InstanceGroupQuota, path: str) -> InstanceGroupQuota:
 
 
 def _cache_config(config: CacheConfig, candidates: list[str], path: str) -> CacheConfig:
-    config.reclaim_strategy = _reclaim(config.reclaim_strategy or CacheReclaimStrategy(), candidates,
-                                       f"{path}.reclaim_strategy")
+    config.reclaim_strategy = _reclaim(
+        config.reclaim_strategy or CacheReclaimStrategy(), candidates, f"{path}.reclaim_strategy"
+    )
     indexer = config.meta_indexer_config or MetaIndexerConfig()
     for name in ("max_key_count", "mutex_shard_num", "batch_key_size"):
         require_non_negative(getattr(indexer, name), f"{path}.meta_indexer_config.{name}")
@@ -149,13 +152,19 @@ def _cache_config(config: CacheConfig, candidates: list[str], path: str) -> Cach
 
 def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -> CacheReclaimStrategy:
     if strategy.storage_unique_name and strategy.storage_unique_name not in candidates:
-        raise invalid(f"{path}.storage_unique_name",
-                      f"names {strategy.storage_unique_name!r}, which is not one of the storage_candidates")
-    if (strategy.instance_reclaim_budget_policy == InstanceReclaimBudgetPolicy.GROUP_LRU
-            and strategy.reclaim_policy not in (ReclaimPolicy.POLICY_UNSPECIFIED, ReclaimPolicy.POLICY_LRU)):
-        raise invalid(f"{path}.instance_reclaim_budget_policy",
-                      f"GROUP_LRU orders victims by last access: it goes with POLICY_LRU or POLICY_UNSPECIFIED, "
-                      f"not {strategy.reclaim_policy.name}")
+        raise invalid(
+            f"{path}.storage_unique_name",
+            f"names {strategy.storage_unique_name!r}, which is not one of the storage_candidates",
+        )
+    if (
+        strategy.instance_reclaim_budget_policy == InstanceReclaimBudgetPolicy.GROUP_LRU
+        and strategy.reclaim_policy not in (ReclaimPolicy.POLICY_UNSPECIFIED, ReclaimPolicy.POLICY_LRU)
+    ):
+        raise invalid(
+            f"{path}.instance_reclaim_budget_policy",
+            f"GROUP_LRU orders victims by last access: it goes with POLICY_LRU or POLICY_UNSPECIFIED, "
+            f"not {strategy.reclaim_policy.name}",
+        )
     if strategy.reclaim_policy == ReclaimPolicy.POLICY_UNSPECIFIED:
         strategy.reclaim_policy = DEFAULT_RECLAIM_POLICY
     strategy.instance_reclaim_budget_policy = strategy.budget_policy()
@@ -164,16 +173,17 @@ def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -
     if trigger.used_percentage == 0:
         trigger.used_percentage = DEFAULT_USED_PERCENTAGE
     if not (math.isfinite(trigger.used_percentage) and trigger.used_percentage > 0):
-        raise invalid(f"{path}.trigger_strategy.used_percentage",
-                      f"must be a positive fraction (e.g. 0.9; above 1: never), got {trigger.used_percentage}")
+        raise invalid(
+            f"{path}.trigger_strategy.used_percentage",
+            f"must be a positive fraction (e.g. 0.9; above 1: never), got {trigger.used_percentage}",
+        )
     strategy.trigger_strategy = trigger
     require_non_negative(strategy.trigger_period_seconds, f"{path}.trigger_period_seconds")
     strategy.trigger_period_seconds = strategy.trigger_period_seconds or DEFAULT_TRIGGER_PERIOD_S
     require_non_negative(strategy.reclaim_step_size, f"{path}.reclaim_step_size")
     strategy.reclaim_step_percentage = strategy.reclaim_step_percentage or DEFAULT_RECLAIM_STEP_PERCENTAGE
     if not 1 <= strategy.reclaim_step_percentage <= 100:
-        raise invalid(f"{path}.reclaim_step_percentage",
-                      f"must be in [1, 100], got {strategy.reclaim_step_percentage}")
+        raise invalid(f"{path}.reclaim_step_percentage", f"must be in [1, 100], got {strategy.reclaim_step_percentage}")
     require_non_negative(strategy.delay_before_delete_ms, f"{path}.delay_before_delete_ms")
     require_non_negative(strategy.ttl_seconds, f"{path}.ttl_seconds")
     return strategy

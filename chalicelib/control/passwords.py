@@ -3,6 +3,7 @@
 Encoding: ``scrypt$<log2 n>$<r>$<p>$<salt b64>$<hash b64>``; the parameters travel with
 the hash so they can be raised later without invalidating stored accounts.
 """
+
 from __future__ import annotations
 
 import base64
@@ -21,8 +22,15 @@ def _b64(raw: bytes) -> str:
 
 
 def _scrypt(password: str, salt: bytes, log2_n: int, r: int, p: int, dklen: int) -> bytes:
-    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=1 << log2_n, r=r, p=p,
-                          dklen=dklen, maxmem=max(_MAXMEM, 2 * 128 * r * (1 << log2_n)))
+    return hashlib.scrypt(
+        password.encode("utf-8"),
+        salt=salt,
+        n=1 << log2_n,
+        r=r,
+        p=p,
+        dklen=dklen,
+        maxmem=max(_MAXMEM, 2 * 128 * r * (1 << log2_n)),
+    )
 
 
 def hash_password(password: str) -> str:

@@ -13,26 +13,26 @@ break them:
 
 Reads are strongly consistent. Unreachable DynamoDB → ServiceNotReadyError.
 """
+
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
-from collections.abc import Callable, Sequence
 
 from ..clock import Clock, now_us
 from ..protocol.codes import Role
-from ..protocol.errors import (CapacityExceededError, DuplicateEntityError, InstanceNotFoundError,
-                               KvcmError)
+from ..protocol.errors import CapacityExceededError, DuplicateEntityError, InstanceNotFoundError, KvcmError
 from ..protocol.models import Account, InstanceGroup, RegisterInstanceRequest, StorageConfig
+from ..protocol.validation import invalid, require_name, validate_storage_config
+from .api_keys import ApiKeyRecord, digest, new_api_key
 from .errors import EntityInUseError, InstanceRemovingError, UnknownEntityError, VersionConflictError
 from .groups import normalize_group
-from .api_keys import ApiKeyRecord, digest, new_api_key
 from .passwords import dummy_hash, hash_password, verify_password
 from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages, dump_doc, load_doc
 from .table import Cancelled, ControlTable, Op, check, delete, put, update
-from ..protocol.validation import invalid, require_name, validate_storage_config
 from .validation import validate_account, validate_register_request
 
 STORAGE, STORAGE_REF, GROUP, INSTANCE, ACCOUNT = "STORAGE", "STORAGE_REF", "GROUP", "INSTANCE", "ACCOUNT"
@@ -44,9 +44,17 @@ ALL_GROUPS = "*"
 SETTING = "SETTING"
 
 # Attribute names go through placeholders: several (e.g. GROUP, ROLE) are DynamoDB reserved words.
-_N = {"#pk": "pk", "#doc": "doc", "#ver": "version", "#avail": "available",
-      "#count": "instance_count", "#max": "max_instance_count", "#groups": "groups", "#inc": "incarnation",
-      "#at": "updated_us"}
+_N = {
+    "#pk": "pk",
+    "#doc": "doc",
+    "#ver": "version",
+    "#avail": "available",
+    "#count": "instance_count",
+    "#max": "max_instance_count",
+    "#groups": "groups",
+    "#inc": "incarnation",
+    "#at": "updated_us",
+}
 _EXISTS = "attribute_exists(#pk)"
 _ABSENT = "attribute_not_exists(#pk)"
 # Bounded retries when a concurrent writer changed what a conditional write was based on.
@@ -123,10 +131,19 @@ class ControlPlane:
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             current = self.get_storage(name)
             if not force and current.storage_type != config.storage_type:
-                raise invalid("storage", f"would change storage '{name}' from {current.storage_type.name} to "
-                                         f"{config.storage_type.name}; set force_update to replace its type")
-            op = _op(update, STORAGE, name, "SET #doc = :doc, #ver = #ver + :one, #at = :now", "#ver = :ver",
-                     values={":doc": dump_doc(config), ":one": 1, ":now": now_us(self.clock), ":ver": current.version})
+                raise invalid(
+                    "storage",
+                    f"would change storage '{name}' from {current.storage_type.name} to "
+                    f"{config.storage_type.name}; set force_update to replace its type",
+                )
+            op = _op(
+                update,
+                STORAGE,
+                name,
+                "SET #doc = :doc, #ver = #ver + :one, #at = :now",
+                "#ver = :ver",
+                values={":doc": dump_doc(config), ":one": 1, ":now": now_us(self.clock), ":ver": current.version},
+            )
             try:
                 self._write([op])
                 return
@@ -137,8 +154,14 @@ class ControlPlane:
     def set_storage_available(self, name: str, available: bool) -> None:
         """enableStorage / disableStorage."""
         require_name(name, "storage_unique_name")
-        op = _op(update, STORAGE, name, "SET #avail = :a, #ver = #ver + :one, #at = :now", _EXISTS,
-                 values={":a": available, ":one": 1, ":now": now_us(self.clock)})
+        op = _op(
+            update,
+            STORAGE,
+            name,
+            "SET #avail = :a, #ver = #ver + :one, #at = :now",
+            _EXISTS,
+            values={":a": available, ":one": 1, ":now": now_us(self.clock)},
+        )
         try:
             self._write([op])
         except Cancelled:
@@ -147,8 +170,7 @@ class ControlPlane:
     def remove_storage(self, name: str) -> None:
         """Remove a storage; refused while an instance group lists it as a candidate."""
         require_name(name, "storage_unique_name")
-        ops = [_op(delete, STORAGE, name, _EXISTS),
-               _op(check, STORAGE_REF, name, "attribute_not_exists(#groups)")]
+        ops = [_op(delete, STORAGE, name, _EXISTS), _op(check, STORAGE_REF, name, "attribute_not_exists(#groups)")]
         try:
             self._write(ops)
         except Cancelled as cancelled:
@@ -180,8 +202,12 @@ class ControlPlane:
         An existing name → DuplicateEntityError."""
         g = normalize_group(group)
         g.version = g.version or 1
-        attrs = {"doc": dump_doc(g), "version": g.version, "instance_count": 0,
-                 "max_instance_count": g.max_instance_count}
+        attrs = {
+            "doc": dump_doc(g),
+            "version": g.version,
+            "instance_count": 0,
+            "max_instance_count": g.max_instance_count,
+        }
         ops = [_create(GROUP, g.name, attrs)]
         ops += [_ref_op(storage, g.name, "ADD") for storage in g.storage_candidates]
         try:
@@ -199,24 +225,36 @@ class ControlPlane:
         item = self._group_item(g.name)
         stored = int(item["version"])
         if current_version != stored:
-            raise VersionConflictError(f"instance group '{g.name}' is at version {stored}, "
-                                       f"not current_version {current_version}")
+            raise VersionConflictError(
+                f"instance group '{g.name}' is at version {stored}, not current_version {current_version}"
+            )
         g.version = g.version or stored + 1
         if g.version <= stored:
-            raise VersionConflictError(f"field 'instance_group.version' must be greater than the stored "
-                                       f"version {stored}, got {g.version}")
+            raise VersionConflictError(
+                f"field 'instance_group.version' must be greater than the stored version {stored}, got {g.version}"
+            )
         old = set(load_doc(InstanceGroup, item["doc"]).storage_candidates)
         new = set(g.storage_candidates)
-        ops = [_op(update, GROUP, g.name, "SET #doc = :doc, #ver = :new, #max = :max", "#ver = :cur",
-                   values={":doc": dump_doc(g), ":new": g.version, ":max": g.max_instance_count, ":cur": stored})]
+        ops = [
+            _op(
+                update,
+                GROUP,
+                g.name,
+                "SET #doc = :doc, #ver = :new, #max = :max",
+                "#ver = :cur",
+                values={":doc": dump_doc(g), ":new": g.version, ":max": g.max_instance_count, ":cur": stored},
+            )
+        ]
         ops += [_ref_op(s, g.name, "ADD") for s in sorted(new - old)]
         ops += [_ref_op(s, g.name, "DELETE") for s in sorted(old - new)]
         try:
             self._write(ops)
         except Cancelled:
             now = int(self._group_item(g.name)["version"])
-            raise VersionConflictError(f"instance group '{g.name}' was updated concurrently: it is at "
-                                       f"version {now}, not current_version {current_version}") from None
+            raise VersionConflictError(
+                f"instance group '{g.name}' was updated concurrently: it is at "
+                f"version {now}, not current_version {current_version}"
+            ) from None
         return g
 
     def remove_group(self, name: str) -> None:
@@ -228,8 +266,15 @@ class ControlPlane:
             if count:
                 raise EntityInUseError(f"instance group '{name}' still has {count} registered instance(s)")
             candidates = load_doc(InstanceGroup, item["doc"]).storage_candidates
-            ops = [_op(delete, GROUP, name, "#ver = :ver AND #count = :zero",
-                       values={":ver": int(item["version"]), ":zero": 0})]
+            ops = [
+                _op(
+                    delete,
+                    GROUP,
+                    name,
+                    "#ver = :ver AND #count = :zero",
+                    values={":ver": int(item["version"]), ":zero": 0},
+                )
+            ]
             ops += [_ref_op(s, name, "DELETE") for s in candidates]
             try:
                 self._write(ops)
@@ -271,15 +316,25 @@ class ControlPlane:
         for _ in range(_OPTIMISTIC_ATTEMPTS):
             existing = self.get_instance(request.instance_id)
             if existing is not None and existing.removing_us:
-                raise InstanceRemovingError(f"instance '{request.instance_id}' is being removed: register it "
-                                            f"again once its removal has finished")
+                raise InstanceRemovingError(
+                    f"instance '{request.instance_id}' is being removed: register it "
+                    f"again once its removal has finished"
+                )
             if existing is not None:
                 return self._same_instance(existing, request)
             record = InstanceRecord.from_request(request, now_us(self.clock), uuid.uuid4().hex)
             attrs = {"doc": record.to_doc(), "group": record.group, "incarnation": record.incarnation}
-            ops = [_create(INSTANCE, record.instance_id, attrs),
-                   _op(update, GROUP, record.group, "SET #count = #count + :one",
-                       f"{_EXISTS} AND (#max = :zero OR #count < #max)", values={":one": 1, ":zero": 0})]
+            ops = [
+                _create(INSTANCE, record.instance_id, attrs),
+                _op(
+                    update,
+                    GROUP,
+                    record.group,
+                    "SET #count = #count + :one",
+                    f"{_EXISTS} AND (#max = :zero OR #count < #max)",
+                    values={":one": 1, ":zero": 0},
+                ),
+            ]
             try:
                 self._write(ops)
                 return record
@@ -287,8 +342,10 @@ class ControlPlane:
                 if cancelled.failed(0):
                     continue  # registered concurrently: compare with what won
                 item = self._group_item(record.group)
-                raise CapacityExceededError(f"instance group '{record.group}' already has its maximum of "
-                                            f"{int(item['max_instance_count'])} instance(s)") from None
+                raise CapacityExceededError(
+                    f"instance group '{record.group}' already has its maximum of "
+                    f"{int(item['max_instance_count'])} instance(s)"
+                ) from None
         raise VersionConflictError(f"instance '{request.instance_id}' kept changing during registration, retry")
 
     @staticmethod
@@ -297,8 +354,9 @@ class ControlPlane:
         stored = existing.identity()
         if wanted != stored:
             differing = sorted(k for k, v in wanted.items() if stored[k] != v)
-            raise DuplicateEntityError(f"instance '{existing.instance_id}' is already registered with a "
-                                       f"different {', '.join(differing)}")
+            raise DuplicateEntityError(
+                f"instance '{existing.instance_id}' is already registered with a different {', '.join(differing)}"
+            )
         return existing
 
     def get_instance(self, instance_id: str) -> InstanceRecord | None:
@@ -317,14 +375,26 @@ class ControlPlane:
             if record is None:
                 raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
             if group and group != record.group:
-                raise invalid("instance_group", f"is '{group}', but instance '{instance_id}' belongs to "
-                                                f"instance group '{record.group}'")
+                raise invalid(
+                    "instance_group",
+                    f"is '{group}', but instance '{instance_id}' belongs to instance group '{record.group}'",
+                )
             if record.removing_us:
                 return record
             marked = replace(record, removing_us=now_us(self.clock))
             try:
-                self._write([_op(update, INSTANCE, instance_id, "SET #doc = :doc", "#inc = :inc",
-                                 values={":doc": marked.to_doc(), ":inc": record.incarnation})])
+                self._write(
+                    [
+                        _op(
+                            update,
+                            INSTANCE,
+                            instance_id,
+                            "SET #doc = :doc",
+                            "#inc = :inc",
+                            values={":doc": marked.to_doc(), ":inc": record.incarnation},
+                        )
+                    ]
+                )
                 return marked
             except Cancelled:
                 continue  # removed and registered again meanwhile: look again
@@ -336,9 +406,17 @@ class ControlPlane:
         record = self.get_instance(instance_id)
         if record is None or record.incarnation != incarnation:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
-        ops = [_op(delete, INSTANCE, instance_id, "#inc = :inc", values={":inc": record.incarnation}),
-               _op(update, GROUP, record.group, "SET #count = #count - :one", f"{_EXISTS} AND #count > :zero",
-                   values={":one": 1, ":zero": 0})]
+        ops = [
+            _op(delete, INSTANCE, instance_id, "#inc = :inc", values={":inc": record.incarnation}),
+            _op(
+                update,
+                GROUP,
+                record.group,
+                "SET #count = #count - :one",
+                f"{_EXISTS} AND #count > :zero",
+                values={":one": 1, ":zero": 0},
+            ),
+        ]
         try:
             self._write(ops)
         except Cancelled as cancelled:
@@ -350,8 +428,11 @@ class ControlPlane:
     def list_instances(self, group: str = "", removing: bool = False) -> list[InstanceRecord]:
         """The instances of ``group`` (all when empty), by id; those being removed only
         with ``removing`` (then only those)."""
-        records = [InstanceRecord.from_doc(item["doc"]) for item in self.table.query(INSTANCE)
-                   if not group or item["group"] == group]
+        records = [
+            InstanceRecord.from_doc(item["doc"])
+            for item in self.table.query(INSTANCE)
+            if not group or item["group"] == group
+        ]
         return [r for r in records if bool(r.removing_us) == removing]
 
     # ---------------------------------------------------------------- service settings
@@ -368,13 +449,23 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- accounts and API keys
 
-    def add_account(self, user_name: str, password: str, role: Role, groups: Sequence[str] = (),
-                    instance_prefixes: Sequence[str] = ()) -> None:
+    def add_account(
+        self,
+        user_name: str,
+        password: str,
+        role: Role,
+        groups: Sequence[str] = (),
+        instance_prefixes: Sequence[str] = (),
+    ) -> None:
         """Add an account with its scope (no groups = every group). Only admin accounts keep
         a password (a salted hash of it), for bootstrapping; the others use API keys."""
         validate_account(user_name, password, role, groups, instance_prefixes)
-        attrs: dict[str, Any] = {"role": int(role), "created_us": now_us(self.clock),
-                                 "groups": list(groups) or [ALL_GROUPS], "prefixes": list(instance_prefixes)}
+        attrs: dict[str, Any] = {
+            "role": int(role),
+            "created_us": now_us(self.clock),
+            "groups": list(groups) or [ALL_GROUPS],
+            "prefixes": list(instance_prefixes),
+        }
         if role == Role.ROLE_ADMIN:
             attrs["password"] = hash_password(password)
         try:
@@ -414,13 +505,18 @@ class ControlPlane:
         now; its record). Unknown account → UnknownEntityError."""
         require_name(user_name, "user_name")
         if len(self.list_api_keys(user_name)) >= MAX_API_KEYS_PER_ACCOUNT:
-            raise CapacityExceededError(f"account '{user_name}' already has {MAX_API_KEYS_PER_ACCOUNT} API keys: "
-                                        f"revoke one first")
+            raise CapacityExceededError(
+                f"account '{user_name}' already has {MAX_API_KEYS_PER_ACCOUNT} API keys: revoke one first"
+            )
         key_id, api_key = new_api_key()
         created = now_us(self.clock)
         record = ApiKeyRecord(key_id, user_name, digest(api_key), created, created + ttl_s * 1_000_000)
-        attrs = {"user_name": user_name, "digest": record.digest, "created_us": created,
-                 "expires_us": record.expires_us}
+        attrs = {
+            "user_name": user_name,
+            "digest": record.digest,
+            "created_us": created,
+            "expires_us": record.expires_us,
+        }
         try:
             self._write([_create(API_KEY, key_id, attrs), _op(check, ACCOUNT, user_name, _EXISTS)])
         except Cancelled:
@@ -442,10 +538,12 @@ class ControlPlane:
 
     def list_api_keys(self, user_name: str = "") -> list[ApiKeyRecord]:
         """The keys of ``user_name`` (every account's when empty), by key id."""
-        return [self._api_key(item) for item in self.table.query(API_KEY)
-                if not user_name or item["user_name"] == user_name]
+        return [
+            self._api_key(item) for item in self.table.query(API_KEY) if not user_name or item["user_name"] == user_name
+        ]
 
     @staticmethod
     def _api_key(item: dict[str, Any]) -> ApiKeyRecord:
-        return ApiKeyRecord(item["sk"], item["user_name"], item["digest"], int(item["created_us"]),
-                            int(item["expires_us"]))
+        return ApiKeyRecord(
+            item["sk"], item["user_name"], item["digest"], int(item["created_us"]), int(item["expires_us"])
+        )

@@ -3,18 +3,27 @@
 Records are immutable snapshots shared between threads by ``ConfigCache``: treat them and
 the wire models inside them as read-only.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from collections.abc import Mapping
 
 from pydantic import BaseModel
 
 from ..protocol.codes import QueryType, Role, StorageType
-from ..protocol.models import (Account, InstanceGroup, InstanceInfo, LocationSpecGroup, LocationSpecInfo,
-                               ModelDeployment, RegisterInstanceRequest, StorageConfig)
+from ..protocol.models import (
+    Account,
+    InstanceGroup,
+    InstanceInfo,
+    LocationSpecGroup,
+    LocationSpecInfo,
+    ModelDeployment,
+    RegisterInstanceRequest,
+    StorageConfig,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -121,9 +130,15 @@ class InstanceRecord:
 
     def to_doc(self) -> str:
         info = self.to_instance_info().model_dump(mode="json", exclude_none=True)
-        return json.dumps({"info": info, "created_us": self.created_us, "incarnation": self.incarnation,
-                           **({"removing_us": self.removing_us} if self.removing_us else {})},
-                          separators=(",", ":"))
+        return json.dumps(
+            {
+                "info": info,
+                "created_us": self.created_us,
+                "incarnation": self.incarnation,
+                **({"removing_us": self.removing_us} if self.removing_us else {}),
+            },
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_doc(cls, doc: str) -> InstanceRecord:
@@ -156,18 +171,25 @@ class AccountRecord:
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any]) -> AccountRecord:
-        return cls(user_name=item["sk"], role=Role(int(item["role"])), groups=tuple(item.get("groups") or ("*",)),
-                   instance_prefixes=tuple(item.get("prefixes") or ()), password_hash=item.get("password", ""))
+        return cls(
+            user_name=item["sk"],
+            role=Role(int(item["role"])),
+            groups=tuple(item.get("groups") or ("*",)),
+            instance_prefixes=tuple(item.get("prefixes") or ()),
+            password_hash=item.get("password", ""),
+        )
 
     def to_account(self) -> Account:
         """The wire ``Account`` (never the hash)."""
-        return Account(user_name=self.user_name, role=self.role, instance_groups=list(self.groups),
-                       instance_id_prefixes=list(self.instance_prefixes))
+        return Account(
+            user_name=self.user_name,
+            role=self.role,
+            instance_groups=list(self.groups),
+            instance_id_prefixes=list(self.instance_prefixes),
+        )
 
 
-def candidate_storages(group: InstanceGroup,
-                       storages: Mapping[str, StorageRecord]) -> list[tuple[StorageConfig, bool]]:
+def candidate_storages(group: InstanceGroup, storages: Mapping[str, StorageRecord]) -> list[tuple[StorageConfig, bool]]:
     """The group's candidate storages that exist, in candidate order, with their availability
     (candidates not added yet are skipped)."""
-    return [(storages[name].config, storages[name].available)
-            for name in group.storage_candidates if name in storages]
+    return [(storages[name].config, storages[name].available) for name in group.storage_candidates if name in storages]

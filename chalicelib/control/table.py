@@ -27,6 +27,7 @@ random), so the config epoch — the sum of the shards — changes with every wr
 ``ConfigCache`` checks for changes with a single Query. Sharding keeps concurrent writes
 (e.g. a burst of instance registrations) from all conflicting on one counter item.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,11 +51,19 @@ EPOCH_PK = "EPOCH"
 EPOCH_SHARDS = 8
 
 # Client errors that mean "DynamoDB cannot serve us now", not "the request is wrong".
-_UNAVAILABLE_CODES = frozenset({
-    "ResourceNotFoundException", "ThrottlingException", "ProvisionedThroughputExceededException",
-    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "AccessDeniedException",
-    "UnrecognizedClientException", "TransactionInProgressException",
-})
+_UNAVAILABLE_CODES = frozenset(
+    {
+        "ResourceNotFoundException",
+        "ThrottlingException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "TransactionInProgressException",
+    }
+)
 # Cancellation reasons worth retrying: another transaction held an item, or throttling.
 _RETRYABLE_REASONS = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
 
@@ -64,8 +73,10 @@ def table_definition(name: str) -> dict[str, Any]:
     ``AWS::DynamoDB::Table`` properties (the two share these property names)."""
     return {
         "TableName": name,
-        "AttributeDefinitions": [{"AttributeName": PK, "AttributeType": "S"},
-                                 {"AttributeName": SK, "AttributeType": "S"}],
+        "AttributeDefinitions": [
+            {"AttributeName": PK, "AttributeType": "S"},
+            {"AttributeName": SK, "AttributeType": "S"},
+        ],
         "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
         "BillingMode": "PAY_PER_REQUEST",
     }
@@ -84,8 +95,9 @@ def ensure_table(dynamodb: Any, name: str) -> None:
         dynamodb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
     if status != "EXISTS":
         # Audit records expire (control.audit); deployed stages get this from the template.
-        dynamodb.update_time_to_live(TableName=name, TimeToLiveSpecification={"Enabled": True,
-                                                                              "AttributeName": TTL_ATTRIBUTE})
+        dynamodb.update_time_to_live(
+            TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE}
+        )
 
 
 def encode(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,8 +122,9 @@ class Op:
     body: dict[str, Any]
 
 
-def _expression(body: dict[str, Any], condition: str | None, names: dict[str, Any] | None,
-                values: dict[str, Any] | None) -> dict[str, Any]:
+def _expression(
+    body: dict[str, Any], condition: str | None, names: dict[str, Any] | None, values: dict[str, Any] | None
+) -> dict[str, Any]:
     if condition:
         body["ConditionExpression"] = condition
     if names:
@@ -121,27 +134,45 @@ def _expression(body: dict[str, Any], condition: str | None, names: dict[str, An
     return body
 
 
-def put(pk: str, sk: str, attrs: Mapping[str, Any], condition: str | None = None,
-        names: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> Op:
+def put(
+    pk: str,
+    sk: str,
+    attrs: Mapping[str, Any],
+    condition: str | None = None,
+    names: dict[str, Any] | None = None,
+    values: dict[str, Any] | None = None,
+) -> Op:
     """Replace an item."""
     item = {**key(pk, sk), **encode(attrs)}
     return Op("Put", _expression({"Item": item}, condition, names, values))
 
 
-def update(pk: str, sk: str, expression: str, condition: str | None = None,
-           names: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> Op:
+def update(
+    pk: str,
+    sk: str,
+    expression: str,
+    condition: str | None = None,
+    names: dict[str, Any] | None = None,
+    values: dict[str, Any] | None = None,
+) -> Op:
     """Update an item in place (creating it unless the condition forbids it)."""
     return Op("Update", _expression({"Key": key(pk, sk), "UpdateExpression": expression}, condition, names, values))
 
 
-def delete(pk: str, sk: str, condition: str | None = None,
-           names: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> Op:
+def delete(
+    pk: str,
+    sk: str,
+    condition: str | None = None,
+    names: dict[str, Any] | None = None,
+    values: dict[str, Any] | None = None,
+) -> Op:
     """Delete an item."""
     return Op("Delete", _expression({"Key": key(pk, sk)}, condition, names, values))
 
 
-def check(pk: str, sk: str, condition: str, names: dict[str, Any] | None = None,
-          values: dict[str, Any] | None = None) -> Op:
+def check(
+    pk: str, sk: str, condition: str, names: dict[str, Any] | None = None, values: dict[str, Any] | None = None
+) -> Op:
     """Require a condition on an item without writing it."""
     return Op("ConditionCheck", _expression({"Key": key(pk, sk)}, condition, names, values))
 
@@ -200,9 +231,13 @@ class ControlTable:
     def query(self, pk: str) -> list[dict[str, Any]]:
         """Every item of one partition, in sort-key order, strongly consistent."""
         items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {"TableName": self.name, "KeyConditionExpression": "#pk = :pk",
-                                  "ExpressionAttributeNames": {"#pk": PK},
-                                  "ExpressionAttributeValues": {":pk": {"S": pk}}, "ConsistentRead": True}
+        kwargs: dict[str, Any] = {
+            "TableName": self.name,
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": PK},
+            "ExpressionAttributeValues": {":pk": {"S": pk}},
+            "ConsistentRead": True,
+        }
         with aws_errors(f"query {pk}"):
             while True:
                 page = self.client.query(**kwargs)
@@ -225,9 +260,16 @@ class ControlTable:
         """
         items = [{op.kind: {"TableName": self.name, **op.body}} for op in ops]
         shard = str(random.randrange(EPOCH_SHARDS))
-        items.append({"Update": {"TableName": self.name, "Key": key(EPOCH_PK, shard),
-                                 "UpdateExpression": "ADD epoch :one",
-                                 "ExpressionAttributeValues": {":one": {"N": "1"}}}})
+        items.append(
+            {
+                "Update": {
+                    "TableName": self.name,
+                    "Key": key(EPOCH_PK, shard),
+                    "UpdateExpression": "ADD epoch :one",
+                    "ExpressionAttributeValues": {":one": {"N": "1"}},
+                }
+            }
+        )
         for attempt in range(self._max_attempts):
             try:
                 with aws_errors("transaction"):
@@ -242,5 +284,5 @@ class ControlTable:
                 if not any(r in _RETRYABLE_REASONS for r in reasons):
                     raise
             # Full jitter: concurrent writers of the same item spread out instead of colliding again.
-            self._clock.sleep(random.uniform(0, 0.025 * 2 ** attempt))
+            self._clock.sleep(random.uniform(0, 0.025 * 2**attempt))
         raise ServiceNotReadyError("control table busy: transaction kept conflicting, retry later")

@@ -1,13 +1,21 @@
 """Validation of what the control plane stores: registrations and accounts (the generic
 field checks are ``protocol.validation``'s)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ..protocol.codes import Role
 from ..protocol.models import RegisterInstanceRequest
-from ..protocol.validation import (invalid, require, require_key_name, require_name, require_non_negative,
-                                   require_positive, require_unique)
+from ..protocol.validation import (
+    invalid,
+    require,
+    require_key_name,
+    require_name,
+    require_non_negative,
+    require_positive,
+    require_unique,
+)
 
 MAX_PASSWORD_LENGTH = 1024
 MIN_PASSWORD_LENGTH = 12
@@ -34,8 +42,7 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
     if not request.location_spec_infos:
         raise invalid("location_spec_infos", "needs at least one entry")
     _require_at_most(len(request.location_spec_infos), MAX_LOCATION_SPECS, "location_spec_infos", "entries")
-    _require_at_most(len(request.location_spec_groups), MAX_LOCATION_SPEC_GROUPS, "location_spec_groups",
-                     "entries")
+    _require_at_most(len(request.location_spec_groups), MAX_LOCATION_SPEC_GROUPS, "location_spec_groups", "entries")
     for i, spec in enumerate(request.location_spec_infos):
         require_name(spec.name, f"location_spec_infos[{i}].name")
         require_positive(spec.size, f"location_spec_infos[{i}].size")
@@ -45,10 +52,15 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
         raise invalid("model_deployment", "is required")
     require(deployment.model_name, "model_deployment.model_name")
     require(deployment.dtype, "model_deployment.dtype")
-    _require_at_most(len(deployment.user_data.encode("utf-8", "surrogatepass")), MAX_USER_DATA_BYTES,
-                     "model_deployment.user_data", "bytes")
-    _require_at_most(len(deployment.extra.encode("utf-8", "surrogatepass")), MAX_EXTRA_BYTES,
-                     "model_deployment.extra", "bytes")
+    _require_at_most(
+        len(deployment.user_data.encode("utf-8", "surrogatepass")),
+        MAX_USER_DATA_BYTES,
+        "model_deployment.user_data",
+        "bytes",
+    )
+    _require_at_most(
+        len(deployment.extra.encode("utf-8", "surrogatepass")), MAX_EXTRA_BYTES, "model_deployment.extra", "bytes"
+    )
     for name in ("tp_size", "dp_size", "pp_size"):
         require_non_negative(getattr(deployment, name), f"model_deployment.{name}")
     spec_names = {s.name for s in request.location_spec_infos}
@@ -58,14 +70,17 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
             raise invalid(f"location_spec_groups[{i}].spec_names", "needs at least one spec name")
         for j, spec_name in enumerate(group.spec_names):
             if spec_name not in spec_names:
-                raise invalid(f"location_spec_groups[{i}].spec_names[{j}]",
-                              f"names unknown spec {spec_name!r} (not in location_spec_infos)")
+                raise invalid(
+                    f"location_spec_groups[{i}].spec_names[{j}]",
+                    f"names unknown spec {spec_name!r} (not in location_spec_infos)",
+                )
         require_unique(group.spec_names, f"location_spec_groups[{i}].spec_names")
     require_unique((g.name for g in request.location_spec_groups), "location_spec_groups")
 
 
-def validate_account(user_name: str, password: str, role: Role, groups: Sequence[str],
-                     instance_prefixes: Sequence[str]) -> None:
+def validate_account(
+    user_name: str, password: str, role: Role, groups: Sequence[str], instance_prefixes: Sequence[str]
+) -> None:
     """An account as addAccount accepts it: a name, a password meeting the policy for
     admin accounts (the others' is ignored: they authenticate with API keys), a scope of
     instance group names (``*`` = every group) and instance-id prefixes."""

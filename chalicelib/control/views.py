@@ -1,4 +1,5 @@
 """Control-plane data as the meta service returns it."""
+
 from __future__ import annotations
 
 import json

@@ -21,15 +21,16 @@ fields). Instances live on other slots than their group, so it moves right after
 script that changes an instance's usage (same pipeline as nothing else: one extra round
 trip only when something changed); starts read it instead of every peer's usage.
 """
+
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
-from collections.abc import Callable, Iterator, Sequence
 
 from redis.commands.core import Script
 from redis.typing import EncodableT, KeyT
@@ -39,7 +40,14 @@ from ..observability.logging import logger
 from ..stores.valkey import Valkey, lua_source, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
 from .layout import (
-    PACKED_GROUP, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, ReadMode, StartRefusal, StartResult,
+    PACKED_GROUP,
+    SESSION_ENTRY,
+    ClaimOutcome,
+    FinishStatus,
+    MarkScope,
+    ReadMode,
+    StartRefusal,
+    StartResult,
     lua_constants,
 )
 from .records import BlockRecord, Victim, decode_record, decode_victims, encode_victims
@@ -142,8 +150,10 @@ def parse_suffixes(stored: bytes | None) -> tuple[int, ...]:
 
 def session_entries(raw: bytes) -> list[tuple[int, int]]:
     """(block key, location id) of each entry of a session's 'k' field."""
-    return [(int.from_bytes(key, "big", signed=True), location_id) for key, location_id
-            in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))]
+    return [
+        (int.from_bytes(key, "big", signed=True), location_id)
+        for key, location_id in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))
+    ]
 
 
 def pack_keys(block_keys: Sequence[int]) -> bytes:
@@ -199,8 +209,9 @@ class Usage:
                 by_storage[k[2:].decode()] = value
             elif k.startswith(b"dt:"):
                 deleting_by_type[k[3:].decode()] = value
-        return cls(scalars[b"bytes"], scalars[b"keys"], by_type, by_storage, scalars[b"d"], scalars[b"dk"],
-                   deleting_by_type)
+        return cls(
+            scalars[b"bytes"], scalars[b"keys"], by_type, by_storage, scalars[b"d"], scalars[b"dk"], deleting_by_type
+        )
 
     @classmethod
     def from_charge(cls, reply: Sequence[Any]) -> Usage:
@@ -211,15 +222,23 @@ class Usage:
 
     def live(self) -> Usage:
         """What is not DELETING (per storage: the totals, which are not split)."""
-        return Usage(max(0, self.bytes - self.deleting_bytes), max(0, self.keys - self.deleting_keys),
-                     {t: max(0, v - self.deleting_by_type.get(t, 0)) for t, v in self.by_type.items()},
-                     dict(self.by_storage))
+        return Usage(
+            max(0, self.bytes - self.deleting_bytes),
+            max(0, self.keys - self.deleting_keys),
+            {t: max(0, v - self.deleting_by_type.get(t, 0)) for t, v in self.by_type.items()},
+            dict(self.by_storage),
+        )
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.bytes + other.bytes, self.keys + other.keys, _merge(self.by_type, other.by_type),
-                     _merge(self.by_storage, other.by_storage), self.deleting_bytes + other.deleting_bytes,
-                     self.deleting_keys + other.deleting_keys,
-                     _merge(self.deleting_by_type, other.deleting_by_type))
+        return Usage(
+            self.bytes + other.bytes,
+            self.keys + other.keys,
+            _merge(self.by_type, other.by_type),
+            _merge(self.by_storage, other.by_storage),
+            self.deleting_bytes + other.deleting_bytes,
+            self.deleting_keys + other.deleting_keys,
+            _merge(self.deleting_by_type, other.deleting_by_type),
+        )
 
     def fields(self) -> dict[str, int]:
         """The non-zero counters as usage-hash fields (for HINCRBY)."""
@@ -255,8 +274,9 @@ class StartOutcome:
     victims: tuple[Victim, ...] = ()
     pruned: Usage = field(default_factory=Usage)
 
-    def placements_of(self, written: Sequence[tuple[int, int]], pack_counts: Sequence[int],
-                      explicit: Sequence[int]) -> list[tuple[int, int, int]]:
+    def placements_of(
+        self, written: Sequence[tuple[int, int]], pack_counts: Sequence[int], explicit: Sequence[int]
+    ) -> list[tuple[int, int, int]]:
         """(location id, group id, slot) of each written key, given as (request index,
         candidate), with each candidate's pack count; mirrors lua/start.lua: ids follow one
         another in key order, a packing storage fills a file with the next blocks written
@@ -370,10 +390,17 @@ class BlockIndex:
         # Below the API: a sharded instance's calls split per shard and merge there
         # (imported here: sharding builds on this module).
         from .sharding import ShardedIndex
+
         self.sharded = ShardedIndex(self)
 
-    def layout(self, instance_id: str, bucket_bits: int, group: str = "", incarnation: str = "",
-               shard_suffixes: tuple[int, ...] = ()) -> InstanceLayout:
+    def layout(
+        self,
+        instance_id: str,
+        bucket_bits: int,
+        group: str = "",
+        incarnation: str = "",
+        shard_suffixes: tuple[int, ...] = (),
+    ) -> InstanceLayout:
         return InstanceLayout(self.prefix, instance_id, bucket_bits, group, incarnation, shard_suffixes)
 
     def _call(self, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> Any:
@@ -429,11 +456,15 @@ class BlockIndex:
         if before != after:
             return None
         current = Usage.from_hash(after)
-        correction = Usage(total.bytes - current.bytes, total.keys - current.keys,
-                           _merge(total.by_type, current.by_type, -1), {},
-                           total.deleting_bytes - current.deleting_bytes,
-                           total.deleting_keys - current.deleting_keys,
-                           _merge(total.deleting_by_type, current.deleting_by_type, -1))
+        correction = Usage(
+            total.bytes - current.bytes,
+            total.keys - current.keys,
+            _merge(total.by_type, current.by_type, -1),
+            {},
+            total.deleting_bytes - current.deleting_bytes,
+            total.deleting_keys - current.deleting_keys,
+            _merge(total.deleting_by_type, current.deleting_by_type, -1),
+        )
         changes = self._group_fields(correction)
         if changes:
             pipe = self.client.pipeline(transaction=False)
@@ -450,9 +481,15 @@ class BlockIndex:
 
     # ---------------------------------------------------------------- reads
 
-    def read_raw(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
-                 sw_size: int = 0, servable: Sequence[str] | None = None,
-                 covered: Sequence[bool] | None = None) -> list[bytes | None]:
+    def read_raw(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        mode: int,
+        sw_size: int = 0,
+        servable: Sequence[str] | None = None,
+        covered: Sequence[bool] | None = None,
+    ) -> list[bytes | None]:
         """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes).
 
         Prefix mode stops at the first key without a SERVING location; batch and window
@@ -469,22 +506,32 @@ class BlockIndex:
         # single thread about a fifth of the read (docs/index-read-path.md).
         prefix, mask = layout.bucket_prefix, layout.mask
         buckets = [b"%b%x" % (prefix, k & mask) for k in block_keys]
-        blob = self._call(self._read, [layout.key("m"), layout.key("st"), *buckets],
-                          [pack_keys(block_keys), int(mode), sw_size, int(self.clock.now()),
-                           self.TOUCH_INTERVAL_S, self.LFU_DECAY_S,
-                           "" if servable is None else "\n" + "\n".join(servable),
-                           *([b"".join(b"1" if c else b"0" for c in covered)] if covered else [])])
+        blob = self._call(
+            self._read,
+            [layout.key("m"), layout.key("st"), *buckets],
+            [
+                pack_keys(block_keys),
+                int(mode),
+                sw_size,
+                int(self.clock.now()),
+                self.TOUCH_INTERVAL_S,
+                self.LFU_DECAY_S,
+                "" if servable is None else "\n" + "\n".join(servable),
+                *([b"".join(b"1" if c else b"0" for c in covered)] if covered else []),
+            ],
+        )
         out: list[bytes | None] = []
         pos, end = 0, len(blob)
         while pos < end:
             length = (blob[pos] << 8) | blob[pos + 1]
             pos += 2
-            out.append(blob[pos:pos + length] if length else None)
+            out.append(blob[pos : pos + length] if length else None)
             pos += length
         return out
 
-    def read(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int,
-             sw_size: int = 0) -> list[BlockRecord | None]:
+    def read(
+        self, layout: InstanceLayout, block_keys: Sequence[int], mode: int, sw_size: int = 0
+    ) -> list[BlockRecord | None]:
         """Like ``read_raw`` with decoded records."""
         return [decode_record(r) if r else None for r in self.read_raw(layout, block_keys, mode, sw_size)]
 
@@ -502,19 +549,45 @@ class BlockIndex:
     def grant(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
         """The start script of one shard alone: the caller moves the group's counters by
         ``outcome.charge``."""
-        keys = [layout.key("m"), layout.key("u"), layout.key("st"), layout.key("g"), layout.key("sd"),
-                layout.session(req.session_id), layout.occupied]
+        keys = [
+            layout.key("m"),
+            layout.key("u"),
+            layout.key("st"),
+            layout.key("g"),
+            layout.key("sd"),
+            layout.session(req.session_id),
+            layout.occupied,
+        ]
         group = req.group_usage
-        args: list[EncodableT] = [pack_keys(block_keys), int(self.clock.now() * 1000), req.session_id, req.deadline_ms,
-                req.storage_name, req.storage_type, req.pack_count, pack_u48(req.sizes),
-                bytes(req.spec_groups), pack_u48(req.explicit_groups) if req.explicit_groups else b"",
-                req.group_capacity, -1 if group is None else group.bytes, req.type_capacity,
-                -1 if group is None else group.by_type.get(req.storage_type, 0), req.max_keys,
-                layout.bucket_prefix, layout.bucket_count, layout.instance_id, layout.incarnation,
-                req.max_sessions, req.instance_capacity, max(1, req.min_replicas),
-                b"".join(SESSION_ENTRY.pack(k.to_bytes(8, "big", signed=True), loc) for k, loc in req.stale),
-                req.covers, max(1, math.isqrt(len(req.covers))), "1" if req.by_location else "0",
-                len(req.more_candidates)]
+        args: list[EncodableT] = [
+            pack_keys(block_keys),
+            int(self.clock.now() * 1000),
+            req.session_id,
+            req.deadline_ms,
+            req.storage_name,
+            req.storage_type,
+            req.pack_count,
+            pack_u48(req.sizes),
+            bytes(req.spec_groups),
+            pack_u48(req.explicit_groups) if req.explicit_groups else b"",
+            req.group_capacity,
+            -1 if group is None else group.bytes,
+            req.type_capacity,
+            -1 if group is None else group.by_type.get(req.storage_type, 0),
+            req.max_keys,
+            layout.bucket_prefix,
+            layout.bucket_count,
+            layout.instance_id,
+            layout.incarnation,
+            req.max_sessions,
+            req.instance_capacity,
+            max(1, req.min_replicas),
+            b"".join(SESSION_ENTRY.pack(k.to_bytes(8, "big", signed=True), loc) for k, loc in req.stale),
+            req.covers,
+            max(1, math.isqrt(len(req.covers))),
+            "1" if req.by_location else "0",
+            len(req.more_candidates),
+        ]
         for name, type_name, pack_count, capacity, group_bytes, by_location in req.more_candidates:
             args += [name, type_name, pack_count, capacity, group_bytes, "1" if by_location else "0"]
         result = self._call(self._start, keys, args)
@@ -522,23 +595,36 @@ class BlockIndex:
             reason = StartRefusal(result[1].decode())
             if reason == StartRefusal.GONE:
                 raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
-            raise QuotaExceededError(reason.value, {
-                "instance": "the instance's quota (instance_quotas) reached",
-                "group": "instance group quota reached",
-                "type": f"quota of storage type {req.storage_type} reached",
-                "keys": "max_key_count of the instance reached",
-                "storages": f"the instance has written to 255 storages, the most it can address; "
-                            f"{req.storage_name} is not one of them",
-                "sessions": f"the instance has {req.max_sessions} write sessions open, the most allowed "
-                            f"(KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
-            }[reason.value], int(result[2]) if len(result) > 2 else 0, req.storage_type)
+            raise QuotaExceededError(
+                reason.value,
+                {
+                    "instance": "the instance's quota (instance_quotas) reached",
+                    "group": "instance group quota reached",
+                    "type": f"quota of storage type {req.storage_type} reached",
+                    "keys": "max_key_count of the instance reached",
+                    "storages": f"the instance has written to 255 storages, the most it can address; "
+                    f"{req.storage_name} is not one of them",
+                    "sessions": f"the instance has {req.max_sessions} write sessions open, the most allowed "
+                    f"(KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
+                }[reason.value],
+                int(result[2]) if len(result) > 2 else 0,
+                req.storage_type,
+            )
         written_to = tuple(c - ord("0") for c in result[2])
         storage_indexes = tuple(int(x) for x in result[3].split(b","))
         charge = [int(x) if x.isdigit() else x for x in result[7].split(b",")]
-        return StartOutcome(int(result[1]), [c > 0 for c in written_to], storage_indexes[0], int(result[4]),
-                            written_to=written_to, storage_indexes=storage_indexes, created=int(result[6]),
-                            bytes_by_type={result[i].decode(): int(result[i + 1]) for i in range(8, len(result), 2)},
-                            victims=tuple(decode_victims(result[5])), pruned=Usage.from_charge(charge))
+        return StartOutcome(
+            int(result[1]),
+            [c > 0 for c in written_to],
+            storage_indexes[0],
+            int(result[4]),
+            written_to=written_to,
+            storage_indexes=storage_indexes,
+            created=int(result[6]),
+            bytes_by_type={result[i].decode(): int(result[i + 1]) for i in range(8, len(result), 2)},
+            victims=tuple(decode_victims(result[5])),
+            pruned=Usage.from_charge(charge),
+        )
 
     def session(self, layout: InstanceLayout, session_id: str) -> Session | None:
         """A write session's deadline and (key, location id) entries, or None."""
@@ -550,8 +636,15 @@ class BlockIndex:
             return None
         return Session(int(deadline), session_entries(raw), raw)
 
-    def finish(self, layout: InstanceLayout, session_id: str, session: Session, success: Sequence[bool],
-               sizes: Sequence[int], force_fail: bool = False) -> tuple[bool, list[Victim]]:
+    def finish(
+        self,
+        layout: InstanceLayout,
+        session_id: str,
+        session: Session,
+        success: Sequence[bool],
+        sizes: Sequence[int],
+        force_fail: bool = False,
+    ) -> tuple[bool, list[Victim]]:
         """Close ``session`` (as read by ``session``): successful blocks SERVING, the rest
         DELETING (returned). Returns (expired, victims); raises WriteSessionError when the
         session is gone (finished, expired and reaped, never existed, or another
@@ -560,13 +653,24 @@ class BlockIndex:
             return self.sharded.finish(layout, session_id, session, success, sizes, force_fail)
         if len(success) != len(session.entries) and not force_fail:
             raise WriteSessionError(
-                f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}")
+                f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}"
+            )
         flags = bytes(ord("1") if s else ord("0") for s in success)
-        reply = self._call(self._finish, [layout.key("sd"), layout.session(session_id), layout.key("u"),
-                                          layout.key("st")],
-                           [int(self.clock.now() * 1000), session_id, flags, "1" if force_fail else "0",
-                            session.raw, layout.bucket_prefix, layout.bucket_count, pack_u48(sizes),
-                            layout.instance_id])
+        reply = self._call(
+            self._finish,
+            [layout.key("sd"), layout.session(session_id), layout.key("u"), layout.key("st")],
+            [
+                int(self.clock.now() * 1000),
+                session_id,
+                flags,
+                "1" if force_fail else "0",
+                session.raw,
+                layout.bucket_prefix,
+                layout.bucket_count,
+                pack_u48(sizes),
+                layout.instance_id,
+            ],
+        )
         status = FinishStatus(reply[0])
         if status in (FinishStatus.UNKNOWN, FinishStatus.CHANGED):
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
@@ -604,19 +708,28 @@ class BlockIndex:
                 pipe.hget(shard.session(session_id.decode()), "k")
         with valkey_errors("index"):
             blobs = cast(list[bytes | None], pipe.execute())
-        return {(int.from_bytes(key, "big", signed=True), location_id) for raw in blobs if raw
-                for key, location_id in (SESSION_ENTRY.unpack_from(raw, o)
-                                         for o in range(0, len(raw), SESSION_ENTRY.size))}
+        return {
+            (int.from_bytes(key, "big", signed=True), location_id)
+            for raw in blobs
+            if raw
+            for key, location_id in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))
+        }
 
     def lost_deletions_before_s(self, delay_ms: int) -> int:
         """Locations that turned DELETING at or before this time (s) count as lost
         deletions, for a group deleting ``delay_ms`` after the mark."""
         return int(self.clock.now()) - delay_ms // 1000 - self.DELETION_LOST_AFTER_S
 
-    def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int], sizes: Sequence[int],
-                      expected_locations: Sequence[int] | None = None,
-                      serving_only: bool = False, max_children: Sequence[int] | None = None,
-                      resubmit_before_s: int = 0) -> list[Victim]:
+    def mark_deleting(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        sizes: Sequence[int],
+        expected_locations: Sequence[int] | None = None,
+        serving_only: bool = False,
+        max_children: Sequence[int] | None = None,
+        resubmit_before_s: int = 0,
+    ) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
         ``sizes`` are the block bytes per spec group, charged to the deleting counters.
@@ -629,15 +742,27 @@ class BlockIndex:
         if not block_keys:
             return []
         if layout.shard_suffixes:
-            return self.sharded.mark_deleting(layout, block_keys, sizes, expected_locations, serving_only,
-                                              max_children, resubmit_before_s)
+            return self.sharded.mark_deleting(
+                layout, block_keys, sizes, expected_locations, serving_only, max_children, resubmit_before_s
+            )
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
         scope = MarkScope.SERVING if serving_only else MarkScope.ANY
-        reply = self._call(self._mark, [layout.key("u"), layout.key("st")],
-                           [pack_keys(block_keys), expected, scope.value,
-                            layout.bucket_prefix, layout.bucket_count, limits, int(self.clock.now()),
-                            resubmit_before_s, pack_u48(sizes)])
+        reply = self._call(
+            self._mark,
+            [layout.key("u"), layout.key("st")],
+            [
+                pack_keys(block_keys),
+                expected,
+                scope.value,
+                layout.bucket_prefix,
+                layout.bucket_count,
+                limits,
+                int(self.clock.now()),
+                resubmit_before_s,
+                pack_u48(sizes),
+            ],
+        )
         self._charge_group(layout, Usage.from_charge(reply[1:]))
         return decode_victims(reply[0])
 
@@ -648,8 +773,11 @@ class BlockIndex:
         if layout.shard_suffixes:
             return self.sharded.drop(layout, victims, sizes)
         keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og"), layout.occupied]
-        reply = self._call(self._drop, keys, [encode_victims(list(victims)), pack_u48(sizes),
-                                              layout.bucket_prefix, layout.bucket_count])
+        reply = self._call(
+            self._drop,
+            keys,
+            [encode_victims(list(victims)), pack_u48(sizes), layout.bucket_prefix, layout.bucket_count],
+        )
         blob = reply[1]
         by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(4, len(reply) - 1, 2)}
         freed = Usage(int(reply[2]), int(reply[3]), by_type, {}, int(reply[2]), int(reply[3]), dict(by_type))
@@ -663,9 +791,18 @@ class BlockIndex:
             return 0
         if layout.shard_suffixes:
             return self.sharded.forget(layout, block_keys, location_ids)
-        forgotten = int(self._call(self._forget, [layout.key("u"), layout.occupied],
-                                   [pack_keys(block_keys), b"".join(v.to_bytes(5, "big") for v in location_ids),
-                                    layout.bucket_prefix, layout.bucket_count]))
+        forgotten = int(
+            self._call(
+                self._forget,
+                [layout.key("u"), layout.occupied],
+                [
+                    pack_keys(block_keys),
+                    b"".join(v.to_bytes(5, "big") for v in location_ids),
+                    layout.bucket_prefix,
+                    layout.bucket_count,
+                ],
+            )
+        )
         self._charge_group(layout, Usage(keys=forgotten), -1)
         return forgotten
 
@@ -698,8 +835,15 @@ class BlockIndex:
 
     # ---------------------------------------------------------------- usage and tables
 
-    def claim(self, instance_id: str, incarnation: str, wanted_bits: int, registering: bool = False,
-              shard_count: int = 1, group: str = "") -> InstanceLayout:
+    def claim(
+        self,
+        instance_id: str,
+        incarnation: str,
+        wanted_bits: int,
+        registering: bool = False,
+        shard_count: int = 1,
+        group: str = "",
+    ) -> InstanceLayout:
         """Bind the instance's key space to ``incarnation`` and return its layout: its bucket
         bits (``wanted_bits`` unless fixed already: set once, kept until the key space is
         dropped) and its shards (``shard_count`` for a new key space or one a registration
@@ -712,9 +856,11 @@ class BlockIndex:
         wanted_shards = ",".join(str(s) for s in self.sharded.pick_suffixes(instance_id, shard_count))
         for _ in range(2):
             others_hold = registering and self.sharded.others_hold(instance_id)
-            bits, outcome, stored = self._call(self._claim, [meta.key("m"), meta.occupied],
-                                               [wanted_bits, incarnation, "1" if registering else "0", wanted_shards,
-                                                "1" if others_hold else "0", 0])
+            bits, outcome, stored = self._call(
+                self._claim,
+                [meta.key("m"), meta.occupied],
+                [wanted_bits, incarnation, "1" if registering else "0", wanted_shards, "1" if others_hold else "0", 0],
+            )
             layout = InstanceLayout(self.prefix, instance_id, int(bits), group, incarnation, parse_suffixes(stored))
             outcome = ClaimOutcome(outcome.decode())
             if outcome == ClaimOutcome.STALE:
@@ -726,9 +872,10 @@ class BlockIndex:
                 return layout
             self._ensure_tracked(layout.shards[0])
             usage = self.usage([layout])[0]
-            logger.warning("dropping the blocks of an earlier registration of the instance; their data stays "
-                           "on storage", extra={"instance_id": instance_id, "blocks": usage.keys,
-                                                "bytes": usage.bytes})
+            logger.warning(
+                "dropping the blocks of an earlier registration of the instance; their data stays on storage",
+                extra={"instance_id": instance_id, "blocks": usage.keys, "bytes": usage.bytes},
+            )
             self.drop_all(layout)
         raise StaleInstanceError(f"instance '{instance_id}' kept changing during registration, retry")
 
@@ -810,7 +957,7 @@ class BlockIndex:
         out: list[tuple[int, bytes]] = []
         for start in range(0, len(buckets), self.SCAN_BATCH):
             pipe = self.client.pipeline(transaction=False)
-            for b in buckets[start:start + self.SCAN_BATCH]:
+            for b in buckets[start : start + self.SCAN_BATCH]:
                 pipe.hgetall(layout.bucket(b))
             with valkey_errors("index"):
                 contents = pipe.execute()
@@ -854,16 +1001,21 @@ class BlockIndex:
         if keep_usage:
             # No record is left: nothing counts as DELETING or as a key any more.
             with valkey_errors("index"):
-                self.client.hset(layout.key("u"), mapping={"keys": 0, "d": 0, "dk": 0,
-                                                           **{f"dt:{t}": 0 for t in usage.deleting_by_type}})
-            self._charge_group(layout, Usage(0, usage.keys, {}, {}, usage.deleting_bytes, usage.deleting_keys,
-                                             dict(usage.deleting_by_type)), -1)
+                self.client.hset(
+                    layout.key("u"),
+                    mapping={"keys": 0, "d": 0, "dk": 0, **{f"dt:{t}": 0 for t in usage.deleting_by_type}},
+                )
+            self._charge_group(
+                layout,
+                Usage(0, usage.keys, {}, {}, usage.deleting_bytes, usage.deleting_keys, dict(usage.deleting_by_type)),
+                -1,
+            )
         else:
             fixed.append(layout.key("u"))
             self._charge_group(layout, usage, -1)
         with valkey_errors("index"):
             for start in range(0, len(sessions), 1000):
-                self.client.unlink(*sessions[start:start + 1000])
+                self.client.unlink(*sessions[start : start + 1000])
             self.client.unlink(*fixed)
 
     # ---------------------------------------------------------------- reclaim support
@@ -875,8 +1027,9 @@ class BlockIndex:
         type usage counters were charged to (lua/start.lua, lua/drop.lua)."""
         with valkey_errors("index"):
             raw = cast(RawHash, self.client.hgetall(layout.key("st")))
-        return {int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode())
-                for k, v in raw.items() if k.startswith(b"#")}
+        return {
+            int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode()) for k, v in raw.items() if k.startswith(b"#")
+        }
 
     def advance_sweep(self, layout: InstanceLayout, count: int, cursor: str = "sweep") -> list[int]:
         """The next about ``count`` occupied buckets of one of the instance's sweeps (an
@@ -907,8 +1060,9 @@ class BlockIndex:
         with valkey_errors("index"):
             pipe.execute()
 
-    def take_queued_deletions(self, layout_of: Callable[[str], InstanceLayout | None],
-                              max_entries: int = 256) -> dict[str, list[Victim]]:
+    def take_queued_deletions(
+        self, layout_of: Callable[[str], InstanceLayout | None], max_entries: int = 256
+    ) -> dict[str, list[Victim]]:
         """Pop the queued victims of every instance that has some (``layout_of`` maps an
         instance id to its layout, None when it is gone: its queue is dropped). An
         instance leaves the set before its queue is read, so a push racing the read puts

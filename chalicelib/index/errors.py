@@ -1,4 +1,5 @@
 """The block index's errors (all in the protocol's exception family)."""
+
 from ..protocol.errors import CapacityExceededError, InstanceNotFoundError, InvalidArgumentError
 
 

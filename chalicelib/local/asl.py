@@ -5,11 +5,12 @@ builder (fills them with ``Fn::GetAtt`` of the packaged functions), so both agre
 naming rule: ``${ExpireWriteSessionsArn}`` is the function ``expire_write_sessions``,
 whose CloudFormation logical id Chalice derives with the same helper used here.
 """
+
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from chalice.utils import to_cfn_resource_name
 

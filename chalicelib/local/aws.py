@@ -4,6 +4,7 @@ moto keeps everything in memory, so every start re-creates the Lambda functions 
 that ARNs resolve) and the state machines; the control table's content is carried over
 by ``control.ControlSnapshot``.
 """
+
 from __future__ import annotations
 
 import io
@@ -12,9 +13,9 @@ import logging
 import threading
 import time
 import zipfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Mapping
 
 from . import asl
 from .guard import port_of
@@ -22,8 +23,7 @@ from .guard import port_of
 #: moto runs state machines and keeps Lambda in-process (no Docker) with this config.
 MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 #: moto accepts any credentials; fixed ones keep a developer's real keys out of it.
-DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_SESSION_TOKEN": "testing"}
+DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
 PORT_VARIABLE = "KVCM_AWS_PORT"
 POLL_INTERVAL_S = 0.05
 ROLE_NAME = "kvcm-local"
@@ -31,8 +31,12 @@ LAMBDA_RUNTIME = "python3.11"
 
 
 def _trust_policy(*services: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": list(services)}, "Action": "sts:AssumeRole"}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"Service": list(services)}, "Action": "sts:AssumeRole"}],
+        }
+    )
 
 
 def _dummy_zip() -> bytes:
@@ -68,18 +72,23 @@ class LocalAws:
         return the endpoint URL. Not ``ThreadedMotoServer``: it binds on its thread and
         waits without a timeout for a bind that failed."""
         from moto.moto_api._internal.models import moto_api_backend
-        from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
-                                                   create_backend_app)
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
         from werkzeug.serving import make_server
 
         # moto logs every request (the state machines poll a lot); the app logs its own.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         with port_of(PORT_VARIABLE, "127.0.0.1", self._port):
-            self._server = make_server("127.0.0.1", self._port, DomainDispatcherApplication(create_backend_app),
-                                       threaded=True, request_handler=MotoRequestHandler)
+            self._server = make_server(
+                "127.0.0.1",
+                self._port,
+                DomainDispatcherApplication(create_backend_app),
+                threaded=True,
+                request_handler=MotoRequestHandler,
+            )
         # A short poll interval: shutdown waits for the next poll.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(POLL_INTERVAL_S,),
-                                        name="kvcm-local-moto", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(POLL_INTERVAL_S,), name="kvcm-local-moto", daemon=True
+        )
         self._thread.start()
         # Backends live in the process, not in the server: an earlier stack of this process
         # would otherwise still be there.
@@ -104,9 +113,12 @@ class LocalAws:
             import boto3
 
             self._clients[service] = boto3.client(
-                service, endpoint_url=self.endpoint, region_name=self.region,
+                service,
+                endpoint_url=self.endpoint,
+                region_name=self.region,
                 aws_access_key_id=DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+                aws_secret_access_key=DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            )
         return self._clients[service]
 
     def role_arn(self) -> str:
@@ -115,15 +127,20 @@ class LocalAws:
         try:
             return iam.get_role(RoleName=ROLE_NAME)["Role"]["Arn"]
         except iam.exceptions.NoSuchEntityException:
-            return iam.create_role(RoleName=ROLE_NAME, AssumeRolePolicyDocument=_trust_policy(
-                "lambda.amazonaws.com", "states.amazonaws.com"))["Role"]["Arn"]
+            return iam.create_role(
+                RoleName=ROLE_NAME,
+                AssumeRolePolicyDocument=_trust_policy("lambda.amazonaws.com", "states.amazonaws.com"),
+            )["Role"]["Arn"]
 
     def create_functions(self, names: Iterable[str]) -> dict[str, str]:
         """Create a Lambda function per name (a dummy zip); returns ``{name: ARN}``."""
         lambda_client, role, code = self.client("lambda"), self.role_arn(), _dummy_zip()
-        return {name: lambda_client.create_function(
-            FunctionName=name, Runtime=LAMBDA_RUNTIME, Role=role, Handler=f"app.{name}",
-            Code={"ZipFile": code})["FunctionArn"] for name in names}
+        return {
+            name: lambda_client.create_function(
+                FunctionName=name, Runtime=LAMBDA_RUNTIME, Role=role, Handler=f"app.{name}", Code={"ZipFile": code}
+            )["FunctionArn"]
+            for name in names
+        }
 
     def stop_executions(self, state_machine_arns: Iterable[str], timeout_s: float = 10.0) -> None:
         """Abort every running execution and wait for moto's threads running them.
@@ -137,10 +154,12 @@ class LocalAws:
         sfn = self.client("stepfunctions")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            running = [execution["executionArn"] for arn in state_machine_arns
-                       for page in sfn.get_paginator("list_executions").paginate(
-                           stateMachineArn=arn, statusFilter="RUNNING")
-                       for execution in page["executions"]]
+            running = [
+                execution["executionArn"]
+                for arn in state_machine_arns
+                for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=arn, statusFilter="RUNNING")
+                for execution in page["executions"]
+            ]
             for arn in running:
                 sfn.stop_execution(executionArn=arn, error="LocalStackStopped")
             for thread in list(TMP_THREADS):
@@ -150,8 +169,9 @@ class LocalAws:
             if not running:
                 return
 
-    def create_state_machines(self, definitions: Mapping[str, Path], function_arns: Mapping[str, str]
-                              ) -> tuple[dict[str, str], dict[str, str]]:
+    def create_state_machines(
+        self, definitions: Mapping[str, Path], function_arns: Mapping[str, str]
+    ) -> tuple[dict[str, str], dict[str, str]]:
         """Create a state machine per ASL file, placeholders filled with ``function_arns``.
 
         Returns ``({workflow: state machine ARN}, {workflow: why it was skipped})``: a
@@ -167,6 +187,5 @@ class LocalAws:
             except asl.MissingSubstitution as missing:
                 skipped[name] = str(missing)
                 continue
-            created[name] = sfn.create_state_machine(name=name, roleArn=role,
-                                                     definition=definition)["stateMachineArn"]
+            created[name] = sfn.create_state_machine(name=name, roleArn=role, definition=definition)["stateMachineArn"]
         return created, skipped

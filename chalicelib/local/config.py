@@ -4,13 +4,14 @@ The app's settings (``KVCM_*`` in ``chalicelib/settings.py``) are not repeated h
 stack exports the few it decides (Valkey URL, state machine ARNs) into the environment
 and lets ``Settings.from_env`` read them like on Lambda.
 """
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,7 @@ def _schedule_overrides(environ: Mapping[str, str]) -> dict[str, float]:
     periods = dict(LOCAL_SCHEDULE_DEFAULTS)
     for key, value in environ.items():
         if key.startswith(SCHEDULE_ENV_PREFIX) and key.endswith(SCHEDULE_ENV_SUFFIX) and value:
-            periods[key[len(SCHEDULE_ENV_PREFIX):-len(SCHEDULE_ENV_SUFFIX)]] = float(value)
+            periods[key[len(SCHEDULE_ENV_PREFIX) : -len(SCHEDULE_ENV_SUFFIX)]] = float(value)
     return periods
 
 

@@ -8,15 +8,16 @@ the journal and fsyncs it *before moto answers*: a change that was acknowledged 
 a SIGKILL of the stack. The journal is folded into the snapshot at start, at stop, and
 when it grows past ``COMPACT_BYTES``.
 """
+
 from __future__ import annotations
 
 import base64
 import json
 import os
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterable
 
 from .guard import StackStartError
 
@@ -29,9 +30,16 @@ WRITE_ACTIONS = ("put_item", "update_item", "delete_item", "batch_write_item", "
 def _encode(value: Any) -> Any:
     """DynamoDB JSON → plain JSON (bytes in ``B`` / ``BS`` become base64 text)."""
     if isinstance(value, dict):
-        return {key: (base64.b64encode(item).decode("ascii") if key == "B"
-                      else [base64.b64encode(b).decode("ascii") for b in item] if key == "BS"
-                      else _encode(item)) for key, item in value.items()}
+        return {
+            key: (
+                base64.b64encode(item).decode("ascii")
+                if key == "B"
+                else [base64.b64encode(b).decode("ascii") for b in item]
+                if key == "BS"
+                else _encode(item)
+            )
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [_encode(item) for item in value]
     return value
@@ -40,9 +48,16 @@ def _encode(value: Any) -> Any:
 def _decode(value: Any) -> Any:
     """The inverse of ``_encode``."""
     if isinstance(value, dict):
-        return {key: (base64.b64decode(item) if key == "B"
-                      else [base64.b64decode(b) for b in item] if key == "BS"
-                      else _decode(item)) for key, item in value.items()}
+        return {
+            key: (
+                base64.b64decode(item)
+                if key == "B"
+                else [base64.b64decode(b) for b in item]
+                if key == "BS"
+                else _decode(item)
+            )
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [_decode(item) for item in value]
     return value
@@ -88,8 +103,10 @@ def _written_keys(action: str, body: dict) -> Iterable[tuple[str, dict]]:
     elif action == "batch_write_item":
         for table, requests in body["RequestItems"].items():
             for request in requests:
-                yield table, (request["PutRequest"]["Item"] if "PutRequest" in request
-                              else request["DeleteRequest"]["Key"])
+                yield (
+                    table,
+                    (request["PutRequest"]["Item"] if "PutRequest" in request else request["DeleteRequest"]["Key"]),
+                )
     else:  # transact_write_items
         for operation in body["TransactItems"]:
             kind, spec = next(iter(operation.items()))
@@ -103,8 +120,7 @@ class ControlSnapshot:
     #: The one instance whose journal moto's handlers write to (they are patched process-wide).
     _attached: ControlSnapshot | None = None
 
-    def __init__(self, dynamodb: Any, table_name: str, path: Path,
-                 key_names: tuple[str, ...] = ("pk", "sk")) -> None:
+    def __init__(self, dynamodb: Any, table_name: str, path: Path, key_names: tuple[str, ...] = ("pk", "sk")) -> None:
         self.dynamodb = dynamodb
         self.table_name = table_name
         self.path = path
@@ -122,8 +138,11 @@ class ControlSnapshot:
         """Fold everything into the snapshot (written atomically, fsync'd), then empty the
         journal; returns the item count."""
         with self._lock:
-            items = [item for page in self.dynamodb.get_paginator("scan").paginate(
-                TableName=self.table_name, ConsistentRead=True) for item in page["Items"]]
+            items = [
+                item
+                for page in self.dynamodb.get_paginator("scan").paginate(TableName=self.table_name, ConsistentRead=True)
+                for item in page["Items"]
+            ]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             partial = self.path.with_suffix(".json.partial")
             with open(partial, "w", encoding="utf-8") as file:
@@ -164,7 +183,8 @@ class ControlSnapshot:
                         break
                     raise JournalDamagedError(
                         f"the control-table journal {self.journal_path} is damaged at line {number}: repair "
-                        f"or move it away (its changes since the last snapshot are then lost)") from None
+                        f"or move it away (its changes since the last snapshot are then lost)"
+                    ) from None
                 if entry is None:
                     continue
                 if entry["item"] is None:
@@ -177,7 +197,7 @@ class ControlSnapshot:
         """Put every saved item (snapshot + journal) back; returns the item count."""
         items = _decode(self._saved_items())
         for start in range(0, len(items), BATCH_SIZE):
-            requests = [{"PutRequest": {"Item": item}} for item in items[start:start + BATCH_SIZE]]
+            requests = [{"PutRequest": {"Item": item}} for item in items[start : start + BATCH_SIZE]]
             while requests:
                 response = self.dynamodb.batch_write_item(RequestItems={self.table_name: requests})
                 requests = response.get("UnprocessedItems", {}).get(self.table_name, [])
@@ -193,8 +213,7 @@ class ControlSnapshot:
         if ControlSnapshot._attached is not None:
             raise RuntimeError("a control-table journal is already attached in this process")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                   0o644)
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         ControlSnapshot._attached = self
         for action in WRITE_ACTIONS:
             self._originals[action] = original = getattr(DynamoHandler, action)
@@ -215,14 +234,18 @@ class ControlSnapshot:
 
     def _journaled(self, action: str, original: Callable) -> Callable:
         def write_then_journal(handler: Any) -> Any:
-            keys = {self._key(item): {name: item[name] for name in self.key_names if name in item}
-                    for table, item in _written_keys(action, handler.body) if table == self.table_name}
+            keys = {
+                self._key(item): {name: item[name] for name in self.key_names if name in item}
+                for table, item in _written_keys(action, handler.body)
+                if table == self.table_name
+            }
             if not keys:
                 return original(handler)
             with self._lock:
                 answer = original(handler)  # raises (nothing written) on a failed condition
                 self._append(handler.dynamodb_backend.get_table(self.table_name), list(keys.values()))
             return answer
+
         return write_then_journal
 
     def _append(self, table: Any, keys: list[dict]) -> None:
@@ -233,8 +256,9 @@ class ControlSnapshot:
         lines = []
         for key in keys:
             item = table.get_item(*(DynamoType(key[name]) for name in self.key_names if name in key))
-            lines.append(json.dumps({"key": key, "item": item and {
-                name: _wire(value) for name, value in item.attrs.items()}}))
+            lines.append(
+                json.dumps({"key": key, "item": item and {name: _wire(value) for name, value in item.attrs.items()}})
+            )
         fd = self._journal_fd
         assert fd is not None, "the journal is opened before the first write"
         os.write(fd, ("\n".join(lines) + "\n").encode())

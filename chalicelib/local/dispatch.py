@@ -7,15 +7,16 @@ ARN) selects a handler from an injectable map (the stack passes the app's
 that raises becomes an ``Unhandled`` function error with Lambda's error payload, so the
 state machines' ``Retry`` / ``Catch`` on ``errorType`` behave as deployed.
 """
+
 from __future__ import annotations
 
 import json
 import threading
 import traceback
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Mapping
 
 from ..clock import Clock, SystemClock
 from ..observability.logging import logger
@@ -82,8 +83,11 @@ class LambdaDispatch:
         except Exception as exc:  # noqa: BLE001 - Lambda reports every failure as a function error
             logger.exception("local lambda %s failed", name)
             response_headers["x-amz-function-error"] = "Unhandled"
-            result = {"errorType": type(exc).__name__, "errorMessage": str(exc),
-                      "stackTrace": traceback.format_exception(exc)}
+            result = {
+                "errorType": type(exc).__name__,
+                "errorMessage": str(exc),
+                "stackTrace": traceback.format_exception(exc),
+            }
         return json.dumps(result).encode("utf-8")
 
     def __enter__(self) -> LambdaDispatch:
@@ -91,8 +95,14 @@ class LambdaDispatch:
 
         dispatch = self
 
-        def invoke(backend: Any, function_name: str, qualifier: str | None, body: Any,
-                   headers: Any, response_headers: dict[str, str]) -> bytes | None:
+        def invoke(
+            backend: Any,
+            function_name: str,
+            qualifier: str | None,
+            body: Any,
+            headers: Any,
+            response_headers: dict[str, str],
+        ) -> bytes | None:
             return dispatch.invoke(function_name, body, response_headers)
 
         with self._lock:

@@ -4,6 +4,7 @@ The app reads its configuration (and boto3 its endpoint and credentials) from th
 environment, exactly as on Lambda; the stack therefore sets variables rather than
 passing objects around, and restores them so an in-process stack leaves no trace.
 """
+
 from __future__ import annotations
 
 import os

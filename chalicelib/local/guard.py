@@ -2,15 +2,16 @@
 off ports that are taken: checked before anything starts, reported as ``StackStartError``
 whose message names the variable to change.
 """
+
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
 import socket
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterator, Mapping
 
 LOCK_FILE = "stack.lock"
 
@@ -31,8 +32,10 @@ class PortInUseError(StackStartError):
     """A port the stack needs is taken."""
 
     def __init__(self, variable: str, host: str, port: int, reason: str = "in use") -> None:
-        super().__init__(f"port {port} on {host} ({variable}) is {reason}: stop what listens there, "
-                         f"or set {variable} to a free port (0 picks one)")
+        super().__init__(
+            f"port {port} on {host} ({variable}) is {reason}: stop what listens there, "
+            f"or set {variable} to a free port (0 picks one)"
+        )
         self.variable = variable
         self.port = port
 
@@ -61,7 +64,8 @@ class StateLock:
             os.close(fd)
             raise StateInUseError(
                 f"another KVCM local stack (pid {holder}) is using the state directory {self.state_dir}: "
-                f"stop it first{hint}") from None
+                f"stop it first{hint}"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -96,6 +100,7 @@ def port_of(variable: str, host: str, port: int) -> Iterator[None]:
         yield
     except OSError as error:
         if error.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise PortInUseError(variable, host, port,
-                                 "in use" if error.errno == errno.EADDRINUSE else "not allowed") from error
+            raise PortInUseError(
+                variable, host, port, "in use" if error.errno == errno.EADDRINUSE else "not allowed"
+            ) from error
         raise

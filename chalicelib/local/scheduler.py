@@ -4,16 +4,17 @@ Jobs come from the app's ``@app.schedule`` handlers (called with a CloudWatch sc
 event, like EventBridge does) plus the stack's own housekeeping. A job that raises is
 logged and called again at its next period, as a failed scheduled Lambda would be.
 """
+
 from __future__ import annotations
 
 import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, UTC
-from typing import Any
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from ..clock import Clock
 from ..observability.logging import logger
@@ -50,9 +51,17 @@ def period_of(expression: Any) -> float:
 def scheduled_event(rule_name: str, region: str, clock: Clock) -> dict:
     """The event EventBridge passes to a scheduled Lambda."""
     when = datetime.fromtimestamp(clock.now(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event",
-            "source": "aws.events", "account": LOCAL_ACCOUNT, "time": when, "region": region,
-            "resources": [f"arn:aws:events:{region}:{LOCAL_ACCOUNT}:rule/{rule_name}"], "detail": {}}
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": LOCAL_ACCOUNT,
+        "time": when,
+        "region": region,
+        "resources": [f"arn:aws:events:{region}:{LOCAL_ACCOUNT}:rule/{rule_name}"],
+        "detail": {},
+    }
 
 
 def app_jobs(app: Any, overrides: Mapping[str, float], region: str, clock: Clock) -> list[Job]:
@@ -66,8 +75,7 @@ def app_jobs(app: Any, overrides: Mapping[str, float], region: str, clock: Clock
             period = overrides.get(schedule_key(source.name)) or period_of(source.schedule_expression)
 
             def run(handler: Callable[[Any, Any], Any] = handler, name: str = source.name) -> Any:
-                context = LambdaContext(name, f"arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{name}",
-                                        clock=clock)
+                context = LambdaContext(name, f"arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{name}", clock=clock)
                 return handler(scheduled_event(name, region, clock), context)
 
             jobs.append(Job(source.name, float(period), run))
@@ -84,8 +92,10 @@ class Scheduler:
 
     def start(self) -> None:
         self._stop.clear()
-        self._threads = [threading.Thread(target=self._loop, args=(job,), name=f"kvcm-local-schedule-{job.name}",
-                                          daemon=True) for job in self.jobs]
+        self._threads = [
+            threading.Thread(target=self._loop, args=(job,), name=f"kvcm-local-schedule-{job.name}", daemon=True)
+            for job in self.jobs
+        ]
         for thread in self._threads:
             thread.start()
 

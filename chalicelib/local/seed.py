@@ -4,18 +4,19 @@ one file-backed storage and one instance group using it.
 It goes through ``ControlPlane`` like an admin call would (same validation, same
 records) and only adds what is absent, so changes made to them survive restarts.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from ..protocol.errors import DuplicateEntityError
 from ..protocol.models import InstanceGroup, InstanceGroupQuota, NfsStorageSpec, StorageConfig
 
 STORAGE_NAME = "nfs_01"
 GROUP_NAME = "default"
-GROUP_QUOTA_BYTES = 100 * 1024 ** 3
+GROUP_QUOTA_BYTES = 100 * 1024**3
 KEY_COUNT_PER_FILE = 8
 
 
@@ -26,15 +27,17 @@ def storage_root(data_dir: Path) -> Path:
 
 def default_storage(data_dir: Path) -> StorageConfig:
     """``nfs_01``: the file backend rooted in the stack's state folder."""
-    return StorageConfig(global_unique_name=STORAGE_NAME,
-                         nfs=NfsStorageSpec(root_path=str(storage_root(data_dir)),
-                                            key_count_per_file=KEY_COUNT_PER_FILE))
+    return StorageConfig(
+        global_unique_name=STORAGE_NAME,
+        nfs=NfsStorageSpec(root_path=str(storage_root(data_dir)), key_count_per_file=KEY_COUNT_PER_FILE),
+    )
 
 
 def default_group() -> InstanceGroup:
     """``default``: writes to ``nfs_01``, 100 GiB quota, every other setting defaulted."""
-    return InstanceGroup(name=GROUP_NAME, storage_candidates=[STORAGE_NAME],
-                         quota=InstanceGroupQuota(capacity=GROUP_QUOTA_BYTES))
+    return InstanceGroup(
+        name=GROUP_NAME, storage_candidates=[STORAGE_NAME], quota=InstanceGroupQuota(capacity=GROUP_QUOTA_BYTES)
+    )
 
 
 def _add_absent(add: Callable[[Any], Any], entity: Any) -> bool:

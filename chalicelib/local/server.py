@@ -4,6 +4,7 @@ One access line per request: the app writes its JSON access line for every ``/ap
 call, so the server's own line (``BaseHTTPRequestHandler``'s format, on stderr) is kept
 only for the other paths (``/metrics``, ``/docs``...).
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,11 @@ def chalice_config(project_dir: Path = REPO_ROOT) -> Any:
     config_file = project_dir / ".chalice" / "config.json"
     from_disk = json.loads(config_file.read_text(encoding="utf-8")) if config_file.exists() else {}
     # Config.create would take config_from_disk for a user parameter; the constructor does not.
-    return Config(chalice_stage=LOCAL_STAGE, config_from_disk=from_disk,
-                  user_provided_params={"app_name": "kvcm", "project_dir": str(project_dir)})
+    return Config(
+        chalice_stage=LOCAL_STAGE,
+        config_from_disk=from_disk,
+        user_provided_params={"app_name": "kvcm", "project_dir": str(project_dir)},
+    )
 
 
 def _quiet_for_api(handler_cls: type) -> type:
@@ -79,11 +83,13 @@ class ApiServer:
             self._server = create_local_server(self.app, self.config, self.host, self._requested_port)
         handler = self._server.server.RequestHandlerClass  # functools.partial(handler class, app, config)
         self._server.server.RequestHandlerClass = functools.partial(
-            _quiet_for_api(handler.func), *handler.args, **handler.keywords)
+            _quiet_for_api(handler.func), *handler.args, **handler.keywords
+        )
         # Not LocalDevServer.serve_forever: it prints the requested port (wrong for port 0)
         # and polls for shutdown every 0.5 s, which would slow every stop down.
-        self._thread = threading.Thread(target=self._server.server.serve_forever, args=(POLL_INTERVAL_S,),
-                                        name="kvcm-local-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.server.serve_forever, args=(POLL_INTERVAL_S,), name="kvcm-local-api", daemon=True
+        )
         self._thread.start()
         return self.url
 

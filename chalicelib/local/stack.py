@@ -1,21 +1,23 @@
 """``LocalStack``: every piece of the local stack, started in order and stopped in reverse."""
+
 from __future__ import annotations
 
 import importlib
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
-from collections.abc import Mapping
 
 from ..clock import Clock, SystemClock
 from ..observability.logging import logger
 from ..runtime import Runtime, set_runtime
 from ..settings import Settings
 from . import asl
-from .aws import DUMMY_CREDENTIALS, PORT_VARIABLE as AWS_PORT_VARIABLE, LocalAws
+from .aws import DUMMY_CREDENTIALS, LocalAws
+from .aws import PORT_VARIABLE as AWS_PORT_VARIABLE
 from .config import REPO_ROOT, StackConfig
 from .control import ControlSnapshot
 from .dispatch import Handler, LambdaDispatch
@@ -24,7 +26,8 @@ from .guard import StartCancelled, StateLock, check_ports_free, port_of
 from .scheduler import Job, Scheduler, app_jobs
 from .seed import seed_defaults
 from .server import ApiServer, chalice_config
-from .valkey import PORT_VARIABLE as VALKEY_PORT_VARIABLE, LocalValkey
+from .valkey import PORT_VARIABLE as VALKEY_PORT_VARIABLE
+from .valkey import LocalValkey
 
 API_PORT_VARIABLE = "KVCM_PORT"
 #: Where moto and the embedded Valkey listen, whatever ``KVCM_HOST`` says.
@@ -50,8 +53,13 @@ class LocalStack:
     app's task handlers); tests add their own. Usable as a context manager.
     """
 
-    def __init__(self, config: StackConfig | None = None, app: Any = None,
-                 handlers: Mapping[str, Handler] | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: StackConfig | None = None,
+        app: Any = None,
+        handlers: Mapping[str, Handler] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config or StackConfig.from_env()
         self.app = app if app is not None else load_app()
         self.handlers: Mapping[str, Handler] = handlers if handlers is not None else task_handlers(self.app)
@@ -112,9 +120,13 @@ class LocalStack:
         exits.callback(self.state_lock.release)
         self.state_lock.acquire()
         # Every port before anything starts: a taken one must not cost a half-started stack.
-        check_ports_free({API_PORT_VARIABLE: (self.config.host, self.config.port),
-                          AWS_PORT_VARIABLE: (LOOPBACK, self.config.aws_port),
-                          VALKEY_PORT_VARIABLE: (LOOPBACK, self.config.valkey_port if self.valkey.embedded else 0)})
+        check_ports_free(
+            {
+                API_PORT_VARIABLE: (self.config.host, self.config.port),
+                AWS_PORT_VARIABLE: (LOOPBACK, self.config.aws_port),
+                VALKEY_PORT_VARIABLE: (LOOPBACK, self.config.valkey_port if self.valkey.embedded else 0),
+            }
+        )
         env = EnvPatch()
         exits.callback(env.restore)
         # What `chalice local` would set: the stage's variables (the user's environment
@@ -134,8 +146,11 @@ class LocalStack:
         self._checkpoint()
 
         self.jobs = app_jobs(self.app, self.config.schedule_periods, self.config.region, self.clock)
-        housekeeping = [Job("control-snapshot", self.config.snapshot_period_s, snapshot.compact_if_grown)] \
-            if self.config.snapshot_period_s > 0 else []
+        housekeeping = (
+            [Job("control-snapshot", self.config.snapshot_period_s, snapshot.compact_if_grown)]
+            if self.config.snapshot_period_s > 0
+            else []
+        )
         scheduler = Scheduler(self.jobs + housekeeping)
         scheduler.start()
         exits.callback(scheduler.stop)
@@ -159,20 +174,33 @@ class LocalStack:
         endpoint = self.aws.start()
         # moto's Step Functions interpreter reaches the other services at localhost:$MOTO_PORT;
         # the app's boto3 clients find moto through AWS_ENDPOINT_URL.
-        env.set({"MOTO_PORT": str(self.aws.port), "AWS_ENDPOINT_URL": endpoint, **DUMMY_CREDENTIALS,
-                 "AWS_REGION": self.config.region, "AWS_DEFAULT_REGION": self.config.region,
-                 "KVCM_VALKEY_URL": valkey_url})
+        env.set(
+            {
+                "MOTO_PORT": str(self.aws.port),
+                "AWS_ENDPOINT_URL": endpoint,
+                **DUMMY_CREDENTIALS,
+                "AWS_REGION": self.config.region,
+                "AWS_DEFAULT_REGION": self.config.region,
+                "KVCM_VALKEY_URL": valkey_url,
+            }
+        )
 
     def _start_workflows(self, exits: ExitStack, env: EnvPatch) -> None:
         """Lambda functions dispatched to ``handlers``; state machines; their ARNs exported."""
         exits.enter_context(LambdaDispatch(self.handlers, self.clock))
         function_arns = self.aws.create_functions(self.handlers)
         self.state_machines, self.skipped_workflows = self.aws.create_state_machines(
-            asl.discover(self.config.workflow_dirs), function_arns)
+            asl.discover(self.config.workflow_dirs), function_arns
+        )
         for reason in self.skipped_workflows.values():
             logger.warning("workflow skipped: %s", reason)
-        env.set({asl.STATE_MACHINE_ENV[name]: arn for name, arn in self.state_machines.items()
-                 if name in asl.STATE_MACHINE_ENV})
+        env.set(
+            {
+                asl.STATE_MACHINE_ENV[name]: arn
+                for name, arn in self.state_machines.items()
+                if name in asl.STATE_MACHINE_ENV
+            }
+        )
 
     def _start_control_plane(self, exits: ExitStack, runtime: Runtime) -> ControlSnapshot:
         """The control table, restored from the last run's snapshot and journal, journaled
@@ -181,8 +209,9 @@ class LocalStack:
 
         dynamodb = self.aws.client("dynamodb")
         ensure_table(dynamodb, runtime.settings.control_table)
-        snapshot = self.snapshot = ControlSnapshot(dynamodb, runtime.settings.control_table,
-                                                   self.config.control_snapshot)
+        snapshot = self.snapshot = ControlSnapshot(
+            dynamodb, runtime.settings.control_table, self.config.control_snapshot
+        )
         self.restored_items = snapshot.restore()
         exits.callback(snapshot.detach)
         snapshot.attach()
@@ -209,8 +238,11 @@ class LocalStack:
 
     def banner(self) -> str:
         """What a developer needs to know once the stack is up."""
-        valkey = (f"{self.valkey_url}  (embedded, data in {self.config.valkey_dir})" if self.valkey.embedded
-                  else f"{self.valkey_url}  (external)")
+        valkey = (
+            f"{self.valkey_url}  (embedded, data in {self.config.valkey_dir})"
+            if self.valkey.embedded
+            else f"{self.valkey_url}  (external)"
+        )
         if self.valkey.stopped_leftovers:
             pids = ", ".join(map(str, self.valkey.stopped_leftovers))
             valkey += f"   (stopped the Valkey left running there: pid {pids})"
@@ -218,14 +250,16 @@ class LocalStack:
         workflows = ", ".join(self.state_machines) or "none"
         if self.skipped_workflows:
             workflows += "   SKIPPED: " + "; ".join(self.skipped_workflows.values())
-        return "\n".join([
-            f"KVCM local stack ready in {self.started_in_s:.1f} s",
-            f"  API        {self.api_url}/api/<method>   (POST JSON, e.g. {self.api_url}/api/checkHealth)",
-            f"  AWS        {self.aws_endpoint}   (moto: DynamoDB, Lambda, Step Functions, S3; AWS_ENDPOINT_URL)",
-            f"  Valkey     {valkey}",
-            f"  State      {self.config.state_dir}   (control table: {self.restored_items} items restored, "
-            f"seeded: {', '.join(self.seeded) or 'nothing'})",
-            f"  Workflows  {workflows}",
-            f"  Schedules  {schedules}   (period override: KVCM_LOCAL_SCHEDULE_<NAME>_S)",
-            "  Ctrl-C to stop",
-        ])
+        return "\n".join(
+            [
+                f"KVCM local stack ready in {self.started_in_s:.1f} s",
+                f"  API        {self.api_url}/api/<method>   (POST JSON, e.g. {self.api_url}/api/checkHealth)",
+                f"  AWS        {self.aws_endpoint}   (moto: DynamoDB, Lambda, Step Functions, S3; AWS_ENDPOINT_URL)",
+                f"  Valkey     {valkey}",
+                f"  State      {self.config.state_dir}   (control table: {self.restored_items} items restored, "
+                f"seeded: {', '.join(self.seeded) or 'nothing'})",
+                f"  Workflows  {workflows}",
+                f"  Schedules  {schedules}   (period override: KVCM_LOCAL_SCHEDULE_<NAME>_S)",
+                "  Ctrl-C to stop",
+            ]
+        )

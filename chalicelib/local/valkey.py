@@ -14,6 +14,7 @@ Durability: ``appendfsync everysec``. Valkey writes a command to the AOF (the ke
 cache) before it answers it, so an acknowledged index write survives the death of the stack
 and of Valkey itself, SIGKILL included; only a crash of the machine can lose the last second.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,9 +24,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from .guard import PortInUseError, StackStartError
 
@@ -84,8 +85,11 @@ def valkey_servers_in(data_dir: Path) -> list[int]:
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            if os.readlink(entry / "exe").rsplit("/", 1)[-1].startswith("valkey-server") \
-                    and os.readlink(entry / "cwd") == target and _alive(int(entry.name)):
+            if (
+                os.readlink(entry / "exe").rsplit("/", 1)[-1].startswith("valkey-server")
+                and os.readlink(entry / "cwd") == target
+                and _alive(int(entry.name))
+            ):
                 found.append(int(entry.name))
         except OSError:  # gone meanwhile, or another user's process
             continue
@@ -166,15 +170,26 @@ class LocalValkey:
             # Output to the log, not a pipe: nothing reads a pipe, and a full one blocks the server.
             # Its own process group: a Ctrl-C in the terminal reaches the stack only, which
             # stops Valkey last, after everything that uses it.
-            process = subprocess.Popen([str(get_binary_path()), str(config)], stdout=log,
-                                       stderr=subprocess.STDOUT, cwd=self.data_dir, process_group=0,
-                                       preexec_fn=functools.partial(_die_with, os.getpid()))
+            process = subprocess.Popen(
+                [str(get_binary_path()), str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                process_group=0,
+                preexec_fn=functools.partial(_die_with, os.getpid()),
+            )
         self._process, self._port = process, port
         self._wait_ready(process, port, timeout_s, log_offset, cancelled)
         return self.url
 
-    def _wait_ready(self, process: subprocess.Popen[bytes], port: int, timeout_s: float, log_offset: int,
-                    cancelled: Callable[[], bool]) -> None:
+    def _wait_ready(
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        timeout_s: float,
+        log_offset: int,
+        cancelled: Callable[[], bool],
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         while not _serves(self.host, port, process.pid) and not cancelled():
             exited = process.poll()

@@ -16,6 +16,7 @@ at most ``FLUSH_AGE_S`` of its events are lost if it is shut down meanwhile. A f
 write keeps the lines for the next flush, up to ``MAX_BUFFER_BYTES``; past that the
 oldest buffers are dropped (counted in ``dropped_lines`` and logged).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,10 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, UTC
-from typing import Protocol
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
 from urllib.parse import quote
 
 from .logging import logger
@@ -89,10 +90,16 @@ class _Buffer:
 class PartitionedEventWriter:
     """Buffers event lines per (group, hour) and writes them as objects; thread-safe."""
 
-    def __init__(self, store: ObjectStore, prefix: str = "", container_id: str | None = None,
-                 flush_bytes: int = FLUSH_BYTES, flush_age_s: float = FLUSH_AGE_S,
-                 max_buffer_bytes: int = MAX_BUFFER_BYTES,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str = "",
+        container_id: str | None = None,
+        flush_bytes: int = FLUSH_BYTES,
+        flush_age_s: float = FLUSH_AGE_S,
+        max_buffer_bytes: int = MAX_BUFFER_BYTES,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.prefix = prefix
         self.container_id = container_id or uuid.uuid4().hex[:12]
@@ -115,8 +122,9 @@ class PartitionedEventWriter:
             buffer.lines.append(line)
             buffer.size += len(line) + 1
             self._size += len(line) + 1
-            due = self._size >= self.flush_bytes or now - min(b.since for b in self._buffers.values()) \
-                >= self.flush_age_s
+            due = (
+                self._size >= self.flush_bytes or now - min(b.since for b in self._buffers.values()) >= self.flush_age_s
+            )
         if due:
             self.flush()
 
@@ -141,8 +149,10 @@ class PartitionedEventWriter:
                     self.store.put(key, ("\n".join(buffer.lines) + "\n").encode())
                     written += len(buffer.lines)
                 except Exception as exc:  # noqa: BLE001 - events never fail the caller
-                    logger.warning("event log not written", extra={"key": key, "lines": len(buffer.lines),
-                                                                    "error": f"{type(exc).__name__}: {exc}"})
+                    logger.warning(
+                        "event log not written",
+                        extra={"key": key, "lines": len(buffer.lines), "error": f"{type(exc).__name__}: {exc}"},
+                    )
                     failed[(group, hour)] = buffer
             if failed:
                 self._keep(failed)

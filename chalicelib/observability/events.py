@@ -7,14 +7,15 @@ replays these logs, which need only block keys: a request's ``token_ids`` are pr
 content, so events carry the keys derived from them and an empty ``tokens``, unless
 ``KVCM_EVENT_LOG_TOKENS`` asks for them.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 import threading
-from typing import Any, Protocol, TextIO
 from collections.abc import Callable
+from typing import Any, Protocol, TextIO
 
 from ..cache.keys import keys_from_tokens
 from ..clock import Clock
@@ -22,8 +23,11 @@ from ..protocol.codes import ErrorCode, QueryType
 from ..protocol.models import BlockMask
 from .event_store import ObjectStore, PartitionedEventWriter, is_partitioned
 
-_QUERY_NAMES = {QueryType.QT_PREFIX_MATCH: "prefix_match", QueryType.QT_BATCH_GET: "batch_get",
-                QueryType.QT_REVERSE_ROLL_SW_MATCH: "reverse_roll_sw_match"}
+_QUERY_NAMES = {
+    QueryType.QT_PREFIX_MATCH: "prefix_match",
+    QueryType.QT_BATCH_GET: "batch_get",
+    QueryType.QT_REVERSE_ROLL_SW_MATCH: "reverse_roll_sw_match",
+}
 _ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
 _RECORDED = ("getCacheLocation", "startWriteCache", "finishWriteCache")
 #: ``KVCM_EVENT_LOG`` value sending the lines to standard output.
@@ -46,17 +50,24 @@ class EventLog:
     """Appends event lines to a stream, or to partitioned objects per group (``writer``;
     ``group_of`` names an instance's group); thread-safe. Neither = disabled."""
 
-    def __init__(self, stream: TextIO | None, writer: PartitionedEventWriter | None = None,
-                 group_of: Callable[[str], str] = lambda instance_id: "") -> None:
+    def __init__(
+        self,
+        stream: TextIO | None,
+        writer: PartitionedEventWriter | None = None,
+        group_of: Callable[[str], str] = lambda instance_id: "",
+    ) -> None:
         self._stream = stream
         self._writer = writer
         self._group_of = group_of
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, path: str,
-                      open_objects: Callable[[str], tuple[ObjectStore, str]] | None = None,
-                      group_of: Callable[[str], str] = lambda instance_id: "") -> EventLog:
+    def from_settings(
+        cls,
+        path: str,
+        open_objects: Callable[[str], tuple[ObjectStore, str]] | None = None,
+        group_of: Callable[[str], str] = lambda instance_id: "",
+    ) -> EventLog:
         """The log ``KVCM_EVENT_LOG`` asks for: none (empty), ``stdout``, partitioned
         objects (``s3://bucket/prefix``, ``dir:/path`` or a path ending in ``/``: the
         store and key prefix ``open_objects`` gives for it), or a file."""
@@ -79,8 +90,17 @@ class EventLog:
     def publish(self, source: str, event_type: str, trigger_time_us: int, **fields: Any) -> None:
         if not self.enabled:
             return
-        line = json.dumps({"id": _event_id(), "source": source, "component": "cache_manager", "type": event_type,
-                           "trigger_time_us": trigger_time_us, **fields}, separators=(",", ":"))
+        line = json.dumps(
+            {
+                "id": _event_id(),
+                "source": source,
+                "component": "cache_manager",
+                "type": event_type,
+                "trigger_time_us": trigger_time_us,
+                **fields,
+            },
+            separators=(",", ":"),
+        )
         if self._writer is not None:
             self._writer.append(self._group(source), trigger_time_us, line)
             return
@@ -137,16 +157,34 @@ class EventRecorder:
         keys, tokens = self._keys_and_tokens(request)
         if api_name == "getCacheLocation":
             sw = request.sw_size if request.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH else -1
-            events.publish(request.instance_id, "GetCacheLocation", now_us,
-                           query_type=_QUERY_NAMES.get(request.query_type, "unspecified"), keys=keys,
-                           tokens=tokens, block_mask=_mask(request.block_mask), sw_size=sw,
-                           location_spec_names=request.location_spec_names)
+            events.publish(
+                request.instance_id,
+                "GetCacheLocation",
+                now_us,
+                query_type=_QUERY_NAMES.get(request.query_type, "unspecified"),
+                keys=keys,
+                tokens=tokens,
+                block_mask=_mask(request.block_mask),
+                sw_size=sw,
+                location_spec_names=request.location_spec_names,
+            )
         elif api_name == "startWriteCache":
-            events.publish(request.instance_id, "StartWriteCache", now_us,
-                           write_session_id=response.write_session_id, keys=keys, tokens=tokens,
-                           block_mask=_mask(response.block_mask),
-                           location_spec_group_names=request.location_spec_group_names,
-                           write_timeout_seconds=request.write_timeout_seconds)
+            events.publish(
+                request.instance_id,
+                "StartWriteCache",
+                now_us,
+                write_session_id=response.write_session_id,
+                keys=keys,
+                tokens=tokens,
+                block_mask=_mask(response.block_mask),
+                location_spec_group_names=request.location_spec_group_names,
+                write_timeout_seconds=request.write_timeout_seconds,
+            )
         else:
-            events.publish(request.instance_id, "FinishWriteCache", now_us, write_session_id=request.write_session_id,
-                           success_block=_mask(request.success_blocks))
+            events.publish(
+                request.instance_id,
+                "FinishWriteCache",
+                now_us,
+                write_session_id=request.write_session_id,
+                success_block=_mask(request.success_blocks),
+            )

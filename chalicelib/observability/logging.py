@@ -1,4 +1,5 @@
 """The service logger: Powertools JSON logs with the request's trace_id as correlation id."""
+
 from __future__ import annotations
 
 import logging
@@ -6,8 +7,13 @@ import os
 
 from aws_lambda_powertools import Logger
 
-LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
-          "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+}
 
 logger = Logger(service="kvcm", level=os.environ.get("KVCM_LOG_LEVEL", "INFO"))
 
@@ -31,5 +37,7 @@ def apply_level(name: str) -> None:
 
 def access_log(api: str, trace_id: str, code: str, latency_us: int, principal: str = "") -> None:
     """One line per API call; ``principal`` names the caller when auth is on (account/key id)."""
-    logger.info("access", extra={"api": api, "trace_id": trace_id, "code": code, "latency_us": latency_us,
-                                 "principal": principal})
+    logger.info(
+        "access",
+        extra={"api": api, "trace_id": trace_id, "code": code, "latency_us": latency_us, "principal": principal},
+    )

@@ -7,12 +7,13 @@ A container publishes at most once per ``period_s`` on the request path (one rou
 a second at most), and at the end of every scheduled or task function (``runtime.job``).
 A change that could not be published is kept and goes with the next publication.
 """
+
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..clock import Clock
 from .logging import logger
@@ -140,8 +141,9 @@ class MetricsPublisher:
     """Hands a registry's changes to a shared store's ``add``, at most once per period
     unless forced. Never raises: metrics must not fail a call or a job."""
 
-    def __init__(self, registry: MetricsRegistry, add: Callable[[MetricsDelta], None], clock: Clock,
-                 period_s: float = 1.0) -> None:
+    def __init__(
+        self, registry: MetricsRegistry, add: Callable[[MetricsDelta], None], clock: Clock, period_s: float = 1.0
+    ) -> None:
         self._registry = registry
         self._add = add
         self._clock = clock

@@ -6,6 +6,7 @@ KVCM's names become Prometheus names: prefixed ``kvcm_``, every character outsid
 without quantiles (``_sum`` and ``_count``: Prometheus averages over any window from
 them), gauges are ``gauge``s.
 """
+
 from __future__ import annotations
 
 import re
@@ -56,9 +57,18 @@ def exposition(totals: MetricsDelta, prefix: str = "kvcm") -> str:
         family(base, "counter", (f"{base}{_labels(t)} {_number(v)}" for t, v in samples))
     for name, samples in _families(totals.counts).items():
         base = metric_name(name, prefix)
-        family(base, "summary", (line for t, count in samples for line in (
-            f"{base}_sum{_labels(t)} {_number(totals.sums.get((name, t), 0.0))}",
-            f"{base}_count{_labels(t)} {_number(count)}")))
+        family(
+            base,
+            "summary",
+            (
+                line
+                for t, count in samples
+                for line in (
+                    f"{base}_sum{_labels(t)} {_number(totals.sums.get((name, t), 0.0))}",
+                    f"{base}_count{_labels(t)} {_number(count)}",
+                )
+            ),
+        )
     for name, samples in _families(totals.gauges).items():
         base = metric_name(name, prefix)
         family(base, "gauge", (f"{base}{_labels(t)} {_number(v)}" for t, v in samples))

@@ -7,20 +7,45 @@ capacity in one pass; :mod:`.sweep`, :mod:`.report` and :mod:`.cost` turn that i
 capacity recommendations; :mod:`.tasks` holds the Step Functions task logic and
 :mod:`.cli` the command line. See docs/optimizer.md.
 """
+
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError, OptimizerError, TraceFormatError
 from chalicelib.optimizer.mrc import HitRatioCurve, lru_curve, shards_error
 from chalicelib.optimizer.policies import LFU, LRU, POLICIES, LeafAwareLRU, RandomLRU, make_policy
 from chalicelib.optimizer.policy_base import EvictionPolicy
-from chalicelib.optimizer.replay import (EvictionMode, ReplayConfig, Replayer, ReplayResult,
-                                         Totals, replay)
+from chalicelib.optimizer.replay import EvictionMode, ReplayConfig, Replayer, ReplayResult, Totals, replay
 from chalicelib.optimizer.sweep import GridPoint, SweepSettings, TraceSpec, sweep
 from chalicelib.optimizer.traces import FORMATS, Op, Query, Record, read_trace, sniff_format
 
 __all__ = [
-    "CostModel", "ConfigError", "OptimizerError", "TraceFormatError", "HitRatioCurve",
-    "lru_curve", "shards_error", "LFU", "LRU", "POLICIES", "EvictionPolicy", "LeafAwareLRU",
-    "RandomLRU", "make_policy", "EvictionMode", "ReplayConfig", "Replayer", "ReplayResult",
-    "Totals", "replay", "GridPoint", "SweepSettings", "TraceSpec", "sweep", "FORMATS", "Op",
-    "Query", "Record", "read_trace", "sniff_format",
+    "CostModel",
+    "ConfigError",
+    "OptimizerError",
+    "TraceFormatError",
+    "HitRatioCurve",
+    "lru_curve",
+    "shards_error",
+    "LFU",
+    "LRU",
+    "POLICIES",
+    "EvictionPolicy",
+    "LeafAwareLRU",
+    "RandomLRU",
+    "make_policy",
+    "EvictionMode",
+    "ReplayConfig",
+    "Replayer",
+    "ReplayResult",
+    "Totals",
+    "replay",
+    "GridPoint",
+    "SweepSettings",
+    "TraceSpec",
+    "sweep",
+    "FORMATS",
+    "Op",
+    "Query",
+    "Record",
+    "read_trace",
+    "sniff_format",
 ]

@@ -1,4 +1,5 @@
 """``python -m chalicelib.optimizer``: see :mod:`chalicelib.optimizer.cli`."""
+
 import sys
 
 from chalicelib.optimizer.cli import main

@@ -1,4 +1,5 @@
 """Command line: ``python -m chalicelib.optimizer replay|mrc|sweep|report ...``."""
+
 from __future__ import annotations
 
 import argparse
@@ -117,8 +118,7 @@ def parse_capacities(text: str) -> list[int]:
         parts = text.split(":")
         if len(parts) != 4:
             raise ConfigError(f"expected log:LOW:HIGH:COUNT, got {text!r}")
-        return log_capacities(parse_capacity(parts[1]), parse_capacity(parts[2]),
-                              int(parse_capacity(parts[3])))
+        return log_capacities(parse_capacity(parts[1]), parse_capacity(parts[2]), int(parse_capacity(parts[3])))
     caps = [parse_capacity(part) for part in text.split(",") if part.strip()]
     if not caps:
         raise ConfigError("no capacities given")
@@ -128,75 +128,115 @@ def parse_capacities(text: str) -> list[int]:
 def _policies(text: str | None, settings: SweepSettings) -> list[str]:
     """The policies asked for; by default every policy the eviction mode can run."""
     if text is None:
-        return [name for name, cls in POLICIES.items()
-                if settings.mode is EvictionMode.INSTANCE_PRECISE or not cls.timed]
+        return [
+            name for name, cls in POLICIES.items() if settings.mode is EvictionMode.INSTANCE_PRECISE or not cls.timed
+        ]
     return [p for p in (part.strip() for part in text.split(",")) if p]
 
 
 def _trace_args(parser: argparse.ArgumentParser, synthetic: bool = False) -> None:
     group = parser.add_argument_group("trace")
-    group.add_argument("--trace", required=not synthetic, metavar="FILE",
-                       help="trace file (JSONL)" + (", or --workload" if synthetic else ""))
+    group.add_argument(
+        "--trace",
+        required=not synthetic,
+        metavar="FILE",
+        help="trace file (JSONL)" + (", or --workload" if synthetic else ""),
+    )
     if synthetic:
-        group.add_argument("--workload", metavar="SPEC",
-                           help="instead of a trace, a synthetic workload of a model not served "
-                                "yet, e.g. 'rate=2,duration=3600,prompt=lognormal:1500:1,"
-                                "output=fixed:300,system=1024,system_prompts=4,followup=0.5,"
-                                "think=60' (any subset; see docs/optimizer.md); its trace is "
-                                "written to the output directory")
-    group.add_argument("--format", default="auto", choices=["auto", *FORMATS],
-                       help="trace format (default: auto = sniff the first line)")
-    group.add_argument("--instance", metavar="NAME",
-                       help="instance name for single-instance formats (mooncake, qwen_bailian)")
-    group.add_argument("--block-size", type=int, metavar="TOKENS",
-                       help="tokens per block (default: the format's, e.g. 512 for mooncake); "
-                            "token hit ratios and keys derived from tokens use it")
+        group.add_argument(
+            "--workload",
+            metavar="SPEC",
+            help="instead of a trace, a synthetic workload of a model not served "
+            "yet, e.g. 'rate=2,duration=3600,prompt=lognormal:1500:1,"
+            "output=fixed:300,system=1024,system_prompts=4,followup=0.5,"
+            "think=60' (any subset; see docs/optimizer.md); its trace is "
+            "written to the output directory",
+        )
+    group.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *FORMATS],
+        help="trace format (default: auto = sniff the first line)",
+    )
+    group.add_argument(
+        "--instance", metavar="NAME", help="instance name for single-instance formats (mooncake, qwen_bailian)"
+    )
+    group.add_argument(
+        "--block-size",
+        type=int,
+        metavar="TOKENS",
+        help="tokens per block (default: the format's, e.g. 512 for mooncake); "
+        "token hit ratios and keys derived from tokens use it",
+    )
 
 
 def _replay_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("replay")
-    group.add_argument("--mode", default="instance_precise",
-                       choices=[m.value for m in EvictionMode],
-                       help="instance_precise: own capacity per instance, enforced after every "
-                            "block; instance_rough: own capacity, evicted in batches after each "
-                            "write; group_rough: one capacity shared by all instances "
-                            "(default: instance_precise)")
-    group.add_argument("--batch-size", type=int, default=64,
-                       help="blocks per eviction batch in the rough modes (default 64)")
+    group.add_argument(
+        "--mode",
+        default="instance_precise",
+        choices=[m.value for m in EvictionMode],
+        help="instance_precise: own capacity per instance, enforced after every "
+        "block; instance_rough: own capacity, evicted in batches after each "
+        "write; group_rough: one capacity shared by all instances "
+        "(default: instance_precise)",
+    )
+    group.add_argument(
+        "--batch-size", type=int, default=64, help="blocks per eviction batch in the rough modes (default 64)"
+    )
     group.add_argument("--seed", type=int, default=0, help="seed of random_lru (default 0)")
-    group.add_argument("--samples", type=int, default=5,
-                       help="blocks random_lru samples per eviction (default 5, as Redis)")
-    group.add_argument("--window", type=float, default=60.0, metavar="SECONDS",
-                       help="time-series window (default 60 s)")
-    group.add_argument("--no-read-refresh", action="store_true",
-                       help="reads do not refresh recency (upstream KVCM's behaviour; "
-                            "KVCM refreshes by default)")
-    kvcm = parser.add_argument_group(
-        "KVCM's reclaimer (the kvcm policy, and the quota a report recommends)")
-    kvcm.add_argument("--used-percentage", type=float, default=0.9,
-                      help="trigger_strategy.used_percentage (default 0.9)")
-    kvcm.add_argument("--reclaim-step-percentage", type=int, default=10,
-                      help="reclaim_step_percentage (default 10)")
-    kvcm.add_argument("--reclaim-policy", default="lru", choices=ORDERS,
-                      help="reclaim_policy: lru, lfu or ttl (default lru)")
-    kvcm.add_argument("--ttl", type=int, default=0, metavar="SECONDS",
-                      help="ttl_seconds of the ttl policy (default 0: never expires)")
-    kvcm.add_argument("--trigger-period", type=int, default=10, metavar="SECONDS",
-                      help="trigger_period_seconds (default 10)")
-    kvcm.add_argument("--reclaim-round", type=float, default=60.0, metavar="SECONDS",
-                      help="how often reclaim rounds run: 60 on AWS (the schedule), 1 on the "
-                           "local stack (default 60)")
+    group.add_argument(
+        "--samples", type=int, default=5, help="blocks random_lru samples per eviction (default 5, as Redis)"
+    )
+    group.add_argument(
+        "--window", type=float, default=60.0, metavar="SECONDS", help="time-series window (default 60 s)"
+    )
+    group.add_argument(
+        "--no-read-refresh",
+        action="store_true",
+        help="reads do not refresh recency (upstream KVCM's behaviour; KVCM refreshes by default)",
+    )
+    kvcm = parser.add_argument_group("KVCM's reclaimer (the kvcm policy, and the quota a report recommends)")
+    kvcm.add_argument(
+        "--used-percentage", type=float, default=0.9, help="trigger_strategy.used_percentage (default 0.9)"
+    )
+    kvcm.add_argument("--reclaim-step-percentage", type=int, default=10, help="reclaim_step_percentage (default 10)")
+    kvcm.add_argument(
+        "--reclaim-policy", default="lru", choices=ORDERS, help="reclaim_policy: lru, lfu or ttl (default lru)"
+    )
+    kvcm.add_argument(
+        "--ttl", type=int, default=0, metavar="SECONDS", help="ttl_seconds of the ttl policy (default 0: never expires)"
+    )
+    kvcm.add_argument(
+        "--trigger-period", type=int, default=10, metavar="SECONDS", help="trigger_period_seconds (default 10)"
+    )
+    kvcm.add_argument(
+        "--reclaim-round",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how often reclaim rounds run: 60 on AWS (the schedule), 1 on the local stack (default 60)",
+    )
 
 
 def _settings(args: argparse.Namespace, block_size: int) -> SweepSettings:
-    kvcm = {"order": args.reclaim_policy, "ttl_s": args.ttl,
-            "used_percentage": args.used_percentage,
-            "step_percentage": args.reclaim_step_percentage, "period_s": args.trigger_period,
-            "round_s": args.reclaim_round}
-    return SweepSettings(mode=args.mode, batch_size=args.batch_size, block_size=block_size,
-                         window_s=args.window, seed=args.seed,
-                         read_refresh=not args.no_read_refresh,
-                         policy_params={"random_lru": {"samples": args.samples}, "kvcm": kvcm})
+    kvcm = {
+        "order": args.reclaim_policy,
+        "ttl_s": args.ttl,
+        "used_percentage": args.used_percentage,
+        "step_percentage": args.reclaim_step_percentage,
+        "period_s": args.trigger_period,
+        "round_s": args.reclaim_round,
+    }
+    return SweepSettings(
+        mode=args.mode,
+        batch_size=args.batch_size,
+        block_size=block_size,
+        window_s=args.window,
+        seed=args.seed,
+        read_refresh=not args.no_read_refresh,
+        policy_params={"random_lru": {"samples": args.samples}, "kvcm": kvcm},
+    )
 
 
 def _spec(args: argparse.Namespace) -> TraceSpec:
@@ -220,13 +260,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         _print_json(result.to_dict())
         return 0
     t = result.totals
-    print(f"{config.policy} at {config.capacity:,} blocks ({config.mode.value}), "
-          f"{len(result.instances)} instance(s), {result.duration_s:,.0f} s of trace")
-    print(f"  block hit ratio     {_pct(t.block_hit_ratio)}  "
-          f"(external {_pct(t.external_block_hit_ratio)}, {t.read_blocks:,} blocks read)")
+    print(
+        f"{config.policy} at {config.capacity:,} blocks ({config.mode.value}), "
+        f"{len(result.instances)} instance(s), {result.duration_s:,.0f} s of trace"
+    )
+    print(
+        f"  block hit ratio     {_pct(t.block_hit_ratio)}  "
+        f"(external {_pct(t.external_block_hit_ratio)}, {t.read_blocks:,} blocks read)"
+    )
     print(f"  token hit ratio     {_pct(t.token_hit_ratio)}")
-    print(f"  replay              {result.elapsed_s:.3f} s, "
-          f"{result.block_accesses / max(result.elapsed_s, 1e-9):,.0f} block accesses/s")
+    print(
+        f"  replay              {result.elapsed_s:.3f} s, "
+        f"{result.block_accesses / max(result.elapsed_s, 1e-9):,.0f} block accesses/s"
+    )
     if args.timeseries:
         print(f"  time series         {args.timeseries}")
     return 0
@@ -260,21 +306,30 @@ def cmd_mrc(args: argparse.Namespace) -> int:
         # is where a sample errs most, and a few capacities can miss it
         top = max(2, exact.saturation_capacity)
         grid = log_capacities(max(1, top // 2000), top, SHARDS_GRID_POINTS)
-        for name, points in (("at the capacities asked", caps),
-                             (f"over {len(grid)} log-spaced capacities {grid[0]:,}..{grid[-1]:,}", grid)):
+        for name, points in (
+            ("at the capacities asked", caps),
+            (f"over {len(grid)} log-spaced capacities {grid[0]:,}..{grid[-1]:,}", grid),
+        ):
             error = shards_error(exact, curve, points)
-            print(f"  {name}: mean {error['mean_abs_error']:.4f}, max {error['max_abs_error']:.4f} "
-                  f"at {error['max_at_capacity']:,} blocks ({error['error_at_max']:+.4f})")
+            print(
+                f"  {name}: mean {error['mean_abs_error']:.4f}, max {error['max_abs_error']:.4f} "
+                f"at {error['max_at_capacity']:,} blocks ({error['error_at_max']:+.4f})"
+            )
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     spec = _spec(args)
     settings = _settings(args, spec.block_size or 16)
-    result = sweep(spec, parse_capacities(args.capacities), _policies(args.policies, settings),
-                   settings=settings,
-                   split_instances=args.split_instances, workers=args.workers,
-                   use_curve=not args.no_curve)
+    result = sweep(
+        spec,
+        parse_capacities(args.capacities),
+        _policies(args.policies, settings),
+        settings=settings,
+        split_instances=args.split_instances,
+        workers=args.workers,
+        use_curve=not args.no_curve,
+    )
     data = result.to_dict()
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
@@ -285,8 +340,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"{len(result.points)} points in {result.elapsed_s:.2f} s")
     print(f"{'policy':<16}{'capacity':>12}{'instance':>14}{'block hit':>11}{'token hit':>11}  method")
     for p in result.points:
-        print(f"{p.policy:<16}{p.capacity:>12,}{(p.instance or 'all')[:13]:>14}"
-              f"{_pct(p.totals.block_hit_ratio):>11}{_pct(p.totals.token_hit_ratio):>11}  {p.method}")
+        print(
+            f"{p.policy:<16}{p.capacity:>12,}{(p.instance or 'all')[:13]:>14}"
+            f"{_pct(p.totals.block_hit_ratio):>11}{_pct(p.totals.token_hit_ratio):>11}  {p.method}"
+        )
     return 0
 
 
@@ -308,26 +365,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     cost, plan = _cost_and_plan(args, settings, len({r.instance for r in records}))
     exact = curve_is_exact(records, settings)
     curve = lru_curve(records, block_size=settings.block_size)
-    caps = (parse_capacities(args.capacities) if args.capacities else
-            log_capacities(max(1, curve.saturation_capacity // 500), curve.saturation_capacity, 10))
+    caps = (
+        parse_capacities(args.capacities)
+        if args.capacities
+        else log_capacities(max(1, curve.saturation_capacity // 500), curve.saturation_capacity, 10)
+    )
     policies = _policies(args.policies, settings)
     result = sweep(spec, caps, policies, settings=settings, workers=args.workers)
 
     def build(points: list[PointResult]) -> dict[str, Any]:
         return build_report(
-            trace={"name": Path(spec.path).name, "path": spec.path, "format": spec.format,
-                   "block_size": spec.block_size, **result.summary.to_dict(),
-                   **({"workload": workload_summary(workload)} if workload else {})},
-            settings=settings.to_dict(), points=points, duration_s=result.summary.duration_s,
-            target=args.target, cost=cost, curve=curve if exact else None, plan=plan)
+            trace={
+                "name": Path(spec.path).name,
+                "path": spec.path,
+                "format": spec.format,
+                "block_size": spec.block_size,
+                **result.summary.to_dict(),
+                **({"workload": workload_summary(workload)} if workload else {}),
+            },
+            settings=settings.to_dict(),
+            points=points,
+            duration_s=result.summary.duration_s,
+            target=args.target,
+            cost=cost,
+            curve=curve if exact else None,
+            plan=plan,
+        )
 
     report = build(result.points)
     if KVCMPolicy.name in policies:
         # the quota to configure comes from the kvcm policy: bisect its grid to 2 %
         table = aggregate(result.points)
-        report = build(result.points + refine_capacity(
-            records, settings, KVCMPolicy.name, table[KVCMPolicy.name],
-            report["target_hit_ratio"]))
+        report = build(
+            result.points
+            + refine_capacity(records, settings, KVCMPolicy.name, table[KVCMPolicy.name], report["target_hit_ratio"])
+        )
     rec = report["recommendation"]
     policy, capacity = ("lru", max(caps)) if rec is None else (rec["policy"], rec["capacity"])
     if args.timeseries_capacity:
@@ -340,48 +412,70 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cost_and_plan(args: argparse.Namespace, settings: SweepSettings, instances: int
-                   ) -> tuple[CostModel, CapacityPlan]:
+def _cost_and_plan(args: argparse.Namespace, settings: SweepSettings, instances: int) -> tuple[CostModel, CapacityPlan]:
     """The cost model and the capacity plan the report's options describe."""
     shared = settings.mode is EvictionMode.GROUP_ROUGH
     plan, preset = build_plan(
-        block_size=settings.block_size, instances=1 if shared else max(1, instances),
-        model=args.model, kv_dtype=args.kv_dtype, kv_bytes_per_token=args.kv_bytes_per_token,
-        tier=args.storage_tier, prices=parse_prices(args.storage_price),
+        block_size=settings.block_size,
+        instances=1 if shared else max(1, instances),
+        model=args.model,
+        kv_dtype=args.kv_dtype,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        tier=args.storage_tier,
+        prices=parse_prices(args.storage_price),
         used_percentage=args.used_percentage,
-        reclaim_step_percentage=args.reclaim_step_percentage, currency=args.currency)
+        reclaim_step_percentage=args.reclaim_step_percentage,
+        currency=args.currency,
+    )
     params = args.model_params if args.model_params is not None else preset.params
-    cost = CostModel(model_params=params, flops_per_token=args.flops_per_token,
-                     gpu_flops=args.gpu_flops, mfu=args.mfu, gpu_hour_price=args.gpu_price,
-                     currency=args.currency)
+    cost = CostModel(
+        model_params=params,
+        flops_per_token=args.flops_per_token,
+        gpu_flops=args.gpu_flops,
+        mfu=args.mfu,
+        gpu_hour_price=args.gpu_price,
+        currency=args.currency,
+    )
     return cost, plan
 
 
 def _planner_args(parser: argparse.ArgumentParser) -> None:
     cost = parser.add_argument_group("cost model (prefill saved -> GPUs -> money)")
-    cost.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODEL_PRESETS),
-                      help="model preset: KV bytes per token (layers x KV heads x head dim x "
-                           f"dtype) and parameters (default {DEFAULT_MODEL})")
+    cost.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        choices=list(MODEL_PRESETS),
+        help="model preset: KV bytes per token (layers x KV heads x head dim x "
+        f"dtype) and parameters (default {DEFAULT_MODEL})",
+    )
     cost.add_argument("--kv-dtype", help="KV cache dtype, overriding the preset's (bf16, fp8, ...)")
-    cost.add_argument("--kv-bytes-per-token", type=float,
-                      help="KV bytes per token, instead of the preset's")
-    cost.add_argument("--model-params", type=float,
-                      help="model parameters; prefill FLOPs per token = 2 x params "
-                           "(default: the preset's)")
+    cost.add_argument("--kv-bytes-per-token", type=float, help="KV bytes per token, instead of the preset's")
+    cost.add_argument(
+        "--model-params",
+        type=float,
+        help="model parameters; prefill FLOPs per token = 2 x params (default: the preset's)",
+    )
     cost.add_argument("--flops-per-token", type=float, help="override FLOPs per prefill token")
-    cost.add_argument("--gpu-flops", type=float, default=989e12,
-                      help="GPU peak FLOP/s (default 989e12: H100 SXM dense BF16)")
-    cost.add_argument("--mfu", type=float, default=0.4,
-                      help="model FLOP utilisation in prefill (default 0.4)")
-    cost.add_argument("--gpu-price", type=float, default=2.5,
-                      help="price per GPU-hour (default 2.5)")
+    cost.add_argument(
+        "--gpu-flops", type=float, default=989e12, help="GPU peak FLOP/s (default 989e12: H100 SXM dense BF16)"
+    )
+    cost.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilisation in prefill (default 0.4)")
+    cost.add_argument("--gpu-price", type=float, default=2.5, help="price per GPU-hour (default 2.5)")
     cost.add_argument("--currency", default="USD", help="label of the prices (default USD)")
     tiers = ", ".join(f"{t.name} {t.gib_hour_price:g}" for t in STORAGE_TIERS.values())
-    cost.add_argument("--storage-tier", default=DEFAULT_TIER, choices=list(STORAGE_TIERS),
-                      help=f"where the blocks live (default {DEFAULT_TIER}); prices per "
-                           f"GiB-hour: {tiers}")
-    cost.add_argument("--storage-price", action="append", default=[], metavar="TIER=PRICE",
-                      help="replace a tier's price per GiB-hour (repeatable)")
+    cost.add_argument(
+        "--storage-tier",
+        default=DEFAULT_TIER,
+        choices=list(STORAGE_TIERS),
+        help=f"where the blocks live (default {DEFAULT_TIER}); prices per GiB-hour: {tiers}",
+    )
+    cost.add_argument(
+        "--storage-price",
+        action="append",
+        default=[],
+        metavar="TIER=PRICE",
+        help="replace a tier's price per GiB-hour (repeatable)",
+    )
 
 
 def _quotas(text: str) -> dict[str, int]:
@@ -405,117 +499,141 @@ def cmd_tune(args: argparse.Namespace) -> int:
         current = {name: total // len(curves) for name in curves}
     else:
         raise ConfigError("give the current quotas (--quotas) or the group's (--group-quota)")
-    rec = recommend(curves, current, used_fraction=args.used_percentage,
-                    max_shift=args.max_shift, granules=args.granules)
+    rec = recommend(
+        curves, current, used_fraction=args.used_percentage, max_shift=args.max_shift, granules=args.granules
+    )
     if args.json:
         _print_json(for_people(rec))
         return 0
     now, step = rec["current"], rec["recommended"]
-    print(f"group hit ratio {_pct(now['group_hit_ratio'])} now, {_pct(step['group_hit_ratio'])} "
-          f"after this step (expected gain {step['expected_gain']:+.2%}); the optimum of "
-          f"{rec['total_quota_blocks']:,} blocks gives {_pct(rec['optimum']['group_hit_ratio'])}")
+    print(
+        f"group hit ratio {_pct(now['group_hit_ratio'])} now, {_pct(step['group_hit_ratio'])} "
+        f"after this step (expected gain {step['expected_gain']:+.2%}); the optimum of "
+        f"{rec['total_quota_blocks']:,} blocks gives {_pct(rec['optimum']['group_hit_ratio'])}"
+    )
     print(f"{'instance':<24}{'quota now':>12}{'recommended':>13}{'hit now':>10}{'hit then':>10}")
     for name, row in rec["per_instance"].items():
-        print(f"{name[:23]:<24}{row['current']:>12,}{row['recommended']:>13,}"
-              f"{_pct(row['hit_ratio_now']):>10}{_pct(row['hit_ratio_recommended']):>10}")
+        print(
+            f"{name[:23]:<24}{row['current']:>12,}{row['recommended']:>13,}"
+            f"{_pct(row['hit_ratio_now']):>10}{_pct(row['hit_ratio_recommended']):>10}"
+        )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the commands."""
     parser = argparse.ArgumentParser(
-        prog="python -m chalicelib.optimizer", description=DESCRIPTION, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m chalicelib.optimizer",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = commands.add_parser("replay", help="replay a trace at one capacity with one policy",
-                            description="Replay a trace through one policy at one capacity and "
-                                        "print hit ratios (optionally a per-window CSV).",
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=EXAMPLES["replay"])
+    p = commands.add_parser(
+        "replay",
+        help="replay a trace at one capacity with one policy",
+        description="Replay a trace through one policy at one capacity and "
+        "print hit ratios (optionally a per-window CSV).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES["replay"],
+    )
     _trace_args(p)
     _replay_args(p)
     p.add_argument("--capacity", required=True, help="blocks per instance (or per group), e.g. 20k")
-    p.add_argument("--policy", default="lru", choices=list(POLICIES),
-                   help="eviction policy (default: lru)")
+    p.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy (default: lru)")
     p.add_argument("--timeseries", metavar="CSV", help="write hit rates per window and instance")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=cmd_replay)
 
-    p = commands.add_parser("mrc", help="exact LRU hit ratio at many capacities in one pass",
-                            description="Exact prefix-aware LRU hit-ratio curve from stack "
-                                        "distances (one pass, every capacity at once). Reads do "
-                                        "not refresh recency in this model; for request traces "
-                                        "(mooncake, qwen_bailian) that changes nothing.",
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=EXAMPLES["mrc"])
+    p = commands.add_parser(
+        "mrc",
+        help="exact LRU hit ratio at many capacities in one pass",
+        description="Exact prefix-aware LRU hit-ratio curve from stack "
+        "distances (one pass, every capacity at once). Reads do "
+        "not refresh recency in this model; for request traces "
+        "(mooncake, qwen_bailian) that changes nothing.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES["mrc"],
+    )
     _trace_args(p)
     p.add_argument("--capacities", required=True, help='e.g. "1000,5000" or "log:1k:1M:20"')
-    p.add_argument("--sample-rate", type=float, default=1.0,
-                   help="SHARDS spatial sampling rate (default 1 = exact); below 1 the table "
-                        "also prints the error measured against the exact curve")
-    p.add_argument("--json", action="store_true",
-                   help='print {"hit_ratio": {"<capacity>": ratio, ...}}')
+    p.add_argument(
+        "--sample-rate",
+        type=float,
+        default=1.0,
+        help="SHARDS spatial sampling rate (default 1 = exact); below 1 the table "
+        "also prints the error measured against the exact curve",
+    )
+    p.add_argument("--json", action="store_true", help='print {"hit_ratio": {"<capacity>": ratio, ...}}')
     p.add_argument("--tokens", action="store_true", help="with --json, add token_hit_ratio")
     p.set_defaults(handler=cmd_mrc)
 
     all_policies = ",".join(POLICIES)
-    p = commands.add_parser("sweep", help="replay policies x capacities in parallel",
-                            description="Replay every (policy, capacity) point on all CPUs; "
-                                        "LRU points come from the exact one-pass curve when it "
-                                        "applies.",
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=EXAMPLES["sweep"])
+    p = commands.add_parser(
+        "sweep",
+        help="replay policies x capacities in parallel",
+        description="Replay every (policy, capacity) point on all CPUs; "
+        "LRU points come from the exact one-pass curve when it "
+        "applies.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES["sweep"],
+    )
     _trace_args(p)
     _replay_args(p)
     p.add_argument("--capacities", required=True, help='e.g. "1000,5000" or "log:1k:1M:20"')
-    p.add_argument("--policies",
-                   help=f"comma-separated policies (default: every one the mode runs: "
-                        f"{all_policies})")
-    p.add_argument("--split-instances", action="store_true",
-                   help="one point per instance too (instance modes only)")
+    p.add_argument("--policies", help=f"comma-separated policies (default: every one the mode runs: {all_policies})")
+    p.add_argument("--split-instances", action="store_true", help="one point per instance too (instance modes only)")
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     p.add_argument("--no-curve", action="store_true", help="replay LRU points one by one")
     p.add_argument("--out", metavar="JSON", help="also write the results to this file")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=cmd_sweep)
 
-    p = commands.add_parser("report", help="capacity report: JSON + PNG plots + savings",
-                            description="Sweep, find the smallest capacity reaching a target hit "
-                                        "ratio, price the prefill it saves and plot it all.",
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=EXAMPLES["report"])
+    p = commands.add_parser(
+        "report",
+        help="capacity report: JSON + PNG plots + savings",
+        description="Sweep, find the smallest capacity reaching a target hit "
+        "ratio, price the prefill it saves and plot it all.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES["report"],
+    )
     _trace_args(p, synthetic=True)
     _replay_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--capacities", help="grid (default: 10 log-spaced up to where LRU saturates)")
-    p.add_argument("--policies",
-                   help=f"comma-separated policies (default: every one the mode runs: "
-                        f"{all_policies})")
-    p.add_argument("--target", type=float,
-                   help="target block hit ratio (default: 90%% of the best one reached)")
-    p.add_argument("--timeseries-capacity",
-                   help="LRU capacity of the hit-rate-over-time plot (default: the recommended)")
+    p.add_argument("--policies", help=f"comma-separated policies (default: every one the mode runs: {all_policies})")
+    p.add_argument("--target", type=float, help="target block hit ratio (default: 90%% of the best one reached)")
+    p.add_argument(
+        "--timeseries-capacity", help="LRU capacity of the hit-rate-over-time plot (default: the recommended)"
+    )
     p.add_argument("--workers", type=int, help="processes (default: one per CPU)")
     _planner_args(p)
     p.set_defaults(handler=cmd_report)
 
-    p = commands.add_parser("tune", help="split a group's quota among its instances",
-                            description="Per-instance hit-ratio curves from a trace (e.g. "
-                                        "KVCM's event log), the split of the group's quota "
-                                        "that maximises the group's hit ratio (cliffs "
-                                        "included), and a bounded step toward it.",
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=EXAMPLES["tune"])
+    p = commands.add_parser(
+        "tune",
+        help="split a group's quota among its instances",
+        description="Per-instance hit-ratio curves from a trace (e.g. "
+        "KVCM's event log), the split of the group's quota "
+        "that maximises the group's hit ratio (cliffs "
+        "included), and a bounded step toward it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES["tune"],
+    )
     _trace_args(p)
     p.add_argument("--quotas", help="current quotas per instance, e.g. i1=20k,i2=5000")
     p.add_argument("--group-quota", help="the group's quota in blocks, split evenly now")
-    p.add_argument("--used-percentage", type=float, default=0.9,
-                   help="KVCM's watermark: a quota keeps this share cached (default 0.9)")
-    p.add_argument("--max-shift", type=float, default=0.2,
-                   help="share of the group quota one step may move (default 0.2)")
-    p.add_argument("--granules", type=int, default=200,
-                   help="quota granules of the split's grid (default 200)")
+    p.add_argument(
+        "--used-percentage",
+        type=float,
+        default=0.9,
+        help="KVCM's watermark: a quota keeps this share cached (default 0.9)",
+    )
+    p.add_argument(
+        "--max-shift", type=float, default=0.2, help="share of the group quota one step may move (default 0.2)"
+    )
+    p.add_argument("--granules", type=int, default=200, help="quota granules of the split's grid (default 200)")
     p.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     p.set_defaults(handler=cmd_tune)
     return parser

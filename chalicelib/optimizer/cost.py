@@ -10,6 +10,7 @@ Spread over the time the trace spans, that is an average number of GPUs, and at 
 GPU-hour, money. Only *external* hits count: internal hits (``block_mask``) were already
 on the engine and the cache under study did not provide them.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -69,10 +70,15 @@ class CostModel:
 
     def assumptions(self) -> list[str]:
         """The model's assumptions, one line each, for stdout and the plots."""
-        source = (f"{_si(self.flops_per_token)}FLOP/token given" if self.flops_per_token
-                  else f"2 x {self.model_params / 1e9:.3g} B params = {_si(self.token_flops)}FLOP/token")
-        return [f"prefill {source}; GPU {self.gpu_flops / 1e12:g} TFLOP/s at "
-                f"{self.mfu:.0%} MFU, {self.gpu_hour_price:g} {self.currency}/GPU-h"]
+        source = (
+            f"{_si(self.flops_per_token)}FLOP/token given"
+            if self.flops_per_token
+            else f"2 x {self.model_params / 1e9:.3g} B params = {_si(self.token_flops)}FLOP/token"
+        )
+        return [
+            f"prefill {source}; GPU {self.gpu_flops / 1e12:g} TFLOP/s at "
+            f"{self.mfu:.0%} MFU, {self.gpu_hour_price:g} {self.currency}/GPU-h"
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

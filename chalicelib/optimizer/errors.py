@@ -1,4 +1,5 @@
 """Typed errors of the optimizer: callers catch ``OptimizerError`` for all of them."""
+
 from __future__ import annotations
 
 

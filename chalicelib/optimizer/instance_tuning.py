@@ -19,6 +19,7 @@ instance is given less than ``FLOOR_SHARE`` of an even share.
 Pure logic: the control plane, the event log and the output are injected (no redis, no
 boto3 here).
 """
+
 from __future__ import annotations
 
 import json
@@ -106,11 +107,16 @@ class GroupResult:
 
     def summary(self) -> dict[str, Any]:
         rec = self.recommendation or {}
-        return {"group": self.group, "status": self.status, "output": self.output,
-                "changes": rec.get("changes", {}),
-                "expected_gain": rec.get("recommended", {}).get("expected_gain"),
-                "reclaim": {k: v for k, v in (rec.get("reclaim") or {}).items()
-                            if k in ("parameter", "current", "recommended")}}
+        return {
+            "group": self.group,
+            "status": self.status,
+            "output": self.output,
+            "changes": rec.get("changes", {}),
+            "expected_gain": rec.get("recommended", {}).get("expected_gain"),
+            "reclaim": {
+                k: v for k, v in (rec.get("reclaim") or {}).items() if k in ("parameter", "current", "recommended")
+            },
+        }
 
 
 def current_quotas(group: InstanceGroup, instances: list[str]) -> dict[str, int]:
@@ -129,9 +135,17 @@ def current_quotas(group: InstanceGroup, instances: list[str]) -> dict[str, int]
 class InstanceTuning:
     """Runs the tuning of every group (``run``); one group at a time (``tune``)."""
 
-    def __init__(self, groups: Groups, events: EventLogSource, output: ObjectStore, clock: Clock,
-                 logger: Logger, output_prefix: str = "", granules: int = GRANULES,
-                 reclaim_round_s: float = RECLAIM_ROUND_S) -> None:
+    def __init__(
+        self,
+        groups: Groups,
+        events: EventLogSource,
+        output: ObjectStore,
+        clock: Clock,
+        logger: Logger,
+        output_prefix: str = "",
+        granules: int = GRANULES,
+        reclaim_round_s: float = RECLAIM_ROUND_S,
+    ) -> None:
         self.groups = groups
         self.events = events
         self.output = output
@@ -148,8 +162,10 @@ class InstanceTuning:
             try:
                 results.append(self.tune(group).summary())
             except Exception as exc:  # noqa: BLE001 - one group's failure must not stop the others
-                self.logger.warning("tuning of instance group failed", extra={
-                    "group": group.name, "error": f"{type(exc).__name__}: {exc}"})
+                self.logger.warning(
+                    "tuning of instance group failed",
+                    extra={"group": group.name, "error": f"{type(exc).__name__}: {exc}"},
+                )
                 results.append({"group": group.name, "status": "error", "error": str(exc)})
         return {"groups": results}
 
@@ -164,14 +180,22 @@ class InstanceTuning:
         records = self.events.records(group.name, end_us - tuning.window_seconds * 1_000_000, end_us)
         sizes = self.groups.block_bytes(group.name)
         curves: Mapping[str, HitRatioCurve] = {
-            name: curve for name, curve in instance_curves(records, EVENT_BLOCK_SIZE).items() if name in sizes}
+            name: curve for name, curve in instance_curves(records, EVENT_BLOCK_SIZE).items() if name in sizes
+        }
         if not curves:
             return GroupResult(group.name, "no_traffic")
         used = self._used_fraction(group)
         current = current_quotas(group, sorted(curves))
         floor = max(1, int(sum(current.values()) * FLOOR_SHARE / len(current)))
-        rec = recommend(curves, current, used_fraction=used, max_shift=tuning.max_shift,
-                        granules=self.granules, block_bytes=sizes, floor=floor)
+        rec = recommend(
+            curves,
+            current,
+            used_fraction=used,
+            max_shift=tuning.max_shift,
+            granules=self.granules,
+            block_bytes=sizes,
+            floor=floor,
+        )
         gain = rec["recommended"]["expected_gain"]
         quotas = bool(rec["changes"]) and gain >= tuning.min_gain and gain > 0
         # the reclaim parameter is chosen for the quotas in force once this run is applied
@@ -188,13 +212,28 @@ class InstanceTuning:
             status = self._apply(group, rec if quotas else None, reclaim if reclaim_change else None)
         elif tuning.enabled and (rec["changes"] or reclaim_moves):
             status = "below_min_gain"
-        rec = {"group": group.name, "version": group.version, "status": status, "tuning": tuning.model_dump(),
-               "window_us": [end_us - tuning.window_seconds * 1_000_000, end_us],
-               "records": len(records), "quota_unit": "bytes", "reclaim": reclaim, **rec}
+        rec = {
+            "group": group.name,
+            "version": group.version,
+            "status": status,
+            "tuning": tuning.model_dump(),
+            "window_us": [end_us - tuning.window_seconds * 1_000_000, end_us],
+            "records": len(records),
+            "quota_unit": "bytes",
+            "reclaim": reclaim,
+            **rec,
+        }
         output = self._write(group.name, end_us, rec)
-        self.logger.info("instance tuning", extra={"group": group.name, "status": status,
-                                                    "changes": rec["changes"], "expected_gain": gain,
-                                                    "output": output})
+        self.logger.info(
+            "instance tuning",
+            extra={
+                "group": group.name,
+                "status": status,
+                "changes": rec["changes"],
+                "expected_gain": gain,
+                "output": output,
+            },
+        )
         return GroupResult(group.name, status, rec, output)
 
     @staticmethod
@@ -205,8 +244,9 @@ class InstanceTuning:
         used = trigger.used_percentage if trigger is not None and trigger.used_percentage > 0 else 0.9
         return min(used, 1.0)
 
-    def _reclaim(self, group: InstanceGroup, records: list[Record], limits: dict[str, int],
-                 reference: float) -> dict[str, Any] | None:
+    def _reclaim(
+        self, group: InstanceGroup, records: list[Record], limits: dict[str, int], reference: float
+    ) -> dict[str, Any] | None:
         """The TTL (TTL groups) or watermark (LRU, LFU) the group's policy needs at the
         recommended quotas (``policy_tuning``); None when reclaim is off (a watermark > 1)
         or the window spans fewer than ``MIN_RECLAIM_LOOKS`` reclaimer looks."""
@@ -215,9 +255,13 @@ class InstanceTuning:
         trigger = strategy.trigger_strategy or TriggerStrategy()
         used = trigger.used_percentage or 0.9
         settings = ReclaimSettings(
-            order=_ORDERS.get(strategy.reclaim_policy, "lru"), used_percentage=used,
-            step_percentage=strategy.reclaim_step_percentage or 10, period_s=strategy.trigger_period_seconds or 10,
-            ttl_s=strategy.ttl_seconds, round_s=self.reclaim_round_s)
+            order=_ORDERS.get(strategy.reclaim_policy, "lru"),
+            used_percentage=used,
+            step_percentage=strategy.reclaim_step_percentage or 10,
+            period_s=strategy.trigger_period_seconds or 10,
+            ttl_s=strategy.ttl_seconds,
+            round_s=self.reclaim_round_s,
+        )
         times = [r.timestamp_us for r in records] or [0]
         looks = (max(times) - min(times)) / 1e6 / max(settings.round_s, settings.period_s)
         if used > 1 or not any(limits.values()) or looks < MIN_RECLAIM_LOOKS:
@@ -242,8 +286,10 @@ class InstanceTuning:
         updated.version = 0  # the stored version + 1
         if self.groups.update(updated, group.version):
             return "applied"
-        self.logger.warning("instance group changed since it was read; tuning retries next run",
-                            extra={"group": group.name, "version": group.version})
+        self.logger.warning(
+            "instance group changed since it was read; tuning retries next run",
+            extra={"group": group.name, "version": group.version},
+        )
         return "conflict"
 
     def _write(self, group: str, end_us: int, rec: dict[str, Any]) -> str:

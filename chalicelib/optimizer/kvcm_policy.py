@@ -30,6 +30,7 @@ mirrors, block for block where it can:
 The constants default to the live ones (a unit test compares them with
 ``chalicelib.capacity``). Randomness comes from the policy's seeded RNG.
 """
+
 from __future__ import annotations
 
 import math
@@ -99,10 +100,19 @@ class KVCMPolicy(EvictionPolicy):
     refresh_on_write = False
     watermark_simulated = True
 
-    def __init__(self, seed: int = 0, order: str = "lru", ttl_s: int = 0,
-                 used_percentage: float = 0.9, step_percentage: int = 10, period_s: int = 10,
-                 round_s: float = 60.0, touch_interval_s: int = 1, lfu_decay_s: int = 60,
-                 headroom_percent: int = 1) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        order: str = "lru",
+        ttl_s: int = 0,
+        used_percentage: float = 0.9,
+        step_percentage: int = 10,
+        period_s: int = 10,
+        round_s: float = 60.0,
+        touch_interval_s: int = 1,
+        lfu_decay_s: int = 60,
+        headroom_percent: int = 1,
+    ) -> None:
         if order not in ORDERS:
             raise ConfigError(f"kvcm order must be one of {', '.join(ORDERS)}, got {order!r}")
         if not used_percentage > 0 or not 0 < step_percentage <= 100:
@@ -143,8 +153,7 @@ class KVCMPolicy(EvictionPolicy):
 
     def _set_limit(self, limit: int | None) -> None:
         if limit is None:
-            raise ConfigError("the kvcm policy needs a per-instance capacity "
-                              "(mode instance_precise)")
+            raise ConfigError("the kvcm policy needs a per-instance capacity (mode instance_precise)")
         if self._limit is None:
             self._limit = limit
             self._mask = (1 << bucket_bits(limit)) - 1
@@ -197,8 +206,7 @@ class KVCMPolicy(EvictionPolicy):
                 lfu += 1
             block.atime, block.lfu = now, lfu
 
-    def insert(self, keys: Sequence[int], limit: int | None = None,
-               parent: int | None = None) -> int:
+    def insert(self, keys: Sequence[int], limit: int | None = None, parent: int | None = None) -> int:
         """A start + finish of ``keys``: all or nothing against the limit."""
         self._set_limit(limit)
         entries = self._entries
@@ -237,8 +245,7 @@ class KVCMPolicy(EvictionPolicy):
                 return True
             if attempt == MAKE_ROOM_ATTEMPTS or self.used_fraction > 1:
                 return False  # a used_percentage over 1: full groups refuse, as upstream
-            freed = self._evict((1 << attempt) * over + headroom, WRITE_PATH_SAMPLING, 0,
-                                False, protected)
+            freed = self._evict((1 << attempt) * over + headroom, WRITE_PATH_SAMPLING, 0, False, protected)
             self.evicted["write_path"] += freed
             fruitless += freed == 0
             if fruitless == FRUITLESS_ATTEMPTS:
@@ -264,11 +271,11 @@ class KVCMPolicy(EvictionPolicy):
         return score, block.atime, key
 
     def _expired(self, key: int) -> bool:
-        return (self.order == "ttl" and self.ttl_s > 0
-                and int(self._now) - self._entries[key].atime > self.ttl_s)
+        return self.order == "ttl" and self.ttl_s > 0 and int(self._now) - self._entries[key].atime > self.ttl_s
 
-    def _evict(self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool,
-               protected: frozenset[int] = frozenset()) -> int:
+    def _evict(
+        self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool, protected: frozenset[int] = frozenset()
+    ) -> int:
         """Free ``need`` blocks (and, sweeping, the expired ones), never ``protected`` ones,
         as ``capacity.instance.InstanceReclaim`` does; returns how many were freed."""
         sampler = _Sampler(self, sampling, protected)
@@ -281,8 +288,7 @@ class KVCMPolicy(EvictionPolicy):
             if need > 0:
                 wanted = min(sampling.max_pool, sampling.oversample * max(1, need))
                 while len(pool) < wanted and not sampler.exhausted:
-                    density = (admitted / sampler.sampled if sampler.sampled
-                               else blocks_hint / max(1, sampler.occupied))
+                    density = admitted / sampler.sampled if sampler.sampled else blocks_hint / max(1, sampler.occupied)
                     before = len(pool)
                     pool |= sampler.sample(math.ceil((wanted - before) / max(density, MIN_DENSITY)))
                     admitted += len(pool) - before
@@ -341,8 +347,7 @@ class _Sampler:
     """Whole buckets of one instance, never one twice per eviction
     (``capacity.sampling.BucketSampler``)."""
 
-    def __init__(self, policy: KVCMPolicy, sampling: Sampling,
-                 protected: frozenset[int] = frozenset()) -> None:
+    def __init__(self, policy: KVCMPolicy, sampling: Sampling, protected: frozenset[int] = frozenset()) -> None:
         self.policy = policy
         self.sampling = sampling
         self.protected = protected
@@ -361,12 +366,15 @@ class _Sampler:
     def _read(self, buckets: list[int]) -> set[int]:
         self.seen.update(buckets)
         members = self.policy._buckets
-        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ())
-                                       if k not in self.protected]))
+        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ()) if k not in self.protected]))
 
     def sample(self, buckets: int) -> set[int]:
-        wanted = min(max(1, buckets), self.sampling.buckets_per_trip,
-                     self.sampling.max_buckets - self.sampled, self.occupied - len(self.seen))
+        wanted = min(
+            max(1, buckets),
+            self.sampling.buckets_per_trip,
+            self.sampling.max_buckets - self.sampled,
+            self.occupied - len(self.seen),
+        )
         if wanted <= 0:
             return set()
         if self._order is not None:
@@ -384,9 +392,11 @@ class _Sampler:
     def sweep(self) -> set[int]:
         """The next buckets of the TTL sweep's cursor (one pass about every ``ttl_s``)."""
         policy = self.policy
-        count = min(self.occupied, self.sampling.max_sweep_buckets, max(
-            self.sampling.min_sweep_buckets,
-            math.ceil(self.occupied * policy.period_s / max(1, policy.ttl_s))))
+        count = min(
+            self.occupied,
+            self.sampling.max_sweep_buckets,
+            max(self.sampling.min_sweep_buckets, math.ceil(self.occupied * policy.period_s / max(1, policy.ttl_s))),
+        )
         occupied = sorted(policy._buckets)
         if not occupied:
             return set()

@@ -28,6 +28,7 @@ With ``sample_rate < 1`` the curve is a SHARDS estimate from a stratified spatia
 of the keys (:mod:`chalicelib.optimizer.shards`): the state shrinks with the rate, at an
 error that :func:`shards_error` measures against the exact curve.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -73,9 +74,11 @@ class _Stack:
         chunk = pos >> 6
         group = chunk >> 6
         now = self.clock >> 6  # no position past the clock's chunk is dead yet
-        dead = ((self.bits[chunk] >> ((pos & 63) + 1)).bit_count()
-                + sum(self.counts[chunk + 1:min((group + 1) << 6, now + 1)])
-                + sum(self.groups[group + 1:(now >> 6) + 1]))
+        dead = (
+            (self.bits[chunk] >> ((pos & 63) + 1)).bit_count()
+            + sum(self.counts[chunk + 1 : min((group + 1) << 6, now + 1)])
+            + sum(self.groups[group + 1 : (now >> 6) + 1])
+        )
         return self.clock - pos - dead
 
     def kill(self, runs: Iterable[tuple[int, int, int]]) -> None:
@@ -111,7 +114,7 @@ class _Stack:
 def _cumulative(diff: list[int], top: int) -> list[int]:
     """From a histogram's difference array whose weights all sit at indices ``<= top``:
     ``c[x]`` = total weight at indices ``<= x``, for ``x <= top``."""
-    return list(accumulate(accumulate(diff[:top + 1])))
+    return list(accumulate(accumulate(diff[: top + 1])))
 
 
 def is_masked(mask: int | tuple[bool, ...], index: int) -> bool:
@@ -126,7 +129,7 @@ def window_threshold(dists: Sequence[int | None], size: int) -> list[int]:
         return []
     best: int | None = None
     for start in range(len(dists) - size + 1):
-        window = dists[start:start + size]
+        window = dists[start : start + size]
         if None in window:
             continue
         worst = max(cast("Sequence[int]", window))
@@ -216,12 +219,16 @@ class HitRatioCurve:
         external = int(self._at(self._hits, capacity))  # exact: whole blocks
         external_tokens = external * self.block_size - self._at(self._token_loss, capacity)
         return Totals(
-            reads=self.reads, read_blocks=self.read_blocks,
-            internal_hit_blocks=self.internal_hit_blocks, external_hit_blocks=external,
+            reads=self.reads,
+            read_blocks=self.read_blocks,
+            internal_hit_blocks=self.internal_hit_blocks,
+            external_hit_blocks=external,
             input_tokens=self.input_tokens,
             hit_tokens=self.internal_hit_tokens + external_tokens,
-            external_hit_tokens=external_tokens, written_blocks=self.written_blocks,
-            inserted_blocks=self.distinct_written - self._at(self._write_hits, capacity))
+            external_hit_tokens=external_tokens,
+            written_blocks=self.written_blocks,
+            inserted_blocks=self.distinct_written - self._at(self._write_hits, capacity),
+        )
 
     def at(self, capacities: Iterable[int]) -> dict[int, float | None]:
         """Block hit ratio at each capacity."""
@@ -244,7 +251,9 @@ class HitRatioCurve:
         """JSON-able curve sampled at ``capacities``."""
         caps = sorted(set(capacities))
         return {
-            "policy": "lru", "exact": self.exact, "sample_rate": self.sample_rate,
+            "policy": "lru",
+            "exact": self.exact,
+            "sample_rate": self.sample_rate,
             "capacities": caps,
             "block_hit_ratio": [self.block_hit_ratio(c) for c in caps],
             "token_hit_ratio": [self.token_hit_ratio(c) for c in caps],
@@ -305,9 +314,16 @@ class CurveBuilder:
                 olds = list(map(stack.last.get, keys))
             self._write(stack, keys, olds)
 
-    def _read(self, stack: _Stack, keys: Sequence[int], olds: list[int | None],
-              mask: int | tuple[bool, ...], input_tokens: int, query: Query, sw_size: int
-              ) -> None:
+    def _read(
+        self,
+        stack: _Stack,
+        keys: Sequence[int],
+        olds: list[int | None],
+        mask: int | tuple[bool, ...],
+        input_tokens: int,
+        query: Query,
+        sw_size: int,
+    ) -> None:
         """A read that does not share its pass with a write (masks, any query)."""
         n = len(keys)
         bs = self.block_size
@@ -328,8 +344,17 @@ class CurveBuilder:
         else:
             self._read_keywise(stack, olds, query, sw_size, tokens)
 
-    def _pass(self, stack: _Stack, keys: Sequence[int], olds: list[int | None], end: int,
-              read: bool, write: bool, internal: int, tokens: int) -> None:
+    def _pass(
+        self,
+        stack: _Stack,
+        keys: Sequence[int],
+        olds: list[int | None],
+        end: int,
+        read: bool,
+        write: bool,
+        internal: int,
+        tokens: int,
+    ) -> None:
         """One prefix read of ``olds[:end]`` and/or the write of distinct ``keys`` (their
         old positions ``olds``; with both, every touched key lies before ``end``).
 
@@ -359,9 +384,15 @@ class CurveBuilder:
             length = j - i
             chunk = hi >> 6
             group = chunk >> 6
-            d0 = clock - hi - ((bits[chunk] >> ((hi & 63) + 1)).bit_count()
-                               + sum(counts[chunk + 1:min((group + 1) << 6, now + 1)])
-                               + sum(groups[group + 1:now_group + 1]))
+            d0 = (
+                clock
+                - hi
+                - (
+                    (bits[chunk] >> ((hi & 63) + 1)).bit_count()
+                    + sum(counts[chunk + 1 : min((group + 1) << 6, now + 1)])
+                    + sum(groups[group + 1 : now_group + 1])
+                )
+            )
             d1 = d0 + length - 1
             if d1 > top:
                 top = d1
@@ -397,8 +428,9 @@ class CurveBuilder:
                 stack.advance(n)
             stack.last.update(zip(keys, range(clock + n - 1, clock - 1, -1), strict=True))
 
-    def _lose_tokens(self, runs: list[tuple[int, int, int]], end: int, running: int,
-                     internal: int, tokens: int) -> None:
+    def _lose_tokens(
+        self, runs: list[tuple[int, int, int]], end: int, running: int, internal: int, tokens: int
+    ) -> None:
         """Token loss of a prefix read: from the hit count ``cut`` on, ``bs * (internal +
         hits)`` exceeds the request's ``tokens``; record the excess at the running maximum
         where each such hit count is reached."""
@@ -408,8 +440,9 @@ class CurveBuilder:
         if cut == end:
             thresholds = [running]
         else:  # rare: expand every running maximum
-            thresholds = list(accumulate(
-                (d0 + k for length, _, d0 in runs for k in range(length)), max))[max(cut, 1) - 1:]
+            thresholds = list(accumulate((d0 + k for length, _, d0 in runs for k in range(length)), max))[
+                max(cut, 1) - 1 :
+            ]
         self._lose(thresholds, max(cut, 1), internal, tokens)
 
     def _lose(self, thresholds: list[int], first: int, internal: int, tokens: int) -> None:
@@ -421,8 +454,7 @@ class CurveBuilder:
             loss[d] += lost
             loss[d + 1] -= lost
 
-    def _read_keywise(self, stack: _Stack, olds: list[int | None], query: Query, sw_size: int,
-                      tokens: int) -> None:
+    def _read_keywise(self, stack: _Stack, olds: list[int | None], query: Query, sw_size: int, tokens: int) -> None:
         """Batch-get and sliding-window reads (the mask does not apply): every key on its
         own, by its stack distance."""
         dists = [None if a is None else stack.distance(a) for a in olds]
@@ -436,7 +468,7 @@ class CurveBuilder:
             hist[d + 1] -= 1
         self._top = max(self._top, *thresholds) if thresholds else self._top
         first = max(tokens // self.block_size + 1, 1)
-        self._lose(thresholds[first - 1:], first, 0, tokens)
+        self._lose(thresholds[first - 1 :], first, 0, tokens)
 
     def _write(self, stack: _Stack, keys: Sequence[int], olds: list[int | None]) -> None:
         """A write on its own (or after a read that could not share its pass)."""
@@ -451,16 +483,24 @@ class CurveBuilder:
     def curve(self, elapsed_s: float = 0.0) -> HitRatioCurve:
         """The curve of everything added so far."""
         return HitRatioCurve(
-            block_size=self.block_size, sample_rate=1.0, reads=self.reads,
-            read_blocks=self.read_blocks, internal_hit_blocks=self.internal,
-            input_tokens=self.input_tokens, written_blocks=self.written_blocks,
-            distinct_written=self.distinct_written, internal_hit_tokens=self.internal_tokens,
-            _hits=_cumulative(self._reads, self._top), _writes=self._writes, _loss=self._loss, _top=self._top,
-            elapsed_s=elapsed_s)
+            block_size=self.block_size,
+            sample_rate=1.0,
+            reads=self.reads,
+            read_blocks=self.read_blocks,
+            internal_hit_blocks=self.internal,
+            input_tokens=self.input_tokens,
+            written_blocks=self.written_blocks,
+            distinct_written=self.distinct_written,
+            internal_hit_tokens=self.internal_tokens,
+            _hits=_cumulative(self._reads, self._top),
+            _writes=self._writes,
+            _loss=self._loss,
+            _top=self._top,
+            elapsed_s=elapsed_s,
+        )
 
 
-def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float = 1.0
-              ) -> HitRatioCurve:
+def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float = 1.0) -> HitRatioCurve:
     """One pass over ``records``: the prefix-aware LRU hit ratio at every capacity (a
     SHARDS estimate when ``sample_rate < 1``)."""
     # imported here: shards builds on this module's curve
@@ -470,8 +510,10 @@ def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float 
         raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate}")
     started = time.perf_counter()
     builder: CurveBuilder | SampledCurveBuilder = (
-        CurveBuilder(block_size=block_size) if sample_rate == 1
-        else SampledCurveBuilder(block_size=block_size, sample_rate=sample_rate))
+        CurveBuilder(block_size=block_size)
+        if sample_rate == 1
+        else SampledCurveBuilder(block_size=block_size, sample_rate=sample_rate)
+    )
     add = builder.add
     with gc_paused():
         for record in records:
@@ -481,14 +523,16 @@ def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float 
     return curve
 
 
-def shards_error(exact: HitRatioCurve, sampled: HitRatioCurve, capacities: Iterable[int]
-                 ) -> dict[str, float]:
+def shards_error(exact: HitRatioCurve, sampled: HitRatioCurve, capacities: Iterable[int]) -> dict[str, float]:
     """Mean and max absolute block-hit-ratio error of a sampled curve at ``capacities``, the
     capacity of the max and the signed error there (negative: the estimate is low)."""
-    errors = {c: (sampled.block_hit_ratio(c) or 0.0) - (exact.block_hit_ratio(c) or 0.0)
-              for c in capacities}
+    errors = {c: (sampled.block_hit_ratio(c) or 0.0) - (exact.block_hit_ratio(c) or 0.0) for c in capacities}
     if not errors:
         raise ConfigError("shards_error needs at least one capacity")
     worst = max(errors, key=lambda c: abs(errors[c]))
-    return {"mean_abs_error": sum(map(abs, errors.values())) / len(errors),
-            "max_abs_error": abs(errors[worst]), "max_at_capacity": worst, "error_at_max": errors[worst]}
+    return {
+        "mean_abs_error": sum(map(abs, errors.values())) / len(errors),
+        "max_abs_error": abs(errors[worst]),
+        "max_at_capacity": worst,
+        "error_at_max": errors[worst],
+    }

@@ -1,4 +1,5 @@
 """Performance helpers shared by the replay engine and the curve."""
+
 from __future__ import annotations
 
 import gc

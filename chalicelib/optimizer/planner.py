@@ -11,6 +11,7 @@ against the GPU time it saves, and the quota to configure in KVCM.
   simulated policy already ran with KVCM's watermark (the ``kvcm`` policy), whose capacity
   *is* the limit.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,7 @@ from chalicelib.optimizer.errors import ConfigError
 
 GIB = 1 << 30
 
-DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0,
-                                 "int8": 1.0, "int4": 0.5}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,7 @@ class ModelPreset:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"unknown KV dtype {self.dtype!r}; choose from "
-                              f"{', '.join(DTYPE_BYTES)}")
+            raise ConfigError(f"unknown KV dtype {self.dtype!r}; choose from {', '.join(DTYPE_BYTES)}")
         if min(self.layers, self.kv_heads, self.head_dim) < 1 or self.params <= 0:
             raise ConfigError("layers, kv_heads, head_dim and params must be > 0")
 
@@ -50,19 +49,21 @@ class ModelPreset:
         return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
 
     def describe(self) -> str:
-        return (f"{self.name} ({self.layers} layers x {self.kv_heads} KV heads x "
-                f"{self.head_dim} dims, {self.dtype})")
+        return f"{self.name} ({self.layers} layers x {self.kv_heads} KV heads x {self.head_dim} dims, {self.dtype})"
 
 
 #: Published configurations (config.json of each model); params drive the prefill FLOPs.
-MODEL_PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
-    ModelPreset("llama-3.1-8b", 32, 8, 128, 8.0e9),
-    ModelPreset("llama-3.1-70b", 80, 8, 128, 70.6e9),
-    ModelPreset("qwen2.5-7b", 28, 4, 128, 7.6e9),
-    ModelPreset("qwen2.5-32b", 64, 8, 128, 32.8e9),
-    ModelPreset("qwen2.5-72b", 80, 8, 128, 72.7e9),
-    ModelPreset("mistral-7b", 32, 8, 128, 7.2e9),
-)}
+MODEL_PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        ModelPreset("llama-3.1-8b", 32, 8, 128, 8.0e9),
+        ModelPreset("llama-3.1-70b", 80, 8, 128, 70.6e9),
+        ModelPreset("qwen2.5-7b", 28, 4, 128, 7.6e9),
+        ModelPreset("qwen2.5-32b", 64, 8, 128, 32.8e9),
+        ModelPreset("qwen2.5-72b", 80, 8, 128, 72.7e9),
+        ModelPreset("mistral-7b", 32, 8, 128, 7.2e9),
+    )
+}
 DEFAULT_MODEL = "llama-3.1-8b"
 
 
@@ -70,8 +71,9 @@ def model_preset(name: str, dtype: str | None = None) -> ModelPreset:
     """A preset by name (case-insensitive), optionally with another KV dtype."""
     preset = MODEL_PRESETS.get(name.strip().lower())
     if preset is None:
-        raise ConfigError(f"unknown model preset {name!r}; choose from "
-                          f"{', '.join(MODEL_PRESETS)} or give --kv-bytes-per-token")
+        raise ConfigError(
+            f"unknown model preset {name!r}; choose from {', '.join(MODEL_PRESETS)} or give --kv-bytes-per-token"
+        )
     return replace(preset, dtype=dtype) if dtype else preset
 
 
@@ -87,15 +89,15 @@ class StorageTier:
 
 #: Default prices, per GiB-hour: AWS us-east-1 on-demand list prices of 2024, the whole VM
 #: charged to the medium it is bought for. Edit them (``--storage-price TIER=PRICE``).
-STORAGE_TIERS: dict[str, StorageTier] = {t.name: t for t in (
-    StorageTier("dram", "ST_MOONCAKE", 0.0083,
-                "memory-optimized VM (r7i.xlarge, 32 GiB, 0.265/h)"),
-    StorageTier("ssd", "ST_3FS", 0.0004,
-                "NVMe storage VM (i4i.xlarge, 937 GB, 0.343/h)"),
-    StorageTier("nfs", "ST_NFS", 0.00044, "managed NFS (EFS Standard, 0.30 per GB-month)"),
-    StorageTier("s3", "ST_S3", 0.000034,
-                "object storage (S3 Standard, 0.023 per GB-month; requests extra)"),
-)}
+STORAGE_TIERS: dict[str, StorageTier] = {
+    t.name: t
+    for t in (
+        StorageTier("dram", "ST_MOONCAKE", 0.0083, "memory-optimized VM (r7i.xlarge, 32 GiB, 0.265/h)"),
+        StorageTier("ssd", "ST_3FS", 0.0004, "NVMe storage VM (i4i.xlarge, 937 GB, 0.343/h)"),
+        StorageTier("nfs", "ST_NFS", 0.00044, "managed NFS (EFS Standard, 0.30 per GB-month)"),
+        StorageTier("s3", "ST_S3", 0.000034, "object storage (S3 Standard, 0.023 per GB-month; requests extra)"),
+    )
+}
 DEFAULT_TIER = "dram"
 
 
@@ -159,8 +161,7 @@ class CapacityPlan:
         if not 0 < self.used_fraction <= 1:
             raise ConfigError(f"used_percentage must be in (0, 1], got {self.used_fraction}")
         if not 0 < self.step_percentage <= 100:
-            raise ConfigError(f"reclaim_step_percentage must be in (0, 100], "
-                              f"got {self.step_percentage}")
+            raise ConfigError(f"reclaim_step_percentage must be in (0, 100], got {self.step_percentage}")
 
     @property
     def block_bytes(self) -> int:
@@ -179,39 +180,57 @@ class CapacityPlan:
         quota = self.quota_blocks(blocks, watermark_simulated)
         return self.gib(quota) * self.instances * self.tier.gib_hour_price
 
-    def row(self, policy: str, blocks: int, hit_ratio: float | None,
-            savings: Mapping[str, Any], watermark_simulated: bool = False) -> dict[str, Any]:
+    def row(
+        self,
+        policy: str,
+        blocks: int,
+        hit_ratio: float | None,
+        savings: Mapping[str, Any],
+        watermark_simulated: bool = False,
+    ) -> dict[str, Any]:
         """One capacity: its size, its storage cost and the net against ``savings``
         (:meth:`CostModel.savings` of the hits it gives)."""
         storage = self.storage_cost_per_hour(blocks, watermark_simulated)
         saved = savings.get("cost_per_hour")
         return {
-            "policy": policy, "capacity_blocks": blocks, "capacity_gib": self.gib(blocks),
+            "policy": policy,
+            "capacity_blocks": blocks,
+            "capacity_gib": self.gib(blocks),
             "quota_gib": self.gib(self.quota_blocks(blocks, watermark_simulated)),
-            "block_hit_ratio": hit_ratio, "gpus_saved": savings.get("gpus"),
-            "gpu_cost_saved_per_hour": saved, "storage_cost_per_hour": storage,
+            "block_hit_ratio": hit_ratio,
+            "gpus_saved": savings.get("gpus"),
+            "gpu_cost_saved_per_hour": saved,
+            "storage_cost_per_hour": storage,
             "net_per_hour": None if saved is None else saved - storage,
         }
 
-    def quota(self, policy: str, blocks: int, watermark_simulated: bool = False,
-              reclaim_policy: str = "POLICY_LRU") -> dict[str, Any]:
+    def quota(
+        self, policy: str, blocks: int, watermark_simulated: bool = False, reclaim_policy: str = "POLICY_LRU"
+    ) -> dict[str, Any]:
         """The KVCM settings that keep about ``blocks`` blocks per instance: per-instance
         ``max_key_count``, the group's byte quota on the tier, and the watermark."""
         per_instance = self.quota_blocks(blocks, watermark_simulated)
         group_bytes = per_instance * self.block_bytes * self.instances
         return {
-            "policy": policy, "cache_blocks_per_instance": blocks,
-            "max_key_count": per_instance, "group_quota_bytes": group_bytes,
-            "group_quota": human_bytes(group_bytes), "instances": self.instances,
+            "policy": policy,
+            "cache_blocks_per_instance": blocks,
+            "max_key_count": per_instance,
+            "group_quota_bytes": group_bytes,
+            "group_quota": human_bytes(group_bytes),
+            "instances": self.instances,
             "instance_group": {
-                "quota": {"capacity": group_bytes, "quota_config": [
-                    {"storage_type": self.tier.storage_type, "capacity": group_bytes}]},
+                "quota": {
+                    "capacity": group_bytes,
+                    "quota_config": [{"storage_type": self.tier.storage_type, "capacity": group_bytes}],
+                },
                 "cache_config": {
                     "reclaim_strategy": {
                         "reclaim_policy": reclaim_policy,
                         "trigger_strategy": {"used_percentage": self.used_fraction},
-                        "reclaim_step_percentage": self.step_percentage},
-                    "meta_indexer_config": {"max_key_count": per_instance}},
+                        "reclaim_step_percentage": self.step_percentage,
+                    },
+                    "meta_indexer_config": {"max_key_count": per_instance},
+                },
             },
         }
 
@@ -230,20 +249,37 @@ class CapacityPlan:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block_size": self.block_size, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "block_bytes": self.block_bytes, "model": self.model,
-                "storage_tier": {"name": self.tier.name, "storage_type": self.tier.storage_type,
-                                 "gib_hour_price": self.tier.gib_hour_price,
-                                 "basis": self.tier.basis},
-                "instances": self.instances, "used_percentage": self.used_fraction,
-                "reclaim_step_percentage": self.step_percentage, "currency": self.currency}
+        return {
+            "block_size": self.block_size,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "block_bytes": self.block_bytes,
+            "model": self.model,
+            "storage_tier": {
+                "name": self.tier.name,
+                "storage_type": self.tier.storage_type,
+                "gib_hour_price": self.tier.gib_hour_price,
+                "basis": self.tier.basis,
+            },
+            "instances": self.instances,
+            "used_percentage": self.used_fraction,
+            "reclaim_step_percentage": self.step_percentage,
+            "currency": self.currency,
+        }
 
 
-def build_plan(*, block_size: int, instances: int = 1, model: str = DEFAULT_MODEL,
-               kv_dtype: str | None = None, kv_bytes_per_token: float | None = None,
-               tier: str = DEFAULT_TIER, prices: Mapping[str, float] | None = None,
-               used_percentage: float = 0.9, reclaim_step_percentage: int = 10,
-               currency: str = "USD") -> tuple[CapacityPlan, ModelPreset]:
+def build_plan(
+    *,
+    block_size: int,
+    instances: int = 1,
+    model: str = DEFAULT_MODEL,
+    kv_dtype: str | None = None,
+    kv_bytes_per_token: float | None = None,
+    tier: str = DEFAULT_TIER,
+    prices: Mapping[str, float] | None = None,
+    used_percentage: float = 0.9,
+    reclaim_step_percentage: int = 10,
+    currency: str = "USD",
+) -> tuple[CapacityPlan, ModelPreset]:
     """The plan the options describe, and the model preset (its parameters drive the
     prefill FLOPs unless given otherwise)."""
     preset = model_preset(model, kv_dtype)
@@ -252,9 +288,12 @@ def build_plan(*, block_size: int, instances: int = 1, model: str = DEFAULT_MODE
         block_size=block_size,
         kv_bytes_per_token=kv_bytes_per_token if kv_bytes_per_token is not None else preset.kv_bytes_per_token,
         model="given" if given else preset.describe(),
-        tier=storage_tier(tier, prices), instances=instances,
-        used_fraction=used_percentage, step_percentage=reclaim_step_percentage,
-        currency=currency)
+        tier=storage_tier(tier, prices),
+        instances=instances,
+        used_fraction=used_percentage,
+        step_percentage=reclaim_step_percentage,
+        currency=currency,
+    )
     return plan, preset
 
 

@@ -14,6 +14,7 @@ KVCM reclaimer that removes leaf blocks before their prefix parents.
 ``evict(n)`` removes ``n`` blocks at once (the rough, watermark-style modes). All randomness
 comes from a ``random.Random(seed)`` owned by the policy: replays are reproducible.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -258,16 +259,15 @@ class LFU(EvictionPolicy):
         return evicted
 
 
-POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRU, RandomLRU, LeafAwareLRU, LFU, KVCMPolicy)
-}
+POLICIES: dict[str, type[EvictionPolicy]] = {cls.name: cls for cls in (LRU, RandomLRU, LeafAwareLRU, LFU, KVCMPolicy)}
 
 
 def policy_name(name: str) -> str:
     """Canonical policy name (``Random-LRU`` -> ``random_lru``); raises on unknown names."""
     canonical = name.strip().lower().replace("-", "_")
-    canonical = {"randomlru": "random_lru", "leafawarelru": "leaf_aware_lru",
-                 "leaf_aware": "leaf_aware_lru"}.get(canonical, canonical)
+    canonical = {"randomlru": "random_lru", "leafawarelru": "leaf_aware_lru", "leaf_aware": "leaf_aware_lru"}.get(
+        canonical, canonical
+    )
     if canonical not in POLICIES:
         raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     return canonical

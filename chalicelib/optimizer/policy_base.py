@@ -1,4 +1,5 @@
 """The interface every simulated eviction policy implements (see ``policies``)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -18,6 +18,7 @@ the policy KVCM runs (``kvcm``: sampling, watermark, period, step) at its instan
 A run moves at most a bounded step from the current value toward the choice
 (``MAX_TTL_FACTOR``, ``MAX_WATERMARK_STEP``), as quotas move at most ``max_shift``.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,29 +66,46 @@ class Outcome:
     write_path_evictions: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "hit_ratio": self.hit_ratio, "refused_writes": self.refused_writes,
-                "write_path_evictions": self.write_path_evictions}
+        return {
+            "value": self.value,
+            "hit_ratio": self.hit_ratio,
+            "refused_writes": self.refused_writes,
+            "write_path_evictions": self.write_path_evictions,
+        }
 
 
-def simulate(records: Sequence[Record], limits: Mapping[str, int], settings: ReclaimSettings,
-             block_size: int, seed: int = 0) -> Outcome:
+def simulate(
+    records: Sequence[Record], limits: Mapping[str, int], settings: ReclaimSettings, block_size: int, seed: int = 0
+) -> Outcome:
     """Replay ``records`` of the instances in ``limits`` (hard limits, blocks) through the
     ``kvcm`` policy with ``settings``; the group's block hit ratio and write-path figures."""
     if not limits:
         raise ConfigError("simulate needs at least one instance limit")
     config = ReplayConfig(
-        capacity=max(limits.values()), policy=KVCMPolicy.name, instance_capacities=dict(limits),
-        block_size=block_size, seed=seed,
-        policy_params={"order": settings.order, "ttl_s": settings.ttl_s,
-                       "used_percentage": settings.used_percentage,
-                       "step_percentage": settings.step_percentage, "period_s": settings.period_s,
-                       "round_s": settings.round_s})
+        capacity=max(limits.values()),
+        policy=KVCMPolicy.name,
+        instance_capacities=dict(limits),
+        block_size=block_size,
+        seed=seed,
+        policy_params={
+            "order": settings.order,
+            "ttl_s": settings.ttl_s,
+            "used_percentage": settings.used_percentage,
+            "step_percentage": settings.step_percentage,
+            "period_s": settings.period_s,
+            "round_s": settings.round_s,
+        },
+    )
     replayer = Replayer(config)
     result = replayer.run(r for r in records if r.instance in limits)
     policies = [p for p in map(replayer.policy, replayer.instance_names) if isinstance(p, KVCMPolicy)]
     value = settings.ttl_s if settings.order == "ttl" else settings.used_percentage
-    return Outcome(value, result.totals.block_hit_ratio or 0.0, sum(p.refused_writes for p in policies),
-                   sum(p.evicted["write_path"] for p in policies))
+    return Outcome(
+        value,
+        result.totals.block_hit_ratio or 0.0,
+        sum(p.refused_writes for p in policies),
+        sum(p.evicted["write_path"] for p in policies),
+    )
 
 
 def reuse_times(records: Iterable[Record]) -> list[float]:
@@ -114,34 +132,51 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
-def recommend_ttl(records: Sequence[Record], limits: Mapping[str, int], settings: ReclaimSettings,
-                  block_size: int, tolerance: float = HIT_RATIO_TOLERANCE) -> dict[str, Any] | None:
+def recommend_ttl(
+    records: Sequence[Record],
+    limits: Mapping[str, int],
+    settings: ReclaimSettings,
+    block_size: int,
+    tolerance: float = HIT_RATIO_TOLERANCE,
+) -> dict[str, Any] | None:
     """The shortest TTL (from the reuse-time quantiles) whose hit ratio stays within
     ``tolerance`` of the same quotas without expiry; None without any reuse."""
     times = sorted(reuse_times(records))
     if not times:
         return None
-    candidates = sorted({max(1, math.ceil(_quantile(times, q))) for q in TTL_QUANTILES}
-                        | ({settings.ttl_s} if settings.ttl_s > 0 else set()))
+    candidates = sorted(
+        {max(1, math.ceil(_quantile(times, q))) for q in TTL_QUANTILES}
+        | ({settings.ttl_s} if settings.ttl_s > 0 else set())
+    )
     reference = simulate(records, limits, replace(settings, ttl_s=0), block_size)
     outcomes = [simulate(records, limits, replace(settings, ttl_s=ttl), block_size) for ttl in candidates]
     good = [o for o in outcomes if o.hit_ratio >= reference.hit_ratio - tolerance]
     optimum = int(good[0].value) if good else int(max(outcomes, key=lambda o: o.hit_ratio).value)
     current = settings.ttl_s
-    step = optimum if current <= 0 else round(min(max(
-        optimum, current / MAX_TTL_FACTOR), current * MAX_TTL_FACTOR))
-    return {"parameter": "ttl_seconds", "current": current, "optimum": optimum,
-            "recommended": int(step), "tolerance": tolerance,
-            "expected_gain": _gain(records, limits, settings, block_size, outcomes, step,
-                                   reference if current <= 0 else None),
-            "reference": {"description": "the same quotas without expiry", **reference.to_dict()},
-            "reuse_time_s": {f"p{round(q * 100)}": _quantile(times, q) for q in TTL_QUANTILES},
-            "candidates": [o.to_dict() for o in outcomes]}
+    step = optimum if current <= 0 else round(min(max(optimum, current / MAX_TTL_FACTOR), current * MAX_TTL_FACTOR))
+    return {
+        "parameter": "ttl_seconds",
+        "current": current,
+        "optimum": optimum,
+        "recommended": int(step),
+        "tolerance": tolerance,
+        "expected_gain": _gain(
+            records, limits, settings, block_size, outcomes, step, reference if current <= 0 else None
+        ),
+        "reference": {"description": "the same quotas without expiry", **reference.to_dict()},
+        "reuse_time_s": {f"p{round(q * 100)}": _quantile(times, q) for q in TTL_QUANTILES},
+        "candidates": [o.to_dict() for o in outcomes],
+    }
 
 
-def recommend_watermark(records: Sequence[Record], limits: Mapping[str, int], settings: ReclaimSettings,
-                        block_size: int, reference: float, tolerance: float = HIT_RATIO_TOLERANCE
-                        ) -> dict[str, Any]:
+def recommend_watermark(
+    records: Sequence[Record],
+    limits: Mapping[str, int],
+    settings: ReclaimSettings,
+    block_size: int,
+    reference: float,
+    tolerance: float = HIT_RATIO_TOLERANCE,
+) -> dict[str, Any]:
     """The lowest watermark at which the live policy stays within ``tolerance`` of
     ``reference``: the group hit ratio of ideal LRU filling the instances' whole limits."""
     current = settings.used_percentage
@@ -150,15 +185,27 @@ def recommend_watermark(records: Sequence[Record], limits: Mapping[str, int], se
     good = [o for o in outcomes if o.hit_ratio >= reference - tolerance]
     optimum = good[0].value if good else max(outcomes, key=lambda o: (o.hit_ratio, o.value)).value
     step = round(min(max(optimum, current - MAX_WATERMARK_STEP), current + MAX_WATERMARK_STEP), 4)
-    return {"parameter": "used_percentage", "current": current, "optimum": optimum, "recommended": step,
-            "tolerance": tolerance,
-            "expected_gain": _gain(records, limits, settings, block_size, outcomes, step),
-            "reference": {"description": "ideal LRU filling the whole quotas", "hit_ratio": reference},
-            "candidates": [o.to_dict() for o in outcomes]}
+    return {
+        "parameter": "used_percentage",
+        "current": current,
+        "optimum": optimum,
+        "recommended": step,
+        "tolerance": tolerance,
+        "expected_gain": _gain(records, limits, settings, block_size, outcomes, step),
+        "reference": {"description": "ideal LRU filling the whole quotas", "hit_ratio": reference},
+        "candidates": [o.to_dict() for o in outcomes],
+    }
 
 
-def _gain(records: Sequence[Record], limits: Mapping[str, int], settings: ReclaimSettings, block_size: int,
-          outcomes: list[Outcome], step: float, now: Outcome | None = None) -> float:
+def _gain(
+    records: Sequence[Record],
+    limits: Mapping[str, int],
+    settings: ReclaimSettings,
+    block_size: int,
+    outcomes: list[Outcome],
+    step: float,
+    now: Outcome | None = None,
+) -> float:
     """Simulated group hit ratio at ``step`` minus at the current value (``now``, or the
     candidate equal to it) of the parameter the policy needs (TTL or watermark)."""
     ttl = settings.order == "ttl"

@@ -7,6 +7,7 @@ cached blocks, and for every key the number of its *cached* children -- also for
 that is not cached itself, since writes insert children before parents (last block first)
 and a partially successful write can store a child without its parent.
 """
+
 from __future__ import annotations
 
 

@@ -25,6 +25,7 @@ read then a write of the same keys: the write touches every key, last block firs
 Token accounting: a request's token count is its ``input_tokens`` when the trace gives it,
 else blocks x ``block_size``; hit tokens are hit blocks x ``block_size``, capped at that count.
 """
+
 from __future__ import annotations
 
 import csv
@@ -56,8 +57,9 @@ class EvictionMode(str, Enum):
         try:
             return cls(str(value).strip().lower().replace("-", "_"))
         except ValueError:
-            raise ConfigError(f"unknown eviction mode {value!r}; choose from "
-                              f"{', '.join(m.value for m in cls)}") from None
+            raise ConfigError(
+                f"unknown eviction mode {value!r}; choose from {', '.join(m.value for m in cls)}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,7 @@ class ReplayConfig:
         if self.instance_capacities and self.mode is EvictionMode.GROUP_ROUGH:
             raise ConfigError("instance_capacities apply to the instance modes only")
         if POLICIES[self.policy].timed and self.mode is not EvictionMode.INSTANCE_PRECISE:
-            raise ConfigError(f"policy {self.policy} keeps its own limit and watermark: "
-                              "use mode instance_precise")
+            raise ConfigError(f"policy {self.policy} keeps its own limit and watermark: use mode instance_precise")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (the inverse of :meth:`from_dict`)."""
@@ -112,9 +113,17 @@ class ReplayConfig:
 
 #: ``inserted_blocks`` counts the distinct written keys that were not cached when their
 #: write began.
-COUNTERS = ("reads", "read_blocks", "internal_hit_blocks", "external_hit_blocks",
-            "input_tokens", "hit_tokens", "external_hit_tokens", "written_blocks",
-            "inserted_blocks")
+COUNTERS = (
+    "reads",
+    "read_blocks",
+    "internal_hit_blocks",
+    "external_hit_blocks",
+    "input_tokens",
+    "hit_tokens",
+    "external_hit_tokens",
+    "written_blocks",
+    "inserted_blocks",
+)
 _CACHED = len(COUNTERS)  # index of the cached-blocks gauge in a window's counter list
 
 
@@ -139,7 +148,7 @@ class Totals:
     @classmethod
     def of(cls, counts: Sequence[int]) -> Totals:
         """From a counter list in ``COUNTERS`` order."""
-        return cls(*counts[:len(COUNTERS)])
+        return cls(*counts[: len(COUNTERS)])
 
     def add(self, other: Totals) -> None:
         """Accumulate ``other`` into this."""
@@ -171,8 +180,7 @@ class Totals:
     def to_dict(self) -> dict[str, Any]:
         """Counters plus the derived ratios."""
         data: dict[str, Any] = {name: getattr(self, name) for name in COUNTERS}
-        for name in ("block_hit_ratio", "external_block_hit_ratio", "token_hit_ratio",
-                     "external_token_hit_ratio"):
+        for name in ("block_hit_ratio", "external_block_hit_ratio", "token_hit_ratio", "external_token_hit_ratio"):
             data[name] = getattr(self, name)
         return data
 
@@ -188,8 +196,16 @@ class WindowStats:
     cached_blocks: int
 
 
-_CSV_COLUMNS = ("instance", "window_start_s", "window_end_s", *COUNTERS, "block_hit_ratio",
-                "external_block_hit_ratio", "token_hit_ratio", "cached_blocks")
+_CSV_COLUMNS = (
+    "instance",
+    "window_start_s",
+    "window_end_s",
+    *COUNTERS,
+    "block_hit_ratio",
+    "external_block_hit_ratio",
+    "token_hit_ratio",
+    "cached_blocks",
+)
 
 
 @dataclass
@@ -230,11 +246,19 @@ class ReplayResult:
         writer.writerow(_CSV_COLUMNS)
         for w in self.windows:
             t = w.totals
-            writer.writerow([w.instance, f"{w.start_s:g}", f"{w.end_s:g}",
-                             *(getattr(t, name) for name in COUNTERS),
-                             *("" if r is None else f"{r:.6f}" for r in (
-                                 t.block_hit_ratio, t.external_block_hit_ratio, t.token_hit_ratio)),
-                             w.cached_blocks])
+            writer.writerow(
+                [
+                    w.instance,
+                    f"{w.start_s:g}",
+                    f"{w.end_s:g}",
+                    *(getattr(t, name) for name in COUNTERS),
+                    *(
+                        "" if r is None else f"{r:.6f}"
+                        for r in (t.block_hit_ratio, t.external_block_hit_ratio, t.token_hit_ratio)
+                    ),
+                    w.cached_blocks,
+                ]
+            )
 
 
 def read_timeseries_csv(handle: IO[str], config: ReplayConfig) -> ReplayResult:
@@ -246,8 +270,13 @@ def read_timeseries_csv(handle: IO[str], config: ReplayConfig) -> ReplayResult:
     for row in csv.DictReader(handle):
         try:
             totals = Totals(**{name: int(row[name]) for name in COUNTERS})
-            window = WindowStats(row["instance"], float(row["window_start_s"]),
-                                 float(row["window_end_s"]), totals, int(row["cached_blocks"]))
+            window = WindowStats(
+                row["instance"],
+                float(row["window_start_s"]),
+                float(row["window_end_s"]),
+                totals,
+                int(row["cached_blocks"]),
+            )
         except (KeyError, ValueError) as exc:
             raise ConfigError(f"not a time-series CSV of the optimizer: {exc}") from None
         windows.append(window)
@@ -372,8 +401,8 @@ class Replayer:
                     policy.touch(keys[:external])
             else:
                 internal, external = self._general_read(
-                    policy, keys, mask, query, sw_size,
-                    self._refresh and (op is _READ or not policy.refresh_on_write))
+                    policy, keys, mask, query, sw_size, self._refresh and (op is _READ or not policy.refresh_on_write)
+                )
             block_size = self._block_size
             tokens = input_tokens or n * block_size
             hit_tokens = min((internal + external) * block_size, tokens)
@@ -395,8 +424,14 @@ class Replayer:
                     self._reclaim(state, added)
 
     @staticmethod
-    def _general_read(policy: EvictionPolicy, keys: Sequence[int], mask: int | tuple[bool, ...],
-                      query: Query, sw_size: int, refresh: bool) -> tuple[int, int]:
+    def _general_read(
+        policy: EvictionPolicy,
+        keys: Sequence[int],
+        mask: int | tuple[bool, ...],
+        query: Query,
+        sw_size: int,
+        refresh: bool,
+    ) -> tuple[int, int]:
         """Reads with a mask or a non-prefix query; returns (internal, external) hit blocks."""
         if query is Query.PREFIX_MATCH:
             hits = []
@@ -413,14 +448,15 @@ class Replayer:
         else:
             cached = [key in policy for key in keys]
             start = _rightmost_window(cached, sw_size)
-            hits = [] if start is None else list(keys[start:start + sw_size])
+            hits = [] if start is None else list(keys[start : start + sw_size])
             internal = 0
         if refresh and hits:
             policy.touch(hits)
         return internal, len(hits)
 
-    def _write_partial(self, state: _Instance, bucket: list[int], keys: Sequence[int],
-                       skipped: tuple[bool, ...] | int) -> None:
+    def _write_partial(
+        self, state: _Instance, bucket: list[int], keys: Sequence[int], skipped: tuple[bool, ...] | int
+    ) -> None:
         """A write whose mask skips some keys: each run of written keys is inserted under
         its true parent, last run first."""
         policy = state.policy
@@ -483,10 +519,10 @@ class Replayer:
             totals = Totals.of(counts)
             per_instance[instance].add(totals)
             total.add(totals)
-            windows.append(WindowStats(instance, index * window_s, (index + 1) * window_s,
-                                       totals, counts[_CACHED]))
-        return ReplayResult(self.config, total, per_instance, windows, self._first, self._last,
-                            self._accesses, elapsed_s)
+            windows.append(WindowStats(instance, index * window_s, (index + 1) * window_s, totals, counts[_CACHED]))
+        return ReplayResult(
+            self.config, total, per_instance, windows, self._first, self._last, self._accesses, elapsed_s
+        )
 
 
 def replay(records: Iterable[Record], config: ReplayConfig) -> ReplayResult:

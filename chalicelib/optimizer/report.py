@@ -8,6 +8,7 @@ A report answers "how much cache does this workload need, and what does it save?
 * the prefill compute, GPUs and money the hits save (see :mod:`cost`),
 * hit rate over time per instance at the recommended capacity.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def log_capacities(low: int, high: int, count: int) -> list[int]:
     return sorted({int(round(math.exp(math.log(low) + i * step))) for i in range(count)})
 
 
-def smallest_capacities(table: Mapping[str, Mapping[int, Totals]], target: float,
-                        curve: HitRatioCurve | None) -> dict[str, dict[str, Any]]:
+def smallest_capacities(
+    table: Mapping[str, Mapping[int, Totals]], target: float, curve: HitRatioCurve | None
+) -> dict[str, dict[str, Any]]:
     """Per policy, the smallest capacity whose block hit ratio reaches ``target``: exact
     (any integer) from the LRU curve, else the smallest grid capacity that does."""
     found: dict[str, dict[str, Any]] = {}
@@ -51,11 +53,12 @@ def smallest_capacities(table: Mapping[str, Mapping[int, Totals]], target: float
             ratio = None if capacity is None else curve.block_hit_ratio(capacity)
             found[policy] = {"capacity": capacity, "block_hit_ratio": ratio, "exact": True}
             continue
-        hit = next(((c, t) for c, t in caps.items()
-                    if (t.block_hit_ratio or 0.0) >= target - 1e-12), None)
-        found[policy] = {"capacity": hit[0] if hit else None,
-                         "block_hit_ratio": hit[1].block_hit_ratio if hit else None,
-                         "exact": False}
+        hit = next(((c, t) for c, t in caps.items() if (t.block_hit_ratio or 0.0) >= target - 1e-12), None)
+        found[policy] = {
+            "capacity": hit[0] if hit else None,
+            "block_hit_ratio": hit[1].block_hit_ratio if hit else None,
+            "exact": False,
+        }
     return found
 
 
@@ -71,10 +74,17 @@ def default_target(table: Mapping[str, Mapping[int, Totals]], curve: HitRatioCur
     return round(DEFAULT_TARGET_SHARE * max(ratios, default=0.0), 6)
 
 
-def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
-                 points: Sequence[PointResult], duration_s: float, target: float | None,
-                 cost: CostModel, curve: HitRatioCurve | None = None,
-                 plan: CapacityPlan | None = None) -> dict[str, Any]:
+def build_report(
+    *,
+    trace: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    points: Sequence[PointResult],
+    duration_s: float,
+    target: float | None,
+    cost: CostModel,
+    curve: HitRatioCurve | None = None,
+    plan: CapacityPlan | None = None,
+) -> dict[str, Any]:
     """Assemble the report dictionary (JSON-able). ``target`` None means
     :func:`default_target`; with a ``plan``, capacities also come in GiB, priced against
     the GPU time they save, with the quota to configure in KVCM."""
@@ -92,22 +102,29 @@ def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
         for policy, caps in table.items()
     }
     savings = [
-        {"policy": policy, "capacity": capacity, "block_hit_ratio": t.block_hit_ratio,
-         "token_hit_ratio": t.token_hit_ratio,
-         **cost.savings(t.external_hit_tokens, duration_s)}
-        for policy, caps in table.items() for capacity, t in caps.items()
+        {
+            "policy": policy,
+            "capacity": capacity,
+            "block_hit_ratio": t.block_hit_ratio,
+            "token_hit_ratio": t.token_hit_ratio,
+            **cost.savings(t.external_hit_tokens, duration_s),
+        }
+        for policy, caps in table.items()
+        for capacity, t in caps.items()
     ]
     smallest = smallest_capacities(table, target, curve)
     reachable = [(v["capacity"], policy) for policy, v in smallest.items() if v["capacity"] is not None]
     recommendation = None
     if reachable:
         capacity, policy = min(reachable, key=lambda cp: (cp[0], cp[1] != "lru"))
-        totals = (curve.totals(capacity) if policy == "lru" and curve is not None
-                  else table[policy][capacity])
-        recommendation = {"policy": policy, "capacity": capacity,
-                          "block_hit_ratio": totals.block_hit_ratio,
-                          "token_hit_ratio": totals.token_hit_ratio,
-                          **cost.savings(totals.external_hit_tokens, duration_s)}
+        totals = curve.totals(capacity) if policy == "lru" and curve is not None else table[policy][capacity]
+        recommendation = {
+            "policy": policy,
+            "capacity": capacity,
+            "block_hit_ratio": totals.block_hit_ratio,
+            "token_hit_ratio": totals.token_hit_ratio,
+            **cost.savings(totals.external_hit_tokens, duration_s),
+        }
     curve_part = None
     if curve is not None:
         grid = [c for caps in table.values() for c in caps if c > 0] or [1]
@@ -128,22 +145,28 @@ def build_report(*, trace: Mapping[str, Any], settings: Mapping[str, Any],
         "timeseries": None,
         "plots": [],
         "assumptions": ([trace["workload"]["description"]] if "workload" in trace else [])
-        + cost.assumptions() + [f"target {target:.1%} ({target_rule})"],
+        + cost.assumptions()
+        + [f"target {target:.1%} ({target_rule})"],
     }
     if plan is not None:
         _plan_capacities(report, plan, table, cost, duration_s, curve)
     return report
 
 
-def _plan_capacities(report: dict[str, Any], plan: CapacityPlan,
-                     table: Mapping[str, Mapping[int, Totals]], cost: CostModel,
-                     duration_s: float, curve: HitRatioCurve | None) -> None:
+def _plan_capacities(
+    report: dict[str, Any],
+    plan: CapacityPlan,
+    table: Mapping[str, Mapping[int, Totals]],
+    cost: CostModel,
+    duration_s: float,
+    curve: HitRatioCurve | None,
+) -> None:
     """Add GiB, storage cost and net per capacity, the net-optimal capacity and the KVCM
     quota of the recommendation to ``report``."""
+
     def row(policy: str, capacity: int, totals: Totals) -> dict[str, Any]:
         savings = cost.savings(totals.external_hit_tokens, duration_s)
-        return plan.row(policy, capacity, totals.block_hit_ratio, savings,
-                        POLICIES[policy].watermark_simulated)
+        return plan.row(policy, capacity, totals.block_hit_ratio, savings, POLICIES[policy].watermark_simulated)
 
     rows = [row(policy, c, t) for policy, caps in table.items() for c, t in caps.items()]
     curve_rows = []
@@ -159,13 +182,17 @@ def _plan_capacities(report: dict[str, Any], plan: CapacityPlan,
     report["quota"] = report["break_even"] = None
     if rec is not None:
         simulated = POLICIES[rec["policy"]].watermark_simulated
-        rec.update({k: v for k, v in plan.row(rec["policy"], rec["capacity"],
-                                              rec["block_hit_ratio"], rec, simulated).items()
-                    if k not in ("policy", "block_hit_ratio")})
+        rec.update(
+            {
+                k: v
+                for k, v in plan.row(rec["policy"], rec["capacity"], rec["block_hit_ratio"], rec, simulated).items()
+                if k not in ("policy", "block_hit_ratio")
+            }
+        )
         report["quota"] = _live_quota(report, plan)
-        report["break_even"] = break_even(rec, [r for r in rows + curve_rows
-                                                if r["policy"] == rec["policy"]],
-                                          report["trace"], cost)
+        report["break_even"] = break_even(
+            rec, [r for r in rows + curve_rows if r["policy"] == rec["policy"]], report["trace"], cost
+        )
 
 
 #: KVCM's reclaim_policy names of the kvcm policy's orders.
@@ -179,14 +206,19 @@ def _live_quota(report: Mapping[str, Any], plan: CapacityPlan) -> dict[str, Any]
     live = report["smallest_capacity"].get(KVCMPolicy.name)
     if live is not None and live["capacity"] is not None:
         params = report["settings"].get("policy_params", {}).get(KVCMPolicy.name, {})
-        return plan.quota(KVCMPolicy.name, live["capacity"], watermark_simulated=True,
-                          reclaim_policy=_RECLAIM_POLICIES[params.get("order", "lru")])
+        return plan.quota(
+            KVCMPolicy.name,
+            live["capacity"],
+            watermark_simulated=True,
+            reclaim_policy=_RECLAIM_POLICIES[params.get("order", "lru")],
+        )
     rec = report["recommendation"]
     return plan.quota(rec["policy"], rec["capacity"])
 
 
-def break_even(rec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-               trace: Mapping[str, Any], cost: CostModel) -> dict[str, Any] | None:
+def break_even(
+    rec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], trace: Mapping[str, Any], cost: CostModel
+) -> dict[str, Any] | None:
     """Where the recommended cache stops paying: the traffic and the GPU price at which
     its GPU time saved equals its storage cost (savings scale with traffic at the same hit
     ratio, storage does not), and the largest capacity of its policy that still pays."""
@@ -218,8 +250,10 @@ def break_even(rec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
 def attach_timeseries(report: dict[str, Any], result: ReplayResult) -> None:
     """Record in ``report`` which replay the time series (CSV and plot) come from."""
     report["timeseries"] = {
-        "policy": result.config.policy, "capacity": result.config.capacity,
-        "window_s": result.config.window_s, "csv": TIMESERIES_CSV,
+        "policy": result.config.policy,
+        "capacity": result.config.capacity,
+        "window_s": result.config.window_s,
+        "csv": TIMESERIES_CSV,
         "windows": len(result.windows),
         "instances": {name: t.to_dict() for name, t in result.instances.items()},
     }
@@ -236,8 +270,9 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
     plan: dict[str, Any] = report.get("plan") or {}
     assumptions = report.get("assumptions", [])
     if plan:
-        fig, (ax, money) = plt.subplots(2, 1, figsize=(10, 9.5), dpi=120, sharex=True,
-                                        gridspec_kw={"height_ratios": [3, 2]})
+        fig, (ax, money) = plt.subplots(
+            2, 1, figsize=(10, 9.5), dpi=120, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+        )
     else:
         fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
         money = None
@@ -253,15 +288,20 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
         ratios = [r for c, r in zip(data["capacities"], data["block_hit_ratio"], strict=True) if c > 0]
         if policy == "lru" and curve:
             # the exact curve over the plotted range: a bit wider than the grid
-            dense = [(c, r) for c, r in zip(curve["capacities"], curve["block_hit_ratio"], strict=True)
-                     if r is not None and low <= c <= high]
-            ax.plot([c for c, _ in dense], [r for _, r in dense], "-", color=color, lw=2,
-                    label="lru (exact one-pass curve)")
+            dense = [
+                (c, r)
+                for c, r in zip(curve["capacities"], curve["block_hit_ratio"], strict=True)
+                if r is not None and low <= c <= high
+            ]
+            ax.plot(
+                [c for c, _ in dense], [r for _, r in dense], "-", color=color, lw=2, label="lru (exact one-pass curve)"
+            )
             ax.plot(caps, ratios, marker, color=color, ms=6)
         else:
             name = "kvcm = KVCM's reclaimer" if policy == KVCMPolicy.name else policy
-            ax.plot(caps, ratios, marker + "--", color=color, ms=6, lw=1.5, mfc="none",
-                    mew=1.5, label=f"{name} (replay)")
+            ax.plot(
+                caps, ratios, marker + "--", color=color, ms=6, lw=1.5, mfc="none", mew=1.5, label=f"{name} (replay)"
+            )
         if money is not None:
             _plot_net(money, report, policy, color, marker, low, high)
     target = report["target_hit_ratio"]
@@ -272,16 +312,24 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
         for axis in (ax, money):
             if axis is not None:
                 axis.axvline(rec["capacity"], color="grey", ls="--", lw=0.8)
-        ax.annotate(f"{rec['policy']} reaches {target:.1%}\nat {rec['capacity']:,} blocks{size}",
-                    xy=(rec["capacity"], rec["block_hit_ratio"]), xytext=(-170, 14),
-                    textcoords="offset points", fontsize=9,
-                    bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9},
-                    arrowprops={"arrowstyle": "->", "color": "grey"})
+        ax.annotate(
+            f"{rec['policy']} reaches {target:.1%}\nat {rec['capacity']:,} blocks{size}",
+            xy=(rec["capacity"], rec["block_hit_ratio"]),
+            xytext=(-170, 14),
+            textcoords="offset points",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9},
+            arrowprops={"arrowstyle": "->", "color": "grey"},
+        )
     quota = report.get("quota")
     if quota is not None:
-        ax.axvline(quota["max_key_count"], color="black", ls="-.", lw=1,
-                   label=f"KVCM quota: {quota['max_key_count']:,} blocks "
-                         f"({quota['group_quota']}) for {quota['policy']}")
+        ax.axvline(
+            quota["max_key_count"],
+            color="black",
+            ls="-.",
+            lw=1,
+            label=f"KVCM quota: {quota['max_key_count']:,} blocks ({quota['group_quota']}) for {quota['policy']}",
+        )
     ax.set_xscale("log")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(bottom=0)
@@ -294,8 +342,7 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
     ax.set_title(f"Hit ratio vs capacity - {report['trace'].get('name', 'trace')}")
     if plan:
         gib_per_block = plan["block_bytes"] / 2**30
-        top = ax.secondary_xaxis("top", functions=(lambda b: b * gib_per_block,
-                                                   lambda g: g / gib_per_block))
+        top = ax.secondary_xaxis("top", functions=(lambda b: b * gib_per_block, lambda g: g / gib_per_block))
         top.xaxis.set_major_formatter(FuncFormatter(_thousands))
         top.set_xlabel("GiB per instance")
     for axis in (ax, money):
@@ -306,57 +353,86 @@ def _plot_capacity(report: Mapping[str, Any], path: Path) -> None:
     if money is not None:
         money.axhline(0, color="black", lw=0.8)
         money.set_ylabel(f"{plan['currency']} per hour")
-        money.set_title("Value per hour: GPU time saved minus the storage of the quota",
-                        fontsize=10)
+        money.set_title("Value per hour: GPU time saved minus the storage of the quota", fontsize=10)
         # two columns in the empty upper left (savings are small at small capacities)
         money.legend(loc="upper left", fontsize=8, ncol=2)
         # storage grows without bound with capacity: keep the region where the savings are
         rows = report["net"] + report["net_curve"]
         top = max((r["gpu_cost_saved_per_hour"] or 0.0 for r in rows), default=0.0)
-        lows = [v for r in rows for v in (r["net_per_hour"], -r["storage_cost_per_hour"])
-                if v is not None]
+        lows = [v for r in rows for v in (r["net_per_hour"], -r["storage_cost_per_hour"]) if v is not None]
         if top > 0 and lows:
             money.set_ylim(1.05 * min(-0.1 * top, max(min(lows), -3 * top)), 1.6 * top)  # legend room
-    lines = [part for line in assumptions
-             for part in textwrap.wrap(line, 130, subsequent_indent="    ")]
+    lines = [part for line in assumptions for part in textwrap.wrap(line, 130, subsequent_indent="    ")]
     if lines:
-        fig.text(0.01, 0.005, "assumptions:\n" + "\n".join(lines), fontsize=7.5,
-                 va="bottom", ha="left", family="monospace", color="dimgrey")
+        fig.text(
+            0.01,
+            0.005,
+            "assumptions:\n" + "\n".join(lines),
+            fontsize=7.5,
+            va="bottom",
+            ha="left",
+            family="monospace",
+            color="dimgrey",
+        )
     fig.tight_layout(rect=(0, 0.0125 * (len(lines) + 2) if lines else 0, 1, 1))
     fig.savefig(path)
     plt.close(fig)
 
 
-def _plot_net(axis: Any, report: Mapping[str, Any], policy: str, color: str, marker: str,
-              low: float, high: float) -> None:
+def _plot_net(
+    axis: Any, report: Mapping[str, Any], policy: str, color: str, marker: str, low: float, high: float
+) -> None:
     """Net value per hour of ``policy``'s capacities: GPU time saved minus storage."""
     currency = report["plan"]["currency"]
     if policy == "lru" and report.get("net_curve"):
-        rows = [r for r in report["net_curve"]
-                if low <= r["capacity_blocks"] <= high and r["net_per_hour"] is not None]
+        rows = [r for r in report["net_curve"] if low <= r["capacity_blocks"] <= high and r["net_per_hour"] is not None]
         caps = [r["capacity_blocks"] for r in rows]
-        axis.plot(caps, [r["net_per_hour"] for r in rows], "-", color=color, lw=2,
-                  label="lru net (saved - storage)")
-        axis.plot(caps, [r["gpu_cost_saved_per_hour"] for r in rows], ":", color=color, lw=1.2,
-                  label="lru GPU time saved")
-        axis.plot(caps, [-r["storage_cost_per_hour"] for r in rows], "-.", color="grey",
-                  lw=1.2, label="storage cost (negative)")
+        axis.plot(caps, [r["net_per_hour"] for r in rows], "-", color=color, lw=2, label="lru net (saved - storage)")
+        axis.plot(
+            caps, [r["gpu_cost_saved_per_hour"] for r in rows], ":", color=color, lw=1.2, label="lru GPU time saved"
+        )
+        axis.plot(
+            caps,
+            [-r["storage_cost_per_hour"] for r in rows],
+            "-.",
+            color="grey",
+            lw=1.2,
+            label="storage cost (negative)",
+        )
         best = report.get("net_optimal")
         if best is not None:
-            axis.plot([best["capacity_blocks"]], [best["net_per_hour"]], "*", color="black",
-                      ms=12, label=f"net-optimal: {best['policy']} at "
-                                   f"{best['capacity_blocks']:,} blocks "
-                                   f"({_money(best['net_per_hour'])} {currency}/h)")
+            axis.plot(
+                [best["capacity_blocks"]],
+                [best["net_per_hour"]],
+                "*",
+                color="black",
+                ms=12,
+                label=f"net-optimal: {best['policy']} at "
+                f"{best['capacity_blocks']:,} blocks "
+                f"({_money(best['net_per_hour'])} {currency}/h)",
+            )
     else:
-        rows = sorted((r for r in report["net"] if r["policy"] == policy
-                       and r["capacity_blocks"] > 0 and r["net_per_hour"] is not None),
-                      key=lambda r: r["capacity_blocks"])
-        axis.plot([r["capacity_blocks"] for r in rows], [r["net_per_hour"] for r in rows],
-                  marker + "--", color=color, ms=5, lw=1.2, mfc="none", label=f"{policy} net")
+        rows = sorted(
+            (
+                r
+                for r in report["net"]
+                if r["policy"] == policy and r["capacity_blocks"] > 0 and r["net_per_hour"] is not None
+            ),
+            key=lambda r: r["capacity_blocks"],
+        )
+        axis.plot(
+            [r["capacity_blocks"] for r in rows],
+            [r["net_per_hour"] for r in rows],
+            marker + "--",
+            color=color,
+            ms=5,
+            lw=1.2,
+            mfc="none",
+            label=f"{policy} net",
+        )
 
 
-def _plot_timeseries(result: ReplayResult, path: Path, plan: Mapping[str, Any] | None = None,
-                     top: int = 8) -> None:
+def _plot_timeseries(result: ReplayResult, path: Path, plan: Mapping[str, Any] | None = None, top: int = 8) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
 
@@ -373,8 +449,14 @@ def _plot_timeseries(result: ReplayResult, path: Path, plan: Mapping[str, Any] |
     for window in result.windows:
         totals[window.start_s] = totals.get(window.start_s, 0) + window.totals.read_blocks
     width = result.config.window_s / scale
-    volume.bar([s / scale + width / 2 for s in totals], list(totals.values()), width=width * 0.9,
-               color="lightgrey", alpha=0.6, label="blocks read (right axis)")
+    volume.bar(
+        [s / scale + width / 2 for s in totals],
+        list(totals.values()),
+        width=width * 0.9,
+        color="lightgrey",
+        alpha=0.6,
+        label="blocks read (right axis)",
+    )
     volume.set_ylabel("blocks read per window")
     # keep the volume bars in the lower third, under the hit-ratio lines and the legend
     volume.set_ylim(0, 3 * max(totals.values(), default=1))
@@ -383,8 +465,14 @@ def _plot_timeseries(result: ReplayResult, path: Path, plan: Mapping[str, Any] |
     for instance in shown:
         windows = [w for w in by_instance[instance] if w.totals.read_blocks]
         label = instance if len(instance) <= 24 else instance[:21] + "..."
-        ax.plot([(w.start_s + result.config.window_s / 2) / scale for w in windows],
-                [w.totals.block_hit_ratio for w in windows], "-o", ms=3, lw=1.4, label=label)
+        ax.plot(
+            [(w.start_s + result.config.window_s / 2) / scale for w in windows],
+            [w.totals.block_hit_ratio for w in windows],
+            "-o",
+            ms=3,
+            lw=1.4,
+            label=label,
+        )
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_ylim(0, 1)
     ax.set_xlabel(f"time since trace start ({unit})")
@@ -392,21 +480,20 @@ def _plot_timeseries(result: ReplayResult, path: Path, plan: Mapping[str, Any] |
     config = result.config
     hidden = len(ranked) - len(shown)
     size = f" ({config.capacity * plan['block_bytes'] / 2**30:,.0f} GiB)" if plan else ""  # as the capacity plot
-    title = (f"{config.policy} at {config.capacity:,} blocks{size} per instance: hit ratio per "
-             f"{config.window_s:g} s window")
+    title = (
+        f"{config.policy} at {config.capacity:,} blocks{size} per instance: hit ratio per {config.window_s:g} s window"
+    )
     ax.set_title(title + (f" (top {top} of {len(ranked)} instances)" if hidden else ""))
     ax.grid(True, alpha=0.35)
     lines, labels = ax.get_legend_handles_labels()
     bars, bar_labels = volume.get_legend_handles_labels()
-    ax.legend(lines + bars, labels + bar_labels, loc="upper right", fontsize=9,
-              title="instance")
+    ax.legend(lines + bars, labels + bar_labels, loc="upper right", fontsize=9, title="instance")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def write_report(report: dict[str, Any], out_dir: str | Path, *,
-                 timeseries: ReplayResult | None = None) -> list[Path]:
+def write_report(report: dict[str, Any], out_dir: str | Path, *, timeseries: ReplayResult | None = None) -> list[Path]:
     """Write report.json, the time-series CSV and the PNG plots into ``out_dir``.
 
     Plots need matplotlib (Agg backend); without it the report lists no plots and says why.
@@ -449,10 +536,12 @@ def summary_line(report: Mapping[str, Any]) -> str:
         return f"no capacity in the sweep reaches a {target:.0%} block hit ratio"
     size = f" ({rec['capacity_gib']:,.0f} GiB)" if "capacity_gib" in rec else ""
     gpus = rec.get("gpus")
-    extra = "" if gpus is None else (
-        f", saving {gpus:.2f} GPUs on average ({rec['cost_per_hour']:.2f} {rec['currency']}/h)")
-    return (f"{rec['policy']} reaches {target:.0%} block hit ratio at {rec['capacity']:,} blocks"
-            f"{size}{extra}")
+    extra = (
+        ""
+        if gpus is None
+        else (f", saving {gpus:.2f} GPUs on average ({rec['cost_per_hour']:.2f} {rec['currency']}/h)")
+    )
+    return f"{rec['policy']} reaches {target:.0%} block hit ratio at {rec['capacity']:,} blocks{size}{extra}"
 
 
 def _money(value: float | None) -> str:
@@ -467,37 +556,49 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     if "net" not in report:
         return lines
     currency = report["plan"]["currency"]
-    lines.append(f"  {'policy':<16}{'blocks':>10}{'GiB':>10}{'hit ratio':>11}{'GPUs saved':>12}"
-                 f"{'saved/h':>10}{'storage/h':>11}{'net/h':>10}  ({currency})")
-    for r in sorted(report["net"], key=lambda r: (r["policy"] != "lru", r["policy"],
-                                                  r["capacity_blocks"])):
+    lines.append(
+        f"  {'policy':<16}{'blocks':>10}{'GiB':>10}{'hit ratio':>11}{'GPUs saved':>12}"
+        f"{'saved/h':>10}{'storage/h':>11}{'net/h':>10}  ({currency})"
+    )
+    for r in sorted(report["net"], key=lambda r: (r["policy"] != "lru", r["policy"], r["capacity_blocks"])):
         gpus = "n/a" if r["gpus_saved"] is None else f"{r['gpus_saved']:.2f}"
         ratio = "n/a" if r["block_hit_ratio"] is None else f"{r['block_hit_ratio']:.1%}"
-        lines.append(f"  {r['policy']:<16}{r['capacity_blocks']:>10,}{r['capacity_gib']:>10,.0f}"
-                     f"{ratio:>11}{gpus:>12}{_money(r['gpu_cost_saved_per_hour']):>10}"
-                     f"{_money(-r['storage_cost_per_hour']):>11}{_money(r['net_per_hour']):>10}")
+        lines.append(
+            f"  {r['policy']:<16}{r['capacity_blocks']:>10,}{r['capacity_gib']:>10,.0f}"
+            f"{ratio:>11}{gpus:>12}{_money(r['gpu_cost_saved_per_hour']):>10}"
+            f"{_money(-r['storage_cost_per_hour']):>11}{_money(r['net_per_hour']):>10}"
+        )
     best = report.get("net_optimal")
     if best is not None:
-        verdict = ("the cache pays for itself" if best["net_per_hour"] > 0
-                   else "no capacity pays for itself at these prices")
-        lines.append(f"net-optimal: {best['policy']} at {best['capacity_blocks']:,} blocks "
-                     f"({best['capacity_gib']:,.0f} GiB), net {_money(best['net_per_hour'])} "
-                     f"{currency}/h: {verdict}")
+        verdict = (
+            "the cache pays for itself" if best["net_per_hour"] > 0 else "no capacity pays for itself at these prices"
+        )
+        lines.append(
+            f"net-optimal: {best['policy']} at {best['capacity_blocks']:,} blocks "
+            f"({best['capacity_gib']:,.0f} GiB), net {_money(best['net_per_hour'])} "
+            f"{currency}/h: {verdict}"
+        )
     even = report.get("break_even")
     if even is not None and even["request_rate"] is not None:
         lines.append(
             f"break-even of the recommendation: {even['request_rate']:.3g} requests/s "
             f"({even['traffic_share']:.0%} of the {even['current_request_rate']:.3g}/s here) "
             f"or a GPU price of {even['gpu_hour_price']:.3g} {currency}/GPU-h; it pays up to "
-            + ("no capacity" if even["largest_paying_capacity"] is None
-               else f"{even['largest_paying_capacity']:,} blocks"))
+            + (
+                "no capacity"
+                if even["largest_paying_capacity"] is None
+                else f"{even['largest_paying_capacity']:,} blocks"
+            )
+        )
     quota = report.get("quota")
     if quota is not None:
-        lines.append(f"KVCM quota for {quota['policy']} at the target: max_key_count "
-                     f"{quota['max_key_count']:,} per instance, group quota "
-                     f"{quota['group_quota']} ({quota['group_quota_bytes']:,} bytes) on "
-                     f"{report['plan']['storage_tier']['storage_type']}, used_percentage "
-                     f"{report['plan']['used_percentage']:g}")
+        lines.append(
+            f"KVCM quota for {quota['policy']} at the target: max_key_count "
+            f"{quota['max_key_count']:,} per instance, group quota "
+            f"{quota['group_quota']} ({quota['group_quota_bytes']:,} bytes) on "
+            f"{report['plan']['storage_tier']['storage_type']}, used_percentage "
+            f"{report['plan']['used_percentage']:g}"
+        )
     return lines
 
 

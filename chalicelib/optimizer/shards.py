@@ -28,6 +28,7 @@ weighs exactly ``threshold`` units and no float rounding moves a key across a bi
 Histogram bins are ``1 / (16 R)`` blocks wide (at least one block): a kept key stands for
 ``1/R`` blocks, but a root's distance can be a single block.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -154,16 +155,22 @@ class SampledCurveBuilder:
         if op is not _WRITE:
             self._read(stack, keys, mask, input_tokens, query, sw_size)
         if op is not _READ:
-            written = [k for i, k in enumerate(keys)
-                       if not (op is _WRITE and is_masked(mask, i))]
+            written = [k for i, k in enumerate(keys) if not (op is _WRITE and is_masked(mask, i))]
             # last block first; a key written twice ends where its first index puts it
             for key in reversed(list(dict.fromkeys(written))):
                 weight = self._weight(key)
                 if weight:
                     stack.touch(key, weight)
 
-    def _read(self, stack: _WeightedStack, keys: Sequence[int], mask: int | tuple[bool, ...],
-              input_tokens: int, query: Query, sw_size: int) -> None:
+    def _read(
+        self,
+        stack: _WeightedStack,
+        keys: Sequence[int],
+        mask: int | tuple[bool, ...],
+        input_tokens: int,
+        query: Query,
+        sw_size: int,
+    ) -> None:
         n = len(keys)
         prefix = query is _PREFIX
         unmasked = [(i, k) for i, k in enumerate(keys) if not (prefix and is_masked(mask, i))]
@@ -202,8 +209,7 @@ class SampledCurveBuilder:
 
     def curve(self, elapsed_s: float = 0.0) -> HitRatioCurve:
         """The estimated curve of everything added so far."""
-        scale = (self.other_reads / self.other_sampled_reads if self.other_sampled_reads
-                 else 1 / self.sample_rate)
+        scale = self.other_reads / self.other_sampled_reads if self.other_sampled_reads else 1 / self.sample_rate
         size = max(len(self._root_hits), len(self._other_hits))
         roots = self._root_hits + [0] * (size - len(self._root_hits))
         others = self._other_hits + [0] * (size - len(self._other_hits))
@@ -213,8 +219,19 @@ class SampledCurveBuilder:
             total += root + other * scale
             hits.append(total)
         return HitRatioCurve(
-            block_size=self.block_size, sample_rate=self.sample_rate, reads=self.reads,
-            read_blocks=self.read_blocks, internal_hit_blocks=self.internal,
-            input_tokens=self.input_tokens, written_blocks=0, distinct_written=0,
-            internal_hit_tokens=0, _hits=hits or [0.0], _writes=[0], _loss=[0], _top=0,
-            elapsed_s=elapsed_s, bins_per_block=self._bins / _SCALE)
+            block_size=self.block_size,
+            sample_rate=self.sample_rate,
+            reads=self.reads,
+            read_blocks=self.read_blocks,
+            internal_hit_blocks=self.internal,
+            input_tokens=self.input_tokens,
+            written_blocks=0,
+            distinct_written=0,
+            internal_hit_tokens=0,
+            _hits=hits or [0.0],
+            _writes=[0],
+            _loss=[0],
+            _top=0,
+            elapsed_s=elapsed_s,
+            bins_per_block=self._bins / _SCALE,
+        )

@@ -5,6 +5,7 @@ Points that prefix-aware LRU answers exactly from one pass (policy ``lru``, mode
 taken from one hit-ratio curve instead of one replay each; the rest run as replays in a
 ``ProcessPoolExecutor`` whose workers load the trace once each.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,7 @@ class TraceSpec:
 
     def records(self) -> list[Record]:
         """Load every record (sweeps replay the trace many times)."""
-        return list(read_trace(self.path, self.format, instance=self.instance,
-                               block_size=self.block_size))
+        return list(read_trace(self.path, self.format, instance=self.instance, block_size=self.block_size))
 
 
 @dataclass(frozen=True)
@@ -99,16 +99,21 @@ class SweepSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", EvictionMode.parse(self.mode))
-        object.__setattr__(self, "policy_params",
-                           {policy_name(k): dict(v) for k, v in self.policy_params.items()})
+        object.__setattr__(self, "policy_params", {policy_name(k): dict(v) for k, v in self.policy_params.items()})
 
     def replay_config(self, policy: str, capacity: int) -> ReplayConfig:
         """The replay configuration of one grid point."""
-        return ReplayConfig(capacity=capacity, policy=policy, mode=self.mode,
-                            batch_size=self.batch_size, block_size=self.block_size,
-                            window_s=self.window_s, seed=self.seed,
-                            read_refresh=self.read_refresh,
-                            policy_params=self.policy_params.get(policy_name(policy), {}))
+        return ReplayConfig(
+            capacity=capacity,
+            policy=policy,
+            mode=self.mode,
+            batch_size=self.batch_size,
+            block_size=self.block_size,
+            window_s=self.window_s,
+            seed=self.seed,
+            read_refresh=self.read_refresh,
+            policy_params=self.policy_params.get(policy_name(policy), {}),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -146,19 +151,31 @@ class PointResult:
     elapsed_s: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "capacity": self.capacity, "instance": self.instance,
-                "method": self.method, "elapsed_s": self.elapsed_s, **self.totals.to_dict()}
+        return {
+            "policy": self.policy,
+            "capacity": self.capacity,
+            "instance": self.instance,
+            "method": self.method,
+            "elapsed_s": self.elapsed_s,
+            **self.totals.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PointResult:
         counters = {k: data[k] for k in Totals.__dataclass_fields__}
-        return cls(data["policy"], int(data["capacity"]), data.get("instance"),
-                   Totals(**counters), data.get("method", "replay"),
-                   float(data.get("elapsed_s", 0.0)))
+        return cls(
+            data["policy"],
+            int(data["capacity"]),
+            data.get("instance"),
+            Totals(**counters),
+            data.get("method", "replay"),
+            float(data.get("elapsed_s", 0.0)),
+        )
 
 
-def grid(capacities: Iterable[int], policies: Iterable[str],
-         instances: Sequence[str | None] = (None,)) -> list[GridPoint]:
+def grid(
+    capacities: Iterable[int], policies: Iterable[str], instances: Sequence[str | None] = (None,)
+) -> list[GridPoint]:
     """Every (policy, capacity, instance) combination, policies first."""
     caps = sorted(set(capacities))
     if not caps or any(c < 0 for c in caps):
@@ -183,12 +200,12 @@ def run_point(records: Sequence[Record], point: GridPoint, settings: SweepSettin
     if point.instance is not None:
         records = [r for r in records if r.instance == point.instance]
     result = replay(records, settings.replay_config(point.policy, point.capacity))
-    return PointResult(point.policy, point.capacity, point.instance, result.totals, "replay",
-                       result.elapsed_s)
+    return PointResult(point.policy, point.capacity, point.instance, result.totals, "replay", result.elapsed_s)
 
 
-def curve_points(records: Sequence[Record], capacities: Iterable[int],
-                 settings: SweepSettings, instance: str | None = None) -> list[PointResult]:
+def curve_points(
+    records: Sequence[Record], capacities: Iterable[int], settings: SweepSettings, instance: str | None = None
+) -> list[PointResult]:
     """All LRU points of one instance (or of all) from one exact curve; each point is
     charged an equal share of the pass's time."""
     if instance is not None:
@@ -212,8 +229,7 @@ def _worker_point(point: GridPoint, settings: SweepSettings) -> PointResult:
     return run_point(_worker_records, point, settings)
 
 
-def _worker_curve(capacities: list[int], settings: SweepSettings, instance: str | None
-                  ) -> list[PointResult]:
+def _worker_curve(capacities: list[int], settings: SweepSettings, instance: str | None) -> list[PointResult]:
     return curve_points(_worker_records, capacities, settings, instance)
 
 
@@ -228,14 +244,25 @@ class SweepResult:
     elapsed_s: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trace": asdict(self.trace), "summary": self.summary.to_dict(),
-                "settings": self.settings.to_dict(),
-                "points": [p.to_dict() for p in self.points], "elapsed_s": self.elapsed_s}
+        return {
+            "trace": asdict(self.trace),
+            "summary": self.summary.to_dict(),
+            "settings": self.settings.to_dict(),
+            "points": [p.to_dict() for p in self.points],
+            "elapsed_s": self.elapsed_s,
+        }
 
 
-def sweep(spec: TraceSpec, capacities: Iterable[int], policies: Iterable[str], *,
-          settings: SweepSettings | None = None, split_instances: bool = False,
-          workers: int | None = None, use_curve: bool = True) -> SweepResult:
+def sweep(
+    spec: TraceSpec,
+    capacities: Iterable[int],
+    policies: Iterable[str],
+    *,
+    settings: SweepSettings | None = None,
+    split_instances: bool = False,
+    workers: int | None = None,
+    use_curve: bool = True,
+) -> SweepResult:
     """Run the grid ``policies x capacities`` (x instances with ``split_instances``).
 
     ``workers`` processes replay points in parallel (default: one per CPU; 1 runs
@@ -264,8 +291,7 @@ def sweep(spec: TraceSpec, capacities: Iterable[int], policies: Iterable[str], *
         results.extend(run_point(records, p, settings) for p in replays)
     else:
         del records  # the workers load their own copy
-        with ProcessPoolExecutor(max_workers=workers, initializer=_load_worker,
-                                 initargs=(spec,)) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=_load_worker, initargs=(spec,)) as pool:
             curve_jobs = [pool.submit(_worker_curve, caps, settings, i) for i in curves]
             point_jobs = [pool.submit(_worker_point, p, settings) for p in replays]
             for job in curve_jobs:
@@ -276,9 +302,14 @@ def sweep(spec: TraceSpec, capacities: Iterable[int], policies: Iterable[str], *
     return SweepResult(spec, summary, settings, results, time.perf_counter() - started)
 
 
-def refine_capacity(records: Sequence[Record], settings: SweepSettings, policy: str,
-                    grid: Mapping[int, Totals], target: float, tolerance: float = 0.02
-                    ) -> list[PointResult]:
+def refine_capacity(
+    records: Sequence[Record],
+    settings: SweepSettings,
+    policy: str,
+    grid: Mapping[int, Totals],
+    target: float,
+    tolerance: float = 0.02,
+) -> list[PointResult]:
     """Replays bisecting between the last grid capacity of ``policy`` under ``target`` and
     the first reaching it, until they are ``tolerance`` (relative) apart; the new points."""
     caps = sorted(grid)
@@ -291,8 +322,7 @@ def refine_capacity(records: Sequence[Record], settings: SweepSettings, policy: 
         mid = (lo + hi) // 2
         started = time.perf_counter()
         totals = replay(records, settings.replay_config(policy, mid)).totals
-        points.append(PointResult(policy, mid, None, totals, "replay",
-                                  time.perf_counter() - started))
+        points.append(PointResult(policy, mid, None, totals, "replay", time.perf_counter() - started))
         if (totals.block_hit_ratio or 0.0) >= target - 1e-12:
             hi = mid
         else:

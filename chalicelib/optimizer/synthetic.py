@@ -12,6 +12,7 @@ Written as Mooncake JSONL (``timestamp`` ms, ``input_length``, ``hash_ids``): bl
 are prefix-aware -- two requests share a block id iff they share every token up to the
 block's end -- so the rest of the optimizer reads it like any recorded trace.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -43,8 +44,7 @@ class Distribution:
             raise ConfigError(f"not a distribution: {text!r}") from None
         arity = {"fixed": 1, "uniform": 2, "lognormal": 2}.get(parts[0])
         if arity is None or len(numbers) != arity:
-            raise ConfigError(f"expected fixed:N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA, "
-                              f"got {text!r}")
+            raise ConfigError(f"expected fixed:N, uniform:LOW:HIGH or lognormal:MEDIAN:SIGMA, got {text!r}")
         if min(numbers) < 0 or (parts[0] == "uniform" and numbers[0] > numbers[1]):
             raise ConfigError(f"distribution bounds must be >= 0 and ordered: {text!r}")
         return cls(parts[0], *numbers)
@@ -64,7 +64,7 @@ class Distribution:
             return self.a
         if self.kind == "uniform":
             return (self.a + self.b) / 2
-        return max(self.a, 1.0) * math.exp(self.b ** 2 / 2)
+        return max(self.a, 1.0) * math.exp(self.b**2 / 2)
 
     def __str__(self) -> str:
         numbers = [self.a] if self.kind == "fixed" else [self.a, self.b]
@@ -105,8 +105,13 @@ class Workload:
                 raise ConfigError(f"unknown workload setting {item!r}; known: {', '.join(types)}")
             kind = types[name]
             try:
-                values[name] = (Distribution.parse(value) if kind == "Distribution"
-                                else int(value) if kind == "int" else float(value))
+                values[name] = (
+                    Distribution.parse(value)
+                    if kind == "Distribution"
+                    else int(value)
+                    if kind == "int"
+                    else float(value)
+                )
             except ValueError:
                 raise ConfigError(f"workload setting {name}: not a number: {value!r}") from None
         return cls(**values)
@@ -117,9 +122,11 @@ class Workload:
         return data
 
     def describe(self) -> str:
-        return (f"synthetic: {self.rate:g} req/s for {self.duration:g} s, new prompt "
-                f"{self.prompt}, output {self.output}, {self.system_prompts} system prompt(s) of "
-                f"{self.system} tokens, {self.followup:.0%} follow-ups {self.think:g} s apart")
+        return (
+            f"synthetic: {self.rate:g} req/s for {self.duration:g} s, new prompt "
+            f"{self.prompt}, output {self.output}, {self.system_prompts} system prompt(s) of "
+            f"{self.system} tokens, {self.followup:.0%} follow-ups {self.think:g} s apart"
+        )
 
 
 class _Blocks:
@@ -168,8 +175,7 @@ def requests(workload: Workload, block_size: int) -> Iterator[dict[str, Any]]:
         yield {"timestamp": int(now * 1000), "input_length": length, "hash_ids": ids}
         if rng.random() < workload.followup:  # geometric turns: mean 1 / (1 - followup)
             answer = workload.output.draw(rng)
-            heapq.heappush(due, (now + rng.expovariate(1 / workload.think), conversation,
-                                 system, prompt + answer))
+            heapq.heappush(due, (now + rng.expovariate(1 / workload.think), conversation, system, prompt + answer))
 
 
 def write_trace(workload: Workload, block_size: int, out: TextIO) -> int:
@@ -191,6 +197,9 @@ def generate(workload: Workload, block_size: int, path: str | Path) -> int:
 
 def workload_summary(workload: Workload) -> Mapping[str, Any]:
     """The workload and the means it implies, for the report."""
-    return {**workload.to_dict(), "description": workload.describe(),
-            "mean_turns": 1 / (1 - workload.followup),
-            "mean_new_prompt_tokens": workload.prompt.mean()}
+    return {
+        **workload.to_dict(),
+        "description": workload.describe(),
+        "mean_turns": 1 / (1 - workload.followup),
+        "mean_new_prompt_tokens": workload.prompt.mean(),
+    }

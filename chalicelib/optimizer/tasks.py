@@ -24,6 +24,7 @@ Sweep input (the state machine's input; ``report_task`` receives it back with ``
 
 ``run_task`` gets one grid point: ``{"policy", "capacity", "instance", "sweep": <input>}``.
 """
+
 from __future__ import annotations
 
 import io
@@ -38,8 +39,14 @@ from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.planner import build_plan
 from chalicelib.optimizer.replay import read_timeseries_csv, replay
-from chalicelib.optimizer.report import (CAPACITY_PNG, REPORT_JSON, TIMESERIES_PNG,
-                                         build_report, flatten_results, write_report)
+from chalicelib.optimizer.report import (
+    CAPACITY_PNG,
+    REPORT_JSON,
+    TIMESERIES_PNG,
+    build_report,
+    flatten_results,
+    write_report,
+)
 from chalicelib.optimizer.sweep import PointResult, SweepSettings, TraceSpec, TraceSummary
 
 _CONTENT_TYPES = {".json": "application/json", ".png": "image/png", ".csv": "text/csv"}
@@ -87,26 +94,28 @@ def run_task(event: dict[str, Any], s3_client: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvcm-optimizer-") as tmp:
         path = os.path.join(tmp, Path(key).name or "trace")
         s3_client.download_file(bucket, key, path)
-        spec = TraceSpec(path, trace.get("format", "auto"), trace.get("instance"),
-                         trace.get("block_size")).resolved()
+        spec = TraceSpec(path, trace.get("format", "auto"), trace.get("instance"), trace.get("block_size")).resolved()
         records = spec.records()
     summary = TraceSummary.of(records)
     if instance is not None:
         records = [r for r in records if r.instance == instance]
     settings = _settings(sweep, spec.block_size or 16)
     result = replay(records, settings.replay_config(policy, capacity))
-    point = PointResult(result.config.policy, capacity, instance, result.totals, "replay",
-                        result.elapsed_s)
-    response = {**point.to_dict(), "duration_s": summary.duration_s,
-                "trace_format": spec.format, "block_size": spec.block_size,
-                "instances": len(summary.instances), "timeseries_key": None}
+    point = PointResult(result.config.policy, capacity, instance, result.totals, "replay", result.elapsed_s)
+    response = {
+        **point.to_dict(),
+        "duration_s": summary.duration_s,
+        "trace_format": spec.format,
+        "block_size": spec.block_size,
+        "instances": len(summary.instances),
+        "timeseries_key": None,
+    }
     target = _prefix(sweep)
     if target is not None:
         out = io.StringIO()
         result.write_timeseries_csv(out)
         csv_key = _key(target[1], _point_name(point.policy, capacity, instance))
-        s3_client.put_object(Bucket=target[0], Key=csv_key, Body=out.getvalue().encode(),
-                             ContentType="text/csv")
+        s3_client.put_object(Bucket=target[0], Key=csv_key, Body=out.getvalue().encode(), ContentType="text/csv")
         response["timeseries_key"] = csv_key
     return response
 
@@ -132,22 +141,37 @@ def report_task(event: dict[str, Any], s3_client: Any) -> dict[str, Any]:
     plan = None
     if event.get("plan"):
         try:
-            plan, _ = build_plan(block_size=block_size, instances=max(1, instances),
-                                 **event["plan"])
+            plan, _ = build_plan(block_size=block_size, instances=max(1, instances), **event["plan"])
         except TypeError as exc:  # an unknown or missing field of "plan"
             raise ConfigError(f"plan: {exc}") from None
     report = build_report(
-        trace={"name": Path(str(trace.get("key", "trace"))).name, "bucket": trace.get("bucket"),
-               "key": trace.get("key"), "format": results[0].get("trace_format"),
-               "instances": instances},
-        settings=settings.to_dict(), points=points,
+        trace={
+            "name": Path(str(trace.get("key", "trace"))).name,
+            "bucket": trace.get("bucket"),
+            "key": trace.get("key"),
+            "format": results[0].get("trace_format"),
+            "instances": instances,
+        },
+        settings=settings.to_dict(),
+        points=points,
         duration_s=max(float(r.get("duration_s") or 0.0) for r in results),
-        target=event.get("target_hit_ratio"), cost=CostModel(**(event.get("cost") or {})),
-        plan=plan)
+        target=event.get("target_hit_ratio"),
+        cost=CostModel(**(event.get("cost") or {})),
+        plan=plan,
+    )
     timeseries = None
     rec = report["recommendation"]
-    chosen = next((r for r in results if rec and r["policy"] == rec["policy"]
-                   and int(r["capacity"]) == rec["capacity"] and r.get("timeseries_key")), None)
+    chosen = next(
+        (
+            r
+            for r in results
+            if rec
+            and r["policy"] == rec["policy"]
+            and int(r["capacity"]) == rec["capacity"]
+            and r.get("timeseries_key")
+        ),
+        None,
+    )
     if chosen is not None:
         body = s3_client.get_object(Bucket=bucket, Key=chosen["timeseries_key"])["Body"].read()
         config = settings.replay_config(chosen["policy"], int(chosen["capacity"]))
@@ -156,8 +180,7 @@ def report_task(event: dict[str, Any], s3_client: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvcm-report-") as tmp:
         for path in write_report(report, tmp, timeseries=timeseries):
             key = _key(prefix, path.name)
-            s3_client.upload_file(str(path), bucket, key,
-                                  ExtraArgs={"ContentType": _CONTENT_TYPES[path.suffix]})
+            s3_client.upload_file(str(path), bucket, key, ExtraArgs={"ContentType": _CONTENT_TYPES[path.suffix]})
             uploaded[path.name] = key
     return {
         "report_key": uploaded[REPORT_JSON],

@@ -23,6 +23,7 @@ Supported formats (``FORMATS``):
                   ``timestamp_ns``), ``keys`` or ``tokens``, ``query_type``, ``block_mask``,
                   optional ``type`` (get/write/request) and ``input_len``.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -90,7 +91,7 @@ def block_keys_from_tokens(tokens: Sequence[int], block_size: int) -> list[int]:
     keys: list[int] = []
     h = 0
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        for v in tokens[start:start + block_size]:
+        for v in tokens[start : start + block_size]:
             h = (h ^ (v + _GOLDEN + (h << 12) + (h >> 32))) & _U64
             if h >> 63:  # keep h signed so that >> stays arithmetic, as in int64
                 h -= 1 << 64
@@ -168,8 +169,7 @@ class _Line:
 _QUERY_NAMES = {
     **{name: Query.PREFIX_MATCH for name in ("prefix_match", "qt_prefix_match", "2", "")},
     **{name: Query.BATCH_GET for name in ("batch_get", "qt_batch_get", "1")},
-    **{name: Query.REVERSE_ROLL_SW_MATCH
-       for name in ("reverse_roll_sw_match", "qt_reverse_roll_sw_match", "3")},
+    **{name: Query.REVERSE_ROLL_SW_MATCH for name in ("reverse_roll_sw_match", "qt_reverse_roll_sw_match", "3")},
 }
 
 
@@ -290,9 +290,13 @@ def _unfinished_sessions(path: PathLike) -> set[str]:
     return pending
 
 
-def read_kvcm_events(path: PathLike, *, block_size: int | None = None,
-                     unfinished_write_delay_us: int = UNFINISHED_WRITE_DELAY_US,
-                     **_: Any) -> Iterator[Record]:
+def read_kvcm_events(
+    path: PathLike,
+    *,
+    block_size: int | None = None,
+    unfinished_write_delay_us: int = UNFINISHED_WRITE_DELAY_US,
+    **_: Any,
+) -> Iterator[Record]:
     """The KVCM event log.
 
     * ``GetCacheLocation``  -> ``READ`` of ``keys`` with its ``block_mask`` and ``query_type``.
@@ -319,8 +323,9 @@ def read_kvcm_events(path: PathLike, *, block_size: int | None = None,
         if kind == "GetCacheLocation":
             keys, n_tokens = _keys_of(line, block_size)
             sw_size = line.integer("sw_size", 0)
-            yield Record(line.text("source"), ts, Op.READ, keys, line.mask("block_mask"),
-                         n_tokens, line.query(), max(sw_size, 0))
+            yield Record(
+                line.text("source"), ts, Op.READ, keys, line.mask("block_mask"), n_tokens, line.query(), max(sw_size, 0)
+            )
         elif kind == "StartWriteCache":
             keys = _keys_of(line, block_size)[0]
             session = line.text("write_session_id")
@@ -368,8 +373,16 @@ def read_upstream(path: PathLike, *, block_size: int | None = None, **_: Any) ->
             if op is None:
                 raise line.error(f"unknown type {kind!r} (expected get, write or request)")
         elif all(line.has(f) for f in ("input_len", "output_len", "total_keys")):
-            yield Record(instance, ts, Op.READ, keys, line.mask("block_mask"), input_tokens,
-                         line.query(), max(line.integer("sw_size", 0), 0))
+            yield Record(
+                instance,
+                ts,
+                Op.READ,
+                keys,
+                line.mask("block_mask"),
+                input_tokens,
+                line.query(),
+                max(line.integer("sw_size", 0), 0),
+            )
             yield Record(instance, ts, Op.WRITE, line.integers("total_keys"))
             continue
         else:
@@ -377,8 +390,16 @@ def read_upstream(path: PathLike, *, block_size: int | None = None, **_: Any) ->
         if op is Op.WRITE:
             yield Record(instance, ts, op, keys)
         else:
-            yield Record(instance, ts, op, keys, line.mask("block_mask"), input_tokens,
-                         line.query(), max(line.integer("sw_size", 0), 0))
+            yield Record(
+                instance,
+                ts,
+                op,
+                keys,
+                line.mask("block_mask"),
+                input_tokens,
+                line.query(),
+                max(line.integer("sw_size", 0), 0),
+            )
 
 
 # ---------------------------------------------------------------------------- registry
@@ -395,17 +416,29 @@ class TraceFormat:
 
 
 FORMATS: dict[str, TraceFormat] = {
-    fmt.name: fmt for fmt in (
+    fmt.name: fmt
+    for fmt in (
         TraceFormat("mooncake", read_mooncake, 512, "Mooncake JSONL (hash_ids, timestamp in ms)"),
-        TraceFormat("qwen_bailian", read_qwen_bailian, 16,
-                    "Qwen-Bailian JSONL (chat_id, parent_chat_id, timestamp in s, hash_ids)"),
+        TraceFormat(
+            "qwen_bailian",
+            read_qwen_bailian,
+            16,
+            "Qwen-Bailian JSONL (chat_id, parent_chat_id, timestamp in s, hash_ids)",
+        ),
         TraceFormat("kvcm_events", read_kvcm_events, 16, "KVCM event log (GetCacheLocation, ...)"),
-        TraceFormat("upstream", read_upstream, 16,
-                    "upstream optimizer schema JSONL (instance_id, timestamp_us, keys/tokens)"),
+        TraceFormat(
+            "upstream", read_upstream, 16, "upstream optimizer schema JSONL (instance_id, timestamp_us, keys/tokens)"
+        ),
     )
 }
-_ALIASES = {"bailian": "qwen_bailian", "qwen": "qwen_bailian", "events": "kvcm_events",
-            "event_log": "kvcm_events", "kvcm": "kvcm_events", "optimizer": "upstream"}
+_ALIASES = {
+    "bailian": "qwen_bailian",
+    "qwen": "qwen_bailian",
+    "events": "kvcm_events",
+    "event_log": "kvcm_events",
+    "kvcm": "kvcm_events",
+    "optimizer": "upstream",
+}
 _EVENT_TYPES = {"GetCacheLocation", "StartWriteCache", "FinishWriteCache", "CacheReclaimSubmit"}
 
 
@@ -434,8 +467,9 @@ def resolve_format(path: PathLike, fmt: str = "auto") -> TraceFormat:
     return FORMATS[name]
 
 
-def read_trace(path: PathLike, fmt: str = "auto", *, instance: str | None = None,
-               block_size: int | None = None) -> Iterator[Record]:
+def read_trace(
+    path: PathLike, fmt: str = "auto", *, instance: str | None = None, block_size: int | None = None
+) -> Iterator[Record]:
     """Stream the records of a trace file of format ``fmt`` (``auto`` sniffs it).
 
     ``instance`` names the single instance of request-level formats (Mooncake, Qwen-Bailian);

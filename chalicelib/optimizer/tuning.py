@@ -14,6 +14,7 @@ applied a step at a time and measured in between) and says what it expects to ga
 Quotas are in blocks, or in bytes when ``block_bytes`` gives each instance's block size in
 bytes (KVCM's ``instance_quotas``: instances of a group may have different specs).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,13 +60,18 @@ def _blocks(quota: int, used_fraction: float, name: str, block_bytes: BlockBytes
     return int(quota * used_fraction / per_block)
 
 
-def _hits(curve: HitRatioCurve, quota: int, used_fraction: float, name: str = "",
-          block_bytes: BlockBytes = None) -> float:
+def _hits(
+    curve: HitRatioCurve, quota: int, used_fraction: float, name: str = "", block_bytes: BlockBytes = None
+) -> float:
     return curve.external_hits(_blocks(quota, used_fraction, name, block_bytes))
 
 
-def evaluate(curves: Mapping[str, HitRatioCurve], quotas: Mapping[str, int],
-             used_fraction: float = 0.9, block_bytes: BlockBytes = None) -> QuotaSplit:
+def evaluate(
+    curves: Mapping[str, HitRatioCurve],
+    quotas: Mapping[str, int],
+    used_fraction: float = 0.9,
+    block_bytes: BlockBytes = None,
+) -> QuotaSplit:
     """What ``quotas`` give, per the curves."""
     missing = sorted(set(curves) - set(quotas))
     if missing:
@@ -77,11 +83,18 @@ def evaluate(curves: Mapping[str, HitRatioCurve], quotas: Mapping[str, int],
         {name: quotas[name] for name in curves},
         sum(_hits(c, quotas[name], used_fraction, name, block_bytes) for name, c in curves.items()),
         sum(c.read_blocks for c in curves.values()),
-        sum(c.internal_hit_blocks for c in curves.values()))
+        sum(c.internal_hit_blocks for c in curves.values()),
+    )
 
 
-def best_split(curves: Mapping[str, HitRatioCurve], total: int, used_fraction: float = 0.9,
-               granules: int = 200, block_bytes: BlockBytes = None, floor: int = 0) -> QuotaSplit:
+def best_split(
+    curves: Mapping[str, HitRatioCurve],
+    total: int,
+    used_fraction: float = 0.9,
+    granules: int = 200,
+    block_bytes: BlockBytes = None,
+    floor: int = 0,
+) -> QuotaSplit:
     """The split of ``total`` blocks (bytes with ``block_bytes``) among the instances with
     the most hits, every instance keeping at least ``floor``; exact on a grid of what the
     floors leave / ``granules`` (dynamic programming: cliffs are found)."""
@@ -120,16 +133,25 @@ def best_split(curves: Mapping[str, HitRatioCurve], total: int, used_fraction: f
     # what the grid leaves over goes to the instance that gains most from it
     spare = total - sum(quotas.values())
     if spare:
+
         def gain(name: str) -> float:
-            return (_hits(curves[name], quotas[name] + spare, used_fraction, name, block_bytes)
-                    - _hits(curves[name], quotas[name], used_fraction, name, block_bytes))
+            return _hits(curves[name], quotas[name] + spare, used_fraction, name, block_bytes) - _hits(
+                curves[name], quotas[name], used_fraction, name, block_bytes
+            )
+
         quotas[max(names, key=gain)] += spare
     return evaluate(curves, quotas, used_fraction, block_bytes)
 
 
-def recommend(curves: Mapping[str, HitRatioCurve], current: Mapping[str, int],
-              used_fraction: float = 0.9, max_shift: float = 0.2,
-              granules: int = 200, block_bytes: BlockBytes = None, floor: int = 0) -> dict[str, Any]:
+def recommend(
+    curves: Mapping[str, HitRatioCurve],
+    current: Mapping[str, int],
+    used_fraction: float = 0.9,
+    max_shift: float = 0.2,
+    granules: int = 200,
+    block_bytes: BlockBytes = None,
+    floor: int = 0,
+) -> dict[str, Any]:
     """A bounded step from ``current`` quotas toward the best split of their total (no
     instance under ``floor``): every instance moves the same share of its way there, at
     most ``max_shift`` of the total quota changing hands (the next run continues from what
@@ -155,14 +177,20 @@ def recommend(curves: Mapping[str, HitRatioCurve], current: Mapping[str, int],
         "total_quota_blocks": total,
         "used_percentage": used_fraction,
         "current": {"quotas": now.quotas, "group_hit_ratio": now.hit_ratio},
-        "recommended": {"quotas": step.quotas, "group_hit_ratio": step.hit_ratio,
-                        "expected_gain": (step.hit_ratio or 0.0) - (now.hit_ratio or 0.0)},
+        "recommended": {
+            "quotas": step.quotas,
+            "group_hit_ratio": step.hit_ratio,
+            "expected_gain": (step.hit_ratio or 0.0) - (now.hit_ratio or 0.0),
+        },
         "optimum": {"quotas": target.quotas, "group_hit_ratio": target.hit_ratio},
         "changes": {n: moved[n] for n in curves if moved[n]},
         "per_instance": {
-            n: {"current": current[n], "recommended": proposed[n],
+            n: {
+                "current": current[n],
+                "recommended": proposed[n],
                 "hit_ratio_now": curves[n].block_hit_ratio(_blocks(current[n], used_fraction, n, block_bytes)),
-                "hit_ratio_recommended": curves[n].block_hit_ratio(
-                    _blocks(proposed[n], used_fraction, n, block_bytes))}
-            for n in curves},
+                "hit_ratio_recommended": curves[n].block_hit_ratio(_blocks(proposed[n], used_fraction, n, block_bytes)),
+            }
+            for n in curves
+        },
     }

@@ -1,4 +1,5 @@
 """Wire enums. Values are the protocol numbers; names are what JSON carries."""
+
 from enum import IntEnum
 
 

@@ -4,6 +4,7 @@ Layers raise the most specific subclass where a problem is detected (often a sub
 of their own, e.g. ``index.errors.WriteSessionNotFoundError(InvalidArgumentError)``);
 ``status_of`` is the only code that turns an exception into an ``ErrorCode``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

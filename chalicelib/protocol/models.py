@@ -4,13 +4,13 @@ Field types follow upstream's protobuf: ``Int64`` renders as a string, ``Int32``
 number. Sub-messages that are absent stay ``None`` and are omitted when rendering; a
 ``oneof`` is a set of optional fields of which at most one may be set.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from typing_extensions import TypedDict
-
 from pydantic import Field, model_validator
+from typing_extensions import TypedDict
 
 from .codes import (
     CacheLocationStatus,
@@ -250,8 +250,9 @@ class StorageConfig(WireModel):
         field = self.spec_field
         if field == "event_report":
             if self.storage_type not in EVENT_REPORT_TYPES:
-                raise ValueError("storage_type must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2 "
-                                 "with an event_report spec")
+                raise ValueError(
+                    "storage_type must be ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2 with an event_report spec"
+                )
         elif self.storage_type in NO_BACKEND_TYPES:
             raise ValueError(f"storage_type {self.storage_type.name} has no backend in KVCM")
         elif field is not None:

@@ -2,6 +2,7 @@
 Valkey keys), the services and the control plane. Every message names the field, in the
 wire's snake_case path, e.g. ``instance_group.quota.capacity``.
 """
+
 from __future__ import annotations
 
 import re
@@ -60,8 +61,11 @@ def validate_key_fields(request: Any) -> None:
         value = getattr(request, path, "")
         if value and isinstance(value, str):  # createInstanceGroup's instance_group is the group itself
             require_key_name(value, path)
-    if isinstance(request, FinishWriteCacheRequest) and request.write_session_id \
-            and not _SESSION_ID.fullmatch(request.write_session_id):
+    if (
+        isinstance(request, FinishWriteCacheRequest)
+        and request.write_session_id
+        and not _SESSION_ID.fullmatch(request.write_session_id)
+    ):
         raise invalid("write_session_id", "is not a write session id (32 characters of a-z, 0-9)")
 
 

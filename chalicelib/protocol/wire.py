@@ -5,6 +5,7 @@ number or a decimal string), integers as a number or a decimal string, ``null`` 
 field as its default, and ignores unknown fields. Rendering prints snake_case names,
 default values, enum names and int64 values as strings.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,22 +87,35 @@ def _string(value: Any) -> str:
 
 def _integer_json_schema(lo: int, hi: int) -> WithJsonSchema:
     """What a request may carry for an integer (the OpenAPI document's request side)."""
-    return WithJsonSchema({"anyOf": [{"type": "integer", "minimum": lo, "maximum": hi},
-                                     {"type": "string", "pattern": _DECIMAL.pattern.join("^$")}]},
-                          mode="validation")
+    return WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": lo, "maximum": hi},
+                {"type": "string", "pattern": _DECIMAL.pattern.join("^$")},
+            ]
+        },
+        mode="validation",
+    )
 
 
-Int64 = Annotated[int, BeforeValidator(_int64), PlainSerializer(str, return_type=str, when_used="json"),
-                  _integer_json_schema(INT64_MIN, INT64_MAX),
-                  WithJsonSchema({"type": "string", "pattern": _DECIMAL.pattern.join("^$")}, mode="serialization")]
+Int64 = Annotated[
+    int,
+    BeforeValidator(_int64),
+    PlainSerializer(str, return_type=str, when_used="json"),
+    _integer_json_schema(INT64_MIN, INT64_MAX),
+    WithJsonSchema({"type": "string", "pattern": _DECIMAL.pattern.join("^$")}, mode="serialization"),
+]
 
 
 def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
     # Requests carry thousands of keys or token ids, nearly always a JSON array of in-range
     # integers: checked in C loops here. Anything else goes item by item, so an error
     # names the offending index.
-    if type(value) is list and set(map(type, value)) <= {int} and (
-            not value or (INT64_MIN <= min(value) and max(value) <= INT64_MAX)):
+    if (
+        type(value) is list
+        and set(map(type, value)) <= {int}
+        and (not value or (INT64_MIN <= min(value) and max(value) <= INT64_MAX))
+    ):
         return value
     checked: list[int] = handler(value)
     return checked
@@ -111,6 +125,7 @@ Int64List = Annotated[list[Int64], WrapValidator(_int64_list)]
 Int32 = Annotated[int, BeforeValidator(_int32), _integer_json_schema(INT32_MIN, INT32_MAX)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_string)]
+
 
 class WireEnum(GroupedMetadata):
     """``Annotated[SomeEnum, WireEnum(SomeEnum)]``: an enum field that parses a name or a
@@ -139,10 +154,14 @@ class WireEnum(GroupedMetadata):
         member_names = [member.name for member in enum_cls]
         numbers = [member.value for member in enum_cls]
         self._metadata = (
-            BeforeValidator(parse), PlainSerializer(_enum_name, return_type=str),
-            WithJsonSchema({"title": enum_cls.__name__, "enum": member_names + numbers + list(map(str, numbers))},
-                           mode="validation"),
-            WithJsonSchema({"title": enum_cls.__name__, "type": "string", "enum": member_names}, mode="serialization"))
+            BeforeValidator(parse),
+            PlainSerializer(_enum_name, return_type=str),
+            WithJsonSchema(
+                {"title": enum_cls.__name__, "enum": member_names + numbers + list(map(str, numbers))},
+                mode="validation",
+            ),
+            WithJsonSchema({"title": enum_cls.__name__, "type": "string", "enum": member_names}, mode="serialization"),
+        )
 
     def __iter__(self) -> Iterator[object]:
         return iter(self._metadata)
@@ -200,7 +219,8 @@ class JsonArray(Sequence[Any]):
         from_list = core_schema.no_info_after_validator_function(cls.of, items)
         return core_schema.union_schema(
             [core_schema.is_instance_schema(cls), from_list],
-            serialization=core_schema.plain_serializer_function_ser_schema(list))
+            serialization=core_schema.plain_serializer_function_ser_schema(list),
+        )
 
 
 class WireModel(BaseModel):
@@ -251,7 +271,7 @@ def describe_validation_error(err: ValidationError) -> str:
     for item in err.errors(include_url=False):
         msg = item["msg"]
         if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         parts.append(f"field '{field_path(item['loc'])}': {msg}")
     return "; ".join(parts)
 

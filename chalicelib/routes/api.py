@@ -1,4 +1,5 @@
 """Builds a Chalice blueprint that serves a list of operations as ``POST /api/<name>``."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,6 +30,10 @@ def api_blueprint(import_name: str, operations: list[Operation]) -> Blueprint:
         return view
 
     for api_name in dispatcher.operations:
-        blueprint.route(f"/api/{api_name}", methods=["POST"], content_types=["*/*"],
-                        authorizer=gateway.api_key_authorizer if gateway.ENABLED else None)(make_view(api_name))
+        blueprint.route(
+            f"/api/{api_name}",
+            methods=["POST"],
+            content_types=["*/*"],
+            authorizer=gateway.api_key_authorizer if gateway.ENABLED else None,
+        )(make_view(api_name))
     return blueprint

@@ -5,6 +5,7 @@ The page holds no data: its script reads everything through the API methods
 getCapacityReport), with an admin account's bearer when the service has auth on (it asks
 for one when a call answers 401/403). So the files are served to anyone, like ``/docs``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,12 @@ ASSETS = {"console.js": "application/javascript", "console.css": "text/css"}
 HTML = "text/html"
 ROUTES = [
     PlainRoute("/console", "The operator console (its data comes from the API methods)", (HTML,)),
-    PlainRoute("/console/{asset}", "The console's script and style sheet", tuple(dict.fromkeys(ASSETS.values())),
-               assets=tuple(ASSETS)),
+    PlainRoute(
+        "/console/{asset}",
+        "The console's script and style sheet",
+        tuple(dict.fromkeys(ASSETS.values())),
+        assets=tuple(ASSETS),
+    ),
 ]
 
 
@@ -33,8 +38,11 @@ def _file(name: str) -> str:
 
 def _text(body: str, content_type: str) -> Response:
     # no-cache: a deployment's new console is picked up at the next load.
-    return Response(body=body, status_code=200,
-                    headers={"Content-Type": f"{content_type}; charset=utf-8", "Cache-Control": "no-cache"})
+    return Response(
+        body=body,
+        status_code=200,
+        headers={"Content-Type": f"{content_type}; charset=utf-8", "Cache-Control": "no-cache"},
+    )
 
 
 @blueprint.route("/console", methods=["GET"])

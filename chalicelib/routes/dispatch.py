@@ -7,13 +7,14 @@ before any middleware saw it, so nothing escapes ``Dispatcher.handle``. And it i
 place where, with auth on, every method's role and scope are checked (``auth.policy``)
 and admin mutations and denied calls are audited.
 """
+
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, get_type_hints
-from collections.abc import Callable, Mapping
 
 from ..auth import Action, Authorizer, Principal, check_action, check_target, parse_bearer
 from ..auth.targets import TargetOf
@@ -21,12 +22,12 @@ from ..clock import Clock
 from ..control import ConfigCache
 from ..control.api_keys import key_id_of
 from ..control.audit import AuditEntry, AuditLog
+from ..observability.events import EventRecorder
 from ..observability.logging import access_log, logger
+from ..observability.metrics import MetricsPublisher, MetricsRegistry
 from ..protocol.codes import ErrorCode
 from ..protocol.errors import MalformedBodyError, RequestTooLargeError, http_status_of, status_of
 from ..protocol.models import Request, Response, ResponseHeader, Status
-from ..observability.events import EventRecorder
-from ..observability.metrics import MetricsPublisher, MetricsRegistry
 from ..protocol.validation import invalid, validate_key_fields
 from ..protocol.wire import decode_body, parse_model, render
 from ..settings import Settings
@@ -112,8 +113,16 @@ def _target_label(request: Request | None) -> str:
     if request is None:
         return ""
     parts = []
-    for name in ("instance_id", "instance_group", "instance_group_name", "name", "storage_unique_name",
-                 "user_name", "key_id", "api_name"):
+    for name in (
+        "instance_id",
+        "instance_group",
+        "instance_group_name",
+        "name",
+        "storage_unique_name",
+        "user_name",
+        "key_id",
+        "api_name",
+    ):
         value = getattr(request, name, None)
         if isinstance(value, str):
             if value:
@@ -132,8 +141,9 @@ class Dispatcher:
     def __init__(self, operations: list[Operation]) -> None:
         self.operations = {op.api_name: op for op in operations}
 
-    def handle(self, context: CallContext, api_name: str, raw_body: Any,
-               headers: Mapping[str, str], source: str = "") -> tuple[int, str]:
+    def handle(
+        self, context: CallContext, api_name: str, raw_body: Any, headers: Mapping[str, str], source: str = ""
+    ) -> tuple[int, str]:
         """Run one call; returns (HTTP status, JSON text). Never raises. ``source`` is the
         caller's address (audit log)."""
         start = time.perf_counter()
@@ -189,9 +199,18 @@ class Dispatcher:
                 logger.exception("event log of %s failed", api_name)
         caller = principal.label if principal is not None else ""
         if settings.auth_enabled and (op.action.audited or status in _DENIED):
-            self._audit(context, AuditEntry(principal=caller or _claimed(headers), source=source, api_name=api_name,
-                                            target=_target_label(request), code=code.name, message=message,
-                                            denied=status in _DENIED))
+            self._audit(
+                context,
+                AuditEntry(
+                    principal=caller or _claimed(headers),
+                    source=source,
+                    api_name=api_name,
+                    target=_target_label(request),
+                    code=code.name,
+                    message=message,
+                    denied=status in _DENIED,
+                ),
+            )
         access_log(api_name, trace_id, code.name, latency_us, principal=caller)
         return status, body
 

@@ -5,6 +5,7 @@ Both hold no data and are served to anyone, auth on or off, like the definitions
 Gateway exports. Swagger UI's files come from the swagger-ui-bundle-v2 wheel: browsers
 that use this service may reach no CDN.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,12 +31,20 @@ DOCS_PAGE = """<!doctype html>
 #: Every GET route of the app, with what it answers (``routes.ops``, this module, ``routes.console``).
 PLAIN_ROUTES = [
     PlainRoute("/metrics", "The service metrics in the Prometheus text format", ("text/plain",), admin=True),
-    PlainRoute("/api/healthy", "200 {\"status\":\"OK\"} when checkHealth is healthy, else 503 with its answer",
-               ("application/json",), admin=True),
+    PlainRoute(
+        "/api/healthy",
+        '200 {"status":"OK"} when checkHealth is healthy, else 503 with its answer',
+        ("application/json",),
+        admin=True,
+    ),
     PlainRoute("/openapi.json", "This document", ("application/json",)),
     PlainRoute("/docs", "Swagger UI over this document", ("text/html",)),
-    PlainRoute("/docs/{asset}", "Swagger UI's files", tuple(dict.fromkeys(SWAGGER_ASSETS.values())),
-               assets=tuple(SWAGGER_ASSETS)),
+    PlainRoute(
+        "/docs/{asset}",
+        "Swagger UI's files",
+        tuple(dict.fromkeys(SWAGGER_ASSETS.values())),
+        assets=tuple(SWAGGER_ASSETS),
+    ),
     *console.ROUTES,
 ]
 
@@ -69,5 +78,8 @@ def docs_asset(asset: str) -> Response:
     content_type = SWAGGER_ASSETS.get(asset)
     if content_type is None:
         raise NotFoundError(asset)
-    return Response(body=_swagger_asset(asset), status_code=200,
-                    headers={"Content-Type": f"{content_type}; charset=utf-8", "Cache-Control": "max-age=86400"})
+    return Response(
+        body=_swagger_asset(asset),
+        status_code=200,
+        headers={"Content-Type": f"{content_type}; charset=utf-8", "Cache-Control": "max-age=86400"},
+    )

@@ -10,6 +10,7 @@ runs on every call regardless, so the cache never widens what a key may do.
 
 The local stack and the tests leave it off and rely on that in-handler check alone.
 """
+
 from __future__ import annotations
 
 from chalice import AuthResponse, Blueprint

@@ -1,5 +1,6 @@
 """MetaService methods (registerInstance, getInstanceInfo, getCacheMeta and removeCache
 are AdminService methods too; they are served once, here)."""
+
 from __future__ import annotations
 
 from ..auth import Action as A
@@ -12,10 +13,10 @@ from .api import api_blueprint
 from .dispatch import Handler, Operation
 
 
-def _meta(name: str, request_model: type[Request], handler: Handler, action: A = A.META_WRITE,
-          target: TargetOf = t.instance) -> Operation:
-    return Operation(name, request_model, handler, service="meta", action=action, target=target,
-                     recorded=True)
+def _meta(
+    name: str, request_model: type[Request], handler: Handler, action: A = A.META_WRITE, target: TargetOf = t.instance
+) -> Operation:
+    return Operation(name, request_model, handler, service="meta", action=action, target=target, recorded=True)
 
 
 OPERATIONS: list[Operation] = [

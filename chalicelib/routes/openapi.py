@@ -7,11 +7,12 @@ endpoints beside the API (``/metrics``, ``/openapi.json``, ``/docs``, ``/console
 described by ``PlainRoute`` entries kept next to their views in ``ops``. Nothing here is
 written by hand twice: a field added to a model shows up in the document.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterable
 
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
@@ -40,8 +41,9 @@ class PlainRoute:
     assets: tuple[str, ...] = ()
 
 
-def _protocol_operation(op: Operation, request_ref: dict[str, Any], response_ref: dict[str, Any],
-                        error_ref: dict[str, Any]) -> dict[str, Any]:
+def _protocol_operation(
+    op: Operation, request_ref: dict[str, Any], response_ref: dict[str, Any], error_ref: dict[str, Any]
+) -> dict[str, Any]:
     doc = (op.handler.__doc__ or "").strip()
     operation: dict[str, Any] = {
         "operationId": op.api_name,
@@ -49,15 +51,23 @@ def _protocol_operation(op: Operation, request_ref: dict[str, Any], response_ref
         "summary": doc.splitlines()[0] if doc else op.api_name,
         "requestBody": {"required": False, "content": {"application/json": {"schema": request_ref}}},
         "responses": {
-            "200": {"description": "The result; failures too, with `header.status.code` set and the "
-                                   "other fields at their defaults",
-                    "content": {"application/json": {"schema": response_ref}}},
-            "400": {"description": "The body is not a JSON object",
-                    "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}}}},
-            "401": {"description": "Auth on: no or unknown bearer",
-                    "content": {"application/json": {"schema": error_ref}}},
-            "403": {"description": "Auth on: the account's role may not call this service",
-                    "content": {"application/json": {"schema": error_ref}}},
+            "200": {
+                "description": "The result; failures too, with `header.status.code` set and the "
+                "other fields at their defaults",
+                "content": {"application/json": {"schema": response_ref}},
+            },
+            "400": {
+                "description": "The body is not a JSON object",
+                "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}}},
+            },
+            "401": {
+                "description": "Auth on: no or unknown bearer",
+                "content": {"application/json": {"schema": error_ref}},
+            },
+            "403": {
+                "description": "Auth on: the account's role may not call this service",
+                "content": {"application/json": {"schema": error_ref}},
+            },
         },
         # Anonymous with auth off, an account's bearer with it on.
         "security": [{}, {"bearer": []}],
@@ -67,28 +77,39 @@ def _protocol_operation(op: Operation, request_ref: dict[str, Any], response_ref
 
 def _plain_operation(route: PlainRoute) -> dict[str, Any]:
     body = {"type": "object"} if route.content_types == ("application/json",) else {"type": "string"}
-    responses: dict[str, Any] = {"200": {"description": route.summary,
-                                         "content": {t: {"schema": body} for t in route.content_types}}}
-    operation: dict[str, Any] = {"operationId": "get" + route.path.replace("{asset}", "asset"),
-                                 "tags": ["ops"], "summary": route.summary, "responses": responses}
+    responses: dict[str, Any] = {
+        "200": {"description": route.summary, "content": {t: {"schema": body} for t in route.content_types}}
+    }
+    operation: dict[str, Any] = {
+        "operationId": "get" + route.path.replace("{asset}", "asset"),
+        "tags": ["ops"],
+        "summary": route.summary,
+        "responses": responses,
+    }
     if route.assets:
-        operation["parameters"] = [{"name": "asset", "in": "path", "required": True,
-                                    "schema": {"type": "string", "enum": list(route.assets)}}]
-        responses["404"] = {"description": "No such file", "content": {"application/json": {"schema": {
-            "type": "object"}}}}
+        operation["parameters"] = [
+            {"name": "asset", "in": "path", "required": True, "schema": {"type": "string", "enum": list(route.assets)}}
+        ]
+        responses["404"] = {
+            "description": "No such file",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
     if route.admin:
         text = {"text/plain": {"schema": {"type": "string"}}}
         responses["401"] = {"description": "Auth on: no or unknown bearer", "content": text}
         responses["403"] = {"description": "Auth on: not an admin account", "content": text}
         # /api/healthy answers an unhealthy service with checkHealth's JSON.
-        responses["503"] = {"description": "The index or the control plane does not answer",
-                            "content": {**text, **{t: {"schema": body} for t in route.content_types}}}
+        responses["503"] = {
+            "description": "The index or the control plane does not answer",
+            "content": {**text, **{t: {"schema": body} for t in route.content_types}},
+        }
         operation["security"] = [{}, {"bearer": []}]
     return operation
 
 
-def openapi_document(operations: Iterable[Operation], plain_routes: Iterable[PlainRoute],
-                     version: str = "1") -> dict[str, Any]:
+def openapi_document(
+    operations: Iterable[Operation], plain_routes: Iterable[PlainRoute], version: str = "1"
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations`` (POST) and ``plain_routes`` (GET)."""
     operations = list(operations)
     keys: list[tuple[type[BaseModel], JsonSchemaMode]] = [(op.request_model, "validation") for op in operations]
@@ -98,8 +119,11 @@ def openapi_document(operations: Iterable[Operation], plain_routes: Iterable[Pla
     paths: dict[str, Any] = {}
     error_ref = refs[(Response, "serialization")]
     for op in operations:
-        paths[f"/api/{op.api_name}"] = {"post": _protocol_operation(
-            op, refs[(op.request_model, "validation")], refs[(op.response_model, "serialization")], error_ref)}
+        paths[f"/api/{op.api_name}"] = {
+            "post": _protocol_operation(
+                op, refs[(op.request_model, "validation")], refs[(op.response_model, "serialization")], error_ref
+            )
+        }
     for route in plain_routes:
         paths[route.path] = {"get": _plain_operation(route)}
     return {
@@ -108,15 +132,20 @@ def openapi_document(operations: Iterable[Operation], plain_routes: Iterable[Pla
             "title": "KVCM",
             "version": version,
             "description": "KV-cache metadata manager speaking Tair KVCache Manager's HTTP/JSON protocol. "
-                           "Requests are proto3 JSON (snake_case or lowerCamelCase names, enums by name or "
-                           "number, int64 as a number or a decimal string, unknown fields ignored); responses "
-                           "print snake_case names, defaults, enum names and int64 values as strings.",
+            "Requests are proto3 JSON (snake_case or lowerCamelCase names, enums by name or "
+            "number, int64 as a number or a decimal string, unknown fields ignored); responses "
+            "print snake_case names, defaults, enum names and int64 values as strings.",
         },
         "tags": [{"name": name, "description": text} for name, text in SERVICES.items()],
         "paths": paths,
         "components": {
             "schemas": definitions.get("$defs", {}),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "`<user_name>:<password>` of an account (auth on)"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "`<user_name>:<password>` of an account (auth on)",
+                }
+            },
         },
     }

@@ -5,6 +5,7 @@ It reports the service's metrics (every container's, as getMetrics does) and, wi
 on, takes the same ``Authorization: Bearer <user>:<password>`` of an admin account
 (Prometheus sends it with ``authorization: {credentials: ...}``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -24,8 +25,9 @@ from . import gateway
 blueprint = Blueprint(__name__)
 
 
-def _probe(runtime: Runtime, headers: Mapping[str, str], path: str, answer: Callable[[], tuple[int, str]]
-           ) -> tuple[int, str]:
+def _probe(
+    runtime: Runtime, headers: Mapping[str, str], path: str, answer: Callable[[], tuple[int, str]]
+) -> tuple[int, str]:
     """(HTTP status, body) of a GET probe answered by ``answer()``, with auth as an admin
     read. Never raises: failures are a failing status, never a 500 traceback."""
     try:
@@ -44,14 +46,18 @@ def _probe(runtime: Runtime, headers: Mapping[str, str], path: str, answer: Call
 
 def metrics_text(runtime: Runtime, headers: Mapping[str, str]) -> tuple[int, str]:
     """(HTTP status, body) of a scrape. Never raises."""
-    return _probe(runtime, headers, "/metrics",
-                  lambda: (200, exposition(runtime.service_admin.service_metrics(),
-                                           prefix=runtime.settings.key_prefix)))
+    return _probe(
+        runtime,
+        headers,
+        "/metrics",
+        lambda: (200, exposition(runtime.service_admin.service_metrics(), prefix=runtime.settings.key_prefix)),
+    )
 
 
 def healthy(runtime: Runtime, headers: Mapping[str, str]) -> tuple[int, str]:
     """``200 {"status":"OK"}`` when checkHealth finds the service healthy, else 503 with
     checkHealth's whole answer (as upstream). Never raises."""
+
     def answer() -> tuple[int, str]:
         trace_id = f"kvcm-healthy-{int(runtime.clock.now() * 1000)}"
         health = runtime.service_admin.check_health(ListRequest(trace_id=trace_id))

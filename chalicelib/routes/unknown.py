@@ -6,6 +6,7 @@ which sends people looking for an auth problem.
 API Gateway and Chalice match a literal path (``/api/getCacheLocation``) before a path
 parameter, so this only sees names no blueprint serves.
 """
+
 from __future__ import annotations
 
 from chalice import Blueprint, Response

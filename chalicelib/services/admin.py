@@ -3,10 +3,11 @@ service itself (metrics, health, leader, logger). registerInstance, getInstanceI
 getCacheMeta and removeCache are served by MetaService only.
 
 Each class below holds the collaborators of one family of methods."""
+
 from __future__ import annotations
 
-from typing import TypeVar
 from collections.abc import Callable
+from typing import TypeVar
 
 from ..cache.purge import PurgeService
 from ..capacity.usage import UsageReports
@@ -20,18 +21,47 @@ from ..index import BlockIndex
 from ..observability.logging import logger, set_level
 from ..observability.metrics import COUNTER, MetricsDelta, MetricsPublisher
 from ..protocol.errors import InvalidArgumentError, ServiceNotReadyError
+from ..protocol.models import (
+    AddAccountRequest,
+    ApiKeyInfo,
+    CheckHealthResponse,
+    CreateApiKeyRequest,
+    CreateApiKeyResponse,
+    CreateInstanceGroupRequest,
+    DeleteAccountRequest,
+    GetCapacityReportResponse,
+    GetInstanceGroupResponse,
+    GetInstanceGroupUsageRequest,
+    GetInstanceGroupUsageResponse,
+    GetManagerClusterInfoResponse,
+    GetMetricsResponse,
+    InstanceGroupNameRequest,
+    LeaderElectorConfigResponse,
+    ListAccountResponse,
+    ListApiKeyRequest,
+    ListApiKeyResponse,
+    ListAuditLogRequest,
+    ListAuditLogResponse,
+    ListInstanceGroupResponse,
+    ListInstanceInfoRequest,
+    ListInstanceInfoResponse,
+    ListRequest,
+    ListStorageResponse,
+    MetricsData,
+    MetricsTag,
+    MetricValue,
+    RemoveInstanceRequest,
+    Response,
+    RevokeApiKeyRequest,
+    StorageConfig,
+    StorageNameRequest,
+    StorageRequest,
+    UpdateInstanceGroupRequest,
+    UpdateLeaderElectorConfigRequest,
+    UpdateLoggerRequest,
+    UpdateStorageRequest,
+)
 from ..protocol.validation import require, require_name, validate_storage_config
-from ..protocol.models import (AddAccountRequest, ApiKeyInfo, CheckHealthResponse, CreateApiKeyRequest,
-                               CreateApiKeyResponse, CreateInstanceGroupRequest, DeleteAccountRequest,
-                               GetCapacityReportResponse, GetInstanceGroupResponse, GetInstanceGroupUsageRequest,
-                               GetInstanceGroupUsageResponse, GetManagerClusterInfoResponse, GetMetricsResponse,
-                               InstanceGroupNameRequest, LeaderElectorConfigResponse, ListAccountResponse,
-                               ListApiKeyRequest, ListApiKeyResponse, ListAuditLogRequest, ListAuditLogResponse,
-                               ListInstanceGroupResponse, ListInstanceInfoRequest, ListInstanceInfoResponse,
-                               ListRequest, ListStorageResponse, MetricsData, MetricsTag, MetricValue,
-                               RemoveInstanceRequest, Response, RevokeApiKeyRequest, StorageConfig,
-                               StorageNameRequest, StorageRequest, UpdateInstanceGroupRequest,
-                               UpdateLeaderElectorConfigRequest, UpdateLoggerRequest, UpdateStorageRequest)
 from ..storage import StorageRegistry
 from ..stores.lease import Lease
 from ..stores.metrics import MetricsStore
@@ -82,8 +112,14 @@ class StorageAdmin:
 class GroupAdmin:
     """Instance groups and their instances: configuration, usage, removal, capacity report."""
 
-    def __init__(self, control: ControlPlane, index: BlockIndex, purge: PurgeService, usage: UsageReports,
-                 capacity_reports: CapacityReports) -> None:
+    def __init__(
+        self,
+        control: ControlPlane,
+        index: BlockIndex,
+        purge: PurgeService,
+        usage: UsageReports,
+        capacity_reports: CapacityReports,
+    ) -> None:
         self.control = control
         self.index = index
         self.purge = purge
@@ -122,9 +158,12 @@ class GroupAdmin:
                 return ListInstanceInfoResponse()
         else:
             groups = {g.name: g for g in self.control.list_groups()}
-        return ListInstanceInfoResponse(instance_info=[
-            record.to_instance_info(groups[record.group].global_quota_group_name if record.group in groups else "")
-            for record in self.control.list_instances(name)])
+        return ListInstanceInfoResponse(
+            instance_info=[
+                record.to_instance_info(groups[record.group].global_quota_group_name if record.group in groups else "")
+                for record in self.control.list_instances(name)
+            ]
+        )
 
     def remove_instance(self, request: RemoveInstanceRequest) -> Response:
         """removeInstance: the instance is unknown from now on; its blocks (data, then
@@ -141,15 +180,22 @@ class GroupAdmin:
 
 
 def _key_info(record: ApiKeyRecord) -> ApiKeyInfo:
-    return ApiKeyInfo(key_id=record.key_id, user_name=record.user_name, created_time=record.created_us,
-                      expire_time=record.expires_us)
+    return ApiKeyInfo(
+        key_id=record.key_id, user_name=record.user_name, created_time=record.created_us, expire_time=record.expires_us
+    )
 
 
 class AccountAdmin:
     """Accounts, API keys and the audit log."""
 
-    def __init__(self, control: ControlPlane, audit: Callable[[], AuditLog], clock: Clock,
-                 api_key_default_ttl_s: int, api_key_max_ttl_s: int) -> None:
+    def __init__(
+        self,
+        control: ControlPlane,
+        audit: Callable[[], AuditLog],
+        clock: Clock,
+        api_key_default_ttl_s: int,
+        api_key_max_ttl_s: int,
+    ) -> None:
         self.control = control
         self.audit = audit
         self.clock = clock
@@ -157,8 +203,9 @@ class AccountAdmin:
         self.api_key_max_ttl_s = api_key_max_ttl_s
 
     def add_account(self, request: AddAccountRequest) -> Response:
-        self.control.add_account(request.user_name, request.password, request.role, request.instance_groups,
-                                 request.instance_id_prefixes)
+        self.control.add_account(
+            request.user_name, request.password, request.role, request.instance_groups, request.instance_id_prefixes
+        )
         return Response()
 
     def delete_account(self, request: DeleteAccountRequest) -> Response:
@@ -172,8 +219,9 @@ class AccountAdmin:
         """A new API key for an account: the key is in this response only."""
         ttl_s = request.expire_seconds or self.api_key_default_ttl_s
         if not 0 < ttl_s <= self.api_key_max_ttl_s:
-            raise InvalidArgumentError(f"field 'expire_seconds' must be in (0, {self.api_key_max_ttl_s}], "
-                                       f"got {request.expire_seconds}")
+            raise InvalidArgumentError(
+                f"field 'expire_seconds' must be in (0, {self.api_key_max_ttl_s}], got {request.expire_seconds}"
+            )
         api_key, record = self.control.create_api_key(request.user_name, ttl_s)
         return CreateApiKeyResponse(api_key=api_key, key_info=_key_info(record))
 
@@ -215,8 +263,16 @@ def _or_default(read: Callable[[], T], default: T) -> T:
 class ServiceAdmin:
     """The service itself: metrics, health, the leader (background-job lease), the log level."""
 
-    def __init__(self, control: ControlPlane, valkey_ping: Callable[[], object], lease: Lease, cluster: ClusterInfo,
-                 metrics_publisher: MetricsPublisher, metrics_store: MetricsStore, clock: Clock) -> None:
+    def __init__(
+        self,
+        control: ControlPlane,
+        valkey_ping: Callable[[], object],
+        lease: Lease,
+        cluster: ClusterInfo,
+        metrics_publisher: MetricsPublisher,
+        metrics_store: MetricsStore,
+        clock: Clock,
+    ) -> None:
         self.control = control
         self.valkey_ping = valkey_ping
         self.lease = lease
@@ -237,18 +293,25 @@ class ServiceAdmin:
         metrics = [
             MetricsData(
                 metric_name=point.name,
-                metric_value=(MetricValue(int_value=int(point.value)) if point.kind == COUNTER
-                              else MetricValue(float_value=float(point.value))),
-                metric_tags=[MetricsTag(tag_key=k, tag_value=v) for k, v in point.tags])
-            for point in self.service_metrics().points()]
+                metric_value=(
+                    MetricValue(int_value=int(point.value))
+                    if point.kind == COUNTER
+                    else MetricValue(float_value=float(point.value))
+                ),
+                metric_tags=[MetricsTag(tag_key=k, tag_value=v) for k, v in point.tags],
+            )
+            for point in self.service_metrics().points()
+        ]
         return GetMetricsResponse(timestamp=now_ms(self.clock), metrics=metrics)
 
     def check_health(self, request: ListRequest) -> CheckHealthResponse:
         """``is_health``: Valkey answers PING and the control table answers a read."""
         checks = [_healthy("valkey", self.valkey_ping), _healthy("control table", self.control.ping)]
-        return CheckHealthResponse(is_health=all(checks),
-                                   is_leader=_or_default(self.lease.is_held, False),
-                                   elector_last_loop_time_ms=_or_default(self.lease.last_loop_time_ms, 0))
+        return CheckHealthResponse(
+            is_health=all(checks),
+            is_leader=_or_default(self.lease.is_held, False),
+            elector_last_loop_time_ms=_or_default(self.lease.last_loop_time_ms, 0),
+        )
 
     def get_manager_cluster_info(self, request: ListRequest) -> GetManagerClusterInfoResponse:
         return self.cluster.get_manager_cluster_info()

@@ -1,4 +1,5 @@
 """DebugService: fault injection, when the stage turns the debug service on."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,5 +1,6 @@
 """MetaService: the engine-facing methods (registerInstance, getInstanceInfo,
 getCacheMeta and removeCache are AdminService methods too; they are served once, here)."""
+
 from __future__ import annotations
 
 from ..cache.backend_locations import BackendLocations
@@ -42,8 +43,16 @@ from ..protocol.models import (
 class MetaService:
     """One method per MetaService RPC."""
 
-    def __init__(self, control: ControlPlane, config: ConfigCache, contexts: ContextProvider, cache: CacheService,
-                 reports: EventReports, backends: BackendLocations, cluster: ClusterInfo) -> None:
+    def __init__(
+        self,
+        control: ControlPlane,
+        config: ConfigCache,
+        contexts: ContextProvider,
+        cache: CacheService,
+        reports: EventReports,
+        backends: BackendLocations,
+        cluster: ClusterInfo,
+    ) -> None:
         self.control = control
         self.config = config
         self.contexts = contexts
@@ -104,6 +113,7 @@ class MetaService:
     def get_host_cache_state(self, req: GetHostCacheStateRequest) -> GetHostCacheStateResponse:
         return self.reports.get_host_cache_state(req)
 
-    def get_cache_locations_by_backend(self, req: GetCacheLocationsByBackendRequest
-                                       ) -> GetCacheLocationsByBackendResponse:
+    def get_cache_locations_by_backend(
+        self, req: GetCacheLocationsByBackendRequest
+    ) -> GetCacheLocationsByBackendResponse:
         return self.backends.get_cache_locations_by_backend(req)

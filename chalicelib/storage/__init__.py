@@ -3,6 +3,7 @@
 ``base.StorageBackend`` is the port; ``StorageRegistry`` builds the backend of a
 ``StorageConfig``; ``health`` probes backends and tracks their availability.
 """
+
 from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
 from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
 from .health import AvailabilityChange, AvailabilityTracker, ProbeResult, StorageHealth, probe_storage

@@ -14,12 +14,13 @@ Placement. Every location records a ``group_id`` and a ``slot``:
   (addresses) from ``reserve`` and get unused ones back through ``unreserve``.
 - the rest (S3, Mooncake) address a block by instance, spec and key; ``group_id`` is 0.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from collections.abc import Callable, Sequence
 
 from ..protocol.codes import StorageType
 from ..protocol.errors import StorageIOError
@@ -143,8 +144,9 @@ class StorageBackend(ABC):
 
     def uri(self, block: BlockRef, spec: SpecSlot) -> str:
         """The URI of one spec of a block."""
-        return self.uri_format(block.instance_id, spec).render(block.block_key, block.location_id,
-                                                               block.group_id, block.slot)
+        return self.uri_format(block.instance_id, spec).render(
+            block.block_key, block.location_id, block.group_id, block.slot
+        )
 
     @abstractmethod
     def delete(self, blocks: Sequence[BlockRef]) -> None:

@@ -1,4 +1,5 @@
 """Config checks shared by the backends: every failure names the offending field."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ KVCM keeps only their metadata (``index.reporters``): it never creates, reads or
 their data, so they take no writes, count toward no quota and are never reclaimed. A group
 names them in ``event_report_storage_candidates``, not in ``storage_candidates``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

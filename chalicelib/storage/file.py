@@ -26,6 +26,7 @@ absolute path on the engine's mount, and the block sits at byte ``blkid × size`
 
 ``blkid`` is present whenever ``key_count_per_file`` > 1, as upstream writes it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -96,8 +97,9 @@ class _FileStorage(StorageBackend):
         return uri_template(self.sdk_type, self.name, (directory + "/", HEX64), params)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
-        return UriFormat(self._uri_template(instance_id, spec.name, spec.size),
-                         _packed_args if self._pack > 1 else _file_args)
+        return UriFormat(
+            self._uri_template(instance_id, spec.name, spec.size), _packed_args if self._pack > 1 else _file_args
+        )
 
     def delete(self, blocks: Sequence[BlockRef]) -> None:
         """Remove the files of unpacked blocks; packed files go through ``delete_groups``."""
@@ -154,7 +156,8 @@ class _FileStorage(StorageBackend):
                 failures.append(f"{path}: {exc.strerror or exc}")
         if failures:
             raise StorageError(
-                f"storage {self.name}: could not delete {len(failures)} file(s): {'; '.join(failures[:3])}")
+                f"storage {self.name}: could not delete {len(failures)} file(s): {'; '.join(failures[:3])}"
+            )
 
     def exists(self, block: BlockRef) -> bool:
         """Every spec file exists as a regular file below the data root (no link followed)
@@ -200,7 +203,8 @@ class _FileStorage(StorageBackend):
                 os.unlink(path)
         except OSError as exc:
             raise StorageUnavailableError(
-                f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}") from exc
+                f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}"
+            ) from exc
 
 
 def _packed_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ syscall cannot be interrupted). ``AvailabilityTracker`` turns a stream of probe 
 into availability flips, so one lost probe does not take a storage out of service and
 one lucky probe does not put a flapping one back.
 """
+
 from __future__ import annotations
 
 import threading

@@ -39,14 +39,15 @@ Health: TCP connect to ``domain`` (``host:port``) within ``timeout`` ms (default
 ``exists`` reports whether the block's range is still allocated to it: KVCM cannot see the
 pool's bytes, and the allocation is what it owns.
 """
+
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
-from collections.abc import Iterator, Sequence
 
 import redis
 from redis.typing import EncodableT
@@ -125,8 +126,13 @@ class TairMemPoolBackend(StorageBackend):
     sdk_type = "pace"
     read_weight = 3
 
-    def __init__(self, config: StorageConfig, valkey: Valkey, key_prefix: str = "kvcm",
-                 reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S) -> None:
+    def __init__(
+        self,
+        config: StorageConfig,
+        valkey: Valkey,
+        key_prefix: str = "kvcm",
+        reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+    ) -> None:
         self.check_config(config)
         super().__init__(config)
         spec = spec_of(config, self.spec_field)
@@ -160,8 +166,12 @@ class TairMemPoolBackend(StorageBackend):
         SDKs require all three) plus ``service_discovery_url`` (newer SDKs); the pool's
         ``capacity`` is KVCM's allocator setting, not the engines' business."""
         spec = spec_of(config, cls.spec_field)
-        return {"enable_vipserver": spec.service_discovery_url.startswith("vipserver://"), "domain": spec.domain,
-                "timeout": spec.timeout, "service_discovery_url": spec.service_discovery_url}
+        return {
+            "enable_vipserver": spec.service_discovery_url.startswith("vipserver://"),
+            "domain": spec.domain,
+            "timeout": spec.timeout,
+            "service_discovery_url": spec.service_discovery_url,
+        }
 
     @property
     def pack_count(self) -> int:
@@ -183,12 +193,15 @@ class TairMemPoolBackend(StorageBackend):
         if count == 0:
             return []
         with self._valkey_errors():
-            reply = self._reserve_script(keys=self._keys, args=[
-                self.capacity, count, block_bytes, self.reservation_ttl_s, unbound_tag(instance_id)])
+            reply = self._reserve_script(
+                keys=self._keys,
+                args=[self.capacity, count, block_bytes, self.reservation_ttl_s, unbound_tag(instance_id)],
+            )
         if reply[0] != 1:
             raise PoolExhaustedError(
                 f"storage {self.name}: memory pool cannot fit {count} block(s) of {block_bytes} bytes "
-                f"({int(reply[1])} of {self.capacity} bytes free, largest free range {int(reply[2])})")
+                f"({int(reply[1])} of {self.capacity} bytes free, largest free range {int(reply[2])})"
+            )
         return [int(address) for address in reply[1:]]
 
     def prepare(self, blocks: Sequence[BlockRef]) -> None:
@@ -202,8 +215,9 @@ class TairMemPoolBackend(StorageBackend):
         with self._valkey_errors():
             bound = self._bind_script(keys=self._keys, args=args)
         if bound != len(blocks):
-            raise StorageError(f"storage {self.name}: {len(blocks) - bound} reservation(s) were lost before "
-                               f"the blocks were placed")
+            raise StorageError(
+                f"storage {self.name}: {len(blocks) - bound} reservation(s) were lost before the blocks were placed"
+            )
 
     def _free(self, pairs: list[EncodableT]) -> None:
         if not pairs:
@@ -223,8 +237,9 @@ class TairMemPoolBackend(StorageBackend):
     def exists(self, block: BlockRef) -> bool:
         """Whether the block's range is still allocated to it."""
         with self._valkey_errors():
-            hit = cast(list[bytes], self._valkey.zrangebyscore(self._keys[2], block.group_id, block.group_id,
-                                                              start=0, num=1))
+            hit = cast(
+                list[bytes], self._valkey.zrangebyscore(self._keys[2], block.group_id, block.group_id, start=0, num=1)
+            )
         return bool(hit) and _used_range(hit[0])[2] == owner_of(block)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:

@@ -23,12 +23,13 @@ Two modes, chosen when the backend is built:
 Health in both modes: a TCP connect to ``master_service_entry`` (``host:port``, or every
 endpoint of ``etcd://a:1;b:2`` until one answers), one second per endpoint.
 """
+
 from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Protocol
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from ..protocol.codes import StorageType
 from ..protocol.models import MooncakeStorageSpec, StorageConfig
@@ -49,8 +50,16 @@ _LOCAL_BUFFER_BYTES = 16 * 1024 * 1024
 class MooncakeStore(Protocol):
     """The part of ``mooncake.store.MooncakeDistributedStore`` KVCM uses."""
 
-    def setup(self, local_hostname: str, metadata_server: str, global_segment_size: int, local_buffer_size: int,
-              protocol: str, rdma_devices: str, master_server_address: str) -> int: ...
+    def setup(
+        self,
+        local_hostname: str,
+        metadata_server: str,
+        global_segment_size: int,
+        local_buffer_size: int,
+        protocol: str,
+        rdma_devices: str,
+        master_server_address: str,
+    ) -> int: ...
 
     def remove(self, key: str) -> int: ...
 
@@ -137,8 +146,15 @@ class MooncakeBackend(StorageBackend):
         return self._key_head(instance_id, spec_name) + hex64(block_key)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
-        return UriFormat(uri_template(self.sdk_type, self.name, "/", (
-            ("key", (self._key_head(instance_id, spec.name), HEX64)), ("size", spec.size))), block_key_args)
+        return UriFormat(
+            uri_template(
+                self.sdk_type,
+                self.name,
+                "/",
+                (("key", (self._key_head(instance_id, spec.name), HEX64)), ("size", spec.size)),
+            ),
+            block_key_args,
+        )
 
     def _client(self) -> MooncakeStore:
         # Set up once: a failed setup is not cached, the next call tries again.
@@ -170,8 +186,9 @@ class MooncakeBackend(StorageBackend):
                 if code not in (0, OBJECT_NOT_FOUND):
                     failures.append(f"{key}: code {code}")
         if failures:
-            raise StorageError(f"storage {self.name}: mooncake remove failed for {len(failures)} "
-                               f"object(s): {'; '.join(failures[:3])}")
+            raise StorageError(
+                f"storage {self.name}: mooncake remove failed for {len(failures)} object(s): {'; '.join(failures[:3])}"
+            )
 
     def exists(self, block: BlockRef) -> bool:
         """Every spec object exists (client mode); owner-evicted: True, see the module doc."""

@@ -16,6 +16,7 @@ included). Components longer than ``MAX_COMPONENT`` (file names are limited to 2
 keep a readable head and end in ``~~`` plus a SHA-256 digest of the whole name; ``~~``
 never occurs in a short escaped name, so the two forms cannot collide.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,12 +84,12 @@ def block_key_args(block_key: int, location_id: int, group_id: int, slot: int) -
 def _template_text(parts: Part | Sequence[Part], safe: str) -> str:
     if isinstance(parts, (str, int)):
         parts = (parts,)
-    return "".join(p if isinstance(p, Placeholder) else quote(str(p), safe=safe).replace("%", "%%")
-                   for p in parts)
+    return "".join(p if isinstance(p, Placeholder) else quote(str(p), safe=safe).replace("%", "%%") for p in parts)
 
 
-def uri_template(scheme: str, host: str, path: Part | Sequence[Part],
-                 params: Sequence[tuple[str, Part | Sequence[Part]]] = ()) -> str:
+def uri_template(
+    scheme: str, host: str, path: Part | Sequence[Part], params: Sequence[tuple[str, Part | Sequence[Part]]] = ()
+) -> str:
     """``scheme://host/path?k=v&...`` as a %-template: path and values are percent-encoded
     (literal ``%`` doubled), ``Placeholder`` parts are kept as directives. A path or value
     is one part or a sequence of parts joined together."""

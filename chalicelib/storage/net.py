@@ -1,4 +1,5 @@
 """TCP reachability checks for storages that are network services (Mooncake, memory pool)."""
+
 from __future__ import annotations
 
 import socket

@@ -1,11 +1,11 @@
 """Object stores the event log and the tuning job use: a local directory or an S3 bucket
 (``observability.event_store.ObjectStore``), and the ``KVCM_EVENT_LOG`` value naming one."""
+
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
-from collections.abc import Callable
 
 from ..observability.event_store import DIR_SCHEME, S3_SCHEME, ObjectStore
 
@@ -67,11 +67,11 @@ def open_store(target: str, s3_client: Callable[[], Any]) -> tuple[ObjectStore, 
     """The store and key prefix ``target`` names: ``s3://bucket/prefix``, ``dir:/path`` or
     ``/path/``."""
     if target.startswith(S3_SCHEME):
-        bucket, _, prefix = target[len(S3_SCHEME):].partition("/")
+        bucket, _, prefix = target[len(S3_SCHEME) :].partition("/")
         if not bucket:
             raise ValueError(f"event log {target!r} names no bucket")
         return S3Store(s3_client, bucket), prefix.strip("/")
-    root = target[len(DIR_SCHEME):] if target.startswith(DIR_SCHEME) else target
+    root = target[len(DIR_SCHEME) :] if target.startswith(DIR_SCHEME) else target
     if not root:
         raise ValueError(f"event log {target!r} names no directory")
     return DirectoryStore(root), ""

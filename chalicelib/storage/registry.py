@@ -10,12 +10,13 @@ A backend is cached under its ``global_unique_name`` together with the config's 
 an updated config (updateStorage) gets a fresh backend on its first use and the old one
 is dropped.
 """
+
 from __future__ import annotations
 
 import re
 import threading
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from ..protocol.models import STORAGE_SPEC_FIELDS, StorageConfig
 from ..stores.valkey import Valkey
@@ -31,8 +32,15 @@ ValkeyFactory = Callable[[], Valkey]
 
 BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
     cls.spec_field: cls
-    for cls in (FileBackend, ThreeFSBackend, VcnsThreeFSBackend, MooncakeBackend, TairMemPoolBackend, S3Backend,
-                EventReportBackend)
+    for cls in (
+        FileBackend,
+        ThreeFSBackend,
+        VcnsThreeFSBackend,
+        MooncakeBackend,
+        TairMemPoolBackend,
+        S3Backend,
+        EventReportBackend,
+    )
 }
 # The name is the host of every URI and part of Valkey hash tags: keep it to characters
 # that need no escaping anywhere.
@@ -51,8 +59,12 @@ def sdk_entry(config: StorageConfig, available: bool) -> dict[str, Any]:
     """``config``'s entry in registerInstance's ``storage_configs``, as upstream's engine
     SDK parses it (API.md): its upstream type string and spec field names, in upstream's order."""
     cls = backend_class(config)
-    return {"type": cls.sdk_type, "is_available": available, "global_unique_name": config.global_unique_name,
-            "storage_spec": cls.sdk_spec(config)}
+    return {
+        "type": cls.sdk_type,
+        "is_available": available,
+        "global_unique_name": config.global_unique_name,
+        "storage_spec": cls.sdk_spec(config),
+    }
 
 
 def boto3_s3_client() -> Any:
@@ -80,8 +92,7 @@ class StorageRegistry:
     def validate(self, config: StorageConfig) -> None:
         """Raise InvalidArgumentError naming the first invalid field of ``config``."""
         if not _NAME.fullmatch(config.global_unique_name):
-            raise config_error(config, "global_unique_name",
-                               "must be 1-128 characters of A-Z a-z 0-9 . _ ~ -")
+            raise config_error(config, "global_unique_name", "must be 1-128 characters of A-Z a-z 0-9 . _ ~ -")
         backend_class(config).check_config(config)
 
     def backend(self, config: StorageConfig) -> StorageBackend:

@@ -13,11 +13,12 @@ backend costs nothing until it does I/O and tests can hand in a client for moto.
 client serves buckets of every region: botocore follows S3's wrong-region redirects, and
 ``region`` is there for the engines' connectors.
 """
+
 from __future__ import annotations
 
 import threading
-from typing import Any
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -86,8 +87,12 @@ class S3Backend(StorageBackend):
         return self._key_head(instance_id, spec_name) + hex64(block_key)
 
     def uri_format(self, instance_id: str, spec: SpecSlot) -> UriFormat:
-        return UriFormat(uri_template(self.sdk_type, self.name, ("/" + self._key_head(instance_id, spec.name), HEX64),
-                                      (("size", spec.size),)), block_key_args)
+        return UriFormat(
+            uri_template(
+                self.sdk_type, self.name, ("/" + self._key_head(instance_id, spec.name), HEX64), (("size", spec.size),)
+            ),
+            block_key_args,
+        )
 
     def _keys(self, blocks: Sequence[BlockRef]) -> Iterator[str]:
         for block in blocks:
@@ -100,7 +105,7 @@ class S3Backend(StorageBackend):
         failures: list[str] = []
         # Every batch is attempted before failing, so one bad batch does not stall the rest.
         for start in range(0, len(keys), DELETE_BATCH):
-            batch = keys[start:start + DELETE_BATCH]
+            batch = keys[start : start + DELETE_BATCH]
             try:
                 response = self.client.delete_objects(
                     Bucket=self.bucket,
@@ -109,11 +114,14 @@ class S3Backend(StorageBackend):
             except (ClientError, BotoCoreError) as exc:
                 failures.append(f"{len(batch)} key(s) from {batch[0]}: {_describe(exc)}")
                 continue
-            failures.extend(f"{e.get('Key')}: {e.get('Code')}: {e.get('Message', '')}"
-                            for e in response.get("Errors", []))
+            failures.extend(
+                f"{e.get('Key')}: {e.get('Code')}: {e.get('Message', '')}" for e in response.get("Errors", [])
+            )
         if failures:
-            raise StorageError(f"storage {self.name}: delete from s3://{self.bucket} failed for "
-                               f"{len(failures)} item(s): {'; '.join(failures[:3])}")
+            raise StorageError(
+                f"storage {self.name}: delete from s3://{self.bucket} failed for "
+                f"{len(failures)} item(s): {'; '.join(failures[:3])}"
+            )
 
     def exists(self, block: BlockRef) -> bool:
         """HeadObject for every spec. S3 writes are atomic, so presence means complete."""
@@ -134,4 +142,5 @@ class S3Backend(StorageBackend):
             self.client.head_bucket(Bucket=self.bucket)
         except (ClientError, BotoCoreError) as exc:
             raise StorageUnavailableError(
-                f"storage {self.name}: bucket {self.bucket!r} unusable: {_describe(exc)}") from exc
+                f"storage {self.name}: bucket {self.bucket!r} unusable: {_describe(exc)}"
+            ) from exc

@@ -1,4 +1,5 @@
 """Fault injection for the debug service, kept in Valkey so every container sees it."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,15 @@ class FaultRegistry:
         self.client = client
         self.key = f"{prefix}:faults"
 
-    def inject(self, api_name: str, fault_type: FaultType, strategy: FaultTriggerStrategy,
-               trigger_at_call: int) -> None:
+    def inject(
+        self, api_name: str, fault_type: FaultType, strategy: FaultTriggerStrategy, trigger_at_call: int
+    ) -> None:
         with valkey_errors("fault registry"):
-            self.client.hset(self.key, api_name, json.dumps(
-                {"type": fault_type.name, "strategy": strategy.name, "at": trigger_at_call}))
+            self.client.hset(
+                self.key,
+                api_name,
+                json.dumps({"type": fault_type.name, "strategy": strategy.name, "at": trigger_at_call}),
+            )
 
     def remove(self, api_name: str) -> bool:
         with valkey_errors("fault registry"):

@@ -2,6 +2,7 @@
 node may hold the background lease next time): the instance it visited last, each
 instance's SSCAN cursor over its occupied buckets, the instances done this round, and
 until when it pauses after a round."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,11 +54,11 @@ class GcStateStore:
             elif name == _PAUSED_UNTIL:
                 state.paused_until_s = float(value)
             elif name.startswith(_CURSOR):
-                state.cursors[name[len(_CURSOR):]] = int(value)
+                state.cursors[name[len(_CURSOR) :]] = int(value)
             elif name.startswith(_DONE):
-                state.done.add(name[len(_DONE):])
+                state.done.add(name[len(_DONE) :])
             elif name.startswith(_FAILURES):
-                state.failures[name[len(_FAILURES):]] = int(value)
+                state.failures[name[len(_FAILURES) :]] = int(value)
         return state
 
     def start_round(self, now_s: float) -> None:
@@ -67,8 +68,11 @@ class GcStateStore:
     def visited(self, instance_id: str, cursor: int, done: bool, failures: int = 0) -> None:
         """Record a visit: where the instance's scan goes on next time, whether its pass
         is over, and its consecutive failures."""
-        mapping: dict[str, str | int] = {_AT: instance_id, _CURSOR + instance_id: cursor,
-                                         _FAILURES + instance_id: failures}
+        mapping: dict[str, str | int] = {
+            _AT: instance_id,
+            _CURSOR + instance_id: cursor,
+            _FAILURES + instance_id: failures,
+        }
         if done:
             mapping[_DONE + instance_id] = 1
         with valkey_errors("cache gc state"):

@@ -13,6 +13,7 @@ Keys share the hash tag ``{<prefix>:lease}`` (one cluster slot):
 ``{<prefix>:lease}:holder`` (string, PX ttl) and ``{<prefix>:lease}:state`` (hash:
 ``campaign_delay_ms`` and ``last_loop_ms``, the last elector step of any node).
 """
+
 from __future__ import annotations
 
 import threading
@@ -64,8 +65,9 @@ class LeaseStatus:
 class Lease:
     """This node's view of the background-job lease. Thread-safe."""
 
-    def __init__(self, valkey: Any, prefix: str, node_id: str, ttl_ms: int, clock: Clock,
-                 default_campaign_delay_ms: int = 0) -> None:
+    def __init__(
+        self, valkey: Any, prefix: str, node_id: str, ttl_ms: int, clock: Clock, default_campaign_delay_ms: int = 0
+    ) -> None:
         self._valkey = valkey
         self.node_id = node_id
         self.ttl_ms = ttl_ms
@@ -94,8 +96,10 @@ class Lease:
     def _run_step(self, may_campaign: bool) -> bool:
         now = now_ms(self._clock)
         with valkey_errors("lease store"):
-            held, delay = self._step(keys=[self._holder_key, self._state_key],
-                                     args=[self.node_id, self.ttl_ms, now, int(may_campaign), self._default_delay_ms])
+            held, delay = self._step(
+                keys=[self._holder_key, self._state_key],
+                args=[self.node_id, self.ttl_ms, now, int(may_campaign), self._default_delay_ms],
+            )
         with self._lock:
             if self._believed_held and not held:
                 self._no_campaign_before_ms = now + int(delay)
@@ -107,8 +111,9 @@ class Lease:
         Either way this node then waits the campaign delay before campaigning again."""
         now = now_ms(self._clock)
         with valkey_errors("lease store"):
-            released, delay = self._release(keys=[self._holder_key, self._state_key],
-                                            args=[self.node_id, self._default_delay_ms])
+            released, delay = self._release(
+                keys=[self._holder_key, self._state_key], args=[self.node_id, self._default_delay_ms]
+            )
         with self._lock:
             self._believed_held = False
             self._no_campaign_before_ms = now + int(delay)

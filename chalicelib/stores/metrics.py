@@ -4,6 +4,7 @@ Fields are a kind letter then the JSON ``[name, tags]``: ``c`` counter, ``s`` su
 ``n`` count of a mean's samples, ``g`` gauge. One script call adds a container's changes
 atomically.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,12 @@ class MetricsStore:
     def add(self, delta: MetricsDelta) -> None:
         """Add ``delta`` (counters, sums and counts added, gauges set) in one atomic step."""
         args: list[EncodableT] = []
-        for kind, op, values in (("c", "i", delta.counters), ("s", "f", delta.sums), ("n", "i", delta.counts),
-                                 ("g", "s", delta.gauges)):
+        for kind, op, values in (
+            ("c", "i", delta.counters),
+            ("s", "f", delta.sums),
+            ("n", "i", delta.counts),
+            ("g", "s", delta.gauges),
+        ):
             for key, value in values.items():
                 args += [op, _field(kind, key), repr(float(value)) if op != "i" else int(value)]
         if args:
@@ -52,8 +57,12 @@ class MetricsStore:
         with valkey_errors("metrics store"):
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.key))
         totals = MetricsDelta()
-        parts: dict[str, dict[MetricKey, Any]] = {"c": totals.counters, "s": totals.sums, "n": totals.counts,
-                                                  "g": totals.gauges}
+        parts: dict[str, dict[MetricKey, Any]] = {
+            "c": totals.counters,
+            "s": totals.sums,
+            "n": totals.counts,
+            "g": totals.gauges,
+        }
         for field, value in raw.items():
             text = field.decode()
             target = parts[text[0]]

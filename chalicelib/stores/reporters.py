@@ -22,6 +22,7 @@ and a snapshot retire the older generations, which hides them at once (their slo
 every reader's mask); ``cleanup`` then deletes their records and bits in batches and frees
 their slots.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,13 @@ def pack_strings(items: Sequence[str]) -> bytes:
     """A msgpack array of strings, as the scripts store and unpack them (cmsgpack): built
     here so that a new key's record is the request's bytes behind the generation."""
     n = len(items)
-    out = [bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
-           else b"\xdd" + n.to_bytes(4, "big")]
+    out = [
+        bytes([0x90 | n])
+        if n < 16
+        else b"\xdc" + n.to_bytes(2, "big")
+        if n < 1 << 16
+        else b"\xdd" + n.to_bytes(4, "big")
+    ]
     for item in items:
         data = item.encode()
         size = len(data)
@@ -129,8 +135,10 @@ def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> Even
 
 
 def snapshot_event(blocks: Sequence[tuple[int, str, Sequence[tuple[str, str]]]]) -> Event:
-    return ("s", [(block_field(key), _signature(medium, specs), _location(medium, specs))
-                  for key, medium, specs in blocks])
+    return (
+        "s",
+        [(block_field(key), _signature(medium, specs), _location(medium, specs)) for key, medium, specs in blocks],
+    )
 
 
 def _flatten(events: Sequence[Event]) -> list[str | bytes | int]:
@@ -197,7 +205,6 @@ class ReporterState:
         return self.rid.partition("#")[2]
 
 
-
 class ReporterStore:
     """Reporter state and reported locations of every instance."""
 
@@ -238,19 +245,38 @@ class ReporterStore:
 
     # ------------------------------------------------------------ writes
 
-    def report(self, instance_id: str, rid: str, events: Sequence[Event], now_ms: int, liveness: Liveness,
-               token: str | None = None) -> ReportOutcome:
+    def report(
+        self,
+        instance_id: str,
+        rid: str,
+        events: Sequence[Event],
+        now_ms: int,
+        liveness: Liveness,
+        token: str | None = None,
+    ) -> ReportOutcome:
         """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically."""
         codes, generation, required, retry_after, retired = self._report(
-            keys=[self.node_key(instance_id, rid), self.records_key(instance_id, rid), self.bits_key(instance_id),
-                  self.nodes_key(instance_id), *self._slot_keys(instance_id)],
-            args=[rid, now_ms, token or new_token(), liveness.snapshot_min_interval_ms,
-                  liveness.heartbeat_timeout_ms, liveness.cleanup_grace_ms, *_flatten(events)])
+            keys=[
+                self.node_key(instance_id, rid),
+                self.records_key(instance_id, rid),
+                self.bits_key(instance_id),
+                self.nodes_key(instance_id),
+                *self._slot_keys(instance_id),
+            ],
+            args=[
+                rid,
+                now_ms,
+                token or new_token(),
+                liveness.snapshot_min_interval_ms,
+                liveness.heartbeat_timeout_ms,
+                liveness.cleanup_grace_ms,
+                *_flatten(events),
+            ],
+        )
         if events:  # the liveness job's work list; an empty report changes nothing
             self.client.sadd(self.instances_key, instance_id)
         results = [ErrorCode(int(codes[i])) for i in range(0, len(codes), 2) for _ in range(int(codes[i + 1]))]
-        return ReportOutcome(results, generation.decode(), bool(required),
-                             int(retry_after), retired.decode())
+        return ReportOutcome(results, generation.decode(), bool(required), int(retry_after), retired.decode())
 
     def expire(self, instance_id: str, rid: str, now_ms: int, liveness: Liveness) -> ReportOutcome:
         """Unregister the reporter if it is past its heartbeat timeout and grace (the
@@ -297,9 +323,16 @@ class ReporterStore:
     def instances(self) -> list[str]:
         return sorted(m.decode() for m in self.client.smembers(self.instances_key))
 
-    def host_prefixes(self, instance_id: str, keys: Sequence[int], now_ms: int, timeouts: dict[str, int],
-                      mediums: Sequence[str] = (), mamba: tuple[Sequence[str], Sequence[str]] | None = None,
-                      eagle_pop: bool = False) -> dict[str, int]:
+    def host_prefixes(
+        self,
+        instance_id: str,
+        keys: Sequence[int],
+        now_ms: int,
+        timeouts: dict[str, int],
+        mediums: Sequence[str] = (),
+        mamba: tuple[Sequence[str], Sequence[str]] | None = None,
+        eagle_pop: bool = False,
+    ) -> dict[str, int]:
         """host_ip_port → the length of its prefix of ``keys`` over visible reported
         locations (hosts without one left out). ``timeouts``: reporter kind (``l1p5``,
         ``l2``) → heartbeat timeout ms (reporters of other kinds are hidden). ``mamba``:
@@ -308,33 +341,53 @@ class ReporterStore:
         if not keys or not timeouts:
             return {}
         full, states = mamba or ((), ())
-        args: list[Any] = [now_ms, "m" if mamba else "p", "1" if eagle_pop else "0", ",".join(mediums),
-                           ",".join(full), ",".join(states), self.node_key(instance_id, ""), len(timeouts)]
+        args: list[Any] = [
+            now_ms,
+            "m" if mamba else "p",
+            "1" if eagle_pop else "0",
+            ",".join(mediums),
+            ",".join(full),
+            ",".join(states),
+            self.node_key(instance_id, ""),
+            len(timeouts),
+        ]
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
-        flat = self._host_state(keys=[self.bits_key(instance_id), self.nodes_key(instance_id)],
-                                args=[*args, block_fields(keys)])
+        flat = self._host_state(
+            keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+        )
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def visible_locations(self, instance_id: str, keys: Sequence[int], now_ms: int,
-                          timeouts: dict[str, int]) -> list[list[tuple[str, str, str, list[tuple[str, str]]]]]:
+    def visible_locations(
+        self, instance_id: str, keys: Sequence[int], now_ms: int, timeouts: dict[str, int]
+    ) -> list[list[tuple[str, str, str, list[tuple[str, str]]]]]:
         """Per key, its visible reported locations as (rid, location id, medium,
         [(spec, uri with s_version)]), visible specs only. ``timeouts`` as in host_prefixes.
         One round trip (the script reads the reporters itself)."""
         if not keys:
             return []
-        args: list[Any] = [now_ms, self.node_key(instance_id, ""), self.records_key(instance_id, ""),
-                           len(timeouts)]
+        args: list[Any] = [now_ms, self.node_key(instance_id, ""), self.records_key(instance_id, ""), len(timeouts)]
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
-        raw = self._visible(keys=[self.bits_key(instance_id), self.nodes_key(instance_id)],
-                            args=[*args, block_fields(keys)])
+        raw = self._visible(
+            keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+        )
         if not raw:  # no reporter visible
             return [[] for _ in keys]
-        return [[(rid, location_id(rid, medium), medium,
-                  [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)])
-                 for rid, medium, specs in per_key] if per_key else []
-                for per_key in json.loads(raw)]
+        return [
+            [
+                (
+                    rid,
+                    location_id(rid, medium),
+                    medium,
+                    [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)],
+                )
+                for rid, medium, specs in per_key
+            ]
+            if per_key
+            else []
+            for per_key in json.loads(raw)
+        ]
 
     def locations(self, instance_id: str, block_key: int) -> list[tuple[str, str, list[tuple[str, str]]]]:
         """The stored locations of one key as (location id, medium, [(spec, uri with s_version)]),
@@ -342,8 +395,14 @@ class ReporterStore:
         rids = self.reporters(instance_id)
         if not rids:
             return []
-        raw = self._dump(keys=[self.records_key(instance_id, rid) for rid in rids],
-                         args=[block_field(block_key), *rids])
-        return [(location_id(rid, medium), medium,
-                 [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)])
-                for rid, medium, specs in json.loads(raw)]
+        raw = self._dump(
+            keys=[self.records_key(instance_id, rid) for rid in rids], args=[block_field(block_key), *rids]
+        )
+        return [
+            (
+                location_id(rid, medium),
+                medium,
+                [(specs[i], versioned_uri(specs[i + 1], specs[i + 2])) for i in range(0, len(specs), 3)],
+            )
+            for rid, medium, specs in json.loads(raw)
+        ]

@@ -1,5 +1,6 @@
 """Storage health as the health checks last saw it, kept in Valkey so that every
 container (and the next scheduled run) shares the hysteresis state."""
+
 from __future__ import annotations
 
 import json

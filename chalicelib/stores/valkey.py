@@ -1,5 +1,6 @@
 """Valkey plumbing shared by every Valkey store (the block index included): building the
 client, turning "Valkey cannot serve now" into SERVICE_NOT_READY, and loading Lua scripts."""
+
 from __future__ import annotations
 
 import re
@@ -50,10 +51,15 @@ def valkey_errors(what: str) -> Iterator[None]:
         raise ValkeyUnavailableError(f"{what} unavailable: {exc}") from None
 
 
-
-
-def connect(url: str, *, cluster: bool, connect_timeout_s: float, socket_timeout_s: float,
-            username: str | None = None, password: str | None = None) -> Valkey:
+def connect(
+    url: str,
+    *,
+    cluster: bool,
+    connect_timeout_s: float,
+    socket_timeout_s: float,
+    username: str | None = None,
+    password: str | None = None,
+) -> Valkey:
     """A client sized for the request path: a hung Valkey fails the call within about a
     second (SERVICE_NOT_READY). redis-py's default retries timeouts 10 times with backoff
     (10-20 s); here a dropped connection is retried once, at once, and a timeout not at all.
@@ -64,8 +70,10 @@ def connect(url: str, *, cluster: bool, connect_timeout_s: float, socket_timeout
     client_class: Any = RedisCluster if cluster else redis.Redis
     with valkey_errors("Valkey"):  # a cluster client connects here
         client: Valkey = client_class.from_url(
-            url, **credentials,
-            socket_connect_timeout=connect_timeout_s, socket_timeout=socket_timeout_s,
+            url,
+            **credentials,
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=socket_timeout_s,
             health_check_interval=30,
             retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
             retry_on_timeout=False,

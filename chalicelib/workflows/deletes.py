@@ -1,8 +1,9 @@
 """Batched asynchronous deletion through the ``batched_delete`` state machine."""
+
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..cache.context import InstanceContext
 from ..cache.contexts import ContextProvider
@@ -24,12 +25,17 @@ class StepFunctionsDeleter:
 
     def submit(self, ctx: InstanceContext, victims: Sequence[Victim], delay_ms: int = 0) -> None:
         for start in range(0, len(victims), EXECUTION_SIZE):
-            chunk = [v.to_json() for v in victims[start:start + EXECUTION_SIZE]]
-            executions.start(self._sfn_factory(), self._arn, f"delete-{ctx.instance_id}", {
-                "instance_id": ctx.instance_id,
-                "delay_s": max(0, delay_ms) // 1000,
-                "batches": [chunk[i:i + BATCH_SIZE] for i in range(0, len(chunk), BATCH_SIZE)],
-            })
+            chunk = [v.to_json() for v in victims[start : start + EXECUTION_SIZE]]
+            executions.start(
+                self._sfn_factory(),
+                self._arn,
+                f"delete-{ctx.instance_id}",
+                {
+                    "instance_id": ctx.instance_id,
+                    "delay_s": max(0, delay_ms) // 1000,
+                    "batches": [chunk[i : i + BATCH_SIZE] for i in range(0, len(chunk), BATCH_SIZE)],
+                },
+            )
 
 
 def delete_batch(contexts: ContextProvider, deletion: DeletionService, event: dict[str, Any]) -> dict[str, Any]:
@@ -37,5 +43,10 @@ def delete_batch(contexts: ContextProvider, deletion: DeletionService, event: di
     failure so the state machine retries; a retry deletes nothing twice."""
     ctx = contexts(event["instance_id"])
     report = deletion.delete(ctx, [Victim.from_json(v) for v in event["victims"]])
-    return {"instance_id": ctx.instance_id, "requested": report.requested, "claimed": report.claimed,
-            "dropped": report.dropped, "groups_deleted": report.groups_deleted}
+    return {
+        "instance_id": ctx.instance_id,
+        "requested": report.requested,
+        "claimed": report.claimed,
+        "dropped": report.dropped,
+        "groups_deleted": report.groups_deleted,
+    }

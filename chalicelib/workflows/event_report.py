@@ -6,9 +6,11 @@ script would do the same on its next event), and the metadata of retired generat
 (HOST_DOWN, the grace's end, a snapshot's predecessors) is deleted in batches. What was
 reported for an instance that no longer exists is deleted too.
 """
+
 from __future__ import annotations
 
 from typing import Any
+
 from ..cache.event_reports import EventReports, liveness_of
 from ..clock import Clock, now_ms
 from ..control import ConfigCache
@@ -23,8 +25,9 @@ _KINDS = {kind: storage_type for storage_type, kind in RID_TYPES.items()}
 class ReporterLiveness:
     """The ``event_report_liveness`` schedule's work."""
 
-    def __init__(self, lease: Lease, config: ConfigCache, reports: EventReports, store: ReporterStore,
-                 clock: Clock) -> None:
+    def __init__(
+        self, lease: Lease, config: ConfigCache, reports: EventReports, store: ReporterStore, clock: Clock
+    ) -> None:
         self.lease = lease
         self.config = config
         self.reports = reports

@@ -1,10 +1,11 @@
 """Starting Step Functions executions (named: names are unique per state machine)."""
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from ..protocol.errors import ServiceNotReadyError
 
@@ -21,8 +22,11 @@ def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict[str,
     if not state_machine_arn:
         raise ServiceNotReadyError(f"no state machine configured for {name_prefix}")
     try:
-        arn: str = sfn.start_execution(stateMachineArn=state_machine_arn, name=execution_name(name_prefix),
-                                       input=json.dumps(payload, separators=(",", ":")))["executionArn"]
+        arn: str = sfn.start_execution(
+            stateMachineArn=state_machine_arn,
+            name=execution_name(name_prefix),
+            input=json.dumps(payload, separators=(",", ":")),
+        )["executionArn"]
     except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not started"
         raise ServiceNotReadyError(f"could not start {name_prefix}: {exc}") from None
     return arn
@@ -39,8 +43,9 @@ def state_machine_of(execution_arn: str) -> str:
 def running(sfn: Any, state_machine_arn: str) -> list[str]:
     """ARNs of the running executions of a state machine."""
     out: list[str] = []
-    for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=state_machine_arn,
-                                                             statusFilter="RUNNING"):
+    for page in sfn.get_paginator("list_executions").paginate(
+        stateMachineArn=state_machine_arn, statusFilter="RUNNING"
+    ):
         out += [e["executionArn"] for e in page["executions"]]
     return out
 

@@ -4,10 +4,11 @@ hysteresis, publish ``data_storage.healthy_status``.
 An unhealthy storage gets no writes (starts fail over to the next candidate) and serves
 no reads, from the next context refresh of each container on (``config_refresh_s``).
 """
+
 from __future__ import annotations
 
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..clock import Clock
 from ..control import ControlPlane
@@ -26,8 +27,15 @@ RECOVER_THRESHOLD = 2
 class HealthChecks:
     """The ``health_check`` schedule's work."""
 
-    def __init__(self, lease: Lease, control: ControlPlane, storages: StorageRegistry, store: StorageHealthStore,
-                 metrics: MetricsRegistry, clock: Clock) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        control: ControlPlane,
+        storages: StorageRegistry,
+        store: StorageHealthStore,
+        metrics: MetricsRegistry,
+        clock: Clock,
+    ) -> None:
         self.lease = lease
         self.control = control
         self.storages = storages
@@ -53,10 +61,14 @@ class HealthChecks:
             if change is not None:
                 changes.append({"storage": change.storage, "available": change.available, "reason": change.reason})
                 logger.warning("storage availability changed", extra=changes[-1])
-            self.metrics.gauge("data_storage.healthy_status", int(tracker.is_available(backend.name)),
-                               {"storage": backend.name})
+            self.metrics.gauge(
+                "data_storage.healthy_status", int(tracker.is_available(backend.name)), {"storage": backend.name}
+            )
         names = {b.name for b in backends}
         self.store.save({name: tracker.status(name) for name in names})
         self.store.forget(set(saved) - names)
-        return {"probed": len(backends), "changes": changes,
-                "unavailable": sorted(n for n in names if not tracker.is_available(n))}
+        return {
+            "probed": len(backends),
+            "changes": changes,
+            "unavailable": sorted(n for n in names if not tracker.is_available(n)),
+        }

@@ -4,9 +4,11 @@
 a loop; ``reaper_continue`` starts the next execution when one has run its rounds;
 ``reaper_watchdog`` (scheduled) starts one when none is running.
 """
+
 from __future__ import annotations
 
 from typing import Any
+
 from ..cache.contexts import ContextProvider
 from ..cache.service import CacheService
 from ..clock import Clock, now_ms
@@ -30,8 +32,16 @@ def reaper_input() -> dict[str, Any]:
 class SessionReaper:
     """The ``write_session_reaper`` state machine's task, its hand-over and its watchdog."""
 
-    def __init__(self, lease: Lease, control: ControlPlane, index: BlockIndex, contexts: ContextProvider,
-                 cache: CacheService, clock: Clock, machine: StateMachine) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        control: ControlPlane,
+        index: BlockIndex,
+        contexts: ContextProvider,
+        cache: CacheService,
+        clock: Clock,
+        machine: StateMachine,
+    ) -> None:
         self.lease = lease
         self.control = control
         self.index = index
@@ -64,8 +74,12 @@ class SessionReaper:
     def reaper_continue(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the next execution of the state machine running this task (the current
         execution ends after it)."""
-        return {"next_execution": self.machine.continue_as_new(event, {
-            "interval_s": event.get("interval_s", INTERVAL_S), "max_rounds": event.get("max_rounds", MAX_ROUNDS)})}
+        return {
+            "next_execution": self.machine.continue_as_new(
+                event,
+                {"interval_s": event.get("interval_s", INTERVAL_S), "max_rounds": event.get("max_rounds", MAX_ROUNDS)},
+            )
+        }
 
     def reaper_watchdog(self) -> dict[str, Any]:
         """Start a reaper execution unless one is running."""

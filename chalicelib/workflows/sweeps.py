@@ -4,13 +4,14 @@ them (its execution output names ``report.json`` in S3). The console plots them.
 
 Reads no optimizer code: importing ``chalicelib.optimizer`` costs the API a third of a second.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from ..protocol.models import (CapacityCurve, CapacityRecommendation, GetCapacityReportResponse, ListRequest)
+from ..protocol.models import CapacityCurve, CapacityRecommendation, GetCapacityReportResponse, ListRequest
 
 #: Successful executions looked at for the newest (one ListExecutions page).
 EXECUTIONS_PAGE = 100
@@ -18,8 +19,9 @@ EXECUTIONS_PAGE = 100
 
 def latest_sweep(sfn: Any, state_machine_arn: str) -> dict[str, Any] | None:
     """describe_execution of the newest SUCCEEDED sweep, or None."""
-    executions = sfn.list_executions(stateMachineArn=state_machine_arn, statusFilter="SUCCEEDED",
-                                     maxResults=EXECUTIONS_PAGE)["executions"]
+    executions = sfn.list_executions(
+        stateMachineArn=state_machine_arn, statusFilter="SUCCEEDED", maxResults=EXECUTIONS_PAGE
+    )["executions"]
     if not executions:
         return None
     newest = max(executions, key=lambda e: e.get("stopDate") or e["startDate"])
@@ -36,11 +38,20 @@ def report_response(execution: dict[str, Any], report: dict[str, Any], report_ur
         finished_time_ms=int(stopped.timestamp() * 1000) if stopped is not None else 0,
         report_uri=report_uri,
         target_hit_ratio=report.get("target_hit_ratio") or 0.0,
-        curves=[CapacityCurve(policy=policy, capacities=curve["capacities"], block_hit_ratio=curve["block_hit_ratio"])
-                for policy, curve in sorted(report.get("policies", {}).items())],
-        recommendation=(CapacityRecommendation(policy=recommendation["policy"], capacity=recommendation["capacity"],
-                                               block_hit_ratio=recommendation.get("block_hit_ratio") or 0.0)
-                        if recommendation else None))
+        curves=[
+            CapacityCurve(policy=policy, capacities=curve["capacities"], block_hit_ratio=curve["block_hit_ratio"])
+            for policy, curve in sorted(report.get("policies", {}).items())
+        ],
+        recommendation=(
+            CapacityRecommendation(
+                policy=recommendation["policy"],
+                capacity=recommendation["capacity"],
+                block_hit_ratio=recommendation.get("block_hit_ratio") or 0.0,
+            )
+            if recommendation
+            else None
+        ),
+    )
 
 
 class CapacityReports:

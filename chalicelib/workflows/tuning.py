@@ -2,17 +2,18 @@
 control plane adapted to what ``optimizer.instance_tuning`` needs, and the job built over
 the event log ``KVCM_EVENT_LOG`` names (S3 or a local directory); its recommendations
 are written beside the events (``<prefix>/tuning/<group>/...``)."""
+
 from __future__ import annotations
 
-from typing import Any, Protocol
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..control import ControlPlane, VersionConflictError
 from ..control.groups import default_tuning
 from ..observability.event_store import is_partitioned
-from ..storage.objects import open_store
 from ..observability.logging import logger
 from ..protocol.models import InstanceGroup
+from ..storage.objects import open_store
 
 
 class ControlGroups:
@@ -50,8 +51,9 @@ class NoEventLog:
         return {"skipped": "KVCM_EVENT_LOG names no S3 bucket or directory (s3://bucket/prefix, dir:/path)"}
 
 
-def instance_tuning(control: ControlPlane, event_log: str, s3_client: Callable[[], Any],
-                    clock: Any) -> InstanceTuningJob:
+def instance_tuning(
+    control: ControlPlane, event_log: str, s3_client: Callable[[], Any], clock: Any
+) -> InstanceTuningJob:
     """The tuning job over ``event_log`` (a ``KVCM_EVENT_LOG`` value)."""
     if not is_partitioned(event_log):
         return NoEventLog()
@@ -59,5 +61,6 @@ def instance_tuning(control: ControlPlane, event_log: str, s3_client: Callable[[
     from ..optimizer.instance_tuning import EventLogSource, InstanceTuning
 
     store, prefix = open_store(event_log, s3_client)
-    return InstanceTuning(ControlGroups(control), EventLogSource(store, prefix), store, clock, logger,
-                          output_prefix=prefix)
+    return InstanceTuning(
+        ControlGroups(control), EventLogSource(store, prefix), store, clock, logger, output_prefix=prefix
+    )

@@ -3,6 +3,7 @@ is, from the index's usage counters (the figures getInstanceGroupUsage reports):
 ``cache_manager_group.usage_ratio{instance_group}``, ``cache_manager_instance.key_count`` and
 ``.byte_size{instance_group, instance_id}``, ``meta_indexer.total_key_count`` and
 ``.total_cache_usage``. Engine-reported blocks are metadata only and not counted, as upstream."""
+
 from __future__ import annotations
 
 from ..capacity.usage import UsageReports
@@ -27,8 +28,9 @@ class UsageMetrics:
         keys = used = instances = 0
         for group in groups:
             if group.capacity > 0:
-                self.metrics.gauge("cache_manager_group.usage_ratio", group.used_bytes / group.capacity,
-                                   {"instance_group": group.name})
+                self.metrics.gauge(
+                    "cache_manager_group.usage_ratio", group.used_bytes / group.capacity, {"instance_group": group.name}
+                )
             for instance in group.instances:
                 tags = {"instance_group": group.name, "instance_id": instance.instance_id}
                 self.metrics.gauge("cache_manager_instance.key_count", instance.key_count, tags)

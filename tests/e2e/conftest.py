@@ -1,10 +1,11 @@
 """e2e fixtures: one local stack per e2e run (see ``harness``)."""
+
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 

@@ -1,4 +1,5 @@
 """getCapacityReport against the local stack: the newest sweep's curves and recommendation."""
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,18 @@ def test_the_latest_sweep_report_is_served(stack: LocalStack, tmp_path):
     s3 = stack.aws.client("s3")
     bucket = f"sweeps-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
-    trace = "".join(json.dumps({"timestamp": t * 1000, "input_length": 2048, "output_length": 10,
-                                "hash_ids": ids}) + "\n"
-                    for t, ids in enumerate([[1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 5, 7]] * 3))
+    trace = "".join(
+        json.dumps({"timestamp": t * 1000, "input_length": 2048, "output_length": 10, "hash_ids": ids}) + "\n"
+        for t, ids in enumerate([[1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 5, 7]] * 3)
+    )
     s3.put_object(Bucket=bucket, Key="trace.jsonl", Body=trace.encode())
     with KvcmClient(stack.api_url) as client:
-        sweep = {"trace": {"bucket": bucket, "key": "trace.jsonl", "format": "mooncake"},
-                 "capacities": [2, 4, 100], "policies": ["lru", "lfu"], "output": {"bucket": bucket, "prefix": "r1"}}
+        sweep = {
+            "trace": {"bucket": bucket, "key": "trace.jsonl", "format": "mooncake"},
+            "capacities": [2, 4, 100],
+            "policies": ["lru", "lfu"],
+            "output": {"bucket": bucket, "prefix": "r1"},
+        }
         execution = run_execution(stack, SWEEP, sweep, timeout_s=120)
         assert execution["status"] == "SUCCEEDED", execution
         report = client.get_capacity_report()

@@ -1,4 +1,5 @@
 """The ``kvcm`` command against the local stack: tables, --json, exit codes, one-line errors."""
+
 from __future__ import annotations
 
 import io
@@ -56,8 +57,24 @@ def test_group_instance_and_usage(kvcm):
     code, out, _ = kvcm("group", "update", "cli_g", "--quota", "2MiB")
     assert code == 0 and "version" in out
     assert json.loads(kvcm("--json", "group", "get", "cli_g")[1])["quota"]["capacity"] == str(2 * 2**20)
-    assert kvcm("instance", "add", "cli_i", "--group", "cli_g", "--block-size", "16", "--spec", "tp0=4KiB",
-                "--model", "qwen", "--dtype", "bf16")[0] == 0
+    assert (
+        kvcm(
+            "instance",
+            "add",
+            "cli_i",
+            "--group",
+            "cli_g",
+            "--block-size",
+            "16",
+            "--spec",
+            "tp0=4KiB",
+            "--model",
+            "qwen",
+            "--dtype",
+            "bf16",
+        )[0]
+        == 0
+    )
     code, out, _ = kvcm("instance", "list", "--group", "cli_g")
     assert code == 0 and out.splitlines()[1].split()[:4] == ["cli_i", "cli_g", "16", "tp0=4.0"]
     from kvcm_client import KvcmClient
@@ -88,7 +105,10 @@ def test_accounts_take_the_password_from_stdin_or_the_environment(kvcm, monkeypa
     assert ["cli_ops", "ROLE_ADMIN"] in rows and ["cli_user", "ROLE_USER"] in rows
     monkeypatch.delenv("KVCM_NEW_PASSWORD")
     code, _, err = kvcm("account", "add", "cli_nopass")
-    assert code == EXIT_USAGE and err == "kvcm: error: no password: use --password-stdin, KVCM_NEW_PASSWORD or a terminal\n"
+    assert (
+        code == EXIT_USAGE
+        and err == "kvcm: error: no password: use --password-stdin, KVCM_NEW_PASSWORD or a terminal\n"
+    )
     assert kvcm("account", "remove", "cli_ops")[0] == 0 and kvcm("account", "remove", "cli_user")[0] == 0
 
 
@@ -97,8 +117,9 @@ def test_health_and_metrics(kvcm):
     assert code == 0 and out.splitlines()[1].split()[0] == "yes"
     assert json.loads(kvcm("--json", "health")[1])["is_health"] is True
     code, out, _ = kvcm("metrics", "--filter", "service.query_counter")
-    assert code == 0 and any("api_name=CheckHealth" in line or "api_name=checkHealth" in line
-                             for line in out.splitlines())
+    assert code == 0 and any(
+        "api_name=CheckHealth" in line or "api_name=checkHealth" in line for line in out.splitlines()
+    )
     code, out, _ = kvcm("metrics", "--prometheus")
     assert code == 0 and "# TYPE" in out
 
@@ -114,11 +135,15 @@ def test_errors_are_one_line_with_meaningful_exit_codes(kvcm, monkeypatch):
 
 def test_trace_wraps_the_optimizer(kvcm, tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": 1536, "output_length": 10,
-                                         "hash_ids": ids}) + "\n"
-                             for t, ids in ((0, [1, 2, 3]), (1000, [1, 2, 4]), (2000, [1, 2, 3]))))
-    code, out, _ = kvcm("--json", "trace", "mrc", "--trace", str(trace), "--format", "mooncake",
-                        "--capacities", "1,100")
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": 1536, "output_length": 10, "hash_ids": ids}) + "\n"
+            for t, ids in ((0, [1, 2, 3]), (1000, [1, 2, 4]), (2000, [1, 2, 3]))
+        )
+    )
+    code, out, _ = kvcm(
+        "--json", "trace", "mrc", "--trace", str(trace), "--format", "mooncake", "--capacities", "1,100"
+    )
     # 9 block reads; with room for everything the 2nd request hits 2 blocks and the 3rd 3.
     assert code == 0 and json.loads(out)["hit_ratio"]["100"] == pytest.approx(5 / 9)
     assert kvcm("trace", "mrc", "--trace", str(tmp_path / "missing.jsonl"), "--capacities", "1")[0] == EXIT_USAGE
@@ -126,8 +151,21 @@ def test_trace_wraps_the_optimizer(kvcm, tmp_path):
 
 def test_events_tail_prints_the_last_events(kvcm, tmp_path):
     log = tmp_path / "events.log"
-    log.write_text("".join(json.dumps({"type": "GetCacheLocation", "source": f"inst{i}", "trigger_time_us": 0,
-                                       "keys": [1, 2], "query_type": "prefix_match"}) + "\n" for i in range(5)))
+    log.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "type": "GetCacheLocation",
+                    "source": f"inst{i}",
+                    "trigger_time_us": 0,
+                    "keys": [1, 2],
+                    "query_type": "prefix_match",
+                }
+            )
+            + "\n"
+            for i in range(5)
+        )
+    )
     code, out, _ = kvcm("events", "tail", "--file", str(log), "-n", "2")
     assert code == 0 and [line.split()[2] for line in out.splitlines()] == ["inst3", "inst4"]
     code, out, _ = kvcm("--json", "events", "tail", "--file", str(log), "-n", "1")
@@ -139,8 +177,9 @@ def test_the_installed_command(stack: LocalStack):
     script = REPO / ".venv" / "bin" / "kvcm"
     if not script.exists():
         pytest.skip("make builds .venv/bin/kvcm")
-    done = subprocess.run([str(script), "--url", stack.api_url, "--json", "health"], capture_output=True,
-                          text=True, timeout=60, cwd="/")
+    done = subprocess.run(
+        [str(script), "--url", stack.api_url, "--json", "health"], capture_output=True, text=True, timeout=60, cwd="/"
+    )
     assert done.returncode == 0 and json.loads(done.stdout)["is_health"] is True
 
 

@@ -1,5 +1,6 @@
 """Leader discovery against the local stack: getClusterInfo names the API itself, and a
 client discovering the leader (kvcm_client, upstream's algorithm) keeps talking to it."""
+
 from __future__ import annotations
 
 from chalicelib.local import LocalStack

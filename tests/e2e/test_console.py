@@ -1,8 +1,8 @@
 """The console in a real headless Chromium (Debian's package, driven by Playwright) against the
 local stack: every page loads and shows the seeded group's numbers; a screenshot of each page
 (and of /docs) is saved in out/console-screenshots/ for people to look at."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import json
 import os
@@ -23,8 +23,15 @@ from .harness import run_execution
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "out" / "console-screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PAGES = ["groups", "instances", "storages", "traffic", "capacity"]
 SPEC_BYTES = 64 * 1024
 
@@ -43,8 +50,12 @@ def browser_page(tmp_path_factory):
     with playwright_api.sync_playwright() as playwright:
         # A persistent context on a fresh profile folder: the --user-data-dir of this run only.
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+        )
         try:
             yield context.new_page()
         finally:
@@ -55,24 +66,38 @@ def browser_page(tmp_path_factory):
 def seeded(stack: LocalStack) -> dict:
     """Blocks written in the seeded group, reads for the hit ratio, and a sweep if none ran."""
     with KvcmClient(stack.api_url) as client:
-        client.register_instance(instance_group="default", instance_id="console-1", block_size=16,
-                                 location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
-                                 model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"))
+        client.register_instance(
+            instance_group="default",
+            instance_id="console-1",
+            block_size=16,
+            location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
+            model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"),
+        )
         session = client.start_write_cache(instance_id="console-1", block_keys=list(range(1, 11))).write_session_id
         client.finish_write_cache(instance_id="console-1", write_session_id=session, success_blocks={"offset": 10})
         for _ in range(3):  # 3 of 4 asked blocks found each time: 75 %
-            client.get_cache_location(instance_id="console-1", query_type="QT_PREFIX_MATCH",
-                                      block_keys=[1, 2, 3, 999])
+            client.get_cache_location(instance_id="console-1", query_type="QT_PREFIX_MATCH", block_keys=[1, 2, 3, 999])
         if not client.get_capacity_report().curves:
             s3 = stack.aws.client("s3")
             bucket = f"console-{uuid.uuid4().hex[:8]}"
             s3.create_bucket(Bucket=bucket)
-            trace = "".join(json.dumps({"timestamp": t, "input_length": 1024, "output_length": 1,
-                                        "hash_ids": [1, 2, t % 3 + 3]}) + "\n" for t in range(12))
+            trace = "".join(
+                json.dumps({"timestamp": t, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2, t % 3 + 3]})
+                + "\n"
+                for t in range(12)
+            )
             s3.put_object(Bucket=bucket, Key="t.jsonl", Body=trace.encode())
-            execution = run_execution(stack, "optimizer_sweep", {
-                "trace": {"bucket": bucket, "key": "t.jsonl", "format": "mooncake"}, "capacities": [1, 3, 10],
-                "policies": ["lru"], "output": {"bucket": bucket, "prefix": "console"}}, timeout_s=120)
+            execution = run_execution(
+                stack,
+                "optimizer_sweep",
+                {
+                    "trace": {"bucket": bucket, "key": "t.jsonl", "format": "mooncake"},
+                    "capacities": [1, 3, 10],
+                    "policies": ["lru"],
+                    "output": {"bucket": bucket, "prefix": "console"},
+                },
+                timeout_s=120,
+            )
             assert execution["status"] == "SUCCEEDED", execution
         usage = client.get_instance_group_usage(instance_group_name="default").usage[0]
     return {"usage": usage}
@@ -93,9 +118,15 @@ def test_groups_page_shows_the_seeded_groups_numbers(browser_page, stack: LocalS
     show(browser_page, stack, "groups")
     row = browser_page.locator("#groups-table tbody tr[data-group=default] td").all_inner_texts()
     usage = seeded["usage"]
-    assert row[:7] == ["default", "100.0 GiB", human_size(usage.used_bytes),
-                       f"{100 * usage.used_bytes / usage.capacity:.1f}%", "90.0 GiB",
-                       f"{usage.key_count:,}", str(len(usage.instances))]
+    assert row[:7] == [
+        "default",
+        "100.0 GiB",
+        human_size(usage.used_bytes),
+        f"{100 * usage.used_bytes / usage.capacity:.1f}%",
+        "90.0 GiB",
+        f"{usage.key_count:,}",
+        str(len(usage.instances)),
+    ]
     assert usage.used_bytes >= 10 * SPEC_BYTES
     assert browser_page.locator("#groups-table tr[data-group=default] .bar-mark").count() == 1
     assert browser_page.inner_text("#health") == "healthy"
@@ -122,8 +153,7 @@ def test_storages_page_shows_the_seeded_storage_and_its_health(browser_page, sta
 def test_traffic_page_shows_rates_and_the_hit_ratio(browser_page, stack: LocalStack, seeded):
     show(browser_page, stack, "traffic")
     # Rates need two samples: the page refreshes every 5 s.
-    browser_page.wait_for_function("document.getElementById('request-rate').textContent !== '…'",
-                                   timeout=20_000)
+    browser_page.wait_for_function("document.getElementById('request-rate').textContent !== '…'", timeout=20_000)
     assert float(browser_page.inner_text("#request-rate")) > 0
     assert browser_page.inner_text("#hit-ratio").endswith("%")
     methods = browser_page.locator("#traffic-table tbody tr td:first-child").all_inner_texts()
@@ -156,8 +186,7 @@ def test_with_auth_on_the_console_asks_for_an_admin_bearer(browser_page, stack: 
         assert "Authorization" in page.inner_text("#signin-error")  # the first answer: no bearer
         page.fill("#token", "nobody:wrong-password-123")
         page.click("#signin button")
-        page.wait_for_function("document.getElementById('signin-error').textContent.includes('nobody')",
-                               timeout=20_000)
+        page.wait_for_function("document.getElementById('signin-error').textContent.includes('nobody')", timeout=20_000)
         save(page, "signin")
         page.fill("#token", auth_on)
         page.click("#signin button")

@@ -5,6 +5,7 @@ response conform to the document. Plus: a call answered with an error code leave
 control plane as it was (nothing half-applied). A bounded number of cases per operation
 keeps the whole run well under a minute on the 2-core test machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
-                                               response_schema_conformance, status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from chalicelib.local import LocalStack
 
@@ -25,11 +30,20 @@ CASES_PER_OPERATION = 8
 #: The response checks. Not ``unsupported_method`` (TRACE and friends on a documented path):
 #: HTTP methods are routed by API Gateway when deployed and by Chalice's dev server here
 #: (which answers 501), never by the app.
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 #: What a failed call must not have changed.
-CONTROL_LISTINGS = (("listStorage", "storage"), ("listInstanceGroup", "instance_group"),
-                    ("listAccount", "accounts"), ("listInstanceInfo", "instance_info"))
+CONTROL_LISTINGS = (
+    ("listStorage", "storage"),
+    ("listInstanceGroup", "instance_group"),
+    ("listAccount", "accounts"),
+    ("listInstanceInfo", "instance_info"),
+)
 READS = ("get", "list", "check")
 #: Service-wide settings a fuzzed call may legitimately change, restored for the other e2e tests.
 SETTINGS_TO_RESTORE = ("getLeaderElectorConfig", "campaign_delay_time_ms")
@@ -61,8 +75,7 @@ schema = schemathesis.pytest.from_fixture("openapi_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=CASES_PER_OPERATION, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=CASES_PER_OPERATION, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_every_operation_conforms_to_the_document(case, stack: LocalStack, api: Api):
     api_name = case.path.rpartition("/")[2]
     # Reads cannot half-apply anything: only writes are checked against a snapshot.

@@ -1,4 +1,5 @@
 """The README's examples run as pasted (against the e2e stack instead of :8000)."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,14 @@ def block(after_heading: str, language: str, index: int = 0) -> str:
 def run_sh(script: str, stack: LocalStack, **env: str) -> list[str]:
     if shutil.which("jq") is None and not os.environ.get("CI"):
         pytest.skip("no jq (make test installs it)")
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script.replace(LOCAL_URL, stack.api_url)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "KVCM_URL": stack.api_url, **env})
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script.replace(LOCAL_URL, stack.api_url)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "KVCM_URL": stack.api_url, **env},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 

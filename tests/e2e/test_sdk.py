@@ -4,12 +4,13 @@ Retries and discovery are driven by a small HTTP proxy in front of the stack tha
 a connection or answer for the service (SERVICE_NOT_READY, getClusterInfo); everything else
 it forwards to the real stack.
 """
+
 from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import urllib3
@@ -53,8 +54,9 @@ class Proxy:
                     self.close_connection = True
                     return
                 if action is None:
-                    reply = upstream.request(self.command, proxy.target + self.path, body=body or None,
-                                             headers=dict(self.headers))
+                    reply = upstream.request(
+                        self.command, proxy.target + self.path, body=body or None, headers=dict(self.headers)
+                    )
                     status, data, content_type = reply.status, reply.data, reply.headers.get("Content-Type", "")
                 else:
                     status, data, content_type = 200, json.dumps(action).encode(), "application/json"
@@ -90,17 +92,22 @@ def not_ready(api_name: str) -> dict:
 def test_two_phase_write_and_read_with_typed_models(stack: LocalStack):
     with KvcmClient(stack.api_url) as client:
         registered = client.register_instance(
-            instance_group="default", instance_id="sdk-1", block_size=16,
+            instance_group="default",
+            instance_id="sdk-1",
+            block_size=16,
             location_spec_infos=[m.LocationSpecInfo(name="tp0", size=4096)],
-            model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"))
+            model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"),
+        )
         assert isinstance(registered, m.RegisterInstanceResponse)
         assert json.loads(registered.storage_configs)[0]["global_unique_name"] == "nfs_01"
         started = client.start_write_cache(m.StartWriteCacheRequest(instance_id="sdk-1", block_keys=[1, 2, 3]))
         assert len(started.write_session_id) == 32 and len(started.locations) == 3
-        client.finish_write_cache(instance_id="sdk-1", write_session_id=started.write_session_id,
-                                  success_blocks=m.BlockMask(offset=3))
-        found = client.get_cache_location(instance_id="sdk-1", query_type=QueryType.QT_PREFIX_MATCH,
-                                          block_keys=[1, 2, 9])
+        client.finish_write_cache(
+            instance_id="sdk-1", write_session_id=started.write_session_id, success_blocks=m.BlockMask(offset=3)
+        )
+        found = client.get_cache_location(
+            instance_id="sdk-1", query_type=QueryType.QT_PREFIX_MATCH, block_keys=[1, 2, 9]
+        )
         assert isinstance(found, m.GetCacheLocationResponse) and len(found.locations) == 2
         assert found.locations[0]["location_specs"][0]["uri"].startswith("file://nfs_01/")
         info = client.get_instance_info(instance_id="sdk-1")
@@ -157,9 +164,16 @@ def test_other_methods_are_sent_once(proxy: Proxy):
 
 def test_leader_discovery_moves_to_the_announced_leader(stack: LocalStack, proxy: Proxy):
     host, port = stack.api_url.removeprefix("http://").split(":")
-    proxy.rule = lambda path, n: ({"header": {"status": {"code": "OK"}}, "self_node_id": "b", "leader_node_id": "a",
-                                   "leader_endpoint": {"node_id": "a", "host": host, "meta_http_port": int(port)}}
-                                  if path == "/api/getClusterInfo" else None)
+    proxy.rule = lambda path, n: (
+        {
+            "header": {"status": {"code": "OK"}},
+            "self_node_id": "b",
+            "leader_node_id": "a",
+            "leader_endpoint": {"node_id": "a", "host": host, "meta_http_port": int(port)},
+        }
+        if path == "/api/getClusterInfo"
+        else None
+    )
     with KvcmClient(proxy.url, auto_discover_leader=True) as client:
         assert client.url == stack.api_url
         client.list_storage()
@@ -170,9 +184,11 @@ def test_not_leader_answers_rediscover_and_retry(stack: LocalStack, proxy: Proxy
     host, port = stack.api_url.removeprefix("http://").split(":")
     leader = {"header": {"status": {"code": "OK"}}, "leader_endpoint": {"host": host, "meta_http_port": int(port)}}
     # The first discovery names nobody; the call then hits a follower, which says so.
-    proxy.rule = lambda path, n: ((leader if n > 1 else {"header": {"status": {"code": "OK"}}})
-                                  if path == "/api/getClusterInfo" else
-                                  {"header": {"status": {"code": "SERVER_NOT_LEADER", "message": "not leader"}}})
+    proxy.rule = lambda path, n: (
+        (leader if n > 1 else {"header": {"status": {"code": "OK"}}})
+        if path == "/api/getClusterInfo"
+        else {"header": {"status": {"code": "SERVER_NOT_LEADER", "message": "not leader"}}}
+    )
     with KvcmClient(proxy.url, auto_discover_leader=True, sleep=lambda s: None) as client:
         assert client.url == proxy.url
         assert client.list_storage().storage[0].global_unique_name == "nfs_01"

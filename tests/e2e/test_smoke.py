@@ -1,4 +1,5 @@
 """Smoke tests over HTTP and Step Functions against the running local stack."""
+
 from __future__ import annotations
 
 import json

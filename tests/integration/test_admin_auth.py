@@ -1,5 +1,6 @@
 """Authentication over HTTP with accounts in the real control plane: API keys, the admin
 password bootstrap, auth status codes, limits checked before parsing, the audit log."""
+
 import json
 import logging
 
@@ -33,8 +34,17 @@ def new_key(client, user_name, **extra):
     return data
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Basic cm9vdDp4"}, bearer("root:wrong"),
-                                     bearer(f"nobody:{ADMIN_PW}"), bearer("root"), bearer("kvcm_00.x")])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Basic cm9vdDp4"},
+        bearer("root:wrong"),
+        bearer(f"nobody:{ADMIN_PW}"),
+        bearer("root"),
+        bearer("kvcm_00.x"),
+    ],
+)
 def test_missing_or_invalid_credentials_are_401_unauthenticated(secured, headers):
     status, data = post(secured, "listStorage", {}, headers=headers)
     assert (status, code(data)) == (401, "UNAUTHENTICATED") and message(data)
@@ -64,6 +74,7 @@ def test_an_api_key_is_shown_once_and_works_until_revoked(secured, runtime, cloc
     assert (status, code(data)) == (200, "INSTANCE_NOT_EXIST")
     # Revoked in another container: this one stops accepting it within the config refresh.
     from chalicelib.control import ControlPlane
+
     other = ControlPlane(lambda: runtime.aws("dynamodb"), runtime.control.table.name, clock)
     other.revoke_api_key(key_id)
     clock.advance(runtime.settings.config_refresh_s)
@@ -110,11 +121,12 @@ def service_log(caplog):
 
 def test_secrets_never_reach_logs_or_the_audit_log_and_access_lines_name_the_principal(secured, service_log):
     key = new_key(secured, "bob")
-    bodies = [post(secured, "listAccount", {}, headers=ROOT)[1],
-              post(secured, "listAccount", {}, headers=bearer(f"root:{ADMIN_PW}x"))[1],
-              post(secured, "addAccount", {"user_name": "carol", "password": "t0p-secret-pass", "role": 1},
-                   headers=ROOT)[1],
-              post(secured, "getInstanceInfo", {"instance_id": "x"}, headers=bearer(key["api_key"]))[1]]
+    bodies = [
+        post(secured, "listAccount", {}, headers=ROOT)[1],
+        post(secured, "listAccount", {}, headers=bearer(f"root:{ADMIN_PW}x"))[1],
+        post(secured, "addAccount", {"user_name": "carol", "password": "t0p-secret-pass", "role": 1}, headers=ROOT)[1],
+        post(secured, "getInstanceInfo", {"instance_id": "x"}, headers=bearer(key["api_key"]))[1],
+    ]
     audit = post(secured, "listAuditLog", {}, headers=ROOT)[1]
     logged = " ".join(repr(record.__dict__) for record in service_log.records)
     assert "'api': 'addAccount'" in logged and "'principal': 'root'" in logged
@@ -137,14 +149,19 @@ def test_mutations_and_denied_calls_are_audited(secured, runtime, clock):
     step("removeStorage", {"storage_unique_name": "x"}, bearer(eve["api_key"]))
     records = post(secured, "listAuditLog", {}, headers=ROOT)[1]["records"]
     seen = [(r["principal"], r["api_name"], r["code"], r["target"]) for r in reversed(records)]
-    assert seen == [("root", "addAccount", "OK", "user_name=eve"),
-                    ("root", "removeStorage", "INVALID_ARGUMENT", "storage_unique_name=ghost"),
-                    ("unauthenticated:root", "listStorage", "UNAUTHENTICATED", ""),
-                    ("root", "createApiKey", "OK", "user_name=eve"),
-                    (f"eve/{eve['key_info']['key_id']}", "removeStorage", "PERMISSION_DENIED", "")]
+    assert seen == [
+        ("root", "addAccount", "OK", "user_name=eve"),
+        ("root", "removeStorage", "INVALID_ARGUMENT", "storage_unique_name=ghost"),
+        ("unauthenticated:root", "listStorage", "UNAUTHENTICATED", ""),
+        ("root", "createApiKey", "OK", "user_name=eve"),
+        (f"eve/{eve['key_info']['key_id']}", "removeStorage", "PERMISSION_DENIED", ""),
+    ]
     assert all(int(r["time"]) > 0 and r["source"] == "127.0.0.1" for r in records)  # Chalice's local gateway
-    items = [i for i in runtime.aws("dynamodb").scan(TableName=runtime.control.table.name)["Items"]
-             if i["pk"]["S"].startswith("AUDIT#")]
+    items = [
+        i
+        for i in runtime.aws("dynamodb").scan(TableName=runtime.control.table.name)["Items"]
+        if i["pk"]["S"].startswith("AUDIT#")
+    ]
     assert len(items) == 5 and all(int(i["expires_at"]["N"]) > runtime.clock.now() + 80 * 86400 for i in items)
     ttl = runtime.aws("dynamodb").describe_time_to_live(TableName=runtime.control.table.name)
     assert ttl["TimeToLiveDescription"] == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expires_at"}

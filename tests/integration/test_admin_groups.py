@@ -1,8 +1,8 @@
 """AdminService instance group methods over HTTP."""
+
 import pytest
 
 from chalicelib.runtime import get_runtime
-
 from tests.integration.control.harness import call, code, group_json, message, register_request
 
 
@@ -11,16 +11,24 @@ def get(client, name="g1") -> dict:
 
 
 def test_create_get_list_with_defaults(client):
-    body = {"instanceGroup": {"name": "g1", "storageCandidates": ["nfs1", "later"], "maxInstanceCount": "2",
-                              "quota": {"capacity": "1073741824",
-                                        "quotaConfig": [{"storageType": "ST_NFS", "capacity": 10}]}}}
+    body = {
+        "instanceGroup": {
+            "name": "g1",
+            "storageCandidates": ["nfs1", "later"],
+            "maxInstanceCount": "2",
+            "quota": {"capacity": "1073741824", "quotaConfig": [{"storageType": "ST_NFS", "capacity": 10}]},
+        }
+    }
     assert code(call(client, "createInstanceGroup", body)) == "OK"
     group = get(client)["instance_group"]
     assert group["version"] == "1" and group["max_instance_count"] == "2"
     assert group["quota"] == {"capacity": "1073741824", "quota_config": [{"storage_type": "ST_NFS", "capacity": "10"}]}
     reclaim = group["cache_config"]["reclaim_strategy"]
-    assert (reclaim["reclaim_policy"], reclaim["trigger_strategy"]["used_percentage"],
-            reclaim["trigger_period_seconds"]) == ("POLICY_LRU", 0.9, 10)
+    assert (
+        reclaim["reclaim_policy"],
+        reclaim["trigger_strategy"]["used_percentage"],
+        reclaim["trigger_period_seconds"],
+    ) == ("POLICY_LRU", 0.9, 10)
     call(client, "createInstanceGroup", {"instance_group": group_json("g0")})
     assert [g["name"] for g in call(client, "listInstanceGroup")["instance_group"]] == ["g0", "g1"]
 
@@ -42,11 +50,13 @@ def test_unknown_group_is_named(client):
 
 def test_update_is_optimistic(client):
     call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
-    ok = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="v2"),
-                                              "current_version": "1"})
+    ok = call(
+        client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="v2"), "current_version": "1"}
+    )
     assert code(ok) == "OK"
-    stale = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="late"),
-                                                 "current_version": 1})
+    stale = call(
+        client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="late"), "current_version": 1}
+    )
     assert code(stale) == "INVALID_ARGUMENT" and "version 2" in message(stale)
     same = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", version=2), "current_version": 2})
     assert code(same) == "INVALID_ARGUMENT" and "instance_group.version" in message(same)
@@ -63,8 +73,15 @@ def test_concurrent_updates_over_http_exactly_one_wins(client, round_):
 
     def update(tag):
         barrier.wait()
-        codes.append(code(call(client, "updateInstanceGroup",
-                               {"instance_group": group_json("g1", user_data=tag), "current_version": 1})))
+        codes.append(
+            code(
+                call(
+                    client,
+                    "updateInstanceGroup",
+                    {"instance_group": group_json("g1", user_data=tag), "current_version": 1},
+                )
+            )
+        )
 
     threads = [threading.Thread(target=update, args=(t,)) for t in ("a", "b")]
     for t in threads:

@@ -1,4 +1,5 @@
 """AdminService instance and account methods over HTTP."""
+
 import json
 
 from tests.integration.control.harness import call, code, group_json, message, register_request
@@ -15,7 +16,9 @@ def test_list_instance_info(client, control):
     setup_instances(client, control)
     everything = call(client, "listInstanceInfo", {})["instance_info"]
     assert [(i["instance_id"], i["instance_group_name"], i["quota_group_name"]) for i in everything] == [
-        ("i1", "g1", "q"), ("i2", "g2", "g2")]
+        ("i1", "g1", "q"),
+        ("i2", "g2", "g2"),
+    ]
     only_g2 = call(client, "listInstanceInfo", {"instanceGroupName": "g2"})["instance_info"]
     assert len(only_g2) == 1 and only_g2[0]["block_size"] == 64
     assert only_g2[0]["location_spec_infos"] == [{"name": "tp0", "size": "1024"}, {"name": "tp1", "size": "1024"}]
@@ -36,15 +39,18 @@ def test_remove_instance(client, control):
 
 
 def test_accounts_never_return_secrets(client, runtime):
-    assert code(call(client, "addAccount", {"user_name": "alice", "password": "correct horse",
-                                            "role": "ROLE_ADMIN"})) == "OK"
+    assert (
+        code(call(client, "addAccount", {"user_name": "alice", "password": "correct horse", "role": "ROLE_ADMIN"}))
+        == "OK"
+    )
     assert code(call(client, "addAccount", {"userName": "bob", "password": "battery", "role": 0})) == "OK"
     dup = call(client, "addAccount", {"user_name": "alice", "password": "x"})
     assert code(dup) == "DUPLICATE_ENTITY"
     listed = call(client, "listAccount")
     assert listed["accounts"] == [
         {"user_name": "alice", "role": "ROLE_ADMIN", "instance_groups": ["*"], "instance_id_prefixes": []},
-        {"user_name": "bob", "role": "ROLE_USER", "instance_groups": ["*"], "instance_id_prefixes": []}]
+        {"user_name": "bob", "role": "ROLE_USER", "instance_groups": ["*"], "instance_id_prefixes": []},
+    ]
     text = json.dumps(listed)
     assert "scrypt" not in text and "correct horse" not in text and "battery" not in text
     assert runtime.control.verify_account("alice", "correct horse") is not None

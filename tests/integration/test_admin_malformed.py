@@ -1,5 +1,6 @@
 """Malformed input to every AdminService method: the contract's code, a message naming the
 field, and nothing half-written."""
+
 import pytest
 
 from chalicelib.protocol.codes import Role
@@ -16,22 +17,34 @@ CASES = {
         ({"storage": {"global_unique_name": 5, "nfs": {}}}, "field 'storage.global_unique_name'"),
         ({"storage": {"nfs": {"root_path": "/x"}}}, "field 'storage.global_unique_name' is required"),
         ({"storage": {"global_unique_name": "a"}}, "field 'storage' must set one of"),
-        ({"storage": {"global_unique_name": "a", "nfs": {"root_path": "/x"}, "s3": {"bucket": "b"}}},
-         "field 'storage'"),
-        ({"storage": {"global_unique_name": "a", "nfs": {"root_path": "/x", "key_count_per_file": "many"}}},
-         "field 'storage.nfs.key_count_per_file'"),
-        ({"storage": {"global_unique_name": "a", "check_storage_available_when_open": "yes", "nfs": {}}},
-         "field 'storage.check_storage_available_when_open'"),
+        (
+            {"storage": {"global_unique_name": "a", "nfs": {"root_path": "/x"}, "s3": {"bucket": "b"}}},
+            "field 'storage'",
+        ),
+        (
+            {"storage": {"global_unique_name": "a", "nfs": {"root_path": "/x", "key_count_per_file": "many"}}},
+            "field 'storage.nfs.key_count_per_file'",
+        ),
+        (
+            {"storage": {"global_unique_name": "a", "check_storage_available_when_open": "yes", "nfs": {}}},
+            "field 'storage.check_storage_available_when_open'",
+        ),
         ({"storage": nfs("nfs1")}, "storage 'nfs1' already exists"),
     ],
-    "enableStorage": [({}, "field 'storage_unique_name' is required"),
-                      ({"storage_unique_name": 7}, "field 'storage_unique_name'"),
-                      ({"storage_unique_name": "ghost"}, "storage 'ghost' does not exist")],
-    "disableStorage": [({}, "field 'storage_unique_name' is required"),
-                       ({"storageUniqueName": ["nfs1"]}, "field 'storage_unique_name'")],
-    "removeStorage": [({}, "field 'storage_unique_name' is required"),
-                      ({"storage_unique_name": None}, "field 'storage_unique_name'"),
-                      ({"storage_unique_name": "nfs1"}, "is a storage candidate of instance group(s) 'g1'")],
+    "enableStorage": [
+        ({}, "field 'storage_unique_name' is required"),
+        ({"storage_unique_name": 7}, "field 'storage_unique_name'"),
+        ({"storage_unique_name": "ghost"}, "storage 'ghost' does not exist"),
+    ],
+    "disableStorage": [
+        ({}, "field 'storage_unique_name' is required"),
+        ({"storageUniqueName": ["nfs1"]}, "field 'storage_unique_name'"),
+    ],
+    "removeStorage": [
+        ({}, "field 'storage_unique_name' is required"),
+        ({"storage_unique_name": None}, "field 'storage_unique_name'"),
+        ({"storage_unique_name": "nfs1"}, "is a storage candidate of instance group(s) 'g1'"),
+    ],
     "updateStorage": [
         ({}, "field 'storage' is required"),
         ({"storage": nfs("nfs1"), "force_update": "yes"}, "field 'force_update'"),
@@ -45,32 +58,54 @@ CASES = {
         ({"instance_group": []}, "field 'instance_group'"),
         ({"instance_group": {"name": "g2"}}, "field 'instance_group.storage_candidates'"),
         ({"instance_group": {"name": "g2", "storage_candidates": "nfs1"}}, "field 'instance_group.storage_candidates'"),
-        ({"instance_group": {**VALID_GROUP, "max_instance_count": "lots"}},
-         "field 'instance_group.max_instance_count'"),
-        ({"instance_group": {**VALID_GROUP, "cache_config": {"reclaim_strategy": {"reclaim_policy": "POLICY_MRU"}}}},
-         "field 'instance_group.cache_config.reclaim_strategy.reclaim_policy'"),
-        ({"instance_group": {**VALID_GROUP, "cache_config": {"data_storage_strategy": 55}}},
-         "field 'instance_group.cache_config.data_storage_strategy'"),
-        ({"instance_group": {**VALID_GROUP, "quota": {"quota_config": [{"storage_type": "ST_FLOPPY"}]}}},
-         "field 'instance_group.quota.quota_config[0].storage_type'"),
-        ({"instance_group": {**VALID_GROUP, "cache_config": {"reclaim_strategy": {
-            "trigger_strategy": {"used_percentage": -0.5}}}}},
-         "field 'instance_group.cache_config.reclaim_strategy.trigger_strategy.used_percentage'"),
+        (
+            {"instance_group": {**VALID_GROUP, "max_instance_count": "lots"}},
+            "field 'instance_group.max_instance_count'",
+        ),
+        (
+            {"instance_group": {**VALID_GROUP, "cache_config": {"reclaim_strategy": {"reclaim_policy": "POLICY_MRU"}}}},
+            "field 'instance_group.cache_config.reclaim_strategy.reclaim_policy'",
+        ),
+        (
+            {"instance_group": {**VALID_GROUP, "cache_config": {"data_storage_strategy": 55}}},
+            "field 'instance_group.cache_config.data_storage_strategy'",
+        ),
+        (
+            {"instance_group": {**VALID_GROUP, "quota": {"quota_config": [{"storage_type": "ST_FLOPPY"}]}}},
+            "field 'instance_group.quota.quota_config[0].storage_type'",
+        ),
+        (
+            {
+                "instance_group": {
+                    **VALID_GROUP,
+                    "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": -0.5}}},
+                }
+            },
+            "field 'instance_group.cache_config.reclaim_strategy.trigger_strategy.used_percentage'",
+        ),
         ({"instance_group": group_json("g1", "nfs9")}, "instance group 'g1' already exists"),
     ],
     "updateInstanceGroup": [
         ({"current_version": 1}, "field 'instance_group' is required"),
         ({"instance_group": group_json("g1", "nfs1"), "current_version": "one"}, "field 'current_version'"),
-        ({"instance_group": {**group_json("g1", "nfs1"), "quota": {"capacity": -1}}, "current_version": 1},
-         "field 'instance_group.quota.capacity'"),
+        (
+            {"instance_group": {**group_json("g1", "nfs1"), "quota": {"capacity": -1}}, "current_version": 1},
+            "field 'instance_group.quota.capacity'",
+        ),
         ({"instance_group": group_json("g1", "nfs2"), "current_version": 7}, "not current_version 7"),
     ],
-    "removeInstanceGroup": [({}, "field 'name' is required"), ({"name": 1}, "field 'name'"),
-                            ({"name": "g1"}, "instance group 'g1' still has 1 registered instance")],
+    "removeInstanceGroup": [
+        ({}, "field 'name' is required"),
+        ({"name": 1}, "field 'name'"),
+        ({"name": "g1"}, "instance group 'g1' still has 1 registered instance"),
+    ],
     "getInstanceGroup": [({}, "field 'name' is required"), ({"name": {}}, "field 'name'")],
     "listInstanceGroup": [({"header": {"trace_id": 1}}, "field 'header.trace_id'")],
-    "removeInstance": [({}, "field 'instance_id' is required"), ({"instance_id": 3}, "field 'instance_id'"),
-                       ({"instance_id": "i1", "instance_group": "g2"}, "field 'instance_group'")],
+    "removeInstance": [
+        ({}, "field 'instance_id' is required"),
+        ({"instance_id": 3}, "field 'instance_id'"),
+        ({"instance_id": "i1", "instance_group": "g2"}, "field 'instance_group'"),
+    ],
     "listInstanceInfo": [({"instance_group_name": 3}, "field 'instance_group_name'")],
     "addAccount": [
         ({"password": "p"}, "field 'user_name' is required"),
@@ -83,28 +118,41 @@ CASES = {
         ({"user_name": "carol", "instance_id_prefixes": ["a b"]}, "field 'instance_id_prefixes[0]'"),
         ({"user_name": "alice", "password": "p"}, "account 'alice' already exists"),
     ],
-    "createApiKey": [({}, "field 'user_name' is required"), ({"user_name": "ghost"}, "account 'ghost' does not exist"),
-                     ({"user_name": "alice", "expire_seconds": -1}, "field 'expire_seconds'"),
-                     ({"user_name": "alice", "expire_seconds": 10**12}, "field 'expire_seconds'")],
+    "createApiKey": [
+        ({}, "field 'user_name' is required"),
+        ({"user_name": "ghost"}, "account 'ghost' does not exist"),
+        ({"user_name": "alice", "expire_seconds": -1}, "field 'expire_seconds'"),
+        ({"user_name": "alice", "expire_seconds": 10**12}, "field 'expire_seconds'"),
+    ],
     "revokeApiKey": [({}, "field 'key_id' is required"), ({"key_id": "0123456789abcdef"}, "does not exist")],
     "listApiKey": [({"user_name": 5}, "field 'user_name'")],
     "listAuditLog": [({"limit": 5000}, "field 'limit'"), ({"start_time_ms": "soon"}, "field 'start_time_ms'")],
-    "getInstanceGroupUsage": [({"instance_group_name": 5}, "field 'instance_group_name'"),
-                              ({"instance_group_name": "ghost"}, "instance group 'ghost' does not exist")],
+    "getInstanceGroupUsage": [
+        ({"instance_group_name": 5}, "field 'instance_group_name'"),
+        ({"instance_group_name": "ghost"}, "instance group 'ghost' does not exist"),
+    ],
     "getCapacityReport": [({"trace_id": 5}, "field 'trace_id'")],
-    "deleteAccount": [({}, "field 'user_name' is required"), ({"user_name": False}, "field 'user_name'"),
-                      ({"user_name": "ghost"}, "account 'ghost' does not exist")],
+    "deleteAccount": [
+        ({}, "field 'user_name' is required"),
+        ({"user_name": False}, "field 'user_name'"),
+        ({"user_name": "ghost"}, "account 'ghost' does not exist"),
+    ],
     "listAccount": [({"trace_id": []}, "field 'trace_id'")],
     "getMetrics": [({"trace_id": {}}, "field 'trace_id'")],
     "checkHealth": [({"header": "x"}, "field 'header'")],
     "getManagerClusterInfo": [({"trace_id": 1.5}, "field 'trace_id'")],
     "leaderDemote": [({"trace_id": True}, "field 'trace_id'")],
     "getLeaderElectorConfig": [({"trace_id": 0}, "field 'trace_id'")],
-    "updateLeaderElectorConfig": [({"campaign_delay_time_ms": "soon"}, "field 'campaign_delay_time_ms'"),
-                                  ({"campaign_delay_time_ms": -5}, "field 'campaign_delay_time_ms' must be >= 0"),
-                                  ({"campaign_delay_time_ms": 2**63}, "field 'campaign_delay_time_ms'")],
-    "updateLogger": [({}, "field 'log_level' is required"), ({"log_level": "LOUD"}, "field 'log_level'"),
-                     ({"log_level": 3}, "field 'log_level'")],
+    "updateLeaderElectorConfig": [
+        ({"campaign_delay_time_ms": "soon"}, "field 'campaign_delay_time_ms'"),
+        ({"campaign_delay_time_ms": -5}, "field 'campaign_delay_time_ms' must be >= 0"),
+        ({"campaign_delay_time_ms": 2**63}, "field 'campaign_delay_time_ms'"),
+    ],
+    "updateLogger": [
+        ({}, "field 'log_level' is required"),
+        ({"log_level": "LOUD"}, "field 'log_level'"),
+        ({"log_level": 3}, "field 'log_level'"),
+    ],
 }
 METHODS = sorted(op.api_name for op in OPERATIONS)
 

@@ -1,4 +1,5 @@
 """AdminService metrics, health, lease ("leader") and logger methods over HTTP."""
+
 import pytest
 
 from chalicelib.observability.logging import logger
@@ -11,23 +12,32 @@ def test_get_metrics_counts_calls(client, runtime, clock):
     call(client, "removeStorage", {"storage_unique_name": "ghost"})
     data = call(client, "getMetrics")
     assert data["timestamp"] == str(int(clock.now() * 1000))
-    by_key = {(m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])): m["metric_value"]
-              for m in data["metrics"]}
+    by_key = {
+        (m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])): m["metric_value"]
+        for m in data["metrics"]
+    }
     assert by_key[("service.query_counter", (("api_name", "ListStorage"),))] == {"int_value": "2"}
     assert by_key[("service.query_counter", (("api_name", "RemoveStorage"),))] == {"int_value": "1"}
     assert by_key[("service.error_counter", (("api_name", "RemoveStorage"), ("code", "INVALID_ARGUMENT")))] == {
-        "int_value": "1"}
+        "int_value": "1"
+    }
     rt = by_key[("service.query_rt_us", (("api_name", "ListStorage"),))]
     assert set(rt) == {"float_value"} and rt["float_value"] > 0
     assert ("service.query_counter", (("api_name", "GetMetrics"),)) not in by_key  # recorded after answering
     again = call(client, "getMetrics")
-    assert any(m["metric_name"] == "service.query_counter" and m["metric_tags"][0]["tag_value"] == "GetMetrics"
-               for m in again["metrics"])
+    assert any(
+        m["metric_name"] == "service.query_counter" and m["metric_tags"][0]["tag_value"] == "GetMetrics"
+        for m in again["metrics"]
+    )
 
 
 def metric_values(data: dict) -> dict:
-    return {(m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])):
-            next(iter(m["metric_value"].values())) for m in data["metrics"]}
+    return {
+        (m["metric_name"], tuple((t["tag_key"], t["tag_value"]) for t in m["metric_tags"])): next(
+            iter(m["metric_value"].values())
+        )
+        for m in data["metrics"]
+    }
 
 
 def test_get_metrics_adds_up_every_container(client, runtime, clock, other_container):
@@ -72,7 +82,11 @@ def test_get_metrics_without_valkey_is_service_not_ready(client, runtime, monkey
 def test_check_health(client, runtime, clock):
     data = call(client, "checkHealth")
     assert (code(data), data["is_health"], data["is_leader"], data["elector_last_loop_time_ms"]) == (
-        "OK", True, False, "0")
+        "OK",
+        True,
+        False,
+        "0",
+    )
     runtime.lease.try_acquire()
     data = call(client, "checkHealth")
     assert data["is_leader"] is True and data["elector_last_loop_time_ms"] == str(int(clock.now() * 1000))

@@ -1,4 +1,5 @@
 """AdminService storage methods over HTTP."""
+
 from tests.integration.control.harness import call, code, group_json, message, nfs
 
 

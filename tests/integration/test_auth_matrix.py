@@ -5,6 +5,7 @@ instances or the service-wide methods; within its scope it gets exactly what its
 allows. "Allowed" means the call got past authorization (any answer but 401/403: a
 second removal of the same instance may well say INSTANCE_NOT_EXIST).
 """
+
 import pytest
 
 from chalicelib.auth.policy import ROLE_ACTIONS
@@ -23,8 +24,13 @@ def _instance(instance_id: str, **extra) -> dict:
 
 
 def _register(group_name: str, instance_id: str) -> dict:
-    return {"instance_group": group_name, "instance_id": instance_id, "block_size": 16, "location_spec_infos": SPECS,
-            "model_deployment": {"model_name": "m", "dtype": "bf16"}}
+    return {
+        "instance_group": group_name,
+        "instance_id": instance_id,
+        "block_size": 16,
+        "location_spec_infos": SPECS,
+        "model_deployment": {"model_name": "m", "dtype": "bf16"},
+    }
 
 
 # method -> (body in scope, [bodies out of scope]); None = a service-wide method (in scope
@@ -35,36 +41,72 @@ SCOPED = {
     "getCacheLocation": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
     "getCacheMeta": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
     "startWriteCache": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
-    "finishWriteCache": (_instance("in-1", write_session_id="a" * 32, success_blocks={"offset": 0}),
-                         [_instance("out-1", write_session_id="a" * 32, success_blocks={"offset": 0})]),
+    "finishWriteCache": (
+        _instance("in-1", write_session_id="a" * 32, success_blocks={"offset": 0}),
+        [_instance("out-1", write_session_id="a" * 32, success_blocks={"offset": 0})],
+    ),
     "removeCache": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
-    "trimCache": (_instance("in-1", strategy="TS_REMOVE_ALL_CACHE"), [_instance("out-1", strategy="TS_REMOVE_ALL_CACHE")]),
-    "getCacheLocationLen": (_instance("in-1", block_keys=[1], query_type="QT_BATCH_GET"),
-                            [_instance("out-1", block_keys=[1], query_type="QT_BATCH_GET")]),
+    "trimCache": (
+        _instance("in-1", strategy="TS_REMOVE_ALL_CACHE"),
+        [_instance("out-1", strategy="TS_REMOVE_ALL_CACHE")],
+    ),
+    "getCacheLocationLen": (
+        _instance("in-1", block_keys=[1], query_type="QT_BATCH_GET"),
+        [_instance("out-1", block_keys=[1], query_type="QT_BATCH_GET")],
+    ),
     "getClusterInfo": (_instance("in-1"), [_instance("out-1")]),
-    "reportEvent": (_instance("in-1", host_ip_port="h:1", events=[]), [_instance("out-1", host_ip_port="h:1", events=[])]),
-    "getHostCacheState": (_instance("in-1", block_cache_keys=[1], query_type="QT_PREFIX_MATCH"),
-                          [_instance("out-1", block_cache_keys=[1], query_type="QT_PREFIX_MATCH")]),
+    "reportEvent": (
+        _instance("in-1", host_ip_port="h:1", events=[]),
+        [_instance("out-1", host_ip_port="h:1", events=[])],
+    ),
+    "getHostCacheState": (
+        _instance("in-1", block_cache_keys=[1], query_type="QT_PREFIX_MATCH"),
+        [_instance("out-1", block_cache_keys=[1], query_type="QT_PREFIX_MATCH")],
+    ),
     "getCacheLocationsByBackend": (
-        _instance("in-1", block_keys=[1], query_type="QT_BATCH_GET",
-                  backend_selectors=[{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}]),
-        [_instance("out-1", block_keys=[1], query_type="QT_BATCH_GET",
-                   backend_selectors=[{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}])]),
-    "createInstanceGroup": ({"instance_group": group_json("g1", "nfs1")}, [{"instance_group": group_json("g3", "nfs1")}]),
-    "updateInstanceGroup": ({"instance_group": group_json("g1", "nfs1"), "current_version": 1},
-                            [{"instance_group": group_json("g2", "nfs1"), "current_version": 1}]),
+        _instance(
+            "in-1",
+            block_keys=[1],
+            query_type="QT_BATCH_GET",
+            backend_selectors=[{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}],
+        ),
+        [
+            _instance(
+                "out-1",
+                block_keys=[1],
+                query_type="QT_BATCH_GET",
+                backend_selectors=[{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}],
+            )
+        ],
+    ),
+    "createInstanceGroup": (
+        {"instance_group": group_json("g1", "nfs1")},
+        [{"instance_group": group_json("g3", "nfs1")}],
+    ),
+    "updateInstanceGroup": (
+        {"instance_group": group_json("g1", "nfs1"), "current_version": 1},
+        [{"instance_group": group_json("g2", "nfs1"), "current_version": 1}],
+    ),
     "removeInstanceGroup": ({"name": "g1"}, [{"name": "g2"}]),
     "getInstanceGroup": ({"name": "g1"}, [{"name": "g2"}]),
     "listInstanceInfo": ({"instance_group_name": "g1"}, [{"instance_group_name": "g2"}, {}]),
     "getInstanceGroupUsage": ({"instance_group_name": "g1"}, [{"instance_group_name": "g2"}, {}]),
     "removeInstance": ({"instance_id": "in-1"}, [{"instance_id": "out-1"}]),
 }
-SERVICE_BODIES = {"addStorage": {"storage": nfs("nfs9")}, "enableStorage": {"storage_unique_name": "nfs1"},
-                  "disableStorage": {"storage_unique_name": "nfs1"}, "removeStorage": {"storage_unique_name": "nfs9"},
-                  "updateStorage": {"storage": nfs("nfs1")}, "addAccount": {"user_name": "new-engine"},
-                  "deleteAccount": {"user_name": "nobody"}, "createApiKey": {"user_name": "new-engine"},
-                  "revokeApiKey": {"key_id": "0123456789abcdef"}, "updateLogger": {"log_level": "INFO"},
-                  "injectFault": {"api_name": "getCacheLocation"}, "removeFault": {"api_name": "getCacheLocation"}}
+SERVICE_BODIES = {
+    "addStorage": {"storage": nfs("nfs9")},
+    "enableStorage": {"storage_unique_name": "nfs1"},
+    "disableStorage": {"storage_unique_name": "nfs1"},
+    "removeStorage": {"storage_unique_name": "nfs9"},
+    "updateStorage": {"storage": nfs("nfs1")},
+    "addAccount": {"user_name": "new-engine"},
+    "deleteAccount": {"user_name": "nobody"},
+    "createApiKey": {"user_name": "new-engine"},
+    "revokeApiKey": {"key_id": "0123456789abcdef"},
+    "updateLogger": {"log_level": "INFO"},
+    "injectFault": {"api_name": "getCacheLocation"},
+    "removeFault": {"api_name": "getCacheLocation"},
+}
 
 
 def test_every_method_is_in_the_matrix():

@@ -1,4 +1,5 @@
 """``python -m chalicelib.control add-account``: its --help and a clean error without a password."""
+
 import io
 import sys
 

@@ -5,6 +5,7 @@ The rehearsal runs in its own process (``python -m infra.rehearsal``): it patche
 backends (docs/deploy.md lists every workaround), which must not leak into the moto
 server the other tests share.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,23 @@ pytestmark = pytest.mark.slow  # packages and deploys the app for real: 30-50 s 
 
 def rehearse(path: str, work_dir: Path) -> dict:
     report_file = work_dir / "report.json"
-    process = subprocess.run([sys.executable, "-m", "infra.rehearsal", "--work-dir", str(work_dir), "--path", path,
-                              "--report", str(report_file)], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=280)
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infra.rehearsal",
+            "--work-dir",
+            str(work_dir),
+            "--path",
+            path,
+            "--report",
+            str(report_file),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert report_file.exists(), process.stderr[-4000:]
     report = json.loads(report_file.read_text())
     failed = [step for step in report["steps"] if not step["ok"]]
@@ -60,8 +75,11 @@ def test_chalice_deploy_path(tmp_path: Path):
     CloudFormation, the stage filled from its outputs), `chalice deploy`."""
     report = rehearse("chalice", tmp_path)
     steps = [entry["step"] for entry in report["steps"]]
-    assert steps[:3] == ["make deploy-infra STAGE=rehearsal", "stage rehearsal in .chalice/config.json",
-                         "chalice deploy --stage rehearsal"]
+    assert steps[:3] == [
+        "make deploy-infra STAGE=rehearsal",
+        "stage rehearsal in .chalice/config.json",
+        "chalice deploy --stage rehearsal",
+    ]
     stage = step(report, "stage rehearsal in .chalice/config.json")["result"]
     variables = stage["environment_variables"]
     assert variables["KVCM_CONTROL_TABLE"] == "kvcm-control-rehearsal"

@@ -1,8 +1,10 @@
 """The deploy tool's pieces against moto: the default network, where a template goes
 (inline or S3), the code location, overrides and a failing stack's report."""
+
 from __future__ import annotations
 
 import json
+import os
 
 import boto3
 import pytest
@@ -33,8 +35,14 @@ def test_given_network_is_kept(aws):
 
 
 def test_a_large_template_goes_through_s3_and_says_so_without_a_bucket(aws):
-    large = {"Resources": {"Padding": {"Type": "AWS::CloudFormation::WaitConditionHandle",
-                                       "Metadata": {"text": "x" * deploy.INLINE_TEMPLATE_LIMIT}}}}
+    large = {
+        "Resources": {
+            "Padding": {
+                "Type": "AWS::CloudFormation::WaitConditionHandle",
+                "Metadata": {"text": "x" * deploy.INLINE_TEMPLATE_LIMIT},
+            }
+        }
+    }
     with pytest.raises(deploy.DeployError, match="inline limit"):
         deploy.template_source(Session(), large, None, "kvcm/dev/sam")
     boto3.client("s3").create_bucket(Bucket="artifacts")
@@ -46,16 +54,26 @@ def test_a_large_template_goes_through_s3_and_says_so_without_a_bucket(aws):
 
 
 def test_packaged_functions_point_at_the_uploaded_code():
-    template = {"Resources": {"Api": {"Type": "AWS::Serverless::Function", "Properties": {"CodeUri": "./deployment.zip"}},
-                              "Table": {"Type": "AWS::DynamoDB::Table", "Properties": {}}}}
+    template = {
+        "Resources": {
+            "Api": {"Type": "AWS::Serverless::Function", "Properties": {"CodeUri": "./deployment.zip"}},
+            "Table": {"Type": "AWS::DynamoDB::Table", "Properties": {}},
+        }
+    }
     deploy.with_uploaded_code(template, "bucket", "kvcm/dev/deployment-1.zip")
-    assert template["Resources"]["Api"]["Properties"]["CodeUri"] == {"Bucket": "bucket", "Key": "kvcm/dev/deployment-1.zip"}
+    assert template["Resources"]["Api"]["Properties"]["CodeUri"] == {
+        "Bucket": "bucket",
+        "Key": "kvcm/dev/deployment-1.zip",
+    }
     assert template["Resources"]["Table"]["Properties"] == {}
 
 
 def test_overrides_are_key_value_words():
     assert deploy.parse_overrides(["ValkeyUrl=rediss://h:6379/0?a=b", "SubnetIds=a,b", "RouteTableIds="]) == {
-        "ValkeyUrl": "rediss://h:6379/0?a=b", "SubnetIds": "a,b", "RouteTableIds": ""}
+        "ValkeyUrl": "rediss://h:6379/0?a=b",
+        "SubnetIds": "a,b",
+        "RouteTableIds": "",
+    }
     with pytest.raises(deploy.DeployError, match="not Key=Value"):
         deploy.parse_overrides(["VpcId"])
 
@@ -94,6 +112,13 @@ def test_the_uploaded_package_carries_bytecode_that_needs_no_source_mtime(tmp_pa
     assert pyc[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(pyc[4:8], "little") == 0b01  # unchecked hash
     # the source's mtime changes (as unzipping on Lambda may do): the bytecode is still used
     (tmp_path / "lib" / "helper.py").write_text("def answer():\n    return 0\n")
-    run = subprocess.run([sys.executable, "-S", "-B", "-c", "import app; print(app.VALUE)"], cwd=tmp_path,
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-S", "-B", "-c", "import app; print(app.VALUE)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        # as on Lambda: bytecode is looked for beside the sources (the edit loop keeps its own elsewhere)
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"},
+    )
     assert run.stdout.strip() == "42"

@@ -1,4 +1,5 @@
 """The shared fixtures give a real Valkey and a real moto endpoint."""
+
 import boto3
 
 

@@ -1,5 +1,6 @@
 """The deployed front door (issue 11.7): the API Gateway authorizer, and the debug
 service that a deployed stage without auth refuses."""
+
 import json
 import os
 import subprocess
@@ -39,10 +40,15 @@ with Client(app.app) as client:
     status = client.http.post("/api/getCacheLocation", body="{}").status_code
 print(json.dumps({"routes": len(routes), "authorizers": names, "status": status}))
 """
-    env = {**os.environ, "KVCM_GATEWAY_AUTHORIZER": "true", "KVCM_AUTH": "true",
-           "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # a handler reaching AWS would fail loudly
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    env = {
+        **os.environ,
+        "KVCM_GATEWAY_AUTHORIZER": "true",
+        "KVCM_AUTH": "true",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }  # a handler reaching AWS would fail loudly
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["routes"] > 30 and result["authorizers"] == ["kvcm_api_key"] and result["status"] == 401
 

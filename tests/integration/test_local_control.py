@@ -1,5 +1,6 @@
 """The local stack's control table: snapshot round trip, the journal of every write, and
 idempotent seeding."""
+
 from __future__ import annotations
 
 import urllib.request
@@ -10,8 +11,8 @@ import pytest
 from chalicelib.clock import ManualClock
 from chalicelib.control import ControlPlane, ensure_table
 from chalicelib.local.control import ControlSnapshot, JournalDamagedError
-from chalicelib.protocol.codes import Role
 from chalicelib.local.seed import GROUP_NAME, GROUP_QUOTA_BYTES, STORAGE_NAME, seed_defaults
+from chalicelib.protocol.codes import Role
 
 TABLE = "kvcm-control-test"
 
@@ -24,9 +25,16 @@ def test_snapshot_restores_every_item_into_an_empty_table(aws, tmp_path):
     dynamodb = boto3.client("dynamodb")
     ensure_table(dynamodb, TABLE)
     seed_defaults(control_plane(dynamodb), tmp_path / "data")
-    dynamodb.put_item(TableName=TABLE, Item={"pk": {"S": "TEST"}, "sk": {"S": "binary"},
-                                             "b": {"B": b"\x00\xff"}, "bs": {"BS": [b"\x01", b"\x02"]},
-                                             "m": {"M": {"l": {"L": [{"B": b"\x03"}, {"N": "7"}]}}}})
+    dynamodb.put_item(
+        TableName=TABLE,
+        Item={
+            "pk": {"S": "TEST"},
+            "sk": {"S": "binary"},
+            "b": {"B": b"\x00\xff"},
+            "bs": {"BS": [b"\x01", b"\x02"]},
+            "m": {"M": {"l": {"L": [{"B": b"\x03"}, {"N": "7"}]}}},
+        },
+    )
     for n in range(30):  # more than one BatchWriteItem
         dynamodb.put_item(TableName=TABLE, Item={"pk": {"S": "TEST"}, "sk": {"S": f"item-{n:02}"}})
     before = dynamodb.scan(TableName=TABLE)["Items"]
@@ -61,8 +69,10 @@ def test_seeding_adds_only_what_is_absent(aws, tmp_path):
 
 
 def _items(dynamodb) -> list[dict]:
-    return sorted(dynamodb.scan(TableName=TABLE, ConsistentRead=True)["Items"],
-                  key=lambda item: (item["pk"]["S"], item["sk"]["S"]))
+    return sorted(
+        dynamodb.scan(TableName=TABLE, ConsistentRead=True)["Items"],
+        key=lambda item: (item["pk"]["S"], item["sk"]["S"]),
+    )
 
 
 def _reset(aws: str, dynamodb) -> None:
@@ -84,10 +94,17 @@ def test_every_acknowledged_write_is_in_the_journal_before_the_answer(aws, tmp_p
         control.set_storage_available(STORAGE_NAME, False)  # SET #ver = #ver + :one
         key = {"pk": {"S": "TEST"}, "sk": {"S": "binary"}}
         dynamodb.put_item(TableName=TABLE, Item={**key, "b": {"B": b"\x00\xff"}, "bs": {"BS": [b"\x01"]}})
-        dynamodb.update_item(TableName=TABLE, Key=key, UpdateExpression="SET m = :m",
-                             ExpressionAttributeValues={":m": {"M": {"l": {"L": [{"B": b"\x03"}]}}}})
-        dynamodb.batch_write_item(RequestItems={TABLE: [
-            {"PutRequest": {"Item": {"pk": {"S": "TEST"}, "sk": {"S": f"item-{n}"}}}} for n in range(3)]})
+        dynamodb.update_item(
+            TableName=TABLE,
+            Key=key,
+            UpdateExpression="SET m = :m",
+            ExpressionAttributeValues={":m": {"M": {"l": {"L": [{"B": b"\x03"}]}}}},
+        )
+        dynamodb.batch_write_item(
+            RequestItems={
+                TABLE: [{"PutRequest": {"Item": {"pk": {"S": "TEST"}, "sk": {"S": f"item-{n}"}}}} for n in range(3)]
+            }
+        )
         dynamodb.delete_item(TableName=TABLE, Key={"pk": {"S": "TEST"}, "sk": {"S": "item-1"}})
         with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
             dynamodb.put_item(TableName=TABLE, Item=key, ConditionExpression="attribute_not_exists(pk)")

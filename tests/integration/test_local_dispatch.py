@@ -1,4 +1,5 @@
 """Lambda invocations inside moto reach the injected handlers (LambdaDispatch)."""
+
 from __future__ import annotations
 
 import io
@@ -15,14 +16,24 @@ def handlers() -> dict:
     def double(event, context):
         if event.get("n") is None:
             raise KeyError("n")
-        return {"n": event["n"] * 2, "function": context.function_name,
-                "has_time_left": context.get_remaining_time_in_millis() > 0}
+        return {
+            "n": event["n"] * 2,
+            "function": context.function_name,
+            "has_time_left": context.get_remaining_time_in_millis() > 0,
+        }
 
     return {"double": double}
 
 
-@pytest.mark.parametrize("name", ["double", "double:$LATEST", "arn:aws:lambda:us-east-1:123456789012:function:double",
-                                  "arn:aws:lambda:us-east-1:123456789012:function:double:live"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "double",
+        "double:$LATEST",
+        "arn:aws:lambda:us-east-1:123456789012:function:double",
+        "arn:aws:lambda:us-east-1:123456789012:function:double:live",
+    ],
+)
 def test_function_name_of_accepts_names_and_arns(name: str):
     assert function_name_of(name) == "double"
 
@@ -49,14 +60,23 @@ def test_installed_in_moto_while_entered(aws):
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
     client = boto3.client("lambda")
-    role = boto3.client("iam").create_role(RoleName="r", AssumeRolePolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Principal": {"Service": "lambda.amazonaws.com"}}]}))["Role"]["Arn"]
+    role = boto3.client("iam").create_role(
+        RoleName="r",
+        AssumeRolePolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": "lambda.amazonaws.com"}}
+                ],
+            }
+        ),
+    )["Role"]["Arn"]
     code = io.BytesIO()
     with zipfile.ZipFile(code, "w") as archive:
         archive.writestr("app.py", "")
-    client.create_function(FunctionName="double", Runtime="python3.11", Role=role, Handler="app.double",
-                           Code={"ZipFile": code.getvalue()})
+    client.create_function(
+        FunctionName="double", Runtime="python3.11", Role=role, Handler="app.double", Code={"ZipFile": code.getvalue()}
+    )
     original = LambdaSimpleBackend.invoke
     with LambdaDispatch(handlers()):
         ok = client.invoke(FunctionName="double", Payload=b'{"n": 2}')

@@ -1,4 +1,5 @@
 """Scheduled handlers run locally: periods, overrides, events, failures, prompt stop."""
+
 from __future__ import annotations
 
 import threading
@@ -12,10 +13,17 @@ from chalicelib.local.config import LOCAL_SCHEDULE_DEFAULTS, StackConfig, schedu
 from chalicelib.local.scheduler import CRON_PERIOD_S, Job, Scheduler, app_jobs, period_of
 
 
-@pytest.mark.parametrize("expression, seconds", [
-    ("rate(1 minute)", 60), ("rate(5 minutes)", 300), ("rate(2 hours)", 7200), ("rate(1 day)", 86400),
-    (Rate(10, unit=Rate.MINUTES), 600), ("cron(0 12 * * ? *)", CRON_PERIOD_S),
-])
+@pytest.mark.parametrize(
+    "expression, seconds",
+    [
+        ("rate(1 minute)", 60),
+        ("rate(5 minutes)", 300),
+        ("rate(2 hours)", 7200),
+        ("rate(1 day)", 86400),
+        (Rate(10, unit=Rate.MINUTES), 600),
+        ("cron(0 12 * * ? *)", CRON_PERIOD_S),
+    ],
+)
 def test_period_of(expression, seconds):
     assert period_of(expression) == seconds
 

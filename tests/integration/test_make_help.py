@@ -1,4 +1,5 @@
 """`make` with no target lists the targets (it used to build the venv)."""
+
 import shutil
 import subprocess
 from pathlib import Path

@@ -1,4 +1,5 @@
 """GET /openapi.json and /docs: a valid OpenAPI 3.1 document naming every route of the app."""
+
 import json
 import re
 
@@ -19,13 +20,11 @@ def test_the_document_is_valid_openapi_3_1(client):
 
 def test_every_route_of_the_app_is_in_the_document(client):
     from app import app
-
     from chalicelib.routes import unknown
 
     paths = document(client)["paths"]
     # Every route but the answer to methods that do not exist.
-    served = {(path, method.lower()) for path, entry in app.routes.items() for method in entry
-              if path != unknown.PATH}
+    served = {(path, method.lower()) for path, entry in app.routes.items() for method in entry if path != unknown.PATH}
     documented = {(path, method) for path, entry in paths.items() for method in entry}
     assert served == documented
 
@@ -34,7 +33,8 @@ def test_bodies_come_from_the_handlers_models(client):
     doc = document(client)
     operation = doc["paths"]["/api/startWriteCache"]["post"]
     assert operation["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/StartWriteCacheRequest"}
+        "$ref": "#/components/schemas/StartWriteCacheRequest"
+    }
     response = operation["responses"]["200"]["content"]["application/json"]["schema"]
     assert response == {"$ref": "#/components/schemas/StartWriteCacheResponse"}
     schemas = doc["components"]["schemas"]
@@ -44,7 +44,7 @@ def test_bodies_come_from_the_handlers_models(client):
     # int64 is printed as a string and read as a number or a decimal string; enums by name
     # (or number, on the way in).
     timeout = schemas["StartWriteCacheRequest"]["properties"]["write_timeout_seconds"]
-    assert {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1} in timeout["anyOf"]
+    assert {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1} in timeout["anyOf"]
     health = schemas["CheckHealthResponse"]["properties"]["elector_last_loop_time_ms"]
     assert health["type"] == "string" and re.fullmatch(health["pattern"], "-12")
     query_type = schemas["GetCacheLocationRequest"]["properties"]["query_type"]

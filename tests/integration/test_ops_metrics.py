@@ -30,8 +30,10 @@ def test_with_auth_on_a_scrape_needs_a_service_wide_reader(client, runtime):
     control.add_account("prom", "", Role.ROLE_READ_ONLY)
     control.add_account("bob", "", Role.ROLE_ENGINE)
     control.add_account("g1-reader", "", Role.ROLE_READ_ONLY, groups=["g1"])
-    keys = {name: {"Authorization": f"Bearer {control.create_api_key(name, 3600)[0]}"}
-            for name in ("prom", "bob", "g1-reader")}
+    keys = {
+        name: {"Authorization": f"Bearer {control.create_api_key(name, 3600)[0]}"}
+        for name in ("prom", "bob", "g1-reader")
+    }
     enable_auth(runtime)
     assert scrape(client)[0] == 401
     assert scrape(client, keys["bob"])[0] == 403

@@ -1,5 +1,6 @@
 """workflows/optimizer_sweep.asl.json: its shape, and a real execution in moto's Step
 Functions interpreter with its Lambda tasks dispatched to the optimizer's task functions."""
+
 from __future__ import annotations
 
 import io
@@ -37,7 +38,9 @@ def test_asl_shape():
     assert len(maps) == 3 and all(1 <= m["MaxConcurrency"] <= 8 for m in maps)
     tasks = {name: s for name, s in states.items() if s["Type"] == "Task"}
     assert {name: s["Resource"] for name, s in tasks.items()} == {
-        "ReplayGridPoint": "${OptimizerRunArn}", "BuildReport": "${OptimizerReportArn}"}
+        "ReplayGridPoint": "${OptimizerRunArn}",
+        "BuildReport": "${OptimizerReportArn}",
+    }
     assert definition["States"]["SweepPolicies"]["Next"] == "BuildReport"
     assert definition["States"]["SweepPolicies"]["ResultPath"] == "$.results"
     assert tasks["BuildReport"]["End"] is True
@@ -49,11 +52,13 @@ def aws(monkeypatch):
 
     # in-process moto: requests must not go to an endpoint another fixture exported
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         monkeypatch.setenv(name, value)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True},
-                          "lambda": {"use_docker": False}}):
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}):
         s3 = boto3.client("s3", region_name="us-east-1")
         handlers = {"optimizer_run": run_task, "optimizer_report": report_task}
 
@@ -67,11 +72,13 @@ def aws(monkeypatch):
 
 def _role():
     iam = boto3.client("iam", region_name="us-east-1")
-    trust = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},
-        "Action": "sts:AssumeRole"}]}
-    return iam.create_role(RoleName="optimizer", AssumeRolePolicyDocument=json.dumps(trust))[
-        "Role"]["Arn"]
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ],
+    }
+    return iam.create_role(RoleName="optimizer", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
 
 
 def _function(name, role):
@@ -80,8 +87,11 @@ def _function(name, role):
     with zipfile.ZipFile(package, "w") as archive:
         archive.writestr("app.py", "def handler(event, context):\n    return event\n")
     return client.create_function(
-        FunctionName=name, Runtime="python3.11", Handler="app.handler",
-        Role=role, Code={"ZipFile": package.getvalue()},
+        FunctionName=name,
+        Runtime="python3.11",
+        Handler="app.handler",
+        Role=role,
+        Code={"ZipFile": package.getvalue()},
     )["FunctionArn"]
 
 
@@ -93,16 +103,25 @@ def test_the_state_machine_runs_a_sweep(aws):
     definition = definition.replace("${OptimizerRunArn}", _function("optimizer_run", role))
     definition = definition.replace("${OptimizerReportArn}", _function("optimizer_report", role))
     sfn = boto3.client("stepfunctions", region_name="us-east-1")
-    machine = sfn.create_state_machine(name="optimizer-sweep", definition=definition,
-                                       roleArn="arn:aws:iam::123456789012:role/sfn")
+    machine = sfn.create_state_machine(
+        name="optimizer-sweep", definition=definition, roleArn="arn:aws:iam::123456789012:role/sfn"
+    )
     execution = sfn.start_execution(
-        stateMachineArn=machine["stateMachineArn"], name="sweep-1",
-        input=json.dumps({"trace": {"bucket": "traces", "key": "events.log"},
-                          "capacities": [10, 1000], "policies": ["lru", "lfu"],
-                          "output": {"bucket": "traces", "prefix": "out"}}))
+        stateMachineArn=machine["stateMachineArn"],
+        name="sweep-1",
+        input=json.dumps(
+            {
+                "trace": {"bucket": "traces", "key": "events.log"},
+                "capacities": [10, 1000],
+                "policies": ["lru", "lfu"],
+                "output": {"bucket": "traces", "prefix": "out"},
+            }
+        ),
+    )
     deadline = time.time() + 60
     while (status := sfn.describe_execution(executionArn=execution["executionArn"]))[
-            "status"] == "RUNNING" and time.time() < deadline:
+        "status"
+    ] == "RUNNING" and time.time() < deadline:
         time.sleep(0.2)
     assert status["status"] == "SUCCEEDED", status
     output = json.loads(status["output"])

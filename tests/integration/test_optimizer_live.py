@@ -8,6 +8,7 @@ pool usually takes in every leaf and both sides evict the same blocks: the agree
 then exact. ``OPTIMIZER_LIVE_REQUESTS`` and ``OPTIMIZER_LIVE_CAPACITIES`` (comma list)
 replay more of the trace (the whole trace: 12031 requests, about 10 minutes per capacity).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ from itertools import islice
 import pytest
 from chalice.test import Client
 
-from tests.helpers import build_runtime
 from chalicelib.optimizer.replay import ReplayConfig, replay
 from chalicelib.optimizer.traces import read_trace
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
+from tests.helpers import build_runtime
 
 from .test_optimizer_tasks import CONVERSATION
 
@@ -46,24 +47,39 @@ def live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity: int) 
     every second of trace time (as the local scheduler runs them)."""
     runtime = build_runtime(valkey, valkey_url, clock, node_id="replay")
     try:
-        runtime.control.add_storage(StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01",
-             "nfs": {"root_path": str(tmp_path / f"nfs{capacity}"), "key_count_per_file": 64}}))
-        runtime.control.create_group(InstanceGroup.model_validate({
-            "name": "g", "storage_candidates": ["nfs_01"],
-            "quota": {"capacity": capacity * BLOCK_BYTES}}))
+        runtime.control.add_storage(
+            StorageConfig.model_validate(
+                {
+                    "global_unique_name": "nfs_01",
+                    "nfs": {"root_path": str(tmp_path / f"nfs{capacity}"), "key_count_per_file": 64},
+                }
+            )
+        )
+        runtime.control.create_group(
+            InstanceGroup.model_validate(
+                {"name": "g", "storage_candidates": ["nfs_01"], "quota": {"capacity": capacity * BLOCK_BYTES}}
+            )
+        )
         # seeded sampling: the reclaimer's rounds draw buckets from this RNG
         runtime.reclaim_job.reclaimer.rng = random.Random(capacity)
         with Client(__import__("app").app) as client:
+
             def call(method: str, body: dict) -> dict:
-                resp = client.http.post(f"/api/{method}", body=json.dumps(body),
-                                        headers={"Content-Type": "application/json"})
+                resp = client.http.post(
+                    f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
+                )
                 return json.loads(resp.body)
 
-            resp = call("registerInstance", {
-                "instance_group": "g", "instance_id": "i", "block_size": 512,
-                "location_spec_infos": [{"name": "tp0", "size": BLOCK_BYTES}],
-                "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+            resp = call(
+                "registerInstance",
+                {
+                    "instance_group": "g",
+                    "instance_id": "i",
+                    "block_size": 512,
+                    "location_spec_infos": [{"name": "tp0", "size": BLOCK_BYTES}],
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
             assert resp["header"]["status"]["code"] == "OK", resp
             start_s = math.floor(clock.now())
             clock.advance(start_s + 1 - clock.now())  # trace time 0 = a whole second
@@ -78,15 +94,21 @@ def live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity: int) 
                     next_round += 1
                 clock.advance(at - clock.now())
                 keys = list(record.keys)
-                found = call("getCacheLocation", {"instance_id": "i", "block_keys": keys,
-                                                  "query_type": "QT_PREFIX_MATCH"})
+                found = call(
+                    "getCacheLocation", {"instance_id": "i", "block_keys": keys, "query_type": "QT_PREFIX_MATCH"}
+                )
                 hits += len(found["locations"])
                 reads += len(keys)
                 start = call("startWriteCache", {"instance_id": "i", "block_keys": keys})
                 if start["header"]["status"]["code"] == "OK" and start["locations"]:
-                    fin = call("finishWriteCache", {
-                        "instance_id": "i", "write_session_id": start["write_session_id"],
-                        "success_blocks": {"offset": len(start["locations"])}})
+                    fin = call(
+                        "finishWriteCache",
+                        {
+                            "instance_id": "i",
+                            "write_session_id": start["write_session_id"],
+                            "success_blocks": {"offset": len(start["locations"])},
+                        },
+                    )
                     assert fin["header"]["status"]["code"] == "OK", fin
             return hits / reads
     finally:
@@ -94,14 +116,12 @@ def live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity: int) 
 
 
 def simulated_hit_ratio(records, capacity: int, seed: int = 0) -> float:
-    config = ReplayConfig(capacity=capacity, policy="kvcm", block_size=512, seed=seed,
-                          policy_params={"round_s": 1.0})
+    config = ReplayConfig(capacity=capacity, policy="kvcm", block_size=512, seed=seed, policy_params={"round_s": 1.0})
     return replay(records, config).totals.block_hit_ratio
 
 
 @pytest.mark.parametrize("capacity", CAPACITIES)
-def test_simulated_kvcm_agrees_with_the_live_service(valkey, valkey_url, aws, clock, tmp_path,
-                                                     records, capacity):
+def test_simulated_kvcm_agrees_with_the_live_service(valkey, valkey_url, aws, clock, tmp_path, records, capacity):
     live = live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity)
     simulated = simulated_hit_ratio(records, capacity)
     lru = replay(records, ReplayConfig(capacity=capacity, block_size=512)).totals.block_hit_ratio

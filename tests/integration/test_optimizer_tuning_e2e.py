@@ -9,6 +9,7 @@ blocks push the loop's out before they come round again: the group hits nothing.
 tuning job reads the group's event log from S3, shifts quota to the loop with a versioned
 update, and the same traffic replayed then hits the loop's working set.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,25 +36,43 @@ def runtime_settings():
 @pytest.fixture
 def stack(runtime, clock, tmp_path):
     runtime.aws("s3").create_bucket(Bucket=BUCKET)
-    runtime.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 64}}))
-    runtime.control.create_group(InstanceGroup.model_validate({
-        "name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": CAPACITY},
-        "tuning": {"enabled": True, "max_shift": 0.5, "window_seconds": 3600}}))
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 64}}
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {
+                "name": "g1",
+                "storage_candidates": ["nfs_01"],
+                "quota": {"capacity": CAPACITY},
+                "tuning": {"enabled": True, "max_shift": 0.5, "window_seconds": 3600},
+            }
+        )
+    )
     import app
 
     jobs = {job.name: job for job in app_jobs(app.app, {}, "us-east-1", clock)}
     with Client(app.app) as client:
+
         def call(method: str, body: dict) -> dict:
-            resp = client.http.post(f"/api/{method}", body=json.dumps(body),
-                                    headers={"Content-Type": "application/json"})
+            resp = client.http.post(
+                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
             return json.loads(resp.body)
 
         for instance in ("loop", "stream"):
-            resp = call("registerInstance", {
-                "instance_group": "g1", "instance_id": instance, "block_size": 16,
-                "location_spec_infos": [{"name": "tp0", "size": BLOCK}],
-                "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+            resp = call(
+                "registerInstance",
+                {
+                    "instance_group": "g1",
+                    "instance_id": instance,
+                    "block_size": 16,
+                    "location_spec_infos": [{"name": "tp0", "size": BLOCK}],
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
             assert resp["header"]["status"]["code"] == "OK", resp
         yield runtime, call, jobs
 
@@ -65,17 +84,26 @@ def traffic(call, jobs, clock, phase: int) -> float:
     for n in range(CYCLES * CHAINS):
         chain = n % CHAINS
         fresh = (phase * 1000 + n) * 100
-        for instance, keys in (("loop", [chain * 10 + b + 1 for b in range(CHAIN)]),
-                               ("stream", [10_000_000 + fresh + b for b in range(CHAIN)])):
-            found = call("getCacheLocation", {"instance_id": instance, "block_keys": keys,
-                                              "query_type": "QT_PREFIX_MATCH"})
+        for instance, keys in (
+            ("loop", [chain * 10 + b + 1 for b in range(CHAIN)]),
+            ("stream", [10_000_000 + fresh + b for b in range(CHAIN)]),
+        ):
+            found = call(
+                "getCacheLocation", {"instance_id": instance, "block_keys": keys, "query_type": "QT_PREFIX_MATCH"}
+            )
             assert found["header"]["status"]["code"] == "OK", found
             hits += len(found["locations"])
             reads += len(keys)
             start = call("startWriteCache", {"instance_id": instance, "block_keys": keys})
             if start["header"]["status"]["code"] == "OK" and start["locations"]:
-                fin = call("finishWriteCache", {"instance_id": instance, "write_session_id": start["write_session_id"],
-                                                "success_blocks": {"offset": len(start["locations"])}})
+                fin = call(
+                    "finishWriteCache",
+                    {
+                        "instance_id": instance,
+                        "write_session_id": start["write_session_id"],
+                        "success_blocks": {"offset": len(start["locations"])},
+                    },
+                )
                 assert fin["header"]["status"]["code"] == "OK", fin
         clock.advance(0.5)
         if n % 2:
@@ -105,8 +133,10 @@ def test_tuning_shifts_quota_to_the_instance_that_gains_and_the_hit_ratio_rises(
 
     clock.advance(60)
     after = traffic(call, jobs, clock, phase=1)
-    print(f"group block hit ratio: {before:.3f} before tuning, {after:.3f} after "
-          f"(quotas {quotas}, expected gain {summary['expected_gain']:.3f})")
+    print(
+        f"group block hit ratio: {before:.3f} before tuning, {after:.3f} after "
+        f"(quotas {quotas}, expected gain {summary['expected_gain']:.3f})"
+    )
     assert before < 0.05 and after >= before + 0.25
     # the stream is held to its own quota (write path and reclaimer), the loop kept its set
     usages = runtime.index.usage([runtime.contexts(i).layout for i in ("loop", "stream")])

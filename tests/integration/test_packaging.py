@@ -4,6 +4,7 @@ cfn-lint, checkov, IAM policies and the deployable stages' settings.
 ``chalice package`` needs a region but no credentials; for the real app it pip-installs
 requirements.txt (PyPI) into the deployment zip.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +27,10 @@ ECHO_ASL = FIXTURES / "e2e_echo.asl.json"
 STAGES = ("dev", "prod")
 TOOLS = REPO_ROOT / ".venv-tools" / "bin"
 
-needs_pip = pytest.mark.skipif(importlib.util.find_spec("pip") is None,
-                               reason="chalice package pip-installs requirements.txt and pip is unavailable")
+needs_pip = pytest.mark.skipif(
+    importlib.util.find_spec("pip") is None,
+    reason="chalice package pip-installs requirements.txt and pip is unavailable",
+)
 
 
 def lint(template_file: Path) -> None:
@@ -41,17 +44,34 @@ def package(project_dir: Path, merge_template: dict, out_dir: Path, stage: str =
     template_file = out_dir.parent / f"{out_dir.name}-merge.json"
     template_file.write_text(json.dumps(merge_template))
     env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}
-    packaged = subprocess.run([str(BIN / "chalice"), "--project-dir", str(project_dir), "package",
-                               "--stage", stage, "--merge-template", str(template_file), str(out_dir)],
-                              env=env, capture_output=True, text=True, timeout=300)
+    packaged = subprocess.run(
+        [
+            str(BIN / "chalice"),
+            "--project-dir",
+            str(project_dir),
+            "package",
+            "--stage",
+            stage,
+            "--merge-template",
+            str(template_file),
+            str(out_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert packaged.returncode == 0, packaged.stdout + packaged.stderr
     lint(out_dir / "sam.json")
     return json.loads((out_dir / "sam.json").read_text())
 
 
 def state_machines(template: dict) -> dict[str, dict]:
-    return {name: resource["Properties"] for name, resource in template["Resources"].items()
-            if resource.get("Type") == "AWS::StepFunctions::StateMachine"}
+    return {
+        name: resource["Properties"]
+        for name, resource in template["Resources"].items()
+        if resource.get("Type") == "AWS::StepFunctions::StateMachine"
+    }
 
 
 def test_every_workflow_substitution_is_provided_by_the_template():
@@ -72,7 +92,7 @@ def test_control_table_matches_the_control_plane_and_the_policies():
     assert table["TableName"] == {"Fn::Sub": "kvcm-control-${Stage}"}
     for stage in STAGES:
         policy = (REPO_ROOT / ".chalice" / f"policy-{stage}.json").read_text()
-        assert f"table/kvcm-control-{stage}\"" in policy
+        assert f'table/kvcm-control-{stage}"' in policy
         assert f"stateMachine:kvcm-{stage}-*" in policy
         # the Valkey AUTH secret the template names kvcm-<stage>-valkey
         assert f"secret:kvcm-{stage}-*" in policy
@@ -98,19 +118,22 @@ def test_workflow_state_machines_package_and_lint(tmp_path: Path):
         "@app.lambda_function(name='e2e_echo')\n"
         "def e2e_echo(event, context):\n    return event\n"
         "@app.route('/api/checkHealth', methods=['POST'])\n"
-        "def check_health():\n    return {}\n")
+        "def check_health():\n    return {}\n"
+    )
     workflows = tmp_path / "workflows"
     workflows.mkdir()
     shutil.copy(ECHO_ASL, workflows / ECHO_ASL.name)
     shutil.copy(ECHO_ASL, workflows / "write_session_reaper.asl.json")
 
-    template = package(project, build("dev", workflows_dir=workflows, function_names=["e2e_echo", "api_handler"]),
-                       tmp_path / "out")
+    template = package(
+        project, build("dev", workflows_dir=workflows, function_names=["e2e_echo", "api_handler"]), tmp_path / "out"
+    )
 
     machines = state_machines(template)
     assert set(machines) == {"E2eEchoStateMachine", "WriteSessionReaperStateMachine"}
     assert machines["E2eEchoStateMachine"]["DefinitionSubstitutions"] == {
-        "E2eEchoArn": {"Fn::GetAtt": ["E2eEcho", "Arn"]}}
+        "E2eEchoArn": {"Fn::GetAtt": ["E2eEcho", "Arn"]}
+    }
     variables = template["Globals"]["Function"]["Environment"]["Variables"]
     assert "write_session_reaper" in json.dumps(variables["KVCM_REAPER_STATE_MACHINE_ARN"])
     invoke = template["Resources"]["StateMachineRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][-1]
@@ -170,8 +193,10 @@ def test_valkey_is_tls_with_an_auth_user_unless_brought():
     cache = resources["ValkeyCache"]
     assert cache["Condition"] == "CreateValkey"
     assert cache["Properties"]["UserGroupId"] == {"Ref": "ValkeyUserGroup"}
-    users = {resources[ref["Ref"]]["Properties"]["UserName"]: resources[ref["Ref"]]["Properties"]
-             for ref in resources["ValkeyUserGroup"]["Properties"]["UserIds"]}
+    users = {
+        resources[ref["Ref"]]["Properties"]["UserName"]: resources[ref["Ref"]]["Properties"]
+        for ref in resources["ValkeyUserGroup"]["Properties"]["UserIds"]
+    }
     assert users["default"]["AccessString"].startswith("off ")
     service = users["kvcm"]
     assert service["AccessString"].startswith("on ") and "-@dangerous" in service["AccessString"]
@@ -185,10 +210,18 @@ def test_valkey_is_tls_with_an_auth_user_unless_brought():
 
 def test_alarms_and_dashboard_cover_what_an_operator_must_know():
     resources = build("dev")["Resources"]
-    metrics = {(r["Properties"].get("Namespace"), r["Properties"].get("MetricName")) for r in resources.values()
-               if r.get("Type") == "AWS::CloudWatch::Alarm"}
-    assert {("AWS/ApiGateway", "5XXError"), ("AWS/Lambda", "Throttles"), ("AWS/States", "ExecutionsFailed"),
-            ("AWS/Lambda", "Errors"), ("AWS/ElastiCache", "ThrottledCmds")} <= metrics
+    metrics = {
+        (r["Properties"].get("Namespace"), r["Properties"].get("MetricName"))
+        for r in resources.values()
+        if r.get("Type") == "AWS::CloudWatch::Alarm"
+    }
+    assert {
+        ("AWS/ApiGateway", "5XXError"),
+        ("AWS/Lambda", "Throttles"),
+        ("AWS/States", "ExecutionsFailed"),
+        ("AWS/Lambda", "Errors"),
+        ("AWS/ElastiCache", "ThrottledCmds"),
+    } <= metrics
     memory = resources["ValkeyMemoryAlarm"]["Properties"]["Metrics"]
     assert memory[0]["MetricStat"]["Metric"]["MetricName"] == "BytesUsedForCache"
     body = json.dumps(resources["Dashboard"]["Properties"]["DashboardBody"])
@@ -237,8 +270,12 @@ def test_checkov_finds_nothing_beyond_the_written_waivers(packaged_app, tmp_path
     infra = tmp_path / "infra.json"
     infra.write_text(json.dumps(build_infra("dev")))
     for template_file in (packaged_app["file"], infra):
-        scan = subprocess.run([str(TOOLS / "checkov"), "-f", str(template_file), "--config-file", str(config),
-                               "-o", "json"], capture_output=True, text=True, timeout=600)
+        scan = subprocess.run(
+            [str(TOOLS / "checkov"), "-f", str(template_file), "--config-file", str(config), "-o", "json"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         summary = json.loads(scan.stdout)["summary"]
         assert summary["failed"] == 0 and summary["parsing_errors"] == 0, scan.stdout[-4000:]
         assert summary["passed"] > 20

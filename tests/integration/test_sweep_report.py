@@ -1,4 +1,5 @@
 """getCapacityReport without a sweep workflow configured: OK and empty (the e2e tests cover a real sweep)."""
+
 from tests.integration.control.harness import call
 
 

@@ -1,6 +1,7 @@
 """The functions sign in to Valkey as the template's service user: credentials from the
 settings or from a Secrets Manager secret, and the user's access string (read from
 infra/kvcm.yaml) allows everything KVCM does on its keys and nothing outside them."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,8 @@ def secret_credentials(aws) -> dict:
     import boto3
 
     arn = boto3.client("secretsmanager").create_secret(
-        Name="kvcm-test-valkey", SecretString=json.dumps({"username": USER, "password": PASSWORD}))["ARN"]
+        Name="kvcm-test-valkey", SecretString=json.dumps({"username": USER, "password": PASSWORD})
+    )["ARN"]
     return {"valkey_secret_arn": arn}
 
 

@@ -1,15 +1,31 @@
 """Authorizer: bearer parsing, API keys, admin passwords, the failure limiter, roles and
 scopes (config cache and control plane faked: pure logic)."""
+
 import pytest
 
-from chalicelib.auth import (ALL_GROUPS, Action, Authorizer, FailureLimiter, Principal, Scope, Target, check_action,
-                             check_target, parse_bearer)
+from chalicelib.auth import (
+    ALL_GROUPS,
+    Action,
+    Authorizer,
+    FailureLimiter,
+    Principal,
+    Scope,
+    Target,
+    check_action,
+    check_target,
+    parse_bearer,
+)
 from chalicelib.clock import ManualClock
 from chalicelib.control.api_keys import ApiKeyRecord, digest, key_id_of, new_api_key
 from chalicelib.control.records import AccountRecord
 from chalicelib.protocol.codes import ErrorCode, Role
-from chalicelib.protocol.errors import (ForbiddenError, TooManyAttemptsError, UnauthorizedError, http_status_of,
-                                        status_of)
+from chalicelib.protocol.errors import (
+    ForbiddenError,
+    TooManyAttemptsError,
+    UnauthorizedError,
+    http_status_of,
+    status_of,
+)
 
 
 class FakeDirectory:
@@ -17,8 +33,10 @@ class FakeDirectory:
 
     def __init__(self, clock):
         self.clock = clock
-        self.accounts = {"admin": AccountRecord("admin", Role.ROLE_ADMIN, (ALL_GROUPS,), (), "pw-admin"),
-                         "eng": AccountRecord("eng", Role.ROLE_USER, ("g1",), ("eng-",))}
+        self.accounts = {
+            "admin": AccountRecord("admin", Role.ROLE_ADMIN, (ALL_GROUPS,), (), "pw-admin"),
+            "eng": AccountRecord("eng", Role.ROLE_USER, ("g1",), ("eng-",)),
+        }
         self.keys = {}
         self.looked_up = set()
         self.verifications = 0
@@ -142,8 +160,9 @@ def test_failed_passwords_lock_the_user_then_the_node_without_checking(directory
 
 def test_unknown_key_ids_are_looked_up_at_a_bounded_rate_and_known_ones_still_pass(directory, clock):
     known = directory.add_key("eng")
-    authorizer = Authorizer(directory, directory, clock,
-                            key_limiter=FailureLimiter(clock, per_user=2, per_window=2, what="API key lookups"))
+    authorizer = Authorizer(
+        directory, directory, clock, key_limiter=FailureLimiter(clock, per_user=2, per_window=2, what="API key lookups")
+    )
     authorizer.authenticate(bearer(known))  # seen: cached from now on
     for _ in range(2):
         with pytest.raises(UnauthorizedError, match="invalid API key"):
@@ -166,13 +185,25 @@ def test_the_verified_cache_is_bounded(directory, clock):
     assert len(authorizer._verified) <= 2
 
 
-@pytest.mark.parametrize("role, allowed", [
-    (Role.ROLE_ADMIN, set(Action)),
-    (Role.ROLE_OPERATOR, {Action.META_READ, Action.META_WRITE, Action.GROUP_READ, Action.GROUP_WRITE,
-                          Action.SERVICE_READ, Action.SERVICE_WRITE}),
-    (Role.ROLE_ENGINE, {Action.META_READ, Action.META_WRITE}),
-    (Role.ROLE_READ_ONLY, {Action.META_READ, Action.GROUP_READ, Action.SERVICE_READ}),
-])
+@pytest.mark.parametrize(
+    "role, allowed",
+    [
+        (Role.ROLE_ADMIN, set(Action)),
+        (
+            Role.ROLE_OPERATOR,
+            {
+                Action.META_READ,
+                Action.META_WRITE,
+                Action.GROUP_READ,
+                Action.GROUP_WRITE,
+                Action.SERVICE_READ,
+                Action.SERVICE_WRITE,
+            },
+        ),
+        (Role.ROLE_ENGINE, {Action.META_READ, Action.META_WRITE}),
+        (Role.ROLE_READ_ONLY, {Action.META_READ, Action.GROUP_READ, Action.SERVICE_READ}),
+    ],
+)
 def test_roles(role, allowed):
     principal = Principal("p", role)
     for action in Action:

@@ -1,4 +1,5 @@
 """The local stack's state lock (the port check, on real sockets: tests/integration)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """kvcm_client's typed methods are the route tables' methods with the service's own models."""
+
 import inspect
 
 from kvcm_client import KvcmClient, generate, methods
@@ -18,5 +19,16 @@ def test_every_api_method_has_a_typed_method_with_the_routes_models():
 
 def test_only_reads_and_repeatable_writes_are_retried():
     assert {"getCacheLocation", "listStorage", "checkHealth", "registerInstance", "removeCache"} <= methods.IDEMPOTENT
-    assert not {"startWriteCache", "finishWriteCache", "addStorage", "createInstanceGroup", "addAccount",
-                "removeInstance", "trimCache", "leaderDemote"} & methods.IDEMPOTENT
+    assert (
+        not {
+            "startWriteCache",
+            "finishWriteCache",
+            "addStorage",
+            "createInstanceGroup",
+            "addAccount",
+            "removeInstance",
+            "trimCache",
+            "leaderDemote",
+        }
+        & methods.IDEMPOTENT
+    )

@@ -1,5 +1,6 @@
 """proto3-JSON parsing (nulls, integer and enum strings) and rendering, including responses
 whose locations were rendered to JSON by the code that built them."""
+
 import json
 import re
 
@@ -7,12 +8,24 @@ import pytest
 from pydantic import ValidationError
 
 from chalicelib.protocol.errors import InvalidArgumentError
-from chalicelib.protocol.models import (CacheLocations, GetCacheLocationRequest, GetCacheLocationResponse,
-                                        GetCacheMetaResponse, GetInstanceInfoResponse, RegisterInstanceRequest,
-                                        RegisterInstanceResponse, Response, ResponseHeader, StartWriteCacheResponse,
-                                        GetCacheLocationLenResponse, GetClusterInfoResponse, GetHostCacheStateResponse,
-                                        ReportEventResponse, GetCacheLocationsByBackendResponse,
-                                        TrimCacheRequest)
+from chalicelib.protocol.models import (
+    CacheLocations,
+    GetCacheLocationLenResponse,
+    GetCacheLocationRequest,
+    GetCacheLocationResponse,
+    GetCacheLocationsByBackendResponse,
+    GetCacheMetaResponse,
+    GetClusterInfoResponse,
+    GetHostCacheStateResponse,
+    GetInstanceInfoResponse,
+    RegisterInstanceRequest,
+    RegisterInstanceResponse,
+    ReportEventResponse,
+    Response,
+    ResponseHeader,
+    StartWriteCacheResponse,
+    TrimCacheRequest,
+)
 from chalicelib.protocol.wire import parse_model, render
 from chalicelib.routes import admin, debug, meta
 
@@ -25,8 +38,11 @@ LOCATIONS = [
 def test_spliced_locations_render_like_pydantic_would():
     spliced = GetCacheMetaResponse(locations=CacheLocations.of(LOCATIONS), metas=["m1", "m2"])
     assert json.loads(render(spliced)) == json.loads(spliced.model_dump_json(exclude_none=True))
-    assert json.loads(render(spliced)) == {"header": {"request_id": "", "status": {"code": "OK", "message": ""}},
-                                           "locations": LOCATIONS, "metas": ["m1", "m2"]}
+    assert json.loads(render(spliced)) == {
+        "header": {"request_id": "", "status": {"code": "OK", "message": ""}},
+        "locations": LOCATIONS,
+        "metas": ["m1", "m2"],
+    }
 
 
 def test_texts_are_spliced_verbatim():
@@ -56,8 +72,22 @@ def test_validation_from_a_list_checks_the_items():
 GET = {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]}
 
 
-@pytest.mark.parametrize("name", ["location_spec_names", "locationSpecNames", "token_ids", "tokenIds", "trace_id",
-                                  "traceId", "sw_size", "swSize", "header", "block_mask", "blockMask"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "location_spec_names",
+        "locationSpecNames",
+        "token_ids",
+        "tokenIds",
+        "trace_id",
+        "traceId",
+        "sw_size",
+        "swSize",
+        "header",
+        "block_mask",
+        "blockMask",
+    ],
+)
 def test_null_field_is_its_default(name):
     assert parse_model(GetCacheLocationRequest, {**GET, name: None}) == parse_model(GetCacheLocationRequest, GET)
 
@@ -65,29 +95,44 @@ def test_null_field_is_its_default(name):
 def test_null_fields_of_sub_messages_are_their_defaults():
     req = parse_model(GetCacheLocationRequest, {**GET, "block_mask": {"offset": None, "boolMasks": {"values": None}}})
     assert req.block_mask.offset is None and req.block_mask.bool_masks.values == []
-    req = parse_model(RegisterInstanceRequest, {"location_spec_infos": [{"name": "a", "size": None}],
-                                                "model_deployment": {"model_name": "m", "tp_size": None}})
+    req = parse_model(
+        RegisterInstanceRequest,
+        {
+            "location_spec_infos": [{"name": "a", "size": None}],
+            "model_deployment": {"model_name": "m", "tp_size": None},
+        },
+    )
     assert req.location_spec_infos[0].size == 0 and req.model_deployment.tp_size == 0
 
 
-@pytest.mark.parametrize("model,body,field", [
-    (GetCacheLocationRequest, {**GET, "block_keys": [1, None]}, "block_keys[1]"),
-    (GetCacheLocationRequest, {**GET, "token_ids": [None]}, "token_ids[0]"),
-    (GetCacheLocationRequest, {**GET, "location_spec_names": ["tp0", None]}, "location_spec_names[1]"),
-    (GetCacheLocationRequest, {**GET, "block_mask": {"bool_masks": {"values": [True, None]}}},
-     "block_mask.bool_masks.values[1]"),
-    (RegisterInstanceRequest, {"location_spec_infos": [{"name": "a"}, None]}, "location_spec_infos[1]"),
-])
+@pytest.mark.parametrize(
+    "model,body,field",
+    [
+        (GetCacheLocationRequest, {**GET, "block_keys": [1, None]}, "block_keys[1]"),
+        (GetCacheLocationRequest, {**GET, "token_ids": [None]}, "token_ids[0]"),
+        (GetCacheLocationRequest, {**GET, "location_spec_names": ["tp0", None]}, "location_spec_names[1]"),
+        (
+            GetCacheLocationRequest,
+            {**GET, "block_mask": {"bool_masks": {"values": [True, None]}}},
+            "block_mask.bool_masks.values[1]",
+        ),
+        (RegisterInstanceRequest, {"location_spec_infos": [{"name": "a"}, None]}, "location_spec_infos[1]"),
+    ],
+)
 def test_a_null_item_of_a_list_is_refused_at_its_index(model, body, field):
     with pytest.raises(InvalidArgumentError, match=re.escape(f"field '{field}'")):
         parse_model(model, body)
 
 
 @pytest.mark.parametrize("text", [" 1 ", "1 ", "+3", "1_0", "1\n", "\u0661", "", "-", "--1", "1.0", "0x10"])
-@pytest.mark.parametrize("field,body", [
-    ("block_keys[0]", lambda text: {**GET, "block_keys": [text]}),
-    ("sw_size", lambda text: {**GET, "sw_size": text}),
-], ids=["int64", "int32"])
+@pytest.mark.parametrize(
+    "field,body",
+    [
+        ("block_keys[0]", lambda text: {**GET, "block_keys": [text]}),
+        ("sw_size", lambda text: {**GET, "sw_size": text}),
+    ],
+    ids=["int64", "int32"],
+)
 def test_an_integer_string_is_only_an_optional_minus_and_digits(text, field, body):
     with pytest.raises(InvalidArgumentError, match=re.escape(f"field '{field}'")):
         parse_model(GetCacheLocationRequest, body(text))
@@ -100,8 +145,15 @@ def test_decimal_integer_strings_are_accepted():
     assert (req.begin_timestamp, req.end_timestamp) == (-12, 34)
 
 
-@pytest.mark.parametrize("value,name", [("2", "QT_PREFIX_MATCH"), ("0", "QT_UNSPECIFIED"),
-                                        (3, "QT_REVERSE_ROLL_SW_MATCH"), ("QT_BATCH_GET", "QT_BATCH_GET")])
+@pytest.mark.parametrize(
+    "value,name",
+    [
+        ("2", "QT_PREFIX_MATCH"),
+        ("0", "QT_UNSPECIFIED"),
+        (3, "QT_REVERSE_ROLL_SW_MATCH"),
+        ("QT_BATCH_GET", "QT_BATCH_GET"),
+    ],
+)
 def test_an_enum_is_a_name_a_number_or_a_number_as_a_string(value, name):
     assert parse_model(GetCacheLocationRequest, {**GET, "query_type": value}).query_type.name == name
 
@@ -115,12 +167,18 @@ def test_an_unknown_enum_is_refused_naming_the_field(value):
 @pytest.mark.parametrize("op", meta.OPERATIONS, ids=lambda op: op.api_name)
 def test_each_meta_operation_knows_its_response_model(op):
     # Errors render op.response_model (read from the handler's return annotation).
-    expected = {"registerInstance": RegisterInstanceResponse, "getInstanceInfo": GetInstanceInfoResponse,
-                "getCacheLocation": GetCacheLocationResponse, "getCacheMeta": GetCacheMetaResponse,
-                "startWriteCache": StartWriteCacheResponse, "getCacheLocationLen": GetCacheLocationLenResponse,
-                "getClusterInfo": GetClusterInfoResponse, "reportEvent": ReportEventResponse,
-                "getHostCacheState": GetHostCacheStateResponse,
-                "getCacheLocationsByBackend": GetCacheLocationsByBackendResponse}
+    expected = {
+        "registerInstance": RegisterInstanceResponse,
+        "getInstanceInfo": GetInstanceInfoResponse,
+        "getCacheLocation": GetCacheLocationResponse,
+        "getCacheMeta": GetCacheMetaResponse,
+        "startWriteCache": StartWriteCacheResponse,
+        "getCacheLocationLen": GetCacheLocationLenResponse,
+        "getClusterInfo": GetClusterInfoResponse,
+        "reportEvent": ReportEventResponse,
+        "getHostCacheState": GetHostCacheStateResponse,
+        "getCacheLocationsByBackend": GetCacheLocationsByBackendResponse,
+    }
     assert op.response_model is expected.get(op.api_name, Response)
 
 

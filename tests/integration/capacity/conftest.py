@@ -1,4 +1,5 @@
 """Fixtures: the block index on the session's Valkey and a Cluster over it."""
+
 import pytest
 
 from chalicelib.index import BlockIndex

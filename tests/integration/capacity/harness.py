@@ -2,6 +2,7 @@
 contexts are made directly, deletion drops metadata only (no backend), and the reclaimer
 sees the group through a static directory. Used by the tests here and by
 bench/bench_reclaim.py."""
+
 from __future__ import annotations
 
 import io
@@ -29,23 +30,46 @@ BLOCK = 1024
 STORAGES = {"nfs_01": "ST_NFS", "s3_01": "ST_S3"}
 
 
-def make_group(capacity_blocks: int = 0, used_percentage: float = 0.9, policy: str = "POLICY_LRU",
-               step_percentage: int = 10, ttl_seconds: int = 0, max_keys: int = 0, delay_ms: int = 0,
-               type_quota: dict[str, int] | None = None, period_s: int = 10, step_blocks: int = 0,
-               budget: str | None = None) -> InstanceGroup:
+def make_group(
+    capacity_blocks: int = 0,
+    used_percentage: float = 0.9,
+    policy: str = "POLICY_LRU",
+    step_percentage: int = 10,
+    ttl_seconds: int = 0,
+    max_keys: int = 0,
+    delay_ms: int = 0,
+    type_quota: dict[str, int] | None = None,
+    period_s: int = 10,
+    step_blocks: int = 0,
+    budget: str | None = None,
+) -> InstanceGroup:
     """A stored-looking (normalized) group of 1 KiB blocks; ``budget`` is its
     ``instance_reclaim_budget_policy`` (None: absent, the default)."""
-    return normalize_group(InstanceGroup.model_validate({
-        "name": "g", "storage_candidates": list(STORAGES),
-        "quota": {"capacity": capacity_blocks * BLOCK,
-                  "quota_config": [{"storage_type": t, "capacity": n * BLOCK} for t, n in (type_quota or {}).items()]},
-        "cache_config": {"reclaim_strategy": {
-            "reclaim_policy": policy, "trigger_strategy": {"used_percentage": used_percentage},
-            "reclaim_step_percentage": step_percentage, "reclaim_step_size": step_blocks * BLOCK,
-            "ttl_seconds": ttl_seconds,
-            "delay_before_delete_ms": delay_ms, "trigger_period_seconds": period_s,
-            "instance_reclaim_budget_policy": budget},
-            "meta_indexer_config": {"max_key_count": max_keys}}}))
+    return normalize_group(
+        InstanceGroup.model_validate(
+            {
+                "name": "g",
+                "storage_candidates": list(STORAGES),
+                "quota": {
+                    "capacity": capacity_blocks * BLOCK,
+                    "quota_config": [{"storage_type": t, "capacity": n * BLOCK} for t, n in (type_quota or {}).items()],
+                },
+                "cache_config": {
+                    "reclaim_strategy": {
+                        "reclaim_policy": policy,
+                        "trigger_strategy": {"used_percentage": used_percentage},
+                        "reclaim_step_percentage": step_percentage,
+                        "reclaim_step_size": step_blocks * BLOCK,
+                        "ttl_seconds": ttl_seconds,
+                        "delay_before_delete_ms": delay_ms,
+                        "trigger_period_seconds": period_s,
+                        "instance_reclaim_budget_policy": budget,
+                    },
+                    "meta_indexer_config": {"max_key_count": max_keys},
+                },
+            }
+        )
+    )
 
 
 @dataclass
@@ -63,9 +87,14 @@ class Cluster:
     # ------------------------------------------------------------ setup
 
     def add_instance(self, instance_id: str, bucket_bits: int = 4) -> InstanceContext:
-        ctx = InstanceContext(instance_id=instance_id, group=self.group, block_size=4,
-                              spec_layout=SpecLayout((LocationSpecInfo(name="tp0", size=BLOCK),), ()),
-                              layout=self.index.layout(instance_id, bucket_bits, self.group.name), storages=())
+        ctx = InstanceContext(
+            instance_id=instance_id,
+            group=self.group,
+            block_size=4,
+            spec_layout=SpecLayout((LocationSpecInfo(name="tp0", size=BLOCK),), ()),
+            layout=self.index.layout(instance_id, bucket_bits, self.group.name),
+            storages=(),
+        )
         self.contexts[instance_id] = ctx
         return ctx
 
@@ -77,9 +106,19 @@ class Cluster:
         self._sessions += 1
         session_id = f"s{self._sessions}"
         layout = self.contexts[instance_id].layout
-        self.index.start(layout, keys, StartRequest(
-            session_id=session_id, deadline_ms=int(self.clock.now() * 1000) + 3_600_000, storage_name=storage,
-            storage_type=STORAGES[storage], pack_count=0, sizes=[BLOCK], spec_groups=[0] * len(keys)))
+        self.index.start(
+            layout,
+            keys,
+            StartRequest(
+                session_id=session_id,
+                deadline_ms=int(self.clock.now() * 1000) + 3_600_000,
+                storage_name=storage,
+                storage_type=STORAGES[storage],
+                pack_count=0,
+                sizes=[BLOCK],
+                spec_groups=[0] * len(keys),
+            ),
+        )
         if finish:
             session = self.index.session(layout, session_id)
             self.index.finish(layout, session_id, session, [True] * len(session.entries), [BLOCK])
@@ -140,8 +179,16 @@ class Cluster:
             raise InstanceNotFoundError(instance_id) from None
 
     def reclaimer(self, deleter=None, config: SamplingConfig = SamplingConfig(), seed: int = 3) -> Reclaimer:
-        return Reclaimer(self.index, self, self.context, deleter or InlineDeleter(DeletionService(self.index)),
-                         self.clock, events=EventLog(self.events), rng=random.Random(seed), config=config)
+        return Reclaimer(
+            self.index,
+            self,
+            self.context,
+            deleter or InlineDeleter(DeletionService(self.index)),
+            self.clock,
+            events=EventLog(self.events),
+            rng=random.Random(seed),
+            config=config,
+        )
 
     # ------------------------------------------------------------ inspection
 

@@ -1,4 +1,5 @@
 """A round's cost follows the sample, not the instance: 1k and 50k blocks cost the same."""
+
 from __future__ import annotations
 
 import random

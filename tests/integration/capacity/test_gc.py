@@ -2,6 +2,7 @@
 orphan WRITING locations past the grace and SERVING ones whose data is gone are deleted;
 locations inside the grace, with an open session or whose probe cannot answer stay. The
 scan rotates over the instances a page at a time, its position kept in Valkey."""
+
 from __future__ import annotations
 
 import shutil
@@ -28,10 +29,17 @@ def storage(name: str, root: Path) -> dict:
 
 
 def setup_instance(client, instance_id: str, group: str, storage_name: str) -> None:
-    data = call(client, "registerInstance", {
-        "instance_group": group, "instance_id": instance_id, "block_size": 16,
-        "location_spec_infos": [{"name": "tp0", "size": BLOCK}],
-        "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    data = call(
+        client,
+        "registerInstance",
+        {
+            "instance_group": group,
+            "instance_id": instance_id,
+            "block_size": 16,
+            "location_spec_infos": [{"name": "tp0", "size": BLOCK}],
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     assert code(data) == "OK", data
 
 
@@ -40,16 +48,19 @@ def gc_setup(client, tmp_path):
     """Groups g1 (storage nfs1) and g2 (storage nfs2), an instance in each."""
     for name, group in (("nfs1", "g1"), ("nfs2", "g2")):
         assert code(call(client, "addStorage", {"storage": storage(name, tmp_path / name)})) == "OK"
-        assert code(call(client, "createInstanceGroup", {"instance_group": {
-            "name": group, "storage_candidates": [name]}})) == "OK"
+        assert (
+            code(call(client, "createInstanceGroup", {"instance_group": {"name": group, "storage_candidates": [name]}}))
+            == "OK"
+        )
     setup_instance(client, "i1", "g1", "nfs1")
     setup_instance(client, "i2", "g2", "nfs2")
     return tmp_path
 
 
 def start(client, instance_id: str, keys: list[int]) -> dict:
-    data = call(client, "startWriteCache", {"instance_id": instance_id, "block_keys": keys,
-                                            "write_timeout_seconds": 60})
+    data = call(
+        client, "startWriteCache", {"instance_id": instance_id, "block_keys": keys, "write_timeout_seconds": 60}
+    )
     assert code(data) == "OK" and len(data["locations"]) == len(keys), data
     return data
 
@@ -67,9 +78,15 @@ def write_data(started: dict) -> list[Path]:
 
 
 def finish(client, instance_id: str, started: dict) -> None:
-    data = call(client, "finishWriteCache", {"instance_id": instance_id,
-                                             "write_session_id": started["write_session_id"],
-                                             "success_blocks": {"offset": len(started["locations"])}})
+    data = call(
+        client,
+        "finishWriteCache",
+        {
+            "instance_id": instance_id,
+            "write_session_id": started["write_session_id"],
+            "success_blocks": {"offset": len(started["locations"])},
+        },
+    )
     assert code(data) == "OK", data
 
 
@@ -101,8 +118,12 @@ def test_orphans_past_the_grace_and_blocks_whose_data_is_gone_are_deleted(gc_set
     clock.advance(2 * HOUR)  # the first orphan is 25 h old, the second 2 h
     files[0].unlink()  # block 10's data is gone; block 11's is there
     shutil.rmtree(gc_setup / "nfs2")  # nfs2's data root is gone: its probe cannot answer
-    atimes = {k: decode_record(raw).last_access_s for k, raw in zip(
-        [10, 11], runtime.index.read_raw(runtime.contexts("i1").layout, [10, 11], MODE_RAW), strict=True)}
+    atimes = {
+        k: decode_record(raw).last_access_s
+        for k, raw in zip(
+            [10, 11], runtime.index.read_raw(runtime.contexts("i1").layout, [10, 11], MODE_RAW), strict=True
+        )
+    }
 
     report = runtime.cache_gc.run()
 
@@ -126,7 +147,8 @@ def test_orphans_past_the_grace_and_blocks_whose_data_is_gone_are_deleted(gc_set
 
 
 def test_the_scan_rotates_over_the_instances_and_resumes_on_another_node(
-        gc_setup, client, runtime, other_container, clock, monkeypatch):
+    gc_setup, client, runtime, other_container, clock, monkeypatch
+):
     monkeypatch.setattr(gc, "PAGES_PER_RUN", 1)
     setup_instance(client, "i3", "g1", "nfs1")
     missing = start(client, "i3", [30])
@@ -156,9 +178,19 @@ def test_a_grace_shorter_than_an_hour_or_a_write_session_is_refused(runtime):
     state = GcStateStore(runtime.valkey, "x")
     for grace, longest in ((HOUR - 1, 0), (2 * HOUR, 3 * HOUR)):
         with pytest.raises(CacheGcConfigError, match="KVCM_CACHE_GC_ORPHAN_GRACE_S"):
-            CacheGarbageCollector(runtime.lease, runtime.control, runtime.index, runtime.contexts, runtime.deleter,
-                                  state, runtime.clock, runtime.metrics, orphan_grace_s=grace, round_pause_s=0,
-                                  longest_session_s=longest)
+            CacheGarbageCollector(
+                runtime.lease,
+                runtime.control,
+                runtime.index,
+                runtime.contexts,
+                runtime.deleter,
+                state,
+                runtime.clock,
+                runtime.metrics,
+                orphan_grace_s=grace,
+                round_pause_s=0,
+                longest_session_s=longest,
+            )
 
 
 def test_switched_off_it_does_nothing(gc_setup, client, runtime):

@@ -1,5 +1,6 @@
 """Group-LRU reclaim on a real Valkey index: one recency order across a group's instances,
 by sampling, leaves first, stopping when the water level recovers."""
+
 from __future__ import annotations
 
 import pytest
@@ -67,6 +68,8 @@ def test_group_lru_takes_chains_from_their_leaves_across_instances(cluster, cloc
     # Victims are the worst fifth of the pool at a time (approximated LRU): a chain's
     # parents join as its leaves go, so a fresh leaf may go before the last old parent.
     assert sum(old_left.values()) <= 2, old_left
+
+
 def test_group_lru_stops_when_the_water_level_recovers(cluster, clock):
     cluster.group = make_group(capacity_blocks=100, used_percentage=0.5, step_percentage=5)
     for instance_id in ("a", "b", "c"):

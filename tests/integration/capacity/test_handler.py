@@ -1,5 +1,6 @@
 """The entry points on a full runtime (real Valkey, moto DynamoDB, HTTP meta API):
 a refused write wakes the reclaimer, the next round makes room, the lease is honoured."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import pytest
 import redis
 from chalice.test import Client
 
-from chalicelib.stores.lease import Lease
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from chalicelib.stores.lease import Lease
 
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 BLOCK = 2048
@@ -26,21 +27,40 @@ def runtime_settings(tmp_path):
 def http(runtime, tmp_path):
     import app
 
-    runtime.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 1}}))
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 1}}
+        )
+    )
     # full at 8 blocks, and a watermark of 100 %: only a refused write makes room
-    runtime.control.create_group(InstanceGroup.model_validate({
-        "name": "gc", "storage_candidates": ["nfs_01"], "quota": {"capacity": 8 * BLOCK},
-        "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 1.0}}}}))
+    runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {
+                "name": "gc",
+                "storage_candidates": ["nfs_01"],
+                "quota": {"capacity": 8 * BLOCK},
+                "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 1.0}}},
+            }
+        )
+    )
     with Client(app.app) as client:
+
         def call(method: str, body: dict) -> dict:
-            resp = client.http.post(f"/api/{method}", body=json.dumps(body),
-                                    headers={"Content-Type": "application/json"})
+            resp = client.http.post(
+                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
             return json.loads(resp.body)
 
-        resp = call("registerInstance", {"instance_group": "gc", "instance_id": "i1", "block_size": 4,
-                                         "location_spec_infos": SPECS,
-                                         "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+        resp = call(
+            "registerInstance",
+            {
+                "instance_group": "gc",
+                "instance_id": "i1",
+                "block_size": 4,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            },
+        )
         assert resp["header"]["status"]["code"] == "OK", resp
         yield call
 
@@ -49,8 +69,14 @@ def write(http, key: int, instance_id: str = "i1") -> str:
     start = http("startWriteCache", {"instance_id": instance_id, "block_keys": [key]})
     code = start["header"]["status"]["code"]
     if code == "OK":
-        fin = http("finishWriteCache", {"instance_id": instance_id, "write_session_id": start["write_session_id"],
-                                        "success_blocks": {"offset": len(start["locations"])}})
+        fin = http(
+            "finishWriteCache",
+            {
+                "instance_id": instance_id,
+                "write_session_id": start["write_session_id"],
+                "success_blocks": {"offset": len(start["locations"])},
+            },
+        )
         assert fin["header"]["status"]["code"] == "OK", fin
     return code
 
@@ -78,8 +104,7 @@ def test_a_full_group_makes_room_on_the_write_path(runtime, http, clock):
     assert live_usage(runtime) == (8 * BLOCK, 8)
     assert runtime.reclaim_job.run()["handed_over"] == 1  # the next round hands it to the deleter
     assert status(http, 2) == "CLS_NOT_FOUND"
-    (event,) = [json.loads(line) for line in open(runtime.settings.event_log_path)
-                if '"CacheReclaimSubmit"' in line]
+    (event,) = [json.loads(line) for line in open(runtime.settings.event_log_path) if '"CacheReclaimSubmit"' in line]
     assert event["source"] == "i1" and event["block_keys"] == [2] and event["delay_us"] == 0
 
 
@@ -90,8 +115,10 @@ def test_a_write_nothing_can_make_room_for_is_refused_and_wakes_the_reclaimer(ru
     assert valkey.smembers(WAKE_KEY) == {b"gc"}
     assert live_usage(runtime) == (8 * BLOCK, 8)
     for start in starts:
-        http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
-                                  "success_blocks": {"offset": 1}})
+        http(
+            "finishWriteCache",
+            {"instance_id": "i1", "write_session_id": start["write_session_id"], "success_blocks": {"offset": 1}},
+        )
     report = runtime.reclaim_job.run()
     assert report["groups"][0]["reason"] == "woken" and report["victims"] == 1  # headroom under pressure
     assert write(http, 9) == "OK"
@@ -108,11 +135,21 @@ def test_writes_from_many_threads_keep_a_full_group_within_its_quota(runtime, ht
     from chalicelib.protocol.errors import CapacityExceededError
     from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
 
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g64", "storage_candidates": ["nfs_01"], "quota": {"capacity": 64 * BLOCK}}))
-    resp = http("registerInstance", {"instance_group": "g64", "instance_id": "i64", "block_size": 4,
-                                     "location_spec_infos": SPECS,
-                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {"name": "g64", "storage_candidates": ["nfs_01"], "quota": {"capacity": 64 * BLOCK}}
+        )
+    )
+    resp = http(
+        "registerInstance",
+        {
+            "instance_group": "g64",
+            "instance_id": "i64",
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     assert resp["header"]["status"]["code"] == "OK", resp
     peaks = []
 
@@ -121,9 +158,13 @@ def test_writes_from_many_threads_keep_a_full_group_within_its_quota(runtime, ht
             start = runtime.cache.start_write_cache(StartWriteCacheRequest(instance_id="i64", block_keys=[key]))
         except CapacityExceededError as refusal:
             return f"refused: {refusal}"
-        runtime.cache.finish_write_cache(FinishWriteCacheRequest(
-            instance_id="i64", write_session_id=start.write_session_id,
-            success_blocks=BlockMask(offset=len(start.locations))))
+        runtime.cache.finish_write_cache(
+            FinishWriteCacheRequest(
+                instance_id="i64",
+                write_session_id=start.write_session_id,
+                success_blocks=BlockMask(offset=len(start.locations)),
+            )
+        )
         return "OK"
 
     def writer(first: int) -> list[str]:
@@ -141,8 +182,13 @@ def test_writes_from_many_threads_keep_a_full_group_within_its_quota(runtime, ht
 
 
 def test_no_round_while_another_node_holds_the_lease(runtime, http, valkey, clock):
-    other = Lease(valkey, prefix=runtime.settings.key_prefix, node_id="other-node",
-                  ttl_ms=runtime.settings.lease_ttl_ms, clock=clock)
+    other = Lease(
+        valkey,
+        prefix=runtime.settings.key_prefix,
+        node_id="other-node",
+        ttl_ms=runtime.settings.lease_ttl_ms,
+        clock=clock,
+    )
     assert other.try_acquire()
     runtime.reclaim_job.wake("gc")
     report = runtime.reclaim_job.run()

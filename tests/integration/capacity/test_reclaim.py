@@ -1,4 +1,5 @@
 """The reclaimer on a real Valkey index: watermarks, policies, leaf order, expiry."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,10 +40,13 @@ def test_usage_settles_under_a_lowered_watermark_one_step_per_round(cluster, ind
     assert index.take_reclaim_requests() == set()
 
 
-@pytest.mark.parametrize("budget, victims", [
-    ("USAGE_PROPORTIONAL", {"big": 15, "small": 5}),  # in proportion to usage
-    ("FIXED_PER_INSTANCE", {"big": 10, "small": 10}),  # equal shares
-])
+@pytest.mark.parametrize(
+    "budget, victims",
+    [
+        ("USAGE_PROPORTIONAL", {"big": 15, "small": 5}),  # in proportion to usage
+        ("FIXED_PER_INSTANCE", {"big": 10, "small": 10}),  # equal shares
+    ],
+)
 def test_per_instance_budgets_spread_the_need(cluster, budget, victims):
     cluster.group = make_group(capacity_blocks=80, used_percentage=0.5, step_percentage=25, budget=budget)
     for instance_id, blocks in (("big", 60), ("small", 20)):
@@ -146,8 +150,9 @@ def test_ttl_expires_idle_blocks_whatever_the_watermark(cluster, clock):
 
 
 def test_a_type_over_its_quota_loses_blocks_of_that_type_only(cluster):
-    cluster.group = make_group(capacity_blocks=1000, used_percentage=0.5, step_percentage=100,
-                               type_quota={"ST_NFS": 20})
+    cluster.group = make_group(
+        capacity_blocks=1000, used_percentage=0.5, step_percentage=100, type_quota={"ST_NFS": 20}
+    )
     cluster.add_instance("i1")
     nfs = cluster.chains("i1", count=20, length=1, storage="nfs_01")
     s3 = cluster.chains("i1", count=20, length=1, storage="s3_01")
@@ -244,7 +249,7 @@ def test_a_concurrently_rewritten_block_is_left_alone(cluster, index):
 
     race_before_mark(index, rewrite_first)
     report = reclaimer.run_round()
-    (key, location_id), = rewritten
+    ((key, location_id),) = rewritten
     records = cluster.records("i1")
     assert report.victims == 2 and len(records) == 2
     # the rewritten block was sampled under its old location: its new one is untouched
@@ -267,7 +272,7 @@ def test_a_leaf_that_gains_a_child_before_its_mark_is_left_alone(cluster, index)
 
     race_before_mark(index, extend_first)
     reclaimer.run_round()
-    (parent, child), = extended
+    ((parent, child),) = extended
     records = cluster.records("i1")
     assert records[parent].children == 1
     assert records[parent].locations[0].status == Status.SERVING
@@ -310,8 +315,13 @@ def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, 
 
     clock.advance(30 + index.DELETION_LOST_AFTER_S - 1)  # still within the delay and the grace
     assert reclaimer.run_round().resubmitted == 0
-    assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING, 3: Status.DELETING,
-                                      4: Status.DELETING, 5: Status.DELETING}
+    assert cluster.statuses("i1") == {
+        1: Status.SERVING,
+        2: Status.SERVING,
+        3: Status.DELETING,
+        4: Status.DELETING,
+        5: Status.DELETING,
+    }
 
     clock.advance(10)
     assert reclaimer.run_round().resubmitted == 3  # few occupied buckets: one visit sweeps them all

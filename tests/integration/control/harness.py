@@ -1,5 +1,6 @@
 """Helpers of the control-plane and admin tests: wire calls, configs, snapshots (the
 ``runtime``, ``control`` and ``client`` fixtures are in tests/integration/conftest.py)."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,14 @@ from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, ModelDep
 TABLE = "kvcm-control-test"
 
 
-def post(client, method: str, body: Any = None, raw: str | None = None,
-         headers: dict | None = None) -> tuple[int, dict]:
+def post(
+    client, method: str, body: Any = None, raw: str | None = None, headers: dict | None = None
+) -> tuple[int, dict]:
     """POST /api/<method>; returns (HTTP status, decoded JSON body)."""
     payload = raw if raw is not None else json.dumps({} if body is None else body)
-    response = client.http.post(f"/api/{method}", body=payload,
-                                headers={"Content-Type": "application/json", **(headers or {})})
+    response = client.http.post(
+        f"/api/{method}", body=payload, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     return response.status_code, json.loads(response.body)
 
 
@@ -47,12 +50,16 @@ def group(name: str, *candidates: str, **extra: Any) -> InstanceGroup:
     return InstanceGroup.model_validate(group_json(name, *candidates, **extra))
 
 
-def register_request(instance_id: str, group_name: str = "g1", block_size: int = 16,
-                     user_data: str = "", **overrides: Any) -> RegisterInstanceRequest:
-    fields = dict(instance_group=group_name, instance_id=instance_id, block_size=block_size,
-                  location_spec_infos=[LocationSpecInfo(name="tp0", size=1024),
-                                       LocationSpecInfo(name="tp1", size=1024)],
-                  model_deployment=ModelDeployment(model_name="qwen", dtype="bf16", tp_size=2, user_data=user_data))
+def register_request(
+    instance_id: str, group_name: str = "g1", block_size: int = 16, user_data: str = "", **overrides: Any
+) -> RegisterInstanceRequest:
+    fields = dict(
+        instance_group=group_name,
+        instance_id=instance_id,
+        block_size=block_size,
+        location_spec_infos=[LocationSpecInfo(name="tp0", size=1024), LocationSpecInfo(name="tp1", size=1024)],
+        model_deployment=ModelDeployment(model_name="qwen", dtype="bf16", tp_size=2, user_data=user_data),
+    )
     fields.update(overrides)
     return RegisterInstanceRequest(**fields)
 
@@ -67,8 +74,11 @@ def snapshot(runtime) -> tuple[list, dict]:
     (but the metrics, which count refused calls too)."""
     items = runtime.aws("dynamodb").scan(TableName=TABLE, ConsistentRead=True)["Items"]
     valkey = runtime.valkey
-    keys = {key: (valkey.type(key), valkey.dump(key)) for key in sorted(valkey.keys("*"))
-            if key.decode() != runtime.metrics_store.key}
+    keys = {
+        key: (valkey.type(key), valkey.dump(key))
+        for key in sorted(valkey.keys("*"))
+        if key.decode() != runtime.metrics_store.key
+    }
     return sorted(items, key=lambda i: (i["pk"]["S"], i["sk"]["S"])), keys
 
 

@@ -1,4 +1,5 @@
 """ConfigCache: no DynamoDB reads when warm, epoch-driven refresh, negatives, staleness bounds."""
+
 import threading
 
 import pytest
@@ -152,7 +153,7 @@ def test_a_load_racing_with_a_change_is_not_kept(cache, populated, control, monk
             monkeypatch.setattr(control, "get_instance", real_get_instance)
             # the change lands while our read is in flight...
             control.remove_instance("i1", control.get_instance("i1").incarnation)
-            cache.group("g1")              # ...and another call sees the new epoch first
+            cache.group("g1")  # ...and another call sees the new epoch first
             return stale
         return real_get_instance(instance_id)
 

@@ -1,4 +1,5 @@
 """The background-job lease on a real Valkey (TTL expiry via PEXPIRE, time via ManualClock)."""
+
 import time
 
 import pytest
@@ -6,9 +7,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from chalicelib.stores.valkey import ValkeyUnavailableError
-from chalicelib.stores.lease import Lease
 from chalicelib.protocol.errors import InvalidArgumentError
+from chalicelib.stores.lease import Lease
+from chalicelib.stores.valkey import ValkeyUnavailableError
 from tests.helpers import free_port
 
 TTL_MS = 10_000
@@ -18,6 +19,7 @@ TTL_MS = 10_000
 def make(valkey, clock):
     def make_lease(node_id, **kwargs):
         return Lease(valkey, prefix="kvcmtest", node_id=node_id, ttl_ms=TTL_MS, clock=clock, **kwargs)
+
     return make_lease
 
 
@@ -133,10 +135,16 @@ def test_last_loop_time_is_the_last_step_of_any_node(a, b, clock):
 
 
 def test_valkey_unreachable(clock):
-    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2,
-                       retry=Retry(NoBackoff(), 0))
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     lease = Lease(dead, prefix="kvcmtest", node_id="n", ttl_ms=TTL_MS, clock=clock)
-    for call in (lease.try_acquire, lease.renew, lease.release, lease.holder, lease.campaign_delay_ms,
-                 lease.last_loop_time_ms, lambda: lease.set_campaign_delay_ms(5)):
+    for call in (
+        lease.try_acquire,
+        lease.renew,
+        lease.release,
+        lease.holder,
+        lease.campaign_delay_ms,
+        lease.last_loop_time_ms,
+        lambda: lease.set_campaign_delay_ms(5),
+    ):
         with pytest.raises(ValkeyUnavailableError):
             call()

@@ -1,4 +1,5 @@
 """ControlPlane against a real (moto) DynamoDB table."""
+
 import threading
 
 import pytest
@@ -6,8 +7,12 @@ import pytest
 from chalicelib.control import EntityInUseError, UnknownEntityError, VersionConflictError
 from chalicelib.control.errors import InstanceRemovingError
 from chalicelib.protocol.codes import Role
-from chalicelib.protocol.errors import (CapacityExceededError, DuplicateEntityError, InstanceNotFoundError,
-                                        InvalidArgumentError)
+from chalicelib.protocol.errors import (
+    CapacityExceededError,
+    DuplicateEntityError,
+    InstanceNotFoundError,
+    InvalidArgumentError,
+)
 from chalicelib.protocol.models import StorageConfig
 
 from .harness import group, nfs, register_request, table_items
@@ -46,10 +51,15 @@ def test_update_refuses_a_type_change_unless_forced(control):
     assert control.get_storage("st").config.s3.bucket == "b"
 
 
-@pytest.mark.parametrize("action", [
-    lambda c: c.set_storage_available("ghost", True), lambda c: c.remove_storage("ghost"),
-    lambda c: c.update_storage(storage("ghost")), lambda c: c.get_storage("ghost"),
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        lambda c: c.set_storage_available("ghost", True),
+        lambda c: c.remove_storage("ghost"),
+        lambda c: c.update_storage(storage("ghost")),
+        lambda c: c.get_storage("ghost"),
+    ],
+)
 def test_unknown_storage_is_named(control, action):
     with pytest.raises(UnknownEntityError, match="storage 'ghost' does not exist"):
         action(control)
@@ -76,8 +86,10 @@ def test_candidates_may_name_storages_added_later(control):
     assert [c.global_unique_name for c, _ in control.storages_for_group("g1")] == ["nfs1"]
     control.add_storage(storage("later"))
     control.set_storage_available("later", False)
-    assert [(c.global_unique_name, a) for c, a in control.storages_for_group("g1")] == [("later", False),
-                                                                                          ("nfs1", True)]
+    assert [(c.global_unique_name, a) for c, a in control.storages_for_group("g1")] == [
+        ("later", False),
+        ("nfs1", True),
+    ]
     with pytest.raises(EntityInUseError):
         control.remove_storage("later")
 
@@ -249,7 +261,9 @@ def test_accounts_store_only_salted_hashes(control, runtime):
     assert "wonderland" not in repr(raw) and raw["alice"]["password"].startswith("scrypt$")
     assert "password" not in raw["bob"]  # only admin accounts keep one (bootstrap); the others use API keys
     assert [(a.user_name, a.role, a.instance_groups, a.instance_id_prefixes) for a in control.list_accounts()] == [
-        ("alice", Role.ROLE_ADMIN, ["*"], []), ("bob", Role.ROLE_USER, ["g1"], ["bob-"])]
+        ("alice", Role.ROLE_ADMIN, ["*"], []),
+        ("bob", Role.ROLE_USER, ["g1"], ["bob-"]),
+    ]
     assert control.verify_account("alice", "wonderland-42").role == Role.ROLE_ADMIN
     assert control.verify_account("alice", "other") is None
     assert control.verify_account("nobody", "wonderland-42") is None

@@ -1,4 +1,5 @@
 """The control table on moto: creation, and DynamoDB failures as SERVICE_NOT_READY."""
+
 import boto3
 import pytest
 from botocore.config import Config
@@ -28,9 +29,14 @@ def test_missing_table_is_service_not_ready(aws, clock):
 
 def test_unreachable_endpoint_is_service_not_ready(clock):
     def dead_client():
-        return boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{free_port()}", region_name="us-east-1",
-                            aws_access_key_id="x", aws_secret_access_key="x",
-                            config=Config(retries={"max_attempts": 1}, connect_timeout=0.5))
+        return boto3.client(
+            "dynamodb",
+            endpoint_url=f"http://127.0.0.1:{free_port()}",
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+            config=Config(retries={"max_attempts": 1}, connect_timeout=0.5),
+        )
 
     plane = ControlPlane(dynamodb=dead_client, table_name="t", clock=clock)
     with pytest.raises(ServiceNotReadyError, match="unreachable"):

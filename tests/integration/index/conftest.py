@@ -1,5 +1,6 @@
 """The block index on the session's Valkey and one instance's layout on it; cluster-mode
 Valkeys (one node holding every slot, or three masters) for the cluster client."""
+
 import pytest
 
 from chalicelib.index import BlockIndex

@@ -1,18 +1,25 @@
 """The index scripts against a real Valkey: transitions, usage, sessions."""
+
 import pytest
 
 from chalicelib.index import Status
 from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
 
-
 SIZES = [200, 100, 100]
 
 
 def start(index, layout, keys, sid="s1", **kw):
-    req = StartRequest(session_id=sid, deadline_ms=int(index.clock.now() * 1000) + 30_000, storage_name="nfs_01",
-                       storage_type="ST_NFS", pack_count=kw.pop("pack", 8), sizes=[200, 100, 100],
-                       spec_groups=kw.pop("spec_groups", [0] * len(keys)), **kw)
+    req = StartRequest(
+        session_id=sid,
+        deadline_ms=int(index.clock.now() * 1000) + 30_000,
+        storage_name="nfs_01",
+        storage_type="ST_NFS",
+        pack_count=kw.pop("pack", 8),
+        sizes=[200, 100, 100],
+        spec_groups=kw.pop("spec_groups", [0] * len(keys)),
+        **kw,
+    )
     return index.start(layout, keys, req)
 
 
@@ -79,8 +86,15 @@ def test_quota_refusal_leaves_nothing(index, layout):
 def test_a_256th_storage_is_refused_not_wrapped_to_index_0(index, layout, valkey):
     start(index, layout, [1])  # nfs_01 gets index 1
     valkey.hset(layout.key("m"), "storages", 255)  # as if 254 more storages had been written to
-    req = StartRequest(session_id="s2", deadline_ms=int(index.clock.now() * 1000) + 30_000, storage_name="nfs_99",
-                       storage_type="ST_NFS", pack_count=8, sizes=[200, 100, 100], spec_groups=[0])
+    req = StartRequest(
+        session_id="s2",
+        deadline_ms=int(index.clock.now() * 1000) + 30_000,
+        storage_name="nfs_99",
+        storage_type="ST_NFS",
+        pack_count=8,
+        sizes=[200, 100, 100],
+        spec_groups=[0],
+    )
     with pytest.raises(QuotaExceededError) as refused:
         index.start(layout, [2], req)
     assert refused.value.kind == "storages" and "nfs_99" in str(refused.value)
@@ -101,8 +115,10 @@ def test_window_and_batch(index, layout):
     assert [r is not None for r in recs] == [True, False, True]
 
 
-@pytest.mark.parametrize("servable,served", [
-    (None, [True, True]), (["nfs_01"], [True, True]), (["*", "nfs_02"], [False, False]), ([], [False, False])])
+@pytest.mark.parametrize(
+    "servable,served",
+    [(None, [True, True]), (["nfs_01"], [True, True]), (["*", "nfs_02"], [False, False]), ([], [False, False])],
+)
 def test_reads_serve_only_the_servable_storages(index, layout, servable, served):
     start(index, layout, [1, 2])
     finish(index, layout, "s1", [True, True])

@@ -6,6 +6,7 @@ the parent record that adopted it (a parent written again with the child as the 
 of the request). A child whose parent record went away is linked to nothing: its drop
 must not take a count from the parent's next record.
 """
+
 import random
 
 import pytest
@@ -17,8 +18,15 @@ SIZES = [100]
 
 
 def start(index, layout, keys, sid):
-    req = StartRequest(session_id=sid, deadline_ms=int(index.clock.now() * 1000) + 30_000, storage_name="s3",
-                       storage_type="ST_S3", pack_count=0, sizes=SIZES, spec_groups=[0] * len(keys))
+    req = StartRequest(
+        session_id=sid,
+        deadline_ms=int(index.clock.now() * 1000) + 30_000,
+        storage_name="s3",
+        storage_type="ST_S3",
+        pack_count=0,
+        sizes=SIZES,
+        spec_groups=[0] * len(keys),
+    )
     return index.start(layout, keys, req)
 
 
@@ -166,7 +174,7 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
         if op < 0.45:
             keys = _path(rng.choice(nodes))
             if rng.random() < 0.15:
-                keys = keys[rng.randrange(len(keys)):]  # a request not starting at the root
+                keys = keys[rng.randrange(len(keys)) :]  # a request not starting at the root
             before = set(live)
             sid = f"s{step}"
             out = start(index, layout, keys, sid)
@@ -176,8 +184,7 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
                     link = (keys[i - 1], live[keys[i - 1]][0]) if i > 0 else None
                     live[key] = (recs[key].locations[0].location_id, link)
                     nxt = keys[i + 1] if i + 1 < len(keys) else None
-                    if nxt in before and recs[nxt].parent == key and \
-                            recs[nxt].locations[0].status != Status.DELETING:
+                    if nxt in before and recs[nxt].parent == key and recs[nxt].locations[0].status != Status.DELETING:
                         live[nxt] = (live[nxt][0], (key, live[key][0]))
             open_sessions.append(sid)
         if open_sessions and (op >= 0.45 or rng.random() < 0.5):
@@ -196,8 +203,11 @@ def test_child_counts_match_links_under_random_writes_and_removals(index, layout
         recs = sync()
         for key, rec in recs.items():
             # A DELETING record no longer counts (unlinked when it turned DELETING).
-            linked = sum(1 for k, (_, link) in live.items() if link == (key, live[key][0])
-                         and recs[k].locations[0].status != Status.DELETING)
+            linked = sum(
+                1
+                for k, (_, link) in live.items()
+                if link == (key, live[key][0]) and recs[k].locations[0].status != Status.DELETING
+            )
             named = sum(1 for r in recs.values() if r.parent == key)
             assert rec.children == linked, (step, key)
             assert rec.children <= named, (step, key)

@@ -1,5 +1,6 @@
 """The read script (lua/read.lua) with the buckets named by the client: records found
 whatever the key's sign or bucket sharing, recency refreshed only for what is served."""
+
 from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW
 
 from .test_block_index import finish, start
@@ -20,7 +21,7 @@ def test_many_keys_sharing_buckets_and_negative_keys_read_back_in_order(index, l
     keys = [k * 7919 - 4_000_000 for k in range(1024)]
     assert any(k < 0 for k in keys) and any(k > 0 for k in keys)
     for i in range(0, len(keys), 256):
-        written(index, layout, keys[i:i + 256], sid=f"s{i}")
+        written(index, layout, keys[i : i + 256], sid=f"s{i}")
     recs = index.read(layout, keys, MODE_PREFIX)
     assert len(recs) == 1024
     assert [r.parent for r in recs[1:256]] == keys[:255]

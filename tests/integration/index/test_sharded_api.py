@@ -2,6 +2,7 @@
 methods answer as for one shard, removeInstance purges every shard, bad values are refused
 naming the field (docs/instance-sharding.md). One Valkey node holds every shard here; the
 three-master cluster is test_sharded_instance.py's."""
+
 import json
 import random
 
@@ -25,23 +26,43 @@ SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 
 @pytest.fixture
 def sharded_group(runtime, tmp_path):
-    runtime.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 4}}))
-    return runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}, "instance_shards": 3}))
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 4}}
+        )
+    )
+    return runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}, "instance_shards": 3}
+        )
+    )
 
 
 def register(rt, instance_id):
-    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-        {"instance_group": "g1", "instance_id": instance_id, "block_size": 4, "location_spec_infos": SPECS,
-         "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
+    rt.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g1",
+                "instance_id": instance_id,
+                "block_size": 4,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            }
+        )
+    )
 
 
 def write(rt, instance_id, keys):
     start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance_id, block_keys=keys))
-    rt.cache.finish_write_cache(FinishWriteCacheRequest.model_validate(
-        {"instance_id": instance_id, "write_session_id": start.write_session_id,
-         "success_blocks": {"offset": len(start.locations)}}))
+    rt.cache.finish_write_cache(
+        FinishWriteCacheRequest.model_validate(
+            {
+                "instance_id": instance_id,
+                "write_session_id": start.write_session_id,
+                "success_blocks": {"offset": len(start.locations)},
+            }
+        )
+    )
     return start
 
 
@@ -55,8 +76,15 @@ def test_a_sharded_instance_serves_like_one_shard_and_is_removed_from_every_shar
     assert {shard_of(k, 3) for k in keys} == {0, 1, 2}
     start = write(rt, "i1", keys)
     assert len({json.dumps(loc, sort_keys=True) for loc in start.locations}) == 40  # ids unique across shards
-    hits = rt.cache.get_cache_location(GetCacheLocationRequest.model_validate(
-        {"instance_id": "i1", "block_keys": keys + [rng.getrandbits(62)] + keys[:3], "query_type": "QT_PREFIX_MATCH"}))
+    hits = rt.cache.get_cache_location(
+        GetCacheLocationRequest.model_validate(
+            {
+                "instance_id": "i1",
+                "block_keys": keys + [rng.getrandbits(62)] + keys[:3],
+                "query_type": "QT_PREFIX_MATCH",
+            }
+        )
+    )
     assert len(hits.locations) == 40
     assert all(rt.index.occupied_count(shard) > 0 for shard in layout.shards)
 
@@ -81,8 +109,16 @@ def test_an_instance_registered_before_the_group_shards_keeps_its_one_shard(runt
     rt.config.invalidate()
     rt.contexts.forget("old")
     assert rt.contexts("old").layout.shard_count == 1  # its key space keeps the layout it has
-    assert len(rt.cache.get_cache_location(GetCacheLocationRequest.model_validate(
-        {"instance_id": "old", "block_keys": [1, 2, 3], "query_type": "QT_PREFIX_MATCH"})).locations) == 3
+    assert (
+        len(
+            rt.cache.get_cache_location(
+                GetCacheLocationRequest.model_validate(
+                    {"instance_id": "old", "block_keys": [1, 2, 3], "query_type": "QT_PREFIX_MATCH"}
+                )
+            ).locations
+        )
+        == 3
+    )
 
 
 @pytest.mark.parametrize("shards", [-1, 17])
@@ -92,8 +128,11 @@ def test_a_bad_instance_shards_is_refused_naming_the_field(client, control, shar
     assert code(data) == "INVALID_ARGUMENT" and "instance_group.instance_shards" in message(data)
     assert code(call(client, "getInstanceGroup", {"name": "g1"})) != "OK"
     assert code(call(client, "createInstanceGroup", {"instance_group": group_json("g1", instance_shards=3)})) == "OK"
-    data = call(client, "updateInstanceGroup", {"instance_group": group_json("g1", instance_shards=shards),
-                                                "current_version": 1})
+    data = call(
+        client,
+        "updateInstanceGroup",
+        {"instance_group": group_json("g1", instance_shards=shards), "current_version": 1},
+    )
     assert code(data) == "INVALID_ARGUMENT" and "instance_group.instance_shards" in message(data)
     stored = call(client, "getInstanceGroup", {"name": "g1"})["instance_group"]
     assert stored["instance_shards"] == 3 and int(stored["version"]) == 1

@@ -1,5 +1,6 @@
 """An instance spread over three shards on a cluster-mode Valkey of three masters
 (docs/instance-sharding.md), checked against an instance of one shard fed the same calls."""
+
 import random
 from dataclasses import replace
 
@@ -39,7 +40,7 @@ def keys_of(rng, count, shard=None):
 
 
 def request(session_id, count, **extra):
-    return replace(StartRequest(session_id, 2 ** 47, "nfs", "ST_NFS", 4, [SIZE], [0] * count), **extra)
+    return replace(StartRequest(session_id, 2**47, "nfs", "ST_NFS", 4, [SIZE], [0] * count), **extra)
 
 
 def write(index, layout, keys, session_id, success=None):
@@ -74,13 +75,21 @@ def test_every_read_mode_answers_as_one_shard_does(index, sharded, reference):
     queries = [chain, chain[:10], chain[25:60], [chain[3], chain[0], chain[59]], keys_of(rng, 5) + chain[:5]]
     for keys in queries:
         covered = [i % 4 == 1 for i in range(len(keys))]
-        for mode, sw, cover in [(MODE_PREFIX, 0, None), (MODE_PREFIX, 0, covered), (MODE_BATCH, 0, None),
-                                (MODE_RAW, 0, None), (MODE_WINDOW, 1, None), (MODE_WINDOW, 3, None),
-                                (MODE_WINDOW, 2, covered), (MODE_WINDOW, len(keys), None)]:
+        for mode, sw, cover in [
+            (MODE_PREFIX, 0, None),
+            (MODE_PREFIX, 0, covered),
+            (MODE_BATCH, 0, None),
+            (MODE_RAW, 0, None),
+            (MODE_WINDOW, 1, None),
+            (MODE_WINDOW, 3, None),
+            (MODE_WINDOW, 2, covered),
+            (MODE_WINDOW, len(keys), None),
+        ]:
             got, want = (index.read_raw(layout, keys, mode, sw, ("nfs",), cover) for layout in (sharded, reference))
             assert [r is None for r in got] == [r is None for r in want], (mode, sw, cover)
-            assert ([[loc.status for loc in decode_record(r).locations] for r in got if r]
-                    == [[loc.status for loc in decode_record(r).locations] for r in want if r])
+            assert [[loc.status for loc in decode_record(r).locations] for r in got if r] == [
+                [loc.status for loc in decode_record(r).locations] for r in want if r
+            ]
     usage_sharded, usage_reference = index.usage([sharded, reference])
     assert usage_sharded == usage_reference
     assert index.group_usage(["gs"]) == index.group_usage(["gr"])
@@ -123,7 +132,7 @@ def test_a_start_refused_in_one_shard_leaves_nothing_in_the_others(index, sharde
     assert index.read_raw(sharded, keys, MODE_RAW) == [None] * 5
     assert (index.usage([sharded])[0].fields(), index.group_usage(["gs"])[0].fields()) == before
     assert index.session(sharded, "s1") is None
-    assert index.due_sessions(["sh"], 2 ** 48) == {}
+    assert index.due_sessions(["sh"], 2**48) == {}
     # the other shards still take writes up to their share
     assert all(index.start(sharded, keys[:2] + keys[3:], request("s2", 4, max_keys=6)).new_flags)
 
@@ -144,10 +153,10 @@ def test_the_instance_quota_is_exact_in_each_shard(index, sharded):
 def test_expired_sessions_are_found_and_failed_in_every_shard(index, sharded):
     keys = keys_of(random.Random(17), 9)
     index.start(sharded, keys, request("s1", 9))
-    assert index.due_sessions(["sh", "ref"], 2 ** 48) == {"sh": ["s1"]}
+    assert index.due_sessions(["sh", "ref"], 2**48) == {"sh": ["s1"]}
     expired, victims = index.finish(sharded, "s1", index.session(sharded, "s1"), (), [SIZE], force_fail=True)
     assert sorted(v.block_key for v in victims) == sorted(keys)
-    assert index.due_sessions(["sh"], 2 ** 48) == {}
+    assert index.due_sessions(["sh"], 2**48) == {}
 
 
 def test_scans_samples_removal_and_purges_cover_every_shard(index, sharded):

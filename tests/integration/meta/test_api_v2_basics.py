@@ -1,5 +1,6 @@
 """The newer upstream surface's small methods (UPSTREAM_V2 §2.3, §2.4, §1.4):
 getCacheLocationLen, getClusterInfo (with kvcm_client's leader discovery) and GET /api/healthy."""
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,14 @@ def test_cache_location_len_counts_as_upstream(http, instance):
     assert code(mamba) == "OK" and mamba["cache_location_len"] == "0"
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"block_keys": [1]}, "instance_id"),
-    ({"instance_id": "i1"}, "block_keys"),
-    ({"instance_id": "i1", "block_keys": [1]}, "query_type"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"block_keys": [1]}, "instance_id"),
+        ({"instance_id": "i1"}, "block_keys"),
+        ({"instance_id": "i1", "block_keys": [1]}, "query_type"),
+    ],
+)
 def test_cache_location_len_refuses_what_is_missing(http, instance, body, field):
     resp = http("getCacheLocationLen", body)
     assert code(resp) == "INVALID_ARGUMENT" and field in resp["header"]["status"]["message"]
@@ -73,8 +77,9 @@ def test_healthy_probe(runtime, monkeypatch):
 
 
 def test_get_cache_location_refuses_the_mamba_query_type(http, instance):
-    resp = http("getCacheLocation", {"instance_id": instance, "block_keys": [1],
-                                     "query_type": "QT_PREFIX_MATCH_WITH_MAMBA"})
+    resp = http(
+        "getCacheLocation", {"instance_id": instance, "block_keys": [1], "query_type": "QT_PREFIX_MATCH_WITH_MAMBA"}
+    )
     assert code(resp) == "INVALID_ARGUMENT" and "query_type" in resp["header"]["status"]["message"]
 
 
@@ -90,11 +95,20 @@ def test_min_replica_count_one_is_the_usual_write_and_negative_is_refused(http, 
     resp = http("startWriteCache", {"instance_id": instance, "block_keys": [8], "min_replica_count": -1})
     assert code(resp) == "INVALID_ARGUMENT" and "min_replica_count" in resp["header"]["status"]["message"]
     assert http("getCacheMeta", {"instance_id": instance, "block_keys": [8]})["metas"] == [
-        '{"id": "", "status": "CLS_NOT_FOUND"}']
+        '{"id": "", "status": "CLS_NOT_FOUND"}'
+    ]
 
 
 @pytest.mark.parametrize("storage_type", ["ST_TAIRMEMPOOL_SSD", "ST_DUMMY"])
 def test_storage_types_without_a_backend_say_so(http, runtime, storage_type):
-    resp = http("addStorage", {"storage": {"global_unique_name": "x1", "storage_type": storage_type,
-                                           "tair_mem_pool": {"domain": "127.0.0.1:1", "capacity": 1024}}})
+    resp = http(
+        "addStorage",
+        {
+            "storage": {
+                "global_unique_name": "x1",
+                "storage_type": storage_type,
+                "tair_mem_pool": {"domain": "127.0.0.1:1", "capacity": 1024},
+            }
+        },
+    )
     assert code(resp) == "INVALID_ARGUMENT" and "has no backend in KVCM" in resp["header"]["status"]["message"]

@@ -4,6 +4,7 @@ Each key is granted to one session at a time: a key whose write succeeded is nev
 granted again, and a key is granted once more only after a failed write deleted it.
 At the end the usage counters equal the sums recomputed from the stored records.
 """
+
 import os
 import random
 import threading
@@ -35,17 +36,24 @@ def test_concurrent_writers_are_exclusive_and_usage_exact(runtime, instance):
                 keys = [root * 1_000_000 + i for i in range(rng.randrange(1, 24))]
                 start = cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=keys))
                 mask = start.block_mask
-                new = ([i >= mask.offset for i in range(len(keys))] if mask.offset is not None
-                       else [not v for v in mask.bool_masks.values])
+                new = (
+                    [i >= mask.offset for i in range(len(keys))]
+                    if mask.offset is not None
+                    else [not v for v in mask.bool_masks.values]
+                )
                 granted = [k for k, n in zip(keys, new, strict=True) if n]
                 assert len(granted) == len(start.locations)
                 ok = [rng.random() < 0.9 for _ in granted]
                 with lock:
                     grants.update(granted)
                     successes.update(k for k, s in zip(granted, ok, strict=True) if s)
-                cache.finish_write_cache(FinishWriteCacheRequest(
-                    instance_id="i1", write_session_id=start.write_session_id,
-                    success_blocks=BlockMask(bool_masks=BoolMasks(values=ok))))
+                cache.finish_write_cache(
+                    FinishWriteCacheRequest(
+                        instance_id="i1",
+                        write_session_id=start.write_session_id,
+                        success_blocks=BlockMask(bool_masks=BoolMasks(values=ok)),
+                    )
+                )
         except Exception as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 

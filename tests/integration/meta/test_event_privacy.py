@@ -1,5 +1,6 @@
 """The event log (issue 11.10): off unless configured, and block keys only — a request's
 token_ids are prompt content and are written only when KVCM_EVENT_LOG_TOKENS asks."""
+
 from __future__ import annotations
 
 import json
@@ -23,21 +24,38 @@ def logged_calls(valkey, valkey_url, aws, clock, tmp_path):
         log = tmp_path / "events.log"
         runtime = build_runtime(valkey, valkey_url, clock, event_log_path=str(log), **settings)
         (tmp_path / "nfs").mkdir(exist_ok=True)
-        runtime.control.add_storage(StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 4}}))
+        runtime.control.add_storage(
+            StorageConfig.model_validate(
+                {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 4}}
+            )
+        )
         runtime.control.create_group(InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["nfs_01"]}))
         import app
 
         with Client(app.app) as client:
+
             def post(method, body):
-                return json.loads(client.http.post(f"/api/{method}", body=json.dumps(body),
-                                                   headers={"Content-Type": "application/json"}).body)
-            post("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-                                      "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+                return json.loads(
+                    client.http.post(
+                        f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
+                    ).body
+                )
+
+            post(
+                "registerInstance",
+                {
+                    "instance_group": "g1",
+                    "instance_id": "i1",
+                    "block_size": 4,
+                    "location_spec_infos": SPECS,
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
             post("startWriteCache", {"instance_id": "i1", "token_ids": TOKENS})
             post("getCacheLocation", {"instance_id": "i1", "token_ids": TOKENS, "query_type": "QT_PREFIX_MATCH"})
         set_runtime(None)
         return [json.loads(line) for line in log.read_text().splitlines()]
+
     return run
 
 

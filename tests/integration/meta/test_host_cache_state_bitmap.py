@@ -3,6 +3,7 @@ Valkey: after any sequence of reports, liveness expiries and cleanups, the prefi
 visible locations equal those of a reference model of UPSTREAM_V2 §2.1/§2.2 (specs carrying
 their own generation, visibility by retired set and strict mode), and every bit stands for
 exactly one record location."""
+
 from __future__ import annotations
 
 import random
@@ -123,8 +124,14 @@ class Reference:
                 out[medium] = shown
         return out
 
-    def host_prefixes(self, keys: list[int], now: int, media: list[str] | None = None,
-                      mamba: tuple[list[str], list[str]] | None = None, eagle: bool = False) -> dict[str, int]:
+    def host_prefixes(
+        self,
+        keys: list[int],
+        now: int,
+        media: list[str] | None = None,
+        mamba: tuple[list[str], list[str]] | None = None,
+        eagle: bool = False,
+    ) -> dict[str, int]:
         hosts: dict[str, list[str]] = {}
         for rid in self.reporters:
             hosts.setdefault(rid.partition("#")[2], []).append(rid)
@@ -229,18 +236,22 @@ def test_prefixes_and_visible_locations_match_the_reference(valkey, seed):
             store.report(instance, rid, [e for _, e in pairs], now, LIVENESS, token=token)
             ref.report(rid, [r for r, _ in pairs], now, token)
         bitmap_invariant(valkey, store, instance)
-        keys = KEYS[:rng.randint(1, len(KEYS))]
+        keys = KEYS[: rng.randint(1, len(KEYS))]
         for media in ([], ["gpu"]):
             plain = store.host_prefixes(instance, keys, now, TIMEOUTS, media)
             assert plain == ref.host_prefixes(keys, now, media), step
             for eagle in (False, True):
-                assert (store.host_prefixes(instance, keys, now, TIMEOUTS, media, (["full_0"], ["linear_0"]), eagle)
-                        == ref.host_prefixes(keys, now, media, (["full_0"], ["linear_0"]), eagle)), step
+                assert store.host_prefixes(
+                    instance, keys, now, TIMEOUTS, media, (["full_0"], ["linear_0"]), eagle
+                ) == ref.host_prefixes(keys, now, media, (["full_0"], ["linear_0"]), eagle), step
         for key, found in zip(keys, store.visible_locations(instance, keys, now, TIMEOUTS), strict=True):
-            got = {(rid, medium): {n: uri.rsplit("s_version=", 1)[0][:-1] for n, uri in specs}
-                   for rid, _, medium, specs in found}
-            want = {(rid, medium): specs for rid in ref.reporters
-                    for medium, specs in ref.visible(rid, key, now).items()}
+            got = {
+                (rid, medium): {n: uri.rsplit("s_version=", 1)[0][:-1] for n, uri in specs}
+                for rid, _, medium, specs in found
+            }
+            want = {
+                (rid, medium): specs for rid in ref.reporters for medium, specs in ref.visible(rid, key, now).items()
+            }
             assert got == want, (step, key)
 
 
@@ -248,10 +259,18 @@ def test_cleanup_frees_slots_for_reuse_and_leaves_no_bits(valkey):
     store, instance, now = ReporterStore(valkey), "reuse", 1_000
     for _ in range(5):  # each round: a generation per reporter, then HOST_DOWN and cleanup
         for rid in RIDS:
-            store.report(instance, rid, [register_event(MEDIA)] + [add_event(k, m, [("full_0", f"x://{k}")])
-                                                                    for k in KEYS for m in MEDIA], now, LIVENESS)
-        assert store.host_prefixes(instance, KEYS, now, TIMEOUTS) == {"10.0.0.1:1": 12, "10.0.0.2:1": 12,
-                                                                      "10.0.0.3:1": 12}
+            store.report(
+                instance,
+                rid,
+                [register_event(MEDIA)] + [add_event(k, m, [("full_0", f"x://{k}")]) for k in KEYS for m in MEDIA],
+                now,
+                LIVENESS,
+            )
+        assert store.host_prefixes(instance, KEYS, now, TIMEOUTS) == {
+            "10.0.0.1:1": 12,
+            "10.0.0.2:1": 12,
+            "10.0.0.3:1": 12,
+        }
         for rid in RIDS:
             retired = store.report(instance, rid, [host_down_event()], now, LIVENESS).retired
             assert store.cleanup(instance, rid, retired) == 2 * len(KEYS)
@@ -284,4 +303,6 @@ def test_long_prompts_mamba_runs_and_spec_names_across_reporters(valkey):
                     got = store.host_prefixes(instance, keys[:length], now, TIMEOUTS, media, mamba, eagle)
                     assert got == ref.host_prefixes(keys[:length], now, media, mamba, eagle), (media, mamba, eagle)
     assert store.host_prefixes(instance, keys, now, TIMEOUTS, [], (["full_0"], ["linear_0"])) == {
-        "10.0.0.1:1": 299, "10.0.0.2:1": 250}  # 1298 = 11 x 118 carries state; 1250 is a hole
+        "10.0.0.1:1": 299,
+        "10.0.0.2:1": 250,
+    }  # 1298 = 11 x 118 carries state; 1250 is a hole

@@ -1,6 +1,7 @@
 """An instance's key space costs what it holds and belongs to one registration:
 removal of a sparse instance in a huge group, metadata-only trims that keep the data
 charged, re-registration over blocks a lost registration left, foreign finishes."""
+
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,16 @@ GIB = 1 << 30
 
 
 def _register(http, instance_id="big", group="huge", block_size=4, specs=None):
-    return http("registerInstance", {"instance_group": group, "instance_id": instance_id, "block_size": block_size,
-                                     "location_spec_infos": specs or [{"name": "tp0", "size": 1024}],
-                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    return http(
+        "registerInstance",
+        {
+            "instance_group": group,
+            "instance_id": instance_id,
+            "block_size": block_size,
+            "location_spec_infos": specs or [{"name": "tp0", "size": 1024}],
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
 
 
 def _server_commands(valkey) -> int:
@@ -32,14 +40,17 @@ def _data_files(root: Path) -> list[Path]:
 def test_removing_a_sparse_instance_of_a_100_gib_group_costs_its_blocks(http, runtime, group, nfs_root, valkey):
     """1 KiB blocks in a 100 GiB group: the instance is sized for 2^21 buckets. Removing
     it reads what it holds, not the buckets it could hold (which took minutes)."""
-    huge = runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "huge", "storage_candidates": ["nfs_01"], "quota": {"capacity": 100 * GIB}}))
+    huge = runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {"name": "huge", "storage_candidates": ["nfs_01"], "quota": {"capacity": 100 * GIB}}
+        )
+    )
     assert code(_register(http)) == "OK"
     layout = runtime.contexts("big").layout
     assert layout.bucket_count == 1 << bucket_bits_for(expected_max_blocks(huge, 1024)) == 1 << 21
     for start in write(http, [11, 12, 13], instance="big")["locations"]:
         for spec in start["location_specs"]:
-            path = Path(spec["uri"].split("?")[0][len("file://nfs_01"):])
+            path = Path(spec["uri"].split("?")[0][len("file://nfs_01") :])
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"x" * 4096)
     assert _data_files(nfs_root)
@@ -61,10 +72,17 @@ def test_removing_a_sparse_instance_of_a_100_gib_group_costs_its_blocks(http, ru
 def test_trimming_all_metadata_keeps_the_data_charged(http, runtime, group, instance):
     """TS_REMOVE_ALL_META leaves the data on storage: its bytes stay counted, so a trim
     cannot be used to store past the quota (the old code zeroed the usage)."""
-    runtime.control.update_group(InstanceGroup.model_validate(
-        {**group.model_dump(), "version": 0, "quota": {"capacity": 8 * 2048},
-         "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}}}),
-        current_version=group.version)
+    runtime.control.update_group(
+        InstanceGroup.model_validate(
+            {
+                **group.model_dump(),
+                "version": 0,
+                "quota": {"capacity": 8 * 2048},
+                "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}},
+            }
+        ),
+        current_version=group.version,
+    )
     write(http, [1, 2, 3, 4])
     assert code(http("trimCache", {"instance_id": "i1", "strategy": "TS_REMOVE_ALL_META"})) == "OK"
     ctx = runtime.contexts("i1")
@@ -88,9 +106,16 @@ def test_a_registration_lost_from_the_control_plane_never_serves_its_blocks_agai
     runtime.control.table.write([delete("INSTANCE", "i1")])  # the record is lost; Valkey keeps the blocks
     runtime.config.invalidate()
     runtime.contexts.forget("i1")
-    resp = http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 8,
-                                     "location_spec_infos": SPECS,
-                                     "model_deployment": {"model_name": "other-model", "dtype": "fp16"}})
+    resp = http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "i1",
+            "block_size": 8,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "other-model", "dtype": "fp16"},
+        },
+    )
     assert code(resp) == "OK", resp
     hits = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2, 3]})
     assert code(hits) == "OK" and hits["locations"] == []
@@ -100,24 +125,37 @@ def test_a_registration_lost_from_the_control_plane_never_serves_its_blocks_agai
 def test_a_container_holding_a_previous_registration_cannot_write(http, runtime, group, instance):
     """Between a re-registration and a container's config refresh, its writes carry the
     previous incarnation and are refused by the index."""
+    import dataclasses
+
     from chalicelib.index.block_index import StartRequest
     from chalicelib.index.errors import InstanceGoneError
-    import dataclasses
 
     layout = runtime.contexts("i1").layout
     stale = dataclasses.replace(layout, incarnation="an-earlier-registration")
     with pytest.raises(InstanceGoneError):
-        runtime.index.start(stale, [1], StartRequest(session_id="s" * 32, deadline_ms=10 ** 13, storage_name="nfs_01",
-                                                     storage_type="ST_NFS", pack_count=0, sizes=[2048],
-                                                     spec_groups=[0]))
+        runtime.index.start(
+            stale,
+            [1],
+            StartRequest(
+                session_id="s" * 32,
+                deadline_ms=10**13,
+                storage_name="nfs_01",
+                storage_type="ST_NFS",
+                pack_count=0,
+                sizes=[2048],
+                spec_groups=[0],
+            ),
+        )
 
 
 def test_a_session_is_finished_only_by_its_own_instance(http, runtime, group, instance, valkey):
     start = http("startWriteCache", {"instance_id": "i1", "block_keys": [1]})
     layout = runtime.contexts("i1").layout
     valkey.hset(layout.session(start["write_session_id"]), "i", "another-instance")
-    fin = http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
-                                    "success_blocks": {"offset": 1}})
+    fin = http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": start["write_session_id"], "success_blocks": {"offset": 1}},
+    )
     assert code(fin) == "INVALID_ARGUMENT" and "unknown" in fin["header"]["status"]["message"]
 
 
@@ -129,10 +167,15 @@ def test_open_write_sessions_are_capped_per_instance(http, runtime, group, insta
     opened = [http("startWriteCache", {"instance_id": "i1", "block_keys": [1]}) for _ in range(3)]
     assert [code(r) for r in opened] == ["OK", "OK", "OK"]
     refused = http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})
-    assert code(refused) == "REACH_MAX_ENTITY_CAPACITY" and "KVCM_MAX_WRITE_SESSIONS" in refused["header"]["status"]["message"]
+    assert (
+        code(refused) == "REACH_MAX_ENTITY_CAPACITY"
+        and "KVCM_MAX_WRITE_SESSIONS" in refused["header"]["status"]["message"]
+    )
     assert json_statuses(http, [2]) == ["CLS_NOT_FOUND"]
-    http("finishWriteCache", {"instance_id": "i1", "write_session_id": opened[0]["write_session_id"],
-                              "success_blocks": {"offset": 0}})
+    http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": opened[0]["write_session_id"], "success_blocks": {"offset": 0}},
+    )
     assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
 
 
@@ -140,9 +183,16 @@ def test_a_start_whose_response_could_not_fit_is_refused_before_it_grants(http, 
     """8 specs x 6,000 keys would be a 6.4 MB response: Lambda would drop it after the
     grant. It is refused first, naming how many keys fit, and nothing is WRITING."""
     specs = [{"name": f"tp{i}", "size": 1024} for i in range(8)]
-    resp = http("registerInstance", {"instance_group": "g1", "instance_id": "wide", "block_size": 4,
-                                     "location_spec_infos": specs,
-                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    resp = http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "wide",
+            "block_size": 4,
+            "location_spec_infos": specs,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     assert code(resp) == "OK", resp
     refused = http("startWriteCache", {"instance_id": "wide", "block_keys": list(range(1, 6001))})
     message = refused["header"]["status"]["message"]
@@ -153,13 +203,22 @@ def test_a_start_whose_response_could_not_fit_is_refused_before_it_grants(http, 
     assert code(granted) == "OK" and len(json_dumps(granted)) < 6_000_000
 
 
-@pytest.mark.parametrize("field, value, limit", [
-    ("location_spec_infos", [{"name": f"s{i}", "size": 1} for i in range(2000)], "limit of 64"),
-    ("model_deployment", {"model_name": "m", "dtype": "f", "user_data": "x" * 500_000}, "limit of 65536"),
-])
+@pytest.mark.parametrize(
+    "field, value, limit",
+    [
+        ("location_spec_infos", [{"name": f"s{i}", "size": 1} for i in range(2000)], "limit of 64"),
+        ("model_deployment", {"model_name": "m", "dtype": "f", "user_data": "x" * 500_000}, "limit of 65536"),
+    ],
+)
 def test_configs_no_call_could_use_are_refused_at_registration(http, group, field, value, limit):
-    body = {"instance_group": "g1", "instance_id": "odd", "block_size": 4, "location_spec_infos": SPECS,
-            "model_deployment": {"model_name": "m", "dtype": "fp16"}, field: value}
+    body = {
+        "instance_group": "g1",
+        "instance_id": "odd",
+        "block_size": 4,
+        "location_spec_infos": SPECS,
+        "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        field: value,
+    }
     resp = http("registerInstance", body)
     assert code(resp) == "INVALID_ARGUMENT" and field in resp["header"]["status"]["message"], resp
     assert limit in resp["header"]["status"]["message"]

@@ -1,4 +1,5 @@
 """MetaService semantics of API.md over HTTP, against real Valkey and moto."""
+
 import json
 from pathlib import Path
 
@@ -9,13 +10,17 @@ from .harness import SPECS, code, write
 
 
 def prefix(http, keys, **extra):
-    return http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": keys,
-                                     **extra})
+    return http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": keys, **extra})
 
 
 def test_register_is_idempotent_and_returns_storages(http, instance):
-    body = {"instance_group": "g1", "instance_id": "i1", "block_size": 4, "location_spec_infos": SPECS,
-            "model_deployment": {"model_name": "m", "dtype": "fp16", "user_data": "other"}}
+    body = {
+        "instance_group": "g1",
+        "instance_id": "i1",
+        "block_size": 4,
+        "location_spec_infos": SPECS,
+        "model_deployment": {"model_name": "m", "dtype": "fp16", "user_data": "other"},
+    }
     resp = http("registerInstance", body)
     assert code(resp) == "OK"
     storages = json.loads(resp["storage_configs"])
@@ -58,8 +63,10 @@ def test_writing_blocks_are_not_served(http, instance):
 
 def test_batch_get_pads_misses(http, instance):
     write(http, [1, 2])
-    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [2, 7, 1],
-                                     "block_mask": {"offset": 3}})
+    resp = http(
+        "getCacheLocation",
+        {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [2, 7, 1], "block_mask": {"offset": 3}},
+    )
     uris = [[s["uri"] for s in loc["location_specs"]] for loc in resp["locations"]]
     assert uris[1] == ["", ""] and all(uris[0]) and all(uris[2])
     assert resp["locations"][1]["spec_size"] == 2
@@ -70,16 +77,20 @@ def test_sliding_window_examples(http, instance):
     http("removeCache", {"instance_id": "i1", "block_keys": [6]})
 
     def window(keys, sw):
-        resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_REVERSE_ROLL_SW_MATCH",
-                                         "block_keys": keys, "sw_size": sw})
+        resp = http(
+            "getCacheLocation",
+            {"instance_id": "i1", "query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": keys, "sw_size": sw},
+        )
         assert code(resp) == "OK", resp
         return [i for i, loc in enumerate(resp["locations"]) if loc["location_specs"][0]["uri"]]
 
     assert window([1, 2, 3, 4, 5, 6, 7], 2) == [3, 4]
     assert window([1, 2, 3, 10, 5, 6, 7], 2) == [1, 2]
     for sw in (0, 8):
-        resp = http("getCacheLocation", {"instance_id": "i1", "query_type": 3, "block_keys": [1, 2, 3, 4, 5, 6, 7],
-                                         "sw_size": sw})
+        resp = http(
+            "getCacheLocation",
+            {"instance_id": "i1", "query_type": 3, "block_keys": [1, 2, 3, 4, 5, 6, 7], "sw_size": sw},
+        )
         assert code(resp) == "INVALID_ARGUMENT" and "sw_size" in resp["header"]["status"]["message"]
 
 
@@ -105,20 +116,31 @@ def test_partial_finish_deletes_failed_blocks(http, instance, nfs_root):
 def test_finish_rules(http, instance, clock):
     start = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2], "write_timeout_seconds": 5})
     sid = start["write_session_id"]
-    bad_len = http("finishWriteCache", {"instance_id": "i1", "write_session_id": sid,
-                                        "success_blocks": {"bool_masks": {"values": [True]}}})
+    bad_len = http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": sid, "success_blocks": {"bool_masks": {"values": [True]}}},
+    )
     assert code(bad_len) == "INVALID_ARGUMENT" and "success_blocks" in bad_len["header"]["status"]["message"]
     too_far = http("finishWriteCache", {"instance_id": "i1", "write_session_id": sid, "success_blocks": {"offset": 3}})
     assert code(too_far) == "INVALID_ARGUMENT"
-    http("registerInstance", {"instance_group": "g1", "instance_id": "i2", "block_size": 4,
-                              "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "i2",
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     other = http("finishWriteCache", {"instance_id": "i2", "write_session_id": sid, "success_blocks": {"offset": 2}})
     assert code(other) == "INVALID_ARGUMENT"
     clock.advance(6)
     late = http("finishWriteCache", {"instance_id": "i1", "write_session_id": sid, "success_blocks": {"offset": 2}})
     assert code(late) == "INVALID_ARGUMENT" and "expired" in late["header"]["status"]["message"]
     assert http("getCacheMeta", {"instance_id": "i1", "block_keys": [1]})["metas"] == [
-        json.dumps({"id": "", "status": "CLS_NOT_FOUND"})]
+        json.dumps({"id": "", "status": "CLS_NOT_FOUND"})
+    ]
     again = http("finishWriteCache", {"instance_id": "i1", "write_session_id": sid, "success_blocks": {"offset": 2}})
     assert code(again) == "INVALID_ARGUMENT"
 
@@ -126,12 +148,14 @@ def test_finish_rules(http, instance, clock):
 def test_remove_cache_stops_serving_and_deletes_files(http, instance, nfs_root):
     write(http, [1, 2, 3])
     start = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3, 4]})
-    path = Path(start["locations"][0]["location_specs"][0]["uri"].split("?")[0][len("file://nfs_01"):])
+    path = Path(start["locations"][0]["location_specs"][0]["uri"].split("?")[0][len("file://nfs_01") :])
     assert path.is_relative_to(nfs_root)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"x" * 1024)  # what the engine would write
-    http("finishWriteCache", {"instance_id": "i1", "write_session_id": start["write_session_id"],
-                              "success_blocks": {"offset": 1}})
+    http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": start["write_session_id"], "success_blocks": {"offset": 1}},
+    )
     assert len(prefix(http, [1, 2, 3, 4])["locations"]) == 4
     assert code(http("removeCache", {"instance_id": "i1", "block_keys": [2, 3, 4]})) == "OK"
     assert len(prefix(http, [1, 2, 3, 4])["locations"]) == 1
@@ -143,8 +167,10 @@ def test_trim_strategies(http, instance, clock):
     t_mid = int(clock.now() * 1e6)
     clock.advance(10)
     write(http, [3, 4])
-    resp = http("trimCache", {"instance_id": "i1", "strategy": "TS_TIMESTAMP", "begin_timestamp": 0,
-                              "end_timestamp": str(t_mid)})
+    resp = http(
+        "trimCache",
+        {"instance_id": "i1", "strategy": "TS_TIMESTAMP", "begin_timestamp": 0, "end_timestamp": str(t_mid)},
+    )
     assert code(resp) == "OK"
     batch = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [1, 2, 3, 4]})
     assert [bool(loc["location_specs"][0]["uri"]) for loc in batch["locations"]] == [False, False, True, True]
@@ -158,15 +184,20 @@ def test_trim_strategies(http, instance, clock):
 
 def test_token_ids_derive_upstream_keys(http, instance):
     write(http, [455111481605203084, 6902853672176602142])
-    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH",
-                                     "token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]})
+    resp = http(
+        "getCacheLocation",
+        {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]},
+    )
     assert len(resp["locations"]) == 2
 
 
 def test_remove_instance_deletes_its_cache(http, instance, nfs_root, runtime):
     start = write(http, [1, 2, 3])
-    paths = [Path(s["uri"].split("?")[0][len("file://nfs_01"):]) for loc in start["locations"]
-             for s in loc["location_specs"]]
+    paths = [
+        Path(s["uri"].split("?")[0][len("file://nfs_01") :])
+        for loc in start["locations"]
+        for s in loc["location_specs"]
+    ]
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
@@ -185,21 +216,42 @@ def test_awkward_names_reach_uris_and_json_intact(http, runtime, tmp_path):
     prepared location templates: every response parses, and its URIs are the backend's own."""
     root = tmp_path / 'da"ta 100% \\ é'
     root.mkdir()
-    runtime.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_~2", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g2", "storage_candidates": ["nfs_~2"], "quota": {"capacity": 1 << 30}}))
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_~2", "nfs": {"root_path": str(root), "key_count_per_file": 2}}
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate({"name": "g2", "storage_candidates": ["nfs_~2"], "quota": {"capacity": 1 << 30}})
+    )
     instance, specs = 'in%st"ance_é', [{"name": 'tp"0%s', "size": 16}, {"name": "tp\\1%", "size": 32}]
-    assert code(http("registerInstance", {"instance_group": "g2", "instance_id": instance, "block_size": 4,
-                                          "location_spec_infos": specs,
-                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    assert (
+        code(
+            http(
+                "registerInstance",
+                {
+                    "instance_group": "g2",
+                    "instance_id": instance,
+                    "block_size": 4,
+                    "location_spec_infos": specs,
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
+        )
+        == "OK"
+    )
     start = write(http, [-1, 7, 9], instance=instance)
     backend = runtime.contexts(instance).by_name["nfs_~2"].backend
     slots = runtime.contexts(instance).spec_layout.slots(0)
-    expected = [[backend.uri(BlockRef(instance, key, 0, group, slot, slots), spec) for spec in slots]
-                for key, (group, slot) in zip([-1, 7, 9], [(1, 0), (1, 1), (3, 0)], strict=True)]
-    for resp in (start, prefix(http, [-1, 7, 9], instance_id=instance),
-                 http("getCacheMeta", {"instance_id": instance, "block_keys": [-1, 7, 9]})):
+    expected = [
+        [backend.uri(BlockRef(instance, key, 0, group, slot, slots), spec) for spec in slots]
+        for key, (group, slot) in zip([-1, 7, 9], [(1, 0), (1, 1), (3, 0)], strict=True)
+    ]
+    for resp in (
+        start,
+        prefix(http, [-1, 7, 9], instance_id=instance),
+        http("getCacheMeta", {"instance_id": instance, "block_keys": [-1, 7, 9]}),
+    ):
         assert [[s["uri"] for s in loc["location_specs"]] for loc in resp["locations"]] == expected
         assert {s["name"] for loc in resp["locations"] for s in loc["location_specs"]} == {'tp"0%s', "tp\\1%"}
     assert expected[0][0].startswith("file://nfs_~2/") and "%25" in expected[0][0] and "%22" in expected[0][0]
@@ -208,13 +260,31 @@ def test_awkward_names_reach_uris_and_json_intact(http, runtime, tmp_path):
 def test_reads_skip_blocks_on_a_storage_that_may_not_serve(runtime, http, tmp_path, clock):
     for name in ("nfs_a", "nfs_b"):
         (tmp_path / name).mkdir()
-        runtime.control.add_storage(StorageConfig.model_validate(
-            {"global_unique_name": name, "nfs": {"root_path": str(tmp_path / name), "key_count_per_file": 4}}))
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g1", "storage_candidates": ["nfs_a", "nfs_b"], "quota": {"capacity": 1 << 30}}))
-    assert code(http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-                                          "location_spec_infos": SPECS,
-                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+        runtime.control.add_storage(
+            StorageConfig.model_validate(
+                {"global_unique_name": name, "nfs": {"root_path": str(tmp_path / name), "key_count_per_file": 4}}
+            )
+        )
+    runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {"name": "g1", "storage_candidates": ["nfs_a", "nfs_b"], "quota": {"capacity": 1 << 30}}
+        )
+    )
+    assert (
+        code(
+            http(
+                "registerInstance",
+                {
+                    "instance_group": "g1",
+                    "instance_id": "i1",
+                    "block_size": 4,
+                    "location_spec_infos": SPECS,
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
+        )
+        == "OK"
+    )
     write(http, [1, 2, 3, 4])  # on nfs_a, the first candidate
     runtime.control.set_storage_available("nfs_a", False)
     clock.advance(60)  # the config cache reloads
@@ -224,8 +294,10 @@ def test_reads_skip_blocks_on_a_storage_that_may_not_serve(runtime, http, tmp_pa
     clock.advance(60)
 
     def served(query_type: str, **extra) -> list[bool]:
-        resp = http("getCacheLocation", {"instance_id": "i1", "query_type": query_type,
-                                         "block_keys": [1, 2, 3, 4, 5, 6], **extra})
+        resp = http(
+            "getCacheLocation",
+            {"instance_id": "i1", "query_type": query_type, "block_keys": [1, 2, 3, 4, 5, 6], **extra},
+        )
         assert code(resp) == "OK", resp
         return [bool(loc["location_specs"][0]["uri"]) for loc in resp["locations"]]
 

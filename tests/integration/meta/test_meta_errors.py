@@ -1,5 +1,6 @@
 """Bad input and refusals on the meta API: the contract's code, a message naming the
 field, HTTP 200 (400 only for a body that is not a JSON object), nothing half-written."""
+
 import json
 
 import pytest
@@ -8,8 +9,16 @@ from chalicelib.protocol.models import InstanceGroup
 
 from .harness import SPECS, code, write
 
-METHODS = ["registerInstance", "getInstanceInfo", "getCacheLocation", "getCacheMeta", "startWriteCache",
-           "finishWriteCache", "removeCache", "trimCache"]
+METHODS = [
+    "registerInstance",
+    "getInstanceInfo",
+    "getCacheLocation",
+    "getCacheMeta",
+    "startWriteCache",
+    "finishWriteCache",
+    "removeCache",
+    "trimCache",
+]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -19,54 +28,79 @@ def test_body_not_a_json_object(http, instance, method, body):
     assert http.status == 400
 
 
-@pytest.mark.parametrize("method,body,field", [
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": "abc"}, "block_keys"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, "x"]}, "block_keys[1]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [True]}, "block_keys[0]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [2 ** 64]}, "block_keys[0]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [5, -(2 ** 63) - 1]}, "block_keys[1]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2, 2.5]}, "token_ids[2]"),
-    ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, "query_type"),
-    ("getCacheLocation", {"query_type": 77, "block_keys": [1]}, "query_type"),
-    ("getCacheLocation", {"block_keys": [1]}, "query_type"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH"}, "block_keys"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": []}, "block_keys"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2]}, "token_ids"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2],
-                          "block_mask": {"bool_masks": {"values": [True]}}}, "block_mask.bool_masks.values"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2], "block_mask": {"offset": 3}},
-     "block_mask.offset"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1], "block_mask": {"offset": -1}},
-     "block_mask"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1],
-                          "block_mask": {"offset": 1, "bool_masks": {"values": [True]}}}, "block_mask"),
-    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "location_spec_names": ["tp9"]},
-     "location_spec_names"),
-    ("getCacheLocation", {"query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": [1]}, "sw_size"),
-    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "sw_size": "big"}, "sw_size"),
-    ("startWriteCache", {"block_keys": [1, 2], "location_spec_group_names": ["g"]}, "location_spec_group_names"),
-    ("startWriteCache", {"block_keys": [1], "location_spec_group_names": ["nope"]}, "location_spec_group_names"),
-    ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": -1}, "write_timeout_seconds"),
-    ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": 1.5}, "write_timeout_seconds"),
-    ("finishWriteCache", {"write_session_id": "a" * 32}, "success_blocks"),
-    ("finishWriteCache", {"write_session_id": "x}", "success_blocks": {"offset": 1}}, "write_session_id"),
-    ("finishWriteCache", {"success_blocks": {"offset": 1}}, "write_session_id"),
-    ("finishWriteCache", {"write_session_id": 5, "success_blocks": {"offset": 1}}, "write_session_id"),
-    ("removeCache", {"block_keys": {"a": 1}}, "block_keys"),
-    ("trimCache", {"strategy": "TS_NOPE"}, "strategy"),
-    ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": 5, "end_timestamp": 1}, "begin_timestamp"),
-    ("getCacheMeta", {"block_keys": [1], "block_mask": {"bool_masks": {"values": [1]}}}, "block_mask"),
-    ("registerInstance", {"instance_group": "g1", "block_size": 0}, "block_size"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, None]}, "block_keys[1]"),
-    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "location_spec_names": [None]},
-     "location_spec_names[0]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": ["1_0"]}, "block_keys[0]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [" 1 "]}, "block_keys[0]"),
-    ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": ["+3"]}, "block_keys[0]"),
-    ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "sw_size": "+1"}, "sw_size"),
-    ("getCacheLocation", {"query_type": "77", "block_keys": [1]}, "query_type"),
-    ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": "1_0", "end_timestamp": 20}, "begin_timestamp"),
-])
+@pytest.mark.parametrize(
+    "method,body,field",
+    [
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": "abc"}, "block_keys"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, "x"]}, "block_keys[1]"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [True]}, "block_keys[0]"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [2**64]}, "block_keys[0]"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [5, -(2**63) - 1]}, "block_keys[1]"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2, 2.5]}, "token_ids[2]"),
+        ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, "query_type"),
+        ("getCacheLocation", {"query_type": 77, "block_keys": [1]}, "query_type"),
+        ("getCacheLocation", {"block_keys": [1]}, "query_type"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH"}, "block_keys"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": []}, "block_keys"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2]}, "token_ids"),
+        (
+            "getCacheLocation",
+            {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2], "block_mask": {"bool_masks": {"values": [True]}}},
+            "block_mask.bool_masks.values",
+        ),
+        (
+            "getCacheLocation",
+            {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2], "block_mask": {"offset": 3}},
+            "block_mask.offset",
+        ),
+        (
+            "getCacheLocation",
+            {"query_type": "QT_PREFIX_MATCH", "block_keys": [1], "block_mask": {"offset": -1}},
+            "block_mask",
+        ),
+        (
+            "getCacheLocation",
+            {
+                "query_type": "QT_PREFIX_MATCH",
+                "block_keys": [1],
+                "block_mask": {"offset": 1, "bool_masks": {"values": [True]}},
+            },
+            "block_mask",
+        ),
+        (
+            "getCacheLocation",
+            {"query_type": "QT_BATCH_GET", "block_keys": [1], "location_spec_names": ["tp9"]},
+            "location_spec_names",
+        ),
+        ("getCacheLocation", {"query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": [1]}, "sw_size"),
+        ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "sw_size": "big"}, "sw_size"),
+        ("startWriteCache", {"block_keys": [1, 2], "location_spec_group_names": ["g"]}, "location_spec_group_names"),
+        ("startWriteCache", {"block_keys": [1], "location_spec_group_names": ["nope"]}, "location_spec_group_names"),
+        ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": -1}, "write_timeout_seconds"),
+        ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": 1.5}, "write_timeout_seconds"),
+        ("finishWriteCache", {"write_session_id": "a" * 32}, "success_blocks"),
+        ("finishWriteCache", {"write_session_id": "x}", "success_blocks": {"offset": 1}}, "write_session_id"),
+        ("finishWriteCache", {"success_blocks": {"offset": 1}}, "write_session_id"),
+        ("finishWriteCache", {"write_session_id": 5, "success_blocks": {"offset": 1}}, "write_session_id"),
+        ("removeCache", {"block_keys": {"a": 1}}, "block_keys"),
+        ("trimCache", {"strategy": "TS_NOPE"}, "strategy"),
+        ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": 5, "end_timestamp": 1}, "begin_timestamp"),
+        ("getCacheMeta", {"block_keys": [1], "block_mask": {"bool_masks": {"values": [1]}}}, "block_mask"),
+        ("registerInstance", {"instance_group": "g1", "block_size": 0}, "block_size"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, None]}, "block_keys[1]"),
+        (
+            "getCacheLocation",
+            {"query_type": "QT_BATCH_GET", "block_keys": [1], "location_spec_names": [None]},
+            "location_spec_names[0]",
+        ),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": ["1_0"]}, "block_keys[0]"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [" 1 "]}, "block_keys[0]"),
+        ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": ["+3"]}, "block_keys[0]"),
+        ("getCacheLocation", {"query_type": "QT_BATCH_GET", "block_keys": [1], "sw_size": "+1"}, "sw_size"),
+        ("getCacheLocation", {"query_type": "77", "block_keys": [1]}, "query_type"),
+        ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": "1_0", "end_timestamp": 20}, "begin_timestamp"),
+    ],
+)
 def test_malformed_fields_are_named(http, instance, method, body, field):
     resp = http(method, {"instance_id": "i1", **body})
     assert http.status == 200
@@ -82,12 +116,25 @@ def test_camel_case_and_string_int64_are_accepted(http, instance):
 
 def test_null_fields_are_their_defaults(http, instance):
     write(http, [1, 2])
-    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2],
-                                     "location_spec_names": None, "tokenIds": None, "trace_id": None,
-                                     "sw_size": None, "header": None, "block_mask": {"offset": None}})
+    resp = http(
+        "getCacheLocation",
+        {
+            "instance_id": "i1",
+            "query_type": "QT_PREFIX_MATCH",
+            "block_keys": [1, 2],
+            "location_spec_names": None,
+            "tokenIds": None,
+            "trace_id": None,
+            "sw_size": None,
+            "header": None,
+            "block_mask": {"offset": None},
+        },
+    )
     assert code(resp) == "OK" and len(resp["locations"]) == 2, resp
-    resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [3], "location_spec_group_names": None,
-                                    "writeTimeoutSeconds": None})
+    resp = http(
+        "startWriteCache",
+        {"instance_id": "i1", "block_keys": [3], "location_spec_group_names": None, "writeTimeoutSeconds": None},
+    )
     assert code(resp) == "OK" and len(resp["locations"]) == 1, resp
 
 
@@ -97,15 +144,22 @@ def test_an_enum_number_may_be_a_string(http, instance):
     assert code(resp) == "OK" and len(resp["locations"]) == 2, resp
 
 
-@pytest.mark.parametrize("method,body,defaults", [
-    ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, {"locations": []}),
-    ("getCacheMeta", {"block_keys": "x"}, {"locations": [], "metas": []}),
-    ("startWriteCache", {"block_keys": [1], "write_timeout_seconds": -1}, {"write_session_id": "", "locations": []}),
-    ("registerInstance", {"instance_group": "g1", "block_size": 0}, {"storage_configs": "", "extra_info": ""}),
-    ("getInstanceInfo", {"instance_id": "nope"}, {"instance_group": ""}),
-    ("finishWriteCache", {"write_session_id": "x"}, {}),
-    ("getMetrics", {"trace_id": {}}, {"timestamp": "0", "metrics": [], "extra_data": ""}),
-])
+@pytest.mark.parametrize(
+    "method,body,defaults",
+    [
+        ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, {"locations": []}),
+        ("getCacheMeta", {"block_keys": "x"}, {"locations": [], "metas": []}),
+        (
+            "startWriteCache",
+            {"block_keys": [1], "write_timeout_seconds": -1},
+            {"write_session_id": "", "locations": []},
+        ),
+        ("registerInstance", {"instance_group": "g1", "block_size": 0}, {"storage_configs": "", "extra_info": ""}),
+        ("getInstanceInfo", {"instance_id": "nope"}, {"instance_group": ""}),
+        ("finishWriteCache", {"write_session_id": "x"}, {}),
+        ("getMetrics", {"trace_id": {}}, {"timestamp": "0", "metrics": [], "extra_data": ""}),
+    ],
+)
 def test_an_error_prints_the_response_defaults(http, instance, method, body, defaults):
     resp = http(method, {"instance_id": "i1", **body})
     assert http.status == 200 and code(resp) != "OK", resp
@@ -131,10 +185,20 @@ def _meta_statuses(http, keys):
 
 
 def test_quota_refusal_leaves_nothing_writing(http, runtime, group):
-    runtime.control.update_group(InstanceGroup.model_validate(
-        {**group.model_dump(), "version": 0, "quota": {"capacity": 4096}}), current_version=group.version)
-    http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-                              "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "f"}})
+    runtime.control.update_group(
+        InstanceGroup.model_validate({**group.model_dump(), "version": 0, "quota": {"capacity": 4096}}),
+        current_version=group.version,
+    )
+    http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "i1",
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "f"},
+        },
+    )
     write(http, [1])  # 2 KiB of 4
     resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
     assert code(resp) == "REACH_MAX_ENTITY_CAPACITY", resp
@@ -145,11 +209,22 @@ def test_quota_refusal_leaves_nothing_writing(http, runtime, group):
 
 
 def test_max_key_count(http, runtime, group):
-    runtime.control.update_group(InstanceGroup.model_validate(
-        {**group.model_dump(), "version": 0, "cache_config": {"meta_indexer_config": {"max_key_count": 2}}}),
-        current_version=group.version)
-    http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-                              "location_spec_infos": SPECS, "model_deployment": {"model_name": "m", "dtype": "f"}})
+    runtime.control.update_group(
+        InstanceGroup.model_validate(
+            {**group.model_dump(), "version": 0, "cache_config": {"meta_indexer_config": {"max_key_count": 2}}}
+        ),
+        current_version=group.version,
+    )
+    http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "i1",
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "f"},
+        },
+    )
     write(http, [1, 2])
     resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
     assert code(resp) == "REACH_MAX_ENTITY_CAPACITY" and "max_key_count" in resp["header"]["status"]["message"]
@@ -168,8 +243,14 @@ def test_disabled_storage_serves_nothing_and_takes_no_writes(http, instance, run
 
 
 def test_fault_injection(http, instance):
-    assert code(http("injectFault", {"api_name": "getCacheLocation", "fault_trigger_strategy": "ONCE",
-                                     "trigger_at_call": 3})) == "OK"
+    assert (
+        code(
+            http(
+                "injectFault", {"api_name": "getCacheLocation", "fault_trigger_strategy": "ONCE", "trigger_at_call": 3}
+            )
+        )
+        == "OK"
+    )
     body = {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [1]}
     assert code(http("getCacheLocation", {**body, "trace_id": "abc_2"})) == "OK"
     assert code(http("getCacheLocation", {**body, "trace_id": "abc_3"})) == "INTERNAL_ERROR"
@@ -187,13 +268,25 @@ def test_debug_service_off(http, instance, runtime):
     assert code(http("injectFault", {"api_name": "getCacheLocation"})) == "UNSUPPORTED"
 
 
-@pytest.mark.parametrize("method,body,field", [
-    ("getCacheLocation", {"trace_id": "\ud800", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]}, "trace_id"),
-    ("getInstanceInfo", {"instance_id": "\udfff"}, "instance_id"),
-    ("finishWriteCache", {"write_session_id": "a\ud800", "success_blocks": {"offset": 0}}, "write_session_id"),
-    ("registerInstance", {"instance_group": "g1", "instance_id": "i2", "block_size": 4, "location_spec_infos": SPECS,
-                          "model_deployment": {"model_name": "m", "dtype": "\ud800"}}, "model_deployment.dtype"),
-])
+@pytest.mark.parametrize(
+    "method,body,field",
+    [
+        ("getCacheLocation", {"trace_id": "\ud800", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]}, "trace_id"),
+        ("getInstanceInfo", {"instance_id": "\udfff"}, "instance_id"),
+        ("finishWriteCache", {"write_session_id": "a\ud800", "success_blocks": {"offset": 0}}, "write_session_id"),
+        (
+            "registerInstance",
+            {
+                "instance_group": "g1",
+                "instance_id": "i2",
+                "block_size": 4,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "\ud800"},
+            },
+            "model_deployment.dtype",
+        ),
+    ],
+)
 def test_an_unpaired_surrogate_is_refused_naming_the_field(http, instance, method, body, field):
     # JSON can spell a lone UTF-16 surrogate; no UTF-8 text can hold it, so it is refused
     # before anything is stored or echoed back.

@@ -1,12 +1,13 @@
 """Failures after a write was granted leave nothing WRITING: a start whose storage fails to
 prepare the files, and a reaper round that races a client's late finish."""
+
 from __future__ import annotations
 
 import json
 import shutil
 
-from tests.integration.meta.harness import SPECS, code, write
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from tests.integration.meta.harness import SPECS, code, write
 
 
 def statuses(http, keys) -> list[str]:
@@ -17,13 +18,37 @@ def statuses(http, keys) -> list[str]:
 def test_a_start_whose_files_cannot_be_created_leaves_nothing_writing(runtime, http, tmp_path):
     mount = tmp_path / "3fs"
     (mount / "kv").mkdir(parents=True)
-    runtime.control.add_storage(StorageConfig.model_validate({"global_unique_name": "tfs", "threefs": {
-        "mountpoint": str(mount), "root_dir": "kv", "key_count_per_file": 4, "touch_file_when_create": True}}))
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g1", "storage_candidates": ["tfs"], "quota": {"capacity": 1 << 30}}))
-    assert code(http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-                                          "location_spec_infos": SPECS,
-                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {
+                "global_unique_name": "tfs",
+                "threefs": {
+                    "mountpoint": str(mount),
+                    "root_dir": "kv",
+                    "key_count_per_file": 4,
+                    "touch_file_when_create": True,
+                },
+            }
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["tfs"], "quota": {"capacity": 1 << 30}})
+    )
+    assert (
+        code(
+            http(
+                "registerInstance",
+                {
+                    "instance_group": "g1",
+                    "instance_id": "i1",
+                    "block_size": 4,
+                    "location_spec_infos": SPECS,
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
+        )
+        == "OK"
+    )
     shutil.rmtree(mount / "kv")  # the mount's root gone for a moment
 
     failed = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
@@ -38,8 +63,10 @@ def test_a_start_whose_files_cannot_be_created_leaves_nothing_writing(runtime, h
 
 
 def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance, clock, monkeypatch):
-    sessions = {key: http("startWriteCache", {"instance_id": "i1", "block_keys": [key]})["write_session_id"]
-                for key in (1, 2, 3)}
+    sessions = {
+        key: http("startWriteCache", {"instance_id": "i1", "block_keys": [key]})["write_session_id"]
+        for key in (1, 2, 3)
+    }
     clock.advance(3600)
     due = runtime.index.due_sessions(["i1"], int(clock.now() * 1000))["i1"]
     racing = due[0]
@@ -51,8 +78,10 @@ def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance
         # The client's late finish lands between the reaper's read and its finish.
         if session_id == racing and not raced:
             raced.append(session_id)
-            late = http("finishWriteCache", {"instance_id": "i1", "write_session_id": session_id,
-                                             "success_blocks": {"offset": 1}})
+            late = http(
+                "finishWriteCache",
+                {"instance_id": "i1", "write_session_id": session_id, "success_blocks": {"offset": 1}},
+            )
             assert code(late) == "INVALID_ARGUMENT"
         return session
 
@@ -66,13 +95,29 @@ def test_a_reaper_round_survives_a_late_finish_racing_it(runtime, http, instance
 def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, http, clock):
     s3 = runtime.aws("s3")
     s3.create_bucket(Bucket="kv-blocks")
-    runtime.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "s3_01", "s3": {"bucket": "kv-blocks", "prefix": "p", "region": "us-east-1"}}))
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g1", "storage_candidates": ["s3_01"], "quota": {"capacity": 1 << 30}}))
-    assert code(http("registerInstance", {"instance_group": "g1", "instance_id": "i1", "block_size": 4,
-                                          "location_spec_infos": SPECS,
-                                          "model_deployment": {"model_name": "m", "dtype": "fp16"}})) == "OK"
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "s3_01", "s3": {"bucket": "kv-blocks", "prefix": "p", "region": "us-east-1"}}
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["s3_01"], "quota": {"capacity": 1 << 30}})
+    )
+    assert (
+        code(
+            http(
+                "registerInstance",
+                {
+                    "instance_group": "g1",
+                    "instance_id": "i1",
+                    "block_size": 4,
+                    "location_spec_infos": SPECS,
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
+        )
+        == "OK"
+    )
     write(http, [1, 2])
     s3.delete_bucket(Bucket="kv-blocks")  # S3 fails the deletion
 
@@ -105,8 +150,15 @@ def test_a_timestamp_trim_leaves_a_block_written_again_during_its_scan(runtime, 
         return entries
 
     monkeypatch.setattr(runtime.index, "read_buckets", read_racing_a_rewrite)
-    trimmed = http("trimCache", {"instance_id": "i1", "strategy": "TS_TIMESTAMP",
-                                 "begin_timestamp": written_us - 1000, "end_timestamp": written_us + 1000})
+    trimmed = http(
+        "trimCache",
+        {
+            "instance_id": "i1",
+            "strategy": "TS_TIMESTAMP",
+            "begin_timestamp": written_us - 1000,
+            "end_timestamp": written_us + 1000,
+        },
+    )
 
     assert code(trimmed) == "OK"
     assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_SERVING"]  # written a minute after the range

@@ -5,6 +5,7 @@ The frames are built here from the documented schema (``vllm/distributed/kv_even
 msgspec structs with ``array_like=True``, events tagged by class name; multipart
 ``(topic, seq, payload)``), not with vLLM's classes: vLLM is not installed (it needs a GPU
 build)."""
+
 from __future__ import annotations
 
 import threading
@@ -16,7 +17,7 @@ import zmq
 
 from chalicelib.cache.keys import keys_from_tokens
 from connectors.kv_events import block_key, decode_batch
-from connectors.relay import Relay, RelayConfig, Sender, RelayStats, TransportError
+from connectors.relay import Relay, RelayConfig, RelayStats, Sender, TransportError
 
 from .harness import HOST, code, hosts
 
@@ -106,9 +107,20 @@ def until(condition, timeout_s: float = 10.0) -> None:
 
 
 def start_relay(http, engine, context, **config) -> Relay:
-    relay = Relay(RelayConfig(manager_url="", instance_id="e1", host_ip_port=HOST, flush_interval_s=0.01,
-                              heartbeat_interval_s=0.05, **config),
-                  engine.endpoint, engine.replay_endpoint, transport=AppTransport(http), context=context).start()
+    relay = Relay(
+        RelayConfig(
+            manager_url="",
+            instance_id="e1",
+            host_ip_port=HOST,
+            flush_interval_s=0.01,
+            heartbeat_interval_s=0.05,
+            **config,
+        ),
+        engine.endpoint,
+        engine.replay_endpoint,
+        transport=AppTransport(http),
+        context=context,
+    ).start()
     relay.subscribed.wait()
     return relay
 
@@ -117,18 +129,21 @@ def first_message(engine, relay, payload) -> None:
     """Publish sequence 1 until the subscriber has it (ZMQ drops what a PUB sends before a
     SUB has joined)."""
     engine.buffer.append((1, payload))
+
     def received():
         engine.pub.send_multipart([b"kv", (1).to_bytes(8, "big"), payload])
         return relay.last_seq == 1
+
     until(received)
 
 
 def test_the_documented_frames_decode():
-    decoded = decode_batch(batch(stored([1, b"\x00" * 7 + b"\x02"], list(range(8))), ["BlockRemoved", [1]],
-                                 ["AllBlocksCleared"]))
+    decoded = decode_batch(
+        batch(stored([1, b"\x00" * 7 + b"\x02"], list(range(8))), ["BlockRemoved", [1]], ["AllBlocksCleared"])
+    )
     assert [type(e).__name__ for e in decoded.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
     assert [block_key(h) for h in decoded.events[0].block_hashes] == [1, 2]
-    assert block_key(2 ** 64 - 1) == -1
+    assert block_key(2**64 - 1) == -1
 
 
 def test_stored_removed_and_cleared_blocks_reach_host_state(http, er, engine, context):
@@ -173,13 +188,31 @@ def test_token_keys_are_kvcms_keys_of_the_prompt(http, er, engine, context):
 
 def test_the_sender_retries_and_registers_again(http, er):
     stats = RelayStats()
-    sender = Sender(RelayConfig(manager_url="", instance_id="e1", host_ip_port=HOST, retry_base_s=0.0),
-                    AppTransport(http, failures=2), stats, sleep=lambda s: None)
-    add = {"event_type": "EVENT_BLOCK_ADD", "block_add": {"block_key": "5", "medium": "gpu",
-                                                          "specs": [{"name": "full_0", "uri": "x://h/5"}]}}
+    sender = Sender(
+        RelayConfig(manager_url="", instance_id="e1", host_ip_port=HOST, retry_base_s=0.0),
+        AppTransport(http, failures=2),
+        stats,
+        sleep=lambda s: None,
+    )
+    add = {
+        "event_type": "EVENT_BLOCK_ADD",
+        "block_add": {"block_key": "5", "medium": "gpu", "specs": [{"name": "full_0", "uri": "x://h/5"}]},
+    }
     sender.send([add])
     assert stats.retries == 2 and stats.items_sent == 1 and hosts(http, [5]) == {HOST: 1}
-    assert code(http("reportEvent", {"instance_id": "e1", "host_ip_port": HOST, "storage_type": "ST_EVENT_REPORT_L1P5",
-                                     "events": [{"event_type": "EVENT_HOST_DOWN", "host_down": {}}]})) == "OK"
+    assert (
+        code(
+            http(
+                "reportEvent",
+                {
+                    "instance_id": "e1",
+                    "host_ip_port": HOST,
+                    "storage_type": "ST_EVENT_REPORT_L1P5",
+                    "events": [{"event_type": "EVENT_HOST_DOWN", "host_down": {}}],
+                },
+            )
+        )
+        == "OK"
+    )
     sender.send([add])  # NODE_NOT_REGISTERED: registers, sends again
     assert stats.items_sent == 2 and hosts(http, [5]) == {HOST: 1}

@@ -1,12 +1,28 @@
 """reportEvent and getHostCacheState on real Valkey and moto (UPSTREAM_V2 §2.1, §2.2)."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from .harness import (ER_SPECS, HEARTBEAT, HOST, HOST2, HOST_DOWN, L1, L2, REGISTER, add, code, delete, hosts,
-                      report, reported_state, snapshot)
+from .harness import (
+    ER_SPECS,
+    HEARTBEAT,
+    HOST,
+    HOST2,
+    HOST_DOWN,
+    L1,
+    L2,
+    REGISTER,
+    add,
+    code,
+    delete,
+    hosts,
+    report,
+    reported_state,
+    snapshot,
+)
 
 # ---------------------------------------------------------------- events
 
@@ -16,18 +32,43 @@ def test_register_then_add_is_visible_with_versioned_uris(http, er, runtime):
     assert code(first) == "OK" and first["snapshot_required"] is True
     assert first["committed_snapshot_version"] == "" and first["extra_info"] == '{"zone":"a"}'
     assert first["item_results"] == []
-    assert http("registerInstance", {"instance_group": "ger", "instance_id": "e1", "block_size": 4,
-                                     "location_spec_infos": ER_SPECS, "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                                     "location_spec_groups": [{"name": "F0", "spec_names": ["full_0"]},
-                                                              {"name": "L0", "spec_names": ["linear_0"]}]})["extra_info"] == '{"zone":"a"}'
-    added = report(http, [add(100, full_0="event_report://10.0.0.8:9600/gpu/100?size=4096",
-                              linear_0="event_report://10.0.0.8:9600/gpu/100?size=1024"), add(101), HEARTBEAT])
+    assert (
+        http(
+            "registerInstance",
+            {
+                "instance_group": "ger",
+                "instance_id": "e1",
+                "block_size": 4,
+                "location_spec_infos": ER_SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                "location_spec_groups": [
+                    {"name": "F0", "spec_names": ["full_0"]},
+                    {"name": "L0", "spec_names": ["linear_0"]},
+                ],
+            },
+        )["extra_info"]
+        == '{"zone":"a"}'
+    )
+    added = report(
+        http,
+        [
+            add(
+                100,
+                full_0="event_report://10.0.0.8:9600/gpu/100?size=4096",
+                linear_0="event_report://10.0.0.8:9600/gpu/100?size=1024",
+            ),
+            add(101),
+            HEARTBEAT,
+        ],
+    )
     token = added["committed_snapshot_version"]
     assert code(added) == "OK" and re.fullmatch("[0-9a-f]{32}", token) and added["snapshot_required"] is True
     [(location_id, medium, specs)] = runtime.reporters.locations("e1", 100)
     assert location_id == f"kvs#event_report_l1p5#gpu#{HOST}" and medium == "gpu"
-    assert dict(specs) == {"full_0": f"event_report://10.0.0.8:9600/gpu/100?size=4096&s_version={token}",
-                           "linear_0": f"event_report://10.0.0.8:9600/gpu/100?size=1024&s_version={token}"}
+    assert dict(specs) == {
+        "full_0": f"event_report://10.0.0.8:9600/gpu/100?size=4096&s_version={token}",
+        "linear_0": f"event_report://10.0.0.8:9600/gpu/100?size=1024&s_version={token}",
+    }
     assert hosts(http, [100, 101, 102]) == {HOST: 2}
     again = report(http, [add(102)])
     assert again["snapshot_required"] is False and again["committed_snapshot_version"] == token
@@ -35,11 +76,19 @@ def test_register_then_add_is_visible_with_versioned_uris(http, er, runtime):
 
 
 def test_add_merges_by_spec_name_and_delete_keeps_siblings(http, er, runtime):
-    report(http, [add(7, full_0="event_report://h/a"), add(7, linear_0="event_report://h/b"),
-                  add(7, full_0="event_report://h/c")])
+    report(
+        http,
+        [
+            add(7, full_0="event_report://h/a"),
+            add(7, linear_0="event_report://h/b"),
+            add(7, full_0="event_report://h/c"),
+        ],
+    )
     [(_, _, specs)] = runtime.reporters.locations("e1", 7)
-    assert [(n, u.split("&")[0].split("?")[0]) for n, u in specs] == [("full_0", "event_report://h/c"),
-                                                                      ("linear_0", "event_report://h/b")]
+    assert [(n, u.split("&")[0].split("?")[0]) for n, u in specs] == [
+        ("full_0", "event_report://h/c"),
+        ("linear_0", "event_report://h/b"),
+    ]
     resp = report(http, [delete(7, names=["linear_0"]), delete(8), delete(7, medium="disk")])
     assert code(resp) == "OK" and resp["item_results"] == []  # missing block, location: idempotent OK
     [(_, _, specs)] = runtime.reporters.locations("e1", 7)
@@ -132,29 +181,57 @@ def test_l1p5_and_l2_of_one_host_are_separate_reporters(http, er, runtime):
 # ---------------------------------------------------------------- request rules
 
 
-@pytest.mark.parametrize("body, expected", [
-    ({"instance_id": "", "host_ip_port": HOST, "storage_type": L1, "events": [HEARTBEAT]}, "INSTANCE_NOT_EXIST"),
-    ({"instance_id": "nope", "host_ip_port": "", "storage_type": L1, "events": [HEARTBEAT]}, "INSTANCE_NOT_EXIST"),
-    ({"instance_id": "e1", "host_ip_port": "", "storage_type": L1, "events": [HEARTBEAT]}, "INVALID_ARGUMENT"),
-    ({"instance_id": "e1", "host_ip_port": "a#b:1", "storage_type": "ST_NFS", "events": []}, "INVALID_ARGUMENT"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": "ST_NFS", "events": []}, "OK"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "events": [HEARTBEAT]}, "INVALID_ARGUMENT"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": "ST_NFS", "events": [HEARTBEAT]},
-     "INVALID_ARGUMENT"),
-    ({"instance_id": "e2", "host_ip_port": HOST, "storage_type": L2, "events": [HEARTBEAT]}, "INSTANCE_NOT_EXIST"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [snapshot(1), snapshot(2)]},
-     "INVALID_ARGUMENT"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [snapshot(1), add(2)]},
-     "INVALID_ARGUMENT"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [delete(2), snapshot(1)]},
-     "INVALID_ARGUMENT"),
-    ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [HOST_DOWN, HEARTBEAT]},
-     "INVALID_ARGUMENT"),
-    ({"instance_id": "e2", "host_ip_port": HOST, "storage_type": L2, "events": [snapshot(1), add(2)]},
-     "INSTANCE_NOT_EXIST"),  # rule 4 before rule 5
-], ids=["no-instance", "unknown-instance-before-host", "no-host", "bad-host-before-empty-events",
-        "empty-events-before-storage-type", "no-storage-type", "not-an-event-report-type", "no-backend-in-group",
-        "two-snapshots", "snapshot-and-add", "delete-and-snapshot", "host-down-not-alone", "backend-before-shape"])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"instance_id": "", "host_ip_port": HOST, "storage_type": L1, "events": [HEARTBEAT]}, "INSTANCE_NOT_EXIST"),
+        ({"instance_id": "nope", "host_ip_port": "", "storage_type": L1, "events": [HEARTBEAT]}, "INSTANCE_NOT_EXIST"),
+        ({"instance_id": "e1", "host_ip_port": "", "storage_type": L1, "events": [HEARTBEAT]}, "INVALID_ARGUMENT"),
+        ({"instance_id": "e1", "host_ip_port": "a#b:1", "storage_type": "ST_NFS", "events": []}, "INVALID_ARGUMENT"),
+        ({"instance_id": "e1", "host_ip_port": HOST, "storage_type": "ST_NFS", "events": []}, "OK"),
+        ({"instance_id": "e1", "host_ip_port": HOST, "events": [HEARTBEAT]}, "INVALID_ARGUMENT"),
+        (
+            {"instance_id": "e1", "host_ip_port": HOST, "storage_type": "ST_NFS", "events": [HEARTBEAT]},
+            "INVALID_ARGUMENT",
+        ),
+        ({"instance_id": "e2", "host_ip_port": HOST, "storage_type": L2, "events": [HEARTBEAT]}, "INSTANCE_NOT_EXIST"),
+        (
+            {"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [snapshot(1), snapshot(2)]},
+            "INVALID_ARGUMENT",
+        ),
+        (
+            {"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [snapshot(1), add(2)]},
+            "INVALID_ARGUMENT",
+        ),
+        (
+            {"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [delete(2), snapshot(1)]},
+            "INVALID_ARGUMENT",
+        ),
+        (
+            {"instance_id": "e1", "host_ip_port": HOST, "storage_type": L1, "events": [HOST_DOWN, HEARTBEAT]},
+            "INVALID_ARGUMENT",
+        ),
+        (
+            {"instance_id": "e2", "host_ip_port": HOST, "storage_type": L2, "events": [snapshot(1), add(2)]},
+            "INSTANCE_NOT_EXIST",
+        ),  # rule 4 before rule 5
+    ],
+    ids=[
+        "no-instance",
+        "unknown-instance-before-host",
+        "no-host",
+        "bad-host-before-empty-events",
+        "empty-events-before-storage-type",
+        "no-storage-type",
+        "not-an-event-report-type",
+        "no-backend-in-group",
+        "two-snapshots",
+        "snapshot-and-add",
+        "delete-and-snapshot",
+        "host-down-not-alone",
+        "backend-before-shape",
+    ],
+)
 def test_request_rules_in_order_change_nothing(http, er, valkey, body, expected):
     report(http, [add(9)], host="10.9.9.9:1")  # some state a refused request must leave alone
     before = reported_state(valkey)
@@ -169,12 +246,18 @@ BAD_ITEMS = {
     "no-payload": {"event_type": "EVENT_HEARTBEAT"},
     "unspecified-type": {"event_type": "EVENT_UNSPECIFIED", "heartbeat": {}},
     "block-key-not-int64": add("12a"),
-    "block-key-too-large": add(str(2 ** 63)),
+    "block-key-too-large": add(str(2**63)),
     "medium-with-hash": add(1, medium="g#pu"),
     "empty-medium": add(1, medium=""),
     "no-specs": {"event_type": "EVENT_BLOCK_ADD", "block_add": {"block_key": "1", "medium": "gpu", "specs": []}},
-    "duplicate-spec-names": {"event_type": "EVENT_BLOCK_ADD", "block_add": {"block_key": "1", "medium": "gpu", "specs": [
-        {"name": "a", "uri": "x://h/1"}, {"name": "a", "uri": "x://h/2"}]}},
+    "duplicate-spec-names": {
+        "event_type": "EVENT_BLOCK_ADD",
+        "block_add": {
+            "block_key": "1",
+            "medium": "gpu",
+            "specs": [{"name": "a", "uri": "x://h/1"}, {"name": "a", "uri": "x://h/2"}],
+        },
+    },
     "empty-spec-name": add(1, **{"": "x://h/1"}),
     "uri-not-a-uri": add(1, full_0="not a uri"),
     "uri-with-s_version": add(1, full_0="x://h/1?s_version=0123456789abcdef0123456789abcdef"),
@@ -214,11 +297,13 @@ def test_host_prefix_stops_at_each_hosts_first_miss(http, er):
     report(http, [add(k) for k in (1, 2, 3, 4)])
     report(http, [add(k) for k in (1, 2, 4)], host=HOST2)
     report(http, [add(k) for k in (2, 3)], host="10.0.0.7:1")  # lacks key 1: no prefix
-    resp = http("getHostCacheState", {"instance_id": "e1", "query_type": "QT_PREFIX_MATCH",
-                                      "block_cache_keys": [1, 2, 3, 4, 5]})
+    resp = http(
+        "getHostCacheState", {"instance_id": "e1", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": [1, 2, 3, 4, 5]}
+    )
     assert resp["hosts"] == [
         {"host_ip_port": HOST, "local": "4", "p2p_1_fetch": "0", "p2p_1_total_match": "4"},
-        {"host_ip_port": HOST2, "local": "2", "p2p_1_fetch": "0", "p2p_1_total_match": "2"}]
+        {"host_ip_port": HOST2, "local": "2", "p2p_1_fetch": "0", "p2p_1_total_match": "2"},
+    ]
 
 
 def test_mamba_prefix_ends_on_a_block_with_state(http, er):
@@ -230,11 +315,21 @@ def test_mamba_prefix_ends_on_a_block_with_state(http, er):
 
 
 def test_eagle_pop_takes_one_block_off(http, er):
-    resp = http("registerInstance", {
-        "instance_group": "ger", "instance_id": "eagle", "block_size": 4, "location_spec_infos": ER_SPECS,
-        "model_deployment": {"model_name": "m", "dtype": "fp16", "use_eagle_pop": True},
-        "location_spec_groups": [{"name": "F0", "spec_names": ["full_0"]}, {"name": "L0", "spec_names": ["linear_0"]}],
-        "default_query_type": "QT_PREFIX_MATCH_WITH_MAMBA"})
+    resp = http(
+        "registerInstance",
+        {
+            "instance_group": "ger",
+            "instance_id": "eagle",
+            "block_size": 4,
+            "location_spec_infos": ER_SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16", "use_eagle_pop": True},
+            "location_spec_groups": [
+                {"name": "F0", "spec_names": ["full_0"]},
+                {"name": "L0", "spec_names": ["linear_0"]},
+            ],
+            "default_query_type": "QT_PREFIX_MATCH_WITH_MAMBA",
+        },
+    )
     assert code(resp) == "OK", resp
     both = {"full_0": "event_report://h/f", "linear_0": "event_report://h/l"}
     report(http, [add(1, **both), add(2, **both), add(3, **both)], instance="eagle")
@@ -246,20 +341,25 @@ def test_eagle_pop_takes_one_block_off(http, er):
     assert info["default_query_type"] == "QT_PREFIX_MATCH_WITH_MAMBA" and info["model_deployment"]["use_eagle_pop"]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"block_cache_keys": [1], "query_type": "QT_PREFIX_MATCH"}, "instance_id"),
-    ({"instance_id": "e1", "query_type": "QT_PREFIX_MATCH"}, "block_cache_keys"),
-    ({"instance_id": "e1", "block_cache_keys": [1]}, "query_type"),  # no default registered
-    ({"instance_id": "e1", "block_cache_keys": [1], "query_type": "QT_BATCH_GET"}, "query_type"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"block_cache_keys": [1], "query_type": "QT_PREFIX_MATCH"}, "instance_id"),
+        ({"instance_id": "e1", "query_type": "QT_PREFIX_MATCH"}, "block_cache_keys"),
+        ({"instance_id": "e1", "block_cache_keys": [1]}, "query_type"),  # no default registered
+        ({"instance_id": "e1", "block_cache_keys": [1], "query_type": "QT_BATCH_GET"}, "query_type"),
+    ],
+)
 def test_host_state_refuses_bad_requests(http, er, body, field):
     resp = http("getHostCacheState", body)
     assert code(resp) == "INVALID_ARGUMENT" and field in resp["header"]["status"]["message"]
 
 
 def test_mamba_needs_full_and_state_groups(http, er, instance):
-    resp = http("getHostCacheState", {"instance_id": instance, "block_cache_keys": [1],
-                                      "query_type": "QT_PREFIX_MATCH_WITH_MAMBA"})
+    resp = http(
+        "getHostCacheState",
+        {"instance_id": instance, "block_cache_keys": [1], "query_type": "QT_PREFIX_MATCH_WITH_MAMBA"},
+    )
     assert code(resp) == "INVALID_ARGUMENT"
 
 
@@ -271,31 +371,36 @@ def test_fast_and_record_paths_agree(http, er):
     rng = random.Random(7)
     keys = rng.sample(range(1, 1 << 40), 300)
     for h in range(6):
-        held = keys[:rng.choice([0, 1, 63, 64, 65, 190, 300])]
+        held = keys[: rng.choice([0, 1, 63, 64, 65, 190, 300])]
         gap = [k for k in held if rng.random() < 0.01]  # holes: the prefix stops at the first
         events = [add(k) for k in held if k not in gap]
         for start in range(0, len(events), 100):
-            report(http, events[start:start + 100], host=f"10.1.0.{h}:1", storage_type=L1 if h % 2 else L2)
+            report(http, events[start : start + 100], host=f"10.1.0.{h}:1", storage_type=L1 if h % 2 else L2)
     fast = hosts(http, keys)
     assert fast == hosts(http, keys, medium=["gpu", "mem"]) and len(fast) >= 3
 
 
 def test_event_report_metrics_per_event_type(http, er, runtime):
-    import app
     from chalice.test import Client
+
+    import app
 
     report(http, [REGISTER, add(1), {"event_type": "EVENT_HEARTBEAT"}])
     with Client(app.app) as chalice:
         text = chalice.http.get("/metrics").body.decode()
     lines = [line for line in text.splitlines() if line.startswith("kvcm_event_report_")]
-    assert any("request_counter" in line and 'event_type="EVENT_BLOCK_ADD"' in line
-               and 'type="event_report_l1p5"' in line and 'instance_group="ger"' in line for line in lines), lines
+    assert any(
+        "request_counter" in line
+        and 'event_type="EVENT_BLOCK_ADD"' in line
+        and 'type="event_report_l1p5"' in line
+        and 'instance_group="ger"' in line
+        for line in lines
+    ), lines
     assert any("error_counter" in line and 'event_type="EVENT_HEARTBEAT"' in line for line in lines), lines
     assert any(line.startswith("kvcm_event_report_request_rt_us") for line in lines), lines
 
 
 def test_a_removed_instances_reports_go_with_the_liveness_job(http, er, runtime, valkey):
-
     report(http, [add(1), add(2)])
     assert code(http("removeInstance", {"instance_group": "ger", "instance_id": "e1"})) == "OK"
     runtime.reporter_liveness.event_report_liveness()

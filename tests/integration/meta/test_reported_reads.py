@@ -1,5 +1,6 @@
 """getCacheLocation, getCacheMeta and getCacheLocationLen over stored and reported
 locations (UPSTREAM_V2 §2.1 "Query visibility"; docs/api-v2.md), on real Valkey and moto."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ def mixed(http, request):
     request.getfixturevalue("er")
     write(http, [1, 2], instance="e1")
     write(http, [4], instance="e1")
-    first = report(http, [add(3, full_0="event_report://10.0.0.8:9600/gpu/3",
-                              linear_0="event_report://10.0.0.8:9600/gpu/3l"), add(1)])
+    first = report(
+        http,
+        [add(3, full_0="event_report://10.0.0.8:9600/gpu/3", linear_0="event_report://10.0.0.8:9600/gpu/3l"), add(1)],
+    )
     return first["committed_snapshot_version"]
 
 
@@ -39,7 +42,8 @@ def test_prefix_match_counts_a_key_held_stored_or_reported(http, mixed):
     reported = found[2]
     assert reported["spec_size"] == 2 and {s["name"]: s["uri"] for s in reported["location_specs"]} == {
         "full_0": f"event_report://10.0.0.8:9600/gpu/3?s_version={mixed}",
-        "linear_0": f"event_report://10.0.0.8:9600/gpu/3l?s_version={mixed}"}
+        "linear_0": f"event_report://10.0.0.8:9600/gpu/3l?s_version={mixed}",
+    }
     assert kinds(locate(http, [3, 1, 5, 2])) == [L1P5, "ST_NFS"]
     assert kinds(locate(http, [5, 3])) == []
     masked = locate(http, [9, 3, 4], block_mask={"offset": 1})
@@ -67,8 +71,9 @@ def test_sliding_window_runs_over_reported_keys(http, mixed):
 
 @pytest.mark.usefixtures("er")
 def test_spec_filter_applies_to_reported_locations(http):
-    report(http, [add(7, full_0="event_report://h/7"),
-                  add(8, full_0="event_report://h/8", linear_0="event_report://h/8l")])
+    report(
+        http, [add(7, full_0="event_report://h/7"), add(8, full_0="event_report://h/8", linear_0="event_report://h/8l")]
+    )
     assert kinds(locate(http, [8, 7], "QT_BATCH_GET", location_spec_names=["linear_0"])) == [L1P5, "-"]
     [only] = locate(http, [8], location_spec_names=["linear_0"])
     assert [s["name"] for s in only["location_specs"]] == ["linear_0"] and only["spec_size"] == 1

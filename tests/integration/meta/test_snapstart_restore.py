@@ -1,5 +1,6 @@
 """SnapStart: a container restored from a snapshot drops the snapshot's connections and
 identity through the restore hook, connects again and answers."""
+
 import snapshot_restore_py
 
 from chalicelib import runtime as runtime_module
@@ -23,8 +24,9 @@ def test_a_restored_container_reconnects_and_answers(runtime, http, instance, mo
 
     run_restore_hooks()
 
-    resp = http("getCacheLocation", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH",
-                                     "block_keys": [11, 12, 13]})
+    resp = http(
+        "getCacheLocation", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH", "block_keys": [11, 12, 13]}
+    )
     assert code(resp) == "OK" and len(resp["locations"]) == 3, resp
     assert runtime.valkey is not valkey and runtime.aws("dynamodb") is not dynamodb and runtime.cache is not cache
     assert runtime.settings.node_id != node_id

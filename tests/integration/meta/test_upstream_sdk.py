@@ -8,6 +8,7 @@ of the file named by the URI's path. Here an "engine" does exactly that: it writ
 block through startWriteCache's URIs and reads it back through getCacheLocation's — on
 real files for the file backends, through moto for S3 — and the bytes must match.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,15 @@ KEYS = [11, 12, 13, 14, 15]
 UPSTREAM_SPEC_FIELDS = {
     "file": {"root_path", "key_count_per_file"},
     "hf3fs": {"cluster_name", "mountpoint", "root_dir", "key_count_per_file"},
-    "vcns_hf3fs": {"cluster_name", "mountpoint", "root_dir", "key_count_per_file", "remote_host", "remote_port",
-                   "meta_storage_uri"},
+    "vcns_hf3fs": {
+        "cluster_name",
+        "mountpoint",
+        "root_dir",
+        "key_count_per_file",
+        "remote_host",
+        "remote_port",
+        "meta_storage_uri",
+    },
     "mooncake": {"local_hostname", "metadata_connstring", "protocol", "rdma_device", "master_server_entry"},
     "pace": {"enable_vipserver", "domain", "timeout"},
     "s3": {"bucket", "prefix", "region"},
@@ -104,7 +112,7 @@ class Engine:
             self.objects[parsed.params["key"]] = data
         elif kind == "pace":
             offset = self._pace_offset(parsed)
-            self.pool[offset:offset + size] = data
+            self.pool[offset : offset + size] = data
         else:
             assert kind == "s3"
             boto3.client("s3").put_object(Bucket=config["storage_spec"]["bucket"], Key=parsed.path[1:], Body=data)
@@ -121,9 +129,10 @@ class Engine:
             return self.objects[parsed.params["key"]]
         if kind == "pace":
             offset = self._pace_offset(parsed)
-            return bytes(self.pool[offset:offset + size])
-        return boto3.client("s3").get_object(Bucket=config["storage_spec"]["bucket"],
-                                             Key=parsed.path[1:])["Body"].read()
+            return bytes(self.pool[offset : offset + size])
+        return (
+            boto3.client("s3").get_object(Bucket=config["storage_spec"]["bucket"], Key=parsed.path[1:])["Body"].read()
+        )
 
 
 def storage_of(kind: str, tmp_path) -> tuple[dict, str]:
@@ -135,16 +144,28 @@ def storage_of(kind: str, tmp_path) -> tuple[dict, str]:
     if kind in ("3fs", "vcns-3fs"):
         mount = tmp_path / "3fs"
         (mount / "stage" / "kv").mkdir(parents=True)
-        spec = {"cluster_name": "c1", "mountpoint": str(mount), "root_dir": "stage/kv/", "key_count_per_file": 2,
-                "touch_file_when_create": True}
+        spec = {
+            "cluster_name": "c1",
+            "mountpoint": str(mount),
+            "root_dir": "stage/kv/",
+            "key_count_per_file": 2,
+            "touch_file_when_create": True,
+        }
         if kind == "3fs":
             return {"threefs": spec}, "hf3fs"
-        return {"vcnsthreefs": {**spec, "remote_host": "10.1.1.1", "remote_port": 9000,
-                                "meta_storage_uri": "meta://m"}}, "vcns_hf3fs"
+        return {
+            "vcnsthreefs": {**spec, "remote_host": "10.1.1.1", "remote_port": 9000, "meta_storage_uri": "meta://m"}
+        }, "vcns_hf3fs"
     if kind == "mooncake":
-        return {"mooncake": {"local_hostname": "engine-1", "metadata_connstring": "etcd://127.0.0.1:2379",
-                             "protocol": "rdma", "rdma_device": "mlx5_0",
-                             "master_service_entry": "127.0.0.1:50051"}}, "mooncake"
+        return {
+            "mooncake": {
+                "local_hostname": "engine-1",
+                "metadata_connstring": "etcd://127.0.0.1:2379",
+                "protocol": "rdma",
+                "rdma_device": "mlx5_0",
+                "master_service_entry": "127.0.0.1:50051",
+            }
+        }, "mooncake"
     if kind == "pace":
         return {"tair_mem_pool": {"domain": "127.0.0.1:7000", "timeout": 500, "capacity": 1 << 16}}, "pace"
     boto3.client("s3").create_bucket(Bucket="kvcm-data")
@@ -158,11 +179,25 @@ KINDS = ["nfs-packed", "nfs-single", "3fs", "vcns-3fs", "mooncake", "pace", "s3"
 def test_an_engine_writes_and_reads_blocks_through_kvcm_answers(http, tmp_path, kind):
     spec, upstream_type = storage_of(kind, tmp_path)
     assert code(http("addStorage", {"storage": {"global_unique_name": "store_01", **spec}})) == "OK"
-    assert code(http("createInstanceGroup", {"instance_group": {
-        "name": "g1", "storage_candidates": ["store_01"], "quota": {"capacity": 1 << 30}}})) == "OK"
-    registered = http("registerInstance", {"instance_group": "g1", "instance_id": "inst1", "block_size": 4,
-                                           "location_spec_infos": SPECS,
-                                           "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    assert (
+        code(
+            http(
+                "createInstanceGroup",
+                {"instance_group": {"name": "g1", "storage_candidates": ["store_01"], "quota": {"capacity": 1 << 30}}},
+            )
+        )
+        == "OK"
+    )
+    registered = http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "inst1",
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     assert code(registered) == "OK", registered
     engine = Engine(registered["storage_configs"])
     config = engine.configs["store_01"]
@@ -177,8 +212,14 @@ def test_an_engine_writes_and_reads_blocks_through_kvcm_answers(http, tmp_path, 
             data = os.urandom(spec_info["size"])
             engine.write(spec_location["uri"], data)
             written[key, spec_location["name"]] = data
-    finish = http("finishWriteCache", {"instance_id": "inst1", "write_session_id": start["write_session_id"],
-                                       "success_blocks": {"offset": len(KEYS)}})
+    finish = http(
+        "finishWriteCache",
+        {
+            "instance_id": "inst1",
+            "write_session_id": start["write_session_id"],
+            "success_blocks": {"offset": len(KEYS)},
+        },
+    )
     assert code(finish) == "OK", finish
 
     read = http("getCacheLocation", {"instance_id": "inst1", "query_type": "QT_PREFIX_MATCH", "block_keys": KEYS})
@@ -199,14 +240,22 @@ def test_file_uris_carry_the_absolute_path_on_the_mount_and_the_block_index(http
     spec, upstream_type = storage_of(kind, tmp_path)
     http("addStorage", {"storage": {"global_unique_name": "store_01", **spec}})
     http("createInstanceGroup", {"instance_group": {"name": "g1", "storage_candidates": ["store_01"]}})
-    registered = http("registerInstance", {"instance_group": "g1", "instance_id": "inst1", "block_size": 4,
-                                           "location_spec_infos": SPECS[:1],
-                                           "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+    registered = http(
+        "registerInstance",
+        {
+            "instance_group": "g1",
+            "instance_id": "inst1",
+            "block_size": 4,
+            "location_spec_infos": SPECS[:1],
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     storage_spec = json.loads(registered["storage_configs"])[0]["storage_spec"]
     uris = uris_of(http, [1, 2, 3])
     root = str(tmp_path / ("nfs" if kind.startswith("nfs") else "3fs/stage/kv"))
-    assert all(u.scheme == upstream_type and u.host == "store_01" and u.path.startswith(root + "/inst1/tp0/")
-               for u in uris), uris
+    assert all(
+        u.scheme == upstream_type and u.host == "store_01" and u.path.startswith(root + "/inst1/tp0/") for u in uris
+    ), uris
     assert all(u.params["size"] == "64" for u in uris)
     if storage_spec["key_count_per_file"] > 1:
         pack = storage_spec["key_count_per_file"]

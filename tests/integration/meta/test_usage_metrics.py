@@ -1,5 +1,6 @@
 """UPSTREAM_V2 §2.16's names on GET /metrics: the per-read hit counters and the usage
 gauges the ``usage_metrics`` schedule publishes."""
+
 from tests.integration.meta.harness import code, write
 
 
@@ -10,8 +11,9 @@ def _published(runtime) -> dict:
 
 def test_reads_count_queried_and_hit_blocks(http, instance, runtime):
     write(http, [1, 2, 3])
-    resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH",
-                                     "block_keys": [1, 2, 3, 4, 5]})
+    resp = http(
+        "getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2, 3, 4, 5]}
+    )
     assert code(resp) == "OK" and len(resp["locations"]) == 3
     http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_BATCH_GET", "block_keys": [2, 9]})
     published = _published(runtime)

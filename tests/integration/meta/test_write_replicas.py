@@ -1,5 +1,6 @@
 """startWriteCache §2.6 on real Valkey and moto: min_replica_count, the spec-group-aware
 skip, stale-location pruning and the response mask (docs/api-v2.md)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,13 +20,27 @@ def two_storages(runtime, http, tmp_path):
     """Instance r1 in group g2, which writes to nfs_a, then nfs_b (one block per file)."""
     for name in ("nfs_a", "nfs_b"):
         (tmp_path / name).mkdir()
-        runtime.control.add_storage(StorageConfig.model_validate(
-            {"global_unique_name": name, "nfs": {"root_path": str(tmp_path / name), "key_count_per_file": 1}}))
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g2", "storage_candidates": ["nfs_a", "nfs_b"], "quota": {"capacity": 1 << 30}}))
-    resp = http("registerInstance", {"instance_group": "g2", "instance_id": "r1", "block_size": 4,
-                                     "location_spec_infos": SPECS, "location_spec_groups": GROUPS,
-                                     "model_deployment": {"model_name": "m", "dtype": "fp16"}})
+        runtime.control.add_storage(
+            StorageConfig.model_validate(
+                {"global_unique_name": name, "nfs": {"root_path": str(tmp_path / name), "key_count_per_file": 1}}
+            )
+        )
+    runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {"name": "g2", "storage_candidates": ["nfs_a", "nfs_b"], "quota": {"capacity": 1 << 30}}
+        )
+    )
+    resp = http(
+        "registerInstance",
+        {
+            "instance_group": "g2",
+            "instance_id": "r1",
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "location_spec_groups": GROUPS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
     assert code(resp) == "OK", resp
     return "r1"
 
@@ -37,8 +52,14 @@ def start(http, keys, **extra):
 
 
 def finish(http, started) -> None:
-    resp = http("finishWriteCache", {"instance_id": "r1", "write_session_id": started["write_session_id"],
-                                     "success_blocks": {"offset": len(started["locations"])}})
+    resp = http(
+        "finishWriteCache",
+        {
+            "instance_id": "r1",
+            "write_session_id": started["write_session_id"],
+            "success_blocks": {"offset": len(started["locations"])},
+        },
+    )
     assert code(resp) == "OK", resp
 
 
@@ -135,4 +156,5 @@ def test_a_negative_min_replica_count_changes_nothing(http, two_storages, runtim
     assert code(resp) == "INVALID_ARGUMENT" and "'min_replica_count'" in resp["header"]["status"]["message"]
     assert runtime.index.usage([ctx.layout])[0] == before
     assert http("getCacheMeta", {"instance_id": "r1", "block_keys": [41]})["metas"] == [
-        '{"id": "", "status": "CLS_NOT_FOUND"}']
+        '{"id": "", "status": "CLS_NOT_FOUND"}'
+    ]

@@ -5,6 +5,7 @@ ids from ``reserve``, or location ids packed ``pack_count`` to a group), writes 
 where the URIs point, removes blocks the way the index does (``delete`` or
 ``delete_groups``) and builds a broken twin whose probe must fail.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -60,8 +61,10 @@ class Harness(ABC):
             explicit = self.backend.reserve(instance_id, len(block_keys), block_bytes)
             groups = explicit or [0] * len(block_keys)
             slots = [0] * len(block_keys)
-        blocks = [BlockRef(instance_id, key, loc, group, slot, tuple(specs))
-                  for key, loc, group, slot in zip(block_keys, locations, groups, slots, strict=True)]
+        blocks = [
+            BlockRef(instance_id, key, loc, group, slot, tuple(specs))
+            for key, loc, group, slot in zip(block_keys, locations, groups, slots, strict=True)
+        ]
         self.backend.prepare(blocks)
         return blocks
 

@@ -1,4 +1,5 @@
 """The StorageBackend contract, run against every backend (see conftest.BACKEND_KINDS)."""
+
 import pytest
 
 from chalicelib.storage import StorageUnavailableError
@@ -22,8 +23,8 @@ def test_uris_name_the_storage_and_size_each_spec(harness):
 
 
 def test_same_key_in_two_instances_has_separate_data(harness):
-    mine, = harness.place("inst-a", [42])
-    theirs, = harness.place("inst-b", [42])
+    (mine,) = harness.place("inst-a", [42])
+    (theirs,) = harness.place("inst-b", [42])
     assert {harness.backend.uri(mine, s) for s in SPECS}.isdisjoint(harness.backend.uri(theirs, s) for s in SPECS)
     harness.write(mine)
     harness.write(theirs)
@@ -75,7 +76,7 @@ def test_removing_one_group_keeps_the_others(harness):
 def test_a_block_is_not_complete_until_every_spec_is_written(harness):
     if not harness.tracks_data:
         pytest.skip("the memory pool tracks allocations, not bytes")
-    block, = harness.place("inst-1", [77])
+    (block,) = harness.place("inst-1", [77])
     harness.write_uri(harness.backend.uri(block, SPECS[0]), SPECS[0].size)
     assert not harness.backend.exists(block)
     harness.write_uri(harness.backend.uri(block, SPECS[1]), SPECS[1].size)

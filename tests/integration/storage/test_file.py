@@ -1,4 +1,5 @@
 """File backends on a real directory: layout, confinement, 3FS touch files, failures."""
+
 import os
 import threading
 
@@ -23,8 +24,18 @@ def nfs(root, pack=0, name="nfs_01"):
 
 
 def threefs(mount, touch=True, pack=2, root_dir="kv/data/"):
-    return ThreeFSBackend(storage_config("3fs_01", "threefs", {
-        "mountpoint": str(mount), "root_dir": root_dir, "key_count_per_file": pack, "touch_file_when_create": touch}))
+    return ThreeFSBackend(
+        storage_config(
+            "3fs_01",
+            "threefs",
+            {
+                "mountpoint": str(mount),
+                "root_dir": root_dir,
+                "key_count_per_file": pack,
+                "touch_file_when_create": touch,
+            },
+        )
+    )
 
 
 def ref(instance="inst", key=1, location=10, group=10, slot=0, specs=SPECS):
@@ -51,12 +62,15 @@ def test_a_file_per_block_has_no_blkid(tmp_path, pack):
 def test_3fs_uri_path_is_absolute_on_the_mount(tmp_path):
     backend = threefs(tmp_path, root_dir="/a/b/")
     assert backend.data_root == f"{tmp_path}/a/b"
-    assert backend.uri(ref(group=255, slot=1), SPECS[0]) == \
-        f"hf3fs://3fs_01{tmp_path}/a/b/inst/tp0/00000000000000ff?blkid=1&size=16"
+    assert (
+        backend.uri(ref(group=255, slot=1), SPECS[0])
+        == f"hf3fs://3fs_01{tmp_path}/a/b/inst/tp0/00000000000000ff?blkid=1&size=16"
+    )
 
 
-@pytest.mark.parametrize("instance, spec", [("../../etc", "tp0"), ("..", ".."), ("a/../../..", "/x"),
-                                            ("/abs", "nul\0")])
+@pytest.mark.parametrize(
+    "instance, spec", [("../../etc", "tp0"), ("..", ".."), ("a/../../..", "/x"), ("/abs", "nul\0")]
+)
 def test_hostile_names_stay_inside_the_data_root(tmp_path, instance, spec):
     root = tmp_path / "root"
     root.mkdir()
@@ -222,6 +236,7 @@ def test_probe_leaves_nothing_behind_and_runs_concurrently(tmp_path):
             backend.probe()
         except StorageUnavailableError as exc:
             errors.append(exc)
+
     threads = [threading.Thread(target=probe) for _ in range(8)]
     for thread in threads:
         thread.start()

@@ -1,4 +1,5 @@
 """The memory-pool allocator on a real Valkey: placement, reuse, atomicity, ownership, capacity."""
+
 import itertools
 import random
 import threading
@@ -65,8 +66,8 @@ def test_freed_ranges_are_reused_and_merged(valkey):
 def test_best_fit_prefers_the_smallest_hole(valkey):
     backend = pool(valkey, capacity=1000)
     blocks = place(backend, 10)
-    backend.delete([blocks[1]])             # hole of 100 at 100
-    backend.delete(blocks[5:8])             # hole of 300 at 500
+    backend.delete([blocks[1]])  # hole of 100 at 100
+    backend.delete(blocks[5:8])  # hole of 300 at 500
     assert backend.reserve("inst", 1, 90) == [100]
     assert backend.reserve("inst", 2, 150) == [500, 650]
     check_invariants(backend)
@@ -110,11 +111,11 @@ def test_unreserve_frees_only_unbound_reservations_of_the_instance(valkey):
 
 def test_delete_is_idempotent_and_never_frees_a_reused_range(valkey):
     backend = pool(valkey)
-    block, = place(backend, 1, first_location=7)
+    (block,) = place(backend, 1, first_location=7)
     backend.delete([block])
     backend.delete([block])
     assert not backend.exists(block)
-    successor, = place(backend, 1, first_location=8)
+    (successor,) = place(backend, 1, first_location=8)
     assert successor.group_id == block.group_id
     backend.delete([block])  # a late retry of the first deletion
     assert backend.exists(successor) and not backend.exists(block)
@@ -126,7 +127,7 @@ def test_delete_is_idempotent_and_never_frees_a_reused_range(valkey):
 
 def test_unbound_reservations_are_swept_after_their_ttl(valkey):
     backend = pool(valkey)
-    address, = backend.reserve("inst", 1, 100)  # the request died before prepare
+    (address,) = backend.reserve("inst", 1, 100)  # the request died before prepare
     orphan = BlockRef("inst", 0, 9, address, 0, SPECS)
     backend.delete([orphan])  # never bound to this block: nothing happens
     assert backend.snapshot().used == [(0, 100)] and backend.snapshot().unbound == 1
@@ -224,8 +225,7 @@ def test_concurrent_random_reserve_and_free(valkey):
     assert errors == []
     backend = pool(valkey, capacity=capacity)
     snap = check_invariants(backend)
-    expected = sorted((b.group_id, b.specs[-1].offset + b.specs[-1].size)
-                      for blocks in held.values() for b in blocks)
+    expected = sorted((b.group_id, b.specs[-1].offset + b.specs[-1].size) for blocks in held.values() for b in blocks)
     assert snap.used == expected, "exactly the live blocks are allocated"
     assert all(backend.exists(b) for blocks in held.values() for b in blocks)
     backend.delete([b for blocks in held.values() for b in blocks])

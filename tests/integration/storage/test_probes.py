@@ -1,4 +1,5 @@
 """Network probes against real sockets, probe_storage on real backends, registry wiring."""
+
 import pytest
 
 from chalicelib.storage import (
@@ -14,8 +15,9 @@ from .harness import storage_config
 
 
 def mooncake(entry):
-    return MooncakeBackend(storage_config("mc_01", "mooncake", {"master_service_entry": entry}),
-                           store_factory=lambda: None)
+    return MooncakeBackend(
+        storage_config("mc_01", "mooncake", {"master_service_entry": entry}), store_factory=lambda: None
+    )
 
 
 def test_any_reachable_etcd_endpoint_is_enough(listening_port):
@@ -38,8 +40,9 @@ def test_probe_storage_reports_a_dead_mount(tmp_path):
 
 def test_registry_pool_keys_share_one_hash_tag(valkey, listening_port):
     registry = StorageRegistry(lambda: valkey, key_prefix="kvcm-test")
-    backend = registry.backend(storage_config("pool_9", "tair_mem_pool",
-                                              {"domain": f"127.0.0.1:{listening_port}", "capacity": 4096}))
+    backend = registry.backend(
+        storage_config("pool_9", "tair_mem_pool", {"domain": f"127.0.0.1:{listening_port}", "capacity": 4096})
+    )
     backend.reserve("inst", 2, 100)
     keys = valkey.keys("*")
     assert keys and all(k.startswith(b"{kvcm-test:mp:pool_9}:") for k in keys)

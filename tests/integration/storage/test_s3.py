@@ -1,4 +1,5 @@
 """S3 backend on the moto server: keys, batching, error reporting."""
+
 import boto3
 import pytest
 from botocore.config import Config
@@ -28,11 +29,14 @@ def s3(aws):
     return client
 
 
-@pytest.mark.parametrize("prefix, key", [
-    ("", "inst/tp1/00000000000000ff"),
-    ("/", "inst/tp1/00000000000000ff"),
-    ("/a/b/", "a/b/inst/tp1/00000000000000ff"),
-])
+@pytest.mark.parametrize(
+    "prefix, key",
+    [
+        ("", "inst/tp1/00000000000000ff"),
+        ("/", "inst/tp1/00000000000000ff"),
+        ("/a/b/", "a/b/inst/tp1/00000000000000ff"),
+    ],
+)
 def test_object_key_and_uri(prefix, key):
     target = backend(prefix)
     assert target.object_key("inst", "tp1", 255) == key
@@ -47,7 +51,8 @@ def test_delete_batches_of_1000_and_tolerates_missing_keys(s3):
             s3.put_object(Bucket=BUCKET, Key=target.object_key("inst", spec.name, block.block_key), Body=b"12345678")
     batches = []
     target.client.meta.events.register(
-        "before-call.s3.DeleteObjects", lambda params, **_: batches.append(params["body"].count(b"<Key>")))
+        "before-call.s3.DeleteObjects", lambda params, **_: batches.append(params["body"].count(b"<Key>"))
+    )
     target.delete(blocks)
     assert batches == [1000, 1000, 500]
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
@@ -57,8 +62,10 @@ def test_delete_reports_per_key_errors():
     client = boto3.client("s3", region_name="us-east-1")
     target = backend(factory=lambda: client)
     with Stubber(client) as stub:
-        stub.add_response("delete_objects", {"Errors": [{"Key": "inst/tp0/0000000000000001", "Code": "AccessDenied",
-                                                         "Message": "no"}]})
+        stub.add_response(
+            "delete_objects",
+            {"Errors": [{"Key": "inst/tp0/0000000000000001", "Code": "AccessDenied", "Message": "no"}]},
+        )
         with pytest.raises(StorageError, match="AccessDenied"):
             target.delete([ref(1)])
 
@@ -78,7 +85,11 @@ def test_exists_raises_on_errors_other_than_not_found():
 
 
 def test_probe_fails_when_the_endpoint_is_down():
-    client = boto3.client("s3", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}",
-                          config=Config(retries={"max_attempts": 1}, connect_timeout=1))
+    client = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=1),
+    )
     with pytest.raises(StorageUnavailableError, match="s3_01: bucket 'kv-s3' unusable"):
         backend(factory=lambda: client).probe()

@@ -1,5 +1,6 @@
 """The real state machines in moto's interpreter, their Lambda tasks dispatched to the
 app's handlers, against real Valkey and a file storage (wall clock: Wait really waits)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import build_runtime
-from tests.integration.workflows.harness import SPECS
 from chalicelib.local import asl
 from chalicelib.local.aws import _dummy_zip
 from chalicelib.local.dispatch import LambdaDispatch
 from chalicelib.local.stack import load_app, task_handlers
 from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
 from chalicelib.runtime import set_runtime
+from tests.helpers import build_runtime
+from tests.integration.workflows.harness import SPECS
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,27 +30,54 @@ def stack(valkey, valkey_url, aws, tmp_path):
     handlers = task_handlers(app)
     lam, sfn, iam = boto3.client("lambda"), boto3.client("stepfunctions"), boto3.client("iam")
     role = iam.create_role(RoleName="kvcm-test", AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17"}))
-    arns = {name: lam.create_function(FunctionName=name, Runtime="python3.11", Role=role["Role"]["Arn"],
-                                      Handler=f"app.{name}", Code={"ZipFile": _dummy_zip()})["FunctionArn"]
-            for name in handlers}
+    arns = {
+        name: lam.create_function(
+            FunctionName=name,
+            Runtime="python3.11",
+            Role=role["Role"]["Arn"],
+            Handler=f"app.{name}",
+            Code={"ZipFile": _dummy_zip()},
+        )["FunctionArn"]
+        for name in handlers
+    }
     values = asl.substitution_map(arns)
     # Unique names: an execution left running by an earlier test cannot reach these.
     suffix = uuid.uuid4().hex[:8]
-    machines = {name: sfn.create_state_machine(name=f"{name}-{suffix}", roleArn=role["Role"]["Arn"], definition=asl.render(
-        path.read_text(), values))["stateMachineArn"] for name, path in asl.discover([REPO / "workflows"]).items()}
-    runtime = build_runtime(valkey, valkey_url, node_id="wf-node",
-                            reaper_state_machine_arn=machines["write_session_reaper"],
-                            delete_state_machine_arn=machines["batched_delete"])
+    machines = {
+        name: sfn.create_state_machine(
+            name=f"{name}-{suffix}", roleArn=role["Role"]["Arn"], definition=asl.render(path.read_text(), values)
+        )["stateMachineArn"]
+        for name, path in asl.discover([REPO / "workflows"]).items()
+    }
+    runtime = build_runtime(
+        valkey,
+        valkey_url,
+        node_id="wf-node",
+        reaper_state_machine_arn=machines["write_session_reaper"],
+        delete_state_machine_arn=machines["batched_delete"],
+    )
     root = tmp_path / "nfs"
     root.mkdir()
-    runtime.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}))
-    runtime.control.create_group(InstanceGroup.model_validate(
-        {"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}}))
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}})
+    )
 
-    runtime.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-        {"instance_group": "g1", "instance_id": "i1", "block_size": 4, "location_spec_infos": SPECS,
-         "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
+    runtime.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g1",
+                "instance_id": "i1",
+                "block_size": 4,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            }
+        )
+    )
     with LambdaDispatch(handlers):
         yield dataclasses.make_dataclass("Stack", ["runtime", "sfn", "machines", "root"])(runtime, sfn, machines, root)
         # A looping execution's next self-restart fails once its machine is gone.

@@ -1,24 +1,39 @@
 """Health checks: a failing probe takes a storage out of service (writes fail over, reads
 stop), with hysteresis, and it comes back once probes succeed again."""
+
 import shutil
 
-from chalicelib.protocol.models import (BlockMask, FinishWriteCacheRequest, GetCacheLocationRequest, InstanceGroup,
-                                        StartWriteCacheRequest, StorageConfig)
+from chalicelib.protocol.models import (
+    BlockMask,
+    FinishWriteCacheRequest,
+    GetCacheLocationRequest,
+    InstanceGroup,
+    StartWriteCacheRequest,
+    StorageConfig,
+)
 
 
 def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     rt = stack.runtime
     backup = tmp_path / "backup"
     backup.mkdir()
-    rt.control.add_storage(StorageConfig.model_validate(
-        {"global_unique_name": "nfs_02", "nfs": {"root_path": str(backup), "key_count_per_file": 2}}))
+    rt.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_02", "nfs": {"root_path": str(backup), "key_count_per_file": 2}}
+        )
+    )
     group = rt.control.get_group("g1")
-    rt.control.update_group(InstanceGroup.model_validate(
-        {**group.model_dump(), "version": 0, "storage_candidates": ["nfs_01", "nfs_02"]}), current_version=group.version)
+    rt.control.update_group(
+        InstanceGroup.model_validate({**group.model_dump(), "version": 0, "storage_candidates": ["nfs_01", "nfs_02"]}),
+        current_version=group.version,
+    )
     rt.config.invalidate()
     start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="i1", block_keys=[1]))
-    rt.cache.finish_write_cache(FinishWriteCacheRequest(instance_id="i1", write_session_id=start.write_session_id,
-                                                        success_blocks=BlockMask(offset=1)))
+    rt.cache.finish_write_cache(
+        FinishWriteCacheRequest(
+            instance_id="i1", write_session_id=start.write_session_id, success_blocks=BlockMask(offset=1)
+        )
+    )
     assert start.locations[0]["location_specs"][0]["uri"].startswith("file://nfs_01/")
 
     shutil.rmtree(stack.root)  # the mount is gone: probes fail

@@ -1,5 +1,6 @@
 """removeInstance and whole-instance trims as purges: inline for a small instance, the
 ``instance_purge`` state machine (real ASL in moto) for the rest."""
+
 from pathlib import Path
 
 import pytest
@@ -8,8 +9,12 @@ from chalicelib.cache import purge
 from chalicelib.control.errors import InstanceRemovingError
 from chalicelib.index.block_index import MODE_RAW
 from chalicelib.protocol.errors import InstanceNotFoundError
-from chalicelib.protocol.models import (FinishWriteCacheRequest, RegisterInstanceRequest, RemoveInstanceRequest,
-                                        StartWriteCacheRequest)
+from chalicelib.protocol.models import (
+    FinishWriteCacheRequest,
+    RegisterInstanceRequest,
+    RemoveInstanceRequest,
+    StartWriteCacheRequest,
+)
 
 from .harness import SPECS, wait_for
 from .test_workflows import _write_files
@@ -19,16 +24,30 @@ def _write(rt, keys, instance_id="i1") -> list[Path]:
     """Start, write the files at the URIs' paths, finish: the blocks are SERVING."""
     start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance_id, block_keys=keys))
     paths = _write_files(start)
-    rt.cache.finish_write_cache(FinishWriteCacheRequest.model_validate(
-        {"instance_id": instance_id, "write_session_id": start.write_session_id,
-         "success_blocks": {"offset": len(start.locations)}}))
+    rt.cache.finish_write_cache(
+        FinishWriteCacheRequest.model_validate(
+            {
+                "instance_id": instance_id,
+                "write_session_id": start.write_session_id,
+                "success_blocks": {"offset": len(start.locations)},
+            }
+        )
+    )
     return paths
 
 
 def _register(rt, instance_id="i1", block_size=4):
-    rt.meta_service.register_instance(RegisterInstanceRequest.model_validate(
-        {"instance_group": "g1", "instance_id": instance_id, "block_size": block_size, "location_spec_infos": SPECS,
-         "model_deployment": {"model_name": "m", "dtype": "fp16"}}))
+    rt.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g1",
+                "instance_id": instance_id,
+                "block_size": block_size,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            }
+        )
+    )
 
 
 @pytest.mark.slow  # waits for a state machine run on the wall clock

@@ -1,4 +1,5 @@
 """Rendering index records as CacheLocation JSON (pure: fabricated records, no I/O)."""
+
 import json
 import struct
 
@@ -18,21 +19,38 @@ NAMES = {1: "nfs_01", 2: "3fs_01", 3: "gone"}
 def record(*locations) -> bytes:
     """Header then (status, storage index, spec group, location id, group id, slot) each."""
     head = struct.pack(">B8sHIBIHB", 0, bytes(8), 0, 0, 5, 0, 0, len(locations))
-    return head + b"".join(struct.pack(">BBB", st, sidx, sg) + lid.to_bytes(5, "big") + gid.to_bytes(6, "big")
-                           + struct.pack(">H", slot) for st, sidx, sg, lid, gid, slot in locations)
+    return head + b"".join(
+        struct.pack(">BBB", st, sidx, sg) + lid.to_bytes(5, "big") + gid.to_bytes(6, "big") + struct.pack(">H", slot)
+        for st, sidx, sg, lid, gid, slot in locations
+    )
 
 
 @pytest.fixture
 def context(tmp_path):
     def make(three_fs_available=True) -> InstanceContext:
-        nfs = FileBackend(StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path), "key_count_per_file": 4}}))
-        three = ThreeFSBackend(StorageConfig.model_validate(
-            {"global_unique_name": "3fs_01", "threefs": {"mountpoint": str(tmp_path), "root_dir": "r"}}))
-        specs = SpecLayout((LocationSpecInfo(name="tp0", size=16), LocationSpecInfo(name="tp1", size=32)),
-                           (LocationSpecGroup(name="only1", spec_names=["tp1"]),))
-        return InstanceContext("i1", InstanceGroup(name="g"), 4, specs, InstanceLayout("t", "i1", 4),
-                               (StorageState(nfs, True), StorageState(three, three_fs_available)))
+        nfs = FileBackend(
+            StorageConfig.model_validate(
+                {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path), "key_count_per_file": 4}}
+            )
+        )
+        three = ThreeFSBackend(
+            StorageConfig.model_validate(
+                {"global_unique_name": "3fs_01", "threefs": {"mountpoint": str(tmp_path), "root_dir": "r"}}
+            )
+        )
+        specs = SpecLayout(
+            (LocationSpecInfo(name="tp0", size=16), LocationSpecInfo(name="tp1", size=32)),
+            (LocationSpecGroup(name="only1", spec_names=["tp1"]),),
+        )
+        return InstanceContext(
+            "i1",
+            InstanceGroup(name="g"),
+            4,
+            specs,
+            InstanceLayout("t", "i1", 4),
+            (StorageState(nfs, True), StorageState(three, three_fs_available)),
+        )
+
     return make
 
 

@@ -1,4 +1,5 @@
 """How Group-LRU shares a round's sample among a group's instances (pure)."""
+
 from chalicelib.capacity.instance import sample_shares
 
 

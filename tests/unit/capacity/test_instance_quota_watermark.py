@@ -1,5 +1,6 @@
 """The reclaimer's watermark with per-instance quotas: an instance over its own trigger is
 reclaimed on its own, and gives first when the group is over."""
+
 from chalicelib.capacity.watermark import Limits, assess, split
 from chalicelib.control.groups import normalize_group
 from chalicelib.index import Usage
@@ -11,9 +12,16 @@ def usage(bytes_: int) -> Usage:
 
 
 def test_limits_read_the_instance_quotas():
-    g = normalize_group(InstanceGroup.model_validate({
-        "name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1000},
-        "instance_quotas": {"a": 600, "b": 400}}))
+    g = normalize_group(
+        InstanceGroup.model_validate(
+            {
+                "name": "g",
+                "storage_candidates": ["s"],
+                "quota": {"capacity": 1000},
+                "instance_quotas": {"a": 600, "b": 400},
+            }
+        )
+    )
     assert Limits.of(g).instance_capacity == {"a": 600, "b": 400}
 
 

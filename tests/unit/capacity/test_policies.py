@@ -1,10 +1,11 @@
 """Victim ranking per policy, TTL expiry, and the record → candidate mapping."""
+
 import pytest
 
 from chalicelib.capacity.policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, policy_for
 from chalicelib.capacity.sampling import SamplingConfig, sweep_buckets, to_candidate
-from chalicelib.index.records import location_status
 from chalicelib.index import Status
+from chalicelib.index.records import location_status
 from chalicelib.protocol.codes import ReclaimPolicy
 from chalicelib.protocol.models import CacheReclaimStrategy
 
@@ -53,12 +54,15 @@ def test_ttl_expires_blocks_idle_longer_than_the_ttl_and_ranks_nearest_expiry_fi
     assert not LRUPolicy().expires and not LRUPolicy().expired(cand(6, 0), NOW)
 
 
-@pytest.mark.parametrize("policy, expected", [
-    (ReclaimPolicy.POLICY_UNSPECIFIED, LRUPolicy),
-    (ReclaimPolicy.POLICY_LRU, LRUPolicy),
-    (ReclaimPolicy.POLICY_LFU, LFUPolicy),
-    (ReclaimPolicy.POLICY_TTL, TTLPolicy),
-])
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        (ReclaimPolicy.POLICY_UNSPECIFIED, LRUPolicy),
+        (ReclaimPolicy.POLICY_LRU, LRUPolicy),
+        (ReclaimPolicy.POLICY_LFU, LFUPolicy),
+        (ReclaimPolicy.POLICY_TTL, TTLPolicy),
+    ],
+)
 def test_policy_for_a_strategy(policy, expected):
     chosen = policy_for(CacheReclaimStrategy(reclaim_policy=policy, ttl_seconds=30), lfu_decay_s=60)
     assert type(chosen) is expected

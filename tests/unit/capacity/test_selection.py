@@ -1,4 +1,5 @@
 """The candidate pool: leaves only, expired first, then the policy's worst that help."""
+
 from chalicelib.capacity.policies import LRUPolicy, TTLPolicy
 from chalicelib.capacity.selection import CandidatePool
 from chalicelib.capacity.watermark import Need

@@ -1,4 +1,5 @@
 """Which DELETING locations count as stranded: by the time their record turned DELETING."""
+
 from chalicelib.capacity.stranded import stranded_locations
 from chalicelib.index import Status
 

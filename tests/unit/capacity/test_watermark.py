@@ -1,4 +1,5 @@
 """Watermark math: triggers, steps, per-type quotas, key counts, pressure, the split."""
+
 import pytest
 
 from chalicelib.capacity.watermark import Limits, Need, Plan, assess, own_needs, split
@@ -36,8 +37,10 @@ def test_used_size_triggers_with_or_without_a_capacity():
     # no capacity: used_size is the trigger and the step's reference
     assert assess(Limits(used_size=500, step_percentage=10), {"a": usage(800)}).bytes == 50
     # both: whichever is lower triggers
-    assert assess(Limits(capacity=1000, used_fraction=0.9, used_size=500, step_percentage=100),
-                  {"a": usage(800)}).bytes == 300
+    assert (
+        assess(Limits(capacity=1000, used_fraction=0.9, used_size=500, step_percentage=100), {"a": usage(800)}).bytes
+        == 300
+    )
     # neither: no byte watermark at all
     assert not assess(Limits(), {"a": usage(10**12)}).needed
 
@@ -60,8 +63,7 @@ def test_key_count_watermark_is_per_instance():
 
 
 def test_pressure_makes_one_step_of_headroom_under_the_hard_limits():
-    limits = Limits(capacity=1000, type_capacity={"ST_NFS": 500}, max_keys=10, used_fraction=1.0,
-                    step_percentage=10)
+    limits = Limits(capacity=1000, type_capacity={"ST_NFS": 500}, max_keys=10, used_fraction=1.0, step_percentage=10)
     full = {"a": usage(1000, keys=10, ST_NFS=500)}
     assert not assess(limits, full).needed  # a watermark of 100 % is never exceeded
     plan = assess(limits, full, pressure=True)
@@ -81,15 +83,38 @@ def test_pressure_headroom_is_one_step_but_never_more_than_a_tenth():
 
 
 def test_limits_of_a_stored_group():
-    group = normalize_group(InstanceGroup.model_validate({
-        "name": "g", "storage_candidates": ["s"],
-        "quota": {"capacity": 64 * KIB, "quota_config": [{"storage_type": "ST_NFS", "capacity": 8 * KIB},
-                                                         {"storage_type": "ST_S3", "capacity": 0}]},
-        "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 0.5, "used_size": 9},
-                                              "reclaim_step_size": 7, "reclaim_step_percentage": 20},
-                         "meta_indexer_config": {"max_key_count": 100}}}))
-    assert Limits.of(group) == Limits(capacity=64 * KIB, type_capacity={"ST_NFS": 8 * KIB}, max_keys=100,
-                                      used_fraction=0.5, used_size=9, step_size=7, step_percentage=20)
+    group = normalize_group(
+        InstanceGroup.model_validate(
+            {
+                "name": "g",
+                "storage_candidates": ["s"],
+                "quota": {
+                    "capacity": 64 * KIB,
+                    "quota_config": [
+                        {"storage_type": "ST_NFS", "capacity": 8 * KIB},
+                        {"storage_type": "ST_S3", "capacity": 0},
+                    ],
+                },
+                "cache_config": {
+                    "reclaim_strategy": {
+                        "trigger_strategy": {"used_percentage": 0.5, "used_size": 9},
+                        "reclaim_step_size": 7,
+                        "reclaim_step_percentage": 20,
+                    },
+                    "meta_indexer_config": {"max_key_count": 100},
+                },
+            }
+        )
+    )
+    assert Limits.of(group) == Limits(
+        capacity=64 * KIB,
+        type_capacity={"ST_NFS": 8 * KIB},
+        max_keys=100,
+        used_fraction=0.5,
+        used_size=9,
+        step_size=7,
+        step_percentage=20,
+    )
     bare = InstanceGroup(name="g")
     assert Limits.of(bare) == Limits()
 
@@ -126,13 +151,16 @@ def test_live_usage_leaves_out_what_is_already_being_deleted():
     assert Usage(100, 1, {"ST_NFS": 100}, **deleting).live() == usage(0, 0, ST_NFS=0)
 
 
-@pytest.mark.parametrize("need, storage_type, wanted", [
-    (Need(bytes=1), "ST_S3", True),
-    (Need(keys=1), "ST_S3", True),
-    (Need(by_type={"ST_NFS": 1}), "ST_NFS", True),
-    (Need(by_type={"ST_NFS": 1}), "ST_S3", False),
-    (Need(), "ST_NFS", False),
-])
+@pytest.mark.parametrize(
+    "need, storage_type, wanted",
+    [
+        (Need(bytes=1), "ST_S3", True),
+        (Need(keys=1), "ST_S3", True),
+        (Need(by_type={"ST_NFS": 1}), "ST_NFS", True),
+        (Need(by_type={"ST_NFS": 1}), "ST_S3", False),
+        (Need(), "ST_NFS", False),
+    ],
+)
 def test_need_wants_only_blocks_that_help(need, storage_type, wanted):
     assert need.wants(storage_type) is wanted
 
@@ -156,6 +184,17 @@ def test_used_percentage_above_one_never_triggers_even_under_pressure():
     full = {"a": usage(1000, keys=10, ST_NFS=500)}
     assert not assess(off, full).needed
     assert not assess(off, full, pressure=True).needed
-    assert Limits.of(normalize_group(InstanceGroup.model_validate(
-        {"name": "g", "storage_candidates": ["a"],
-         "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}}}))).used_fraction == 3.2
+    assert (
+        Limits.of(
+            normalize_group(
+                InstanceGroup.model_validate(
+                    {
+                        "name": "g",
+                        "storage_candidates": ["a"],
+                        "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 3.2}}},
+                    }
+                )
+            )
+        ).used_fraction
+        == 3.2
+    )

@@ -1,4 +1,5 @@
 """control.attributes converts like boto3.dynamodb.types (the reference), both ways."""
+
 from decimal import Decimal
 
 import pytest
@@ -7,9 +8,32 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from chalicelib.control.attributes import deserialize, serialize
 
 VALUES = [
-    None, True, False, 0, -7, 2**63, Decimal("1.5"), Decimal("-0.000001"), Decimal("1e125"), "", "text", "ünï",
-    b"", b"\x00\xff", bytearray(b"ab"), {1, 2}, {Decimal("3.25")}, {"a", "b"}, {b"x", b"y"}, set(), {True},
-    [], [1, "a", None, [b"z"], {"k": {2}}], (1, 2), {}, {"nested": {"list": [True, {"n": Decimal(7)}]}},
+    None,
+    True,
+    False,
+    0,
+    -7,
+    2**63,
+    Decimal("1.5"),
+    Decimal("-0.000001"),
+    Decimal("1e125"),
+    "",
+    "text",
+    "ünï",
+    b"",
+    b"\x00\xff",
+    bytearray(b"ab"),
+    {1, 2},
+    {Decimal("3.25")},
+    {"a", "b"},
+    {b"x", b"y"},
+    set(),
+    {True},
+    [],
+    [1, "a", None, [b"z"], {"k": {2}}],
+    (1, 2),
+    {},
+    {"nested": {"list": [True, {"n": Decimal(7)}]}},
 ]
 
 
@@ -30,9 +54,20 @@ def test_round_trips_like_boto3(value):
     assert deserialize(attribute) == TypeDeserializer().deserialize(attribute)
 
 
-@pytest.mark.parametrize("value", [1.5, Decimal("1.0000000000000000000000000000000000000001"), Decimal("1e200"),
-                                   Decimal("NaN"), Decimal("Infinity"), object(), {1, "a"}, {1.5}],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [
+        1.5,
+        Decimal("1.0000000000000000000000000000000000000001"),
+        Decimal("1e200"),
+        Decimal("NaN"),
+        Decimal("Infinity"),
+        object(),
+        {1, "a"},
+        {1.5},
+    ],
+    ids=repr,
+)
 def test_refuses_what_boto3_refuses(value):
     with pytest.raises(Exception) as reference:
         TypeSerializer().serialize(value)

@@ -1,4 +1,5 @@
 """Salted password hashes."""
+
 from chalicelib.control.passwords import dummy_hash, hash_password, verify_password
 
 

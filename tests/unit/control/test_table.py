@@ -1,4 +1,5 @@
 """ControlTable's transaction retries and error mapping (DynamoDB client faked)."""
+
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
@@ -8,8 +9,13 @@ from chalicelib.protocol.errors import ServiceNotReadyError
 
 
 def cancelled(*codes):
-    return ClientError({"Error": {"Code": "TransactionCanceledException", "Message": "cancelled"},
-                        "CancellationReasons": [{"Code": c} for c in codes]}, "TransactWriteItems")
+    return ClientError(
+        {
+            "Error": {"Code": "TransactionCanceledException", "Message": "cancelled"},
+            "CancellationReasons": [{"Code": c} for c in codes],
+        },
+        "TransactWriteItems",
+    )
 
 
 class FakeClient:
@@ -74,8 +80,10 @@ def test_table_definition_serves_boto3_and_cloudformation():
     definition = table_definition("kvcm-control")
     assert definition == {
         "TableName": "kvcm-control",
-        "AttributeDefinitions": [{"AttributeName": "pk", "AttributeType": "S"},
-                                 {"AttributeName": "sk", "AttributeType": "S"}],
+        "AttributeDefinitions": [
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
         "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
         "BillingMode": "PAY_PER_REQUEST",
     }

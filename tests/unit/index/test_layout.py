@@ -1,5 +1,6 @@
 """The record layout has one source (chalicelib/index/layout.py): the Lua constants are
 generated from it, and the index scripts spell offsets, statuses and codes by name."""
+
 import re
 from pathlib import Path
 
@@ -7,7 +8,15 @@ import pytest
 
 from chalicelib.index import layout
 from chalicelib.index.layout import (
-    ADOPTER, HEADER, LOCATION, PACKED_GROUP, SESSION_ENTRY, VICTIM, ClaimOutcome, FinishStatus, StartRefusal,
+    ADOPTER,
+    HEADER,
+    LOCATION,
+    PACKED_GROUP,
+    SESSION_ENTRY,
+    VICTIM,
+    ClaimOutcome,
+    FinishStatus,
+    StartRefusal,
     lua_constants,
 )
 
@@ -43,7 +52,7 @@ def test_wide_fields_round_trip():
     values = (3, 7, 250, 2**40 - 3, 2**48 - 5, 65534)
     raw = LOCATION.pack(*values)
     assert len(raw) == LOCATION.size and LOCATION.unpack_from(b"x" + raw, 1) == values
-    assert raw[LOCATION.offset("location_id"):LOCATION.offset("group_id")] == (2**40 - 3).to_bytes(5, "big")
+    assert raw[LOCATION.offset("location_id") : LOCATION.offset("group_id")] == (2**40 - 3).to_bytes(5, "big")
 
 
 def test_read_lua_refreshes_access_time_and_lfu_in_one_splice():
@@ -53,8 +62,14 @@ def test_read_lua_refreshes_access_time_and_lfu_in_one_splice():
 
 def test_generated_constants_match_the_layout():
     lua = _generated()
-    for prefix, struct_ in (("HDR", HEADER), ("LOC", LOCATION), ("VICTIM", VICTIM), ("ADOPTER", ADOPTER),
-                            ("SESSION_ENTRY", SESSION_ENTRY), ("PACKED_GROUP", PACKED_GROUP)):
+    for prefix, struct_ in (
+        ("HDR", HEADER),
+        ("LOC", LOCATION),
+        ("VICTIM", VICTIM),
+        ("ADOPTER", ADOPTER),
+        ("SESSION_ENTRY", SESSION_ENTRY),
+        ("PACKED_GROUP", PACKED_GROUP),
+    ):
         assert struct_.lua_name == prefix
         assert (lua[f"{prefix}_FMT"], lua[f"{prefix}_LEN"]) == (struct_.format, struct_.size)
     for field in HEADER.fields.values():  # positions in a record, 1-based as Lua counts
@@ -81,14 +96,22 @@ _NAMED_STRINGS = "|".join(re.escape(v.value) for e in (StartRefusal, ClaimOutcom
 #: Spellings a name exists for (docs/record-layout.md), each with an example of what it catches.
 LITERALS = {
     "record bytes at a numeric position": (
-        rf"\b(?:string\.)?(?:byte|sub)\({_RECORD}\s*,\s*(?!1\s*[,)])\d", "local lfu = byte(rec, 16)"),
+        rf"\b(?:string\.)?(?:byte|sub)\({_RECORD}\s*,\s*(?!1\s*[,)])\d",
+        "local lfu = byte(rec, 16)",
+    ),
     "a record field read with a literal format": (
-        rf"struct\.unpack\('[^']*',\s*{_RECORD}\b", "local children = struct.unpack('>H', rec, 10)"),
+        rf"struct\.unpack\('[^']*',\s*{_RECORD}\b",
+        "local children = struct.unpack('>H', rec, 10)",
+    ),
     "a layout format spelled out": (
-        r"'>(?:Bc8HI4BI6B|BBBI5I6H|c8I5BBI6H|BI6|c8I5|Bc8)'", "local VICTIM_FMT = '>c8I5BBI6H'"),
+        r"'>(?:Bc8HI4BI6B|BBBI5I6H|c8I5BBI6H|BI6|c8I5|Bc8)'",
+        "local VICTIM_FMT = '>c8I5BBI6H'",
+    ),
     "an offset past the header": (r"HDR_LEN\s*[-+]\s*\d", "local seq = struct.unpack(fmt, rec, HDR_LEN + 4)"),
     "a status or flag byte compared with a number": (
-        rf"\bbyte\({_RECORD}[^)]*\)\s*(?:[=~]=|%)\s*\d", "if byte(rec, first) == 2 then"),
+        rf"\bbyte\({_RECORD}[^)]*\)\s*(?:[=~]=|%)\s*\d",
+        "if byte(rec, first) == 2 then",
+    ),
     "flag arithmetic": (r"\bflags\s*%\s*\d|string\.char\(\d", "if flags % 4 < 2 then"),
     "a location status compared with a number": (r"\b(?:st|status)\s*[=~]=\s*\d", "if st == 1 then"),
     "a read mode as a number": (r"\bmode\s*[=~]=\s*\d", "if mode == 4 then"),
@@ -106,7 +129,10 @@ def test_the_check_catches_the_literal_spelling(what):
 
 @pytest.mark.parametrize("script", sorted(p.name for p in LUA_DIR.glob("*.lua")))
 def test_scripts_name_offsets_statuses_and_codes(script):
-    found = [f"{script}:{n}: {what}: {line.strip()}"
-             for n, line in _code((LUA_DIR / script).read_text())
-             for what, (pattern, _) in LITERALS.items() if re.search(pattern, line)]
+    found = [
+        f"{script}:{n}: {what}: {line.strip()}"
+        for n, line in _code((LUA_DIR / script).read_text())
+        for what, (pattern, _) in LITERALS.items()
+        if re.search(pattern, line)
+    ]
     assert not found, "\n".join(found)

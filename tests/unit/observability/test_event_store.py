@@ -1,15 +1,16 @@
 """The partitioned event log: per-group, per-hour objects, flushed by size, age and on
 demand, read back in time order (observability/event_store.py)."""
+
 from __future__ import annotations
 
 import json
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 import pytest
 
 from chalicelib.observability.event_store import PartitionedEventWriter, is_partitioned, read_group_lines
-from chalicelib.storage.objects import DirectoryStore, open_store
 from chalicelib.observability.events import EventLog
+from chalicelib.storage.objects import DirectoryStore, open_store
 
 HOUR_US = 3600 * 1_000_000
 T0 = int(datetime(2026, 12, 1, 10, 59, tzinfo=UTC).timestamp() * 1e6)
@@ -35,16 +36,17 @@ def test_objects_per_group_and_hour_written_on_flush(tmp_path):
     assert writer.pending() == 3 and not list(tmp_path.rglob("*.jsonl"))
     assert writer.flush() == 3 and writer.pending() == 0
     keys = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.jsonl"))
-    assert keys == ["log/events/g%2F2/2026-12-01/10/c1-000003.jsonl",
-                    "log/events/g1/2026-12-01/10/c1-000001.jsonl",
-                    "log/events/g1/2026-12-01/11/c1-000002.jsonl"]
+    assert keys == [
+        "log/events/g%2F2/2026-12-01/10/c1-000003.jsonl",
+        "log/events/g1/2026-12-01/10/c1-000001.jsonl",
+        "log/events/g1/2026-12-01/11/c1-000002.jsonl",
+    ]
     assert writer.flush() == 0  # nothing left: no empty objects
 
 
 def test_flushed_by_size_and_by_age_as_lines_arrive(tmp_path):
     ticks = Ticks()
-    writer = PartitionedEventWriter(DirectoryStore(str(tmp_path)), flush_bytes=300, flush_age_s=60,
-                                    monotonic=ticks)
+    writer = PartitionedEventWriter(DirectoryStore(str(tmp_path)), flush_bytes=300, flush_age_s=60, monotonic=ticks)
     writer.append("g1", T0, line("i1", T0))
     ticks.now = 59.0
     writer.append("g1", T0, line("i1", T0))
@@ -109,8 +111,9 @@ def test_event_log_settings_and_groups(tmp_path):
             raise LookupError(instance_id)
         return {"i1": "g1"}[instance_id]
 
-    log = EventLog.from_settings(f"dir:{tmp_path}", open_objects=lambda target: open_store(target, lambda: None),
-                                 group_of=group_of)
+    log = EventLog.from_settings(
+        f"dir:{tmp_path}", open_objects=lambda target: open_store(target, lambda: None), group_of=group_of
+    )
     assert log.enabled
     log.publish("i1", "GetCacheLocation", T0, keys=[1])
     log.publish("gone", "GetCacheLocation", T0, keys=[2])

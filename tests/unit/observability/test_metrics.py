@@ -1,4 +1,5 @@
 """The metrics registry's pending changes and the publisher's period (pure logic)."""
+
 from chalicelib.clock import ManualClock
 from chalicelib.observability.metrics import COUNTER, GAUGE, MEAN, MetricsDelta, MetricsPublisher, MetricsRegistry
 
@@ -15,8 +16,7 @@ def test_drain_hands_over_the_changes_once_and_keeps_the_totals():
     delta = registry.drain()
     assert delta.counters == {KEY: 2} and delta.sums == {("m", ()): 30} and delta.counts == {("m", ()): 2}
     assert delta.gauges == {("g", ()): 1}
-    assert [(p.name, p.kind, p.value) for p in delta.points()] == [("c", COUNTER, 2), ("g", GAUGE, 1),
-                                                                    ("m", MEAN, 15)]
+    assert [(p.name, p.kind, p.value) for p in delta.points()] == [("c", COUNTER, 2), ("g", GAUGE, 1), ("m", MEAN, 15)]
     assert not registry.drain()
     registry.incr("c", 1, TAGS)
     assert registry.drain().counters == {KEY: 1}
@@ -87,5 +87,6 @@ def test_calls_are_tagged_with_the_upstream_rpc_name():
     assert delta.counters == {
         ("service.query_counter", (("api_name", "GetCacheLocation"),)): 1,
         ("service.query_counter", (("api_name", "AddStorage"),)): 1,
-        ("service.error_counter", (("api_name", "AddStorage"), ("code", "INVALID_ARGUMENT"))): 1}
+        ("service.error_counter", (("api_name", "AddStorage"), ("code", "INVALID_ARGUMENT"))): 1,
+    }
     assert registry.value("service.query_rt_us", {"api_name": "GetCacheLocation"}) == 120

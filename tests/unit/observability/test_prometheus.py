@@ -1,4 +1,5 @@
 """The Prometheus text exposition of metric totals (pure)."""
+
 from chalicelib.observability.metrics import MetricsDelta
 from chalicelib.observability.prometheus import exposition
 

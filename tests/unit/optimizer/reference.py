@@ -3,6 +3,7 @@
 Every cached block is a dict entry {tick, freq, parent}; every eviction scans all of them.
 Nothing here shares code with chalicelib.optimizer except the record type.
 """
+
 from __future__ import annotations
 
 from chalicelib.optimizer.traces import Op, Query
@@ -48,14 +49,21 @@ def masked(mask, i: int) -> bool:
     return i < len(mask) and mask[i]
 
 
-def reference_replay(records, policy: str, capacity: int, *, mode: str = "instance_precise",
-                     batch: int = 4, block_size: int = 4, read_refresh: bool = True):
+def reference_replay(
+    records,
+    policy: str,
+    capacity: int,
+    *,
+    mode: str = "instance_precise",
+    batch: int = 4,
+    block_size: int = 4,
+    read_refresh: bool = True,
+):
     """Returns (counters dict, {instance: set of cached keys}, [victims per step])."""
     caches: dict[str, RefCache] = {}
     order: list[str] = []
     cursor = 0
-    totals = dict(reads=0, read_blocks=0, internal=0, external=0, tokens=0, hit_tokens=0,
-                  written=0, inserted=0)
+    totals = dict(reads=0, read_blocks=0, internal=0, external=0, tokens=0, hit_tokens=0, written=0, inserted=0)
     victims_per_step = []
     for r in records:
         if r.instance not in caches:
@@ -80,7 +88,7 @@ def reference_replay(records, policy: str, capacity: int, *, mode: str = "instan
             else:
                 sw = r.sw_size
                 for start in range(len(keys) - sw, -1, -1):
-                    window = keys[start:start + sw]
+                    window = keys[start : start + sw]
                     if sw >= 1 and all(k in cache.blocks for k in window):
                         hits = window
                         break
@@ -98,8 +106,7 @@ def reference_replay(records, policy: str, capacity: int, *, mode: str = "instan
             totals["hit_tokens"] += hit_tokens
         if r.op in (Op.WRITE, Op.REQUEST):
             skip = r.mask if r.op == Op.WRITE else 0
-            totals["inserted"] += len({k for i, k in enumerate(keys)
-                                       if not masked(skip, i) and k not in cache.blocks})
+            totals["inserted"] += len({k for i, k in enumerate(keys) if not masked(skip, i) and k not in cache.blocks})
             for i in range(len(keys) - 1, -1, -1):
                 if masked(skip, i):
                     continue

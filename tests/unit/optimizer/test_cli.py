@@ -1,4 +1,5 @@
 """The command line, as a user runs it."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The per-instance tuning job's logic (optimizer/instance_tuning.py) on a written event
 log: a looping instance whose working set fits only with more quota, a streaming one
 that gains nothing from any quota."""
+
 from __future__ import annotations
 
 import json
@@ -63,29 +64,43 @@ def write_traffic(writer: PartitionedEventWriter, group: str = "g1", cycles: int
     fresh = 10_000_000
     for n in range(cycles * LOOP_CHAINS):
         chain = n % LOOP_CHAINS
-        requests = [("loop", [chain * 100 + b for b in range(CHAIN)]),
-                    ("stream", list(range(fresh + n * CHAIN, fresh + (n + 1) * CHAIN)))]
+        requests = [
+            ("loop", [chain * 100 + b for b in range(CHAIN)]),
+            ("stream", list(range(fresh + n * CHAIN, fresh + (n + 1) * CHAIN))),
+        ]
         for instance, keys in requests:
             session = f"{instance}-{n}"
-            for kind, extra in (("GetCacheLocation", {"keys": keys, "query_type": "prefix_match", "block_mask": 0}),
-                                ("StartWriteCache", {"keys": keys, "write_session_id": session}),
-                                ("FinishWriteCache", {"write_session_id": session, "success_block": len(keys)})):
+            for kind, extra in (
+                ("GetCacheLocation", {"keys": keys, "query_type": "prefix_match", "block_mask": 0}),
+                ("StartWriteCache", {"keys": keys, "write_session_id": session}),
+                ("FinishWriteCache", {"write_session_id": session, "success_block": len(keys)}),
+            ):
                 t += spacing_us
-                writer.append(group, t, json.dumps({"source": instance, "type": kind, "trigger_time_us": t,
-                                                    "tokens": [], **extra}))
+                writer.append(
+                    group,
+                    t,
+                    json.dumps({"source": instance, "type": kind, "trigger_time_us": t, "tokens": [], **extra}),
+                )
     writer.flush()
     return t
 
 
-def job(tmp_path, group_fields: dict | None = None, instances: dict[str, int] | None = None,
-        spacing_us: int = 1000):
+def job(tmp_path, group_fields: dict | None = None, instances: dict[str, int] | None = None, spacing_us: int = 1000):
     store = DirectoryStore(str(tmp_path))
     end_us = write_traffic(PartitionedEventWriter(store, "log"), spacing_us=spacing_us)
-    group = InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["s"],
-                                          "quota": {"capacity": CAPACITY}, **(group_fields or {})})
+    group = InstanceGroup.model_validate(
+        {"name": "g1", "storage_candidates": ["s"], "quota": {"capacity": CAPACITY}, **(group_fields or {})}
+    )
     groups = FakeGroups(group, instances or {"loop": BLOCK, "stream": BLOCK})
-    tuning = InstanceTuning(groups, EventLogSource(store, "log"), store, FixedClock(end_us / 1e6 + 1),
-                            logging.getLogger("test"), output_prefix="log", reclaim_round_s=1.0)
+    tuning = InstanceTuning(
+        groups,
+        EventLogSource(store, "log"),
+        store,
+        FixedClock(end_us / 1e6 + 1),
+        logging.getLogger("test"),
+        output_prefix="log",
+        reclaim_round_s=1.0,
+    )
     return tuning, groups
 
 
@@ -136,23 +151,32 @@ def test_groups_without_quota_or_traffic_are_left_alone(tmp_path):
 
 def test_instance_quotas_in_bytes_follow_each_instance_block_size(tmp_path):
     # the loop's blocks are 4x larger: the same 64 blocks need 4x the bytes
-    tuning, groups = job(tmp_path, {"quota": {"capacity": 4 * CAPACITY}, "tuning": {"enabled": True, "max_shift": 1}},
-                         instances={"loop": 4 * BLOCK, "stream": BLOCK})
+    tuning, groups = job(
+        tmp_path,
+        {"quota": {"capacity": 4 * CAPACITY}, "tuning": {"enabled": True, "max_shift": 1}},
+        instances={"loop": 4 * BLOCK, "stream": BLOCK},
+    )
     assert tuning.run()["groups"][0]["status"] == "applied"
     assert groups.group.instance_quotas["loop"] * 0.9 // (4 * BLOCK) >= LOOP_CHAINS * CHAIN
 
 
 def test_current_quotas_share_what_the_set_ones_leave():
-    group = normalize_group(InstanceGroup.model_validate({
-        "name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1000}, "instance_quotas": {"a": 400}}))
+    group = normalize_group(
+        InstanceGroup.model_validate(
+            {"name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1000}, "instance_quotas": {"a": 400}}
+        )
+    )
     assert current_quotas(group, ["a", "b", "c"]) == {"a": 400, "b": 300, "c": 300}
     assert current_quotas(group, ["b", "c", "d"]) == {"b": 200, "c": 200, "d": 200}
 
 
 @pytest.mark.parametrize("bad", [{"max_shift": 0}, {"window_seconds": 0}])
 def test_defaults_fill_a_partial_tuning(bad):
-    group = normalize_group(InstanceGroup.model_validate({
-        "name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1}, "tuning": bad}))
+    group = normalize_group(
+        InstanceGroup.model_validate(
+            {"name": "g", "storage_candidates": ["s"], "quota": {"capacity": 1}, "tuning": bad}
+        )
+    )
     assert group.tuning.max_shift == 0.2 and group.tuning.window_seconds == 3600
 
 
@@ -177,8 +201,11 @@ def test_a_ttl_group_gets_the_ttl_its_reuse_needs_one_bounded_step_a_run(tmp_pat
 
 def test_an_lru_group_gets_the_watermark_that_holds_its_quotas_hit_ratio(tmp_path):
     # the loop's 64 blocks fit in its 80-block quota, not under a 0.5 watermark of it
-    fields = {**_reclaim_strategy(trigger_strategy={"used_percentage": 0.5}), "tuning": {"enabled": True},
-              "instance_quotas": {"loop": 80 * BLOCK, "stream": 20 * BLOCK}}
+    fields = {
+        **_reclaim_strategy(trigger_strategy={"used_percentage": 0.5}),
+        "tuning": {"enabled": True},
+        "instance_quotas": {"loop": 80 * BLOCK, "stream": 20 * BLOCK},
+    }
     tuning, groups = job(tmp_path, fields, spacing_us=500_000)
     (summary,) = tuning.run()["groups"]
     assert summary["status"] == "applied" and summary["changes"] == {}

@@ -1,12 +1,12 @@
 """The simulated KVCM policy: the live constants, the write path, rounds and watermark,
 leaf-first order, the touch interval, LFU and TTL."""
+
 from __future__ import annotations
 
 import pytest
 
-from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.cache import context, service
-from chalicelib.protocol import models as group_model
+from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.index import BlockIndex
 from chalicelib.optimizer import kvcm_policy
 from chalicelib.optimizer.errors import ConfigError
@@ -14,22 +14,31 @@ from chalicelib.optimizer.kvcm_policy import KVCMPolicy
 from chalicelib.optimizer.policies import make_policy
 from chalicelib.optimizer.replay import ReplayConfig, replay
 from chalicelib.optimizer.traces import Op, Record
+from chalicelib.protocol import models as group_model
 
 S = 1_000_000  # microseconds per second
 
 
 def test_constants_are_the_live_ones():
     live = sampling.SamplingConfig()
-    for name in ("oversample", "max_pool", "buckets_per_trip", "max_buckets", "max_victims",
-                 "mark_batch", "min_sweep_buckets", "max_sweep_buckets"):
+    for name in (
+        "oversample",
+        "max_pool",
+        "buckets_per_trip",
+        "max_buckets",
+        "max_victims",
+        "mark_batch",
+        "min_sweep_buckets",
+        "max_sweep_buckets",
+    ):
         assert getattr(kvcm_policy.ROUND_SAMPLING, name) == getattr(live, name), name
-        assert (getattr(kvcm_policy.WRITE_PATH_SAMPLING, name)
-                == getattr(eviction.WRITE_PATH_SAMPLING, name)), name
+        assert getattr(kvcm_policy.WRITE_PATH_SAMPLING, name) == getattr(eviction.WRITE_PATH_SAMPLING, name), name
     assert kvcm_policy.RECORDS_PER_BUCKET == context.RECORDS_PER_BUCKET
     assert (kvcm_policy.MIN_BUCKET_BITS, kvcm_policy.MAX_BUCKET_BITS) == (
-        context.MIN_BUCKET_BITS, context.MAX_BUCKET_BITS)
-    assert all(kvcm_policy.bucket_bits(n) == context.bucket_bits_for(n)
-               for n in (1, 64, 1000, 10**5, 10**9))
+        context.MIN_BUCKET_BITS,
+        context.MAX_BUCKET_BITS,
+    )
+    assert all(kvcm_policy.bucket_bits(n) == context.bucket_bits_for(n) for n in (1, 64, 1000, 10**5, 10**9))
     assert kvcm_policy.PRESSURE_HEADROOM_PERCENT == watermark.PRESSURE_HEADROOM_PERCENT
     assert kvcm_policy.MAKE_ROOM_ATTEMPTS == service.MAKE_ROOM_ATTEMPTS
     assert kvcm_policy.MIN_DENSITY == __import__("chalicelib.capacity.instance").capacity.instance.MIN_DENSITY
@@ -91,8 +100,7 @@ def test_rounds_keep_the_watermark_one_step_at_a_time():
 
 
 def test_a_woken_round_makes_room_under_the_hard_limit():
-    policy = KVCMPolicy(round_s=1, used_percentage=1.0, step_percentage=10,
-                        headroom_percent=0)
+    policy = KVCMPolicy(round_s=1, used_percentage=1.0, step_percentage=10, headroom_percent=0)
     policy.advance(0)
     policy.insert(chain(1, 50), limit=50)
     policy._entries[50].children = 1  # pin the chain: the write path finds no leaf
@@ -129,10 +137,8 @@ def test_ttl_expires_blocks_whatever_the_watermark():
 
 def test_the_replay_runs_kvcm_with_its_clock():
     # a hot chain every other request, six cold ones in turn: 35 blocks for 20 of room
-    records = [Record("a", t * S, Op.REQUEST, chain(0 if t % 2 else 1000 * (t % 7), 5))
-               for t in range(200)]
-    result = replay(records, ReplayConfig(capacity=20, policy="kvcm", block_size=1,
-                                          policy_params={"round_s": 1}))
+    records = [Record("a", t * S, Op.REQUEST, chain(0 if t % 2 else 1000 * (t % 7), 5)) for t in range(200)]
+    result = replay(records, ReplayConfig(capacity=20, policy="kvcm", block_size=1, policy_params={"round_s": 1}))
     lru = replay(records, ReplayConfig(capacity=20, block_size=1))
     assert 0.45 < result.totals.block_hit_ratio <= lru.totals.block_hit_ratio + 0.05
     # every block read by a request is refreshed by the read (the write does not refresh)

@@ -1,4 +1,5 @@
 """The one-pass curve equals replays on random traces (the real traces: tests/integration)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,9 +19,8 @@ def test_curve_equals_replays_on_random_traces(seed):
     for capacity in range(0, top + 1):
         # reads that are not followed by a write of their keys need read_refresh off;
         # request-only traces give the same answer either way
-        for refresh in ((False,) if mixed else (False, True)):
-            result = replay(records, ReplayConfig(capacity=capacity, block_size=4,
-                                                  read_refresh=refresh))
+        for refresh in (False,) if mixed else (False, True):
+            result = replay(records, ReplayConfig(capacity=capacity, block_size=4, read_refresh=refresh))
             assert curve.totals(capacity) == result.totals, (capacity, refresh)
 
 
@@ -28,9 +28,12 @@ def test_long_requests_and_many_instances():
     from chalicelib.optimizer.traces import Op, Record
 
     long = list(range(5000))
-    records = [Record("a", 0, Op.REQUEST, long), Record("b", 1, Op.REQUEST, long[:10]),
-               Record("a", 2, Op.REQUEST, long + [9999]), Record("a", 3, Op.REQUEST, long[:3])]
+    records = [
+        Record("a", 0, Op.REQUEST, long),
+        Record("b", 1, Op.REQUEST, long[:10]),
+        Record("a", 2, Op.REQUEST, long + [9999]),
+        Record("a", 3, Op.REQUEST, long[:3]),
+    ]
     curve = lru_curve(records, block_size=1)
     for capacity in (0, 3, 4999, 5000, 5001, 6000):
-        assert curve.totals(capacity) == replay(records, ReplayConfig(capacity=capacity,
-                                                                      block_size=1)).totals
+        assert curve.totals(capacity) == replay(records, ReplayConfig(capacity=capacity, block_size=1)).totals

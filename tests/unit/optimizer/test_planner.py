@@ -1,5 +1,6 @@
 """Planner units: KV bytes from model shapes, storage prices, net per capacity, the KVCM
 quota with its watermark, and the report's human output."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,14 @@ def test_storage_prices_are_editable():
 
 
 def _plan(**kw):
-    base = dict(block_size=16, kv_bytes_per_token=64 * 1024, model="m",
-                tier=storage_tier("dram", {"dram": 0.01}), instances=2, used_fraction=0.8)
+    base = dict(
+        block_size=16,
+        kv_bytes_per_token=64 * 1024,
+        model="m",
+        tier=storage_tier("dram", {"dram": 0.01}),
+        instances=2,
+        used_fraction=0.8,
+    )
     return CapacityPlan(**{**base, **kw})
 
 
@@ -74,13 +81,26 @@ def test_quota_includes_the_watermark_and_every_instance():
 def test_net_rows_and_net_optimal_capacity():
     plan = _plan(instances=1)
     hits = {10: 100_000, 100: 400_000, 1000: 450_000}  # external hit tokens per capacity
-    points = [PointResult("lfu", c, None, Totals(reads=10, read_blocks=1000,
-                                                  external_hit_blocks=h // 16, input_tokens=16_000_000,
-                                                  hit_tokens=h, external_hit_tokens=h), "replay", 0)
-              for c, h in hits.items()]
+    points = [
+        PointResult(
+            "lfu",
+            c,
+            None,
+            Totals(
+                reads=10,
+                read_blocks=1000,
+                external_hit_blocks=h // 16,
+                input_tokens=16_000_000,
+                hit_tokens=h,
+                external_hit_tokens=h,
+            ),
+            "replay",
+            0,
+        )
+        for c, h in hits.items()
+    ]
     cost = CostModel(model_params=1e9, gpu_flops=1e12, mfu=1.0, gpu_hour_price=36.0)
-    report = build_report(trace={}, settings={}, points=points, duration_s=3600, target=0.01,
-                          cost=cost, plan=plan)
+    report = build_report(trace={}, settings={}, points=points, duration_s=3600, target=0.01, cost=cost, plan=plan)
     rows = {r["capacity_blocks"]: r for r in report["net"]}
     # 100k tokens x 2e9 FLOP / 1e12 FLOP/s = 200 GPU-s = 2.0 at 36 per GPU-hour
     assert rows[10]["gpu_cost_saved_per_hour"] == pytest.approx(2.0)
@@ -95,16 +115,43 @@ def test_net_rows_and_net_optimal_capacity():
 
 def test_floats_are_rounded_for_people():
     assert for_people({"a": [0.123456, 1234567.8], "b": 3, "c": None, "d": 0.0}) == {
-        "a": [0.1235, 1235000.0], "b": 3, "c": None, "d": 0.0}
+        "a": [0.1235, 1235000.0],
+        "b": 3,
+        "c": None,
+        "d": 0.0,
+    }
     assert human_bytes(1536) == "1.5 KiB" and human_bytes(3 * 2**40) == "3 TiB"
 
 
 def test_report_command_prints_assumptions_and_gib(tmp_path, capsys):
     trace = write_mooncake_trace(tmp_path / "trace.jsonl", seed=3)
     out = tmp_path / "r"
-    assert main(["report", "--trace", str(trace), "--format", "mooncake", "--out", str(out),
-                 "--capacities", "1000,20000", "--policies", "lru", "--model", "llama-3.1-70b",
-                 "--storage-tier", "ssd", "--storage-price", "ssd=0.001", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--trace",
+                str(trace),
+                "--format",
+                "mooncake",
+                "--out",
+                str(out),
+                "--capacities",
+                "1000,20000",
+                "--policies",
+                "lru",
+                "--model",
+                "llama-3.1-70b",
+                "--storage-tier",
+                "ssd",
+                "--storage-price",
+                "ssd=0.001",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "320 KiB of KV per token" in text and "0.001 USD/GiB-h" in text
     assert "block = 512 tokens = 160 MiB" in text
@@ -120,12 +167,32 @@ def test_report_command_prints_assumptions_and_gib(tmp_path, capsys):
 def test_kv_bytes_per_token_given_directly(tmp_path, capsys):
     trace = write_mooncake_trace(tmp_path / "trace.jsonl", seed=3)
     out = tmp_path / "r"
-    assert main(["report", "--trace", str(trace), "--format", "mooncake", "--out", str(out),
-                 "--capacities", "1000", "--policies", "lru", "--kv-bytes-per-token", "1000",
-                 "--used-percentage", "0.5", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--trace",
+                str(trace),
+                "--format",
+                "mooncake",
+                "--out",
+                str(out),
+                "--capacities",
+                "1000",
+                "--policies",
+                "lru",
+                "--kv-bytes-per-token",
+                "1000",
+                "--used-percentage",
+                "0.5",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "model given: 1000 B of KV per token" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert report["plan"]["block_bytes"] == 512_000
     assert report["quota"]["max_key_count"] == 2 * report["recommendation"]["capacity"]
-    assert main(["report", "--trace", str(trace), "--out", str(out),
-                 "--used-percentage", "2"]) == 2
+    assert main(["report", "--trace", str(trace), "--out", str(out), "--used-percentage", "2"]) == 2

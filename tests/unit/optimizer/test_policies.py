@@ -1,5 +1,6 @@
 """Every policy and eviction mode against the brute-force reference; RandomLRU's seed;
 LeafAwareLRU's invariant."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,18 +20,33 @@ def engine_state(replayer: Replayer) -> dict[str, set[int]]:
     return {name: replayer.policy(name).keys() for name in replayer.instance_names}
 
 
-def compare(records, policy, capacity, *, mode="instance_precise", batch=4, read_refresh=True,
-            policy_params=None):
-    expected, state, _ = reference_replay(records, policy, capacity, mode=mode, batch=batch,
-                                          block_size=4, read_refresh=read_refresh)
-    replayer = Replayer(ReplayConfig(capacity=capacity, policy=policy, mode=mode,
-                                     batch_size=batch, block_size=4, read_refresh=read_refresh,
-                                     policy_params=policy_params or {}))
+def compare(records, policy, capacity, *, mode="instance_precise", batch=4, read_refresh=True, policy_params=None):
+    expected, state, _ = reference_replay(
+        records, policy, capacity, mode=mode, batch=batch, block_size=4, read_refresh=read_refresh
+    )
+    replayer = Replayer(
+        ReplayConfig(
+            capacity=capacity,
+            policy=policy,
+            mode=mode,
+            batch_size=batch,
+            block_size=4,
+            read_refresh=read_refresh,
+            policy_params=policy_params or {},
+        )
+    )
     result = replayer.run(records)
     t = result.totals
-    got = dict(reads=t.reads, read_blocks=t.read_blocks, internal=t.internal_hit_blocks,
-               external=t.external_hit_blocks, tokens=t.input_tokens, hit_tokens=t.hit_tokens,
-               written=t.written_blocks, inserted=t.inserted_blocks)
+    got = dict(
+        reads=t.reads,
+        read_blocks=t.read_blocks,
+        internal=t.internal_hit_blocks,
+        external=t.external_hit_blocks,
+        tokens=t.input_tokens,
+        hit_tokens=t.hit_tokens,
+        written=t.written_blocks,
+        inserted=t.inserted_blocks,
+    )
     assert got == expected
     assert engine_state(replayer) == state
 
@@ -58,11 +74,11 @@ def test_random_lru_with_many_samples_is_lru():
     records = random_trace(7, requests=150, mixed=True)
     for capacity in (3, 12):
         expected, state, _ = reference_replay(records, "lru", capacity, block_size=4)
-        replayer = Replayer(ReplayConfig(capacity=capacity, policy="random_lru", block_size=4,
-                                         policy_params={"samples": 2000}))
+        replayer = Replayer(
+            ReplayConfig(capacity=capacity, policy="random_lru", block_size=4, policy_params={"samples": 2000})
+        )
         totals = replayer.run(records).totals
-        assert (totals.external_hit_blocks, totals.inserted_blocks) == (
-            expected["external"], expected["inserted"])
+        assert (totals.external_hit_blocks, totals.inserted_blocks) == (expected["external"], expected["inserted"])
         assert engine_state(replayer) == state
 
 
@@ -94,12 +110,10 @@ def test_leaf_aware_never_evicts_a_block_with_a_cached_child(seed, monkeypatch):
     mixed = seed % 2 == 1
     records = random_trace(500 + seed, requests=200, mixed=mixed, max_new=5)
     mode = ["instance_precise", "instance_rough", "group_rough"][seed % 3]
-    replayer = Replayer(ReplayConfig(capacity=9, policy="leaf_aware_lru", block_size=4,
-                                     mode=mode, batch_size=2))
+    replayer = Replayer(ReplayConfig(capacity=9, policy="leaf_aware_lru", block_size=4, mode=mode, batch_size=2))
     parent: dict[int, int | None] = {}
     for record in records:
-        before = replayer.policy(record.instance).keys() if record.instance in \
-            replayer.instance_names else set()
+        before = replayer.policy(record.instance).keys() if record.instance in replayer.instance_names else set()
         replayer.step(record)
         for i, key in enumerate(record.keys):
             parent.setdefault(key, record.keys[i - 1] if i else None)
@@ -148,8 +162,7 @@ def test_policy_registry():
 
 
 def test_lfu_keeps_frequent_blocks():
-    records = [Record("i", t, Op.REQUEST, keys) for t, keys in enumerate(
-        [[1], [1], [1], [2], [3], [1], [4]])]
+    records = [Record("i", t, Op.REQUEST, keys) for t, keys in enumerate([[1], [1], [1], [2], [3], [1], [4]])]
     result = replay(records, ReplayConfig(capacity=2, policy="lfu", block_size=1))
     # 1 stays cached (frequency 3+), so its last two reads hit
     assert result.totals.external_hit_blocks == 3

@@ -2,6 +2,7 @@
 the TTL that keeps the hit ratio within the tolerance of no expiry, and the lowest
 watermark that holds ideal LRU's hit ratio at the whole quota, both by replaying the
 ``kvcm`` policy."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,19 +24,20 @@ SECOND = 1_000_000
 
 
 def _settings(**changes) -> ReclaimSettings:
-    base = {"order": "lru", "used_percentage": 0.9, "step_percentage": 10, "period_s": 1, "ttl_s": 0,
-            "round_s": 1.0}
+    base = {"order": "lru", "used_percentage": 0.9, "step_percentage": 10, "period_s": 1, "ttl_s": 0, "round_s": 1.0}
     return ReclaimSettings(**{**base, **changes})
 
 
 def test_reuse_times_run_from_the_last_access_a_write_never_refreshes():
-    records = [Record("a", 0, Op.WRITE, [1, 2]),
-               Record("a", 5 * SECOND, Op.READ, [1, 2, 3, 2]),  # 3 was never written: the prefix ends
-               Record("b", 6 * SECOND, Op.READ, [1]),  # another instance's block
-               Record("a", 7 * SECOND, Op.READ, [1]),
-               Record("a", 8 * SECOND, Op.WRITE, [1]),
-               Record("a", 10 * SECOND, Op.REQUEST, [1, 4]),
-               Record("a", 11 * SECOND, Op.READ, [4])]
+    records = [
+        Record("a", 0, Op.WRITE, [1, 2]),
+        Record("a", 5 * SECOND, Op.READ, [1, 2, 3, 2]),  # 3 was never written: the prefix ends
+        Record("b", 6 * SECOND, Op.READ, [1]),  # another instance's block
+        Record("a", 7 * SECOND, Op.READ, [1]),
+        Record("a", 8 * SECOND, Op.WRITE, [1]),
+        Record("a", 10 * SECOND, Op.REQUEST, [1, 4]),
+        Record("a", 11 * SECOND, Op.READ, [4]),
+    ]
     assert reuse_times(records) == [5.0, 5.0, 2.0, 3.0, 1.0]
 
 

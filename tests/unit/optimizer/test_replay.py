@@ -1,4 +1,5 @@
 """The replay engine on the real trace and on hand-made cases."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,9 +33,13 @@ def test_internal_and_external_hits_with_masks():
 
 
 def test_read_refresh_changes_lru_order():
-    records = [Record("i", 0, Op.WRITE, [1]), Record("i", 1, Op.WRITE, [2]),
-               Record("i", 2, Op.READ, [1]), Record("i", 3, Op.WRITE, [3]),
-               Record("i", 4, Op.READ, [1])]
+    records = [
+        Record("i", 0, Op.WRITE, [1]),
+        Record("i", 1, Op.WRITE, [2]),
+        Record("i", 2, Op.READ, [1]),
+        Record("i", 3, Op.WRITE, [3]),
+        Record("i", 4, Op.READ, [1]),
+    ]
     refresh = replay(records, ReplayConfig(capacity=2, block_size=1)).totals
     stale = replay(records, ReplayConfig(capacity=2, block_size=1, read_refresh=False)).totals
     assert refresh.external_hit_blocks == 2  # the read kept 1 recent; 2 was evicted
@@ -51,12 +56,16 @@ def test_eviction_modes():
     # and the tenth write leaves {108, 109}
     rough = replay(a, ReplayConfig(capacity=3, block_size=1, mode="instance_rough", batch_size=2))
     assert [w.cached_blocks for w in rough.windows] == [2]
-    result = replay(a + [Record("a", 11, Op.READ, [109, 108, 107])],
-                    ReplayConfig(capacity=3, block_size=1, mode="instance_rough", batch_size=2))
+    result = replay(
+        a + [Record("a", 11, Op.READ, [109, 108, 107])],
+        ReplayConfig(capacity=3, block_size=1, mode="instance_rough", batch_size=2),
+    )
     assert result.totals.external_hit_blocks == 2
     # group: 4 blocks shared by both instances
-    group = replay(both + [Record("a", 20, Op.READ, [109]), Record("b", 20, Op.READ, [209])],
-                   ReplayConfig(capacity=4, block_size=1, mode="group_rough", batch_size=1))
+    group = replay(
+        both + [Record("a", 20, Op.READ, [109]), Record("b", 20, Op.READ, [209])],
+        ReplayConfig(capacity=4, block_size=1, mode="group_rough", batch_size=1),
+    )
     assert group.totals.external_hit_blocks == 2
 
 

@@ -1,5 +1,6 @@
 """SHARDS estimates: the weighted stack, the whole-sampled roots, and the bias on traces
 whose first block is shared by every request."""
+
 from __future__ import annotations
 
 import random
@@ -32,7 +33,7 @@ def test_weighted_stack_distances_match_a_list_through_compactions():
         weight.setdefault(key, rng.choice([1, 5, 100]))
         if rng.random() < 0.3 and key in order:
             probe = rng.choice(order)
-            behind = order[order.index(probe) + 1:]
+            behind = order[order.index(probe) + 1 :]
             assert stack.distance(probe, 7) == 7 + sum(weight[k] for k in behind)
         stack.touch(key, weight[key])
         if key in order:
@@ -63,14 +64,12 @@ def _shared_root_conversations(seed, conversations=1500, turns=4):
 def test_a_root_shared_by_every_request_is_counted_whole():
     # no other reuse: every hit is the root's, at any capacity, whatever the sample draws
     fresh = iter(range(1, 10**9))
-    records = [Record("a", t, Op.REQUEST, [0, *(next(fresh) for _ in range(9))])
-               for t in range(2000)]
+    records = [Record("a", t, Op.REQUEST, [0, *(next(fresh) for _ in range(9))]) for t in range(2000)]
     exact = lru_curve(records, block_size=1)
     for seed in range(3):
         estimate = _estimate(records, 0.01, seed)
         for capacity in (100, 1000, 10**6):
-            assert estimate.block_hit_ratio(capacity) == pytest.approx(
-                exact.block_hit_ratio(capacity))
+            assert estimate.block_hit_ratio(capacity) == pytest.approx(exact.block_hit_ratio(capacity))
             assert exact.block_hit_ratio(capacity) == pytest.approx(1999 / 20000)
 
 
@@ -122,8 +121,7 @@ def test_bad_rates_are_config_errors():
 
 def test_sliding_window_reads_use_the_windows_share_of_kept_keys():
     keys = list(range(1, 41))
-    records = [Record("a", 0, Op.WRITE, keys),
-               Record("a", 1, Op.READ, keys, 0, 0, Query.REVERSE_ROLL_SW_MATCH, 8)]
+    records = [Record("a", 0, Op.WRITE, keys), Record("a", 1, Op.READ, keys, 0, 0, Query.REVERSE_ROLL_SW_MATCH, 8)]
     exact = lru_curve(records, block_size=1)
     estimate = lru_curve(records, block_size=1, sample_rate=0.5)
     assert exact.block_hit_ratio(100) == 8 / 40

@@ -1,4 +1,5 @@
 """Sweeps, the cost model, reports and their plots."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,27 @@ def write_trace(path, records):
     kinds = {Op.READ: "get", Op.WRITE: "write", Op.REQUEST: "request"}
     with open(path, "w") as handle:
         for r in records:
-            handle.write(json.dumps({"type": kinds[r.op], "instance_id": r.instance,
-                                     "timestamp_us": r.timestamp_us, "keys": list(r.keys)}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "type": kinds[r.op],
+                        "instance_id": r.instance,
+                        "timestamp_us": r.timestamp_us,
+                        "keys": list(r.keys),
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def test_grid():
     points = grid([5, 1, 5], ["lru", "LFU"], ["a", "b"])
     assert [(p.policy, p.capacity, p.instance) for p in points[:3]] == [
-        ("lru", 1, "a"), ("lru", 1, "b"), ("lru", 5, "a")]
+        ("lru", 1, "a"),
+        ("lru", 1, "b"),
+        ("lru", 5, "a"),
+    ]
     assert len(points) == 8
     with pytest.raises(ConfigError):
         grid([], ["lru"])
@@ -40,13 +53,20 @@ def test_sweep_in_process_equals_replays(tmp_path):
     records = random_trace(3, requests=200, instances=("a", "b", "c"))
     path = write_trace(tmp_path / "t.jsonl", records)
     settings = SweepSettings(block_size=4)
-    result = sweep(TraceSpec(str(path), block_size=4), [3, 12, 40], ["lru", "lfu", "random_lru"],
-                   settings=settings, workers=1, split_instances=True)
+    result = sweep(
+        TraceSpec(str(path), block_size=4),
+        [3, 12, 40],
+        ["lru", "lfu", "random_lru"],
+        settings=settings,
+        workers=1,
+        split_instances=True,
+    )
     assert len(result.points) == 3 * 3 * 3
     assert sorted(result.summary.instances) == ["a", "b", "c"]  # in order of appearance
     for point in result.points:
-        expected = replay([r for r in records if r.instance == point.instance],
-                          settings.replay_config(point.policy, point.capacity)).totals
+        expected = replay(
+            [r for r in records if r.instance == point.instance], settings.replay_config(point.policy, point.capacity)
+        ).totals
         assert point.totals == expected
         assert point.method == ("curve" if point.policy == "lru" else "replay")
 
@@ -75,8 +95,14 @@ def test_cost_model_arithmetic():
 def test_default_target_and_flatten():
     records = [Record("i", t, Op.REQUEST, [1, 2]) for t in range(4)]
     t = replay(records, ReplayConfig(capacity=2, block_size=1)).totals  # 6 of 8 blocks hit
-    report = build_report(trace={}, settings={}, points=[PointResult("lfu", 2, None, t, "replay", 0)],
-                          duration_s=3e-6, target=None, cost=CostModel())
+    report = build_report(
+        trace={},
+        settings={},
+        points=[PointResult("lfu", 2, None, t, "replay", 0)],
+        duration_s=3e-6,
+        target=None,
+        cost=CostModel(),
+    )
     assert report["target_hit_ratio"] == pytest.approx(0.9 * 0.75)
     assert report["recommendation"]["capacity"] == 2
     assert flatten_results([[{"a": 1}, [{"b": 2}]], {"c": 3}, "x"]) == [{"a": 1}, {"b": 2}, {"c": 3}]

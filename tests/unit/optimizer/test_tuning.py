@@ -1,5 +1,6 @@
 """Per-instance tuning: the quota split finds cliffs, a recommendation is bounded and keeps
 the total, and the hit ratio it expects is the one a replay measures."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,7 @@ def curves():
 def test_the_split_finds_the_cliff_a_greedy_split_misses(curves):
     total = 120
     split = best_split(curves, total, used_fraction=1.0, granules=120)
-    brute = max((evaluate(curves, {"loop": a, "zipf": total - a}, 1.0).hits, a)
-                for a in range(total + 1))
+    brute = max((evaluate(curves, {"loop": a, "zipf": total - a}, 1.0).hits, a) for a in range(total + 1))
     assert split.hits == brute[0] and sum(split.quotas.values()) == total
     assert split.quotas["loop"] >= 60  # over the cliff
     # greedy marginal allocation, one block at a time (a tie to the instance that gains
@@ -74,16 +74,19 @@ def test_the_measured_group_hit_ratio_rises_as_expected(curves):
     rec = recommend(curves, current, used_fraction=0.9, max_shift=1.0)
 
     def measured(quotas):
-        config = ReplayConfig(capacity=0, block_size=1, policy="kvcm",
-                              instance_capacities=quotas, policy_params={"round_s": 1})
+        config = ReplayConfig(
+            capacity=0, block_size=1, policy="kvcm", instance_capacities=quotas, policy_params={"round_s": 1}
+        )
         return replay(records, config).totals.block_hit_ratio
 
     before, after = measured(current), measured(rec["recommended"]["quotas"])
     assert after > before + 0.15
     # the curves are exact LRU read at 90 % of the quota, KVCM's watermark: a floor, as
     # KVCM holds more than that between its rounds
-    for measured_ratio, expected in ((before, rec["current"]["group_hit_ratio"]),
-                                     (after, rec["recommended"]["group_hit_ratio"])):
+    for measured_ratio, expected in (
+        (before, rec["current"]["group_hit_ratio"]),
+        (after, rec["recommended"]["group_hit_ratio"]),
+    ):
         assert expected - 0.01 <= measured_ratio <= expected + 0.05
 
 
@@ -91,18 +94,40 @@ def test_tune_command(tmp_path, capsys):
     from chalicelib.optimizer.cli import main
 
     trace = tmp_path / "two.jsonl"
-    trace.write_text("".join(
-        json.dumps({"instance_id": r.instance, "timestamp_us": r.timestamp_us,
-                    "keys": list(r.keys), "type": "request"}) + "\n"
-        for r in two_instances()))
-    assert main(["tune", "--trace", str(trace), "--format", "upstream", "--block-size", "1",
-                 "--quotas", "loop=50,zipf=70", "--max-shift", "1", "--json"]) == 0
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {"instance_id": r.instance, "timestamp_us": r.timestamp_us, "keys": list(r.keys), "type": "request"}
+            )
+            + "\n"
+            for r in two_instances()
+        )
+    )
+    assert (
+        main(
+            [
+                "tune",
+                "--trace",
+                str(trace),
+                "--format",
+                "upstream",
+                "--block-size",
+                "1",
+                "--quotas",
+                "loop=50,zipf=70",
+                "--max-shift",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rec = json.loads(capsys.readouterr().out)
     assert rec["recommended"]["quotas"]["loop"] >= 67  # 60 blocks kept at 90 %
     assert rec["recommended"]["expected_gain"] > 0.15
-    assert main(["tune", "--trace", str(trace), "--format", "upstream", "--block-size", "1",
-                 "--group-quota", "120"]) == 0
+    assert (
+        main(["tune", "--trace", str(trace), "--format", "upstream", "--block-size", "1", "--group-quota", "120"]) == 0
+    )
     assert "expected gain" in capsys.readouterr().out
     assert main(["tune", "--trace", str(trace), "--format", "upstream"]) == 2
-    assert main(["tune", "--trace", str(trace), "--format", "upstream",
-                 "--quotas", "loop"]) == 2
+    assert main(["tune", "--trace", str(trace), "--format", "upstream", "--quotas", "loop"]) == 2

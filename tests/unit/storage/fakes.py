@@ -1,4 +1,5 @@
 """Test doubles for clients that cannot run here (the Mooncake store needs its cluster)."""
+
 from __future__ import annotations
 
 from chalicelib.storage.mooncake import OBJECT_NOT_FOUND

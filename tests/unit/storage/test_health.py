@@ -1,4 +1,5 @@
 """probe_storage never raises; AvailabilityTracker flips with hysteresis."""
+
 import threading
 
 import pytest
@@ -34,6 +35,7 @@ class ScriptedBackend(StorageBackend):
 def _raise(exc):
     def probe():
         raise exc
+
     return probe
 
 
@@ -42,11 +44,14 @@ def test_probe_success_reports_latency():
     assert result.ok and result.error == "" and result.latency_ms >= 0
 
 
-@pytest.mark.parametrize("exc, text", [
-    (StorageUnavailableError("storage x: cannot write"), "storage x: cannot write"),
-    (RuntimeError("boom"), "boom"),
-    (KeyError(), "KeyError"),
-])
+@pytest.mark.parametrize(
+    "exc, text",
+    [
+        (StorageUnavailableError("storage x: cannot write"), "storage x: cannot write"),
+        (RuntimeError("boom"), "boom"),
+        (KeyError(), "KeyError"),
+    ],
+)
 def test_probe_failure_is_reported_not_raised(exc, text):
     result = probe_storage(ScriptedBackend(_raise(exc)))
     assert not result.ok and result.error == text

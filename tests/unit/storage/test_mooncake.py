@@ -1,4 +1,5 @@
 """Mooncake: client mode (injected or imported store) and owner-evicted mode."""
+
 import sys
 import types
 from urllib.parse import parse_qs, urlsplit
@@ -12,11 +13,18 @@ from chalicelib.storage.mooncake import MooncakeBackend
 from .fakes import FakeMooncakeStore
 
 SPECS = (SpecSlot("tp0", 0, 512), SpecSlot("tp1", 512, 512))
-CONFIG = StorageConfig.model_validate({
-    "global_unique_name": "mc_01",
-    "mooncake": {"local_hostname": "kvcm-host", "metadata_connstring": "http://meta:8080/metadata",
-                 "protocol": "rdma", "rdma_device": "mlx5_0", "master_service_entry": "etcd://a:1;b:2"},
-})
+CONFIG = StorageConfig.model_validate(
+    {
+        "global_unique_name": "mc_01",
+        "mooncake": {
+            "local_hostname": "kvcm-host",
+            "metadata_connstring": "http://meta:8080/metadata",
+            "protocol": "rdma",
+            "rdma_device": "mlx5_0",
+            "master_service_entry": "etcd://a:1;b:2",
+        },
+    }
+)
 
 
 def block(key=7, instance="inst_1", specs=SPECS):
@@ -88,6 +96,7 @@ def test_is_exist_error_raises(backend, store):
 def test_client_exceptions_become_storage_errors(store):
     def broken_remove(key):
         raise RuntimeError("transfer engine down")
+
     store.remove = broken_remove
     backend = MooncakeBackend(CONFIG, store_factory=lambda: store)
     with pytest.raises(StorageError, match="transfer engine down"):
@@ -100,6 +109,7 @@ def test_store_is_set_up_once_lazily():
     def factory():
         made.append(1)
         return FakeMooncakeStore()
+
     backend = MooncakeBackend(CONFIG, store_factory=factory)
     assert not backend.owner_evicted and made == []
     backend.exists(block())
@@ -125,8 +135,9 @@ def test_installed_package_is_set_up_from_the_spec(monkeypatch):
     backend = MooncakeBackend(CONFIG)
     assert not backend.owner_evicted and setups == []
     backend.delete([block()])
-    assert setups == [("kvcm-host", "http://meta:8080/metadata", 0, 16 * 1024 * 1024, "rdma", "mlx5_0",
-                       "etcd://a:1;b:2")]
+    assert setups == [
+        ("kvcm-host", "http://meta:8080/metadata", 0, 16 * 1024 * 1024, "rdma", "mlx5_0", "etcd://a:1;b:2")
+    ]
 
 
 def test_failed_setup_raises_and_is_retried(monkeypatch):

@@ -1,4 +1,5 @@
 """Path components, block-key rendering, URI assembly and endpoint parsing."""
+
 import posixpath
 import random
 import string
@@ -10,8 +11,24 @@ from chalicelib.storage.naming import DECIMAL, HEX64, MAX_COMPONENT, escape_comp
 from chalicelib.storage.net import parse_endpoints, parse_host_port
 
 UNRESERVED = set(string.ascii_letters + string.digits + "-._~")
-HOSTILE = ["..", ".", "../x", "a/../../b", "/abs", "nul\0byte", "~", "~2F", "a/b", ".hidden", "sp ace", "ü", "\ud800",
-           "%2F", "a\\b", "\n"]
+HOSTILE = [
+    "..",
+    ".",
+    "../x",
+    "a/../../b",
+    "/abs",
+    "nul\0byte",
+    "~",
+    "~2F",
+    "a/b",
+    ".hidden",
+    "sp ace",
+    "ü",
+    "\ud800",
+    "%2F",
+    "a\\b",
+    "\n",
+]
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -61,8 +78,9 @@ def test_hex64_is_fixed_width_twos_complement():
 
 
 def test_uri_template_encodes_path_and_values_and_keeps_placeholders():
-    template = uri_template("file", "nfs_01", ("/mnt/a b/x~2F/", HEX64),
-                            [("key", ("a&b=c", DECIMAL)), ("size", 10), ("100%", "50%")])
+    template = uri_template(
+        "file", "nfs_01", ("/mnt/a b/x~2F/", HEX64), [("key", ("a&b=c", DECIMAL)), ("size", 10), ("100%", "50%")]
+    )
     assert template % (255, 7) == "file://nfs_01/mnt/a%20b/x~2F/00000000000000ff?key=a%26b%3Dc7&size=10&100%25=50%25"
 
 
@@ -70,13 +88,16 @@ def test_uri_template_doubles_a_literal_percent_in_the_host():
     assert uri_template("s3", "odd%host", "/") % () == "s3://odd%host/"
 
 
-@pytest.mark.parametrize("entry, expected", [
-    ("127.0.0.1:50051", [("127.0.0.1", 50051)]),
-    ("etcd://a:1;b:2", [("a", 1), ("b", 2)]),
-    ("etcd://a:1,b:2;", [("a", 1), ("b", 2)]),
-    ("[::1]:9000", [("::1", 9000)]),
-    ("host.example:80", [("host.example", 80)]),
-])
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        ("127.0.0.1:50051", [("127.0.0.1", 50051)]),
+        ("etcd://a:1;b:2", [("a", 1), ("b", 2)]),
+        ("etcd://a:1,b:2;", [("a", 1), ("b", 2)]),
+        ("[::1]:9000", [("::1", 9000)]),
+        ("host.example:80", [("host.example", 80)]),
+    ],
+)
 def test_parse_endpoints(entry, expected):
     assert parse_endpoints(entry) == expected
 
