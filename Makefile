@@ -3,6 +3,9 @@
 # requirement file changes (the stamp file below).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Bytecode goes under .venv, never beside the sources: `chalice package` imports the app and
+# then zips chalicelib/ whole, so __pycache__ folders there would ship (~0.8 MB).
+export PYTHONPYCACHEPREFIX := $(CURDIR)/.venv/pycache
 VENV := .venv
 STAMP := $(VENV)/.requirements.stamp
 BIN := $(VENV)/bin
@@ -59,10 +62,9 @@ test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
 
 ## test-fast: the edit loop: every test not marked slow (no soak, rehearsal, live replay, e2e stack)
 # Bytecode is kept between runs of the edit loop (some shells set PYTHONDONTWRITEBYTECODE:
-# every run would then compile the app, the tests and their libraries again, ~10% of it),
-# under .venv: __pycache__ folders in chalicelib/ would go into the deployment package.
+# every run would then compile the app, the tests and their libraries again, ~10% of it).
 test-fast: $(STAMP) $(BIN)/kvcm
-	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(BIN)/python -m pytest -m "not slow"
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m "not slow"
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
 clean:
