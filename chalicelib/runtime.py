@@ -335,6 +335,7 @@ class Runtime:
             self.deleter,
             self.clock,
             start_execution=(lambda job: machine.start(purge_input(job))) if machine.arn else None,
+            reported=self.reporters,
         )
 
     @cached_property

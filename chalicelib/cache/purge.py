@@ -39,6 +39,7 @@ from ..index.layout import HEADER
 from ..index.records import location_id_at, write_time_ms
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
+from ..stores.reporters import ReporterStore
 from .context import InstanceContext
 from .deletion import Deleter, DeletionService
 
@@ -104,7 +105,10 @@ class PurgeService:
         deleter: Deleter,
         clock: Clock,
         start_execution: Callable[[dict[str, Any]], Any] | None = None,
+        reported: ReporterStore | None = None,
     ) -> None:
+        #: What engines reported for the instance goes with it (reportEvent).
+        self.reported = reported
         self.index = index
         self.control = control
         self.contexts = contexts
@@ -204,6 +208,8 @@ class PurgeService:
     def _finish_removal(self, ctx: InstanceContext, record: Any) -> None:
         self.deletion.delete_orphan_groups(ctx)
         self.index.drop_all(ctx.layout)
+        if self.reported is not None:
+            self.reported.forget_instance(ctx.instance_id)
         self.index.set_removing(ctx.layout, False)
         try:
             self.control.remove_instance(record.instance_id, record.incarnation)

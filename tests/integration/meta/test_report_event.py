@@ -400,8 +400,15 @@ def test_event_report_metrics_per_event_type(http, er, runtime):
     assert any(line.startswith("kvcm_event_report_request_rt_us") for line in lines), lines
 
 
-def test_a_removed_instances_reports_go_with_the_liveness_job(http, er, runtime, valkey):
+def test_a_removed_instances_reports_go_with_its_removal(http, er, runtime, valkey):
     report(http, [add(1), add(2)])
+    assert reported_state(valkey) != {}
     assert code(http("removeInstance", {"instance_group": "ger", "instance_id": "e1"})) == "OK"
+    assert reported_state(valkey) == {} and runtime.reporters.instances() == []  # no liveness run needed
+
+
+def test_reports_of_an_instance_gone_otherwise_go_with_the_liveness_job(http, er, runtime, valkey):
+    report(http, [add(1), add(2)])
+    runtime.control.begin_instance_removal("e1")  # a removal whose purge never ran
     runtime.reporter_liveness.event_report_liveness()
     assert reported_state(valkey) == {} and runtime.reporters.instances() == []
