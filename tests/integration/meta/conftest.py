@@ -9,7 +9,7 @@ import pytest
 from chalice.test import Client
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from tests.integration.meta.harness import ER_SPECS, L1, L2, LIVENESS, SPECS, code
+from tests.integration.meta.harness import ER_SPECS, L1, L2, LIVENESS, code, register
 
 
 @pytest.fixture
@@ -58,18 +58,7 @@ def http(runtime):
 
 @pytest.fixture
 def instance(http, group):
-    resp = http(
-        "registerInstance",
-        {
-            "instance_group": "g1",
-            "instance_id": "i1",
-            "block_size": 4,
-            "location_spec_infos": SPECS,
-            "model_deployment": {"model_name": "m", "dtype": "fp16"},
-        },
-    )
-    assert code(resp) == "OK", resp
-    return "i1"
+    return register(http)
 
 
 @pytest.fixture

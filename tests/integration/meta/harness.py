@@ -9,6 +9,22 @@ def code(resp: dict) -> str:
     return resp["header"]["status"]["code"]
 
 
+def register(http, group: str = "g1", instance: str = "i1") -> str:
+    """registerInstance with the tests' specs (block size 4); fails the test unless OK."""
+    resp = http(
+        "registerInstance",
+        {
+            "instance_group": group,
+            "instance_id": instance,
+            "block_size": 4,
+            "location_spec_infos": SPECS,
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
+    assert code(resp) == "OK", resp
+    return instance
+
+
 def write(http, keys, instance="i1", success=None, **extra):
     """start + finish; returns the start response."""
     start = http("startWriteCache", {"instance_id": instance, "block_keys": keys, **extra})

@@ -6,7 +6,7 @@ from pathlib import Path
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.storage.base import BlockRef
 
-from .harness import SPECS, code, write
+from .harness import SPECS, code, register, write
 
 
 def prefix(http, keys, **extra):
@@ -270,21 +270,7 @@ def test_reads_skip_blocks_on_a_storage_that_may_not_serve(runtime, http, tmp_pa
             {"name": "g1", "storage_candidates": ["nfs_a", "nfs_b"], "quota": {"capacity": 1 << 30}}
         )
     )
-    assert (
-        code(
-            http(
-                "registerInstance",
-                {
-                    "instance_group": "g1",
-                    "instance_id": "i1",
-                    "block_size": 4,
-                    "location_spec_infos": SPECS,
-                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                },
-            )
-        )
-        == "OK"
-    )
+    register(http, "g1", "i1")
     write(http, [1, 2, 3, 4])  # on nfs_a, the first candidate
     runtime.control.set_storage_available("nfs_a", False)
     clock.advance(60)  # the config cache reloads

@@ -7,7 +7,7 @@ import json
 import shutil
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
-from tests.integration.meta.harness import SPECS, code, write
+from tests.integration.meta.harness import code, register, write
 
 
 def statuses(http, keys) -> list[str]:
@@ -34,21 +34,7 @@ def test_a_start_whose_files_cannot_be_created_leaves_nothing_writing(runtime, h
     runtime.control.create_group(
         InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["tfs"], "quota": {"capacity": 1 << 30}})
     )
-    assert (
-        code(
-            http(
-                "registerInstance",
-                {
-                    "instance_group": "g1",
-                    "instance_id": "i1",
-                    "block_size": 4,
-                    "location_spec_infos": SPECS,
-                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                },
-            )
-        )
-        == "OK"
-    )
+    register(http, "g1", "i1")
     shutil.rmtree(mount / "kv")  # the mount's root gone for a moment
 
     failed = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
@@ -103,21 +89,7 @@ def test_removing_again_retries_a_deletion_whose_first_attempt_failed(runtime, h
     runtime.control.create_group(
         InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["s3_01"], "quota": {"capacity": 1 << 30}})
     )
-    assert (
-        code(
-            http(
-                "registerInstance",
-                {
-                    "instance_group": "g1",
-                    "instance_id": "i1",
-                    "block_size": 4,
-                    "location_spec_infos": SPECS,
-                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                },
-            )
-        )
-        == "OK"
-    )
+    register(http, "g1", "i1")
     write(http, [1, 2])
     s3.delete_bucket(Bucket="kv-blocks")  # S3 fails the deletion
 
