@@ -76,7 +76,7 @@ def block_fields(keys: Sequence[int]) -> bytes:
     return struct.pack(f">{len(keys)}q", *keys)
 
 
-def pack_strings(items: Sequence[str]) -> bytes:
+def pack_strings(items: Sequence[str | bytes]) -> bytes:
     """A msgpack array of strings, as the scripts store and unpack them (cmsgpack): built
     here so that a new key's record is the request's bytes behind the generation."""
     n = len(items)
@@ -88,7 +88,7 @@ def pack_strings(items: Sequence[str]) -> bytes:
         else b"\xdd" + n.to_bytes(4, "big")
     ]
     for item in items:
-        data = item.encode()
+        data = item.encode() if isinstance(item, str) else item
         size = len(data)
         if size < 32:
             out.append(bytes([0xA0 | size]))
@@ -141,16 +141,27 @@ def snapshot_event(blocks: Sequence[tuple[int, str, Sequence[tuple[str, str]]]])
     )
 
 
+def _keys_distinct(events: Sequence[Event]) -> bool:
+    """Whether no block key is named twice by ``events`` (the script then keeps no per-key
+    state for later events of the request)."""
+    keys: list[bytes] = []
+    for event in events:
+        if event[0] in ("a", "d"):
+            keys.append(event[1])
+        elif event[0] == "s":
+            keys += [block[0] for block in event[1]]
+    return len(set(keys)) == len(keys)
+
+
 def _flatten(events: Sequence[Event]) -> list[str | bytes | int]:
     """The script's arguments for ``events``: consecutive ADDs of one signature (medium and
-    spec names) become one run (``'a', signature, n, key, loc, ...``), two arguments per event."""
+    spec names) become one run (``'a', signature, n, [key, loc, ...]``), its keys and
+    locations one msgpack array: Valkey parses a 1,000-event run as one argument, not 2,000."""
     flat: list[str | bytes | int] = []
     for (op, signature), run in groupby(events, key=lambda e: (e[0], e[2] if e[0] == "a" else b"")):
         if op == "a":
             adds = list(run)
-            flat += ["a", signature, len(adds)]
-            for event in adds:
-                flat += [event[1], event[3]]
+            flat += ["a", signature, len(adds), pack_strings([part for event in adds for part in (event[1], event[3])])]
             continue
         for event in run:
             if op == "r":
@@ -255,7 +266,7 @@ class ReporterStore:
         token: str | None = None,
     ) -> ReportOutcome:
         """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically."""
-        codes, generation, required, retry_after, retired = self._report(
+        codes, generation, required, retry_after, retired, joined = self._report(
             keys=[
                 self.node_key(instance_id, rid),
                 self.records_key(instance_id, rid),
@@ -270,10 +281,11 @@ class ReporterStore:
                 liveness.snapshot_min_interval_ms,
                 liveness.heartbeat_timeout_ms,
                 liveness.cleanup_grace_ms,
+                "1" if _keys_distinct(events) else "0",
                 *_flatten(events),
             ],
         )
-        if events:  # the liveness job's work list; an empty report changes nothing
+        if joined:  # the liveness job's work list: an instance enters it with its first reporter
             self.client.sadd(self.instances_key, instance_id)
         results = [ErrorCode(int(codes[i])) for i in range(0, len(codes), 2) for _ in range(int(codes[i + 1]))]
         return ReportOutcome(results, generation.decode(), bool(required), int(retry_after), retired.decode())

@@ -2,20 +2,22 @@
 -- KEYS: reporter state, the reporter's records hash, the instance's bitmap hash, the instance's
 --       reporter set, free-slot zset, next-slot counter
 -- ARGV: rid, now ms, fresh token, snapshot min interval ms, heartbeat timeout ms,
---       cleanup grace ms, then the events, flat (reporters.py encodes them; ``loc`` is a
+--       cleanup grace ms, '1' when no block key is named twice (else '0'), then the events, flat (reporters.py encodes them; ``loc`` is a
 --       msgpack [medium, name, uri, ...], ``sig`` its signature [medium, name, ...],
 --       ``names`` a msgpack array):
---       'r', n, n mediums | 'h' | 'x' | 'a', sig, n, n x (key, loc)  (n ADDs of one signature)
+--       'r', n, n mediums | 'h' | 'x' | 'a', sig, n, msgpack [key, loc, ...]  (n ADDs of one signature)
 --       | 'd', key, medium, names | 's', n, n x (key, sig, loc)
 -- Returns {item codes as runs (code, count, code, count, ...), generation token,
---          snapshot required (0/1), retry after ms, retired tokens to clean ('' = none)}
+--          snapshot required (0/1), retry after ms, retired tokens to clean ('' = none),
+--          1 when the reporter is new to the instance's reporter set (else 0)}
 local OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED = 1, 10, 13
 local node_key, rec_key, bits_key, nodes, free_key, next_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rid, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local min_interval, timeout, grace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local FIRST = 7
+local FIRST = 8
 
 local state = hgetall_table(node_key)
+local joined = 0
 local function retire()
   if state.gen ~= '' then state.ret = (state.ret == '' and '' or state.ret .. ' ') .. state.gen end
   state.gen, state.com, state.strict = '', '', '0'
@@ -23,7 +25,7 @@ end
 local function fresh(reg)
   state = {reg = reg, med = '', hb = tostring(now), life = '1', gen = '', com = '', strict = '0',
            snap_at = '', ret = ''}
-  redis.call('SADD', nodes, rid)
+  joined = redis.call('SADD', nodes, rid)
 end
 -- Past its heartbeat timeout and the grace after it, a reporter is unregistered whether or
 -- not the liveness job has run yet.
@@ -57,14 +59,15 @@ end
 -- The block keys the request names: their bitmaps are read up front (one HMGET), and the
 -- records of the keys this reporter already holds (a bit of one of its slots set) too; a
 -- key new to the reporter (the usual ADD) needs no read. Everything is written back once.
-local keys = {}
+local keys, runs = {}, {}  -- runs: ARGV index of an ADD run -> its [key, loc, ...]
 local i = FIRST
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'a' then
-    local n = tonumber(ARGV[i + 2])
-    for j = i + 3, i + 1 + 2 * n, 2 do keys[#keys + 1] = ARGV[j] end
-    i = i + 3 + 2 * n
+    local run = cmsgpack.unpack(ARGV[i + 3])
+    runs[i] = run
+    for j = 1, #run, 2 do keys[#keys + 1] = run[j] end
+    i = i + 4
   elseif op == 'd' then
     keys[#keys + 1] = ARGV[i + 1]
     i = i + 4
@@ -79,11 +82,13 @@ while i <= #ARGV do
   end
 end
 
-local maps, recs = {}, {}  -- key -> bitmap / this reporter's record (false: none)
+-- ``distinct`` (from the client): no key is named twice, so a new key's record and bitmap
+-- need not be kept here for later events of the request. Only keys that have a bitmap are
+-- kept in ``maps`` (a new key, the usual ADD, costs no table entry).
+local maps, recs = {}, {}  -- key -> bitmap / this reporter's record (absent: none)
 local map_writes, rec_writes = er_writes(), er_writes()
-local distinct = true  -- no key is named twice: a new key's record need not be kept here
+local distinct = ARGV[FIRST - 1] == '1'
 if #keys > 0 then
-  distinct = er_hmget(bits_key, keys, maps)
   local own = {}  -- this reporter's slots as {byte, mask}
   if state then
     er_each_slot(state, function(slot)
@@ -91,11 +96,15 @@ if #keys > 0 then
       own[#own + 1] = {byte, mask}
     end)
   end
-  if #own > 0 then
-    local holds, held = {}, {}  -- bitmap -> has a bit of ours (one test per distinct map)
-    for _, key in ipairs(keys) do
-      local map = maps[key]
+  local holds, held = {}, {}  -- bitmap -> has a bit of ours (one test per distinct map)
+  for c = 1, #keys, 2000 do
+    local last = math.min(c + 1999, #keys)
+    local raws = redis.call('HMGET', bits_key, unpack(keys, c, last))
+    for j = c, last do
+      local map = raws[j - c + 1]
       if map then
+        local key = keys[j]
+        maps[key] = map
         local h = holds[map]
         if h == nil then
           h = false
@@ -107,8 +116,8 @@ if #keys > 0 then
         if h then held[#held + 1] = key end
       end
     end
-    er_hmget(rec_key, held, recs)
   end
+  if #held > 0 then er_hmget(rec_key, held, recs) end
 end
 
 local function set_record(key, value)
@@ -229,27 +238,27 @@ while i <= #ARGV do
     if ok then
       local version = generation()
       local slot, head = slot_of(version, sig, true), record_head(version)
-      local memo, rargs, margs = slot_memo(slot), rec_writes.args, map_writes.args
-      for j = i + 3, i + 1 + 2 * n, 2 do
-        local key = ARGV[j]
+      local memo, rargs, margs, run = slot_memo(slot), rec_writes.args, map_writes.args, runs[i]
+      for j = 1, 2 * n, 2 do
+        local key = run[j]
         if recs[key] then
-          add(key, ARGV[j + 1], version, slot, head)
+          add(key, run[j + 1], version, slot, head)
         else  -- add() for a key new to this reporter, inlined: most ADDs of a batch
-          local rec, rn = head .. ARGV[j + 1], rec_writes.n
+          local rec, rn = head .. run[j + 1], rec_writes.n
           rargs[rn + 1], rargs[rn + 2], rec_writes.n = key, rec, rn + 2
-          if not distinct then recs[key] = rec end
           local map = maps[key] or ''
           local new = memo[map]
           if not new then new = er_setbit(map, slot); memo[map] = new end
+          if not distinct then recs[key], maps[key] = rec, new end
           if new ~= map then
             local mn = map_writes.n
-            maps[key], margs[mn + 1], margs[mn + 2], map_writes.n = new, key, new, mn + 2
+            margs[mn + 1], margs[mn + 2], map_writes.n = key, new, mn + 2
           end
         end
       end
     end
     result(ok and OK or NODE_NOT_REGISTERED, n)
-    i = i + 3 + 2 * n
+    i = i + 4
   else
     if op == 'r' then
       if state == nil then fresh('1')
@@ -318,4 +327,4 @@ if state then
 end
 local gen = state and state.gen or ''
 local required = (not had_generation or gen == '') and 1 or 0
-return {codes, gen, required, retry_after, state and state.ret or ''}
+return {codes, gen, required, retry_after, state and state.ret or '', joined}
