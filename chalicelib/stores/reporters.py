@@ -228,6 +228,7 @@ class ReporterStore:
         self._retired = client.register_script(_load("er_retired"))
         self._dump = client.register_script(_load("er_dump"))
         self._visible = client.register_script(_load("er_locations"))
+        self._resync = client.register_script(_load("er_resync"))
 
     # ------------------------------------------------------------ key names
 
@@ -311,6 +312,23 @@ class ReporterStore:
                 break
         self._retired(keys=[self.node_key(instance_id, rid), self._slot_keys(instance_id)[0]], args=[retired])
         return removed
+
+    def drop_legacy_layout(self, instance_id: str) -> list[str]:
+        """Delete what an instance's reporters reported under the layout before per-reporter
+        records (one ``T:er:loc`` hash of every reporter's locations and a key set per
+        reporter), which no reader looks at, and retire each reporter's current generation so
+        that its next report asks it for a snapshot: the engine then re-sends what it holds
+        into the current layout. Returns the reporters asked (none when no such hash exists).
+
+        A conversion in place would race the engines' DELETEs (a block deleted through the
+        current layout, then copied over from the old hash, would come back); a snapshot is
+        what upstream's reporters send whenever the manager has lost their state."""
+        tag = self._tag(instance_id)
+        if not self.client.exists(f"{tag}:er:loc"):
+            return []
+        asked = [rid for rid in self.reporters(instance_id) if self._resync(keys=[self.node_key(instance_id, rid)])]
+        self.client.unlink(f"{tag}:er:loc", *(f"{tag}:er:k:{rid}" for rid in self.reporters(instance_id)))
+        return asked
 
     def forget_instance(self, instance_id: str) -> None:
         """Delete everything reported for an instance that no longer exists (UNLINK: large

@@ -4,7 +4,8 @@ A reporter silent past its heartbeat timeout is already hidden from queries (rea
 the heartbeat); past the cleanup grace after that it is unregistered here (the report
 script would do the same on its next event), and the metadata of retired generations
 (HOST_DOWN, the grace's end, a snapshot's predecessors) is deleted in batches. What was
-reported for an instance that no longer exists is deleted too.
+reported for an instance that no longer exists is deleted too, and so is what reporters
+reported under the layout before per-reporter records (they are asked for a snapshot).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class ReporterLiveness:
                 store.forget_instance(instance_id)
                 continue
             storages = self.reports.storages(self.config.group(record.group))
+            resynced = store.drop_legacy_layout(instance_id)
+            if resynced:
+                logger.info("event-report layout upgraded", extra={"instance_id": instance_id, "reporters": resynced})
             for rid in store.reporters(instance_id):
                 storage_type = _KINDS.get(rid.partition("#")[0])
                 config = storages.get(storage_type) if storage_type is not None else None

@@ -56,6 +56,13 @@ local function er_visible_version(view, version)
   return not view.ret[version] and (not view.strict or version == view.com)
 end
 
+-- Retires a reporter state's current generation (its specs hidden at once, cleaned by the
+-- liveness job): the reporter is asked for a snapshot by its next report.
+local function er_retire(state)
+  if state.gen ~= '' then state.ret = (state.ret == '' and '' or state.ret .. ' ') .. state.gen end
+  state.gen, state.com, state.strict = '', '', '0'
+end
+
 local function hgetall_table(key)
   local flat = redis.call('HGETALL', key)
   if #flat == 0 then return nil end

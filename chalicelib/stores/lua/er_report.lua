@@ -18,10 +18,7 @@ local FIRST = 8
 
 local state = hgetall_table(node_key)
 local joined = 0
-local function retire()
-  if state.gen ~= '' then state.ret = (state.ret == '' and '' or state.ret .. ' ') .. state.gen end
-  state.gen, state.com, state.strict = '', '', '0'
-end
+local function retire() er_retire(state) end
 local function fresh(reg)
   state = {reg = reg, med = '', hb = tostring(now), life = '1', gen = '', com = '', strict = '0',
            snap_at = '', ret = ''}

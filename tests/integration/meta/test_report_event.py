@@ -412,3 +412,29 @@ def test_reports_of_an_instance_gone_otherwise_go_with_the_liveness_job(http, er
     runtime.control.begin_instance_removal("e1")  # a removal whose purge never ran
     runtime.reporter_liveness.event_report_liveness()
     assert reported_state(valkey) == {} and runtime.reporters.instances() == []
+
+
+def test_reports_of_the_layout_before_records_are_dropped_and_a_snapshot_asked(http, er, runtime, valkey):
+    """An instance upgraded from the layout of one ``T:er:loc`` hash (and a key set per
+    reporter): the liveness job deletes those keys, which no reader looks at, and retires
+    each reporter's generation, so its next report asks for the snapshot that re-sends them."""
+    assert report(http, [REGISTER, add(1), add(2)])["snapshot_required"] is True
+    report(http, [add(1)], host=HOST2)
+    assert report(http, [add(3)])["snapshot_required"] is False
+    tag = runtime.reporters.node_key("e1", "x").partition(":er:")[0]
+    legacy = [f"{tag}:er:loc", f"{tag}:er:k:l1p5#{HOST}", f"{tag}:er:k:l1p5#{HOST2}"]
+    valkey.hset(legacy[0], mapping={"1": b"\x91\x93", "2": b"\x91\x93"})
+    for key in legacy[1:]:
+        valkey.sadd(key, "1")
+
+    done = runtime.reporter_liveness.event_report_liveness()
+    assert done["locations_cleaned"] == 4 and not any(valkey.exists(key) for key in legacy)
+    assert hosts(http, [1, 2, 3]) == {}
+    again = report(http, [HEARTBEAT])
+    assert code(again) == "OK" and again["snapshot_required"] is True
+    assert code(report(http, [snapshot(1, 2)])) == "OK"
+    assert report(http, [HEARTBEAT])["snapshot_required"] is False
+    assert hosts(http, [1, 2, 3]) == {HOST: 2}
+    state = reported_state(valkey)
+    assert runtime.reporter_liveness.event_report_liveness()["locations_cleaned"] == 0
+    assert reported_state(valkey) == state  # once upgraded, nothing more to do
