@@ -156,7 +156,8 @@ def _keys_distinct(events: Sequence[Event]) -> bool:
 def _flatten(events: Sequence[Event]) -> list[str | bytes | int]:
     """The script's arguments for ``events``: consecutive ADDs of one signature (medium and
     spec names) become one run (``'a', signature, n, [key, loc, ...]``), its keys and
-    locations one msgpack array: Valkey parses a 1,000-event run as one argument, not 2,000."""
+    locations one msgpack array: Valkey parses a 1,000-event run as one argument, not 2,000
+    (a snapshot's blocks likewise: ``'s', n, [key, signature, loc, ...]``)."""
     flat: list[str | bytes | int] = []
     for (op, signature), run in groupby(events, key=lambda e: (e[0], e[2] if e[0] == "a" else b"")):
         if op == "a":
@@ -169,9 +170,7 @@ def _flatten(events: Sequence[Event]) -> list[str | bytes | int]:
             elif op == "d":
                 flat += list(event)
             elif op == "s":
-                flat += ["s", len(event[1])]
-                for block in event[1]:
-                    flat += block
+                flat += ["s", len(event[1]), pack_strings([part for block in event[1] for part in block])]
             else:
                 flat.append(op)
     return flat

@@ -6,7 +6,7 @@
 --       msgpack [medium, name, uri, ...], ``sig`` its signature [medium, name, ...],
 --       ``names`` a msgpack array):
 --       'r', n, n mediums | 'h' | 'x' | 'a', sig, n, msgpack [key, loc, ...]  (n ADDs of one signature)
---       | 'd', key, medium, names | 's', n, n x (key, sig, loc)
+--       | 'd', key, medium, names | 's', n, msgpack [key, sig, loc, ...]
 -- Returns {item codes as runs (code, count, code, count, ...), generation token,
 --          snapshot required (0/1), retry after ms, retired tokens to clean ('' = none),
 --          1 when the reporter is new to the instance's reporter set (else 0)}
@@ -56,7 +56,7 @@ end
 -- The block keys the request names: their bitmaps are read up front (one HMGET), and the
 -- records of the keys this reporter already holds (a bit of one of its slots set) too; a
 -- key new to the reporter (the usual ADD) needs no read. Everything is written back once.
-local keys, runs = {}, {}  -- runs: ARGV index of an ADD run -> its [key, loc, ...]
+local keys, runs = {}, {}  -- runs: ARGV index of an ADD run or a snapshot -> its unpacked array
 local i = FIRST
 while i <= #ARGV do
   local op = ARGV[i]
@@ -69,9 +69,10 @@ while i <= #ARGV do
     keys[#keys + 1] = ARGV[i + 1]
     i = i + 4
   elseif op == 's' then
-    local n = tonumber(ARGV[i + 1])
-    for j = i + 2, i + 3 * n, 3 do keys[#keys + 1] = ARGV[j] end
-    i = i + 2 + 3 * n
+    local run = cmsgpack.unpack(ARGV[i + 2])
+    runs[i] = run
+    for j = 1, #run, 3 do keys[#keys + 1] = run[j] end
+    i = i + 3
   elseif op == 'r' then
     i = i + 2 + tonumber(ARGV[i + 1])
   else
@@ -300,14 +301,14 @@ while i <= #ARGV do
           code, retry_after = SNAPSHOT_RATE_LIMITED, min_interval - (now - last)
         else
           retire()
-          local head = record_head(token)
-          for j = i + 2, i + 3 * n, 3 do
-            add(ARGV[j], ARGV[j + 2], token, slot_of(token, ARGV[j + 1], true), head)
+          local head, run = record_head(token), runs[i]
+          for j = 1, 3 * n, 3 do
+            add(run[j], run[j + 2], token, slot_of(token, run[j + 1], true), head)
           end
           state.gen, state.com, state.strict, state.snap_at = token, token, '1', tostring(now)
         end
       end
-      i = i + 2 + 3 * n
+      i = i + 3
     else
       return redis.error_reply('ERR unknown event ' .. tostring(op))
     end
