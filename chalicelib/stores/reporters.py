@@ -30,6 +30,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -76,29 +77,31 @@ def block_fields(keys: Sequence[int]) -> bytes:
     return struct.pack(f">{len(keys)}q", *keys)
 
 
+#: msgpack headers of a fixarray and a fixstr by length (what most arrays and strings here are).
+_FIXARRAY = [bytes([0x90 | n]) for n in range(16)]
+_FIXSTR = [bytes([0xA0 | n]) for n in range(32)]
+
+
 def pack_strings(items: Sequence[str | bytes]) -> bytes:
     """A msgpack array of strings, as the scripts store and unpack them (cmsgpack): built
     here so that a new key's record is the request's bytes behind the generation."""
     n = len(items)
     out = [
-        bytes([0x90 | n])
-        if n < 16
-        else b"\xdc" + n.to_bytes(2, "big")
-        if n < 1 << 16
-        else b"\xdd" + n.to_bytes(4, "big")
+        _FIXARRAY[n] if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
     ]
+    append = out.append
     for item in items:
         data = item.encode() if isinstance(item, str) else item
         size = len(data)
         if size < 32:
-            out.append(bytes([0xA0 | size]))
+            append(_FIXSTR[size])
         elif size < 1 << 8:
-            out.append(b"\xd9" + bytes([size]))
+            append(b"\xd9" + bytes((size,)))
         elif size < 1 << 16:
-            out.append(b"\xda" + size.to_bytes(2, "big"))
+            append(b"\xda" + size.to_bytes(2, "big"))
         else:
-            out.append(b"\xdb" + size.to_bytes(4, "big"))
-        out.append(data)
+            append(b"\xdb" + size.to_bytes(4, "big"))
+        append(data)
     return b"".join(out)
 
 
@@ -106,10 +109,15 @@ def _location(medium: str, specs: Sequence[tuple[str, str]]) -> bytes:
     return pack_strings([medium, *(part for spec in specs for part in spec)])
 
 
+@lru_cache(maxsize=1024)
+def _signature_of(medium: str, names: tuple[str, ...]) -> bytes:
+    return pack_strings([medium, *names])
+
+
 def _signature(medium: str, specs: Sequence[tuple[str, str]]) -> bytes:
     """What a location's slot stands for besides reporter and generation: its medium and
-    spec names, in order (lua/er_prelude.lua er_signature)."""
-    return pack_strings([medium, *(name for name, _ in specs)])
+    spec names, in order (lua/er_prelude.lua er_signature); a batch's events mostly share one."""
+    return _signature_of(medium, tuple(name for name, _ in specs))
 
 
 # Events as the report script reads them (lua/er_report.lua); ``ReporterStore.report`` lays
