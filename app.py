@@ -5,6 +5,7 @@ from typing import Any
 from chalice import Chalice, Rate
 from chalice.app import CloudWatchEvent
 
+from chalicelib import coldstart  # noqa: F401 - the app's first module: the GC waits while the rest is imported
 from chalicelib.routes import admin, console, debug, docs, gateway, meta, ops, unknown
 from chalicelib.runtime import get_runtime, job
 from chalicelib.workflows import deletes

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import coldstart
 from .auth import Authorizer
 from .cache.backend_locations import BackendLocations
 from .cache.contexts import ContextProvider
@@ -506,10 +507,11 @@ _S3_TRANSFERS = "s3+transfers"
 
 @functools.cache
 def _shared_data_loader() -> Any:
-    """botocore's loader of service models, with its cache, shared by every session."""
-    import botocore.loaders
+    """The loader of botocore's service models (``aws_models``: what a cold container's
+    first client reads), with its cache, shared by every session."""
+    from .aws_models import ModelLoader
 
-    return botocore.loaders.create_loader()
+    return ModelLoader()
 
 
 #: Handler class → the Runtime property building its instance.
@@ -578,3 +580,6 @@ except ImportError:
     pass
 else:
     register_after_restore(after_restore)
+
+# The app's modules are imported (above): the collector paused since app.py's first import resumes.
+coldstart.resume()
