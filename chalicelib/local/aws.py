@@ -61,7 +61,8 @@ class LocalAws:
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError("moto is not started")
-        return self._server.server_address[1]
+        port: int = self._server.server_address[1]
+        return port
 
     @property
     def endpoint(self) -> str:
@@ -125,12 +126,13 @@ class LocalAws:
         """The one IAM role the Lambda functions and state machines are created with."""
         iam = self.client("iam")
         try:
-            return iam.get_role(RoleName=ROLE_NAME)["Role"]["Arn"]
+            role = iam.get_role(RoleName=ROLE_NAME)["Role"]
         except iam.exceptions.NoSuchEntityException:
-            return iam.create_role(
+            role = iam.create_role(
                 RoleName=ROLE_NAME,
                 AssumeRolePolicyDocument=_trust_policy("lambda.amazonaws.com", "states.amazonaws.com"),
-            )["Role"]["Arn"]
+            )["Role"]
+        return str(role["Arn"])
 
     def create_functions(self, names: Iterable[str]) -> dict[str, str]:
         """Create a Lambda function per name (a dummy zip); returns ``{name: ARN}``."""

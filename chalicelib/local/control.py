@@ -72,7 +72,7 @@ def _b64(value: Any) -> str:
     return base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
 
 
-def _wire(value: Any) -> dict:
+def _wire(value: Any) -> dict[str, Any]:
     """A moto ``DynamoType`` in the form ``_encode`` gives a scanned value (moto keeps a
     binary value as bytes or as its base64 text, depending on how it arrived)."""
     if value.type == "B":
@@ -94,7 +94,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _written_keys(action: str, body: dict) -> Iterable[tuple[str, dict]]:
+def _written_keys(action: str, body: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
     """``(table, item or key)`` of every item a write request changes."""
     if action == "put_item":
         yield body["TableName"], body["Item"]
@@ -130,7 +130,7 @@ class ControlSnapshot:
         # the journal's order is the order moto applied the writes in.
         self._lock = threading.Lock()
         self._journal_fd: int | None = None
-        self._originals: dict[str, Callable] = {}
+        self._originals: dict[str, Callable[..., Any]] = {}
 
     # ------------------------------------------------------------ snapshot
 
@@ -163,13 +163,13 @@ class ControlSnapshot:
         if self.journal_path.exists() and self.journal_path.stat().st_size > limit_bytes:
             self.save()
 
-    def _key(self, item: dict) -> str:
+    def _key(self, item: dict[str, Any]) -> str:
         return json.dumps([item[name] for name in self.key_names if name in item], sort_keys=True)
 
-    def _saved_items(self) -> list[dict]:
+    def _saved_items(self) -> list[dict[str, Any]]:
         """The snapshot's items with the journal replayed over them (encoded form). A last
         line cut short by a crash was never acknowledged and is ignored."""
-        items: dict[str, dict] = {}
+        items: dict[str, dict[str, Any]] = {}
         if self.path.exists():
             for item in json.loads(self.path.read_text(encoding="utf-8"))["items"]:
                 items[self._key(item)] = item
@@ -232,7 +232,7 @@ class ControlSnapshot:
         if fd is not None:
             os.close(fd)
 
-    def _journaled(self, action: str, original: Callable) -> Callable:
+    def _journaled(self, action: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def write_then_journal(handler: Any) -> Any:
             keys = {
                 self._key(item): {name: item[name] for name in self.key_names if name in item}
@@ -248,7 +248,7 @@ class ControlSnapshot:
 
         return write_then_journal
 
-    def _append(self, table: Any, keys: list[dict]) -> None:
+    def _append(self, table: Any, keys: list[dict[str, Any]]) -> None:
         """Journal the current state of ``keys`` in moto's ``table`` (read back: an
         update's result is only known to moto) in one fsync'd write."""
         from moto.dynamodb.models.dynamo_type import DynamoType

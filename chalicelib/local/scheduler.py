@@ -48,7 +48,7 @@ def period_of(expression: Any) -> float:
     raise ValueError(f"unsupported schedule expression {text!r}")
 
 
-def scheduled_event(rule_name: str, region: str, clock: Clock) -> dict:
+def scheduled_event(rule_name: str, region: str, clock: Clock) -> dict[str, Any]:
     """The event EventBridge passes to a scheduled Lambda."""
     when = datetime.fromtimestamp(clock.now(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +34,24 @@ def chalice_config(project_dir: Path = REPO_ROOT) -> Any:
     )
 
 
-def _quiet_for_api(handler_cls: type) -> type:
-    """``handler_cls`` without its log line for ``/api/`` paths (the app logs those)."""
+class _QuietForApi(BaseHTTPRequestHandler):
+    """Chalice's request handler, mixed in before it: no log line for ``/api/`` paths (the
+    app logs those), and no Nagle."""
 
-    class Handler(handler_cls):
-        # The response goes out in several writes (status, headers, body): with Nagle's
-        # algorithm each small one after the first waits for the client's delayed ACK,
-        # about 40 ms per call on a keep-alive connection.
-        disable_nagle_algorithm = True
+    # The response goes out in several writes (status, headers, body): with Nagle's
+    # algorithm each small one after the first waits for the client's delayed ACK,
+    # about 40 ms per call on a keep-alive connection.
+    disable_nagle_algorithm = True
 
-        def log_request(self, code: Any = "-", size: Any = "-") -> None:
-            # 405 (a GET on a POST method) is Chalice's own answer: the app never saw it.
-            if not self.path.startswith("/api/") or code == 405:
-                super().log_request(code, size)
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        # 405 (a GET on a POST method) is Chalice's own answer: the app never saw it.
+        if not self.path.startswith("/api/") or code == 405:
+            super().log_request(code, size)
 
-    return Handler
+
+def _quiet_for_api(handler_cls: type[BaseHTTPRequestHandler]) -> type[BaseHTTPRequestHandler]:
+    """``handler_cls`` with ``_QuietForApi`` mixed in."""
+    return type("Handler", (_QuietForApi, handler_cls), {})
 
 
 class ApiServer:
@@ -65,7 +69,8 @@ class ApiServer:
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError("API server is not started")
-        return self._server.server.server_address[1]
+        port: int = self._server.server.server_address[1]
+        return port
 
     @property
     def url(self) -> str:

@@ -53,7 +53,8 @@ def _die_with(parent_pid: int) -> None:
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _serves(host: str, port: int, pid: int) -> bool:
@@ -123,7 +124,7 @@ class LocalValkey:
         self.host = host
         self._requested_port = port
         self._external_url = url
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
         self.stopped_leftovers: list[int] = []
 
