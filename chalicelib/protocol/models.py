@@ -3,9 +3,11 @@
 Field types follow upstream's protobuf: ``Int64`` renders as a string, ``Int32`` as a
 number. Sub-messages that are absent stay ``None`` and are omitted when rendering; a
 ``oneof`` is a set of optional fields of which at most one may be set.
-"""
 
-from __future__ import annotations
+Annotations are evaluated as the classes are created (no ``from __future__ import
+annotations``): as strings, pydantic would evaluate some 400 of them again at import, a
+cold start's 1 % (docs/cold-start.md).
+"""
 
 from typing import Annotated, Any
 
@@ -27,7 +29,7 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
-from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireEnum, WireModel
+from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireEnum, WireModel, empty_list
 
 ErrorCodeField = Annotated[ErrorCode, WireEnum(ErrorCode)]
 StorageTypeField = Annotated[StorageType, WireEnum(StorageType)]
@@ -85,7 +87,7 @@ class Response(WireModel):
 
 
 class BoolMasks(WireModel):
-    values: list[Bool] = Field(default_factory=list)
+    values: list[Bool] = Field(default_factory=empty_list)
 
 
 class BlockMask(WireModel):
@@ -93,7 +95,7 @@ class BlockMask(WireModel):
     bool_masks: BoolMasks | None = None
 
     @model_validator(mode="after")
-    def _oneof(self) -> BlockMask:
+    def _oneof(self) -> "BlockMask":
         _one_of(self, ("offset", "bool_masks"), "block mask")
         if self.offset is not None and self.offset < 0:
             raise ValueError("offset must be >= 0")
@@ -128,7 +130,7 @@ class LocationSpecInfo(WireModel):
 
 class LocationSpecGroup(WireModel):
     name: Str = ""
-    spec_names: list[Str] = Field(default_factory=list)
+    spec_names: list[Str] = Field(default_factory=empty_list)
 
 
 class ModelDeployment(WireModel):
@@ -154,9 +156,9 @@ class InstanceInfo(WireModel):
     instance_group_name: Str = ""
     instance_id: Str = ""
     block_size: Int32 = 0
-    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
+    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=empty_list)
     model_deployment: ModelDeployment | None = None
-    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
+    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
 
 
@@ -245,7 +247,7 @@ class StorageConfig(WireModel):
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
     @model_validator(mode="after")
-    def _oneof(self) -> StorageConfig:
+    def _oneof(self) -> "StorageConfig":
         _one_of(self, tuple(STORAGE_SPEC_FIELDS), "storage spec")
         field = self.spec_field
         if field == "event_report":
@@ -351,7 +353,7 @@ class QuotaConfig(WireModel):
 
 class InstanceGroupQuota(WireModel):
     capacity: Int64 = 0
-    quota_config: list[QuotaConfig] = Field(default_factory=list)
+    quota_config: list[QuotaConfig] = Field(default_factory=empty_list)
 
 
 class TuningConfig(WireModel):
@@ -374,7 +376,7 @@ MAX_INSTANCE_SHARDS = 16
 
 class InstanceGroup(WireModel):
     name: Str = ""
-    storage_candidates: list[Str] = Field(default_factory=list)
+    storage_candidates: list[Str] = Field(default_factory=empty_list)
     global_quota_group_name: Str = ""
     max_instance_count: Int64 = 0
     quota: InstanceGroupQuota | None = None
@@ -384,7 +386,7 @@ class InstanceGroup(WireModel):
     #: Opaque JSON handed to clients (registerInstance, reportEvent).
     extra_info: Str = ""
     #: The event-report storages reportEvent may write for this group's instances.
-    event_report_storage_candidates: list[Str] = Field(default_factory=list)
+    event_report_storage_candidates: list[Str] = Field(default_factory=empty_list)
     revisit_interval_buckets: Str = ""
     #: KVCM extension: bytes each listed instance may hold (> 0; its share of ``quota.capacity``,
     #: enforced by startWriteCache and the reclaimer). Unlisted instances: the group quota only.
@@ -404,17 +406,17 @@ class KeysRequest(Request):
     """A request naming blocks by ``block_keys`` or by ``token_ids`` (keys win)."""
 
     instance_id: Str = ""
-    block_keys: Int64List = Field(default_factory=list)
-    token_ids: Int64List = Field(default_factory=list)
+    block_keys: Int64List = Field(default_factory=empty_list)
+    token_ids: Int64List = Field(default_factory=empty_list)
 
 
 class RegisterInstanceRequest(Request):
     instance_group: Str = ""
     instance_id: Str = ""
     block_size: Int32 = 0
-    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=list)
+    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=empty_list)
     model_deployment: ModelDeployment | None = None
-    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=list)
+    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
 
 
@@ -436,7 +438,7 @@ class GetCacheLocationRequest(KeysRequest):
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     block_mask: BlockMask | None = None
     sw_size: Int32 = 0
-    location_spec_names: list[Str] = Field(default_factory=list)
+    location_spec_names: list[Str] = Field(default_factory=empty_list)
 
 
 class GetCacheLocationResponse(Response):
@@ -450,11 +452,11 @@ class GetCacheMetaRequest(KeysRequest):
 
 class GetCacheMetaResponse(Response):
     locations: CacheLocations = Field(default_factory=CacheLocations)
-    metas: list[Str] = Field(default_factory=list)
+    metas: list[Str] = Field(default_factory=empty_list)
 
 
 class StartWriteCacheRequest(KeysRequest):
-    location_spec_group_names: list[Str] = Field(default_factory=list)
+    location_spec_group_names: list[Str] = Field(default_factory=empty_list)
     write_timeout_seconds: Int32 = 0
     #: Skip a key only when this many replicas exist (UPSTREAM_V2 §2.6); 0 = 1.
     min_replica_count: Int32 = 0
@@ -506,17 +508,17 @@ class GetCacheLocationsByBackendRequest(KeysRequest):
     block_mask: BlockMask | None = None
     sw_size: Int32 = 0
     #: Empty, or one name per key: each key's locations are projected to its name.
-    location_spec_names: list[Str] = Field(default_factory=list)
-    backend_selectors: list[BackendLocationSelector] = Field(default_factory=list)
+    location_spec_names: list[Str] = Field(default_factory=empty_list)
+    backend_selectors: list[BackendLocationSelector] = Field(default_factory=empty_list)
 
 
 class CacheLocationVector(WireModel):
-    locations: list[CacheLocation] = Field(default_factory=list)
+    locations: list[CacheLocation] = Field(default_factory=empty_list)
 
 
 class GetCacheLocationsByBackendResponse(Response):
     #: One vector per requested key, in order; a miss is an empty vector.
-    key_locations: list[CacheLocationVector] = Field(default_factory=list)
+    key_locations: list[CacheLocationVector] = Field(default_factory=empty_list)
 
 
 class GetClusterInfoRequest(Request):
@@ -546,31 +548,31 @@ class ReportedSpec(WireModel):
 
 
 class NodeRegisterEventParams(WireModel):
-    mediums: list[Str] = Field(default_factory=list)
+    mediums: list[Str] = Field(default_factory=empty_list)
 
 
 class BlockAddEventParams(WireModel):
     block_key: Str = ""  # int64 as a decimal string
     uri: Str = ""  # deprecated upstream, ignored: only specs count
     medium: Str = ""
-    specs: list[ReportedSpec] = Field(default_factory=list)
+    specs: list[ReportedSpec] = Field(default_factory=empty_list)
 
 
 class BlockDeleteEventParams(WireModel):
     block_key: Str = ""
     medium: Str = ""
-    spec_names: list[Str] = Field(default_factory=list)
+    spec_names: list[Str] = Field(default_factory=empty_list)
 
 
 class BlockSnapshotItem(WireModel):
     block_key: Str = ""
     medium: Str = ""
-    specs: list[ReportedSpec] = Field(default_factory=list)
+    specs: list[ReportedSpec] = Field(default_factory=empty_list)
 
 
 class BlockSnapshotEventParams(WireModel):
     medium: Str = ""  # deprecated upstream (single-medium form), ignored
-    blocks: list[BlockSnapshotItem] = Field(default_factory=list)
+    blocks: list[BlockSnapshotItem] = Field(default_factory=empty_list)
 
 
 class HostDownEventParams(WireModel):
@@ -602,7 +604,7 @@ class EventItem(WireModel):
     block_snapshot: BlockSnapshotEventParams | None = None
 
     @model_validator(mode="after")
-    def _oneof(self) -> EventItem:
+    def _oneof(self) -> "EventItem":
         _one_of(self, tuple(EVENT_PAYLOADS.values()), "an event")
         return self
 
@@ -616,13 +618,13 @@ class EventItem(WireModel):
 class ReportEventRequest(Request):
     instance_id: Str = ""
     host_ip_port: Str = ""
-    events: list[EventItem] = Field(default_factory=list)
+    events: list[EventItem] = Field(default_factory=empty_list)
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
 
 class ReportEventResponse(Response):
     #: Empty when every event succeeded, else one code per event, in order.
-    item_results: list[ErrorCodeField] = Field(default_factory=list)
+    item_results: list[ErrorCodeField] = Field(default_factory=empty_list)
     committed_snapshot_version: Str = ""
     retry_after_ms: Int64 = 0
     snapshot_required: Bool = False
@@ -632,8 +634,8 @@ class ReportEventResponse(Response):
 class GetHostCacheStateRequest(Request):
     instance_id: Str = ""
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
-    block_cache_keys: Int64List = Field(default_factory=list)
-    medium: list[Str] = Field(default_factory=list)  # empty = every medium
+    block_cache_keys: Int64List = Field(default_factory=empty_list)
+    medium: list[Str] = Field(default_factory=empty_list)  # empty = every medium
     p2p_host_count: Int64 = 0
 
 
@@ -645,7 +647,7 @@ class HostCacheMatch(WireModel):
 
 
 class GetHostCacheStateResponse(Response):
-    hosts: list[HostCacheMatch] = Field(default_factory=list)
+    hosts: list[HostCacheMatch] = Field(default_factory=empty_list)
 
 
 # ---------------------------------------------------------------- admin service
@@ -668,7 +670,7 @@ class ListRequest(Request):
 
 
 class ListStorageResponse(Response):
-    storage: list[StorageConfig] = Field(default_factory=list)
+    storage: list[StorageConfig] = Field(default_factory=empty_list)
 
 
 class CreateInstanceGroupRequest(Request):
@@ -689,7 +691,7 @@ class GetInstanceGroupResponse(Response):
 
 
 class ListInstanceGroupResponse(Response):
-    instance_group: list[InstanceGroup] = Field(default_factory=list)
+    instance_group: list[InstanceGroup] = Field(default_factory=empty_list)
 
 
 class RemoveInstanceRequest(Request):
@@ -702,7 +704,7 @@ class ListInstanceInfoRequest(Request):
 
 
 class ListInstanceInfoResponse(Response):
-    instance_info: list[InstanceInfo] = Field(default_factory=list)
+    instance_info: list[InstanceInfo] = Field(default_factory=empty_list)
 
 
 class AdminGetInstanceInfoResponse(Response):
@@ -713,16 +715,16 @@ class Account(WireModel):
     user_name: Str = ""
     role: RoleField = Role.ROLE_USER
     # KVCM additions (docs/security.md): the account's scope; no groups = every group ("*").
-    instance_groups: list[Str] = Field(default_factory=list)
-    instance_id_prefixes: list[Str] = Field(default_factory=list)
+    instance_groups: list[Str] = Field(default_factory=empty_list)
+    instance_id_prefixes: list[Str] = Field(default_factory=empty_list)
 
 
 class AddAccountRequest(Request):
     user_name: Str = ""
     password: Str = ""
     role: RoleField = Role.ROLE_USER
-    instance_groups: list[Str] = Field(default_factory=list)
-    instance_id_prefixes: list[Str] = Field(default_factory=list)
+    instance_groups: list[Str] = Field(default_factory=empty_list)
+    instance_id_prefixes: list[Str] = Field(default_factory=empty_list)
 
 
 class ApiKeyInfo(WireModel):
@@ -753,7 +755,7 @@ class ListApiKeyRequest(Request):
 
 
 class ListApiKeyResponse(Response):
-    keys: list[ApiKeyInfo] = Field(default_factory=list)
+    keys: list[ApiKeyInfo] = Field(default_factory=empty_list)
 
 
 class AuditRecord(WireModel):
@@ -775,7 +777,7 @@ class ListAuditLogRequest(Request):
 
 
 class ListAuditLogResponse(Response):
-    records: list[AuditRecord] = Field(default_factory=list)
+    records: list[AuditRecord] = Field(default_factory=empty_list)
 
 
 class DeleteAccountRequest(Request):
@@ -783,7 +785,7 @@ class DeleteAccountRequest(Request):
 
 
 class ListAccountResponse(Response):
-    accounts: list[Account] = Field(default_factory=list)
+    accounts: list[Account] = Field(default_factory=empty_list)
 
 
 class MetricValue(WireModel):
@@ -800,12 +802,12 @@ class MetricsTag(WireModel):
 class MetricsData(WireModel):
     metric_name: Str = ""
     metric_value: MetricValue | None = None
-    metric_tags: list[MetricsTag] = Field(default_factory=list)
+    metric_tags: list[MetricsTag] = Field(default_factory=empty_list)
 
 
 class GetMetricsResponse(Response):
     timestamp: Int64 = 0
-    metrics: list[MetricsData] = Field(default_factory=list)
+    metrics: list[MetricsData] = Field(default_factory=empty_list)
     extra_data: Str = ""
 
 
@@ -876,21 +878,21 @@ class InstanceGroupUsage(WireModel):
     used_bytes: Int64 = 0
     key_count: Int64 = 0
     max_key_count: Int64 = 0  # per instance, 0 = unlimited
-    by_storage_type: list[StorageTypeUsage] = Field(default_factory=list)
+    by_storage_type: list[StorageTypeUsage] = Field(default_factory=empty_list)
     #: The group's instances, most used first.
-    instances: list[InstanceUsage] = Field(default_factory=list)
+    instances: list[InstanceUsage] = Field(default_factory=empty_list)
 
 
 class GetInstanceGroupUsageResponse(Response):
-    usage: list[InstanceGroupUsage] = Field(default_factory=list)
+    usage: list[InstanceGroupUsage] = Field(default_factory=empty_list)
 
 
 class CapacityCurve(WireModel):
     """One policy's block hit ratio at each capacity (blocks) of an optimizer sweep."""
 
     policy: Str = ""
-    capacities: list[Int64] = Field(default_factory=list)
-    block_hit_ratio: list[float | None] = Field(default_factory=list)  # null: no reads replayed
+    capacities: list[Int64] = Field(default_factory=empty_list)
+    block_hit_ratio: list[float | None] = Field(default_factory=empty_list)  # null: no reads replayed
 
 
 class CapacityRecommendation(WireModel):
@@ -906,7 +908,7 @@ class GetCapacityReportResponse(Response):
     finished_time_ms: Int64 = 0
     report_uri: Str = ""  # s3://bucket/key of the whole report.json
     target_hit_ratio: float = 0.0
-    curves: list[CapacityCurve] = Field(default_factory=list)
+    curves: list[CapacityCurve] = Field(default_factory=empty_list)
     recommendation: CapacityRecommendation | None = None
 
 
