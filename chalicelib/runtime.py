@@ -158,15 +158,17 @@ class Runtime:
             with self._lock:
                 client = self._aws_clients.get(service)
                 if client is None:
-                    from botocore.config import Config
+                    # botocore's modules, the session and the service model last as long as the container.
+                    with coldstart.paused():
+                        from botocore.config import Config
 
-                    client = self._botocore().create_client(
-                        service,
-                        region_name=self.settings.aws_region,
-                        config=Config(
-                            retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=2, read_timeout=10
-                        ),
-                    )
+                        client = self._botocore().create_client(
+                            service,
+                            region_name=self.settings.aws_region,
+                            config=Config(
+                                retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=2, read_timeout=10
+                            ),
+                        )
                     self._aws_clients[service] = client
         return client
 

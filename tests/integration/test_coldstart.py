@@ -50,3 +50,34 @@ def test_a_process_that_had_the_collector_off_keeps_it_off() -> None:
     state = probe("app", before="gc.disable()")
     assert state["enabled"] is False
     assert state["frozen"] == 0
+
+
+BLOCK = """
+import gc, json
+import chalicelib.coldstart as coldstart
+coldstart.resume()
+{before}
+frozen = gc.get_freeze_count()
+with coldstart.paused():
+    inside = gc.isenabled()
+    kept = [[i] for i in range(1000)]
+print(json.dumps({{"inside": inside, "after": gc.isenabled(), "newly_frozen": gc.get_freeze_count() - frozen}}))
+"""
+
+
+def block(before: str = "") -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCK.format(before=before)], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_a_paused_block_freezes_what_it_built() -> None:
+    state = block()
+    assert state["inside"] is False and state["after"] is True
+    assert isinstance(state["newly_frozen"], int) and state["newly_frozen"] >= 1000
+
+
+def test_a_paused_block_leaves_a_collector_that_was_off_alone() -> None:
+    assert block(before="gc.disable()") == {"inside": False, "after": False, "newly_frozen": 0}
