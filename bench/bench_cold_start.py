@@ -16,7 +16,12 @@ revision REV, its processes taking turns with the working tree's, so both column
 same machine. Then the imports that cost most (``python -X importtime``, cumulative), to
 say where lazy imports would pay.
 
-    .venv/bin/python bench/bench_cold_start.py [--runs 7] [--against REV] [--sources]
+With ``--instructions``, one more process per tree runs under valgrind's callgrind and the
+bench prints the instructions it executed to its first answer (``import app`` alone, and
+with the first request): a count that does not move with the machine's load, where wall
+and CPU times on a shared machine can swing by a factor of two between runs.
+
+    .venv/bin/python bench/bench_cold_start.py [--runs 7] [--against REV] [--sources] [--instructions]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import statistics
@@ -48,7 +54,7 @@ from bench._common import valkey_server  # noqa: E402
 TARGET_MS = 300
 
 CHILD = """
-import json, sys, time
+import json, os, sys, time
 t0 = time.perf_counter()
 import app
 t1 = time.perf_counter()
@@ -74,7 +80,14 @@ t2 = time.perf_counter()
 hits = len(json.loads(response["body"])["locations"])
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "first_ms": (t2 - t1) * 1e3, "status": response["statusCode"],
                   "hits": hits, "answered_at": time.time()}))
+if len(sys.argv) > 2:  # counted to the answer: the interpreter's teardown left out
+    sys.stdout.flush()
+    os._exit(0)
 """
+
+
+#: ``import app`` alone, counted to its end (teardown left out).
+IMPORT_ONLY = "import os, sys, app; sys.stdout.flush(); os._exit(0)"
 
 
 @dataclass
@@ -125,6 +138,22 @@ def first_answer(tree: Path, env: dict[str, str], body: str, into: Phases) -> No
     into.first.append(figures["first_ms"])
     into.answered.append((figures["answered_at"] - run.started) * 1e3)
     into.cpu.append(run.cpu_ms)
+
+
+def instructions(tree: Path, env: dict[str, str], args: list[str]) -> int:
+    """Instructions (millions) one fresh process of the app in ``tree`` executes, under callgrind."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={directory}/out", sys.executable, *args],
+            cwd=tree,
+            env={**env, **function_environment(tree), "PYTHONPATH": str(tree)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    collected = re.search(r"Collected : (\d+)", out.stderr)
+    assert collected, out.stderr
+    return int(collected.group(1)) // 1_000_000
 
 
 UNCHECKED_HASH = PycInvalidationMode.UNCHECKED_HASH
@@ -187,6 +216,11 @@ def main() -> None:
         action="store_true",
         help="the app without bytecode (chalice deploy's package): every process compiles it",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count the instructions to the first answer, under valgrind's callgrind (slow: ~30 s a tree)",
+    )
     args = parser.parse_args()
     from bench.bench_meta import build_runtime, write_blocks
 
@@ -243,6 +277,16 @@ def main() -> None:
                     f"  (baseline {median(interpreter_cpu):.0f} ms)",
                 )
             )
+            if args.instructions:
+                trees = [tree] + ([previous] if previous is not None else [])
+                counts = [
+                    (instructions(t, env, ["-c", IMPORT_ONLY]), instructions(t, env, ["-c", CHILD, body, "exit"]))
+                    for t in trees
+                ]
+                print("  instructions executed (millions, callgrind, one process each):")
+                for label, index in (("import app", 0), ("process start to first answer", 1)):
+                    was = f"{counts[1][index]:>8} M" if len(counts) > 1 else ""
+                    print(f"  {label:<40} {counts[0][index]:>8} M  {was:>10}")
             print("  costliest imports of `import app` (cumulative, one -X importtime run):")
             for ms, name in top_imports(importtime, 10):
                 print(f"    {name:<50} {ms:>8.0f} ms")
