@@ -5,7 +5,8 @@ modules, classes, functions, pydantic's field and schema objects; the first AWS 
 adds botocore's modules, its session and the service models. Left on, the collector
 walks them over and over while they are created (a young-generation pass every 700
 allocations, the older generations' passes walking them again), and none of them is
-garbage: about 8 % of a cold start's CPU before its first answer (docs/cold-start.md).
+garbage: 4 % of the instructions to a cold start's first answer, more of its time (the
+walks are memory-bound; docs/cold-start.md).
 
 So the collector is off meanwhile, and when it resumes, everything allocated so far
 moves to the permanent generation (``gc.freeze``: no later pass walks it again; objects
