@@ -1,13 +1,21 @@
 # KVCM developer commands. Everything runs from .venv, built from the requirement files
-# with python3 (3.11, like the Lambda runtime) and pip; it is re-installed only when a
-# requirement file changes (the stamp file below).
+# with Python 3.12 (the Lambda runtime's: SnapStart needs 3.12 or later) and pip; it is
+# re-installed only when a requirement file or the Python version changes (the stamp file below).
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTHON_VERSION := 3.12
+comma := ,
+IS_VERSION := import sys; assert sys.version_info[:2] == ($(subst .,$(comma) ,$(PYTHON_VERSION)))
+# The first interpreter of that version that runs (a pyenv shim of a version not selected exists
+# but fails), by its real path.
+ifndef PYTHON
+PYTHON := $(shell for p in python$(PYTHON_VERSION) $(HOME)/.pyenv/versions/$(PYTHON_VERSION).*/bin/python$(PYTHON_VERSION) python3; do \
+	"$$p" -c '$(IS_VERSION); print(sys.executable)' 2>/dev/null && break; done)
+endif
 # Bytecode goes under .venv, never beside the sources: `chalice package` imports the app and
 # then zips chalicelib/ whole, so __pycache__ folders there would ship (~0.8 MB).
 export PYTHONPYCACHEPREFIX := $(CURDIR)/.venv/pycache
 VENV := .venv
-STAMP := $(VENV)/.requirements.stamp
+STAMP := $(VENV)/.requirements-$(PYTHON_VERSION).stamp
 BIN := $(VENV)/bin
 STAGE ?= dev
 PACKAGE_DIR := out/$(STAGE)
@@ -20,8 +28,10 @@ TOOLS_STAMP := .venv-tools/.requirements.stamp
 .DEFAULT_GOAL := help
 
 $(STAMP): requirements.txt requirements-dev.txt
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "KVCM needs Python 3.11 (set PYTHON=...)")'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c '$(IS_VERSION)' 2>/dev/null || { echo "KVCM needs Python $(PYTHON_VERSION) (set PYTHON=...)"; exit 2; }
+	@# A .venv of another Python version (an older checkout's) is made anew.
+	$(BIN)/python -c '$(IS_VERSION)' 2>/dev/null || \
+		{ rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 

@@ -24,7 +24,7 @@ import random
 import threading
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import coldstart
 from .auth import Authorizer
@@ -71,9 +71,6 @@ from .workflows.usage_metrics import UsageMetrics
 
 if TYPE_CHECKING:
     import botocore.session
-
-T = TypeVar("T")
-S = TypeVar("S")
 
 
 class Runtime:
@@ -160,14 +157,8 @@ class Runtime:
                 if client is None:
                     # botocore's modules, the session and the service model last as long as the container.
                     with coldstart.paused():
-                        from botocore.config import Config
-
                         client = self._botocore().create_client(
-                            service,
-                            region_name=self.settings.aws_region,
-                            config=Config(
-                                retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=2, read_timeout=10
-                            ),
+                            service, region_name=self.settings.aws_region, config=_client_config()
                         )
                     self._aws_clients[service] = client
         return client
@@ -430,7 +421,7 @@ class Runtime:
             stage=self.settings.stage,
         )
 
-    def service(self, owner: type[S]) -> S:
+    def service[S](self, owner: type[S]) -> S:
         """The container's instance of a handler class (``routes.dispatch``)."""
         instance: S = getattr(self, _HANDLERS[owner])
         return instance
@@ -503,6 +494,13 @@ class Runtime:
         return instance_tuning(self.control, self.settings.event_log_path, lambda: self.aws("s3"), self.clock)
 
 
+def _client_config() -> Any:
+    """The runtime's botocore client settings: bounded retries and timeouts."""
+    from botocore.config import Config
+
+    return Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=2, read_timeout=10)
+
+
 #: ``_aws_clients`` entry of the S3 client with boto3's transfer methods.
 _S3_TRANSFERS = "s3+transfers"
 
@@ -539,7 +537,7 @@ def get_runtime() -> Runtime:
     return _runtime
 
 
-def job(handler: Callable[..., T]) -> Callable[..., T]:
+def job[T](handler: Callable[..., T]) -> Callable[..., T]:
     """A scheduled or state-machine task function with its container's duties around the
     work: the service's shared settings applied first (the log level ``updateLogger``
     stored), this container's metrics published and its buffered events written last.
@@ -568,6 +566,35 @@ def set_runtime(runtime: Runtime | None) -> None:
         _runtime = runtime
 
 
+#: The AWS services the runtime makes clients of.
+AWS_SERVICES = ("dynamodb", "s3", "stepfunctions", "secretsmanager")
+
+
+def before_snapshot() -> None:
+    """SnapStart's snapshot hook, run once when Lambda publishes a version: what a first
+    request would otherwise build, and that holds no connection, credential or identity,
+    goes into the snapshot. Every wire model's validator and serializer; botocore's
+    modules and, in the shared loader, the service models, endpoint rule sets and
+    partitions of the runtime's clients (a client made with placeholder credentials and
+    dropped: the container's own session and clients are made after the restore)."""
+    import botocore.session
+
+    from .protocol.wire import build_models
+
+    with coldstart.paused():
+        build_models()
+        session = botocore.session.get_session()
+        session.register_component("data_loader", _shared_data_loader())
+        for service in AWS_SERVICES:
+            session.create_client(
+                service,
+                region_name=Settings().aws_region,
+                aws_access_key_id="snapshot",
+                aws_secret_access_key="snapshot",
+                config=_client_config(),
+            )
+
+
 def after_restore() -> None:
     """SnapStart's restore hook: the snapshot's runtime, when init built one, becomes this
     container's (``Runtime.after_restore``)."""
@@ -577,10 +604,14 @@ def after_restore() -> None:
 
 
 try:  # Lambda's Python runtimes with SnapStart provide the hook registry; elsewhere there is no restore.
-    from snapshot_restore_py import register_after_restore  # type: ignore[import-untyped]
+    from snapshot_restore_py import (  # type: ignore[import-untyped]
+        register_after_restore,
+        register_before_snapshot,
+    )
 except ImportError:
     pass
 else:
+    register_before_snapshot(before_snapshot)
     register_after_restore(after_restore)
 
 # The app's modules are imported (above): the collector paused since app.py's first import resumes.

@@ -36,8 +36,8 @@ from infra import merge_template
 REPO_ROOT = merge_template.REPO_ROOT
 #: CloudFormation's limit for a template passed inline (TemplateBody).
 INLINE_TEMPLATE_LIMIT = 51_200
-#: The Lambda runtime's Python (``python3.11``): bytecode is only added when compiled by it.
-RUNTIME_PYTHON = (3, 11)
+#: The Lambda runtime's Python (``python3.12``): bytecode is only added when compiled by it.
+RUNTIME_PYTHON = (3, 12)
 #: Zones the default network spans (the cache and the functions).
 DEFAULT_ZONES = 3
 CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
@@ -208,7 +208,7 @@ def with_bytecode(code: bytes) -> bytes:
     """The deployment package with every module compiled (unchecked-hash ``.pyc``, valid
     whatever the files' mtimes): Lambda's /var/task is read-only, so without them every
     cold start compiles the app and its dependencies again. Compiled by this Python, so
-    only when it is the runtime's version (3.11); else the package as it is."""
+    only when it is the runtime's version (3.12); else the package as it is."""
     if sys.version_info[:2] != RUNTIME_PYTHON:
         return code
     import compileall

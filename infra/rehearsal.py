@@ -24,6 +24,12 @@ cannot do is worked around here, and only here (each is listed in docs/deploy.md
    them: they are created in the executing one.
 7. moto's CloudFormation skips resource types it does not know (CloudWatch alarms), so
    they are not created in the rehearsal; cfn-lint and checkov check them instead.
+8. moto's CloudFormation reads a path-style ``TemplateURL`` only from a ``localhost``
+   endpoint, so the rehearsal's session targets ``localhost:<port>``.
+9. moto's CloudFormation has no ``AWS::Lambda::Alias`` (SAM's ``AutoPublishAlias`` makes
+   the API function's, which API Gateway invokes for SnapStart): the alias is created in
+   moto's Lambda backend, its ``Ref`` the alias ARN as on AWS (a version's ``Version``
+   attribute, which moto lacks, given), and the API is invoked through it.
 
 Usage: ``python -m infra.rehearsal [--work-dir DIR] [--path chalice|packaged|both] [--report FILE]``
 writes a JSON report of every step; exit status 1 when a check failed.
@@ -288,8 +294,49 @@ def moto_template(template: dict) -> dict:
     return template
 
 
+def lambda_alias_model() -> type:
+    """Workaround 9: ``AWS::Lambda::Alias`` for moto's CloudFormation, made in its Lambda backend."""
+    from moto.awslambda.models import get_backend
+    from moto.core.common_models import CloudFormationModel
+
+    class LambdaAliasResource(CloudFormationModel):  # type: ignore[misc]
+        # moto files its model classes by service, the second part of their module's name.
+        __module__ = "moto.awslambda.rehearsal"
+
+        def __init__(self, arn: str) -> None:
+            self.arn = arn
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::Lambda::Alias"
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return "Name"
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.arn
+
+        @classmethod
+        def create_from_cloudformation_json(  # type: ignore[override]
+            cls, resource_name: str, cloudformation_json: dict, account_id: str, region_name: str, **kwargs: Any
+        ) -> LambdaAliasResource:
+            properties = cloudformation_json["Properties"]
+            alias = get_backend(account_id, region_name).create_alias(
+                properties["Name"],
+                properties["FunctionName"],
+                str(properties["FunctionVersion"]),
+                properties.get("Description", ""),
+                properties.get("RoutingConfig"),
+            )
+            return cls(alias.arn)
+
+    return LambdaAliasResource
+
+
 class MotoWorkarounds:
-    """Installs workarounds 1-3 into the in-process moto backends while entered."""
+    """Installs workarounds 1-3, 6 and 9 into the in-process moto backends while entered."""
 
     def __init__(self, code: DeployedCode) -> None:
         self.code = code
@@ -300,13 +347,26 @@ class MotoWorkarounds:
         setattr(owner, name, replacement(getattr(owner, name)))
         self._undo.append(lambda: setattr(owner, name, original))
 
+    def _add(self, owner: Any, name: str, value: Any) -> None:
+        setattr(owner, name, value)
+        self._undo.append(lambda: delattr(owner, name))
+
     def __enter__(self) -> MotoWorkarounds:
         from moto.apigateway.models import APIGatewayBackend, RestAPI
+        from moto.awslambda.models import LambdaVersion
         from moto.awslambda_simple.models import LambdaSimpleBackend
+        from moto.cloudformation import parsing
         from moto.cloudformation.models import Stack
         from moto.stepfunctions.models import StateMachine
 
         code = self.code
+        alias_model = lambda_alias_model()
+
+        def knowing_aliases(original: Any) -> Callable[..., Any]:
+            def resource_class_from_type(resource_type: str) -> Any:
+                return alias_model if resource_type == alias_model.cloudformation_type() else original(resource_type)
+
+            return resource_class_from_type
 
         def run_deployed(_original: Any) -> Callable[..., Any]:
             def invoke(
@@ -389,6 +449,10 @@ class MotoWorkarounds:
         self._patch(APIGatewayBackend, "import_rest_api", importing_openapi3)
         self._patch(APIGatewayBackend, "put_rest_api", putting_openapi3)
         self._patch(Stack, "_parse_template", adapting_templates)
+        self._patch(parsing, "resource_class_from_type", knowing_aliases)
+        # The alias names its version by Fn::GetAtt [<version>, Version], which moto's version lacks.
+        self._add(LambdaVersion, "has_cfn_attr", classmethod(lambda cls, attr: attr == "Version"))
+        self._add(LambdaVersion, "get_cfn_attribute", lambda version, attr: version.version)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -776,7 +840,13 @@ class Rehearsal:
             }
 
         physical = self.step("the stack's functions", functions)
-        return self.check_jobs(lambda name: physical[merge_template.function_logical_id(name)], outputs, project)
+
+        def invoked(name: str) -> str:
+            # API Gateway invokes the API function's SnapStart alias, never $LATEST.
+            function = physical[merge_template.function_logical_id(name)]
+            return f"{function}:{merge_template.API_ALIAS}" if name == "api_handler" else function
+
+        return self.check_jobs(invoked, outputs, project)
 
 
 def api_event(path: str, headers: dict[str, str], body: str = "{}") -> dict:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -111,14 +111,11 @@ def load_json_argument(value: str) -> Any:
         raise click.BadParameter(f"not JSON: {exc}") from None
 
 
-M = TypeVar("M", bound=BaseModel)
-P = ParamSpec("P")
-R = TypeVar("R")
 #: A function-to-function decorator, as click's options are.
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def model_from(model: type[M], data: Any, what: str) -> M:
+def model_from[M: BaseModel](model: type[M], data: Any, what: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -139,7 +136,7 @@ def client_of(ctx: click.Context) -> KvcmClient:
     return client
 
 
-def api_command(func: Callable[P, R]) -> Callable[P, R]:
+def api_command[**P, R](func: Callable[P, R]) -> Callable[P, R]:
     """Maps the client's exceptions to one line and an exit code."""
 
     @functools.wraps(func)

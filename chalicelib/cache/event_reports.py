@@ -11,7 +11,6 @@ import json
 import random
 import re
 import time
-from typing import TypeVar
 
 from ..clock import Clock, now_ms
 from ..control.config_cache import ConfigCache
@@ -148,10 +147,7 @@ def _specs(specs: list[ReportedSpec], what: str) -> list[tuple[str, str]]:
     return [(spec.name, spec.uri) for spec in specs]
 
 
-P = TypeVar("P")
-
-
-def _payload(payload: P | None) -> P:
+def _payload[P](payload: P | None) -> P:
     """A payload ``EventItem.payload_matches`` vouched for."""
     if payload is None:
         raise AssertionError("payload_matches let an event without its payload through")

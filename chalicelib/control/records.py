@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -25,15 +25,13 @@ from ..protocol.models import (
     StorageConfig,
 )
 
-M = TypeVar("M", bound=BaseModel)
-
 
 def dump_doc(model: Any) -> str:
     """A wire model as the compact JSON kept in the table (absent sub-messages omitted)."""
     return json.dumps(model.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
 
 
-def load_doc(model: type[M], doc: str) -> M:
+def load_doc[M: BaseModel](model: type[M], doc: str) -> M:
     """The inverse of ``dump_doc``."""
     return model.model_validate(json.loads(doc))
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from redis.cluster import RedisCluster
 
@@ -54,7 +54,6 @@ _CURSOR_SHARD_BITS = 4
 #: Bytes of a request position in a sharded session's 'p' field.
 _POSITION = struct.Struct(">I")
 
-T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -88,7 +87,7 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-def settle(calls: Sequence[Callable[[], T]]) -> list[tuple[T | None, BaseException | None]]:
+def settle[T](calls: Sequence[Callable[[], T]]) -> list[tuple[T | None, BaseException | None]]:
     """Run ``calls`` at once (the first in this thread) and wait for all: per call its
     result or its exception."""
     futures: list[Future[T]] = [_executor().submit(call) for call in calls[1:]]
@@ -104,7 +103,7 @@ def settle(calls: Sequence[Callable[[], T]]) -> list[tuple[T | None, BaseExcepti
     return out
 
 
-def gather(calls: Sequence[Callable[[], T]]) -> list[T]:
+def gather[T](calls: Sequence[Callable[[], T]]) -> list[T]:
     """Run ``calls`` at once; their results, or the first exception once all ended."""
     settled = settle(calls)
     for _, exc in settled:

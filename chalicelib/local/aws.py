@@ -27,7 +27,7 @@ DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "t
 PORT_VARIABLE = "KVCM_AWS_PORT"
 POLL_INTERVAL_S = 0.05
 ROLE_NAME = "kvcm-local"
-LAMBDA_RUNTIME = "python3.11"
+LAMBDA_RUNTIME = "python3.12"
 
 
 def _trust_policy(*services: str) -> str:

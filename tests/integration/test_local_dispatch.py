@@ -75,7 +75,7 @@ def test_installed_in_moto_while_entered(aws):
     with zipfile.ZipFile(code, "w") as archive:
         archive.writestr("app.py", "")
     client.create_function(
-        FunctionName="double", Runtime="python3.11", Role=role, Handler="app.double", Code={"ZipFile": code.getvalue()}
+        FunctionName="double", Runtime="python3.12", Role=role, Handler="app.double", Code={"ZipFile": code.getvalue()}
     )
     original = LambdaSimpleBackend.invoke
     with LambdaDispatch(handlers()):

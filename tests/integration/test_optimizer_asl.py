@@ -88,7 +88,7 @@ def _function(name, role):
         archive.writestr("app.py", "def handler(event, context):\n    return event\n")
     return client.create_function(
         FunctionName=name,
-        Runtime="python3.11",
+        Runtime="python3.12",
         Handler="app.handler",
         Role=role,
         Code={"ZipFile": package.getvalue()},

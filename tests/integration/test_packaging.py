@@ -19,7 +19,7 @@ import pytest
 
 from chalicelib.local import asl
 from chalicelib.local.config import REPO_ROOT
-from infra.merge_template import app_functions, build, build_infra, function_logical_id
+from infra.merge_template import API_ALIAS, api_routes, app_functions, build, build_infra, function_logical_id
 
 BIN = Path(sys.executable).parent
 FIXTURES = REPO_ROOT / "tests" / "e2e" / "fixtures"
@@ -126,7 +126,14 @@ def test_workflow_state_machines_package_and_lint(tmp_path: Path):
     shutil.copy(ECHO_ASL, workflows / "write_session_reaper.asl.json")
 
     template = package(
-        project, build("dev", workflows_dir=workflows, function_names=["e2e_echo", "api_handler"]), tmp_path / "out"
+        project,
+        build(
+            "dev",
+            workflows_dir=workflows,
+            function_names=["e2e_echo", "api_handler"],
+            routes={"/api/checkHealth": ["post"]},
+        ),
+        tmp_path / "out",
     )
 
     machines = state_machines(template)
@@ -171,6 +178,35 @@ def test_the_app_packages_and_lints(packaged_app):
     # a full vCPU for the request path; room for the optimizer
     assert (functions["APIHandler"]["MemorySize"], functions["APIHandler"]["Timeout"]) == (1769, 29)
     assert (functions["OptimizerRun"]["MemorySize"], functions["OptimizerRun"]["Timeout"]) == (3008, 900)
+    assert {properties["Runtime"] for properties in functions.values()} == {"python3.12"}  # SnapStart's minimum
+
+
+@needs_pip
+@pytest.mark.slow  # `chalice package` of the whole app: about 7 s
+def test_the_api_is_served_by_snapstart_versions_unless_efs_is_mounted(packaged_app):
+    """SnapStart serves published versions only: the API function publishes one under an
+    alias, and every route and the invoke permission name that alias, never $LATEST."""
+    from app import app
+
+    resources = packaged_app["template"]["Resources"]
+    api = resources["APIHandler"]["Properties"]
+    assert api["AutoPublishAlias"] == API_ALIAS
+    # Lambda refuses SnapStart on a function that mounts EFS
+    assert api["SnapStart"] == {"Fn::If": ["MountEfs", {"Ref": "AWS::NoValue"}, {"ApplyOn": "PublishedVersions"}]}
+    alias = f"APIHandlerAlias{API_ALIAS}"
+    assert resources["APIHandlerInvokePermission"]["Properties"]["FunctionName"] == {"Ref": alias}
+    paths = resources["RestAPI"]["Properties"]["DefinitionBody"]["paths"]
+    integrations = {
+        (path, method): operation["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
+        for path, operations in paths.items()
+        for method, operation in operations.items()
+        if "x-amazon-apigateway-integration" in operation
+    }
+    assert set(integrations) == {(path, method) for path, methods in api_routes(app).items() for method in methods}
+    assert all(f"/functions/${{{alias}}}/invocations" in uri for uri in integrations.values()), integrations
+    # the other functions (schedules, state-machine tasks) are not latency-bound: no SnapStart
+    others = [r["Properties"] for name, r in resources.items() if name != "APIHandler" and "Function" in r["Type"]]
+    assert others and not any("SnapStart" in properties for properties in others)
 
 
 @needs_pip

@@ -33,7 +33,7 @@ def stack(valkey, valkey_url, aws, tmp_path):
     arns = {
         name: lam.create_function(
             FunctionName=name,
-            Runtime="python3.11",
+            Runtime="python3.12",
             Role=role["Role"]["Arn"],
             Handler=f"app.{name}",
             Code={"ZipFile": _dummy_zip()},
