@@ -101,14 +101,13 @@ class Runtime:
         """Make this container its own after a SnapStart restore: the Valkey pool and the
         AWS clients are dropped (their sockets belong to the snapshot; the next use connects
         again), and with them every service holding them; a node id the environment did not
-        fix is drawn again (it names the lease holder), and so is the random sequence."""
+        fix is drawn again (it names the lease holder)."""
         with self._lock:
             valkey, self._valkey = self._valkey, None
             self._aws_clients.clear()
             self._aws_session = None
         if valkey is not None:
             valkey.close()
-        random.seed()
         if "KVCM_NODE_ID" not in os.environ:
             self.settings = dataclasses.replace(self.settings, node_id=Settings().node_id)
         self._drop_services()
@@ -596,8 +595,10 @@ def before_snapshot() -> None:
 
 
 def after_restore() -> None:
-    """SnapStart's restore hook: the snapshot's runtime, when init built one, becomes this
-    container's (``Runtime.after_restore``)."""
+    """SnapStart's restore hook: the random sequence is drawn anew (containers restored from
+    one snapshot would share it: the same backoff jitter, the same samples), and the
+    snapshot's runtime, when init built one, becomes this container's (``Runtime.after_restore``)."""
+    random.seed()
     runtime = _runtime
     if runtime is not None:
         runtime.after_restore()

@@ -1,6 +1,8 @@
 """SnapStart: a container restored from a snapshot drops the snapshot's connections and
 identity through the restore hook, connects again and answers."""
 
+import random
+
 import snapshot_restore_py
 
 from chalicelib import runtime as runtime_module
@@ -40,7 +42,10 @@ def test_a_node_id_from_the_environment_survives_the_restore(runtime, monkeypatc
     assert runtime.valkey.ping()
 
 
-def test_the_hook_without_a_runtime_does_nothing():
+def test_the_hook_without_a_runtime_builds_none_and_draws_a_new_random_sequence():
     runtime_module.set_runtime(None)
+    random.seed(7)  # what every container restored from one snapshot would continue from
+    snapshot = random.getstate()
     run_restore_hooks()
     assert runtime_module._runtime is None
+    assert random.getstate() != snapshot
