@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from py_compile import PycInvalidationMode
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -142,11 +143,24 @@ def fresh(args: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> Fresh:
     return Fresh(started, wall, cpu, out.stdout, out.stderr)
 
 
-def function_environment(tree: Path) -> dict[str, str]:
-    """The variables every function of the app in ``tree`` gets (its ``.chalice/config.json``,
-    top level: the stages' own are left out, the bench runs the local settings)."""
+def app_environment(tree: Path, env: dict[str, str], snapstart: bool = False) -> dict[str, str]:
+    """The environment of a process of the app in ``tree``: ``env``, the variables every
+    function gets (its ``.chalice/config.json``, top level: the stages' own are left out,
+    the bench runs the local settings), the tree on the path; ``snapstart``: started as a
+    SnapStart container (CHILD runs the snapshot, then the restore hooks)."""
     config = json.loads((tree / CHALICE_CONFIG).read_text(encoding="utf-8"))
-    return dict(config.get("environment_variables", {}))
+    environment = {**env, **config.get("environment_variables", {}), "PYTHONPATH": str(tree)}
+    if snapstart:
+        environment["BENCH_SNAPSTART"] = "1"
+    return environment
+
+
+def answer(tree: Path, env: dict[str, str], body: str, snapstart: bool) -> tuple[Fresh, dict[str, Any]]:
+    """One process of the app in ``tree`` answering its first getCacheLocation (128 hits), and its figures."""
+    run = fresh(["-c", CHILD, body], app_environment(tree, env, snapstart), cwd=tree)
+    figures: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["status"] == 200 and figures["hits"] == 128, figures
+    return run, figures
 
 
 def compile_what_it_imports(tree: Path, env: dict[str, str], body: str) -> None:
@@ -155,16 +169,12 @@ def compile_what_it_imports(tree: Path, env: dict[str, str], body: str) -> None:
     bytecode (beside them, or under a ``PYTHONPYCACHEPREFIX`` such as the Makefile's, where
     the standard library has none at first), so that no timed process compiles them, as no
     Lambda container does (its package and runtime carry their bytecode)."""
-    environment = {**env, **function_environment(tree), "PYTHONPATH": str(tree), "BENCH_SNAPSTART": "1"}
-    environment.pop("PYTHONDONTWRITEBYTECODE", None)
-    fresh(["-c", CHILD, body], environment, cwd=tree)
+    answer(tree, {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}, body, snapstart=True)
 
 
 def first_answer(tree: Path, env: dict[str, str], body: str, into: Phases) -> None:
     """One cold start of the app in ``tree``: import, first getCacheLocation, figures into ``into``."""
-    run = fresh(["-c", CHILD, body], {**env, **function_environment(tree), "PYTHONPATH": str(tree)}, cwd=tree)
-    figures = json.loads(run.stdout.strip().splitlines()[-1])
-    assert figures["status"] == 200 and figures["hits"] == 128, figures
+    run, figures = answer(tree, env, body, snapstart=False)
     into.imports.append(figures["import_ms"])
     into.first.append(figures["first_ms"])
     into.answered.append((figures["answered_at"] - run.started) * 1e3)
@@ -174,10 +184,7 @@ def first_answer(tree: Path, env: dict[str, str], body: str, into: Phases) -> No
 def restored_answer(tree: Path, env: dict[str, str], body: str, into: Phases) -> None:
     """One SnapStart container of the app in ``tree``: init and the snapshot hooks, then,
     as if restored there, the restore hooks and the first getCacheLocation."""
-    environment = {**env, **function_environment(tree), "PYTHONPATH": str(tree), "BENCH_SNAPSTART": "1"}
-    run = fresh(["-c", CHILD, body], environment, cwd=tree)
-    figures = json.loads(run.stdout.strip().splitlines()[-1])
-    assert figures["status"] == 200 and figures["hits"] == 128, figures
+    _, figures = answer(tree, env, body, snapstart=True)
     into.snapshot_hooks.append(figures["snapshot_ms"])
     into.restored_first.append(figures["first_ms"])
 
@@ -188,7 +195,7 @@ def instructions(tree: Path, env: dict[str, str], args: list[str]) -> int:
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={directory}/out", sys.executable, *args],
             cwd=tree,
-            env={**env, **function_environment(tree), "PYTHONPATH": str(tree)},
+            env=app_environment(tree, env),
             capture_output=True,
             text=True,
             check=True,
@@ -304,7 +311,7 @@ def main() -> None:
                         restored_answer(previous, env, body, before)
             importtime = fresh(
                 ["-X", "importtime", "-c", "import app"],
-                {**env, **function_environment(tree), "PYTHONPATH": str(tree)},
+                app_environment(tree, env),
                 cwd=tree,
             ).stderr
             median = statistics.median

@@ -9,6 +9,7 @@ import zipfile
 import boto3
 import pytest
 
+from chalicelib.local.aws import LAMBDA_RUNTIME
 from chalicelib.local.dispatch import LambdaDispatch, function_name_of
 
 
@@ -75,7 +76,11 @@ def test_installed_in_moto_while_entered(aws):
     with zipfile.ZipFile(code, "w") as archive:
         archive.writestr("app.py", "")
     client.create_function(
-        FunctionName="double", Runtime="python3.12", Role=role, Handler="app.double", Code={"ZipFile": code.getvalue()}
+        FunctionName="double",
+        Runtime=LAMBDA_RUNTIME,
+        Role=role,
+        Handler="app.double",
+        Code={"ZipFile": code.getvalue()},
     )
     original = LambdaSimpleBackend.invoke
     with LambdaDispatch(handlers()):

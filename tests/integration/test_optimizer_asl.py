@@ -13,6 +13,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from chalicelib.local.aws import LAMBDA_RUNTIME
 from chalicelib.optimizer.tasks import report_task, run_task
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def _function(name, role):
         archive.writestr("app.py", "def handler(event, context):\n    return event\n")
     return client.create_function(
         FunctionName=name,
-        Runtime="python3.12",
+        Runtime=LAMBDA_RUNTIME,
         Handler="app.handler",
         Role=role,
         Code={"ZipFile": package.getvalue()},

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from chalicelib.local import asl
-from chalicelib.local.aws import _dummy_zip
+from chalicelib.local.aws import LAMBDA_RUNTIME, _dummy_zip
 from chalicelib.local.dispatch import LambdaDispatch
 from chalicelib.local.stack import load_app, task_handlers
 from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
@@ -33,7 +33,7 @@ def stack(valkey, valkey_url, aws, tmp_path):
     arns = {
         name: lam.create_function(
             FunctionName=name,
-            Runtime="python3.12",
+            Runtime=LAMBDA_RUNTIME,
             Role=role["Role"]["Arn"],
             Handler=f"app.{name}",
             Code={"ZipFile": _dummy_zip()},
