@@ -23,6 +23,9 @@ MERGE_TEMPLATE := out/$(STAGE)-merge-template.json
 # Deployment tools whose pins clash with the app's (checkov; aws-sam-translator for the
 # rehearsal), in their own venv.
 TOOLS_STAMP := .venv-tools/.requirements.stamp
+# The engines' wheels (requirements-engines.txt), unpacked off sys.path for the tests to load from.
+ENGINES_DIR := $(VENV)/engines
+ENGINES_STAMP := $(ENGINES_DIR)/.requirements.stamp
 
 .PHONY: help run test test-fast clean package bench demo test-tools tools scan deploy deploy-infra rehearse
 .DEFAULT_GOAL := help
@@ -33,6 +36,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/python -c '$(IS_VERSION)' 2>/dev/null || \
 		{ rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+$(ENGINES_STAMP): requirements-engines.txt $(STAMP)
+	rm -rf $(ENGINES_DIR)
+	$(BIN)/python -m pip install --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+		--target $(ENGINES_DIR) -r requirements-engines.txt
 	touch $@
 
 ## help: this list (what `make` alone prints)
@@ -67,13 +76,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## test: unit, integration and e2e tests (console screenshots in out/console-screenshots)
-test: $(STAMP) $(BIN)/kvcm test-tools $(TOOLS_STAMP)
+test: $(STAMP) $(BIN)/kvcm $(ENGINES_STAMP) test-tools $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -ra
 
 ## test-fast: the edit loop: every test not marked slow (no soak, rehearsal, live replay, e2e stack)
 # Bytecode is kept between runs of the edit loop (some shells set PYTHONDONTWRITEBYTECODE:
 # every run would then compile the app, the tests and their libraries again, ~10% of it).
-test-fast: $(STAMP) $(BIN)/kvcm
+test-fast: $(STAMP) $(BIN)/kvcm $(ENGINES_STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m "not slow"
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
