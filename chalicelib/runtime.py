@@ -58,7 +58,7 @@ from .stores.lease import Lease
 from .stores.metrics import MetricsStore
 from .stores.reporters import ReporterStore
 from .stores.storage_health import StorageHealthStore
-from .stores.valkey import Valkey, connect
+from .stores.valkey import Valkey, connect, memory_bytes
 from .workflows.deletes import StepFunctionsDeleter
 from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
@@ -387,6 +387,8 @@ class Runtime:
             CapacityReports(
                 lambda: self.aws("stepfunctions"), lambda: self.aws("s3"), self.settings.sweep_state_machine_arn
             ),
+            self.metrics,
+            self.metrics_store,
         )
 
     @cached_property
@@ -469,6 +471,7 @@ class Runtime:
             self.cache,
             self.clock,
             self._state_machine(self.settings.reaper_state_machine_arn, "reaper"),
+            self.metrics,
         )
 
     @cached_property
@@ -481,7 +484,7 @@ class Runtime:
 
     @cached_property
     def usage_metrics(self) -> UsageMetrics:
-        return UsageMetrics(self.lease, self.usage_reports, self.metrics)
+        return UsageMetrics(self.lease, self.usage_reports, self.metrics, lambda: memory_bytes(self.valkey))
 
     @cached_property
     def reporter_liveness(self) -> ReporterLiveness:
@@ -540,7 +543,10 @@ def job[T](handler: Callable[..., T]) -> Callable[..., T]:
     """A scheduled or state-machine task function with its container's duties around the
     work: the service's shared settings applied first (the log level ``updateLogger``
     stored), this container's metrics published and its buffered events written last.
-    None of them can fail the job."""
+    None of them can fail the job. Every run counts: ``job.failure_count{job}`` when it
+    raises (a deletion or purge step the state machine retries, a failed round), else
+    ``job.last_success_time_s{job}`` (Unix seconds: its age is what to alert on)."""
+    tags = {"job": handler.__name__}
 
     @functools.wraps(handler)
     def run(*args: Any) -> T:
@@ -550,7 +556,13 @@ def job[T](handler: Callable[..., T]) -> Callable[..., T]:
         except Exception as exc:  # noqa: BLE001 - the job runs on the settings it has
             logger.warning("shared settings not refreshed: %s", exc)
         try:
-            return handler(*args)
+            result = handler(*args)
+        except BaseException:
+            runtime.metrics.incr("job.failure_count", 1, tags)
+            raise
+        else:
+            runtime.metrics.gauge("job.last_success_time_s", runtime.clock.now(), tags)
+            return result
         finally:
             runtime.metrics_publisher.publish()
             runtime.events.flush()

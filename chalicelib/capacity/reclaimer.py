@@ -245,6 +245,7 @@ class Reclaimer:
         if self.metrics is not None:
             self.metrics.incr("cache_reclaimer.reclaim_cron_count")
             self.metrics.observe("cache_reclaimer.reclaim_cron_duration_us", report.duration_ms * 1000)
+            self.metrics.gauge("cache_reclaimer.last_round_time_s", now)
         return report
 
     def _reclaim_group(

@@ -13,6 +13,7 @@ from collections import defaultdict
 from ..cache.contexts import ContextProvider
 from ..control import ControlPlane
 from ..index import BlockIndex, Usage
+from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import StorageType
 from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import (
@@ -60,6 +61,19 @@ def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroup
         by_storage_type=by_type,
         instances=instances,
     )
+
+
+def record_usage_gauges(metrics: MetricsRegistry, group: InstanceGroupUsage) -> None:
+    """Set a group's usage gauges (UPSTREAM_V2 §2.16): ``cache_manager_group.usage_ratio``
+    (with a quota) and each instance's ``cache_manager_instance.key_count`` and ``.byte_size``."""
+    if group.capacity > 0:
+        metrics.gauge(
+            "cache_manager_group.usage_ratio", group.used_bytes / group.capacity, {"instance_group": group.name}
+        )
+    for instance in group.instances:
+        tags = {"instance_group": group.name, "instance_id": instance.instance_id}
+        metrics.gauge("cache_manager_instance.key_count", instance.key_count, tags)
+        metrics.gauge("cache_manager_instance.byte_size", instance.used_bytes, tags)
 
 
 class UsageReports:

@@ -6,10 +6,15 @@ gauges as last set anywhere.
 A container publishes at most once per ``period_s`` on the request path (one round trip
 a second at most), and at the end of every scheduled or task function (``runtime.job``).
 A change that could not be published is kept and goes with the next publication.
+
+Histograms (the metrics named in ``HISTOGRAMS``) count samples per bucket of fixed bounds,
+besides their sum and count, so that Prometheus can compute quantiles (a p99 to alert on)
+from any number of containers' buckets added up.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,7 +25,23 @@ from .logging import logger
 
 Tags = tuple[tuple[str, str], ...]
 MetricKey = tuple[str, Tags]
+#: A histogram bucket: the metric and the bucket's upper bound (``math.inf`` for the last).
+BucketKey = tuple[MetricKey, float]
 COUNTER, MEAN, GAUGE = "counter", "mean", "gauge"
+
+#: Upper bounds, in µs, of the API calls' latency buckets (``service.call_latency_us``): from
+#: a cached read (~0.3 ms) to API Gateway's 29 s limit.
+CALL_LATENCY_BOUNDS_US: tuple[float, ...] = (
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000, 29_000_000,
+)  # fmt: skip
+#: The histogram metrics and their buckets' upper bounds (a last ``+Inf`` bucket is implied).
+HISTOGRAMS: dict[str, tuple[float, ...]] = {"service.call_latency_us": CALL_LATENCY_BOUNDS_US}
+
+
+def bucket_bound(name: str, value: float) -> float:
+    """The upper bound of the bucket of histogram ``name`` that counts ``value``."""
+    return next((bound for bound in HISTOGRAMS[name] if value <= bound), math.inf)
 
 
 @dataclass
@@ -34,11 +55,14 @@ class MetricPoint:
 
 @dataclass
 class MetricsDelta:
-    """Metric changes: counter increments, sums and counts of samples, gauges set."""
+    """Metric changes: counter increments, sums and counts of samples (means and
+    histograms), histogram bucket counts, gauges set."""
 
     counters: dict[MetricKey, int] = field(default_factory=lambda: defaultdict(int))
     sums: dict[MetricKey, float] = field(default_factory=lambda: defaultdict(float))
     counts: dict[MetricKey, int] = field(default_factory=lambda: defaultdict(int))
+    #: Samples per histogram bucket (not cumulative).
+    buckets: dict[BucketKey, int] = field(default_factory=lambda: defaultdict(int))
     gauges: dict[MetricKey, float] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
@@ -52,7 +76,17 @@ class MetricsDelta:
             self.sums[key] += total
         for key, value in other.counts.items():
             self.counts[key] += value
+        for bucket, value in other.buckets.items():
+            self.buckets[bucket] += value
         self.gauges = {**other.gauges, **self.gauges}
+
+    def drop(self, doomed: Callable[[MetricKey], bool]) -> None:
+        """Delete the series whose key ``doomed`` says."""
+        for values in (self.counters, self.sums, self.counts, self.gauges):
+            for key in [key for key in values if doomed(key)]:
+                del values[key]
+        for bucket in [bucket for bucket in self.buckets if doomed(bucket[0])]:
+            del self.buckets[bucket]
 
     def points(self) -> list[MetricPoint]:
         """The values these totals stand for: counters, means of the samples, gauges."""
@@ -90,12 +124,28 @@ class MetricsRegistry:
                 delta.sums[key] += value
                 delta.counts[key] += 1
 
+    def histogram(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
+        """Record a sample of a histogram of ``HISTOGRAMS``: its bucket, sum and count."""
+        key = self._key(name, tags)
+        bucket = (key, bucket_bound(name, value))
+        with self._lock:
+            for delta in (self._totals, self._pending):
+                delta.buckets[bucket] += 1
+                delta.sums[key] += value
+                delta.counts[key] += 1
+
     def gauge(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
         """Set a gauge to its current value."""
         key = self._key(name, tags)
         with self._lock:
             self._totals.gauges[key] = value
             self._pending.gauges[key] = value
+
+    def forget(self, tag: str, value: str) -> None:
+        """Drop every series tagged ``tag=value``, published or not (see MetricsStore.forget)."""
+        with self._lock:
+            for delta in (self._totals, self._pending):
+                delta.drop(lambda key: (tag, value) in key[1])
 
     def drain(self) -> MetricsDelta:
         """The changes since the last drain (to publish), forgotten here."""
@@ -110,10 +160,12 @@ class MetricsRegistry:
 
     def record_call(self, method: str, code: str, latency_us: int) -> None:
         """The per-call metrics of the API method ``method`` (its lowerCamel HTTP name),
-        tagged ``api_name`` with the upstream RPC name (``rpc_name``)."""
+        tagged ``api_name`` with the upstream RPC name (``rpc_name``): upstream's counter and
+        mean latency, and the latency histogram."""
         tags = {"api_name": rpc_name(method)}
         self.incr("service.query_counter", 1, tags)
         self.observe("service.query_rt_us", latency_us, tags)
+        self.histogram("service.call_latency_us", latency_us, tags)
         if code != "OK":
             self.incr("service.error_counter", 1, {**tags, "code": code})
 

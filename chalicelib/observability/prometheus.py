@@ -4,16 +4,18 @@ KVCM's names become Prometheus names: prefixed ``kvcm_``, every character outsid
 ``[a-zA-Z0-9_]`` replaced by ``_`` (``service.query_counter`` →
 ``kvcm_service_query_counter_total``). Counters are ``counter``s, means are ``summary``s
 without quantiles (``_sum`` and ``_count``: Prometheus averages over any window from
-them), gauges are ``gauge``s.
+them), histograms (``metrics.HISTOGRAMS``) are ``histogram``s with a cumulative bucket per
+bound, ``+Inf`` last, and gauges are ``gauge``s.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from .metrics import MetricKey, MetricsDelta, Tags
+from .metrics import HISTOGRAMS, MetricKey, MetricsDelta, Tags
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
@@ -23,7 +25,9 @@ def metric_name(name: str, prefix: str = "kvcm") -> str:
     return _INVALID.sub("_", f"{prefix}_{name}")
 
 
-def _labels(tags: Tags) -> str:
+def _labels(tags: Tags, le: float | None = None) -> str:
+    if le is not None:
+        tags = (*tags, ("le", "+Inf" if math.isinf(le) else _number(le)))
     if not tags:
         return ""
     return "{" + ",".join(f'{_INVALID.sub("_", key)}="{_escape(value)}"' for key, value in tags) + "}"
@@ -59,11 +63,12 @@ def exposition(totals: MetricsDelta, prefix: str = "kvcm") -> str:
         base = metric_name(name, prefix)
         family(
             base,
-            "summary",
+            "histogram" if name in HISTOGRAMS else "summary",
             (
                 line
                 for t, count in samples
                 for line in (
+                    *_bucket_lines(base, name, t, totals),
                     f"{base}_sum{_labels(t)} {_number(totals.sums.get((name, t), 0.0))}",
                     f"{base}_count{_labels(t)} {_number(count)}",
                 )
@@ -73,3 +78,15 @@ def exposition(totals: MetricsDelta, prefix: str = "kvcm") -> str:
         base = metric_name(name, prefix)
         family(base, "gauge", (f"{base}{_labels(t)} {_number(v)}" for t, v in samples))
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _bucket_lines(base: str, name: str, tags: Tags, totals: MetricsDelta) -> list[str]:
+    """A histogram series' cumulative ``_bucket`` lines, every bound of ``HISTOGRAMS`` then
+    ``+Inf`` (empty for a summary)."""
+    if name not in HISTOGRAMS:
+        return []
+    lines, seen = [], 0
+    for bound in (*HISTOGRAMS[name], math.inf):
+        seen += totals.buckets.get(((name, tags), bound), 0)
+        lines.append(f"{base}_bucket{_labels(tags, bound)} {seen}")
+    return lines

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..cache.purge import PurgeService
-from ..capacity.usage import UsageReports
+from ..capacity.usage import UsageReports, record_usage_gauges
 from ..clock import Clock, now_ms
 from ..control import ControlPlane
 from ..control.api_keys import ApiKeyRecord
@@ -19,7 +19,7 @@ from ..control.cluster import ClusterInfo
 from ..control.errors import UnknownEntityError
 from ..index import BlockIndex
 from ..observability.logging import logger, set_level
-from ..observability.metrics import COUNTER, MetricsDelta, MetricsPublisher
+from ..observability.metrics import COUNTER, MetricsDelta, MetricsPublisher, MetricsRegistry
 from ..protocol.errors import InvalidArgumentError, ServiceNotReadyError
 from ..protocol.models import (
     AddAccountRequest,
@@ -119,26 +119,53 @@ class GroupAdmin:
         purge: PurgeService,
         usage: UsageReports,
         capacity_reports: CapacityReports,
+        metrics: MetricsRegistry,
+        metrics_store: MetricsStore,
     ) -> None:
         self.control = control
         self.index = index
         self.purge = purge
         self.usage = usage
         self.capacity_reports = capacity_reports
+        self.metrics = metrics
+        self.metrics_store = metrics_store
 
     def create_instance_group(self, request: CreateInstanceGroupRequest) -> Response:
-        self.control.create_group(request.instance_group)
+        """Create a group; its usage series exist from now, not from the next usage round."""
+        self._refresh_usage_gauges(self.control.create_group(request.instance_group).name)
         return Response()
 
     def update_instance_group(self, request: UpdateInstanceGroupRequest) -> Response:
-        self.control.update_group(request.instance_group, request.current_version)
+        """Update a group; its usage ratio follows a new quota now."""
+        self._refresh_usage_gauges(self.control.update_group(request.instance_group, request.current_version).name)
         return Response()
+
+    def _refresh_usage_gauges(self, group: str) -> None:
+        """Set a group's usage gauges now, best effort: the change is made, and the next
+        usage round sets them if Valkey does not answer here."""
+        try:
+            reports = self.usage.get_instance_group_usage(GetInstanceGroupUsageRequest(instance_group_name=group))
+        except ServiceNotReadyError as exc:
+            logger.warning("usage gauges of group %s not set: %s", group, exc)
+            return
+        for usage in reports.usage:
+            record_usage_gauges(self.metrics, usage)
+
+    def _forget_series(self, tag: str, value: str) -> None:
+        """Drop every metric series tagged ``tag=value`` (a removed instance or group), best
+        effort: the removal has happened, and a series left behind goes with the next one."""
+        self.metrics.forget(tag, value)
+        try:
+            self.metrics_store.forget(tag, value)
+        except ServiceNotReadyError as exc:
+            logger.warning("metric series of %s=%s not forgotten: %s", tag, value, exc)
 
     def remove_instance_group(self, request: InstanceGroupNameRequest) -> Response:
         """Remove an empty group, then its usage counters (a group of that name created again
         starts from zero)."""
         self.control.remove_group(request.name)
         self.index.forget_group(request.name)
+        self._forget_series("instance_group", request.name)
         return Response()
 
     def get_instance_group(self, request: InstanceGroupNameRequest) -> GetInstanceGroupResponse:
@@ -169,7 +196,9 @@ class GroupAdmin:
         """removeInstance: the instance is unknown from now on; its blocks (data, then
         metadata) and then its record go in a purge that answers within the call for a small
         instance and continues in the ``instance_purge`` state machine for a large one."""
-        self.purge.remove_instance(require_name(request.instance_id, "instance_id"), request.instance_group)
+        instance_id = require_name(request.instance_id, "instance_id")
+        self.purge.remove_instance(instance_id, request.instance_group)
+        self._forget_series("instance_id", instance_id)
         return Response()
 
     def get_instance_group_usage(self, request: GetInstanceGroupUsageRequest) -> GetInstanceGroupUsageResponse:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -86,3 +86,16 @@ def lua_source(directory: Path, name: str, prelude: str | None = None) -> str:
     (Valkey scripts cannot include one another)."""
     body = (directory / f"{name}.lua").read_text()
     return body if prelude is None else (directory / f"{prelude}.lua").read_text() + "\n" + body
+
+
+def memory_bytes(client: Valkey) -> tuple[int, int]:
+    """(bytes used, ``maxmemory``) of the Valkey behind ``client``, summed over a cluster's
+    primaries (0 for maxmemory when any node has no limit set)."""
+    with valkey_errors("Valkey"):
+        if isinstance(client, RedisCluster):
+            per_node = cast(dict[str, dict[str, Any]], client.info("memory", target_nodes=RedisCluster.PRIMARIES))
+            nodes = list(per_node.values())
+        else:
+            nodes = [client.info("memory")]
+    limits = [int(node.get("maxmemory", 0)) for node in nodes]
+    return sum(int(node.get("used_memory", 0)) for node in nodes), sum(limits) if all(limits) else 0

@@ -65,6 +65,7 @@ class HealthChecks:
                 "data_storage.healthy_status", int(tracker.is_available(backend.name)), {"storage": backend.name}
             )
         names = {b.name for b in backends}
+        self.metrics.gauge("data_storage.last_health_round_time_s", self.clock.now())
         self.store.save({name: tracker.status(name) for name in names})
         self.store.forget(set(saved) - names)
         return {

@@ -15,6 +15,7 @@ from ..clock import Clock, now_ms
 from ..control import ControlPlane
 from ..index import BlockIndex
 from ..observability.logging import logger
+from ..observability.metrics import MetricsRegistry
 from ..protocol.errors import InstanceNotFoundError
 from ..stores.lease import Lease
 from .executions import StateMachine
@@ -41,6 +42,7 @@ class SessionReaper:
         cache: CacheService,
         clock: Clock,
         machine: StateMachine,
+        metrics: MetricsRegistry,
     ) -> None:
         self.lease = lease
         self.control = control
@@ -49,6 +51,7 @@ class SessionReaper:
         self.cache = cache
         self.clock = clock
         self.machine = machine
+        self.metrics = metrics
 
     def expire_write_sessions(self) -> dict[str, Any]:
         """Fail every write session past its deadline: its WRITING locations go to deletion
@@ -68,6 +71,9 @@ class SessionReaper:
                     expired += 1
                     blocks += failed
         if expired:
+            # Engines that start writes and never finish them (crashed, or timeouts too short).
+            self.metrics.incr("write_session.expired_count", expired)
+            self.metrics.incr("write_session.expired_block_count", blocks)
             logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
         return {"expired": expired, "blocks": blocks}
 

@@ -21,6 +21,10 @@ def test_metrics_of_every_container_in_the_text_format(client, runtime, other_co
     assert "# TYPE kvcmtest_service_query_counter_total counter" in lines
     assert 'kvcmtest_service_query_counter_total{api_name="ListStorage"} 4' in lines
     assert 'kvcmtest_service_query_rt_us_count{api_name="ListStorage"} 1' in lines
+    # the latency histogram, through the shared store: a p99 to alert on
+    assert "# TYPE kvcmtest_service_call_latency_us histogram" in lines
+    assert 'kvcmtest_service_call_latency_us_bucket{api_name="ListStorage",le="+Inf"} 1' in lines
+    assert 'kvcmtest_service_call_latency_us_count{api_name="ListStorage"} 1' in lines
     assert 'kvcmtest_data_storage_healthy_status{storage="nfs_01"} 1.0' in lines
 
 

@@ -1,5 +1,7 @@
 """The metrics registry's pending changes and the publisher's period (pure logic)."""
 
+import math
+
 from chalicelib.clock import ManualClock
 from chalicelib.observability.metrics import COUNTER, GAUGE, MEAN, MetricsDelta, MetricsPublisher, MetricsRegistry
 
@@ -90,3 +92,31 @@ def test_calls_are_tagged_with_the_upstream_rpc_name():
         ("service.error_counter", (("api_name", "AddStorage"), ("code", "INVALID_ARGUMENT"))): 1,
     }
     assert registry.value("service.query_rt_us", {"api_name": "GetCacheLocation"}) == 120
+
+
+def test_a_histogram_counts_each_sample_in_the_first_bucket_that_holds_it():
+    registry = MetricsRegistry()
+    for latency in (100, 250, 251, 40_000, 10**9):
+        registry.histogram("service.call_latency_us", latency, {"api_name": "GetCacheLocation"})
+    key = ("service.call_latency_us", (("api_name", "GetCacheLocation"),))
+    delta = registry.drain()
+    assert dict(delta.buckets) == {(key, 250): 2, (key, 500): 1, (key, 50_000): 1, (key, math.inf): 1}
+    assert delta.counts[key] == 5 and delta.sums[key] == 100 + 250 + 251 + 40_000 + 10**9
+    merged = MetricsDelta()
+    merged.merge(delta)
+    merged.merge(delta)
+    assert merged.buckets[(key, 250)] == 4
+
+
+def test_forgetting_a_tag_drops_its_series_published_or_not():
+    registry = MetricsRegistry()
+    registry.gauge("cache_manager_instance.byte_size", 9, {"instance_id": "i1", "instance_group": "g"})
+    registry.histogram("service.call_latency_us", 9, {"instance_id": "i1"})
+    registry.drain()
+    registry.incr("manager.get_cache_location_hit_block_counter", 3, {"instance_id": "i1"})
+    registry.incr("manager.get_cache_location_hit_block_counter", 4, {"instance_id": "i10"})
+    registry.forget("instance_id", "i1")
+    assert registry.value("cache_manager_instance.byte_size", {"instance_id": "i1", "instance_group": "g"}) is None
+    assert registry.value("service.call_latency_us", {"instance_id": "i1"}) is None
+    pending = registry.drain()
+    assert dict(pending.counters) == {("manager.get_cache_location_hit_block_counter", (("instance_id", "i10"),)): 4}
