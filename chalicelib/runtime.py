@@ -43,6 +43,7 @@ from .control import ConfigCache, ControlPlane
 from .control.audit import AuditLog
 from .control.cluster import ClusterInfo
 from .index import BlockIndex
+from .observability.emf import EmfWriter
 from .observability.events import EventLog, EventRecorder
 from .observability.logging import apply_level, logger
 from .observability.metrics import MetricsPublisher, MetricsRegistry
@@ -462,6 +463,11 @@ class Runtime:
         )
 
     @cached_property
+    def emf(self) -> EmfWriter:
+        """The CloudWatch metrics the template's alarms watch (none without a namespace)."""
+        return EmfWriter(self.settings.metrics_namespace, self.clock)
+
+    @cached_property
     def session_reaper(self) -> SessionReaper:
         return SessionReaper(
             self.lease,
@@ -472,6 +478,7 @@ class Runtime:
             self.clock,
             self._state_machine(self.settings.reaper_state_machine_arn, "reaper"),
             self.metrics,
+            self.emf,
         )
 
     @cached_property
@@ -545,7 +552,8 @@ def job[T](handler: Callable[..., T]) -> Callable[..., T]:
     stored), this container's metrics published and its buffered events written last.
     None of them can fail the job. Every run counts: ``job.failure_count{job}`` when it
     raises (a deletion or purge step the state machine retries, a failed round), else
-    ``job.last_success_time_s{job}`` (Unix seconds: its age is what to alert on)."""
+    ``job.last_success_time_s{job}`` (Unix seconds: its age is what to alert on); in
+    CloudWatch, ``JobFailures`` or ``JobSuccesses`` by ``Job`` (the template's alarms)."""
     tags = {"job": handler.__name__}
 
     @functools.wraps(handler)
@@ -559,9 +567,11 @@ def job[T](handler: Callable[..., T]) -> Callable[..., T]:
             result = handler(*args)
         except BaseException:
             runtime.metrics.incr("job.failure_count", 1, tags)
+            runtime.emf.emit({"Job": tags["job"]}, {"JobFailures": 1})
             raise
         else:
             runtime.metrics.gauge("job.last_success_time_s", runtime.clock.now(), tags)
+            runtime.emf.emit({"Job": tags["job"]}, {"JobSuccesses": 1})
             return result
         finally:
             runtime.metrics_publisher.publish()

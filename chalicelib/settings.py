@@ -84,6 +84,9 @@ class Settings:
     cache_gc: bool = True
     cache_gc_orphan_grace_s: int = 86_400
     cache_gc_round_pause_s: int = 7_200
+    #: CloudWatch namespace of the few metrics the template's alarms watch, written as EMF
+    #: log lines (observability.emf); empty: none written (the local stage).
+    metrics_namespace: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -98,6 +101,7 @@ class Settings:
             valkey_secret_arn=os.environ.get("KVCM_VALKEY_SECRET_ARN", base.valkey_secret_arn),
             key_prefix=os.environ.get("KVCM_KEY_PREFIX", base.key_prefix),
             control_table=os.environ.get("KVCM_CONTROL_TABLE", base.control_table),
+            metrics_namespace=os.environ.get("KVCM_METRICS_NAMESPACE", base.metrics_namespace),
             aws_region=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", base.aws_region)),
             node_id=os.environ.get("KVCM_NODE_ID", base.node_id),
             debug_service=_env_bool("KVCM_DEBUG_SERVICE", base.debug_service),

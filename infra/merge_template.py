@@ -181,8 +181,10 @@ def alarm(
     statistic: str = "Sum",
     periods: int = 1,
     condition: str | None = None,
+    below: bool = False,
 ) -> dict:
-    """A CloudWatch alarm on one metric over 5-minute periods; missing data is fine."""
+    """A CloudWatch alarm on one metric over 5-minute periods: above ``threshold``, missing
+    data fine; or, ``below``, under it with missing data breaching (something stopped)."""
     resource: dict[str, Any] = {
         "Type": "AWS::CloudWatch::Alarm",
         "Properties": {
@@ -194,8 +196,8 @@ def alarm(
             "Period": 300,
             "EvaluationPeriods": periods,
             "Threshold": threshold,
-            "ComparisonOperator": "GreaterThanThreshold",
-            "TreatMissingData": "notBreaching",
+            "ComparisonOperator": "LessThanThreshold" if below else "GreaterThanThreshold",
+            "TreatMissingData": "breaching" if below else "notBreaching",
             "AlarmActions": ALARM_ACTIONS,
         },
     }
@@ -283,6 +285,40 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
             {"FunctionName": fn("api_handler")},
             0,
         )
+    # The service's own metrics (observability.emf, namespace KVCM/<stage>): rounds that
+    # stop, deletions and purges that fail, writes that engines never finish.
+    jobs = {"Fn::Sub": "KVCM/${Stage}"}
+    for name, what in (("reclaim", "Reclaim"), ("health_check", "HealthCheck")):
+        if name in names:
+            resources[f"{what}RoundsStoppedAlarm"] = alarm(
+                f"No {name} round succeeded for 15 minutes: "
+                + ("groups over their watermark are not reclaimed" if name == "reclaim" else "storage health is stale"),
+                jobs,
+                "JobSuccesses",
+                {"Job": name},
+                1,
+                periods=3,
+                below=True,
+            )
+    for name, what in (("delete_batch", "DeleteBatch"), ("purge_step", "PurgeStep")):
+        if name in names:
+            resources[f"{what}FailuresAlarm"] = alarm(
+                f"{name} failed in 3 consecutive 5-minute periods (the state machine retries; data stays on storage)",
+                jobs,
+                "JobFailures",
+                {"Job": name},
+                0,
+                periods=3,
+            )
+    resources["ExpiredWriteSessionsAlarm"] = alarm(
+        "Write sessions expired in 3 consecutive 5-minute periods: engines start writes they never finish "
+        "(crashed, or write_timeout_seconds too short); their blocks are written again",
+        jobs,
+        "ExpiredWriteSessions",
+        {"Service": "kvcm"},
+        0,
+        periods=3,
+    )
     for name, what in (("reclaim", "Reclaim"), ("reaper_watchdog", "ReaperWatchdog")):
         if name in names:
             resources[f"{what}ErrorsAlarm"] = alarm(

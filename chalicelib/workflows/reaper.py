@@ -14,6 +14,7 @@ from ..cache.service import CacheService
 from ..clock import Clock, now_ms
 from ..control import ControlPlane
 from ..index import BlockIndex
+from ..observability.emf import EmfWriter
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
 from ..protocol.errors import InstanceNotFoundError
@@ -43,6 +44,7 @@ class SessionReaper:
         clock: Clock,
         machine: StateMachine,
         metrics: MetricsRegistry,
+        emf: EmfWriter,
     ) -> None:
         self.lease = lease
         self.control = control
@@ -52,6 +54,7 @@ class SessionReaper:
         self.clock = clock
         self.machine = machine
         self.metrics = metrics
+        self.emf = emf
 
     def expire_write_sessions(self) -> dict[str, Any]:
         """Fail every write session past its deadline: its WRITING locations go to deletion
@@ -74,6 +77,7 @@ class SessionReaper:
             # Engines that start writes and never finish them (crashed, or timeouts too short).
             self.metrics.incr("write_session.expired_count", expired)
             self.metrics.incr("write_session.expired_block_count", blocks)
+            self.emf.emit({"Service": "kvcm"}, {"ExpiredWriteSessions": expired})
             logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
         return {"expired": expired, "blocks": blocks}
 

@@ -249,7 +249,7 @@ def test_alarms_and_dashboard_cover_what_an_operator_must_know():
     metrics = {
         (r["Properties"].get("Namespace"), r["Properties"].get("MetricName"))
         for r in resources.values()
-        if r.get("Type") == "AWS::CloudWatch::Alarm"
+        if r.get("Type") == "AWS::CloudWatch::Alarm" and isinstance(r["Properties"].get("Namespace"), str)
     }
     assert {
         ("AWS/ApiGateway", "5XXError"),
@@ -258,6 +258,23 @@ def test_alarms_and_dashboard_cover_what_an_operator_must_know():
         ("AWS/Lambda", "Errors"),
         ("AWS/ElastiCache", "ThrottledCmds"),
     } <= metrics
+    # the service's own, written as EMF lines by every job (observability.emf)
+    jobs = {"Fn::Sub": "KVCM/${Stage}"}
+    for alarm, metric, job in (
+        ("ReclaimRoundsStoppedAlarm", "JobSuccesses", "reclaim"),
+        ("HealthCheckRoundsStoppedAlarm", "JobSuccesses", "health_check"),
+        ("DeleteBatchFailuresAlarm", "JobFailures", "delete_batch"),
+        ("PurgeStepFailuresAlarm", "JobFailures", "purge_step"),
+    ):
+        props = resources[alarm]["Properties"]
+        assert (props["Namespace"], props["MetricName"], props["Dimensions"]) == (
+            jobs,
+            metric,
+            [{"Name": "Job", "Value": job}],
+        )
+    stopped = resources["ReclaimRoundsStoppedAlarm"]["Properties"]
+    assert (stopped["ComparisonOperator"], stopped["TreatMissingData"]) == ("LessThanThreshold", "breaching")
+    assert resources["ExpiredWriteSessionsAlarm"]["Properties"]["MetricName"] == "ExpiredWriteSessions"
     memory = resources["ValkeyMemoryAlarm"]["Properties"]["Metrics"]
     assert memory[0]["MetricStat"]["Metric"]["MetricName"] == "BytesUsedForCache"
     body = json.dumps(resources["Dashboard"]["Properties"]["DashboardBody"])

@@ -1,8 +1,12 @@
 """UPSTREAM_V2 §2.16's names on GET /metrics: the per-read hit counters and the usage
 gauges the ``usage_metrics`` schedule publishes."""
 
+import io
+import json
+
 import pytest
 
+from chalicelib.observability.emf import EmfWriter
 from chalicelib.protocol.errors import InstanceNotFoundError
 from tests.integration.meta.harness import code, register, write
 
@@ -87,10 +91,13 @@ def test_expired_write_sessions_are_counted(http, instance, runtime, clock):
     for key in (1, 2):
         assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [key, key + 10]})) == "OK"
     clock.advance(3600)
+    cloudwatch = io.StringIO()
+    runtime.emf = EmfWriter("KVCM/test", clock, cloudwatch)
     assert runtime.session_reaper.expire_write_sessions() == {"expired": 2, "blocks": 4}
     published = _published(runtime)
     assert published[("write_session.expired_count", ())] == 2
     assert published[("write_session.expired_block_count", ())] == 4
+    assert json.loads(cloudwatch.getvalue())["ExpiredWriteSessions"] == 2
 
 
 def test_valkey_memory_and_the_rounds_last_times_are_gauges(http, instance, runtime, clock):
@@ -108,6 +115,8 @@ def test_every_job_counts_its_failures_and_records_its_last_success(http, instan
     from app import app
     from chalicelib.local.scheduler import scheduled_event
 
+    cloudwatch = io.StringIO()
+    runtime.emf = EmfWriter("KVCM/test", clock, cloudwatch)
     app.handler_map["usage_metrics"](scheduled_event("usage_metrics", "us-east-1", clock), None)
     with pytest.raises(InstanceNotFoundError):
         app.handler_map["delete_batch"]({"instance_id": "gone", "victims": []}, None)
@@ -115,3 +124,9 @@ def test_every_job_counts_its_failures_and_records_its_last_success(http, instan
     assert published[("job.last_success_time_s", (("job", "usage_metrics"),))] == clock.now()
     assert published[("job.failure_count", (("job", "delete_batch"),))] == 1
     assert ("job.last_success_time_s", (("job", "delete_batch"),)) not in published
+    # the same in CloudWatch, for the template's alarms
+    lines = [json.loads(line) for line in cloudwatch.getvalue().splitlines()]
+    assert [(d["Job"], d.get("JobSuccesses"), d.get("JobFailures")) for d in lines] == [
+        ("usage_metrics", 1, None),
+        ("delete_batch", None, 1),
+    ]
