@@ -90,17 +90,22 @@ function tags(point) { return Object.fromEntries((point.metric_tags || []).map(t
 
 function byName(metrics, name) { return metrics.filter(p => p.metric_name === name); }
 
-// Hit ratio of prefix matches: each read records the blocks it found and asked as means
-// with one sample per read, so per instance sum(found) / sum(asked) = mean(found) / mean(asked);
-// across instances the means are weighted by the instances' read counts (the latency count).
+// Hit ratios of reads (getCacheLocation): blocks found over blocks asked, from the counters
+// every read adds to, per instance and over all of them (weighted by what each asked, not a
+// mean of the instances' ratios).
 function hitRatios(metrics) {
-  const found = Object.fromEntries(byName(metrics, "manager.prefix_match_len").map(p => [tags(p).instance_id, metricValue(p)]));
-  const asked = Object.fromEntries(byName(metrics, "manager.prefix_match_asked").map(p => [tags(p).instance_id, metricValue(p)]));
+  const counts = name => Object.fromEntries(byName(metrics, name).map(p => [tags(p).instance_id, metricValue(p)]));
+  const found = counts("manager.get_cache_location_hit_block_counter");
+  const asked = counts("manager.get_cache_location_query_block_counter");
   const perInstance = {};
-  for (const [instance, mean] of Object.entries(asked)) {
-    if (mean > 0 && instance in found) perInstance[instance] = found[instance] / mean;
+  let foundTotal = 0, askedTotal = 0;
+  for (const [instance, blocks] of Object.entries(asked)) {
+    if (blocks <= 0) continue;
+    perInstance[instance] = (found[instance] || 0) / blocks;
+    foundTotal += found[instance] || 0;
+    askedTotal += blocks;
   }
-  return perInstance;
+  return {perInstance, total: askedTotal > 0 ? foundTotal / askedTotal : null};
 }
 
 // ---------------------------------------------------------------- pages
@@ -125,7 +130,7 @@ function renderInstances(instances, usage, ratios) {
     (i.location_spec_infos || []).map(s => `${s.name} ${size(s.size)}`).join(", "),
     i.model_deployment ? `${i.model_deployment.model_name} (${i.model_deployment.dtype})` : "",
     size(used[i.instance_id]?.used_bytes), num(used[i.instance_id]?.key_count).toLocaleString("en"),
-    i.instance_id in ratios ? `${(100 * ratios[i.instance_id]).toFixed(1)}%` : "–"]));
+    i.instance_id in ratios.perInstance ? `${(100 * ratios.perInstance[i.instance_id]).toFixed(1)}%` : "–"]));
 }
 
 function renderStorages(storages, metrics) {
@@ -143,12 +148,13 @@ function renderStorages(storages, metrics) {
 
 function renderTraffic(metrics, ratios) {
   const now = Date.now() / 1000;
-  const counters = {}, latency = {}, errors = {};
+  const counters = {}, latency = {}, errors = {}, errorCodes = {};
   for (const p of byName(metrics, "service.query_counter")) counters[tags(p).api_name] = metricValue(p);
   for (const p of byName(metrics, "service.query_rt_us")) latency[tags(p).api_name] = metricValue(p);
   for (const p of byName(metrics, "service.error_counter")) {
-    const api = tags(p).api_name;
+    const {api_name: api, code = "?"} = tags(p);
     errors[api] = (errors[api] || 0) + metricValue(p);
+    (errorCodes[api] = errorCodes[api] || {})[code] = metricValue(p);
   }
   const previous = state.previousCounters, dt = now - state.previousTime;
   const rate = api => previous && dt > 0 ? Math.max(0, (counters[api] - (previous.calls[api] || 0)) / dt) : null;
@@ -158,16 +164,13 @@ function renderTraffic(metrics, ratios) {
   state.previousCounters = {calls: counters, errors: errorTotal};
   state.previousTime = now;
 
-  // getMetrics gives each instance's means, not its read count: the card shows the mean
-  // of the instances' ratios (each instance's own is on the Instances page).
-  const each = Object.values(ratios);
-  document.getElementById("hit-ratio").textContent =
-    each.length ? `${(100 * each.reduce((s, r) => s + r, 0) / each.length).toFixed(1)}%` : "–";
+  document.getElementById("hit-ratio").textContent = ratios.total === null ? "–" : `${(100 * ratios.total).toFixed(1)}%`;
   document.getElementById("request-rate").textContent = totalRate === null ? "…" : totalRate.toFixed(2);
   document.getElementById("error-rate").textContent = errorRate === null ? "…" : errorRate.toFixed(2);
   fill("traffic-table", Object.keys(counters).sort().map(api => [
     api, counters[api].toLocaleString("en"), rate(api) === null ? "…" : rate(api).toFixed(2),
-    latency[api] ? `${(latency[api] / 1000).toFixed(2)} ms` : "–", (errors[api] || 0).toLocaleString("en")]));
+    latency[api] ? `${(latency[api] / 1000).toFixed(2)} ms` : "–", (errors[api] || 0).toLocaleString("en"),
+    Object.entries(errorCodes[api] || {}).sort().map(([code, n]) => `${code} ${n.toLocaleString("en")}`).join(", ")]));
 }
 
 function renderCapacity(report) {
@@ -180,8 +183,10 @@ function renderCapacity(report) {
     ? `Recommendation: ${rec.policy} at ${num(rec.capacity).toLocaleString("en")} blocks, ` +
       `block hit ratio ${(100 * rec.block_hit_ratio).toFixed(1)}% (target ${(100 * report.target_hit_ratio).toFixed(1)}%).`
     : `No capacity of the sweep reaches the target hit ratio (${(100 * report.target_hit_ratio).toFixed(1)}%).`;
+  const finished = num(report.finished_time_ms) ? `finished ${new Date(num(report.finished_time_ms)).toISOString()}` : "";
   document.getElementById("capacity-source").textContent =
-    `Sweep ${report.execution_name}, finished ${new Date(num(report.finished_time_ms)).toISOString()}; ${report.report_uri}`;
+    [report.execution_name ? `Sweep ${report.execution_name}` : "Latest sweep", finished, report.report_uri]
+      .filter(Boolean).join(" · ");
   drawCurves(document.getElementById("curve"), report.curves, rec);
 }
 
@@ -198,8 +203,11 @@ function drawCurves(svg, curves, rec) {
     label.textContent = `${r * 100}%`;
     parts.push(label);
   }
-  for (const c of [...new Set(caps)]) {
-    const label = svgEl("text", {x: x(c), y: H - B + 16, class: "tick", "text-anchor": "middle"});
+  const ticks = [...new Set(caps)].sort((a, b) => a - b);
+  for (const c of ticks) {
+    // The outermost labels are anchored inside the plot, so that they are never clipped.
+    const anchor = c === ticks[ticks.length - 1] && ticks.length > 1 ? "end" : c === ticks[0] ? "start" : "middle";
+    const label = svgEl("text", {x: x(c), y: H - B + 16, class: "tick", "text-anchor": anchor});
     label.textContent = c.toLocaleString("en");
     parts.push(label);
   }
@@ -241,9 +249,11 @@ async function refresh() {
     error.hidden = true;
   } catch (exc) {
     if (exc instanceof Refused) {
+      // Without a bearer yet, the refusal is the service asking for one, not a mistake to show.
+      const tried = sessionStorage.getItem(TOKEN_KEY) !== null;
       sessionStorage.removeItem(TOKEN_KEY);
       document.getElementById("signin").hidden = false;
-      document.getElementById("signin-error").textContent = exc.message;
+      document.getElementById("signin-error").textContent = tried ? exc.message : "";
     } else {
       error.textContent = String(exc.message || exc);
       error.hidden = false;

@@ -15,7 +15,7 @@ import pytest
 
 from chalicelib.local import LocalStack
 from chalicelib.protocol import models as m
-from kvcm_client import KvcmClient
+from kvcm_client import KvcmClient, KvcmError
 from kvcm_client.cli import human_size
 
 from .harness import run_execution
@@ -77,6 +77,21 @@ def seeded(stack: LocalStack) -> dict:
         client.finish_write_cache(instance_id="console-1", write_session_id=session, success_blocks={"offset": 10})
         for _ in range(3):  # 3 of 4 asked blocks found each time: 75 %
             client.get_cache_location(instance_id="console-1", query_type="QT_PREFIX_MATCH", block_keys=[1, 2, 3, 999])
+        # A second instance at 100 %: the headline ratio weighs instances by blocks asked.
+        client.register_instance(
+            instance_group="default",
+            instance_id="console-2",
+            block_size=16,
+            location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
+            model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"),
+        )
+        session = client.start_write_cache(instance_id="console-2", block_keys=[1]).write_session_id
+        client.finish_write_cache(instance_id="console-2", write_session_id=session, success_blocks={"offset": 1})
+        client.get_cache_location(instance_id="console-2", query_type="QT_PREFIX_MATCH", block_keys=[1])
+        # A refused call, counted under its code.
+        with pytest.raises(KvcmError) as refused:
+            client.get_cache_location(instance_id="nosuch", query_type="QT_PREFIX_MATCH", block_keys=[1])
+        assert refused.value.code.name == "INSTANCE_NOT_EXIST"
         if not client.get_capacity_report().curves:
             s3 = stack.aws.client("s3")
             bucket = f"console-{uuid.uuid4().hex[:8]}"
@@ -92,7 +107,7 @@ def seeded(stack: LocalStack) -> dict:
                 "optimizer_sweep",
                 {
                     "trace": {"bucket": bucket, "key": "t.jsonl", "format": "mooncake"},
-                    "capacities": [1, 3, 10],
+                    "capacities": [1, 3, 100_000],  # a wide last label: never clipped
                     "policies": ["lru"],
                     "output": {"bucket": bucket, "prefix": "console"},
                 },
@@ -155,9 +170,23 @@ def test_traffic_page_shows_rates_and_the_hit_ratio(browser_page, stack: LocalSt
     # Rates need two samples: the page refreshes every 5 s.
     browser_page.wait_for_function("document.getElementById('request-rate').textContent !== '…'", timeout=20_000)
     assert float(browser_page.inner_text("#request-rate")) > 0
-    assert browser_page.inner_text("#hit-ratio").endswith("%")
-    methods = browser_page.locator("#traffic-table tbody tr td:first-child").all_inner_texts()
-    assert "GetCacheLocation" in methods and "GetInstanceGroupUsage" in methods
+    # blocks found over blocks asked, over every instance: not the mean of their ratios
+    with KvcmClient(stack.api_url) as client:
+        metrics = client.get_metrics().metrics
+    counts = {
+        name: {
+            t.tag_value: int(p.metric_value.int_value) for p in metrics if p.metric_name == name for t in p.metric_tags
+        }
+        for name in ("manager.get_cache_location_hit_block_counter", "manager.get_cache_location_query_block_counter")
+    }
+    found, asked = counts.values()
+    weighted = sum(found.values()) / sum(asked.values())
+    mean = sum(found.get(i, 0) / n for i, n in asked.items()) / len(asked)
+    assert abs(weighted - mean) > 0.001  # the seeded instances tell them apart
+    assert browser_page.inner_text("#hit-ratio") == f"{100 * weighted:.1f}%"
+    rows = {r.locator("td").first.inner_text(): r for r in browser_page.locator("#traffic-table tbody tr").all()}
+    assert "GetCacheLocation" in rows and "GetInstanceGroupUsage" in rows
+    assert "INSTANCE_NOT_EXIST" in rows["GetCacheLocation"].locator("td").last.inner_text()
     save(browser_page, "traffic")
 
 
@@ -166,6 +195,12 @@ def test_capacity_page_plots_the_latest_sweep(browser_page, stack: LocalStack, s
     assert browser_page.is_visible("#capacity-report") and not browser_page.is_visible("#capacity-empty")
     assert browser_page.locator("#curve polyline.curve").count() >= 1
     assert browser_page.inner_text("#recommendation").startswith(("Recommendation:", "No capacity"))
+    source = browser_page.inner_text("#capacity-source")
+    assert source.startswith(("Sweep ", "Latest sweep")) and "Sweep ," not in source
+    plot = browser_page.locator("#curve").bounding_box()
+    for tick in browser_page.locator("#curve text.tick").all():  # no label clipped at the plot's edges
+        box = tick.bounding_box()
+        assert plot["x"] <= box["x"] and box["x"] + box["width"] <= plot["x"] + plot["width"] + 0.5, tick.inner_text()
     save(browser_page, "capacity")
 
 
@@ -183,7 +218,8 @@ def test_with_auth_on_the_console_asks_for_an_admin_bearer(browser_page, stack: 
         page.goto(f"{stack.api_url}/console#groups")
         page.wait_for_selector("#signin:not([hidden])", timeout=20_000)
         assert page.locator("#groups-table tbody tr[data-group=default]").count() == 0
-        assert "Authorization" in page.inner_text("#signin-error")  # the first answer: no bearer
+        assert page.inner_text("#signin-error") == ""  # asked for a bearer, no mistake made yet
+        save(page, "signin-first")
         page.fill("#token", "nobody:wrong-password-123")
         page.click("#signin button")
         page.wait_for_function("document.getElementById('signin-error').textContent.includes('nobody')", timeout=20_000)
