@@ -62,31 +62,28 @@ def browser_page(tmp_path_factory):
             context.close()
 
 
+def _write(client: KvcmClient, instance_id: str, keys: list[int]) -> None:
+    """Register ``instance_id`` in the seeded group and write ``keys``."""
+    client.register_instance(
+        instance_group="default",
+        instance_id=instance_id,
+        block_size=16,
+        location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
+        model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"),
+    )
+    session = client.start_write_cache(instance_id=instance_id, block_keys=keys).write_session_id
+    client.finish_write_cache(instance_id=instance_id, write_session_id=session, success_blocks={"offset": len(keys)})
+
+
 @pytest.fixture(scope="module")
 def seeded(stack: LocalStack) -> dict:
     """Blocks written in the seeded group, reads for the hit ratio, and a sweep if none ran."""
     with KvcmClient(stack.api_url) as client:
-        client.register_instance(
-            instance_group="default",
-            instance_id="console-1",
-            block_size=16,
-            location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
-            model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"),
-        )
-        session = client.start_write_cache(instance_id="console-1", block_keys=list(range(1, 11))).write_session_id
-        client.finish_write_cache(instance_id="console-1", write_session_id=session, success_blocks={"offset": 10})
+        _write(client, "console-1", list(range(1, 11)))
         for _ in range(3):  # 3 of 4 asked blocks found each time: 75 %
             client.get_cache_location(instance_id="console-1", query_type="QT_PREFIX_MATCH", block_keys=[1, 2, 3, 999])
         # A second instance at 100 %: the headline ratio weighs instances by blocks asked.
-        client.register_instance(
-            instance_group="default",
-            instance_id="console-2",
-            block_size=16,
-            location_spec_infos=[m.LocationSpecInfo(name="tp0", size=SPEC_BYTES)],
-            model_deployment=m.ModelDeployment(model_name="qwen", dtype="bf16"),
-        )
-        session = client.start_write_cache(instance_id="console-2", block_keys=[1]).write_session_id
-        client.finish_write_cache(instance_id="console-2", write_session_id=session, success_blocks={"offset": 1})
+        _write(client, "console-2", [1])
         client.get_cache_location(instance_id="console-2", query_type="QT_PREFIX_MATCH", block_keys=[1])
         # A refused call, counted under its code.
         with pytest.raises(KvcmError) as refused:
