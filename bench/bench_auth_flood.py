@@ -3,8 +3,9 @@
 One container (one Runtime, the real dispatcher, auth on, the production config refresh
 of 2 s) on moto + Valkey, with a manual clock: every call of tenant A moves it 5 ms and
 the other loads run at their rates in that time, so each scenario sees as many config
-refreshes and limiter windows per call of tenant A, however slow moto is on this machine. Tenant A's engine calls getInstanceInfo and
-getCacheLocation in a loop with its API key, from its own address. Beside it, in turn:
+refreshes and limiter windows per call of tenant A, however slow moto is on this machine.
+Tenant A's engine calls getInstanceInfo and getCacheLocation in a loop with its API key,
+from its own address. Beside it, in turn:
 
 - idle: nothing else (the same-run baseline);
 - flood: random ``kvcm_<id>.<secret>`` bearers at a bounded rate from 20 addresses, past
@@ -17,9 +18,11 @@ getCacheLocation in a loop with its API key, from its own address. Beside it, in
 The other callers' requests are served between tenant A's, in the same thread, as one
 Lambda container serves one request at a time: tenant A's latency shows what their
 traffic does to the state it relies on (limiters, cached records), not CPU contention
-of this process (moto's own latency is in every figure alike). Printed: tenant A's p50 and p99 per scenario, beside idle's, how many
-of its calls were refused (must be 0), and how many other requests were served. Before issue 28 the flood then one registration got tenant A
-429 on every call; churn dropped every cached record of every tenant on each write.
+of this process (moto's own latency is in every figure alike). Printed: tenant A's p50
+and p99 per scenario, beside idle's, how many of its calls were refused (must be 0), and
+how many other requests were served. Before issue 28 the flood then one registration got
+tenant A 429 on every call; churn dropped every cached record of every tenant on each
+write.
 
     .venv/bin/python bench/bench_auth_flood.py [--seconds 8]
 """
@@ -57,8 +60,7 @@ def build(client):
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()
     os.environ.update(
-        {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region, "MOTO_PORT": str(aws.port)}
-        | DUMMY_CREDENTIALS
+        {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region, "MOTO_PORT": str(aws.port)} | DUMMY_CREDENTIALS
     )
     from chalicelib.control import ControlPlane, ensure_table
     from chalicelib.protocol.codes import Role
@@ -117,10 +119,9 @@ def main() -> None:
     seconds = parser.parse_args().seconds
 
     from chalicelib.control.api_keys import new_api_key
+    from chalicelib.observability.logging import set_level
     from chalicelib.routes import admin, meta
     from chalicelib.routes.dispatch import Dispatcher
-
-    from chalicelib.observability.logging import set_level
 
     set_level("WARN")  # no access line per request
     with valkey_server() as client:
