@@ -94,7 +94,7 @@ def main() -> None:
                 raise AssertionError("accepted")
 
             scrypt_us = timeit_us(lambda: rt.control.verify_account("root", PASSWORD), repeat=20, warmup=2)
-            locked = Authorizer(rt.config, rt.control, rt.clock, limiter=FailureLimiter(rt.clock, per_user=1))
+            locked = Authorizer(rt.config, rt.control, rt.clock, limiter=FailureLimiter(rt.clock, per_name=1))
             refused({"Authorization": "Bearer root:guess"}, locked)
             guess = {"Authorization": "Bearer root:another-guess"}
             figures = timeit_interleaved(

@@ -454,6 +454,21 @@ def api_snapstart(routes: Mapping[str, Iterable[str]]) -> dict:
     }
 
 
+def api_throttling() -> dict:
+    """The RestAPI's stage throttling (every method): a service-wide bound on requests,
+    whatever the callers' credentials, set by the stack's parameters."""
+    return {
+        "MethodSettings": [
+            {
+                "ResourcePath": "/*",
+                "HttpMethod": "*",
+                "ThrottlingRateLimit": {"Ref": "ApiThrottleRateLimit"},
+                "ThrottlingBurstLimit": {"Ref": "ApiThrottleBurstLimit"},
+            }
+        ]
+    }
+
+
 def api_gateway_stage(stage: str, config: Path = CHALICE_CONFIG) -> str:
     """The API Gateway stage Chalice deploys ``stage`` to (``api`` unless configured)."""
     settings = json.loads(config.read_text(encoding="utf-8"))
@@ -553,7 +568,7 @@ def build(
             from app import app
 
             routes = api_routes(app)
-        template["Resources"]["RestAPI"] = {"Properties": {"Name": PackagedFunctions.api_name}}
+        template["Resources"]["RestAPI"] = {"Properties": {"Name": PackagedFunctions.api_name, **api_throttling()}}
         for logical_id, fragment in api_snapstart(routes).items():
             properties = template["Resources"].setdefault(logical_id, {}).setdefault("Properties", {})
             properties.update(fragment["Properties"])

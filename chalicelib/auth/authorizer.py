@@ -8,8 +8,9 @@ Two bearer forms (docs/security.md):
 - ``<user_name>:<password>``, only for admin accounts (bootstrap: the first admin makes
   API keys with it). Checked with scrypt, slow by design, so a verified pair is remembered
   per container for ``password_ttl_s`` under a keyed hash (HMAC with a per-process random
-  key, no password kept), and failed attempts are limited (``FailureLimiter``); so are
-  lookups of unknown key ids, which read the table the first time a container sees them.
+  key, no password kept), and failed attempts are limited per (account, source)
+  (``FailureLimiter``); so are lookups of unknown key ids, per source, which read the
+  table the first time a container sees them (then the miss is cached by key id).
 
 Missing or invalid credentials → UnauthorizedError (HTTP 401); too many failures →
 TooManyAttemptsError (HTTP 429); a role without the permission → ForbiddenError (HTTP
@@ -34,8 +35,6 @@ from ..protocol.errors import TooManyAttemptsError, UnauthorizedError
 from .policy import Action, Principal, Scope, Target, check_action, check_target
 
 _SCHEME = "bearer"
-#: The one name the key-lookup limiter counts under (its node-wide bound is what matters).
-_KEY_LOOKUPS = "unknown key ids"
 _USAGE = "the Authorization header must be 'Bearer <api key>' (or 'Bearer <user_name>:<password>' of an admin)"
 
 
@@ -67,56 +66,73 @@ def principal_of(account: AccountRecord, key_id: str = "") -> Principal:
 
 
 class FailureLimiter:
-    """Bounds guessing per container: a name (account) with ``per_user`` failures in
-    ``window_s`` is locked until they age out, and all failures together may not exceed
-    ``per_window`` in ``window_s`` (each cost a scrypt check or a table read). Thread-safe."""
+    """Bounds guessing per container, per name (an account from one source, or a source):
+    a name with ``per_name`` failures in ``window_s`` is locked until they age out, and
+    past ``per_window`` failures of all names in ``window_s`` the names not spared are
+    locked too (each failure cost a scrypt check or a table read). Spared from that
+    node-wide bound: a name that succeeded within ``trust_s``, and with ``spare_clean`` a
+    name without a failure in the window — so nobody else's failures lock them out.
+    Thread-safe; memory bounded by ``max_names``."""
 
     def __init__(
         self,
         clock: Clock,
-        per_user: int = 5,
+        per_name: int = 5,
         per_window: int = 60,
         window_s: float = 60.0,
-        max_users: int = 10_000,
+        trust_s: float = 0.0,
+        spare_clean: bool = False,
+        max_names: int = 10_000,
         what: str = "password attempts",
     ) -> None:
         self._clock = clock
         self._what = what
-        self._per_user = per_user
+        self._per_name = per_name
         self._per_window = per_window
         self._window_s = window_s
-        self._max_users = max_users
+        self._trust_s = trust_s
+        self._spare_clean = spare_clean
+        self._max_names = max_names
         self._lock = threading.Lock()
         self._all: deque[float] = deque()
-        self._users: dict[str, deque[float]] = {}
+        self._names: dict[str, deque[float]] = {}
+        self._trusted: dict[str, float] = {}
 
     def _prune(self, times: deque[float], now: float) -> deque[float]:
         while times and times[0] <= now - self._window_s:
             times.popleft()
         return times
 
-    def check(self, user_name: str) -> None:
-        """TooManyAttemptsError if attempts for ``user_name`` are suspended now."""
+    def check(self, name: str, label: str = "") -> None:
+        """TooManyAttemptsError if attempts for ``name`` (``label`` in the message: never
+        more than the caller claimed) are suspended now."""
         now = self._clock.now()
         with self._lock:
-            if len(self._prune(self._all, now)) >= self._per_window:
-                raise TooManyAttemptsError(f"too many failed {self._what} on this node: retry later")
-            if len(self._prune(self._users.get(user_name, deque()), now)) >= self._per_user:
+            own = len(self._prune(self._names.get(name, deque()), now))
+            if own >= self._per_name:
                 raise TooManyAttemptsError(
-                    f"too many failed {self._what} for '{user_name}': retry in {self._window_s:.0f} s"
+                    f"too many failed {self._what}{f' for {label!r}' if label else ''}: retry in {self._window_s:.0f} s"
                 )
+            spared = self._trusted.get(name, float("-inf")) > now - self._trust_s or (self._spare_clean and own == 0)
+            if not spared and len(self._prune(self._all, now)) >= self._per_window:
+                raise TooManyAttemptsError(f"too many failed {self._what} on this node: retry later")
 
-    def failed(self, user_name: str) -> None:
+    def failed(self, name: str) -> None:
         now = self._clock.now()
         with self._lock:
             self._all.append(now)
-            if user_name not in self._users and len(self._users) >= self._max_users:
-                self._users = {u: t for u, t in self._users.items() if self._prune(t, now)}
-            self._users.setdefault(user_name, deque()).append(now)
+            if name not in self._names and len(self._names) >= self._max_names:
+                self._names = {n: t for n, t in self._names.items() if self._prune(t, now)}
+            self._names.setdefault(name, deque()).append(now)
 
-    def succeeded(self, user_name: str) -> None:
+    def succeeded(self, name: str) -> None:
+        now = self._clock.now()
         with self._lock:
-            self._users.pop(user_name, None)
+            self._names.pop(name, None)
+            if self._trust_s > 0:
+                if name not in self._trusted and len(self._trusted) >= self._max_names:
+                    self._trusted = {n: t for n, t in self._trusted.items() if t > now - self._trust_s}
+                self._trusted[name] = now
 
 
 class Authorizer:
@@ -140,42 +156,60 @@ class Authorizer:
         self._clock = clock
         self._password_ttl_s = password_ttl_s
         self._max_entries = max_entries
-        self._limiter = limiter or FailureLimiter(clock)
-        # Unknown key ids cost a table read each the first time a container sees them.
-        self._key_limiter = key_limiter or FailureLimiter(clock, per_user=600, per_window=600, what="API key lookups")
+        # Per (account, source); a pair that verified within a day is never locked by others' guesses.
+        self._limiter = limiter or FailureLimiter(clock, trust_s=86400.0)
+        # Per source: a key id nobody knows costs a table read the first time a container
+        # sees it; a source that has not missed is never refused.
+        self._key_limiter = key_limiter or FailureLimiter(
+            clock, per_name=60, per_window=600, spare_clean=True, what="API key lookups from this source"
+        )
         self._key = os.urandom(32)
         self._lock = threading.Lock()
         self._verified: dict[bytes, tuple[Principal, float]] = {}
 
     def authorize(
-        self, headers: Mapping[str, str], action: Action, api_name: str, target: Target | None = None
+        self,
+        headers: Mapping[str, str],
+        action: Action,
+        api_name: str,
+        target: Target | None = None,
+        source: str = "",
     ) -> Principal:
         """The caller, if its role allows ``action`` (on ``target``, when given; the
         dispatcher checks the target once the body is parsed); else Unauthorized/
         Forbidden/TooManyAttempts."""
-        principal = self.authenticate(headers)
+        principal = self.authenticate(headers, source)
         check_action(principal, action, api_name)
         if target is not None:
             check_target(principal, target, api_name)
         return principal
 
-    def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        """The caller named by the bearer token, or UnauthorizedError."""
+    def authenticate(self, headers: Mapping[str, str], source: str = "") -> Principal:
+        """The caller named by the bearer token, or UnauthorizedError. ``source`` is the
+        caller's address as the gateway saw it ("" when unknown): failures are limited per
+        source, so one source's guesses never lock out another's callers."""
         token = parse_bearer(headers)
         user_name, colon, password = token.partition(":")
         if colon:
             if not user_name or not password:
                 raise UnauthorizedError("a password bearer token must be '<user_name>:<password>'")
-            return self._password(user_name, password)
-        return self._api_key(token)
+            return self._password(user_name, password, source)
+        return self._api_key(token, source)
 
-    def _api_key(self, token: str) -> Principal:
+    def _api_key(self, token: str, source: str) -> Principal:
         key_id = key_id_of(token)
         if key_id is None:
             raise UnauthorizedError("malformed API key (expected kvcm_<key id>.<secret>)")
-        record = self._config.api_key(key_id, before_load=lambda: self._key_limiter.check(_KEY_LOOKUPS))
-        if record is None:
-            self._key_limiter.failed(_KEY_LOOKUPS)
+        loaded = False
+
+        def gate() -> None:
+            nonlocal loaded
+            self._key_limiter.check(source)
+            loaded = True
+
+        record = self._config.api_key(key_id, before_load=gate)
+        if record is None and loaded:
+            self._key_limiter.failed(source)  # a real miss: the table was read for nothing
         if record is None or not matches(token, record):
             raise UnauthorizedError(f"invalid API key '{key_id}'")
         if record.expired(int(self._clock.now() * 1e6)):
@@ -185,22 +219,23 @@ class Authorizer:
             raise UnauthorizedError(f"API key '{key_id}' belongs to no account")
         return principal_of(account, key_id)
 
-    def _password(self, user_name: str, password: str) -> Principal:
+    def _password(self, user_name: str, password: str, source: str) -> Principal:
         cache_key = hmac.new(self._key, f"{user_name}:{password}".encode(), hashlib.sha256).digest()
         now = self._clock.now()
         with self._lock:
             cached = self._verified.get(cache_key)
         if cached is not None and cached[1] > now:
             return cached[0]
-        self._limiter.check(user_name)
+        pair = f"{user_name}\n{source}"
+        self._limiter.check(pair, user_name)
         account = self._control.verify_account(user_name, password)
         if account is None:
-            self._limiter.failed(user_name)
+            self._limiter.failed(pair)
             raise UnauthorizedError(
                 f"invalid credentials for user '{user_name}' (passwords are accepted for "
                 f"admin accounts only; others use API keys)"
             )
-        self._limiter.succeeded(user_name)
+        self._limiter.succeeded(pair)
         principal = principal_of(account)
         with self._lock:
             if len(self._verified) >= self._max_entries:

@@ -2,17 +2,26 @@
 
 A data-plane call never reads DynamoDB when the cache is warm. At most once every
 ``refresh_s`` a call reads the config epoch (one Query; every control-plane write bumps
-it in the same transaction); when it moved, everything cached is dropped and reloaded
-on demand: storages and groups as one snapshot (two Queries), instances, accounts and API
-keys one GetItem each.
-So a change made in another container is seen within ``refresh_s``; a change made through
-this container's ControlPlane is seen by the next call (the plane notifies the cache). The
-service's log level (``updateLogger``) travels the same way: it is applied whenever the
-catalog is loaded (``sync`` loads it for containers that make no lookups).
+it in the same transaction that records what it changed). When the epoch moved, the cache
+reads the change records since its last look (one more Query) and drops only what they
+name: the instances, accounts and API keys changed, and the catalog (storages, groups,
+settings) only when one of those changed. So one tenant's registrations or account
+changes cost other tenants nothing but those two small Queries per refresh.
+If the records do not account for every epoch step (the cache looked longer ago than they
+are kept, or a record was missed), everything is revalidated: cached records are kept as
+stale and re-read on their next use (a known API key is re-read, never refused as an
+unknown one), the catalog reloads.
+Storages and groups load as one snapshot (two Queries), instances, accounts and API keys
+one GetItem each. A change made in another container is seen within ``refresh_s``; a
+change made through this container's ControlPlane is seen by the next call (the plane
+notifies the cache). The service's log level (``updateLogger``) travels the same way: it
+is applied whenever the catalog is loaded (``sync`` loads it for containers that make no
+lookups).
 
-Unknown instances (accounts, keys) are cached too (as misses), until the next epoch change, so a client
-polling with a bad id costs no DynamoDB reads. If DynamoDB cannot be reached at refresh
-time, the cache keeps serving what it has and tries again after ``refresh_s``.
+Unknown instances (accounts, keys) are cached too (as misses, in a bounded map of their
+own, so a flood of random names never evicts known records), until a change names them,
+so a client polling with a bad id costs no DynamoDB reads. If DynamoDB cannot be reached
+at refresh time, the cache keeps serving what it has and tries again after ``refresh_s``.
 
 Returned records and models are shared: callers must not mutate them.
 """
@@ -33,6 +42,7 @@ from .api_keys import ApiKeyRecord
 from .errors import UnknownEntityError
 from .plane import ACCOUNT, API_KEY, INSTANCE, ControlPlane
 from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages
+from .table import Change
 
 T = TypeVar("T")
 
@@ -56,8 +66,15 @@ class _Catalog:
         )
 
 
+#: Kinds of entity cached one by one; a change to any other item drops the catalog.
+_ENTITY_KINDS = frozenset({INSTANCE, ACCOUNT, API_KEY})
+#: How far before its last look a cache reads change records again: covers writers' clock
+#: skew and a transaction committed a while after its record's time (retries).
+_CHANGE_OVERLAP_S = 10.0
+
+
 class ConfigCache:
-    """Version-refreshed, thread-safe cache of instances, groups and storages."""
+    """Version-refreshed, thread-safe cache of instances, groups, storages, accounts and keys."""
 
     def __init__(
         self,
@@ -81,6 +98,15 @@ class ConfigCache:
         self._generation = 0
         self._catalog: _Catalog | None = None
         self._entities: dict[tuple[str, str], Any] = {}
+        self._misses: set[tuple[str, str]] = set()
+        # Records kept through a full revalidation: re-read on next use, without the load gate.
+        self._stale: dict[tuple[str, str], Any] = {}
+        # Change records: those applied (by sort key, within the overlap), how many since
+        # ``_base_epoch``, and from when the next look reads them.
+        self._applied: dict[str, int] = {}
+        self._applied_count = 0
+        self._base_epoch = 0
+        self._changes_from_us = 0
         control.add_listener(self._on_local_write)
 
     # ---------------------------------------------------------------- lookups
@@ -100,28 +126,37 @@ class ConfigCache:
 
     def api_key(self, key_id: str, before_load: Callable[[], None] = lambda: None) -> ApiKeyRecord | None:
         """The API key's record, or None (a revoked key is gone within ``refresh_s``).
-        ``before_load`` runs only when the table must be read (it may raise to refuse)."""
+        ``before_load`` runs only when the table must be read for a key id this cache has
+        never known (it may raise to refuse); a known key being revalidated skips it."""
+        return self._lookup(API_KEY, key_id, self._control.get_api_key, before_load)
 
-        def load(name: str) -> ApiKeyRecord | None:
-            before_load()
-            return self._control.get_api_key(name)
-
-        return self._lookup(API_KEY, key_id, load)
-
-    def _lookup(self, kind: str, name: str, load: Callable[[str], T | None]) -> T | None:
-        """One entity from the cache, or loaded (hits and misses both cached until the
-        next epoch change)."""
+    def _lookup(
+        self, kind: str, name: str, load: Callable[[str], T | None], gate: Callable[[], None] = lambda: None
+    ) -> T | None:
+        """One entity from the cache, or loaded (hits and misses both cached until a
+        change names them)."""
         generation = self._check()
+        entity = (kind, name)
         with self._lock:
-            cached = (kind, name) in self._entities
-            record = self._entities.get((kind, name))
-        if not cached:
-            record = load(name)
-            with self._lock:
-                if self._generation == generation:
+            if entity in self._entities:
+                return self._entities[entity]  # type: ignore[no-any-return]
+            if entity in self._misses:
+                return None
+            known = entity in self._stale
+        if not known:
+            gate()
+        record = load(name)
+        with self._lock:
+            if self._generation == generation:
+                self._stale.pop(entity, None)
+                if record is None:
+                    if len(self._misses) >= self._max_entries:
+                        self._misses.clear()  # bounded memory, whatever names clients send
+                    self._misses.add(entity)
+                else:
                     if len(self._entities) >= self._max_entries:
-                        self._entities.clear()  # bounded memory, whatever names clients send
-                    self._entities[(kind, name)] = record
+                        self._entities.clear()
+                    self._entities[entity] = record
         return record
 
     def group(self, name: str) -> InstanceGroup:
@@ -153,7 +188,9 @@ class ConfigCache:
     def invalidate(self) -> None:
         """Drop everything; the next lookup reloads (tests, or after an out-of-band change)."""
         with self._lock:
-            self._drop()
+            self._catalog = None
+            self._entities, self._misses, self._stale = {}, set(), {}
+            self._generation += 1
             self._epoch = None
             self._next_check = float("-inf")
 
@@ -163,16 +200,52 @@ class ConfigCache:
         with self._lock:
             self._next_check = float("-inf")
 
-    def _drop(self) -> None:
+    def _revalidate_all(self) -> None:
+        """Keep known records as stale (re-read on next use), forget misses and the catalog."""
+        self._stale.update(self._entities)
+        self._entities, self._misses = {}, set()
         self._catalog = None
-        self._entities = {}
         self._generation += 1
+
+    def _apply(self, changes: list[Change]) -> None:
+        """Drop what ``changes`` name (those not applied yet)."""
+        fresh = [change for change in changes if change.sort_key not in self._applied]
+        for change in fresh:
+            self._applied[change.sort_key] = change.at_us
+            for entity in change.entities:
+                kind, _, name = entity.partition("/")
+                if kind in _ENTITY_KINDS:
+                    self._entities.pop((kind, name), None)
+                    self._misses.discard((kind, name))
+                    self._stale.pop((kind, name), None)
+                else:
+                    self._catalog = None
+        self._applied_count += len(fresh)
+        if fresh:
+            self._generation += 1
+
+    def _follow(self, epoch: int, now: float) -> None:
+        """The epoch moved from ``self._epoch`` to ``epoch``: drop what changed."""
+        overlap_us = int(_CHANGE_OVERLAP_S * 1e6)
+        if self._epoch is None:
+            # Records of writes this first look already sees: never applied again later.
+            seen = self._control.changes_since(int(now * 1e6) - overlap_us)
+            self._applied = {change.sort_key: change.at_us for change in seen}
+        else:
+            self._apply(self._control.changes_since(self._changes_from_us - overlap_us))
+        if self._epoch is None or self._applied_count < epoch - self._base_epoch:
+            # A first look, or some writes left no record we read: trust nothing held.
+            self._revalidate_all()
+            self._base_epoch, self._applied_count = epoch, 0
+        self._changes_from_us = int(now * 1e6)
+        self._applied = {k: at for k, at in self._applied.items() if at >= self._changes_from_us - overlap_us}
+        self._epoch = epoch
 
     def _check(self) -> int:
         """Re-read the epoch if it is time; returns the generation the caller works in.
 
-        The read happens under the lock: concurrent lookups in this container wait for
-        that one small read instead of each issuing their own."""
+        The reads happen under the lock: concurrent lookups in this container wait for
+        those small reads instead of each issuing their own."""
         with self._lock:
             now = self._clock.now()
             if now < self._next_check:
@@ -180,12 +253,10 @@ class ConfigCache:
             self._next_check = now + self._refresh_s
             try:
                 epoch = self._control.epoch()
+                if epoch != self._epoch:
+                    self._follow(epoch, now)
             except ServiceNotReadyError:
                 logger.warning("config epoch unreadable; serving cached control-plane data")
-                return self._generation
-            if epoch != self._epoch:
-                self._epoch = epoch
-                self._drop()
             return self._generation
 
     def _current(self) -> _Catalog:

@@ -32,7 +32,7 @@ from .errors import EntityInUseError, InstanceRemovingError, UnknownEntityError,
 from .groups import normalize_group
 from .passwords import dummy_hash, hash_password, verify_password
 from .records import AccountRecord, InstanceRecord, StorageRecord, candidate_storages, dump_doc, load_doc
-from .table import Cancelled, ControlTable, Op, check, delete, put, update
+from .table import Cancelled, Change, ControlTable, Op, check, delete, put, update
 from .validation import validate_account, validate_register_request
 
 STORAGE, STORAGE_REF, GROUP, INSTANCE, ACCOUNT = "STORAGE", "STORAGE_REF", "GROUP", "INSTANCE", "ACCOUNT"
@@ -82,6 +82,13 @@ def _ref_op(storage: str, group: str, action: str) -> Op:
     return _op(update, STORAGE_REF, storage, f"{action} #groups :g", values={":g": {group}})
 
 
+def _count_op(sign: str, group: str, condition: str) -> Op:
+    """Move a group's ``instance_count`` by one under ``condition``; caches hold no counter,
+    so the write invalidates nothing cached for the group."""
+    op = _op(update, GROUP, group, f"SET #count = #count {sign} :one", condition, values={":one": 1, ":zero": 0})
+    return replace(op, cached=False)
+
+
 class ControlPlane:
     """All control-plane reads and writes. Thread-safe; one per container."""
 
@@ -105,6 +112,10 @@ class ControlPlane:
     def epoch(self) -> int:
         """The config epoch; changes with every write."""
         return self.table.epoch()
+
+    def changes_since(self, since_us: int) -> list[Change]:
+        """What the writes since ``since_us`` changed (``ControlTable.changes_since``)."""
+        return self.table.changes_since(since_us)
 
     def ping(self) -> None:
         """Raise ServiceNotReadyError unless the table answers."""
@@ -326,14 +337,7 @@ class ControlPlane:
             attrs = {"doc": record.to_doc(), "group": record.group, "incarnation": record.incarnation}
             ops = [
                 _create(INSTANCE, record.instance_id, attrs),
-                _op(
-                    update,
-                    GROUP,
-                    record.group,
-                    "SET #count = #count + :one",
-                    f"{_EXISTS} AND (#max = :zero OR #count < #max)",
-                    values={":one": 1, ":zero": 0},
-                ),
+                _count_op("+", record.group, f"{_EXISTS} AND (#max = :zero OR #count < #max)"),
             ]
             try:
                 self._write(ops)
@@ -408,14 +412,7 @@ class ControlPlane:
             raise InstanceNotFoundError(f"instance '{instance_id}' does not exist")
         ops = [
             _op(delete, INSTANCE, instance_id, "#inc = :inc", values={":inc": record.incarnation}),
-            _op(
-                update,
-                GROUP,
-                record.group,
-                "SET #count = #count - :one",
-                f"{_EXISTS} AND #count > :zero",
-                values={":one": 1, ":zero": 0},
-            ),
+            _count_op("-", record.group, f"{_EXISTS} AND #count > :zero"),
         ]
         try:
             self._write(ops)

@@ -20,12 +20,16 @@ pk              sk               attributes
 ``AUDIT#<day>`` time µs + rand   ``principal``, ``source``, ``api``, ``target``, ``code``,
                                  ``message``, ``expires_at`` (TTL); written outside the epoch
 ``EPOCH``       ``0`` .. ``7``   ``epoch``: counter shards of the config epoch
+``CHANGE``      time µs + rand   ``entities``: the ``<pk>/<sk>`` of the cached items one
+                                 write changed, ``at_us``, ``expires_at`` (TTL)
 ==============  ===============  ==========================================================
 
 Every write is a ``TransactWriteItems`` that also increments one epoch shard (chosen at
 random), so the config epoch — the sum of the shards — changes with every write and
 ``ConfigCache`` checks for changes with a single Query. Sharding keeps concurrent writes
 (e.g. a burst of instance registrations) from all conflicting on one counter item.
+The same transaction puts a ``CHANGE`` record naming what it changed, so a cache that sees
+the epoch move re-reads only those entities (``changes_since``), not everything.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ PK, SK = "pk", "sk"
 TTL_ATTRIBUTE = "expires_at"
 EPOCH_PK = "EPOCH"
 EPOCH_SHARDS = 8
+CHANGE_PK = "CHANGE"
+#: Change records expire after this (DynamoDB TTL); a cache that finds fewer records than
+#: epoch steps (it looked longer ago, or a record expired) revalidates everything it holds.
+CHANGE_RETENTION_S = 3600
 
 # Client errors that mean "DynamoDB cannot serve us now", not "the request is wrong".
 _UNAVAILABLE_CODES = frozenset(
@@ -120,6 +128,23 @@ class Op:
 
     kind: str  # "Put", "Update", "Delete" or "ConditionCheck"
     body: dict[str, Any]
+    #: False for items no cache holds (e.g. a group's instance counter): not named in the change record.
+    cached: bool = True
+
+    @property
+    def entity(self) -> str:
+        """``<pk>/<sk>`` of the item written (pk never contains ``/``)."""
+        item_key = self.body.get("Key") or self.body["Item"]
+        return f"{item_key[PK]['S']}/{item_key[SK]['S']}"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One write's change record: which cached items it changed (``<pk>/<sk>`` each)."""
+
+    sort_key: str
+    at_us: int
+    entities: tuple[str, ...]
 
 
 def _expression(
@@ -230,15 +255,18 @@ class ControlTable:
 
     def query(self, pk: str) -> list[dict[str, Any]]:
         """Every item of one partition, in sort-key order, strongly consistent."""
+        return self._paged(
+            f"query {pk}",
+            KeyConditionExpression="#pk = :pk",
+            ExpressionAttributeNames={"#pk": PK},
+            ExpressionAttributeValues={":pk": {"S": pk}},
+        )
+
+    def _paged(self, action: str, **query: Any) -> list[dict[str, Any]]:
+        """Every item a strongly consistent Query matches, page after page."""
         items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {
-            "TableName": self.name,
-            "KeyConditionExpression": "#pk = :pk",
-            "ExpressionAttributeNames": {"#pk": PK},
-            "ExpressionAttributeValues": {":pk": {"S": pk}},
-            "ConsistentRead": True,
-        }
-        with aws_errors(f"query {pk}"):
+        kwargs: dict[str, Any] = {"TableName": self.name, "ConsistentRead": True, **query}
+        with aws_errors(action):
             while True:
                 page = self.client.query(**kwargs)
                 items.extend(decode(i) for i in page.get("Items", []))
@@ -252,6 +280,16 @@ class ControlTable:
         # item before applying the update, so a concurrent Query can see the bare key.
         return sum(int(item.get("epoch", 0)) for item in self.query(EPOCH_PK))
 
+    def changes_since(self, since_us: int) -> list[Change]:
+        """The change records written at or after ``since_us`` (by the writers' clocks), oldest first."""
+        items = self._paged(
+            "query changes",
+            KeyConditionExpression="#pk = :pk AND #sk >= :from",
+            ExpressionAttributeNames={"#pk": PK, "#sk": SK},
+            ExpressionAttributeValues={":pk": {"S": CHANGE_PK}, ":from": {"S": f"{max(since_us, 0):020d}"}},
+        )
+        return [Change(str(i[SK]), int(i["at_us"]), tuple(str(e) for e in i["entities"])) for i in items]
+
     def write(self, ops: list[Op]) -> None:
         """Apply ``ops`` and bump the epoch atomically.
 
@@ -259,6 +297,15 @@ class ControlTable:
         ServiceNotReadyError when conflicts or throttling persist past the retries.
         """
         items = [{op.kind: {"TableName": self.name, **op.body}} for op in ops]
+        now = self._clock.now()
+        change = {
+            PK: CHANGE_PK,
+            SK: f"{int(now * 1e6):020d}#{random.getrandbits(32):08x}",
+            "at_us": int(now * 1e6),
+            "entities": sorted({op.entity for op in ops if op.cached and op.kind != "ConditionCheck"}),
+            TTL_ATTRIBUTE: int(now) + CHANGE_RETENTION_S,
+        }
+        items.append({"Put": {"TableName": self.name, "Item": encode(change)}})
         shard = str(random.randrange(EPOCH_SHARDS))
         items.append(
             {

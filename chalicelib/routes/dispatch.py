@@ -159,7 +159,7 @@ class Dispatcher:
             # Credentials and role before the body is even decoded: an unauthenticated
             # caller costs no JSON parsing.
             if settings.auth_enabled:
-                principal = context.auth.authenticate(headers)
+                principal = context.auth.authenticate(headers, source)
                 check_action(principal, op.action, api_name)
             request = parse_model(op.request_model, decode_body(raw_body))
             if len(request.effective_trace_id) > settings.max_trace_id_length:

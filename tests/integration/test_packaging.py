@@ -211,6 +211,25 @@ def test_the_api_is_served_by_snapstart_versions_unless_efs_is_mounted(packaged_
 
 @needs_pip
 @pytest.mark.slow  # `chalice package` of the whole app: about 7 s
+def test_the_api_stage_is_throttled_service_wide(packaged_app):
+    """Issue 28.1: the per-container limiters multiply with containers; the stage's
+    throttling bounds every method whatever the credentials (and it passed cfn-lint)."""
+    template = packaged_app["template"]
+    settings = template["Resources"]["RestAPI"]["Properties"]["MethodSettings"]
+    assert settings == [
+        {
+            "ResourcePath": "/*",
+            "HttpMethod": "*",
+            "ThrottlingRateLimit": {"Ref": "ApiThrottleRateLimit"},
+            "ThrottlingBurstLimit": {"Ref": "ApiThrottleBurstLimit"},
+        }
+    ]
+    parameters = template["Parameters"]
+    assert parameters["ApiThrottleRateLimit"]["Default"] < parameters["ApiThrottleBurstLimit"]["Default"]
+
+
+@needs_pip
+@pytest.mark.slow  # `chalice package` of the whole app: about 7 s
 def test_the_deployment_package_leaves_out_what_the_runtime_has(packaged_app):
     """boto3/botocore come with the Lambda runtime (16 MB of the package otherwise); the
     optimizer's plotting library is optional and stays out of every function."""

@@ -139,42 +139,59 @@ def test_passwords_are_for_admin_accounts_only_and_cached_for_their_ttl(authoriz
         authorizer.authenticate(bearer("admin:pw-admin"))
 
 
-def test_failed_passwords_lock_the_user_then_the_node_without_checking(directory, clock):
-    limiter = FailureLimiter(clock, per_user=3, per_window=5, window_s=60)
+def test_failed_passwords_lock_the_pair_then_the_node_without_checking(directory, clock):
+    limiter = FailureLimiter(clock, per_name=3, per_window=5, window_s=60, trust_s=3600)
     authorizer = Authorizer(directory, directory, clock, limiter=limiter)
+    authorizer.authenticate(bearer("admin:pw-admin"), source="10.0.0.1")  # the admin's pair: trusted
+    clock.advance(11)  # past the verified-credentials cache
     for _ in range(3):
         with pytest.raises(UnauthorizedError):
-            authorizer.authenticate(bearer("admin:guess"))
+            authorizer.authenticate(bearer("admin:guess"), source="10.6.6.6")
     checked = directory.verifications
     with pytest.raises(TooManyAttemptsError, match="password attempts for 'admin'") as err:
-        authorizer.authenticate(bearer("admin:pw-admin"))
+        authorizer.authenticate(bearer("admin:pw-admin"), source="10.6.6.6")
     assert http_status_of(err.value) == 429 and directory.verifications == checked  # no scrypt spent
+    assert authorizer.authenticate(bearer("admin:pw-admin"), source="10.0.0.2").user_name == "admin"  # other pair
     for user in ("u1", "u2"):
         with pytest.raises(UnauthorizedError):
-            authorizer.authenticate(bearer(f"{user}:guess"))
+            authorizer.authenticate(bearer(f"{user}:guess"), source="10.6.6.7")
     with pytest.raises(TooManyAttemptsError, match="on this node"):
-        authorizer.authenticate(bearer("u3:guess"))
+        authorizer.authenticate(bearer("u3:guess"), source="10.6.6.8")
+    clock.advance(11)
+    # The node-wide bound holds for pairs not verified recently, never for the trusted one.
+    with pytest.raises(TooManyAttemptsError, match="on this node"):
+        authorizer.authenticate(bearer("admin:pw-admin"), source="10.0.0.3")
+    assert authorizer.authenticate(bearer("admin:pw-admin"), source="10.0.0.1").user_name == "admin"
     clock.advance(60)
-    assert authorizer.authenticate(bearer("admin:pw-admin")).user_name == "admin"
+    assert authorizer.authenticate(bearer("admin:pw-admin"), source="10.6.6.6").user_name == "admin"
 
 
-def test_unknown_key_ids_are_looked_up_at_a_bounded_rate_and_known_ones_still_pass(directory, clock):
+def test_unknown_key_ids_are_limited_per_source_and_known_ones_still_pass(directory, clock):
     known = directory.add_key("eng")
+    fresh = directory.add_key("eng")
     authorizer = Authorizer(
-        directory, directory, clock, key_limiter=FailureLimiter(clock, per_user=2, per_window=2, what="API key lookups")
+        directory,
+        directory,
+        clock,
+        key_limiter=FailureLimiter(clock, per_name=2, per_window=3, spare_clean=True, what="API key lookups"),
     )
-    authorizer.authenticate(bearer(known))  # seen: cached from now on
+    authorizer.authenticate(bearer(known), source="a")  # seen: cached from now on
     for _ in range(2):
         with pytest.raises(UnauthorizedError, match="invalid API key"):
-            authorizer.authenticate(bearer(new_api_key()[1]))
+            authorizer.authenticate(bearer(new_api_key()[1]), source="a")
     looked_up = len(directory.looked_up)
-    with pytest.raises(TooManyAttemptsError, match="API key lookups on this node"):
-        authorizer.authenticate(bearer(new_api_key()[1]))
+    with pytest.raises(TooManyAttemptsError, match="API key lookups"):
+        authorizer.authenticate(bearer(new_api_key()[1]), source="a")
     assert len(directory.looked_up) == looked_up  # refused before the table read
-    assert authorizer.authenticate(bearer(known)).user_name == "eng"
+    assert authorizer.authenticate(bearer(known), source="a").user_name == "eng"
+    with pytest.raises(UnauthorizedError, match="invalid API key"):
+        authorizer.authenticate(bearer(new_api_key()[1]), source="b")  # the node's 3rd miss
+    with pytest.raises(TooManyAttemptsError, match="on this node"):
+        authorizer.authenticate(bearer(new_api_key()[1]), source="b")  # b has missed: node-wide bound
+    assert authorizer.authenticate(bearer(fresh), source="c").user_name == "eng"  # a clean source is spared
     clock.advance(60)
     with pytest.raises(UnauthorizedError, match="invalid API key"):
-        authorizer.authenticate(bearer(new_api_key()[1]))
+        authorizer.authenticate(bearer(new_api_key()[1]), source="a")
 
 
 def test_the_verified_cache_is_bounded(directory, clock):

@@ -5,6 +5,8 @@ import threading
 import pytest
 
 from chalicelib.control import ConfigCache, ControlPlane, UnknownEntityError
+from chalicelib.control.table import CHANGE_PK
+from chalicelib.protocol.codes import Role
 from chalicelib.protocol.errors import InstanceNotFoundError, InvalidArgumentError, ServiceNotReadyError
 from chalicelib.protocol.models import StorageConfig
 
@@ -26,14 +28,14 @@ def other(runtime, clock):
 
 @pytest.fixture
 def reads(control, monkeypatch):
-    """Counts DynamoDB reads made through ``control``."""
+    """Counts DynamoDB reads made through ``control`` (a read of change records is a query)."""
     counts = {"get": 0, "query": 0}
     table = control.table
-    for name in counts:
+    for name, counter in (("get", "get"), ("query", "query"), ("changes_since", "query")):
         real = getattr(table, name)
 
-        def counted(*args, _real=real, _name=name):
-            counts[_name] += 1
+        def counted(*args, _real=real, _counter=counter):
+            counts[_counter] += 1
             return _real(*args)
 
         monkeypatch.setattr(table, name, counted)
@@ -123,7 +125,7 @@ def test_invalidate_forces_a_reload(cache, populated, reads):
     before = reads["query"]
     cache.invalidate()
     cache.group("g1")
-    assert reads["query"] == before + 3  # the epoch, then storages and groups
+    assert reads["query"] == before + 4  # the epoch, the recent change records, then storages and groups
 
 
 def test_serves_cached_data_while_dynamodb_is_unreachable(cache, populated, control, clock, monkeypatch):
@@ -186,3 +188,52 @@ def test_concurrent_readers_and_writers(cache, populated, control):
         t.join()
     assert errors == []
     assert cache.storage("nfs1").available is True
+
+
+def test_a_write_drops_only_what_it_changed(cache, populated, other, control, reads, clock):
+    """Issue 28.3: another tenant's registration or a new account costs the cache two small
+    Queries (epoch, change records), no reload of the catalog or of anything else."""
+    control.add_account("alice", "", Role.ROLE_USER)
+    _, key = control.create_api_key("alice", 3600)
+    clock.advance(REFRESH_S)
+    cache.instance("i1"), cache.group("g1"), cache.account("alice"), cache.api_key(key.key_id)
+    warm = dict(reads)
+    other.create_group(group("g2", "nfs1"))
+    clock.advance(REFRESH_S)
+    cache.instance("i1"), cache.account("alice"), cache.api_key(key.key_id)
+    assert cache.group("g2").name == "g2"  # a group changed: the catalog reloads (2 Queries, the settings item)
+    assert (reads["get"], reads["query"]) == (warm["get"] + 1, warm["query"] + 4)
+    warm = dict(reads)
+    for i in range(3):
+        other.register_instance(register_request(f"other-{i}", "g2"))
+        other.add_account(f"tenant-{i}", "", Role.ROLE_USER)
+    clock.advance(REFRESH_S)
+    assert cache.instance("i1").instance_id == "i1" and cache.group("g1").name == "g1"
+    assert cache.account("alice") is not None and cache.api_key(key.key_id) is not None
+    assert (reads["get"], reads["query"]) == (warm["get"], warm["query"] + 2)
+    assert cache.instance("other-1").group == "g2"  # what changed is read afresh
+    other.revoke_api_key(key.key_id)
+    clock.advance(REFRESH_S)
+    assert cache.api_key(key.key_id) is None
+
+
+def test_changes_without_records_revalidate_what_is_held(cache, populated, other, control, reads, clock):
+    """When the change records do not cover every epoch step (expired, or the cache looked
+    too long ago), nothing held is trusted: records are re-read on next use, without the
+    gate that refuses unknown API keys."""
+    control.add_account("alice", "", Role.ROLE_USER)
+    _, key = control.create_api_key("alice", 3600)
+    cache.instance("i1"), cache.api_key(key.key_id)
+    clock.advance(REFRESH_S)
+    other.remove_instance("i1", other.get_instance("i1").incarnation)
+    table = control.table
+    for item in table.query(CHANGE_PK):  # as if DynamoDB's TTL had deleted them
+        table.client.delete_item(TableName=table.name, Key={"pk": {"S": CHANGE_PK}, "sk": {"S": item["sk"]}})
+    clock.advance(REFRESH_S)
+    with pytest.raises(InstanceNotFoundError):
+        cache.instance("i1")
+
+    def refuse():
+        raise AssertionError("a known key is revalidated without the unknown-key gate")
+
+    assert cache.api_key(key.key_id, before_load=refuse).key_id == key.key_id
