@@ -84,6 +84,9 @@ class Settings:
     cache_gc: bool = True
     cache_gc_orphan_grace_s: int = 86_400
     cache_gc_round_pause_s: int = 7_200
+    #: A file storage (NFS, 3FS) with less free space than this is FULL: its blocks are
+    #: still served, but no new block is placed on it (storage health, README "Health").
+    storage_min_free_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -127,4 +130,5 @@ class Settings:
             cache_gc=_env_bool("KVCM_CACHE_GC", base.cache_gc),
             cache_gc_orphan_grace_s=_env_int("KVCM_CACHE_GC_ORPHAN_GRACE_S", base.cache_gc_orphan_grace_s),
             cache_gc_round_pause_s=_env_int("KVCM_CACHE_GC_ROUND_PAUSE_S", base.cache_gc_round_pause_s),
+            storage_min_free_bytes=_env_int("KVCM_STORAGE_MIN_FREE_BYTES", base.storage_min_free_bytes),
         )
