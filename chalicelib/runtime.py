@@ -63,7 +63,7 @@ from .stores.valkey import Valkey, connect, memory_bytes
 from .workflows.deletes import StepFunctionsDeleter
 from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
-from .workflows.health import HealthChecks
+from .workflows.health import HealthChecks, StorageProber, StorageReprobe
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
@@ -226,6 +226,7 @@ class Runtime:
             valkey_factory=lambda: self.valkey,
             s3_client_factory=lambda: self.aws("s3"),
             key_prefix=self.settings.key_prefix,
+            min_free_bytes=self.settings.storage_min_free_bytes,
         )
 
     @cached_property
@@ -241,7 +242,7 @@ class Runtime:
     @cached_property
     def health(self) -> StorageHealthStore:
         """Storage health shared by every container."""
-        return StorageHealthStore(self.valkey, prefix=self.settings.key_prefix)
+        return StorageHealthStore(self.valkey, prefix=self.settings.key_prefix, clock=self.clock)
 
     @cached_property
     def lease(self) -> Lease:
@@ -368,6 +369,7 @@ class Runtime:
             self.event_reports,
             BackendLocations(self.config, self.cache, self.event_reports, self.settings.max_keys_per_request),
             self.cluster,
+            reprobe=self.storage_reprobe,
         )
 
     @cached_property
@@ -412,6 +414,7 @@ class Runtime:
             self.metrics_publisher,
             self.metrics_store,
             self.clock,
+            self.health,
         )
 
     @cached_property
@@ -486,8 +489,22 @@ class Runtime:
         return PurgeExecutions(self.purge, self._state_machine(self.settings.purge_state_machine_arn, "purge"))
 
     @cached_property
+    def storage_prober(self) -> StorageProber:
+        """Probes storages into ``health``; a change drops this container's cached contexts."""
+        return StorageProber(self.health, self.metrics, self.clock, on_change=self.contexts.expire)
+
+    @cached_property
     def health_checks(self) -> HealthChecks:
-        return HealthChecks(self.lease, self.control, self.storages, self.health, self.metrics, self.clock)
+        return HealthChecks(self.lease, self.control, self.storages, self.health, self.storage_prober)
+
+    @cached_property
+    def storage_reprobe(self) -> StorageReprobe:
+        """Called by reads and writes refused for want of a storage."""
+        return StorageReprobe(
+            lambda instance_id: [s.backend for s in self.contexts(instance_id).storages],
+            self.health,
+            self.storage_prober,
+        )
 
     @cached_property
     def usage_metrics(self) -> UsageMetrics:

@@ -87,6 +87,9 @@ class Settings:
     #: CloudWatch namespace of the few metrics the template's alarms watch, written as EMF
     #: log lines (observability.emf); empty: none written (the local stage).
     metrics_namespace: str = ""
+    #: A file storage (NFS, 3FS) with less free space than this is FULL: its blocks are
+    #: still served, but no new block is placed on it (storage health, README "Health").
+    storage_min_free_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -131,4 +134,5 @@ class Settings:
             cache_gc=_env_bool("KVCM_CACHE_GC", base.cache_gc),
             cache_gc_orphan_grace_s=_env_int("KVCM_CACHE_GC_ORPHAN_GRACE_S", base.cache_gc_orphan_grace_s),
             cache_gc_round_pause_s=_env_int("KVCM_CACHE_GC_ROUND_PAUSE_S", base.cache_gc_round_pause_s),
+            storage_min_free_bytes=_env_int("KVCM_STORAGE_MIN_FREE_BYTES", base.storage_min_free_bytes),
         )

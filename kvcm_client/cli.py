@@ -252,9 +252,18 @@ def storage() -> None:
 @click.pass_context
 @api_command
 def storage_list(ctx: click.Context) -> None:
-    """Every storage."""
-    answer = client_of(ctx).list_storage()
-    emit(ctx, answer, lambda: table(["NAME", "TYPE", "WHERE"], storage_rows(answer.storage)))
+    """Every storage, with its health as checkHealth reports it (and why, when not HEALTHY)."""
+    client = client_of(ctx)
+    answer = client.list_storage()
+    if ctx.obj["json"]:  # listStorage's answer; `kvcm --json health` has the storages' health
+        click.echo(render(answer))
+        return
+    health = {s.storage_unique_name: s for s in client.check_health().storages}
+    rows = [
+        [*row, *((health[row[0]].status, health[row[0]].reason) if row[0] in health else ("-", ""))]
+        for row in storage_rows(answer.storage)
+    ]
+    click.echo(table(["NAME", "TYPE", "WHERE", "HEALTH", "REASON"], rows))
 
 
 @storage.command("get")
@@ -665,7 +674,8 @@ def usage(ctx: click.Context, group_name: str, top: int) -> None:
 @click.pass_context
 @api_command
 def health(ctx: click.Context) -> None:
-    """checkHealth and the lease holder; exit code 5 when unhealthy."""
+    """checkHealth and the lease holder: why it is unhealthy, each storage's health and the
+    groups with a storage out of service; exit code 5 when unhealthy."""
     client = client_of(ctx)
     answer = client.check_health()
     cluster = client.get_manager_cluster_info()
@@ -674,11 +684,13 @@ def health(ctx: click.Context) -> None:
         "is_leader": answer.is_leader,
         "self_node_id": cluster.self_node_id,
         "leader_node_id": cluster.leader_node_id,
+        "problems": answer.problems,
+        "storages": [s.model_dump() for s in answer.storages],
+        "degraded_groups": [g.model_dump() for g in answer.degraded_groups],
     }
-    emit(
-        ctx,
-        data,
-        lambda: table(
+
+    def human() -> str:
+        summary = table(
             ["HEALTHY", "LEADER HERE", "NODE", "LEADER"],
             [
                 [
@@ -688,8 +700,17 @@ def health(ctx: click.Context) -> None:
                     cluster.leader_node_id or "-",
                 ]
             ],
-        ),
-    )
+        )
+        parts = [summary, *(f"UNHEALTHY: {problem}" for problem in answer.problems)]
+        if answer.storages:
+            rows = [[s.storage_unique_name, s.status, s.reason] for s in answer.storages]
+            parts += ["", table(["STORAGE", "HEALTH", "REASON"], rows)]
+        if answer.degraded_groups:
+            rows = [[g.instance_group_name, g.status, g.reason] for g in answer.degraded_groups]
+            parts += ["", table(["GROUP", "HEALTH", "REASON"], rows)]
+        return "\n".join(parts)
+
+    emit(ctx, data, human)
     if not answer.is_health:
         ctx.exit(EXIT_UNHEALTHY)
 

@@ -90,10 +90,12 @@ class SpecLayout:
 
 @dataclass(frozen=True)
 class StorageState:
-    """A candidate storage of the group as the hot path sees it."""
+    """A candidate storage of the group as the hot path sees it: ``available`` for reads
+    (and writes), ``writable`` false when the health checks found it full."""
 
     backend: StorageBackend
     available: bool
+    writable: bool = True
 
     @property
     def name(self) -> str:
@@ -145,11 +147,12 @@ class InstanceContext:
         return state.backend if state is not None else self.backends.get(name)
 
     def write_candidates(self) -> list[StorageState]:
-        """Candidate storages in the order the group's data_storage_strategy tries them."""
+        """Candidate storages that take new blocks (not full), in the order the group's
+        data_storage_strategy tries them."""
         strategy = CachePreferStrategy.CPS_UNSPECIFIED
         if self.group.cache_config is not None:
             strategy = self.group.cache_config.data_storage_strategy
-        ordered = list(self.storages)
+        ordered = [s for s in self.storages if s.writable]
         if strategy in _PREFERRED_TYPE:
             wanted, only = _PREFERRED_TYPE[strategy]
             preferred = [s for s in ordered if s.storage_type == wanted]

@@ -13,6 +13,7 @@ from ..clock import Clock
 from ..index import BlockIndex, InstanceLayout
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
+from ..storage.health import StorageHealth
 from ..storage.registry import StorageRegistry
 from .context import InstanceContext, SpecLayout, StorageState, bucket_bits_for, expected_max_blocks
 
@@ -107,7 +108,7 @@ class ContextProvider:
     ) -> InstanceContext:
         instance_id = record.instance_id
         layout = self.key_space(record, group)
-        unhealthy = self._health.unhealthy()
+        out_of_service = self._health.out_of_service()
         context = InstanceContext(
             instance_id=instance_id,
             group=group,
@@ -115,7 +116,7 @@ class ContextProvider:
             spec_layout=SpecLayout(tuple(record.location_spec_infos), tuple(record.location_spec_groups)),
             layout=layout,
             storages=tuple(
-                StorageState(self._registry.backend(cfg), available and cfg.global_unique_name not in unhealthy)
+                _state(self._registry.backend(cfg), available, out_of_service.get(cfg.global_unique_name))
                 for cfg, available in candidates
             ),
             backends=self._backends,
@@ -141,12 +142,25 @@ class ContextProvider:
             self._key_spaces[key] = layout
         return layout
 
+    def expire(self) -> None:
+        """Drop every cached context (storage health changed: rebuild from the store)."""
+        with self._lock:
+            self._entries.clear()
+
     def forget(self, instance_id: str) -> None:
         """Drop what is cached for an instance (after it is removed)."""
         with self._lock:
             self._entries.pop(instance_id, None)
             for key in [k for k in self._key_spaces if k[0] == instance_id]:
                 del self._key_spaces[key]
+
+
+def _state(backend: StorageBackend, enabled: bool, health: StorageHealth | None) -> StorageState:
+    """A candidate as the hot path uses it: ``enabled`` by the operator, and out of service
+    or not by the health checks (a full storage is read, not written)."""
+    if health is None:
+        return StorageState(backend, enabled)
+    return StorageState(backend, enabled and health.readable, writable=False)
 
 
 def _same(a: list[tuple[StorageConfig, bool]], b: list[tuple[StorageConfig, bool]]) -> bool:

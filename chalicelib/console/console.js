@@ -133,16 +133,19 @@ function renderInstances(instances, usage, ratios) {
     i.instance_id in ratios.perInstance ? `${(100 * ratios.perInstance[i.instance_id]).toFixed(1)}%` : "–"]));
 }
 
-function renderStorages(storages, metrics) {
-  const health = Object.fromEntries(byName(metrics, "data_storage.healthy_status")
-    .map(p => [tags(p).storage || tags(p).storage_name || "", metricValue(p)]));
+// checkHealth's storage states: green when usable, amber when suspect or not probed yet.
+const HEALTH_PILL = {HEALTHY: "ok", SUSPECT: "warn", NOT_CHECKED: "warn"};
+
+function renderStorages(storages, health) {
+  const states = Object.fromEntries((health.storages || []).map(s => [s.storage_unique_name, s]));
   fill("storages-table", storages.map(s => {
     const spec = s.nfs || s.s3 || s.threefs || s.vcnsthreefs || s.mooncake || s.tair_mem_pool || {};
     const type = Object.keys(s).find(k => ["nfs", "s3", "threefs", "vcnsthreefs", "mooncake", "tair_mem_pool"].includes(k)) || "";
     const where = spec.root_path || spec.bucket || spec.mountpoint || spec.domain || spec.master_service_entry || "";
     const name = s.global_unique_name;
-    const healthy = name in health ? (health[name] >= 1 ? "healthy" : "FAILING") : "not checked yet";
-    return [name, type, where, el("span", {class: `pill ${health[name] >= 1 ? "ok" : "bad"}`}, healthy)];
+    const state = states[name] || {status: "NOT_CHECKED", reason: "not probed yet"};
+    return [name, type, where, el("span", {class: `pill ${HEALTH_PILL[state.status] || "bad"}`}, state.status),
+      state.reason || ""];
   }));
 }
 
@@ -226,6 +229,22 @@ function drawCurves(svg, curves, rec) {
   svg.replaceChildren(...parts);
 }
 
+// The badge: green only when every group can write; amber when a group lost a storage but
+// writes to another; red with checkHealth's reasons otherwise (in its tooltip and the banner).
+function renderHealth(health) {
+  const degraded = health.degraded_groups || [];
+  const pill = document.getElementById("health");
+  const [text, kind] = !health.is_health ? ["UNHEALTHY", "bad"] : degraded.length ? ["DEGRADED", "warn"] : ["healthy", "ok"];
+  pill.textContent = text;
+  pill.className = `pill ${kind}`;
+  const reasons = (health.problems || []).concat(
+    degraded.filter(g => g.status !== "NO_WRITABLE_STORAGE").map(g => `instance group '${g.instance_group_name}' is degraded: ${g.reason}`));
+  pill.title = reasons.join("\n");
+  const banner = document.getElementById("health-problems");
+  banner.hidden = reasons.length === 0;
+  banner.replaceChildren(...reasons.map(r => el("div", {}, r)));
+}
+
 // ---------------------------------------------------------------- refresh loop
 
 async function refresh() {
@@ -235,13 +254,11 @@ async function refresh() {
       api("checkHealth"), api("getInstanceGroupUsage"), api("listInstanceInfo"), api("listStorage"),
       api("getMetrics"), api("getCapacityReport")]);
     document.getElementById("signin").hidden = true;
-    const pill = document.getElementById("health");
-    pill.textContent = health.is_health ? "healthy" : "UNHEALTHY";
-    pill.className = `pill ${health.is_health ? "ok" : "bad"}`;
+    renderHealth(health);
     const ratios = hitRatios(metrics.metrics || []);
     renderGroups(usage.usage || []);
     renderInstances(instances.instance_info || [], usage.usage || [], ratios);
-    renderStorages(storages.storage || [], metrics.metrics || []);
+    renderStorages(storages.storage || [], health);
     renderTraffic(metrics.metrics || [], ratios);
     renderCapacity(report);
     document.getElementById("refreshed").textContent = `updated ${new Date().toLocaleTimeString("en-GB")}`;

@@ -4,7 +4,8 @@
 refused while a stack runs on it.
 
 Exit status: 0 after a requested stop, 2 when the stack cannot start or the state cannot
-be cleaned (the message says which variable to change), 130 when stopped while starting.
+be cleaned (the message says which variable to change), 3 when its embedded Valkey kept
+dying and the stack stopped, 130 when stopped while starting.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .guard import StackStartError, StartCancelled, StateLock
 from .valkey import stop_leftover_servers
 
 EXIT_CANNOT_START = 2
+EXIT_VALKEY_LOST = 3
 EXIT_INTERRUPTED = 130
 SIGNAL_POLL_S = 0.2
 
@@ -57,6 +59,9 @@ def run(stop: threading.Event) -> int:
         print("KVCM local stack stopping...", flush=True)
     finally:
         stack.stop()
+    if stack.failure:
+        print(f"KVCM local stack: {stack.failure}", file=sys.stderr, flush=True)
+        return EXIT_VALKEY_LOST
     print("KVCM local stack stopped", flush=True)
     return 0
 

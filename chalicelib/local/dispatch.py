@@ -20,6 +20,7 @@ from typing import Any
 
 from ..clock import Clock, SystemClock
 from ..observability.logging import logger
+from ..protocol.errors import ServiceNotReadyError
 
 Handler = Callable[[Any, Any], Any]
 
@@ -81,7 +82,10 @@ class LambdaDispatch:
         try:
             result = handler(event, LambdaContext(name, arn, clock=self.clock))
         except Exception as exc:  # noqa: BLE001 - Lambda reports every failure as a function error
-            logger.exception("local lambda %s failed", name)
+            if isinstance(exc, ServiceNotReadyError):  # a dependency is down: its name says it all
+                logger.warning("local lambda %s failed: %s", name, exc)
+            else:
+                logger.exception("local lambda %s failed", name)
             response_headers["x-amz-function-error"] = "Unhandled"
             result = {
                 "errorType": type(exc).__name__,

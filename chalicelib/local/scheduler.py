@@ -18,6 +18,7 @@ from typing import Any
 
 from ..clock import Clock
 from ..observability.logging import logger
+from ..protocol.errors import ServiceNotReadyError
 from .config import schedule_key
 from .dispatch import LambdaContext
 
@@ -116,9 +117,19 @@ class Scheduler:
         # reaper watchdog would leave expired write sessions alone for that long. Waiting on
         # the event rather than sleeping makes stop immediate; the period runs from the end
         # of a call, so a slow call delays the next one instead of piling calls up.
+        # A dependency that does not answer (Valkey restarting) is one line when it starts
+        # and one when it ends, not a traceback every period.
+        not_ready = ""
         while True:
             try:
                 job.run()
+                if not_ready:
+                    logger.warning("scheduled job %s runs again", job.name)
+                    not_ready = ""
+            except ServiceNotReadyError as exc:
+                if not not_ready:
+                    logger.warning("scheduled job %s failed: %s (retried every %g s)", job.name, exc, job.period_s)
+                not_ready = str(exc) or type(exc).__name__
             except Exception:  # noqa: BLE001 - a failed run is logged and retried next period
                 logger.exception("scheduled job %s failed", job.name)
             if self._stop.wait(job.period_s):

@@ -78,6 +78,8 @@ class LocalStack:
         self.started_in_s = 0.0
         self._exits: ExitStack | None = None
         self._stop_requested = threading.Event()
+        #: Why the stack stopped on its own (its Valkey could not be kept running), if it did.
+        self.failure = ""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,6 +163,12 @@ class LocalStack:
         if not runtime.settings.advertised_endpoint:  # getClusterInfo names this API as the leader's endpoint
             runtime.settings = replace(runtime.settings, advertised_endpoint=self.api_url.split("://", 1)[1])
 
+    def _valkey_lost(self, reason: str) -> None:
+        """The embedded Valkey is gone for good: the stack stops (``failure`` says why)."""
+        self.failure = reason
+        logger.error("%s; stopping the local stack", reason)
+        self._stop_requested.set()
+
     def _checkpoint(self) -> None:
         if self._stop_requested.is_set():
             raise StartCancelled("stop requested while starting")
@@ -169,6 +177,7 @@ class LocalStack:
         """Valkey and moto, and the variables that point the app at them."""
         exits.callback(self.valkey.stop)
         valkey_url = self.valkey.start(cancelled=self._stop_requested.is_set)
+        self.valkey.supervise(self._valkey_lost)
         self._checkpoint()
         exits.callback(self.aws.stop)
         endpoint = self.aws.start()

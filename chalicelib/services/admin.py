@@ -35,6 +35,7 @@ from ..protocol.models import (
     GetInstanceGroupUsageResponse,
     GetManagerClusterInfoResponse,
     GetMetricsResponse,
+    GroupHealthInfo,
     InstanceGroupNameRequest,
     LeaderElectorConfigResponse,
     ListAccountResponse,
@@ -54,6 +55,7 @@ from ..protocol.models import (
     Response,
     RevokeApiKeyRequest,
     StorageConfig,
+    StorageHealthInfo,
     StorageNameRequest,
     StorageRequest,
     UpdateInstanceGroupRequest,
@@ -65,7 +67,9 @@ from ..protocol.validation import require, require_name, validate_storage_config
 from ..storage import StorageRegistry
 from ..stores.lease import Lease
 from ..stores.metrics import MetricsStore
+from ..stores.storage_health import StorageHealthStore
 from ..workflows.sweeps import CapacityReports
+from .health import NO_WRITABLE_STORAGE, assess
 
 T = TypeVar("T")
 #: Audit records one listAuditLog call may ask for.
@@ -273,13 +277,15 @@ class AccountAdmin:
         return ListAuditLogResponse(records=self.audit().query(start_s, end_s, request.limit or 100))
 
 
-def _healthy(what: str, probe: Callable[[], object]) -> bool:
+def _failure[R](what: str, probe: Callable[[], R]) -> tuple[R | None, str]:
+    """(``probe()``, "") or (None, what failed and why); one log line, no traceback: a
+    load balancer asks every few seconds."""
     try:
-        probe()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means unhealthy, reported as a value
-        logger.warning("health check: %s failed", what, exc_info=True)
-        return False
+        return probe(), ""
+    except Exception as exc:  # noqa: BLE001 - any failure means unhealthy, reported as a value
+        problem = f"{what}: {exc or type(exc).__name__}"
+        logger.warning("health check: %s", problem)
+        return None, problem
 
 
 def _or_default(read: Callable[[], T], default: T) -> T:
@@ -301,9 +307,11 @@ class ServiceAdmin:
         metrics_publisher: MetricsPublisher,
         metrics_store: MetricsStore,
         clock: Clock,
+        health: StorageHealthStore,
     ) -> None:
         self.control = control
         self.valkey_ping = valkey_ping
+        self.health = health
         self.lease = lease
         self.cluster = cluster
         self.metrics_publisher = metrics_publisher
@@ -334,12 +342,35 @@ class ServiceAdmin:
         return GetMetricsResponse(timestamp=now_ms(self.clock), metrics=metrics)
 
     def check_health(self, request: ListRequest) -> CheckHealthResponse:
-        """``is_health``: Valkey answers PING and the control table answers a read."""
-        checks = [_healthy("valkey", self.valkey_ping), _healthy("control table", self.control.ping)]
+        """``is_health``: Valkey answers PING, the control table answers a read, and every
+        instance group has a storage to write to; ``problems`` says why not, ``storages``
+        and ``degraded_groups`` what the storage health checks found (README "Health")."""
+        problems = [
+            problem
+            for _, problem in (_failure("valkey", self.valkey_ping), _failure("control table", self.control.ping))
+            if problem
+        ]
+        storages: list[StorageHealthInfo] = []
+        degraded: list[GroupHealthInfo] = []
+        records, problem = _failure("control table", self.control.list_storages)
+        groups, _ = _failure("control table", self.control.list_groups)
+        states, state_problem = _failure("storage health store", self.health.load)
+        if records is not None and groups is not None and states is not None:
+            storages, degraded = assess(records, groups, states)
+        problems += [
+            f"instance group {g.instance_group_name!r} has no storage to write to: {g.reason}"
+            for g in degraded
+            if g.status == NO_WRITABLE_STORAGE
+        ]
+        if not problems:  # the first failure of each source is already named
+            problems = [p for p in (problem, state_problem) if p]
         return CheckHealthResponse(
-            is_health=all(checks),
+            is_health=not problems,
             is_leader=_or_default(self.lease.is_held, False),
             elector_last_loop_time_ms=_or_default(self.lease.last_loop_time_ms, 0),
+            problems=problems,
+            storages=storages,
+            degraded_groups=degraded,
         )
 
     def get_manager_cluster_info(self, request: ListRequest) -> GetManagerClusterInfoResponse:

@@ -3,6 +3,8 @@ getCacheMeta and removeCache are AdminService methods too; they are served once,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..cache.backend_locations import BackendLocations
 from ..cache.contexts import ContextProvider
 from ..cache.event_reports import EventReports
@@ -11,7 +13,7 @@ from ..cache.service import CacheService
 from ..control import ConfigCache, ControlPlane
 from ..control.cluster import ClusterInfo
 from ..control.views import storage_configs_json
-from ..protocol.errors import InvalidArgumentError
+from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
     FinishWriteCacheRequest,
     GetCacheLocationLenRequest,
@@ -52,7 +54,10 @@ class MetaService:
         reports: EventReports,
         backends: BackendLocations,
         cluster: ClusterInfo,
+        reprobe: Callable[[str, bool], None] = lambda instance_id, every_storage: None,
     ) -> None:
+        """``reprobe(instance_id, every_storage)`` probes an instance's storages out of
+        schedule: every one after a storage error, else those out of service."""
         self.control = control
         self.config = config
         self.contexts = contexts
@@ -60,6 +65,7 @@ class MetaService:
         self.reports = reports
         self.backends = backends
         self.cluster = cluster
+        self.reprobe = reprobe
 
     def register_instance(self, req: RegisterInstanceRequest) -> RegisterInstanceResponse:
         """Register (idempotently) and fix the instance's index layout; returns the group's storages."""
@@ -78,7 +84,11 @@ class MetaService:
 
     def get_cache_location(self, req: GetCacheLocationRequest) -> GetCacheLocationResponse:
         """The cached blocks among the request's keys, by query type (prefix, batch, sliding window)."""
-        return self.cache.get_cache_location(req)
+        try:
+            return self.cache.get_cache_location(req)
+        except StorageIOError:
+            self.reprobe(req.instance_id, True)
+            raise
 
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
         """Per key, its locations and their statuses (a debugging view of the index)."""
@@ -86,8 +96,17 @@ class MetaService:
 
     def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
         """Where to write the keys with fewer than ``min_replica_count`` (0 or 1: one) locations
-        covering their spec group, stale locations pruned (UPSTREAM_V2 §2.6)."""
-        return self.cache.start_write_cache(req)
+        covering their spec group, stale locations pruned (UPSTREAM_V2 §2.6). A start
+        refused for want of storage re-probes the storages out of service (a full one may
+        have room again)."""
+        try:
+            return self.cache.start_write_cache(req)
+        except StorageIOError:
+            self.reprobe(req.instance_id, True)
+            raise
+        except CapacityExceededError:
+            self.reprobe(req.instance_id, False)
+            raise
 
     def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
         """The written blocks start serving; the others are dropped."""

@@ -36,6 +36,11 @@ class StorageUnavailableError(StorageError):
     """A health probe failed."""
 
 
+class StorageFullError(StorageUnavailableError):
+    """A health probe found the storage without the free space it must keep: its data can
+    still be read, but nothing new may be placed on it."""
+
+
 #: ``args(block_key, location_id, group_id, slot)``: the values a URI template takes.
 UriArgs = Callable[[int, int, int, int], tuple[int, ...]]
 

@@ -13,7 +13,9 @@ deletes it the same way, and ``delete`` removes it too.
 
 KVCM never writes block data: engines create and fill the files. KVCM only removes them,
 checks them, creates empty ones when a 3FS storage asks for it (``prepare``), and writes a
-probe file for health. It never creates the data root: a missing data root means a
+probe file for health; the probe also reads the filesystem's free space (``statvfs``): under
+``min_free_bytes`` the storage is full (StorageFullError), since engines would then get
+locations they cannot write (ENOSPC). It never creates the data root: a missing data root means a
 missing mount and must fail the probe, not be papered over on the local disk.
 
 URIs are what upstream's engine SDK reads (API.md, "What engine SDKs parse"): the scheme
@@ -29,18 +31,28 @@ absolute path on the engine's mount, and the block sits at byte ``blkid × size`
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import posixpath
 import stat
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..observability.logging import logger
 from ..protocol.codes import StorageType
 from ..protocol.models import StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriFormat
+from .base import (
+    BlockRef,
+    SpecSlot,
+    StorageBackend,
+    StorageError,
+    StorageFullError,
+    StorageUnavailableError,
+    UriFormat,
+)
 from .checks import config_error, require, require_absolute, require_contained, require_non_negative, spec_of
 from .naming import DECIMAL, HEX64, escape_component, hex64, uri_template
 
@@ -49,6 +61,27 @@ PROBE_PREFIX = ".kvcm-probe-"
 MAX_KEY_COUNT_PER_FILE = 1 << 16
 _MISSING = (FileNotFoundError, NotADirectoryError)
 _DIRECTORY_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class FreeSpace:
+    """What a filesystem has left for an unprivileged writer, and its size, in bytes."""
+
+    free_bytes: int
+    total_bytes: int
+
+
+def statvfs_free_space(path: str) -> FreeSpace:
+    """The free space of the filesystem holding ``path`` (``statvfs``: the blocks available
+    to a non-root writer, as the engines are)."""
+    result = os.statvfs(path)
+    return FreeSpace(result.f_bavail * result.f_frsize, result.f_blocks * result.f_frsize)
+
+
+#: ``free_space(path)``: how the probe reads free space (tests inject their own).
+FreeSpaceProbe = Callable[[str], FreeSpace]
+#: Free space a file storage keeps by default (Settings.storage_min_free_bytes).
+DEFAULT_MIN_FREE_BYTES = 64 * 1024 * 1024
 
 
 def check_key_count(config: StorageConfig, field: str, value: int) -> None:
@@ -61,9 +94,18 @@ def check_key_count(config: StorageConfig, field: str, value: int) -> None:
 class _FileStorage(StorageBackend):
     """What NFS and 3FS share: the layout, URIs, deletion, existence and the probe."""
 
-    def __init__(self, config: StorageConfig, data_root: str, key_count_per_file: int) -> None:
+    def __init__(
+        self,
+        config: StorageConfig,
+        data_root: str,
+        key_count_per_file: int,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        free_space: FreeSpaceProbe = statvfs_free_space,
+    ) -> None:
         super().__init__(config)
         self.data_root = os.path.normpath(data_root)
+        self.min_free_bytes = min_free_bytes
+        self._free_space = free_space
         # One leading slash: normpath keeps a leading "//", which would read as a URI authority.
         self._uri_root = posixpath.normpath("/" + self.data_root.strip("/"))
         self._pack = max(1, key_count_per_file)
@@ -190,7 +232,23 @@ class _FileStorage(StorageBackend):
         return super().might_exist(blocks)
 
     def probe(self) -> None:
-        """Create, write, fsync and remove a uniquely named file in the data root."""
+        """Create, write, fsync and remove a uniquely named file in the data root, then
+        check the free space: StorageUnavailableError when the file cannot be written,
+        StorageFullError when the filesystem is out of space or under ``min_free_bytes``."""
+        self._write_probe_file()
+        try:
+            space = self._free_space(self.data_root)
+        except OSError as exc:
+            raise StorageUnavailableError(
+                f"storage {self.name}: cannot read the free space of {self.data_root}: {exc.strerror or exc}"
+            ) from exc
+        if space.free_bytes < self.min_free_bytes:
+            raise StorageFullError(
+                f"storage {self.name}: full: {_mib(space.free_bytes)} free of {_mib(space.total_bytes)} "
+                f"in {self.data_root}, under the {_mib(self.min_free_bytes)} it keeps free"
+            )
+
+    def _write_probe_file(self) -> None:
         path = os.path.join(self.data_root, f"{PROBE_PREFIX}{uuid.uuid4().hex}")
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -202,9 +260,12 @@ class _FileStorage(StorageBackend):
                 os.close(fd)
                 os.unlink(path)
         except OSError as exc:
-            raise StorageUnavailableError(
-                f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}"
-            ) from exc
+            error = StorageFullError if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailableError
+            raise error(f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}") from exc
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
 
 
 def _packed_args(block_key: int, location_id: int, group_id: int, slot: int) -> tuple[int, ...]:
@@ -223,10 +284,15 @@ class FileBackend(_FileStorage):
     sdk_type = "file"
     read_weight = 5
 
-    def __init__(self, config: StorageConfig) -> None:
+    def __init__(
+        self,
+        config: StorageConfig,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        free_space: FreeSpaceProbe = statvfs_free_space,
+    ) -> None:
         self.check_config(config)
         spec = spec_of(config, self.spec_field)
-        super().__init__(config, spec.root_path, spec.key_count_per_file)
+        super().__init__(config, spec.root_path, spec.key_count_per_file, min_free_bytes, free_space)
 
     @classmethod
     def check_config(cls, config: StorageConfig) -> None:
@@ -250,10 +316,16 @@ class ThreeFSBackend(_FileStorage):
     sdk_type = "hf3fs"
     read_weight = 3
 
-    def __init__(self, config: StorageConfig) -> None:
+    def __init__(
+        self,
+        config: StorageConfig,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        free_space: FreeSpaceProbe = statvfs_free_space,
+    ) -> None:
         self.check_config(config)
         spec = spec_of(config, self.spec_field)
-        super().__init__(config, os.path.join(spec.mountpoint, spec.root_dir.strip("/")), spec.key_count_per_file)
+        data_root = os.path.join(spec.mountpoint, spec.root_dir.strip("/"))
+        super().__init__(config, data_root, spec.key_count_per_file, min_free_bytes, free_space)
         self.touch_file_when_create = spec.touch_file_when_create
 
     @classmethod

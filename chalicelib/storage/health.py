@@ -5,6 +5,10 @@ endpoint must not hang the health check (the worker thread is abandoned, as a bl
 syscall cannot be interrupted). ``AvailabilityTracker`` turns a stream of probe results
 into availability flips, so one lost probe does not take a storage out of service and
 one lucky probe does not put a flapping one back.
+
+A storage out of service is either unavailable (no reads, no writes) or, when its last
+failed probe found it full (StorageFullError), full: its blocks are still served, and no
+new block is placed on it.
 """
 
 from __future__ import annotations
@@ -14,18 +18,20 @@ import time
 from dataclasses import dataclass
 
 from ..clock import Clock, SystemClock
-from .base import StorageBackend
+from .base import StorageBackend, StorageFullError
 
 DEFAULT_PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """The outcome of one probe: ``error`` is empty when ``ok``."""
+    """The outcome of one probe: ``error`` is empty when ``ok``; ``full`` when it failed
+    because the storage is out of space."""
 
     ok: bool
     error: str = ""
     latency_ms: float = 0.0
+    full: bool = False
 
 
 def probe_storage(backend: StorageBackend, timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> ProbeResult:
@@ -49,7 +55,7 @@ def probe_storage(backend: StorageBackend, timeout_s: float = DEFAULT_PROBE_TIME
     error = outcome[0]
     if error is None:
         return ProbeResult(True, "", latency_ms)
-    return ProbeResult(False, str(error) or type(error).__name__, latency_ms)
+    return ProbeResult(False, str(error) or type(error).__name__, latency_ms, isinstance(error, StorageFullError))
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,13 @@ class StorageHealth:
     streak: int
     last_error: str
     last_latency_ms: float
+    #: Out of service because full (reads still served), as the latest failed probe said.
+    full: bool = False
+
+    @property
+    def readable(self) -> bool:
+        """Whether the storage's blocks may be served (available, or only full)."""
+        return self.available or self.full
 
 
 class AvailabilityTracker:
@@ -127,14 +140,19 @@ class AvailabilityTracker:
         with self._lock:
             state = self._get(storage)
             error = "" if result.ok else result.error
+            # Out of service, a storage is full as long as its failures say so (a full
+            # storage whose mount then fails is no longer readable).
+            full = not state.available and (state.full if result.ok else result.full)
             if result.ok == state.available:
-                self._states[storage] = StorageHealth(state.available, state.since, 0, error, result.latency_ms)
+                self._states[storage] = StorageHealth(state.available, state.since, 0, error, result.latency_ms, full)
                 return None
             streak = state.streak + 1
             threshold = self.fail_threshold if state.available else self.recover_threshold
             if streak < threshold:
-                self._states[storage] = StorageHealth(state.available, state.since, streak, error, result.latency_ms)
+                self._states[storage] = StorageHealth(
+                    state.available, state.since, streak, error, result.latency_ms, full
+                )
                 return None
             now = self._clock.now()
-            self._states[storage] = StorageHealth(result.ok, now, 0, error, result.latency_ms)
+            self._states[storage] = StorageHealth(result.ok, now, 0, error, result.latency_ms, result.full)
             return AvailabilityChange(storage, result.ok, now, error)

@@ -23,7 +23,14 @@ from ..stores.valkey import Valkey
 from .base import StorageBackend
 from .checks import config_error
 from .event_report import EventReportBackend
-from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
+from .file import (
+    DEFAULT_MIN_FREE_BYTES,
+    FileBackend,
+    FreeSpaceProbe,
+    ThreeFSBackend,
+    VcnsThreeFSBackend,
+    statvfs_free_space,
+)
 from .mempool import TairMemPoolBackend
 from .mooncake import MooncakeBackend
 from .s3 import S3Backend, S3ClientFactory
@@ -82,8 +89,13 @@ class StorageRegistry:
         valkey_factory: ValkeyFactory,
         s3_client_factory: S3ClientFactory = boto3_s3_client,
         key_prefix: str = "kvcm",
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        free_space: FreeSpaceProbe = statvfs_free_space,
     ) -> None:
+        """``min_free_bytes`` and ``free_space`` go to the file storages' probes."""
         self._valkey_factory = valkey_factory
+        self._min_free_bytes = min_free_bytes
+        self._free_space = free_space
         self._s3_client_factory = s3_client_factory
         self._key_prefix = key_prefix
         self._lock = threading.Lock()
@@ -114,4 +126,6 @@ class StorageRegistry:
             return TairMemPoolBackend(config, self._valkey_factory(), key_prefix=self._key_prefix)
         if cls is S3Backend:
             return S3Backend(config, client_factory=self._s3_client_factory)
+        if issubclass(cls, FileBackend | ThreeFSBackend):
+            return cls(config, self._min_free_bytes, self._free_space)
         return cls(config)

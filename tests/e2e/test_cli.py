@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chalicelib.local import LocalStack
-from kvcm_client.cli import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, main
+from kvcm_client.cli import EXIT_ERROR, EXIT_UNHEALTHY, EXIT_UNREACHABLE, EXIT_USAGE, main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,11 @@ def kvcm(stack: LocalStack, capsys, monkeypatch):
 def test_storage_lifecycle_in_tables_and_json(kvcm, tmp_path):
     assert kvcm("storage", "add", "cli_nfs", "--nfs", str(tmp_path), "--key-count-per-file", "4")[0] == 0
     code, out, _ = kvcm("storage", "list")
-    assert code == 0 and out.splitlines()[0].split() == ["NAME", "TYPE", "WHERE"]
-    assert any(line.split() == ["cli_nfs", "ST_NFS", str(tmp_path)] for line in out.splitlines())
+    assert code == 0 and out.splitlines()[0].split() == ["NAME", "TYPE", "WHERE", "HEALTH", "REASON"]
+    assert any(  # health: not probed yet, or by the stack's scheduled round meanwhile
+        line.split()[:3] == ["cli_nfs", "ST_NFS", str(tmp_path)] and line.split()[3] in ("NOT_CHECKED", "HEALTHY")
+        for line in out.splitlines()
+    )
     code, out, _ = kvcm("--json", "storage", "get", "cli_nfs")
     assert code == 0 and json.loads(out)["nfs"] == {"root_path": str(tmp_path), "key_count_per_file": 4}
     assert kvcm("storage", "update", "cli_nfs", "--nfs", str(tmp_path), "--key-count-per-file", "2")[0] == 0
@@ -190,3 +193,39 @@ def test_a_refusal_exits_4_and_the_token_comes_from_kvcm_token(kvcm, auth_on, mo
     assert code == EXIT_REFUSED and err.startswith("kvcm: error: refused (HTTP 401)") and err.count("\n") == 1
     monkeypatch.setenv("KVCM_TOKEN", auth_on)
     assert kvcm("storage", "list")[0] == 0
+
+
+def test_health_names_a_group_without_storage_and_exits_5(kvcm, tmp_path):
+    """Issue 23 item 4: the only storage of a group gone, ``kvcm health`` says which group,
+    which storage and why, exits 5, and ``kvcm storage list`` shows it; back to 0 once restored."""
+    from chalicelib.runtime import get_runtime
+
+    root = tmp_path / "mount"
+    root.mkdir()
+    assert kvcm("storage", "add", "cli_gone", "--nfs", str(root))[0] == 0
+    assert kvcm("group", "add", "cli_gone_g", "--storage", "cli_gone", "--quota", "1GiB", "--watermark", "0.8")[0] == 0
+    runtime = get_runtime()
+    backend = runtime.storages.backend(runtime.control.get_storage("cli_gone").config)
+    try:
+        root.rename(tmp_path / "moved")
+        for _ in range(2):  # the two failed probes a scheduled round makes CONFIRM_DELAY_S apart
+            runtime.storage_prober.probe([backend], 1.0, confirm=False)
+        code, out, _ = kvcm("health")
+        assert code == EXIT_UNHEALTHY
+        assert "UNHEALTHY: instance group 'cli_gone_g' has no storage to write to: cli_gone: UNAVAILABLE" in out
+        assert any(line.split()[:2] == ["cli_gone", "UNAVAILABLE"] and str(root) in line for line in out.splitlines())
+        assert any(line.split()[:2] == ["cli_gone_g", "NO_WRITABLE_STORAGE"] for line in out.splitlines())
+        code, out, _ = kvcm("--json", "health")
+        assert code == EXIT_UNHEALTHY and json.loads(out)["degraded_groups"][0]["instance_group_name"] == "cli_gone_g"
+        code, out, _ = kvcm("storage", "list")
+        assert code == 0 and any(
+            line.split()[:4] == ["cli_gone", "ST_NFS", str(root), "UNAVAILABLE"] and "cannot write in" in line
+            for line in out.splitlines()
+        )
+        (tmp_path / "moved").rename(root)
+        for _ in range(2):
+            runtime.storage_prober.probe([backend], 1.0, confirm=False)
+        assert kvcm("health")[0] == 0
+    finally:
+        kvcm("group", "remove", "cli_gone_g")
+        kvcm("storage", "remove", "cli_gone")

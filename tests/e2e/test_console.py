@@ -158,8 +158,50 @@ def test_storages_page_shows_the_seeded_storage_and_its_health(browser_page, sta
     show(browser_page, stack, "storages")
     rows = [r.locator("td").all_inner_texts() for r in browser_page.locator("#storages-table tbody tr").all()]
     nfs = next(r for r in rows if r[0] == "nfs_01")
-    assert nfs[1] == "nfs" and nfs[2].endswith("nfs_01") and nfs[3] == "healthy"
+    assert nfs[1] == "nfs" and nfs[2].endswith("nfs_01") and nfs[3:] == ["HEALTHY", ""]
     save(browser_page, "storages")
+
+
+def test_a_group_without_storage_turns_the_badge_red_with_the_reason(browser_page, stack: LocalStack, tmp_path):
+    """Issue 23 item 4: the badge is not green while a group has no storage to write to, and
+    the Storages page says why the storage is out of service."""
+    from chalicelib.runtime import get_runtime
+
+    root = tmp_path / "mount"
+    root.mkdir()
+    with KvcmClient(stack.api_url) as client:
+        client.add_storage(
+            storage=m.StorageConfig.model_validate(
+                {"global_unique_name": "console_gone", "nfs": {"root_path": str(root)}}
+            )
+        )
+        client.create_instance_group(
+            instance_group=m.InstanceGroup.model_validate(
+                {"name": "console_gone_g", "storage_candidates": ["console_gone"], "quota": {"capacity": 1 << 30}}
+            )
+        )
+        runtime = get_runtime()
+        backend = runtime.storages.backend(runtime.control.get_storage("console_gone").config)
+        try:
+            root.rename(tmp_path / "moved")
+            for _ in range(2):  # the two failed probes of a scheduled round
+                runtime.storage_prober.probe([backend], 1.0, confirm=False)
+            browser_page.goto("about:blank")  # a fresh load, not a hash change on the page already open
+            show(browser_page, stack, "storages")
+            assert browser_page.inner_text("#health") == "UNHEALTHY"
+            assert "bad" in browser_page.get_attribute("#health", "class")
+            banner = browser_page.inner_text("#health-problems")
+            assert "instance group 'console_gone_g' has no storage to write to" in banner
+            rows = [r.locator("td").all_inner_texts() for r in browser_page.locator("#storages-table tbody tr").all()]
+            gone = next(r for r in rows if r[0] == "console_gone")
+            assert gone[3] == "UNAVAILABLE" and "cannot write in" in gone[4] and str(root) in gone[4]
+            save(browser_page, "storages-unhealthy")
+        finally:
+            client.remove_instance_group(name="console_gone_g")
+            client.remove_storage(storage_unique_name="console_gone")
+    browser_page.goto("about:blank")
+    show(browser_page, stack, "storages")
+    assert browser_page.inner_text("#health") == "healthy" and browser_page.is_hidden("#health-problems")
 
 
 def test_traffic_page_shows_rates_and_the_hit_ratio(browser_page, stack: LocalStack, seeded):

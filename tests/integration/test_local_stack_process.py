@@ -325,3 +325,61 @@ def test_a_signal_during_start_stops_what_was_started(tmp_path, stacks):
     stack.process.send_signal(signal.SIGINT)
     assert stack.wait(FAIL_FAST_S) == 130, stack.stderr()
     assert valkey_servers_in(tmp_path / "state" / "valkey") == []
+
+
+def _wait_until(predicate, timeout_s: float, what: str):
+    """Poll ``predicate`` (an event, not a timeout under test): its first true value."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.1)
+    return value
+
+
+def test_a_killed_valkey_is_named_and_restarted_on_its_data_without_a_traceback_storm(tmp_path, stacks):
+    """Issue 23 item 5: kill -9 of the embedded Valkey. The stack says Valkey exited, starts
+    it again on the same port and data directory, and answers again with the data kept."""
+    state = tmp_path / "state"
+    stack = stacks(state, env={"KVCM_LOCAL_SCHEDULE_RECLAIM_S": "0.2"}).start()
+    stack.valkey.set("kvcm-test:kept", "yes")
+    assert _code(stack.api.call("addAccount", {"user_name": "bob", "password": "pw-bob-12"})[1]) == "OK"
+    [pid] = valkey_servers_in(state / "valkey")
+    port = stack.valkey.connection_pool.connection_kwargs["port"]
+
+    os.kill(pid, signal.SIGKILL)
+    said = _wait_until(
+        lambda: re.search(
+            rf"Valkey \(pid {pid}\) exited \(killed by SIGKILL\); restarting it on (\S+), port (\d+)", stack.stdout()
+        ),
+        30,
+        "the stack says Valkey exited",
+    )
+    assert Path(said.group(1)) == state / "valkey" and int(said.group(2)) == port
+    [new_pid] = _wait_until(lambda: [p for p in valkey_servers_in(state / "valkey") if p != pid], 30, "a new Valkey")
+    _wait_until(lambda: "Valkey restarted" in stack.stdout(), 30, "the restart is reported")
+    assert stack.valkey.get("kvcm-test:kept") == b"yes"  # the same URL, the AOF reloaded
+    _wait_until(lambda: stack.api.call("checkHealth", {})[1].get("is_health"), 30, "checkHealth healthy again")
+    assert stack.process.poll() is None
+    out = stack.stdout() + stack.stderr()
+    assert "Traceback" not in out, out[-5000:]
+    stack.stop()
+    assert stack.process.returncode == 0 and valkey_servers_in(state / "valkey") == []
+
+
+def test_a_valkey_that_keeps_dying_stops_the_stack_with_status_3(tmp_path, stacks):
+    state = tmp_path / "state"
+    stack = stacks(state).start()
+    seen: set[int] = set()
+    while stack.process.poll() is None:
+        for pid in set(valkey_servers_in(state / "valkey")) - seen:
+            seen.add(pid)
+            os.kill(pid, signal.SIGKILL)
+        assert len(seen) <= 10, "still restarting after 10 kills"
+        time.sleep(0.05)
+    assert stack.wait(STOP_TIMEOUT_S) == 3
+    # Killed once up, or while it loads its AOF after a restart: either way the stack says why.
+    message = stack.stderr()
+    assert "KVCM local stack: Valkey exited (killed by SIGKILL)" in message, message
+    assert "restarts in a row; giving up" in message or "could not be restarted" in message, message
+    assert 2 <= len(seen) <= 6
+    assert valkey_servers_in(state / "valkey") == []

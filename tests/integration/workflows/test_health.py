@@ -3,6 +3,7 @@ stop), with hysteresis, and it comes back once probes succeed again."""
 
 import shutil
 
+from chalicelib.clock import ManualClock
 from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
@@ -36,8 +37,9 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     )
     assert start.locations[0]["location_specs"][0]["uri"].startswith("file://nfs_01/")
 
+    rt.storage_prober.clock = ManualClock()  # the round's confirming probes wait on it
     shutil.rmtree(stack.root)  # the mount is gone: probes fail
-    assert rt.health_checks.run_health_checks()["changes"] == []  # one failure is not enough (hysteresis)
+    # One round: a failed probe is confirmed by a second one CONFIRM_DELAY_S later (hysteresis).
     report = rt.health_checks.run_health_checks()
     assert report["changes"] == [{"storage": "nfs_01", "available": False, "reason": report["changes"][0]["reason"]}]
     assert rt.metrics.value("data_storage.healthy_status", {"storage": "nfs_01"}) == 0
@@ -48,7 +50,6 @@ def test_probe_failure_fails_over_and_recovers(stack, tmp_path):
     assert read.locations == []
 
     stack.root.mkdir()
-    rt.health_checks.run_health_checks()
     assert rt.health_checks.run_health_checks()["changes"][0]["available"] is True
     rt.contexts.forget("i1")
     read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="i1", query_type=2, block_keys=[1]))

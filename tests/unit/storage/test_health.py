@@ -137,3 +137,32 @@ def test_status_keeps_last_error_and_latency(clock):
 def test_thresholds_must_be_positive(fail, recover):
     with pytest.raises(ValueError):
         AvailabilityTracker(fail, recover)
+
+
+FULL = ProbeResult(False, "storage s: full", 1.0, full=True)
+
+
+def test_a_full_storage_is_out_of_service_but_readable_until_its_mount_fails():
+    tracker = AvailabilityTracker(fail_threshold=2, recover_threshold=2)
+    tracker.observe("s", FULL)
+    assert tracker.observe("s", FULL) is not None
+    state = tracker.status("s")
+    assert (state.available, state.full, state.readable) == (False, True, True)
+    tracker.observe("s", FAIL)  # the mount went away too: no longer readable
+    assert (tracker.status("s").full, tracker.status("s").readable) == (False, False)
+    tracker.observe("s", FULL)
+    tracker.observe("s", OK)  # one good probe: still out of service, still full
+    assert (tracker.status("s").available, tracker.status("s").full) == (False, True)
+    tracker.observe("s", OK)
+    assert (tracker.status("s").available, tracker.status("s").full) == (True, False)
+
+
+def test_probe_storage_reports_a_full_storage_as_full():
+    from chalicelib.storage.base import StorageFullError
+
+    def probe():
+        raise StorageFullError("storage scripted: full")
+
+    result = probe_storage(ScriptedBackend(probe))
+    assert (result.ok, result.full, result.error) == (False, True, "storage scripted: full")
+    assert probe_storage(ScriptedBackend(lambda: None)).full is False
