@@ -361,13 +361,13 @@ class Sender:
         config: RelayConfig,
         transport: Transport,
         stats: RelayStats,
-        wait: Callable[[float], bool] = threading.Event().wait,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
         self.config = config
         self.transport = transport
         self.stats = stats
         #: Sleeps for the backoff; True when the relay is stopping.
-        self.wait = wait
+        self.wait = wait or threading.Event().wait
 
     def _body(self, items: list[Item]) -> Item:
         c = self.config
