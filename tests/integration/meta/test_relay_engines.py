@@ -240,3 +240,163 @@ def test_vllm_an_engine_restart_is_a_new_epoch(http, er, context):
         second.close()
     finally:
         relay.stop()
+
+
+class SglangEngine:
+    """SGLang's publisher (``sglang/srt/disaggregation/kv_events.py``) for one attention-DP rank."""
+
+    def __init__(self, dp_rank: int = 0, ports: tuple[int, int] | None = None) -> None:
+        self.kv = load("sglang")
+        pub, replay = ports or (free_port(), free_port())
+        self.endpoint = f"tcp://127.0.0.1:{pub + dp_rank}"
+        self.replay_endpoint = f"tcp://127.0.0.1:{replay + dp_rank}"
+        self.publisher = self.kv.ZmqEventPublisher(
+            attn_dp_rank=dp_rank,
+            endpoint=f"tcp://127.0.0.1:{pub}",
+            replay_endpoint=f"tcp://127.0.0.1:{replay}",
+            bind=True,
+        )
+
+    def stored(self, hashes, tokens, parent=None, medium="GPU", **fields):
+        return self.kv.BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=tokens,
+            block_size=4,
+            lora_id=None,
+            medium=medium,
+            **fields,
+        )
+
+    def publish(self, *events) -> None:
+        self.publisher.publish(self.kv.KVEventBatch(ts=time.time(), events=list(events)))
+
+    def close(self) -> None:
+        self.publisher.shutdown()
+
+
+def test_sglang_stores_removals_and_clears_reach_host_state(http, er, context):
+    engine = SglangEngine()
+    relay = start(http, engine, context)
+    try:
+        engine.publish(engine.stored([5, 6], list(range(8)), cache_salt="tenant-a", lora_name="ad1"))
+        visible(http, relay, [5, 6], {HOST: 2})
+        engine.publish(engine.kv.BlockRemoved(block_hashes=[6], medium="GPU"))
+        visible(http, relay, [5, 6], {HOST: 1})
+        engine.publish(engine.kv.AllBlocksCleared())
+        visible(http, relay, [5], {})
+        engine.publish(engine.stored([7], list(range(4)), medium=engine.kv.StorageMedium.CPU))
+        visible(http, relay, [7], {HOST: 1})
+        assert hosts(http, [7], medium=["mem"]) == {HOST: 1} and hosts(http, [7], medium=["gpu"]) == {}
+    finally:
+        relay.stop()
+        engine.close()
+    assert not relay.stats.drops and relay.stats.complete
+
+
+def test_each_dp_rank_has_its_own_reporter(http, er, context):
+    """vLLM and SGLang offset their ports by the DP rank; each rank's relay reports as its
+    own host and refuses batches of another rank."""
+    ports = (free_port(), free_port())
+    engines = [SglangEngine(dp_rank=rank, ports=ports) for rank in (0, 1)]
+    relays = [
+        Relay(
+            RelayConfig(
+                manager_url="",
+                instance_id="e1",
+                host_ip_port=f"10.0.0.8:{8080 + rank}",
+                dp_rank=rank,
+                flush_interval_s=0.01,
+            ),
+            engine.endpoint,
+            engine.replay_endpoint,
+            transport=AppTransport(http),
+            context=context,
+        ).start()
+        for rank, engine in enumerate(engines)
+    ]
+    try:
+        engines[0].publish(engines[0].stored([1, 2], list(range(8))))
+        engines[1].publish(engines[1].stored([1], list(range(4))))
+        until(lambda: hosts(http, [1, 2]) == {"10.0.0.8:8080": 2, "10.0.0.8:8081": 1})
+        engines[1].publish(engines[1].kv.BlockRemoved(block_hashes=[1], medium="GPU"))
+        until(lambda: hosts(http, [1, 2]) == {"10.0.0.8:8080": 2})
+        rank0 = engines[0].kv.KVEventBatch(
+            ts=time.time(), events=[engines[0].stored([9], list(range(4)))], attn_dp_rank=0
+        )
+        engines[1].publisher.publish(rank0)  # a batch of rank 0 on rank 1's socket
+        until(lambda: relays[1].stats.errors["other dp rank"] == 1)
+        assert hosts(http, [9]) == {}
+    finally:
+        for relay in relays:
+            relay.stop()
+        for engine in engines:
+            engine.close()
+
+
+def test_vllm_hybrid_model_indexes_full_attention_groups_only(http, er, vllm, context):
+    """vLLM emits one BlockStored per KV-cache group with the same hashes (its hashes do not
+    mix the group in): a sliding-window group's removals must not remove the full-attention
+    group's blocks."""
+    relay = start(http, vllm, context)
+    try:
+        vllm.publish(
+            vllm.stored([1, 2, 3], list(range(12)), group=0),
+            vllm.stored([1, 2, 3], list(range(12)), group=1, kind="sliding_window", kv_cache_spec_sliding_window=4),
+        )
+        visible(http, relay, [1, 2, 3], {HOST: 3})
+        vllm.publish(vllm.removed([1, 2], group=1))  # the window slid past them
+        vllm.publish(vllm.stored([4], list(range(12, 16)), parent=3, group=0))
+        visible(http, relay, [1, 2, 3, 4], {HOST: 4})
+        vllm.publish(vllm.removed([4], group=0))
+        visible(http, relay, [1, 2, 3, 4], {HOST: 3})
+        assert relay.stats.drops["group not indexed"] == 3
+    finally:
+        relay.stop()
+
+
+def test_vllm_hybrid_groups_chosen_by_index(http, er, vllm, context):
+    relay = start(http, vllm, context, groups=(1,))
+    try:
+        vllm.publish(
+            vllm.stored([1, 2], list(range(8)), group=0), vllm.stored([7, 8], list(range(8)), group=1, kind="mamba")
+        )
+        visible(http, relay, [7, 8], {HOST: 2})
+        assert hosts(http, [1]) == {}
+    finally:
+        relay.stop()
+
+
+def test_token_keys_keep_adapters_and_tenants_apart(http, er, vllm, context):
+    """With --keys tokens, blocks of different LoRA adapters, cache salts or multimodal inputs
+    (vLLM's extra_keys) get keys of their own; plain blocks get KVCM's keys of the tokens."""
+    from chalicelib.cache.keys import keys_from_tokens
+    from connectors.kv_events import decode_batch
+    from connectors.relay import RelayStats, Translator
+
+    tokens = list(range(8))
+    config = {"keys": "tokens", "block_size": 4}
+    events = [
+        vllm.stored([1, 2], tokens),
+        vllm.stored([3, 4], tokens, lora_name="ad1", extra_keys=[("ad1",), ("ad1",)]),
+        vllm.stored([5, 6], tokens, lora_name="ad2", extra_keys=[("ad2",), ("ad2",)]),
+        vllm.stored([7, 8], tokens, extra_keys=[("salt-b",), None]),
+        vllm.stored([9, 10], tokens, extra_keys=[(("img-1", 0),), None]),
+    ]
+    oracle = Translator(RelayConfig(manager_url="", instance_id="e1", host_ip_port=HOST, **config), RelayStats())
+    wire = [
+        decode_batch(vllm.kv.msgspec.msgpack.encode(vllm.kv.KVEventBatch(ts=0.0, events=[e]))).events[0] for e in events
+    ]
+    spaces = [[int(item["block_add"]["block_key"]) for item in oracle.stored(event)] for event in wire]
+    assert spaces[0] == keys_from_tokens(tokens, 4)
+    assert len({key for space in spaces for key in space}) == 10, "no two namespaces share a key"
+    relay = start(http, vllm, context, **config)
+    try:
+        vllm.publish(*events)
+        for space in spaces:
+            visible(http, relay, space, {HOST: 2})
+        vllm.publish(vllm.removed([1, 2]))
+        visible(http, relay, spaces[0], {})
+        assert all(hosts(http, space) == {HOST: 2} for space in spaces[1:])
+    finally:
+        relay.stop()
