@@ -499,9 +499,16 @@ class Relay:
 
     def start(self) -> Relay:
         log.info("relay for %s config: %s", self.endpoint, json.dumps(self.config.described(), default=str))
-        self._thread = threading.Thread(target=self._run, name=f"kvcm-relay-{self.config.dp_rank or 0}", daemon=True)
+        rank = self.config.dp_rank or 0
+        self._thread = threading.Thread(target=self._run, name=f"kvcm-relay-{rank}", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._log_stats, name=f"kvcm-relay-stats-{rank}", daemon=True).start()
         return self
+
+    def _log_stats(self) -> None:
+        """The counters every ``stats_interval_s``, also while an update waits for KVCM."""
+        while not self._stop.wait(self.config.stats_interval_s):
+            log.info("relay stats (rank %d): %s", self.config.dp_rank or 0, self.stats.summary())
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -699,7 +706,6 @@ class Relay:
         self.subscribed.set()
         now = self.clock()
         next_heartbeat = now + self.config.heartbeat_interval_s
-        next_stats = now + self.config.stats_interval_s
         next_baseline = now
         flush_at: float | None = None
         try:
@@ -708,7 +714,7 @@ class Relay:
                 if self.received is None and now >= next_baseline:
                     self._baseline(None)
                     next_baseline = now + self.config.replay_timeout_s
-                wake = min(next_heartbeat, next_stats, flush_at or next_heartbeat)
+                wake = min(next_heartbeat, flush_at or next_heartbeat)
                 ready = dict(
                     poller.poll(max(0, int((wake - self.clock()) * 1000)) if self.received is not None else 100)
                 )
@@ -730,9 +736,6 @@ class Relay:
                     if self.received is not None:
                         self._deliver([HEARTBEAT])
                     next_heartbeat = now + self.config.heartbeat_interval_s
-                if now >= next_stats:
-                    log.info("relay stats: %s", self.stats.summary())
-                    next_stats = now + self.config.stats_interval_s
             if self._pending_seq is not None:
                 self._flush()
         except StoppedError:

@@ -82,15 +82,9 @@ def context():
 
 
 def start(http, engine, context, **config) -> Relay:
+    settings = {"instance_id": "e1", "host_ip_port": HOST, "flush_interval_s": 0.01, "heartbeat_interval_s": 0.05}
     relay = Relay(
-        RelayConfig(
-            manager_url="",
-            instance_id="e1",
-            host_ip_port=HOST,
-            flush_interval_s=0.01,
-            heartbeat_interval_s=0.05,
-            **config,
-        ),
+        RelayConfig(manager_url="", **{**settings, **config}),
         engine.endpoint,
         engine.replay_endpoint,
         transport=AppTransport(http),
