@@ -1,13 +1,11 @@
-"""The engine-side relay (connectors/): real msgpack frames of vLLM's published KV event
-schema over real ZMQ sockets, relayed into reportEvent on real Valkey and moto.
-
-The frames are built here from the documented schema (``vllm/distributed/kv_events.py``:
-msgspec structs with ``array_like=True``, events tagged by class name; multipart
-``(topic, seq, payload)``), not with vLLM's classes: vLLM is not installed (it needs a GPU
-build)."""
+"""The engine-side relay (connectors/) with frames built by hand: the engines' older
+positional schema (vLLM's 6- and 7-field BlockStored, before the tagged maps of
+``test_relay_engines.py``), KVCM's refusals and retries, over real ZMQ sockets into
+reportEvent on real Valkey and moto."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -16,7 +14,6 @@ import pytest
 import zmq
 
 from chalicelib.cache.keys import keys_from_tokens
-from connectors.kv_events import block_key, decode_batch
 from connectors.relay import Relay, RelayConfig, RelayStats, Sender, TransportError
 
 from .harness import HOST, code, hosts
@@ -24,8 +21,10 @@ from .harness import HOST, code, hosts
 END = (-1).to_bytes(8, "big", signed=True)
 
 
-def stored(hashes, tokens, parent=None, block_size=4, medium="GPU"):
-    return ["BlockStored", hashes, parent, tokens, block_size, None, medium]
+def stored(hashes, tokens, parent=None, block_size=4, medium="GPU", lora_name=None):
+    """vLLM's positional BlockStored: 6 fields, 7 with ``lora_name``."""
+    event = ["BlockStored", hashes, parent, tokens, block_size, None, medium]
+    return event + [lora_name] if lora_name else event
 
 
 def batch(*events) -> bytes:
@@ -33,7 +32,8 @@ def batch(*events) -> bytes:
 
 
 class Engine:
-    """A PUB socket and a ROUTER replay socket answering from everything published."""
+    """A PUB socket and a ROUTER replay socket answering from everything published, in the
+    older replay form (no topic frame)."""
 
     def __init__(self, context) -> None:
         self.pub = context.socket(zmq.PUB)
@@ -44,6 +44,7 @@ class Engine:
         self.buffer: list[tuple[int, bytes]] = []
         self.replay_requests: list[int] = []
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
 
@@ -54,13 +55,17 @@ class Engine:
             client, _, start = self.router.recv_multipart()
             start = int.from_bytes(start, "big")
             self.replay_requests.append(start)
-            for seq, payload in self.buffer:
+            with self._lock:
+                buffered = list(self.buffer)
+            for seq, payload in buffered:
                 if seq >= start:
                     self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
             self.router.send_multipart([client, b"", END, b""])
 
-    def publish(self, seq: int, payload: bytes, send: bool = True) -> None:
-        self.buffer.append((seq, payload))
+    def publish(self, payload: bytes, send: bool = True) -> None:
+        with self._lock:
+            seq = len(self.buffer)
+            self.buffer.append((seq, payload))
         if send:
             self.pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
 
@@ -106,14 +111,16 @@ def until(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def start_relay(http, engine, context, **config) -> Relay:
-    relay = Relay(
+def start_relay(http, engine, context, instance="e1", **config) -> Relay:
+    return Relay(
         RelayConfig(
             manager_url="",
-            instance_id="e1",
+            instance_id=instance,
             host_ip_port=HOST,
             flush_interval_s=0.01,
             heartbeat_interval_s=0.05,
+            retry_base_s=0.01,
+            retry_max_s=0.05,
             **config,
         ),
         engine.endpoint,
@@ -121,65 +128,44 @@ def start_relay(http, engine, context, **config) -> Relay:
         transport=AppTransport(http),
         context=context,
     ).start()
-    relay.subscribed.wait()
-    return relay
 
 
-def first_message(engine, relay, payload) -> None:
-    """Publish sequence 1 until the subscriber has it (ZMQ drops what a PUB sends before a
-    SUB has joined)."""
-    engine.buffer.append((1, payload))
-
-    def received():
-        engine.pub.send_multipart([b"kv", (1).to_bytes(8, "big"), payload])
-        return relay.last_seq == 1
-
-    until(received)
-
-
-def test_the_documented_frames_decode():
-    decoded = decode_batch(
-        batch(stored([1, b"\x00" * 7 + b"\x02"], list(range(8))), ["BlockRemoved", [1]], ["AllBlocksCleared"])
-    )
-    assert [type(e).__name__ for e in decoded.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
-    assert [block_key(h) for h in decoded.events[0].block_hashes] == [1, 2]
-    assert block_key(2**64 - 1) == -1
-
-
-def test_stored_removed_and_cleared_blocks_reach_host_state(http, er, engine, context):
+def test_the_older_positional_forms_reach_host_state(http, er, engine, context):
     relay = start_relay(http, engine, context)
     try:
-        first_message(engine, relay, batch(stored([11, 12, 13], list(range(12)))))
+        engine.publish(batch(stored([11, 12, 13], list(range(12)))))
         until(lambda: hosts(http, [11, 12, 13]) == {HOST: 3})
-        engine.publish(2, batch(["BlockRemoved", [12], "GPU"]))
+        engine.publish(batch(stored([14], list(range(12, 16)), parent=13, lora_name="ad1")))  # 7 fields
+        engine.publish(batch(["BlockRemoved", [12], "GPU"]))
         until(lambda: hosts(http, [11, 12, 13]) == {HOST: 1})
-        engine.publish(3, batch(["AllBlocksCleared"]))
+        engine.publish(batch(["AllBlocksCleared"]))
         until(lambda: hosts(http, [11]) == {})
-        engine.publish(4, batch(stored([21], list(range(4)))))
+        engine.publish(batch(stored([21], list(range(4)))))
         until(lambda: hosts(http, [21]) == {HOST: 1})  # registered again after the clear
     finally:
         relay.stop()
-    assert relay.stats.items_dropped == 0 and relay.stats.errors == []
+    assert not relay.stats.drops and not relay.stats.errors and relay.stats.complete
 
 
-def test_a_gap_is_filled_from_the_replay_socket(http, er, engine, context):
+def test_a_gap_is_filled_from_a_replay_socket_without_topic_frames(http, er, engine, context):
     relay = start_relay(http, engine, context)
     try:
-        first_message(engine, relay, batch(stored([1], list(range(4)))))
-        engine.publish(2, batch(stored([2], list(range(4, 8)), parent=1)), send=False)  # lost on the PUB
-        engine.publish(3, batch(stored([3], list(range(8, 12)), parent=2)))
+        engine.publish(batch(stored([1], list(range(4)))))
+        until(lambda: relay.stats.cursor == 0)
+        engine.publish(batch(stored([2], list(range(4, 8)), parent=1)), send=False)  # lost on the PUB
+        engine.publish(batch(stored([3], list(range(8, 12)), parent=2)))
         until(lambda: hosts(http, [1, 2, 3]) == {HOST: 3})
     finally:
         relay.stop()
-    assert engine.replay_requests == [2] and relay.stats.replayed == 1 and relay.stats.gaps_lost == 0
+    assert engine.replay_requests == [0, 1] and relay.stats.replayed_batches == 1 and relay.stats.gaps_unfilled == 0
 
 
 def test_token_keys_are_kvcms_keys_of_the_prompt(http, er, engine, context):
     tokens = list(range(100, 124))
     relay = start_relay(http, engine, context, keys="tokens", block_size=4)
     try:
-        first_message(engine, relay, batch(stored([b"a", b"b"], tokens[:8])))
-        engine.publish(2, batch(stored([b"c", b"d"], tokens[8:16], parent=b"b")))
+        engine.publish(batch(stored([b"a", b"b"], tokens[:8])))
+        engine.publish(batch(stored([b"c", b"d"], tokens[8:16], parent=b"b")))
         keys = keys_from_tokens(tokens, 4)
         until(lambda: hosts(http, keys) == {HOST: 4})
     finally:
@@ -192,27 +178,31 @@ def test_the_sender_retries_and_registers_again(http, er):
         RelayConfig(manager_url="", instance_id="e1", host_ip_port=HOST, retry_base_s=0.0),
         AppTransport(http, failures=2),
         stats,
-        sleep=lambda s: None,
+        wait=lambda s: False,
     )
     add = {
         "event_type": "EVENT_BLOCK_ADD",
         "block_add": {"block_key": "5", "medium": "gpu", "specs": [{"name": "full_0", "uri": "x://h/5"}]},
     }
-    sender.send([add])
+    registered = []
+    sender.deliver([add], register=lambda: registered.append(sender.register(["gpu"])))
     assert stats.retries == 2 and stats.items_sent == 1 and hosts(http, [5]) == {HOST: 1}
-    assert (
-        code(
-            http(
-                "reportEvent",
-                {
-                    "instance_id": "e1",
-                    "host_ip_port": HOST,
-                    "storage_type": "ST_EVENT_REPORT_L1P5",
-                    "events": [{"event_type": "EVENT_HOST_DOWN", "host_down": {}}],
-                },
-            )
-        )
-        == "OK"
-    )
-    sender.send([add])  # NODE_NOT_REGISTERED: registers, sends again
-    assert stats.items_sent == 2 and hosts(http, [5]) == {HOST: 1}
+    sender.host_down()
+    forgotten = sender.deliver([add], register=lambda: registered.append(sender.register(["gpu"])))
+    assert forgotten and len(registered) == 1 and stats.items_sent == 3 and hosts(http, [5]) == {HOST: 1}
+    assert stats.errors["unreachable"] == 2 and not stats.drops
+
+
+def test_an_unknown_instance_is_an_error_that_fails_readiness(http, er, engine, context, caplog):
+    caplog.set_level(logging.INFO, logger="kvcm.relay")
+    relay = start_relay(http, engine, context, instance="nosuch")
+    try:
+        engine.publish(batch(stored([1], list(range(4)))))
+        until(lambda: "refused" in relay.stats.not_ready)
+        assert "INSTANCE_NOT_EXIST" in relay.stats.not_ready["refused"] and relay.stats.cursor is None
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR and "INSTANCE_NOT_EXIST" in r.getMessage()]
+        assert len(errors) == 1, "logged once as an error, not a warning per retry"
+        assert any("config:" in r.getMessage() and "nosuch" in r.getMessage() for r in caplog.records)
+    finally:
+        relay.stop()
+    assert code(http("getInstanceInfo", {"instance_id": "nosuch"})) == "INSTANCE_NOT_EXIST"
