@@ -15,6 +15,9 @@ import signal
 import threading
 from collections.abc import Sequence
 
+from chalicelib.protocol.block_keys import scheme_from_text
+from chalicelib.protocol.errors import InvalidArgumentError
+
 from .relay import Relay, RelayConfig
 
 
@@ -40,6 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="block keys: the engine's hashes, or KVCM's keys of the token ids",
     )
     p.add_argument("--block-size", type=int, default=0, help="tokens per block (--keys tokens)")
+    p.add_argument("--key-scheme", default="", help="the instance's key_scheme, a name or its JSON (--keys tokens)")
     p.add_argument("--max-batch", type=int, default=1000)
     p.add_argument("--flush-ms", type=float, default=50)
     p.add_argument("--heartbeat-s", type=float, default=5)
@@ -50,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.keys == "tokens" and args.block_size <= 0:
         raise SystemExit("--keys tokens needs --block-size")
+    try:
+        scheme_from_text(args.key_scheme)
+    except InvalidArgumentError as exc:
+        raise SystemExit(f"--key-scheme: {exc}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = RelayConfig(
         manager_url=args.manager,
@@ -61,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_medium=args.medium,
         keys=args.keys,
         block_size=args.block_size,
+        key_scheme=args.key_scheme,
         max_batch=args.max_batch,
         flush_interval_s=args.flush_ms / 1000,
         heartbeat_interval_s=args.heartbeat_s,

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import urllib3
 import zmq
 
-from chalicelib.cache.keys import keys_from_tokens
+from chalicelib.protocol.block_keys import BlockHash, scheme_from_text
 
 from .kv_events import (
     END_SEQ,
@@ -61,6 +61,8 @@ class RelayConfig:
     #: keys of the blocks' token ids (``block_size`` must then be the instance's).
     keys: str = "engine"
     block_size: int = 0
+    #: How ``keys="tokens"`` derives them: the instance's ``key_scheme`` (a name or its JSON).
+    key_scheme: str = ""
     max_batch: int = 1000
     flush_interval_s: float = 0.05
     heartbeat_interval_s: float = 5.0
@@ -140,7 +142,8 @@ class Translator:
     def __init__(self, config: RelayConfig, stats: RelayStats) -> None:
         self.config = config
         self.stats = stats
-        self._kvcm_keys: OrderedDict[Hashable, int] = OrderedDict()  # engine hash → KVCM key (keys="tokens")
+        self._kvcm_keys: OrderedDict[Hashable, BlockHash] = OrderedDict()  # engine hash → KVCM hash (keys="tokens")
+        self._scheme = scheme_from_text(config.key_scheme)
 
     def _specs(self, medium: str, key: int) -> list[dict[str, str]]:
         c = self.config
@@ -152,25 +155,26 @@ class Translator:
     def _stored_keys(self, event: BlockStored) -> list[int | None]:
         if self.config.keys == "engine":
             return [block_key(h) for h in event.block_hashes]
-        parent = 0
+        parent = None
         if event.parent_block_hash is not None:
             known = self._kvcm_keys.get(_hashable(event.parent_block_hash))
             if known is None:  # the prefix is unknown: its keys cannot be derived
                 self.stats.keys_unchained += len(event.block_hashes)
                 return [None] * len(event.block_hashes)
             parent = known
-        keys = keys_from_tokens(event.token_ids, self.config.block_size, parent)
-        # keys cover the full blocks of the tokens only
-        for engine_hash, key in zip(event.block_hashes, keys, strict=False):
-            self._kvcm_keys[_hashable(engine_hash)] = key
+        hashes = self._scheme.chain(event.token_ids, self.config.block_size, parent)
+        # hashes cover the full blocks of the tokens only
+        for engine_hash, kvcm_hash in zip(event.block_hashes, hashes, strict=False):
+            self._kvcm_keys[_hashable(engine_hash)] = kvcm_hash
             if len(self._kvcm_keys) > PARENT_MEMORY:
                 self._kvcm_keys.popitem(last=False)
-        return list(keys) + [None] * (len(event.block_hashes) - len(keys))
+        return [self._scheme.key(h) for h in hashes] + [None] * (len(event.block_hashes) - len(hashes))
 
     def _removed_key(self, engine_hash: object) -> int | None:
         if self.config.keys == "engine":
             return block_key(engine_hash)
-        return self._kvcm_keys.pop(_hashable(engine_hash), None)
+        kvcm_hash = self._kvcm_keys.pop(_hashable(engine_hash), None)
+        return None if kvcm_hash is None else self._scheme.key(kvcm_hash)
 
     def translate(self, event: KVEvent) -> list[Item]:
         medium = (getattr(event, "medium", None) or self.config.default_medium).lower()

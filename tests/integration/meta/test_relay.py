@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import zmq
 
-from chalicelib.cache.keys import keys_from_tokens
+from chalicelib.protocol.block_keys import keys_from_tokens
 from connectors.kv_events import block_key, decode_batch
 from connectors.relay import Relay, RelayConfig, RelayStats, Sender, TransportError
 
