@@ -21,11 +21,10 @@ Golden vectors made by the engines' own code pin each (tests/engines/hash_vector
 from __future__ import annotations
 
 import hashlib
-import pickle
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from .errors import InvalidArgumentError
 from .models import KeySchemeConfig
@@ -160,10 +159,6 @@ def _cbor_ints(values: Sequence[int]) -> bytes:
 _SMALL = [bytes((v,)) for v in range(24)]
 
 
-def _pickle(value: tuple[bytes, tuple[int, ...], object]) -> bytes:
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-
 def _cbor_input(value: tuple[bytes, tuple[int, ...], object]) -> bytes:
     parent, tokens, extra = value
     return b"\x83" + _cbor(parent) + _cbor_ints(tokens) + _cbor(extra)
@@ -192,11 +187,15 @@ class VllmHash(BlockKeyScheme):
     """vLLM's ``hash_block_tokens`` chain under one ``prefix_caching_hash_algo``."""
 
     def __init__(self, name: str, seed: str, lora: tuple[str, str] | None, cache_salt: str) -> None:
+        import pickle  # here: only instances of these schemes pay for its import (cold starts)
+
         cbor, digest = _VLLM_ALGOS[name]
+        dumps = partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
         self.name = name
-        self._serialize, self._digest = (_cbor_input if cbor else _pickle), digest
+        self._serialize: Callable[[tuple[bytes, tuple[int, ...], object]], bytes] = _cbor_input if cbor else dumps
+        self._digest = digest
         # ``init_none_hash``: the seed string through the same hash function.
-        self._none_hash = digest(_cbor(seed) if cbor else pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL))
+        self._none_hash = digest(_cbor(seed) if cbor else dumps(seed))
         # ``generate_block_hash_extra_keys``: LoRA on every block, the salt on the first.
         self._lora_keys: tuple[tuple[str, ...], ...] = (("lora", *lora),) if lora else ()
         self._salt_keys: tuple[tuple[str, ...], ...] = (("cache_salt", cache_salt),) if cache_salt else ()
