@@ -121,3 +121,12 @@ def test_the_relay_recomputes_the_engines_keys_with_the_instances_scheme():
     assert [int(item["block_add"]["block_key"]) for item in first + second] == case["keys"]
     removed = translator.translate(BlockRemoved([engine[1]]))
     assert [int(item["block_delete"]["block_key"]) for item in removed] == case["keys"][1:]
+
+
+def test_the_relay_refuses_a_bad_key_scheme_before_it_starts():
+    from connectors.__main__ import main
+
+    args = ["--endpoint", "tcp://127.0.0.1:1", "--manager", "http://kvcm", "--instance-id", "i1"]
+    args += ["--host-ip-port", "10.0.0.8:8080", "--keys", "tokens", "--block-size", "4"]
+    with pytest.raises(SystemExit, match="--key-scheme: field 'key_scheme.seed'"):
+        main([*args, "--key-scheme", "vllm_xxhash"])
