@@ -107,3 +107,26 @@ def test_token_ids_a_scheme_cannot_hash_are_refused_naming_the_field(http, group
     resp = http("getCacheLocation", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "token_ids": [1, -2, 3, 4]})
     assert code(resp) == "INVALID_ARGUMENT", resp
     assert "'token_ids'" in resp["header"]["status"]["message"]
+
+
+def test_every_call_by_token_ids_uses_the_instances_scheme(http, group):
+    case = next(c for c in CASES if c["scheme"] == {"name": "sglang"} and c["block_size"] == 4)
+    keys, tokens = case["keys"], case["tokens"]
+    assert code(_register(http, "i1", key_scheme=case["scheme"])) == "OK"
+    write(http, keys)
+    length = http("getCacheLocationLen", {"instance_id": "i1", "query_type": "QT_PREFIX_MATCH", "token_ids": tokens})
+    assert int(length["cache_location_len"]) == len(keys), length
+    metas = http("getCacheMeta", {"instance_id": "i1", "token_ids": tokens})["metas"]
+    assert [json.loads(m)["status"] for m in metas] == ["CLS_SERVING"] * len(keys)
+    by_backend = http(
+        "getCacheLocationsByBackend",
+        {
+            "instance_id": "i1",
+            "query_type": "QT_BATCH_GET",
+            "token_ids": tokens,
+            "backend_selectors": [{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"}],
+        },
+    )
+    assert [len(v["locations"]) for v in by_backend["key_locations"]] == [1] * len(keys), by_backend
+    assert code(http("removeCache", {"instance_id": "i1", "token_ids": tokens[:4]})) == "OK"
+    assert _found(http, "i1", block_keys=keys) == 0  # the first block is gone, so is the prefix
