@@ -6,7 +6,9 @@ of 128 HMGETs on upstream's layout (one hash per block holding its locations JSO
 bare pipeline of the writes a two-phase write needs at the least. Section (f) gives
 Valkey's own time per call of every meta method at 16 / 128 / 1,024 keys beside MGET /
 pipelined HSET of as many keys: one shard's single thread serves all of an instance's
-calls, so that time, not the wall clock, caps an instance's throughput.
+calls, so that time, not the wall clock, caps an instance's throughput. Section (g) gives
+the cost of turning a request's ``token_ids`` into keys under each registrable key scheme
+beside upstream's rolling hash (the default), sampled in turns in the same run.
 
     .venv/bin/python bench/bench_meta.py
 """
@@ -238,6 +240,31 @@ def server_time(rt, client: redis.Redis, timer: ValkeyTime, fresh) -> None:
             print(f"    {label:<48} {wall:>9.1f} {server:>10.1f} {cpu:>9.1f}{ratio}")
 
 
+def key_schemes(blocks: int = N, block_size: int = 16) -> None:
+    """(g) token_ids → keys per scheme, ``blocks`` blocks per call, beside the rolling hash."""
+    from chalicelib.protocol.block_keys import SCHEME_NAMES, scheme_from_config
+    from chalicelib.protocol.models import KeySchemeConfig
+
+    rng = random.Random(21)
+    tokens = [rng.randrange(0, 152_064) for _ in range(blocks * block_size)]
+    seeded = {"vllm_xxhash", "vllm_xxhash_cbor"}  # vLLM seeds these at random without one
+    schemes = {
+        name: scheme_from_config(KeySchemeConfig(name=name, seed="0" if name in seeded else ""))
+        for name in SCHEME_NAMES
+    }
+    figures = timeit_interleaved(
+        {name: (lambda s=scheme: s.keys(tokens, block_size)) for name, scheme in schemes.items()},
+        rounds=10,
+        per_round=20,
+        warmup=20,
+    )
+    rolling = figures["rolling"]
+    print(f"(g) token_ids -> block keys, {blocks} blocks of {block_size} tokens per call (sampled in turns)")
+    print(row("upstream's rolling hash, the default (baseline)", rolling))
+    for name in SCHEME_NAMES[1:]:
+        print(row(f"key_scheme {name}", figures[name], rolling))
+
+
 def main() -> None:
     trips = RoundTrips()
     with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
@@ -347,6 +374,7 @@ def main() -> None:
             )
 
             server_time(rt, client, ValkeyTime(client), fresh)
+            key_schemes()
 
             print("(e) Valkey memory per block, 100,000 two-spec blocks")
             client.execute_command("FLUSHALL", "SYNC")

@@ -22,6 +22,9 @@ import signal
 import threading
 from collections.abc import Sequence
 
+from chalicelib.protocol.block_keys import scheme_from_text
+from chalicelib.protocol.errors import InvalidArgumentError
+
 from .relay import FULL_ATTENTION_KINDS, Relay, RelayConfig
 from .sidecar import Sidecar
 
@@ -71,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
         help="block keys: the engine's hashes (low 64 bits), or KVCM's keys of the token ids per namespace",
     )
     p.add_argument("--block-size", type=int, default=0, help="tokens per block (--keys tokens)")
+    p.add_argument("--key-scheme", default="", help="the instance's key_scheme, a name or its JSON (--keys tokens)")
     p.add_argument("--group", action="append", type=int, default=[], help="index this KV-cache group_idx (repeat)")
     p.add_argument(
         "--group-kind",
@@ -100,6 +104,10 @@ def configs(args: argparse.Namespace) -> list[tuple[RelayConfig, str, str]]:
     the arguments cannot work."""
     if args.keys == "tokens" and args.block_size <= 0:
         raise SystemExit("kvcm-relay: --keys tokens needs --block-size")
+    try:
+        scheme_from_text(args.key_scheme)
+    except InvalidArgumentError as exc:
+        raise SystemExit(f"--key-scheme: {exc}") from None
     if args.dp_size < 1:
         raise SystemExit("kvcm-relay: --dp-size must be at least 1")
     if args.dp_size > 1 and "{dp_rank}" not in args.host_ip_port:
@@ -122,6 +130,7 @@ def configs(args: argparse.Namespace) -> list[tuple[RelayConfig, str, str]]:
             media=dict(args.media),
             keys=args.keys,
             block_size=args.block_size,
+            key_scheme=args.key_scheme,
             groups=tuple(args.group),
             group_kinds=tuple(args.group_kind) or FULL_ATTENTION_KINDS,
             dp_rank=rank,

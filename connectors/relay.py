@@ -40,7 +40,8 @@ import urllib3
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from chalicelib.cache.keys import keys_from_tokens
+from chalicelib.protocol import block_keys
+from chalicelib.protocol.block_keys import RollingHash, keys_from_tokens, scheme_from_text
 
 from .kv_events import (
     DEFAULT_MEDIA,
@@ -92,6 +93,9 @@ class RelayConfig:
     group_kinds: tuple[str, ...] = FULL_ATTENTION_KINDS
     #: The DP rank this relay reports (batches of another rank are refused); None: any.
     dp_rank: int | None = None
+    #: How ``keys="tokens"`` derives them: the instance's ``key_scheme`` (a name or its JSON;
+    #: empty: upstream's rolling hash).
+    key_scheme: str = ""
     max_batch: int = 1000
     flush_interval_s: float = 0.05
     heartbeat_interval_s: float = 5.0
@@ -248,8 +252,9 @@ class Translator:
     def __init__(self, config: RelayConfig, stats: RelayStats) -> None:
         self.config = config
         self.stats = stats
-        #: (group, engine hash) → KVCM key (keys="tokens"); groups never chain into each other.
-        self._kvcm_keys: OrderedDict[Hashable, int] = OrderedDict()
+        #: (group, engine hash) → KVCM hash (keys="tokens"); groups never chain into each other.
+        self._kvcm_keys: OrderedDict[Hashable, block_keys.BlockHash] = OrderedDict()
+        self._scheme = scheme_from_text(config.key_scheme)
         #: group_idx → whether it is indexed, learned from its BlockStored events' kind.
         self._group_indexed: dict[int, bool] = {}
 
@@ -278,33 +283,42 @@ class Translator:
         if self.config.keys == "engine":
             return [block_key(h) for h in event.block_hashes]
         group = event.group_idx
-        if event.parent_block_hash is None:
-            parent = namespace_seed(event.lora_name, event.cache_salt)
-        else:
-            known = self._kvcm_keys.get((group, _hashable(event.parent_block_hash)))
-            if known is None:  # the prefix is unknown: its keys cannot be derived
+        parent: block_keys.BlockHash | None = None
+        if event.parent_block_hash is not None:
+            parent = self._kvcm_keys.get((group, _hashable(event.parent_block_hash)))
+            if parent is None:  # the prefix is unknown: its keys cannot be derived
                 self.stats.keys_unchained += len(event.block_hashes)
                 return [None] * len(event.block_hashes)
-            parent = known
-        size = self.config.block_size
-        extras = event.extra_keys or []
-        keys: list[int | None] = []
-        for i, engine_hash in enumerate(event.block_hashes):
-            tokens = event.token_ids[i * size : (i + 1) * size]
-            if len(tokens) < size:  # keys cover full blocks only
-                keys.append(None)
-                continue
-            parent = keys_from_tokens(tokens, size, _mix_extra_keys(parent, extras[i] if i < len(extras) else None))[0]
-            keys.append(parent)
-            self._kvcm_keys[(group, _hashable(engine_hash))] = parent
+        hashes = self._chain(event, parent)[: len(event.block_hashes)]
+        for engine_hash, kvcm_hash in zip(event.block_hashes, hashes, strict=False):
+            self._kvcm_keys[(group, _hashable(engine_hash))] = kvcm_hash
             if len(self._kvcm_keys) > PARENT_MEMORY:
                 self._kvcm_keys.popitem(last=False)
-        return keys
+        # hashes cover the full blocks of the tokens only
+        return [self._scheme.key(h) for h in hashes] + [None] * (len(event.block_hashes) - len(hashes))
+
+    def _chain(self, event: BlockStored, parent: block_keys.BlockHash | None) -> list[block_keys.BlockHash]:
+        """The KVCM hashes of an event's full blocks after ``parent`` (None: a first block).
+        The engines' own schemes take the namespace from the instance's ``key_scheme`` (its
+        LoRA and cache salt); upstream's rolling hash, the default, is seeded per namespace
+        (adapter, cache salt) and mixed with each block's extra keys."""
+        if not isinstance(self._scheme, RollingHash):
+            return self._scheme.chain(event.token_ids, self.config.block_size, parent)
+        size = self.config.block_size
+        extras = event.extra_keys or []
+        key = namespace_seed(event.lora_name, event.cache_salt) if parent is None else int(parent)
+        hashes: list[block_keys.BlockHash] = []
+        for i in range(len(event.token_ids) // size):
+            extra = extras[i] if i < len(extras) else None
+            key = keys_from_tokens(event.token_ids[i * size : (i + 1) * size], size, _mix_extra_keys(key, extra))[0]
+            hashes.append(key)
+        return hashes
 
     def _removed_key(self, group: int | None, engine_hash: BlockHash) -> int | None:
         if self.config.keys == "engine":
             return block_key(engine_hash)
-        return self._kvcm_keys.pop((group, _hashable(engine_hash)), None)
+        kvcm_hash = self._kvcm_keys.pop((group, _hashable(engine_hash)), None)
+        return None if kvcm_hash is None else self._scheme.key(kvcm_hash)
 
     def stored(self, event: BlockStored) -> list[Item]:
         medium = self.config.kvcm_medium(event.medium)

@@ -15,6 +15,7 @@ import random
 from collections import Counter
 
 from ..control.config_cache import ConfigCache
+from ..protocol.block_keys import request_keys
 from ..protocol.codes import LocationSelectStrategy, QueryType, StorageType
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import (
@@ -27,7 +28,6 @@ from ..protocol.models import (
 )
 from ..stores.reporters import RID_TYPES
 from .event_reports import EventReports, Reported, merge_specs
-from .keys import request_keys
 from .masks import masked_flags
 from .service import CacheService
 
@@ -113,7 +113,9 @@ class BackendLocations:
             raise InvalidArgumentError("field 'query_type': GetCacheLocationsByBackend only supports QT_BATCH_GET")
         _check_selectors(req)
         record = self.config.instance(req.instance_id)
-        keys = request_keys(req.block_keys, req.token_ids, record.block_size, self.max_keys_per_request)
+        keys = request_keys(
+            req.block_keys, req.token_ids, record.block_key_scheme, record.block_size, self.max_keys_per_request
+        )
         masked = masked_flags(req.block_mask, len(keys), "block_mask")
         names: list[str | None] = [None] * len(keys)
         if req.location_spec_names:

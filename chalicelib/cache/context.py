@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..index import InstanceLayout
+from ..protocol.block_keys import ROLLING, BlockKeyScheme
 from ..protocol.codes import CachePreferStrategy, StorageType
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import InstanceGroup, LocationSpecGroup, LocationSpecInfo
@@ -132,6 +133,8 @@ class InstanceContext:
     storages: tuple[StorageState, ...]
     #: Every known storage by name, candidates or not: blocks outlive group edits.
     backends: Mapping[str, StorageBackend] = field(default_factory=dict)
+    #: How the instance's ``token_ids`` become block keys.
+    block_key_scheme: BlockKeyScheme = ROLLING
 
     @cached_property
     def by_name(self) -> dict[str, StorageState]:

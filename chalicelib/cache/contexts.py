@@ -120,6 +120,7 @@ class ContextProvider:
                 for cfg, available in candidates
             ),
             backends=self._backends,
+            block_key_scheme=record.block_key_scheme,
         )
         if cache:
             with self._lock:

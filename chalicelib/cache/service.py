@@ -31,6 +31,7 @@ from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.records import decode_record
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
+from ..protocol.block_keys import request_keys
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
@@ -53,7 +54,6 @@ from ..storage.base import BlockRef, StorageBackend
 from .context import InstanceContext, StorageState
 from .deletion import Deleter
 from .event_reports import Reported, pick_reported, reported_location_json
-from .keys import request_keys
 from .locations import ANY_STATUS, LocationRenderer
 from .masks import mask_of, masked_flags
 from .purge import CACHE, META, PurgeService
@@ -166,7 +166,9 @@ class CacheService:
     # ---------------------------------------------------------------- helpers
 
     def _keys(self, ctx: InstanceContext, req: KeysRequest) -> list[int]:
-        return request_keys(req.block_keys, req.token_ids, ctx.block_size, self.settings.max_keys_per_request)
+        return request_keys(
+            req.block_keys, req.token_ids, ctx.block_key_scheme, ctx.block_size, self.settings.max_keys_per_request
+        )
 
     def _storage_name(self, ctx: InstanceContext, sidx: int) -> str:
         names = self._storage_names.get(ctx.instance_id)

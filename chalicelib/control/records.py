@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel
 
+from ..protocol.block_keys import ROLLING, BlockKeyScheme, scheme_from_config
 from ..protocol.codes import QueryType, Role, StorageType
 from ..protocol.models import (
     Account,
     InstanceGroup,
     InstanceInfo,
+    KeySchemeConfig,
     LocationSpecGroup,
     LocationSpecInfo,
     ModelDeployment,
@@ -53,6 +56,14 @@ class StorageRecord:
         return self.config.storage_type
 
 
+def _stored_scheme(config: KeySchemeConfig | None) -> KeySchemeConfig | None:
+    """What a record keeps of a (validated) ``key_scheme``: any spelling of the default is
+    kept as none, so that each scheme has one identity."""
+    if config is None or scheme_from_config(config) is ROLLING:
+        return None
+    return config.model_copy()
+
+
 @dataclass(frozen=True)
 class InstanceRecord:
     """A registered inference instance.
@@ -75,6 +86,8 @@ class InstanceRecord:
     removing_us: int = 0
     #: The query type getHostCacheState uses when a request leaves it unset.
     default_query_type: QueryType = QueryType.QT_UNSPECIFIED
+    #: How its ``token_ids`` become keys (KVCM extension; None: upstream's rolling hash).
+    key_scheme: KeySchemeConfig | None = None
 
     @classmethod
     def from_request(cls, request: RegisterInstanceRequest, created_us: int, incarnation: str) -> InstanceRecord:
@@ -90,7 +103,13 @@ class InstanceRecord:
             created_us=created_us,
             incarnation=incarnation,
             default_query_type=request.default_query_type,
+            key_scheme=_stored_scheme(request.key_scheme),
         )
+
+    @cached_property
+    def block_key_scheme(self) -> BlockKeyScheme:
+        """The scheme ``key_scheme`` names (validated at registration)."""
+        return scheme_from_config(self.key_scheme)
 
     @property
     def spec_names(self) -> list[str]:
@@ -111,6 +130,7 @@ class InstanceRecord:
             "model_deployment": self.model_deployment.identity(),
             "location_spec_groups": [g.model_dump() for g in self.location_spec_groups],
             "default_query_type": int(self.default_query_type),
+            **({"key_scheme": self.key_scheme.model_dump()} if self.key_scheme else {}),
         }
 
     def to_instance_info(self, quota_group_name: str = "") -> InstanceInfo:
@@ -124,6 +144,7 @@ class InstanceRecord:
             model_deployment=self.model_deployment.model_copy(),
             location_spec_groups=[g.model_copy() for g in self.location_spec_groups],
             default_query_type=self.default_query_type,
+            key_scheme=self.key_scheme.model_copy() if self.key_scheme else None,
         )
 
     def to_doc(self) -> str:
@@ -153,6 +174,7 @@ class InstanceRecord:
             incarnation=data["incarnation"],
             removing_us=int(data.get("removing_us", 0)),
             default_query_type=info.default_query_type,
+            key_scheme=info.key_scheme,
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..protocol.block_keys import scheme_from_config
 from ..protocol.codes import Role
 from ..protocol.models import RegisterInstanceRequest
 from ..protocol.validation import (
@@ -76,6 +77,7 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
                 )
         require_unique(group.spec_names, f"location_spec_groups[{i}].spec_names")
     require_unique((g.name for g in request.location_spec_groups), "location_spec_groups")
+    scheme_from_config(request.key_scheme, "key_scheme")
 
 
 def validate_account(

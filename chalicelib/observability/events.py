@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
-from ..cache.keys import keys_from_tokens
 from ..clock import Clock
+from ..protocol.block_keys import BlockKeyScheme
 from ..protocol.codes import ErrorCode, QueryType
 from ..protocol.models import BlockMask
 from .event_store import ObjectStore, PartitionedEventWriter, is_partitioned
@@ -123,9 +123,12 @@ class _Registered(Protocol):
     @property
     def block_size(self) -> int: ...
 
+    @property
+    def block_key_scheme(self) -> BlockKeyScheme: ...
+
 
 class InstanceLookup(Protocol):
-    """Where an instance's block size is found (``control.ConfigCache``)."""
+    """Where an instance's block size and key scheme are found (``control.ConfigCache``)."""
 
     def instance(self, instance_id: str) -> _Registered: ...
 
@@ -146,7 +149,8 @@ class EventRecorder:
         tokens = list(token_ids) if self.with_tokens else []
         if block_keys or not token_ids:
             return block_keys, tokens
-        return keys_from_tokens(token_ids, self.instances.instance(request.instance_id).block_size), tokens
+        registered = self.instances.instance(request.instance_id)
+        return registered.block_key_scheme.keys(token_ids, registered.block_size), tokens
 
     def record(self, api_name: str, request: Any, response: Any, code: ErrorCode) -> None:
         """Publish one call (successful calls of the replayed methods only)."""

@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from chalicelib.optimizer.errors import ConfigError, TraceFormatError
+from chalicelib.protocol.block_keys import keys_from_tokens
 
 PathLike = str | Path
 
 INT64_MAX = (1 << 63) - 1
-_U64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
 DEFAULT_INSTANCE = "default"
 #: A StartWriteCache that is never finished counts as written this long after its start.
 UNFINISHED_WRITE_DELAY_US = 100_000
@@ -88,15 +87,7 @@ def block_keys_from_tokens(tokens: Sequence[int], block_size: int) -> list[int]:
     """
     if block_size <= 0:
         raise ConfigError(f"block size must be positive, got {block_size}")
-    keys: list[int] = []
-    h = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        for v in tokens[start : start + block_size]:
-            h = (h ^ (v + _GOLDEN + (h << 12) + (h >> 32))) & _U64
-            if h >> 63:  # keep h signed so that >> stays arithmetic, as in int64
-                h -= 1 << 64
-        keys.append(h)
-    return keys
+    return keys_from_tokens(tokens, block_size)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -151,6 +151,20 @@ class ModelDeployment(WireModel):
         return self.model_dump(exclude={"user_data"})
 
 
+class KeySchemeConfig(WireModel):
+    """KVCM extension: how an instance's ``token_ids`` become block keys
+    (``protocol/block_keys.py``, docs/api-v2.md). ``name`` "" is upstream's rolling hash."""
+
+    name: Str = ""
+    #: vLLM: its PYTHONHASHSEED (``NONE_HASH`` is derived from it); xxh64 / xxh3_64: the seed.
+    seed: Str = ""
+    #: vLLM: the LoRA adapter every block of the instance is hashed with (name and path).
+    lora_name: Str = ""
+    lora_path: Str = ""
+    #: vLLM: the cache salt hashed into the first block of every request.
+    cache_salt: Str = ""
+
+
 class InstanceInfo(WireModel):
     quota_group_name: Str = ""
     instance_group_name: Str = ""
@@ -160,6 +174,8 @@ class InstanceInfo(WireModel):
     model_deployment: ModelDeployment | None = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
+    key_scheme: KeySchemeConfig | None = None
 
 
 # ---------------------------------------------------------------- storage config
@@ -418,6 +434,8 @@ class RegisterInstanceRequest(Request):
     model_deployment: ModelDeployment | None = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
+    key_scheme: KeySchemeConfig | None = None
 
 
 class RegisterInstanceResponse(Response):

@@ -121,7 +121,7 @@ class HealthChecks:
         backends = [self.storages.backend(r.config) for r in records]
         tracker, changes = self.prober.probe(backends, PROBE_TIMEOUT_S, confirm=True)
         names = {b.name for b in backends}
-        self.metrics.gauge("data_storage.last_health_round_time_s", self.clock.now())
+        self.prober.metrics.gauge("data_storage.last_health_round_time_s", self.prober.clock.now())
         self.store.forget(saved - names)
         return {
             "probed": len(backends),

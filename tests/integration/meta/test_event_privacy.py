@@ -8,8 +8,8 @@ import json
 import pytest
 from chalice.test import Client
 
-from chalicelib.cache.keys import keys_from_tokens
 from chalicelib.observability.events import EventLog
+from chalicelib.protocol.block_keys import keys_from_tokens
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
 from tests.helpers import build_runtime

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import zmq
 
-from chalicelib.cache.keys import keys_from_tokens
+from chalicelib.protocol.block_keys import keys_from_tokens
 from connectors.relay import Relay, RelayConfig, RelayStats, Sender, TransportError
 
 from .harness import HOST, code, hosts

@@ -364,7 +364,7 @@ def test_vllm_hybrid_groups_chosen_by_index(http, er, vllm, context):
 def test_token_keys_keep_adapters_and_tenants_apart(http, er, vllm, context):
     """With --keys tokens, blocks of different LoRA adapters, cache salts or multimodal inputs
     (vLLM's extra_keys) get keys of their own; plain blocks get KVCM's keys of the tokens."""
-    from chalicelib.cache.keys import keys_from_tokens
+    from chalicelib.protocol.block_keys import keys_from_tokens
     from connectors.kv_events import decode_batch
     from connectors.relay import RelayStats, Translator
 

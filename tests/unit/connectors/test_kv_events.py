@@ -10,7 +10,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from chalicelib.cache.keys import keys_from_tokens
+from chalicelib.protocol.block_keys import keys_from_tokens
 from connectors.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
