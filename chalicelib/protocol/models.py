@@ -418,6 +418,13 @@ class RegisterInstanceRequest(Request):
     model_deployment: ModelDeployment | None = None
     location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+    #: The same setting under upstream's earlier name (its proto's ``query_type = 8``).
+    query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+
+    @property
+    def registered_query_type(self) -> QueryType:
+        """The default query type asked for, under either name (validation makes them agree)."""
+        return self.default_query_type or self.query_type
 
 
 class RegisterInstanceResponse(Response):
@@ -640,9 +647,14 @@ class GetHostCacheStateRequest(Request):
 
 
 class HostCacheMatch(WireModel):
+    """One host's prefix in both of upstream's shapes (docs/api-v2.md): ``prefix_match_blocks``
+    (its earlier proto) and ``local`` / ``p2p_1_*`` (its later one). ``p2p_1_fetch`` is None,
+    hence omitted, unless a peer fetch is counted: the newest line drops it."""
+
     host_ip_port: Str = ""
+    prefix_match_blocks: Int64 = 0
     local: Int64 = 0
-    p2p_1_fetch: Int64 = 0
+    p2p_1_fetch: Int64 | None = None
     p2p_1_total_match: Int64 = 0
 
 
