@@ -130,3 +130,52 @@ def test_the_old_and_new_registration_fields_together_must_agree(http, er):
     )
     assert code(resp) == "INVALID_ARGUMENT" and "query_type" in resp["header"]["status"]["message"]
     assert code(http("getInstanceInfo", {"instance_id": "both"})) == "INSTANCE_NOT_EXIST"
+
+
+# ---------------------------------------------------------------- getHostCacheState: upstream's newest rules
+
+
+def _write(http, instance, keys, finish=True):
+    start = http("startWriteCache", {"instance_id": instance, "block_keys": keys})
+    assert code(start) == "OK", start
+    if finish:
+        mask = {"offset": len(start["locations"])}
+        body = {"instance_id": instance, "write_session_id": start["write_session_id"], "success_blocks": mask}
+        assert code(http("finishWriteCache", body)) == "OK"
+
+
+def test_only_serving_reported_locations_count(http, er, clock):
+    """Blocks of the write path in any state (WRITING, SERVING, DELETING) are no host's;
+    a reporter's hidden (retired) generation counts for nothing either."""
+    _write(http, "e1", [1, 2])  # SERVING in the block index
+    _write(http, "e1", [3], finish=False)  # WRITING
+    assert code(http("removeCache", {"instance_id": "e1", "block_keys": [2]})) == "OK"  # DELETING
+    assert _state(http, [1, 2, 3], query_type="QT_PREFIX_MATCH") == []
+    report(http, [add(1), add(2), add(3)])
+    assert [h["local"] for h in _state(http, [1, 2, 3], query_type="QT_PREFIX_MATCH")] == ["3"]
+    report(http, [HOST_DOWN])  # retired: hidden at once, before the liveness job cleans it
+    assert _state(http, [1, 2, 3], query_type="QT_PREFIX_MATCH") == []
+
+
+def test_a_backend_error_inside_the_prefix_is_returned_not_a_shorter_prefix(http, er, runtime, valkey):
+    report(http, [add(1), add(2)])
+    bits = runtime.reporters.bits_key("e1")
+    valkey.delete(bits)
+    valkey.set(bits, "not a hash")  # the index unreadable
+    resp = http("getHostCacheState", {"instance_id": "e1", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": [1, 2]})
+    assert code(resp) not in ("OK", "INVALID_ARGUMENT") and resp["hosts"] == []
+    assert resp["header"]["status"]["message"]
+
+
+def test_host_down_cleanup_leaves_the_block_index_and_its_recency_alone(http, er, runtime, valkey, clock):
+    _write(http, "e1", [1, 2, 3])
+    http("getCacheLocation", {"instance_id": "e1", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2, 3]})
+    report(http, [REGISTER, add(1), add(2), add(3)])
+    tag = runtime.reporters.node_key("e1", "x").partition(":er:")[0]
+    index_keys = sorted(k for k in valkey.keys(f"{tag}*") if b":er:" not in k)
+    assert index_keys
+    before = {k: valkey.dump(k) for k in index_keys}
+    clock.advance(5)
+    report(http, [HOST_DOWN])
+    assert runtime.reporter_liveness.event_report_liveness()["locations_cleaned"] == 3
+    assert {k: valkey.dump(k) for k in index_keys} == before
