@@ -4,8 +4,11 @@ real Valkey and moto through the app."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from .harness import ER_SPECS, HEARTBEAT, HOST, HOST_DOWN, REGISTER, add, code, report, snapshot
+
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 # ---------------------------------------------------------------- snapshot_required
 
@@ -179,3 +182,14 @@ def test_host_down_cleanup_leaves_the_block_index_and_its_recency_alone(http, er
     report(http, [HOST_DOWN])
     assert runtime.reporter_liveness.event_report_liveness()["locations_cleaned"] == 3
     assert {k: valkey.dump(k) for k in index_keys} == before
+
+
+# ---------------------------------------------------------------- listed deviations
+
+
+def test_meta_rpc_port_is_zero_and_listed_as_a_deviation(http, runtime):
+    runtime.reconfigure(advertised_endpoint="127.0.0.1:8123")
+    endpoint = http("getClusterInfo", {})["leader_endpoint"]
+    assert endpoint["meta_rpc_port"] == 0 and endpoint["meta_http_port"] == 8123
+    rows = [line for line in README.read_text(encoding="utf-8").splitlines() if "meta_rpc_port" in line]
+    assert rows and all("deviates" in row and "gRPC" in row for row in rows)
