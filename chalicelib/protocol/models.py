@@ -170,6 +170,13 @@ class NfsStorageSpec(WireModel):
     key_count_per_file: Int32 = 0
 
 
+class LocalStorageSpec(WireModel):
+    """Upstream's ``local`` spec (type ST_DUMMY): files on the manager's own disk."""
+
+    root_path: Str = ""
+    key_count_per_file: Int32 = 0
+
+
 class ThreeFSStorageSpec(WireModel):
     cluster_name: Str = ""
     mountpoint: Str = ""
@@ -218,7 +225,7 @@ class EventReportStorageSpec(WireModel):
 #: The storage types of engine-reported locations: metadata only, no data backend.
 EVENT_REPORT_TYPES = (StorageType.ST_EVENT_REPORT_L1P5, StorageType.ST_EVENT_REPORT_L2)
 #: Upstream types KVCM knows by name but cannot serve (UPSTREAM_V2 §2.8).
-NO_BACKEND_TYPES = (StorageType.ST_DUMMY, StorageType.ST_TAIRMEMPOOL_SSD)
+NO_BACKEND_TYPES = (StorageType.ST_TAIRMEMPOOL_SSD,)
 
 
 STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
@@ -228,6 +235,7 @@ STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
     "mooncake": StorageType.ST_MOONCAKE,
     "tair_mem_pool": StorageType.ST_TAIRMEMPOOL,
     "s3": StorageType.ST_S3,
+    "local": StorageType.ST_DUMMY,
     # Either event-report type: the config's storage_type says which (required).
     "event_report": StorageType.ST_EVENT_REPORT_L1P5,
 }
@@ -242,6 +250,7 @@ class StorageConfig(WireModel):
     mooncake: MooncakeStorageSpec | None = None
     tair_mem_pool: TairMemPoolStorageSpec | None = None
     s3: S3StorageSpec | None = None
+    local: LocalStorageSpec | None = None
     event_report: EventReportStorageSpec | None = None
     #: The spec's type (filled in when absent); required with ``event_report`` (L1P5 or L2).
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED

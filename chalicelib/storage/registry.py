@@ -24,6 +24,7 @@ from .base import StorageBackend
 from .checks import config_error
 from .event_report import EventReportBackend
 from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
+from .local import LocalBackend
 from .mempool import TairMemPoolBackend
 from .mooncake import MooncakeBackend
 from .s3 import S3Backend, S3ClientFactory
@@ -34,6 +35,7 @@ BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
     cls.spec_field: cls
     for cls in (
         FileBackend,
+        LocalBackend,
         ThreeFSBackend,
         VcnsThreeFSBackend,
         MooncakeBackend,
