@@ -351,9 +351,8 @@ class EventReports:
         if len(req.block_cache_keys) > self.max_keys_per_request:
             raise InvalidArgumentError(f"field 'block_cache_keys': more than {self.max_keys_per_request} keys")
         record = self.config.instance(req.instance_id)
-        query_type = req.query_type
-        if query_type == QueryType.QT_UNSPECIFIED:
-            query_type = record.default_query_type
+        # Unset in the request: the instance's registered default, else a prefix match.
+        query_type = req.query_type or record.default_query_type or QueryType.QT_PREFIX_MATCH
         if query_type not in (QueryType.QT_PREFIX_MATCH, QueryType.QT_PREFIX_MATCH_WITH_MAMBA):
             raise InvalidArgumentError(
                 f"field 'query_type': {query_type.name} is not QT_PREFIX_MATCH or QT_PREFIX_MATCH_WITH_MAMBA"
@@ -369,7 +368,10 @@ class EventReports:
             mamba,
             record.model_deployment.use_eagle_pop,
         )
-        hosts = sorted(prefixes.items(), key=lambda item: (-item[1], item[0]))
+        # In host order, whatever the prefixes, as upstream lists its candidate hosts.
         return GetHostCacheStateResponse(
-            hosts=[HostCacheMatch(host_ip_port=host, local=n, p2p_1_total_match=n) for host, n in hosts]
+            hosts=[
+                HostCacheMatch(host_ip_port=host, prefix_match_blocks=n, local=n, p2p_1_total_match=n)
+                for host, n in sorted(prefixes.items())
+            ]
         )

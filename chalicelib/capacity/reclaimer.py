@@ -4,7 +4,9 @@ hook.
 A round costs what needs doing, not the number of instances. It reads every group's
 summed usage (one round trip, ``BlockIndex.group_usage``) and looks at a group when it is
 due: woken by a refused write (``request_reclaim``), still over its watermark after the
-previous round, or ``trigger_period_seconds`` after its last look. Only a group over its
+previous round, its limits changed since its last look (a watermark lowered by
+updateInstanceGroup is acted on in the next round, not a period later), or
+``trigger_period_seconds`` after its last look. Only a group over its
 watermark (or with a per-instance key cap, or expiring by TTL) has its instances listed
 and their usage read; the need is spread over them in proportion to their usage and freed
 by sampling (``instance.InstanceReclaim``). Usage counts live bytes: what is marked
@@ -109,7 +111,7 @@ class GroupReport:
 
     group: str
     #: Why the group was looked at: ``woken``, ``over`` (still over after the last
-    #: round) or ``period``.
+    #: round), ``changed`` (its limits differ from those of its last look) or ``period``.
     reason: str
     plan: Plan = field(default_factory=Plan)
     swept: bool = False
@@ -179,6 +181,8 @@ class _GroupState:
     next_sweep: float = float("-inf")
     next_reconcile: float = float("-inf")
     over: bool = False
+    #: The limits of the last look (None: not looked at by this process yet).
+    limits: Limits | None = None
     #: Where the next TTL sweep starts among the group's instances.
     sweep_position: int = 0
 
@@ -223,11 +227,14 @@ class Reclaimer:
         report = ReclaimReport(handed_over=self._hand_over_queued())
         for group in groups:
             state = self._states[group.name]
+            limits = Limits.of(group)
             reason = (
                 "woken"
                 if group.name in woken
                 else "over"
                 if state.over
+                else "changed"
+                if state.limits is not None and limits != state.limits
                 else "period"
                 if now >= state.next_check
                 else ""
@@ -237,7 +244,7 @@ class Reclaimer:
             if not keep_going():
                 report.interrupted = True
                 break
-            report.groups.append(self._reclaim_group(group, usages[group.name], state, now, reason))
+            report.groups.append(self._reclaim_group(group, limits, usages[group.name], state, now, reason))
         if not report.interrupted and keep_going():
             report.resubmitted = self._resubmit_stranded(groups)
             self._reconcile_one(groups, now)
@@ -249,7 +256,7 @@ class Reclaimer:
         return report
 
     def _reclaim_group(
-        self, group: InstanceGroup, usage: Usage, state: _GroupState, now: float, reason: str
+        self, group: InstanceGroup, limits: Limits, usage: Usage, state: _GroupState, now: float, reason: str
     ) -> GroupReport:
         report = GroupReport(group.name, reason)
         strategy = group.cache_config.reclaim_strategy if group.cache_config is not None else None
@@ -259,7 +266,7 @@ class Reclaimer:
             else DEFAULT_TRIGGER_PERIOD_S
         )
         state.next_check = now + period
-        limits = Limits.of(group)
+        state.limits = limits
         pressure = reason == "woken"
         policy = policy_for(strategy, self.index.LFU_DECAY_S)
         report.swept = policy.expires and now >= state.next_sweep

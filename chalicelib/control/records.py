@@ -102,7 +102,7 @@ class InstanceRecord:
             location_spec_groups=tuple(g.model_copy() for g in request.location_spec_groups),
             created_us=created_us,
             incarnation=incarnation,
-            default_query_type=request.default_query_type,
+            default_query_type=request.registered_query_type,
             key_scheme=_stored_scheme(request.key_scheme),
         )
 

@@ -78,6 +78,12 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
         require_unique(group.spec_names, f"location_spec_groups[{i}].spec_names")
     require_unique((g.name for g in request.location_spec_groups), "location_spec_groups")
     scheme_from_config(request.key_scheme, "key_scheme")
+    if request.query_type and request.default_query_type and request.query_type != request.default_query_type:
+        raise invalid(
+            "query_type",
+            f"is {request.query_type.name}, which disagrees with default_query_type "
+            f"{request.default_query_type.name} (the same setting under its earlier name)",
+        )
 
 
 def validate_account(

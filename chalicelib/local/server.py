@@ -18,6 +18,11 @@ from .config import REPO_ROOT
 
 LOCAL_STAGE = "local"
 POLL_INTERVAL_S = 0.05
+#: The listen backlog: connections accepted by the kernel before the server thread takes
+#: them. socketserver's 5 reset most of a burst of fresh connections (80 of 96 at once);
+#: upstream's suites open 24-thread pools, connectors' tests more. Linux caps it at
+#: net.core.somaxconn (4096 by default).
+LISTEN_BACKLOG = 1024
 
 
 def chalice_config(project_dir: Path = REPO_ROOT) -> Any:
@@ -86,6 +91,8 @@ class ApiServer:
             self._server = LocalDevServer(self.app, self.config, self.host, self._requested_port)
         else:
             self._server = create_local_server(self.app, self.config, self.host, self._requested_port)
+        # The server listens as it is built, with socketserver's backlog: listen() again.
+        self._server.server.socket.listen(LISTEN_BACKLOG)
         handler = self._server.server.RequestHandlerClass  # functools.partial(handler class, app, config)
         self._server.server.RequestHandlerClass = functools.partial(
             _quiet_for_api(handler.func), *handler.args, **handler.keywords

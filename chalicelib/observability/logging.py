@@ -35,6 +35,14 @@ def apply_level(name: str) -> None:
         logger.warning("stored log level ignored: %s", exc)
 
 
+def set_correlation_id(trace_id: str) -> None:
+    """The correlation id of the calling thread's log lines from now on (none for ``""``).
+    Per thread (Powertools' thread-safe keys, a context variable): the local server serves
+    requests on a thread each, and the logger's shared keys would give one request's lines
+    another's id; a Lambda container serves one request at a time either way."""
+    logger.thread_safe_append_keys(correlation_id=trace_id or None)
+
+
 def access_log(api: str, trace_id: str, code: str, latency_us: int, principal: str = "") -> None:
     """One line per API call; ``principal`` names the caller when auth is on (account/key id)."""
     logger.info(

@@ -33,8 +33,9 @@ class StorageType(IntEnum):
     ST_TAIRMEMPOOL = 3
     ST_NFS = 4
     ST_VCNS_3FS = 5
-    # UPSTREAM_V2 §2.8: ST_DUMMY (upstream's internal test backend) and ST_TAIRMEMPOOL_SSD are
-    # accepted names without a backend here; the event-report types hold metadata only.
+    # UPSTREAM_V2 §2.8: ST_DUMMY is upstream's test backend, the ``local`` spec (files on the
+    # manager's disk, storage/local.py); ST_TAIRMEMPOOL_SSD is an accepted name without a
+    # backend here; the event-report types hold metadata only.
     ST_DUMMY = 6
     ST_EVENT_REPORT_L1P5 = 7
     ST_EVENT_REPORT_L2 = 8

@@ -186,6 +186,13 @@ class NfsStorageSpec(WireModel):
     key_count_per_file: Int32 = 0
 
 
+class LocalStorageSpec(WireModel):
+    """Upstream's ``local`` spec (type ST_DUMMY): files on the manager's own disk."""
+
+    root_path: Str = ""
+    key_count_per_file: Int32 = 0
+
+
 class ThreeFSStorageSpec(WireModel):
     cluster_name: Str = ""
     mountpoint: Str = ""
@@ -234,7 +241,7 @@ class EventReportStorageSpec(WireModel):
 #: The storage types of engine-reported locations: metadata only, no data backend.
 EVENT_REPORT_TYPES = (StorageType.ST_EVENT_REPORT_L1P5, StorageType.ST_EVENT_REPORT_L2)
 #: Upstream types KVCM knows by name but cannot serve (UPSTREAM_V2 §2.8).
-NO_BACKEND_TYPES = (StorageType.ST_DUMMY, StorageType.ST_TAIRMEMPOOL_SSD)
+NO_BACKEND_TYPES = (StorageType.ST_TAIRMEMPOOL_SSD,)
 
 
 STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
@@ -244,6 +251,7 @@ STORAGE_SPEC_FIELDS: dict[str, StorageType] = {
     "mooncake": StorageType.ST_MOONCAKE,
     "tair_mem_pool": StorageType.ST_TAIRMEMPOOL,
     "s3": StorageType.ST_S3,
+    "local": StorageType.ST_DUMMY,
     # Either event-report type: the config's storage_type says which (required).
     "event_report": StorageType.ST_EVENT_REPORT_L1P5,
 }
@@ -258,6 +266,7 @@ class StorageConfig(WireModel):
     mooncake: MooncakeStorageSpec | None = None
     tair_mem_pool: TairMemPoolStorageSpec | None = None
     s3: S3StorageSpec | None = None
+    local: LocalStorageSpec | None = None
     event_report: EventReportStorageSpec | None = None
     #: The spec's type (filled in when absent); required with ``event_report`` (L1P5 or L2).
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
@@ -436,6 +445,13 @@ class RegisterInstanceRequest(Request):
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
     key_scheme: KeySchemeConfig | None = None
+    #: The same setting under upstream's earlier name (its proto's ``query_type = 8``).
+    query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
+
+    @property
+    def registered_query_type(self) -> QueryType:
+        """The default query type asked for, under either name (validation makes them agree)."""
+        return self.default_query_type or self.query_type
 
 
 class RegisterInstanceResponse(Response):
@@ -658,9 +674,14 @@ class GetHostCacheStateRequest(Request):
 
 
 class HostCacheMatch(WireModel):
+    """One host's prefix in both of upstream's shapes (docs/api-v2.md): ``prefix_match_blocks``
+    (its earlier proto) and ``local`` / ``p2p_1_*`` (its later one). ``p2p_1_fetch`` is None,
+    hence omitted, unless a peer fetch is counted: the newest line drops it."""
+
     host_ip_port: Str = ""
+    prefix_match_blocks: Int64 = 0
     local: Int64 = 0
-    p2p_1_fetch: Int64 = 0
+    p2p_1_fetch: Int64 | None = None
     p2p_1_total_match: Int64 = 0
 
 

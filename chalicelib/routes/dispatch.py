@@ -23,7 +23,7 @@ from ..control import ConfigCache
 from ..control.api_keys import key_id_of
 from ..control.audit import AuditEntry, AuditLog
 from ..observability.events import EventRecorder
-from ..observability.logging import access_log, logger
+from ..observability.logging import access_log, logger, set_correlation_id
 from ..observability.metrics import MetricsPublisher, MetricsRegistry
 from ..protocol.codes import ErrorCode
 from ..protocol.errors import MalformedBodyError, RequestTooLargeError, http_status_of, status_of
@@ -153,6 +153,7 @@ class Dispatcher:
         principal: Principal | None = None
         request: Request | None = None
         response: Response | None = None
+        set_correlation_id("")  # not the id of the request this thread served before
         try:
             if _body_size(raw_body) > settings.max_body_bytes:
                 raise RequestTooLargeError(f"request body exceeds {settings.max_body_bytes} bytes")
@@ -165,7 +166,7 @@ class Dispatcher:
             if len(request.effective_trace_id) > settings.max_trace_id_length:
                 raise invalid("trace_id", f"is longer than {settings.max_trace_id_length} characters")
             trace_id = request.effective_trace_id
-            logger.set_correlation_id(trace_id or None)
+            set_correlation_id(trace_id)
             validate_key_fields(request)
             if principal is not None:
                 check_target(principal, op.target(context.config, request), api_name)

@@ -31,6 +31,7 @@ from .file import (
     VcnsThreeFSBackend,
     statvfs_free_space,
 )
+from .local import LocalBackend
 from .mempool import TairMemPoolBackend
 from .mooncake import MooncakeBackend
 from .s3 import S3Backend, S3ClientFactory
@@ -41,6 +42,7 @@ BACKEND_CLASSES: dict[str, type[StorageBackend]] = {
     cls.spec_field: cls
     for cls in (
         FileBackend,
+        LocalBackend,
         ThreeFSBackend,
         VcnsThreeFSBackend,
         MooncakeBackend,

@@ -18,7 +18,15 @@ local FIRST = 8
 
 local state = hgetall_table(node_key)
 local joined = 0
+local committed = false  -- a snapshot of this request committed
 local function retire() er_retire(state) end
+-- Unregisters the reporter (HOST_DOWN, or past its timeout and grace): its generation is
+-- retired and the manager forgets it, as upstream does, so its next snapshot after a new
+-- registration is not held to the old one's rate limit.
+local function unregister()
+  retire()
+  state.reg, state.life, state.snap_at = '0', tostring(tonumber(state.life) + 1), ''
+end
 local function fresh(reg)
   state = {reg = reg, med = '', hb = tostring(now), life = '1', gen = '', com = '', strict = '0',
            snap_at = '', ret = ''}
@@ -27,8 +35,7 @@ end
 -- Past its heartbeat timeout and the grace after it, a reporter is unregistered whether or
 -- not the liveness job has run yet.
 if state and state.reg == '1' and now - tonumber(state.hb) > timeout + grace then
-  retire()
-  state.reg, state.life = '0', tostring(tonumber(state.life) + 1)
+  unregister()
 end
 local had_generation = state ~= nil and state.gen ~= ''
 
@@ -276,8 +283,7 @@ while i <= #ARGV do
     elseif op == 'x' then
       if state == nil then fresh('0')
       elseif state.reg == '1' then
-        retire()
-        state.reg, state.life = '0', tostring(tonumber(state.life) + 1)
+        unregister()
       end
       i = i + 1
     elseif op == 'h' then
@@ -306,6 +312,7 @@ while i <= #ARGV do
             add(run[j], run[j + 2], token, slot_of(token, run[j + 1], true), head)
           end
           state.gen, state.com, state.strict, state.snap_at = token, token, '1', tostring(now)
+          committed = true
         end
       end
       i = i + 3
@@ -324,5 +331,7 @@ if state then
   redis.call('HSET', node_key, unpack(flat))
 end
 local gen = state and state.gen or ''
-local required = (not had_generation or gen == '') and 1 or 0
+-- Asked for a snapshot: a reporter that had no generation before the request, or has none
+-- now; never by the request whose snapshot just committed.
+local required = (not committed and (not had_generation or gen == '')) and 1 or 0
 return {codes, gen, required, retry_after, state and state.ret or '', joined}

@@ -99,7 +99,7 @@ def test_min_replica_count_one_is_the_usual_write_and_negative_is_refused(http, 
     ]
 
 
-@pytest.mark.parametrize("storage_type", ["ST_TAIRMEMPOOL_SSD", "ST_DUMMY"])
+@pytest.mark.parametrize("storage_type", ["ST_TAIRMEMPOOL_SSD"])  # ST_DUMMY: the ``local`` spec's type
 def test_storage_types_without_a_backend_say_so(http, runtime, storage_type):
     resp = http(
         "addStorage",

@@ -301,8 +301,8 @@ def test_host_prefix_stops_at_each_hosts_first_miss(http, er):
         "getHostCacheState", {"instance_id": "e1", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": [1, 2, 3, 4, 5]}
     )
     assert resp["hosts"] == [
-        {"host_ip_port": HOST, "local": "4", "p2p_1_fetch": "0", "p2p_1_total_match": "4"},
-        {"host_ip_port": HOST2, "local": "2", "p2p_1_fetch": "0", "p2p_1_total_match": "2"},
+        {"host_ip_port": HOST, "prefix_match_blocks": "4", "local": "4", "p2p_1_total_match": "4"},
+        {"host_ip_port": HOST2, "prefix_match_blocks": "2", "local": "2", "p2p_1_total_match": "2"},
     ]
 
 
@@ -346,7 +346,6 @@ def test_eagle_pop_takes_one_block_off(http, er):
     [
         ({"block_cache_keys": [1], "query_type": "QT_PREFIX_MATCH"}, "instance_id"),
         ({"instance_id": "e1", "query_type": "QT_PREFIX_MATCH"}, "block_cache_keys"),
-        ({"instance_id": "e1", "block_cache_keys": [1]}, "query_type"),  # no default registered
         ({"instance_id": "e1", "block_cache_keys": [1], "query_type": "QT_BATCH_GET"}, "query_type"),
     ],
 )
