@@ -24,6 +24,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_span(count: int) -> int:
+    """The first of ``count`` consecutive free ports (DP ranks bind port + rank)."""
+    while True:
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+
+
 class VllmEngine:
     """vLLM's publisher and the events its block pool builds (``vllm/v1/core/block_pool.py``)."""
 
@@ -291,7 +309,8 @@ def test_sglang_stores_removals_and_clears_reach_host_state(http, er, context):
 def test_each_dp_rank_has_its_own_reporter(http, er, context):
     """vLLM and SGLang offset their ports by the DP rank; each rank's relay reports as its
     own host and refuses batches of another rank."""
-    ports = (free_port(), free_port())
+    base = free_span(4)
+    ports = (base, base + 2)  # rank r: PUB base + r, replay base + 2 + r
     engines = [SglangEngine(dp_rank=rank, ports=ports) for rank in (0, 1)]
     relays = [
         Relay(
