@@ -374,7 +374,6 @@ def main() -> None:
             )
 
             server_time(rt, client, ValkeyTime(client), fresh)
-            key_schemes()
 
             print("(e) Valkey memory per block, 100,000 two-spec blocks")
             client.execute_command("FLUSHALL", "SYNC")
@@ -404,6 +403,7 @@ def main() -> None:
                     unit="B",
                 )
             )
+            key_schemes()
             print("targets: (a) ≤ 1.5× MGET, (b) ≤ 3× MGET, (e) ≤ 64 B per block")
         finally:
             aws.stop()
