@@ -56,6 +56,7 @@ from ..protocol.models import (
     TuningConfig,
 )
 from ..protocol.validation import invalid, require_key_name, require_non_negative, require_positive, require_unique
+from .validation import MAX_EXTRA_BYTES, MAX_USER_DATA_BYTES, require_bytes_at_most
 
 #: Keeps an update (old and new candidates' references) inside one 100-item transaction.
 MAX_STORAGE_CANDIDATES = 32
@@ -84,6 +85,9 @@ def normalize_group(group: InstanceGroup | None, path: str = "instance_group") -
     for i, name in enumerate(g.event_report_storage_candidates):
         require_key_name(name, f"{path}.event_report_storage_candidates[{i}]")
     require_unique(g.event_report_storage_candidates, f"{path}.event_report_storage_candidates")
+    require_bytes_at_most(g.user_data, MAX_USER_DATA_BYTES, f"{path}.user_data")
+    require_bytes_at_most(g.extra_info, MAX_EXTRA_BYTES, f"{path}.extra_info")
+    require_bytes_at_most(g.revisit_interval_buckets, MAX_EXTRA_BYTES, f"{path}.revisit_interval_buckets")
     g.global_quota_group_name = g.global_quota_group_name or g.name
     require_non_negative(g.max_instance_count, f"{path}.max_instance_count")
     require_non_negative(g.version, f"{path}.version")

@@ -28,6 +28,16 @@ MAX_LOCATION_SPECS = 64
 MAX_LOCATION_SPEC_GROUPS = 64
 MAX_USER_DATA_BYTES = 64 * 1024
 MAX_EXTRA_BYTES = 16 * 1024
+#: model_name, dtype, lora_name: names, not documents.
+MAX_DEPLOYMENT_NAME_BYTES = 1024
+#: A block's bytes over all its specs: far above any KV block, far below int64 once
+#: multiplied by the key counts of a call (a size of 2^62 overflowed every start).
+MAX_BLOCK_BYTES = 1 << 40
+
+
+def require_bytes_at_most(value: str, limit: int, path: str) -> None:
+    """Fail when ``value`` is longer than ``limit`` bytes of UTF-8."""
+    _require_at_most(len(value.encode("utf-8", "surrogatepass")), limit, path, "bytes")
 
 
 def _require_at_most(count: int, limit: int, path: str, what: str) -> None:
@@ -47,21 +57,20 @@ def validate_register_request(request: RegisterInstanceRequest) -> None:
     for i, spec in enumerate(request.location_spec_infos):
         require_name(spec.name, f"location_spec_infos[{i}].name")
         require_positive(spec.size, f"location_spec_infos[{i}].size")
+        _require_at_most(spec.size, MAX_BLOCK_BYTES, f"location_spec_infos[{i}].size", "bytes")
+    _require_at_most(
+        sum(spec.size for spec in request.location_spec_infos), MAX_BLOCK_BYTES, "location_spec_infos", "bytes in all"
+    )
     require_unique((s.name for s in request.location_spec_infos), "location_spec_infos")
     deployment = request.model_deployment
     if deployment is None:
         raise invalid("model_deployment", "is required")
     require(deployment.model_name, "model_deployment.model_name")
     require(deployment.dtype, "model_deployment.dtype")
-    _require_at_most(
-        len(deployment.user_data.encode("utf-8", "surrogatepass")),
-        MAX_USER_DATA_BYTES,
-        "model_deployment.user_data",
-        "bytes",
-    )
-    _require_at_most(
-        len(deployment.extra.encode("utf-8", "surrogatepass")), MAX_EXTRA_BYTES, "model_deployment.extra", "bytes"
-    )
+    for name in ("model_name", "dtype", "lora_name"):
+        require_bytes_at_most(getattr(deployment, name), MAX_DEPLOYMENT_NAME_BYTES, f"model_deployment.{name}")
+    require_bytes_at_most(deployment.user_data, MAX_USER_DATA_BYTES, "model_deployment.user_data")
+    require_bytes_at_most(deployment.extra, MAX_EXTRA_BYTES, "model_deployment.extra")
     for name in ("tp_size", "dp_size", "pp_size"):
         require_non_negative(getattr(deployment, name), f"model_deployment.{name}")
     spec_names = {s.name for s in request.location_spec_infos}
@@ -106,13 +115,65 @@ def validate_account(
         require_key_name(prefix, f"instance_id_prefixes[{i}]")
 
 
+#: Parts of passwords guessers try first; removed (with the user name, runs like "1234",
+#: "cba" or "aaa") before counting what is left.
+COMMON_PASSWORD_PARTS = (
+    "password",
+    "passw0rd",
+    "qwerty",
+    "azerty",
+    "asdf",
+    "zxcv",
+    "letmein",
+    "welcome",
+    "admin",
+    "administrator",
+    "changeme",
+    "default",
+    "iloveyou",
+    "monkey",
+    "dragon",
+    "master",
+    "login",
+    "kvcm",
+)
+#: Characters a password must keep once its guessable parts are removed.
+MIN_UNGUESSABLE_CHARACTERS = 6
+
+
+def _unguessable(user_name: str, password: str) -> str:
+    """``password`` (case-folded) without the user name, common parts and runs of three or
+    more consecutive or repeated characters."""
+    text = password.casefold()
+    for part in sorted({*COMMON_PASSWORD_PARTS, *([user_name.casefold()] if len(user_name) >= 3 else [])}, key=len)[
+        ::-1
+    ]:
+        text = text.replace(part, "")
+    kept: list[str] = []
+    i = 0
+    while i < len(text):
+        j = i + 1
+        step = ord(text[j]) - ord(text[i]) if j < len(text) else None
+        while step in (-1, 0, 1) and j < len(text) and ord(text[j]) - ord(text[j - 1]) == step:
+            j += 1
+        kept.extend(text[i:j] if j - i < 3 else ())
+        i = j
+    return "".join(kept)
+
+
 def validate_password(user_name: str, password: str) -> None:
-    """The minimum password policy: 12 to 1024 characters, not the user name, at least 4
-    distinct characters."""
+    """The password policy of admin accounts: 12 to 1024 characters, 4 distinct, and 6 left
+    once the user name, common parts (``COMMON_PASSWORD_PARTS``) and runs of three or more
+    consecutive or repeated characters are removed (``Password1234``, ``qwerty123456``,
+    ``abcdefghijkl`` are refused; a passphrase passes)."""
     require(password, "password")
     if len(password) > MAX_PASSWORD_LENGTH:
         raise invalid("password", f"is longer than {MAX_PASSWORD_LENGTH} characters")
     if len(password) < MIN_PASSWORD_LENGTH:
         raise invalid("password", f"must have at least {MIN_PASSWORD_LENGTH} characters")
-    if password.casefold() == user_name.casefold() or len(set(password)) < 4:
-        raise invalid("password", "is too easy to guess (the user name, or fewer than 4 distinct characters)")
+    if len(set(password)) < 4 or len(_unguessable(user_name, password)) < MIN_UNGUESSABLE_CHARACTERS:
+        raise invalid(
+            "password",
+            f"is too easy to guess: fewer than 4 distinct characters, or fewer than {MIN_UNGUESSABLE_CHARACTERS} "
+            "left without the user name, common words and runs like '1234' or 'aaa'",
+        )

@@ -145,7 +145,10 @@ class ControlSnapshot:
             ]
             self.path.parent.mkdir(parents=True, exist_ok=True)
             partial = self.path.with_suffix(".json.partial")
-            with open(partial, "w", encoding="utf-8") as file:
+            # Accounts' password hashes and API key digests: readable by the owner only.
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, 0o600)  # a partial left by a crash keeps its old mode otherwise
+            with open(fd, "w", encoding="utf-8") as file:
                 json.dump({"table": self.table_name, "items": _encode(items)}, file)
                 file.flush()
                 os.fsync(file.fileno())
@@ -213,7 +216,8 @@ class ControlSnapshot:
         if ControlSnapshot._attached is not None:
             raise RuntimeError("a control-table journal is already attached in this process")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.fchmod(self._journal_fd, 0o600)  # a journal made by an older version was 0644
         ControlSnapshot._attached = self
         for action in WRITE_ACTIONS:
             self._originals[action] = original = getattr(DynamoHandler, action)

@@ -220,6 +220,8 @@ class LocalValkey:
                     stderr=subprocess.STDOUT,
                     cwd=self.data_dir,
                     process_group=0,
+                    # The AOF and RDB files hold every block's metadata: the owner's only.
+                    umask=0o077,
                     preexec_fn=functools.partial(_die_with, os.getpid()),
                 )
             self._process, self._port = process, port

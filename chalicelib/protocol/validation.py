@@ -6,6 +6,7 @@ wire's snake_case path, e.g. ``instance_group.quota.capacity``.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,8 +19,12 @@ MAX_NAME_LENGTH = 256
 #: printable characters but for '{' and '}' (a '}' would end the cluster hash tag and put
 #: the key into another instance's key space), no whitespace. Storage paths escape names
 #: on their own (storage.naming), so '/', '%' or non-ASCII letters stay allowed.
-KEY_NAME_RULE = "1 to 128 characters, none of them '{', '}', whitespace or a control character"
+KEY_NAME_RULE = "1 to 128 characters, none of them '{', '}', whitespace, a control, invisible or bidi character"
 _KEY_NAME = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]{1,128}")
+#: Invisible or reordering characters (format: U+200B, U+202E bidi override, U+FEFF,
+#: U+00AD soft hyphen, U+2060; line/paragraph separators; private use): a name holding
+#: one looks like another name to whoever reads it (audit log, console, listings).
+REFUSED_CATEGORIES = frozenset({"Cf", "Zl", "Zp", "Co"})
 #: Write session ids are made by the server (``cache.service.new_session_id``).
 _SESSION_ID = re.compile(r"[a-z0-9]{32}")
 
@@ -42,7 +47,14 @@ def require_name(value: str, path: str) -> str:
         raise invalid(path, f"is longer than {MAX_NAME_LENGTH} characters")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise invalid(path, "must not contain control characters")
+    _refuse_invisible(value, path)
     return value
+
+
+def _refuse_invisible(value: str, path: str) -> None:
+    for c in value:
+        if unicodedata.category(c) in REFUSED_CATEGORIES:
+            raise invalid(path, f"must not contain invisible or bidi characters (U+{ord(c):04X})")
 
 
 def require_key_name(value: str, path: str) -> str:
@@ -50,6 +62,7 @@ def require_key_name(value: str, path: str) -> str:
     require(value, path)
     if not _KEY_NAME.fullmatch(value):
         raise invalid(path, f"must be {KEY_NAME_RULE}")
+    _refuse_invisible(value, path)
     return value
 
 

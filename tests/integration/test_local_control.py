@@ -156,3 +156,36 @@ def test_saving_folds_the_journal_into_the_snapshot(aws, tmp_path):
         snapshot.detach()
     _reset(aws, dynamodb)
     assert snapshot.restore() == 0  # the snapshot has the item, the journal its deletion
+
+
+def test_the_snapshot_and_the_journal_are_the_owners_only(aws, tmp_path):
+    """Issue 28.16: they hold accounts' password hashes and API key digests."""
+    dynamodb = boto3.client("dynamodb")
+    ensure_table(dynamodb, TABLE)
+    old_journal = tmp_path / "control.journal"
+    old_journal.write_text("")
+    old_journal.chmod(0o644)  # as an older version left it
+    snapshot = ControlSnapshot(dynamodb, TABLE, tmp_path / "control.json")
+    snapshot.attach()
+    try:
+        dynamodb.put_item(TableName=TABLE, Item={"pk": {"S": "TEST"}, "sk": {"S": "a"}})
+        snapshot.save()
+    finally:
+        snapshot.detach()
+    assert (tmp_path / "control.json").stat().st_mode & 0o777 == 0o600
+    assert snapshot.journal_path.stat().st_mode & 0o777 == 0o600
+
+
+def test_valkey_files_are_the_owners_only(tmp_path):
+    import redis
+
+    from chalicelib.local.valkey import LocalValkey
+
+    valkey = LocalValkey(tmp_path)
+    url = valkey.start()
+    try:
+        redis.Redis.from_url(url).set("k", "v")
+    finally:
+        valkey.stop()
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".conf" and p.name != "valkey.log"]
+    assert files and {p.name: p.stat().st_mode & 0o777 for p in files} == {p.name: 0o600 for p in files}
