@@ -135,7 +135,7 @@ bench: $(STAMP)
 		echo "== $$script"; $(BIN)/python "$$script"; \
 	done
 
-## demo: optimizer capacity report on the shared conversation trace (out/optimizer-demo)
+## demo: optimizer capacity report on the Mooncake conversation trace in traces/ (out/optimizer-demo)
 demo: $(STAMP)
-	$(BIN)/python -m chalicelib.optimizer report --trace ../shared/traces/mooncake_conversation.jsonl \
+	$(BIN)/python -m chalicelib.optimizer report --trace traces/mooncake_conversation.jsonl \
 		--format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd
