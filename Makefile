@@ -123,7 +123,7 @@ deploy-infra: $(STAMP)
 	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) infra --stage $(STAGE) $(if $(BUCKET),--bucket $(BUCKET)) $(PARAMS)
 	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) configure-stage --stage $(STAGE)
 
-## rehearse: both deploy paths against a local AWS (moto) and Valkey; report in out/rehearsal.json
+## rehearse: both deploy paths against a local AWS (moto) and Valkey; report in out/rehearsal.json, then PASS or FAIL (the failing step last)
 rehearse: $(STAMP) $(TOOLS_STAMP)
 	mkdir -p out
 	$(BIN)/python -m infra.rehearsal --report out/rehearsal.json
