@@ -123,7 +123,7 @@ deploy-infra: $(STAMP)
 	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) infra --stage $(STAGE) $(if $(BUCKET),--bucket $(BUCKET)) $(PARAMS)
 	$(BIN)/python -m infra.deploy $(DEPLOY_FLAGS) configure-stage --stage $(STAGE)
 
-## rehearse: both deploy paths against a local AWS (moto) and Valkey; report in out/rehearsal.json
+## rehearse: both deploy paths against a local AWS (moto) and Valkey; report in out/rehearsal.json, then PASS or FAIL (the failing step last)
 rehearse: $(STAMP) $(TOOLS_STAMP)
 	mkdir -p out
 	$(BIN)/python -m infra.rehearsal --report out/rehearsal.json
@@ -135,7 +135,7 @@ bench: $(STAMP)
 		echo "== $$script"; $(BIN)/python "$$script"; \
 	done
 
-## demo: optimizer capacity report on the shared conversation trace (out/optimizer-demo)
+## demo: optimizer capacity report on the Mooncake conversation trace in traces/ (out/optimizer-demo)
 demo: $(STAMP)
-	$(BIN)/python -m chalicelib.optimizer report --trace ../shared/traces/mooncake_conversation.jsonl \
+	$(BIN)/python -m chalicelib.optimizer report --trace traces/mooncake_conversation.jsonl \
 		--format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd

@@ -1,7 +1,7 @@
 """Live replay: a real trace through the HTTP API of the local stack, as a connector
 drives KVCM, against the exact LRU curve of the same trace.
 
-Per request of ``../shared/traces/mooncake_conversation.jsonl``: a prefix
+Per request of ``traces/mooncake_conversation.jsonl``: a prefix
 getCacheLocation of its blocks, a startWriteCache of all of them, a finishWriteCache of
 what was granted — sequentially, at full speed, into a group whose quota holds
 ``capacity`` blocks (watermark 0.9, LRU, the local reclaim schedule of one second, deletion
@@ -42,7 +42,7 @@ from chalicelib.local.config import StackConfig  # noqa: E402
 from chalicelib.optimizer.mrc import CurveBuilder  # noqa: E402
 from chalicelib.optimizer.traces import read_mooncake  # noqa: E402
 
-TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = REPO / "traces" / "mooncake_conversation.jsonl"
 BLOCK_BYTES = 2048  # two specs of 1 KiB: what the quota counts per block
 TOKENS_PER_BLOCK = 512
 

@@ -1,7 +1,7 @@
 """Load test: N worker processes run the real handler in-process against one Valkey.
 
 Each worker is an engine's view of KVCM: for every request of the Mooncake conversation
-trace (../shared/traces/mooncake_conversation.jsonl, a block per hash id) it asks
+trace (traces/mooncake_conversation.jsonl, a block per hash id) it asks
 getCacheLocation (prefix match) and, when part of the prompt is not cached, writes the
 missing blocks with startWriteCache + finishWriteCache, through the API dispatcher (body
 parsing, models, access log, metrics: everything but HTTP). Workers take the trace's
@@ -39,7 +39,7 @@ import redis
 
 from bench._common import cluster_client, masters_cpu_s, valkey_cluster_server, valkey_cpu_s, valkey_server
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation.jsonl"
 INSTANCE = "bench"
 #: Hash ids become 63-bit block keys spread over every bucket (an odd multiplier).
 KEY_MIX = 0x9E3779B97F4A7C15

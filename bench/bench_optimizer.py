@@ -37,7 +37,7 @@ from chalicelib.optimizer.report import log_capacities  # noqa: E402
 from chalicelib.optimizer.shards import SampledCurveBuilder, _WeightedStack  # noqa: E402
 from chalicelib.optimizer.traces import read_trace  # noqa: E402
 
-TRACE = (REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl").resolve()
+TRACE = REPO_ROOT / "traces" / "mooncake_conversation.jsonl"
 
 
 def best_of(repeat: int, *runs):

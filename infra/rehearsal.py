@@ -32,7 +32,11 @@ cannot do is worked around here, and only here (each is listed in docs/deploy.md
    attribute, which moto lacks, given), and the API is invoked through it.
 
 Usage: ``python -m infra.rehearsal [--work-dir DIR] [--path chalice|packaged|both] [--report FILE]``
-writes a JSON report of every step; exit status 1 when a check failed.
+writes a JSON report of every step (the Python warnings the emulator raises go there too,
+counted, not printed) and ends with its verdict: every step, the failing one last, then
+``PASS`` or ``FAIL`` naming it; exit status 1 when a check failed. Without ``--work-dir``
+it works in a temporary directory (its subprocesses' temporary files included) that is
+deleted at the end.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import tempfile
 import time
 import traceback
 import uuid
+import warnings
 import zipfile
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
@@ -890,6 +895,25 @@ def scheduled_event() -> dict:
     }
 
 
+def verdict(report: dict[str, Any], warning_count: int) -> list[str]:
+    """The rehearsal's last lines: each step with its outcome and time, the failed ones
+    last, then ``PASS: ...`` or ``FAIL: <the failing step or path>: <its error's first line>``."""
+    steps = sorted(report["steps"], key=lambda entry: not entry.get("ok", False))
+    lines = [f"{'ok' if e.get('ok') else 'FAIL':4} {e.get('seconds', 0):7.1f} s  {e['step']}" for e in steps]
+    failed = [e for e in steps if not e.get("ok")]
+    if failed:
+        lines.append(f"FAIL: step '{failed[-1]['step']}': {failed[-1].get('error', '').splitlines()[0]}")
+    elif not report.get("ok", False):
+        path, result = next((k, v) for k, v in report.items() if isinstance(v, dict) and "error" in v)
+        lines.append(f"FAIL: {path} path: {result['error'].splitlines()[0]}")
+    else:
+        seconds = sum(e.get("seconds", 0) for e in steps)
+        lines.append(
+            f"PASS: {len(steps)} steps in {seconds:.1f} s ({warning_count} warnings of the emulator in the report)"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.rehearsal", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temporary directory")
@@ -897,23 +921,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", choices=("chalice", "packaged", "both"), default="both")
     parser.add_argument("--report", type=Path, default=None, help="write the JSON report here (default: stdout)")
     args = parser.parse_args(argv)
+    temporary = args.work_dir is None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kvcm-rehearsal-"))
+    # chalice, pip and the deployed code's processes write their temporary files there too.
+    scratch = work_dir / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
     failed = False
-    with Rehearsal(work_dir, args.port) as rehearsal:
-        for name, run in (("chalice", rehearsal.chalice_path), ("packaged", rehearsal.packaged_path)):
-            if args.path in (name, "both"):
-                try:
-                    rehearsal.report[name] = run()
-                except Exception as exc:  # noqa: BLE001 - a failed path is reported, the other still runs
-                    rehearsal.report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                    failed = True
-        rehearsal.report["invocations"] = rehearsal.code.invocations
-    rehearsal.report["ok"] = not failed
-    text = json.dumps(rehearsal.report, indent=2, default=str)
-    if args.report:
-        args.report.write_text(text + "\n")
-    else:
-        print(text)
+    try:
+        with warnings.catch_warnings(record=True) as raised:
+            warnings.simplefilter("always")
+            with Rehearsal(work_dir, args.port) as rehearsal:
+                for name, run in (("chalice", rehearsal.chalice_path), ("packaged", rehearsal.packaged_path)):
+                    if args.path in (name, "both"):
+                        try:
+                            rehearsal.report[name] = run()
+                        except Exception as exc:  # noqa: BLE001 - a failed path is reported, the other still runs
+                            rehearsal.report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                            failed = True
+                rehearsal.report["invocations"] = rehearsal.code.invocations
+        rehearsal.report["ok"] = not failed
+        rehearsal.report["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in raised})
+        text = json.dumps(rehearsal.report, indent=2, default=str)
+        if args.report:
+            args.report.write_text(text + "\n")
+        else:
+            print(text)
+        print("\n".join(verdict(rehearsal.report, len(raised))))
+    finally:
+        if temporary:
+            shutil.rmtree(work_dir, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -68,6 +68,15 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * SIZE_UNITS[unit])
 
 
+def parse_watermark(text: str) -> float:
+    """``"0.8"`` or ``"80%"`` → 0.8: where reclaim starts, as a fraction of the quota."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%?)\s*", text)
+    value = float(match.group(1)) / (100 if match.group(2) else 1) if match else 0.0
+    if not value > 0:
+        raise click.BadParameter(f"watermark {text!r} is not a positive fraction or percentage (e.g. 0.8 or 80%)")
+    return value
+
+
 def human_size(n: int) -> str:
     for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= factor:
@@ -192,7 +201,13 @@ def name_command(group: click.Group, name: str, doc: str, method: str, field: st
     show_default=False,
     help="Bearer of an account, user:password (env KVCM_TOKEN).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the API's JSON instead of tables: proto3 JSON, so int64 values are strings "
+    "(jq: '.used_bytes | tonumber').",
+)
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds per request.")
 @click.pass_context
 def cli(ctx: click.Context, url: str, token: str, as_json: bool, timeout: float) -> None:
@@ -356,11 +371,56 @@ def group_rows(groups: Iterable[m.InstanceGroup]) -> list[list[Any]]:
     ]
 
 
+#: A quota below this is almost surely a size given without its unit (``--quota 100``).
+MIN_LIKELY_QUOTA = 2**20
+WATERMARK_FIELD = "cache_config.reclaim_strategy.trigger_strategy.used_percentage"
+
+
+def group_doubts(group: m.InstanceGroup, given: dict[str, str] | None = None) -> list[str]:
+    """Why each of ``group``'s settings is almost surely a mistake (the API takes them:
+    upstream's semantics): a watermark above 1 (reclaim never starts), a quota under
+    ``MIN_LIKELY_QUOTA``. ``given`` names the option a field came from (else the field)."""
+    given = given or {}
+    doubts = []
+    quotas = [("quota.capacity", group.quota.capacity if group.quota else 0)]
+    quotas += [
+        (f"quota.quota_config[{i}].capacity", entry.capacity)
+        for i, entry in enumerate(group.quota.quota_config if group.quota else ())
+    ]
+    for field, capacity in quotas:
+        if 0 < capacity < MIN_LIKELY_QUOTA:
+            label = given.get(field, f"{field} {capacity}")
+            doubts.append(f"{label} is {capacity} bytes, under 1 MiB: give a unit (e.g. 100GiB)")
+    strategy = group.cache_config.reclaim_strategy if group.cache_config else None
+    trigger = strategy.trigger_strategy if strategy else None
+    if trigger is not None and trigger.used_percentage > 1:
+        value = trigger.used_percentage
+        label = given.get(WATERMARK_FIELD, f"{WATERMARK_FIELD} {value:g}")
+        meant = f"; for {value:g} % give {value / 100:g} or {value:g}%" if value <= 100 else ""
+        doubts.append(
+            f"{label} is a fraction of the quota: above 1 reclaim never starts (upstream's way to switch it off){meant}"
+        )
+    return doubts
+
+
+def refuse_doubts(
+    config: m.InstanceGroup | None, storages: Sequence[str], quota: str | None, watermark: str | None, force: bool
+) -> None:
+    """Refuses (exit 2) what this command sets that ``group_doubts`` finds, unless ``force``."""
+    given = apply_group_options(config or m.InstanceGroup(), storages, quota, watermark, None)
+    names = {"quota.capacity": f"--quota {quota}"} if quota is not None else {}
+    if watermark is not None:
+        names[WATERMARK_FIELD] = f"--watermark {watermark}"
+    doubts = group_doubts(given, names)
+    if doubts and not force:
+        raise Failure("; ".join(doubts) + "; pass --force to apply it as given", EXIT_USAGE)
+
+
 def apply_group_options(
     group: m.InstanceGroup,
     storages: Sequence[str],
     quota: str | None,
-    watermark: float | None,
+    watermark: str | None,
     max_instances: int | None,
 ) -> m.InstanceGroup:
     if storages:
@@ -372,7 +432,7 @@ def apply_group_options(
         group.cache_config = group.cache_config or m.CacheConfig()
         strategy = group.cache_config.reclaim_strategy = group.cache_config.reclaim_strategy or m.CacheReclaimStrategy()
         strategy.trigger_strategy = strategy.trigger_strategy or m.TriggerStrategy()
-        strategy.trigger_strategy.used_percentage = watermark
+        strategy.trigger_strategy.used_percentage = parse_watermark(watermark)
     if max_instances is not None:
         group.max_instance_count = max_instances
     return group
@@ -381,10 +441,17 @@ def apply_group_options(
 group_options = options(
     click.option("--storage", "storages", multiple=True, metavar="NAME", help="A candidate storage (repeat)."),
     click.option("--quota", metavar="SIZE", help="quota.capacity, e.g. 100GiB."),
-    click.option("--watermark", type=float, help="Reclaim trigger as a fraction of the quota, e.g. 0.9."),
+    click.option(
+        "--watermark",
+        metavar="FRACTION|PERCENT%",
+        help="Where reclaim starts, of the quota: 0.9 or 90%. Above 1 it never starts (refused without --force).",
+    ),
     click.option("--max-instances", type=int, help="max_instance_count."),
     click.option(
         "--config", metavar="JSON|@FILE", help="A whole InstanceGroup (API.md); the options above are applied on top."
+    ),
+    click.option(
+        "--force", is_flag=True, help="Apply a watermark above 1 (reclaim off) or a quota under 1 MiB as given."
     ),
 )
 
@@ -434,13 +501,16 @@ def group_add(
     ctx: click.Context,
     name: str,
     storages: tuple[str, ...],
-    quota: str,
-    watermark: float,
-    max_instances: int,
+    quota: str | None,
+    watermark: str | None,
+    max_instances: int | None,
     config: str,
+    force: bool,
 ) -> None:
     """Create instance group NAME."""
-    base = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else m.InstanceGroup()
+    given = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else None
+    refuse_doubts(given, storages, quota, watermark, force)
+    base = given or m.InstanceGroup()
     base.name = name
     client_of(ctx).create_instance_group(
         instance_group=apply_group_options(base, storages, quota, watermark, max_instances)
@@ -457,17 +527,18 @@ def group_update(
     ctx: click.Context,
     name: str,
     storages: tuple[str, ...],
-    quota: str,
-    watermark: float,
-    max_instances: int,
+    quota: str | None,
+    watermark: str | None,
+    max_instances: int | None,
     config: str,
+    force: bool,
 ) -> None:
     """Change group NAME: read it, apply the options, write it back at the next version."""
+    given = model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else None
+    refuse_doubts(given, storages, quota, watermark, force)
     client = client_of(ctx)
     current = fetched_group(client, name)
-    base = (
-        model_from(m.InstanceGroup, load_json_argument(config), "--config") if config else current.model_copy(deep=True)
-    )
+    base = given or current.model_copy(deep=True)
     base.name, base.version = name, current.version + 1
     client.update_instance_group(
         instance_group=apply_group_options(base, storages, quota, watermark, max_instances),
@@ -633,6 +704,17 @@ name_command(account, "remove", "Delete account NAME.", "delete_account", "user_
 # ---------------------------------------------------------------- usage, health, metrics
 
 
+def reclaim_off(usage: m.InstanceGroupUsage) -> bool:
+    """Whether the group's watermark lies above its quota: reclaim never starts."""
+    return 0 < usage.capacity < usage.watermark_bytes
+
+
+def watermark_cell(usage: m.InstanceGroupUsage) -> str:
+    if reclaim_off(usage):
+        return f"off ({human_size(usage.watermark_bytes)} > quota)"
+    return human_size(usage.watermark_bytes) if usage.watermark_bytes else "-"
+
+
 def usage_rows(groups: Iterable[m.InstanceGroupUsage], top: int) -> list[list[Any]]:
     rows = []
     for g in groups:
@@ -643,7 +725,7 @@ def usage_rows(groups: Iterable[m.InstanceGroupUsage], top: int) -> list[list[An
                 human_size(g.capacity) if g.capacity else "unlimited",
                 human_size(g.used_bytes),
                 percent(g.used_bytes, g.capacity),
-                human_size(g.watermark_bytes) if g.watermark_bytes else "-",
+                watermark_cell(g),
                 f"{g.key_count:,}",
                 len(g.instances),
                 leaders,
@@ -658,16 +740,26 @@ def usage_rows(groups: Iterable[m.InstanceGroupUsage], top: int) -> list[list[An
 @click.pass_context
 @api_command
 def usage(ctx: click.Context, group_name: str, top: int) -> None:
-    """How full each group is: quota, used, watermark, keys, top instances."""
+    """How full each group is: quota, used, watermark (or "off"), keys, top instances."""
     answer = client_of(ctx).get_instance_group_usage(instance_group_name=group_name)
-    emit(
-        ctx,
-        answer,
-        lambda: table(
-            ["GROUP", "QUOTA", "USED", "USED %", "WATERMARK", "KEYS", "INSTANCES", "TOP INSTANCES"],
-            usage_rows(answer.usage, top),
-        ),
-    )
+
+    def human() -> str:
+        lines = [
+            table(
+                ["GROUP", "QUOTA", "USED", "USED %", "WATERMARK", "KEYS", "INSTANCES", "TOP INSTANCES"],
+                usage_rows(answer.usage, top),
+            )
+        ]
+        lines += [
+            f"reclaim is off in group {g.name}: its watermark ({human_size(g.watermark_bytes)}) is above its quota "
+            f"({human_size(g.capacity)}), so a full group refuses writes; set it with "
+            f"`kvcm group update {g.name} --watermark 0.9`"
+            for g in answer.usage
+            if reclaim_off(g)
+        ]
+        return "\n".join(lines)
+
+    emit(ctx, answer, human)
 
 
 @cli.command()

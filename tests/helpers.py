@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TRACES = (REPO_ROOT.parent / "shared" / "traces").resolve()
+#: The public traces shipped in the repository (traces/README.md: their source and license).
+TRACES = REPO_ROOT / "traces"
 CONVERSATION = TRACES / "mooncake_conversation.jsonl"
 EVENT_LOG = TRACES / "kvcm_event_publisher.log"
 

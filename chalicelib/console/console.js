@@ -114,9 +114,15 @@ function renderGroups(usage) {
   const rows = usage.map(g => {
     const used = num(g.used_bytes), quota = num(g.capacity), watermark = num(g.watermark_bytes);
     const history = state.history[g.name] = (state.history[g.name] || []).concat([used]).slice(-HISTORY);
+    // A watermark above the quota (used_percentage above 1): reclaim never starts.
+    const reclaimOff = quota > 0 && watermark > quota;
+    const mark = reclaimOff
+      ? el("span", {class: "reclaim-off", title: "reclaim is off: the watermark is above the quota, a full group refuses writes"},
+           `off (${size(watermark)} > quota)`)
+      : watermark ? size(watermark) : "–";
     return [g.name, quota ? size(quota) : "unlimited", size(used), pct(used, quota),
-            watermark ? size(watermark) : "–", num(g.key_count).toLocaleString("en"), g.instances.length,
-            bar(used, watermark, quota), sparkline(history, quota)];
+            mark, num(g.key_count).toLocaleString("en"), g.instances.length,
+            bar(used, reclaimOff ? 0 : watermark, quota), sparkline(history, quota)];
   });
   fill("groups-table", rows);
   document.querySelectorAll("#groups-table tbody tr").forEach((row, i) => row.dataset.group = usage[i]?.name || "");

@@ -55,11 +55,11 @@ formats: {formats} (or auto to sniff). Policies: {policies}.
 EPILOG = """\
 examples:
   # exact LRU hit ratio at several capacities, in one pass over the trace
-  python -m chalicelib.optimizer mrc --trace ../shared/traces/mooncake_conversation.jsonl \\
+  python -m chalicelib.optimizer mrc --trace traces/mooncake_conversation.jsonl \\
       --format mooncake --capacities 1000,5000,20k --json
 
   # one replay with time series (hit rate per 60 s window, per instance)
-  python -m chalicelib.optimizer replay --trace ../shared/traces/kvcm_event_publisher.log \\
+  python -m chalicelib.optimizer replay --trace traces/kvcm_event_publisher.log \\
       --capacity 2000 --policy leaf_aware_lru --timeseries out/ts.csv
 
   # a sweep of policies x capacities on all CPUs
@@ -67,29 +67,30 @@ examples:
       --policies lru,random_lru,lfu --json
 
   # the full capacity report: report.json, hit-ratio and hit-rate-over-time PNGs
-  python -m chalicelib.optimizer report --trace ../shared/traces/mooncake_conversation.jsonl \\
+  python -m chalicelib.optimizer report --trace traces/mooncake_conversation.jsonl \\
       --format mooncake --out out/optimizer-demo --model-params 70e9 --gpu-price 2.5
 
 capacity lists: "1000,5000", "20k,1M", or "log:LOW:HIGH:COUNT" for COUNT log-spaced values.
 """
 
-_SHARED = "../shared/traces"
+#: The public traces shipped in the repository (traces/README.md), from its root.
+TRACES = "traces"
 EXAMPLES = {
     "replay": f"""example:
-  python -m chalicelib.optimizer replay --trace {_SHARED}/kvcm_event_publisher.log \\
+  python -m chalicelib.optimizer replay --trace {TRACES}/kvcm_event_publisher.log \\
       --capacity 2000 --policy leaf_aware_lru --timeseries out/ts.csv""",
     "mrc": f"""example:
-  python -m chalicelib.optimizer mrc --trace {_SHARED}/mooncake_conversation.jsonl \\
+  python -m chalicelib.optimizer mrc --trace {TRACES}/mooncake_conversation.jsonl \\
       --format mooncake --capacities 1000,5000 --json
   {{"hit_ratio": {{"1000": 0.0445..., "5000": 0.1118...}}}}""",
     "sweep": f"""example:
-  python -m chalicelib.optimizer sweep --trace {_SHARED}/mooncake_conversation.jsonl \\
+  python -m chalicelib.optimizer sweep --trace {TRACES}/mooncake_conversation.jsonl \\
       --capacities log:1k:100k:8 --policies lru,random_lru,lfu --workers 2""",
     "tune": f"""example:
-  python -m chalicelib.optimizer tune --trace {_SHARED}/kvcm_event_publisher.log \\
+  python -m chalicelib.optimizer tune --trace {TRACES}/kvcm_event_publisher.log \\
       --group-quota 4000 --max-shift 0.2""",
     "report": f"""examples:
-  python -m chalicelib.optimizer report --trace {_SHARED}/mooncake_conversation.jsonl \\
+  python -m chalicelib.optimizer report --trace {TRACES}/mooncake_conversation.jsonl \\
       --format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd
 
   # ROI before going online: a synthetic workload of a model not served yet

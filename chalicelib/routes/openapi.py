@@ -10,6 +10,8 @@ written by hand twice: a field added to a model shows up in the document.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from ..protocol.models import Response
 from .dispatch import Operation
+from .summaries import SUMMARIES
 
 COMPONENTS = "#/components/schemas/{model}"
 SERVICES = {
@@ -41,14 +44,28 @@ class PlainRoute:
     assets: tuple[str, ...] = ()
 
 
+#: reStructuredText roles (``:class:`X```) and literals (````x````), as docstrings write them.
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_RST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def markdown(docstring: str) -> str:
+    """A docstring as Markdown: literals and roles as code spans, each paragraph's wrapped
+    lines joined (Swagger UI renders Markdown; RST would show as typed)."""
+    text = _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", inspect.cleandoc(docstring)))
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
+
+
 def _protocol_operation(
     op: Operation, request_ref: dict[str, Any], response_ref: dict[str, Any], error_ref: dict[str, Any]
 ) -> dict[str, Any]:
-    doc = (op.handler.__doc__ or "").strip()
+    summary = SUMMARIES.get(op.api_name)
+    if summary is None:
+        raise LookupError(f"API method {op.api_name} has no summary in chalicelib/routes/summaries.py")
     operation: dict[str, Any] = {
         "operationId": op.api_name,
         "tags": [op.service],
-        "summary": doc.splitlines()[0] if doc else op.api_name,
+        "summary": summary,
         "requestBody": {"required": False, "content": {"application/json": {"schema": request_ref}}},
         "responses": {
             "200": {
@@ -72,6 +89,8 @@ def _protocol_operation(
         # Anonymous with auth off, an account's bearer with it on.
         "security": [{}, {"bearer": []}],
     }
+    if op.handler.__doc__:
+        operation["description"] = markdown(op.handler.__doc__)
     return operation
 
 

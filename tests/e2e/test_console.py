@@ -145,6 +145,31 @@ def test_groups_page_shows_the_seeded_groups_numbers(browser_page, stack: LocalS
     save(browser_page, "groups")
 
 
+def test_groups_page_says_when_reclaim_is_off(browser_page, stack: LocalStack, seeded):
+    """A watermark above the quota (upstream's used_percentage above 1) is shown as reclaim off,
+    with no watermark mark on the bar."""
+    name = f"off-{uuid.uuid4().hex[:6]}"
+    with KvcmClient(stack.api_url) as client:
+        client.create_instance_group(
+            instance_group=m.InstanceGroup(
+                name=name,
+                storage_candidates=["nfs_01"],
+                quota=m.InstanceGroupQuota(capacity=2**30),
+                cache_config=m.CacheConfig(
+                    reclaim_strategy=m.CacheReclaimStrategy(trigger_strategy=m.TriggerStrategy(used_percentage=80))
+                ),
+            )
+        )
+        try:
+            show(browser_page, stack, "groups")
+            row = browser_page.locator(f"#groups-table tbody tr[data-group={name}]")
+            assert row.locator("td").nth(4).inner_text() == "off (80.0 GiB > quota)"
+            assert row.locator(".bar-mark").count() == 0
+            save(browser_page, "groups-reclaim-off")
+        finally:
+            client.remove_instance_group(name=name)
+
+
 def test_instances_page_shows_usage_and_hit_ratio(browser_page, stack: LocalStack, seeded):
     show(browser_page, stack, "instances")
     rows = [r.locator("td").all_inner_texts() for r in browser_page.locator("#instances-table tbody tr").all()]

@@ -63,3 +63,25 @@ def test_docs_page_and_its_assets_are_served_without_a_cdn(client):
         assert response.status_code == 200 and len(response.body) > 10_000, asset
     assert client.http.get("/docs/../app.py").status_code in (403, 404)
     assert client.http.get("/docs/index.html").status_code == 404
+
+
+RST = re.compile(r"``|:[a-z]+:`|`_\b|^\.\. ", re.MULTILINE)
+
+
+def test_every_operation_has_a_whole_summary_and_no_raw_rst(client):
+    """Swagger UI shows each operation's summary beside its path: one there for every
+    operation, not its id, not a docstring's first line cut mid-sentence, and Markdown
+    (RST would show as typed) in summaries and descriptions."""
+    doc = document(client)
+    operations = [
+        (f"{method.upper()} {path}", op) for path, entry in doc["paths"].items() for method, op in entry.items()
+    ]
+    assert len(operations) >= 52
+    for where, op in operations:
+        summary = op.get("summary", "")
+        assert summary and summary != op["operationId"], where
+        assert not RST.search(summary) and not RST.search(op.get("description", "")), where
+        assert summary.count("`") % 2 == 0 and summary.count("(") == summary.count(")"), where
+        if where.startswith("POST /api/"):
+            assert summary[0].isupper() and summary.endswith("."), where  # a whole sentence
+            assert len(summary) <= 120 and "\n" not in summary, where

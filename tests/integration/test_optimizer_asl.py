@@ -15,10 +15,10 @@ from moto import mock_aws
 
 from chalicelib.local.aws import LAMBDA_RUNTIME
 from chalicelib.optimizer.tasks import report_task, run_task
+from tests.helpers import EVENT_LOG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASL = REPO_ROOT / "workflows" / "optimizer_sweep.asl.json"
-EVENT_LOG = (REPO_ROOT.parent / "shared" / "traces" / "kvcm_event_publisher.log").resolve()
 
 
 def states_of(definition):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import boto3
 import pytest
@@ -14,9 +13,8 @@ from chalicelib.optimizer.replay import replay
 from chalicelib.optimizer.sweep import SweepSettings
 from chalicelib.optimizer.tasks import report_task, run_task
 from chalicelib.optimizer.traces import read_trace
+from tests.helpers import CONVERSATION
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONVERSATION = (REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl").resolve()
 BUCKET = "kvcm-optimizer-test"
 KEY = "traces/mooncake_conversation.jsonl"
 
