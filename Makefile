@@ -66,7 +66,7 @@ test-tools:
 
 ## run: start the local stack (API on :8000, moto on :4566, Valkey), Ctrl-C to stop
 run: $(STAMP) $(BIN)/kvcm
-	$(BIN)/python -m chalicelib.local
+	$(BIN)/python -m local_stack
 
 ## lint: ruff (lint + format check) and mypy, configured in pyproject.toml; CI runs it before the tests
 .PHONY: lint
@@ -87,7 +87,7 @@ test-fast: $(STAMP) $(BIN)/kvcm $(ENGINES_STAMP)
 
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
 clean:
-	if [ -x $(BIN)/python ]; then $(BIN)/python -m chalicelib.local clean; else rm -rf .state; fi
+	if [ -x $(BIN)/python ]; then $(BIN)/python -m local_stack clean; else rm -rf .state; fi
 	rm -rf out
 
 ## package: CloudFormation (SAM) for STAGE (default dev) in out/<stage>/, then cfn-lint

@@ -27,7 +27,7 @@ PASSWORD = "bench-admin-password"
 
 def build_runtime(client):
     from chalicelib.clock import ManualClock
-    from chalicelib.local.aws import DUMMY_CREDENTIALS, LocalAws
+    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()

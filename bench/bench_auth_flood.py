@@ -55,7 +55,7 @@ ADDRESSES = 20
 
 def build(client):
     from chalicelib.clock import ManualClock
-    from chalicelib.local.aws import DUMMY_CREDENTIALS, LocalAws
+    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()

@@ -17,7 +17,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chalicelib.local import LocalStack, StackConfig
 from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
@@ -26,6 +25,7 @@ from chalicelib.protocol.models import (
     StartWriteCacheRequest,
 )
 from chalicelib.runtime import get_runtime
+from local_stack import LocalStack, StackConfig
 
 BATCH = 128
 

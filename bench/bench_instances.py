@@ -128,7 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="10,100,1000")
     args = parser.parse_args()
-    from chalicelib.local.aws import DUMMY_CREDENTIALS, LocalAws
+    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()

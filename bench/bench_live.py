@@ -37,10 +37,10 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from chalicelib.local import LocalStack  # noqa: E402
-from chalicelib.local.config import StackConfig  # noqa: E402
 from chalicelib.optimizer.mrc import CurveBuilder  # noqa: E402
 from chalicelib.optimizer.traces import read_mooncake  # noqa: E402
+from local_stack import LocalStack  # noqa: E402
+from local_stack.config import StackConfig  # noqa: E402
 
 TRACE = REPO / "traces" / "mooncake_conversation.jsonl"
 BLOCK_BYTES = 2048  # two specs of 1 KiB: what the quota counts per block

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chalicelib.local import LocalStack, StackConfig
+from local_stack import LocalStack, StackConfig
 from tests.e2e.harness import Api
 
 PER_ROUND = 20

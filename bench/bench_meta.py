@@ -52,7 +52,7 @@ class RoundTrips:
 
 
 def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
-    from chalicelib.local.aws import DUMMY_CREDENTIALS, LocalAws
+    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
 
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()

@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.bench_live import Connector  # noqa: E402
-from chalicelib.local import LocalStack  # noqa: E402
-from chalicelib.local.config import StackConfig  # noqa: E402
+from local_stack import LocalStack  # noqa: E402
+from local_stack.config import StackConfig  # noqa: E402
 from tests.engines.loader import VLLM_VERSION, engines_missing_reason, load  # noqa: E402
 
 HOST = "10.0.0.8:8080"

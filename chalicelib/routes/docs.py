@@ -2,15 +2,16 @@
 tables and the pydantic models) and ``GET /docs`` (Swagger UI over it).
 
 Both hold no data and are served to anyone, auth on or off, like the definitions API
-Gateway exports. Swagger UI's files come from the swagger-ui-bundle-v2 wheel: browsers
-that use this service may reach no CDN.
+Gateway exports. Swagger UI's files are the copy Powertools ships (its own OpenAPI UI),
+served from the package: browsers that use this service may reach no CDN, and the Lambda zip
+carries one copy of them (a Swagger UI wheel of its own added 3 MB).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
+from importlib import resources
 
 from chalice import Blueprint, NotFoundError, Response
 
@@ -19,7 +20,12 @@ from .openapi import PlainRoute, openapi_document
 
 blueprint = Blueprint(__name__)
 
-SWAGGER_ASSETS = {"swagger-ui-bundle.js": "application/javascript", "swagger-ui.css": "text/css"}
+#: Served name → (content type, Powertools' file).
+SWAGGER_ASSETS = {
+    "swagger-ui-bundle.js": ("application/javascript", "swagger-ui-bundle.min.js"),
+    "swagger-ui.css": ("text/css", "swagger-ui.min.css"),
+}
+SWAGGER_PACKAGE = "aws_lambda_powertools.event_handler.openapi.swagger_ui"
 DOCS_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>KVCM API</title>
 <link rel="stylesheet" href="docs/swagger-ui.css"></head>
@@ -42,7 +48,7 @@ PLAIN_ROUTES = [
     PlainRoute(
         "/docs/{asset}",
         "Swagger UI's files",
-        tuple(dict.fromkeys(SWAGGER_ASSETS.values())),
+        tuple(dict.fromkeys(content_type for content_type, _ in SWAGGER_ASSETS.values())),
         assets=tuple(SWAGGER_ASSETS),
     ),
     *console.ROUTES,
@@ -58,9 +64,7 @@ def openapi_json() -> str:
 
 @functools.cache
 def _swagger_asset(name: str) -> str:
-    from swagger_ui_bundle import swagger_ui_path
-
-    return (Path(swagger_ui_path) / name).read_text(encoding="utf-8")
+    return resources.files(SWAGGER_PACKAGE).joinpath(SWAGGER_ASSETS[name][1]).read_text(encoding="utf-8")
 
 
 @blueprint.route("/openapi.json", methods=["GET"])
@@ -75,9 +79,9 @@ def docs() -> Response:
 
 @blueprint.route("/docs/{asset}", methods=["GET"])
 def docs_asset(asset: str) -> Response:
-    content_type = SWAGGER_ASSETS.get(asset)
-    if content_type is None:
+    if asset not in SWAGGER_ASSETS:
         raise NotFoundError(asset)
+    content_type = SWAGGER_ASSETS[asset][0]
     return Response(
         body=_swagger_asset(asset),
         status_code=200,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local import LocalStack
+from local_stack import LocalStack
 
 from .harness import Api, e2e_stack
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chalicelib.local import LocalStack, StackConfig
-from chalicelib.local.config import REPO_ROOT
-from chalicelib.local.stack import load_app, task_handlers
+from local_stack import LocalStack, StackConfig
+from local_stack.config import REPO_ROOT
+from local_stack.stack import load_app, task_handlers
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ECHO_WORKFLOW = "e2e_echo"

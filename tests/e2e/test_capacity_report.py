@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from chalicelib.local import LocalStack
 from kvcm_client import KvcmClient
+from local_stack import LocalStack
 
 from .harness import run_execution
 

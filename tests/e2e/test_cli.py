@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local import LocalStack
 from kvcm_client.cli import EXIT_ERROR, EXIT_UNHEALTHY, EXIT_UNREACHABLE, EXIT_USAGE, main
+from local_stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
 

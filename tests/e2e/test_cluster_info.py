@@ -3,8 +3,8 @@ client discovering the leader (kvcm_client, upstream's algorithm) keeps talking 
 
 from __future__ import annotations
 
-from chalicelib.local import LocalStack
 from kvcm_client import KvcmClient
+from local_stack import LocalStack
 
 from .harness import Api
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local import LocalStack
 from chalicelib.protocol import models as m
 from kvcm_client import KvcmClient, KvcmError
 from kvcm_client.cli import human_size
+from local_stack import LocalStack
 
 from .harness import run_execution
 

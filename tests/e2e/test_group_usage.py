@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from chalicelib.local import LocalStack
 from chalicelib.protocol import models as m
 from chalicelib.protocol.codes import ErrorCode, StorageType
 from kvcm_client import KvcmClient, KvcmError
+from local_stack import LocalStack
 
 SPEC_BYTES = 1024
 

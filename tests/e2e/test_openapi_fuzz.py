@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from chalicelib.local import LocalStack
+from local_stack import LocalStack
 
 from .harness import Api
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local import LocalStack
+from local_stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import urllib3
 
-from chalicelib.local import LocalStack
 from chalicelib.protocol import models as m
 from chalicelib.protocol.codes import ErrorCode, QueryType
 from kvcm_client import KvcmClient, KvcmError, TransportError
+from local_stack import LocalStack
 
 #: What the proxy does with a request: None forwards it, "drop" closes the connection,
 #: a dict is answered as the JSON body.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from chalicelib.local import LocalStack
+from local_stack import LocalStack
 
 from .harness import ECHO_WORKFLOW, Api, run_execution
 

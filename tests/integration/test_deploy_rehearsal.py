@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local.config import REPO_ROOT
 from infra.rehearsal import TOOLS_PYTHON
+from local_stack.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow  # packages and deploys the app for real: 30-50 s a path
 

@@ -10,9 +10,9 @@ import pytest
 
 from chalicelib.clock import ManualClock
 from chalicelib.control import ControlPlane, ensure_table
-from chalicelib.local.control import ControlSnapshot, JournalDamagedError
-from chalicelib.local.seed import GROUP_NAME, GROUP_QUOTA_BYTES, STORAGE_NAME, seed_defaults
 from chalicelib.protocol.codes import Role
+from local_stack.control import ControlSnapshot, JournalDamagedError
+from local_stack.seed import GROUP_NAME, GROUP_QUOTA_BYTES, STORAGE_NAME, seed_defaults
 
 TABLE = "kvcm-control-test"
 
@@ -179,7 +179,7 @@ def test_the_snapshot_and_the_journal_are_the_owners_only(aws, tmp_path):
 def test_valkey_files_are_the_owners_only(tmp_path):
     import redis
 
-    from chalicelib.local.valkey import LocalValkey
+    from local_stack.valkey import LocalValkey
 
     valkey = LocalValkey(tmp_path)
     url = valkey.start()

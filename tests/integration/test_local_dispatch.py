@@ -9,8 +9,8 @@ import zipfile
 import boto3
 import pytest
 
-from chalicelib.local.aws import LAMBDA_RUNTIME
-from chalicelib.local.dispatch import LambdaDispatch, function_name_of
+from local_stack.aws import LAMBDA_RUNTIME
+from local_stack.dispatch import LambdaDispatch, function_name_of
 
 
 def handlers() -> dict:

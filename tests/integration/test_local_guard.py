@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from chalicelib.local.guard import PortInUseError, check_ports_free
+from local_stack.guard import PortInUseError, check_ports_free
 
 
 def test_a_taken_port_is_reported_with_its_variable(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 from chalice import Chalice, Rate
 
 from chalicelib.clock import ManualClock
-from chalicelib.local.config import LOCAL_SCHEDULE_DEFAULTS, StackConfig, schedule_key
-from chalicelib.local.scheduler import CRON_PERIOD_S, Job, Scheduler, app_jobs, period_of
+from local_stack.config import LOCAL_SCHEDULE_DEFAULTS, StackConfig, schedule_key
+from local_stack.scheduler import CRON_PERIOD_S, Job, Scheduler, app_jobs, period_of
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from chalicelib.local.server import ApiServer, chalice_config
 from chalicelib.observability.logging import logger
+from local_stack.server import ApiServer, chalice_config
 
 FRESH_CONNECTIONS = 96
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from chalicelib.local import LocalStack
-from chalicelib.local.guard import PortInUseError
-from chalicelib.local.valkey import valkey_servers_in
 from chalicelib.protocol.models import NfsStorageSpec, StorageConfig
 from chalicelib.runtime import get_runtime
+from local_stack import LocalStack
+from local_stack.guard import PortInUseError
+from local_stack.valkey import valkey_servers_in
 from tests.e2e.harness import ECHO_WORKFLOW, FIXTURES, Api, e2e_stack, run_execution
 
 pytestmark = pytest.mark.slow  # starts and stops whole local stacks (a Valkey process each): seconds
@@ -105,7 +105,7 @@ def test_a_failed_start_stops_what_it_started(tmp_path: Path, monkeypatch):
     original_invoke, environ = LambdaSimpleBackend.invoke, dict(os.environ)
     threads_before = set(threading.enumerate())
     # The API port is taken after the check (a race): the last step of start fails.
-    monkeypatch.setattr("chalicelib.local.stack.check_ports_free", lambda addresses: None)
+    monkeypatch.setattr("local_stack.stack.check_ports_free", lambda addresses: None)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

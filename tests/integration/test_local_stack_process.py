@@ -1,4 +1,4 @@
-"""``python -m chalicelib.local`` as a real process: one stack per state directory, taken
+"""``python -m local_stack`` as a real process: one stack per state directory, taken
 ports refused before anything starts, a SIGKILL loses no acknowledged change and leaves no
 second Valkey, ``make clean`` refuses while a stack runs."""
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from chalicelib.local.config import REPO_ROOT
-from chalicelib.local.valkey import PERSISTENCE, valkey_servers_in
+from local_stack.config import REPO_ROOT
+from local_stack.valkey import PERSISTENCE, valkey_servers_in
 from tests.e2e.harness import Api
 
 pytestmark = pytest.mark.slow  # starts, kills and restarts whole local stacks as processes
@@ -54,7 +54,7 @@ def _code(body: dict) -> str:
 
 @dataclass
 class StackProcess:
-    """One ``python -m chalicelib.local`` with its output in files under ``state_dir.parent``."""
+    """One ``python -m local_stack`` with its output in files under ``state_dir.parent``."""
 
     state_dir: Path
     env: dict = field(default_factory=dict)
@@ -77,7 +77,7 @@ class StackProcess:
         }
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "chalicelib.local", *self.args],
+                [sys.executable, "-m", "local_stack", *self.args],
                 cwd=REPO_ROOT,
                 env=environ,
                 stdout=out,

@@ -13,8 +13,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from chalicelib.local.aws import LAMBDA_RUNTIME
 from chalicelib.optimizer.tasks import report_task, run_task
+from local_stack.aws import LAMBDA_RUNTIME
 from tests.helpers import EVENT_LOG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

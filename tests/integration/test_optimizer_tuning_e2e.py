@@ -17,9 +17,9 @@ import json
 import pytest
 from chalice.test import Client
 
-from chalicelib.local.scheduler import app_jobs
 from chalicelib.observability.event_store import group_prefix
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from local_stack.scheduler import app_jobs
 
 BLOCK = 1024
 CAPACITY = 100 * BLOCK

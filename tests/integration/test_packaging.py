@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local import asl
-from chalicelib.local.config import REPO_ROOT
+from infra import asl
 from infra.merge_template import API_ALIAS, api_routes, app_functions, build, build_infra, function_logical_id
+from local_stack.config import REPO_ROOT
 
 BIN = Path(sys.executable).parent
 FIXTURES = REPO_ROOT / "tests" / "e2e" / "fixtures"
@@ -232,13 +232,16 @@ def test_the_api_stage_is_throttled_service_wide(packaged_app):
 @pytest.mark.slow  # `chalice package` of the whole app: about 7 s
 def test_the_deployment_package_leaves_out_what_the_runtime_has(packaged_app):
     """boto3/botocore come with the Lambda runtime (16 MB of the package otherwise); the
-    optimizer's plotting library is optional and stays out of every function."""
+    optimizer's plotting library is optional and stays out of every function; so does the
+    local stack (local_stack/, no deployed code imports it)."""
     import zipfile
 
     with zipfile.ZipFile(packaged_app["zip"]) as archive:
-        top = {name.split("/")[0] for name in archive.namelist()}
+        names = archive.namelist()
+    top = {name.split("/")[0] for name in names}
     assert {"app.py", "chalicelib", "pydantic", "redis", "aws_lambda_powertools"} <= top
-    assert not top & {"boto3", "botocore", "s3transfer", "matplotlib", "numpy"}
+    assert not top & {"boto3", "botocore", "s3transfer", "matplotlib", "numpy", "local_stack", "infra"}
+    assert not [name for name in names if name.startswith("chalicelib/local/")]
     assert packaged_app["zip"].stat().st_size < 8 * 1024 * 1024
 
 

@@ -10,9 +10,9 @@ import pytest
 import redis
 import yaml
 
-from chalicelib.local.config import REPO_ROOT
 from chalicelib.runtime import Runtime
 from chalicelib.settings import Settings
+from local_stack.config import REPO_ROOT
 
 USER = "kvcm-auth-test"
 PASSWORD = "rehearsal-password-0123456789"

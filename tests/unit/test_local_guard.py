@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from chalicelib.local.guard import StateInUseError, StateLock
+from local_stack.guard import StateInUseError, StateLock
 
 
 def test_one_holder_per_state_directory_and_the_message_names_it(tmp_path):

@@ -113,7 +113,7 @@ def test_valkey_memory_and_the_rounds_last_times_are_gauges(http, instance, runt
 
 def test_every_job_counts_its_failures_and_records_its_last_success(http, instance, runtime, clock):
     from app import app
-    from chalicelib.local.scheduler import scheduled_event
+    from local_stack.scheduler import scheduled_event
 
     cloudwatch = io.StringIO()
     runtime.emf = EmfWriter("KVCM/test", clock, cloudwatch)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.local import asl
-from chalicelib.local.aws import LAMBDA_RUNTIME, _dummy_zip
-from chalicelib.local.dispatch import LambdaDispatch
-from chalicelib.local.stack import load_app, task_handlers
 from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
 from chalicelib.runtime import set_runtime
+from infra import asl
+from local_stack.aws import LAMBDA_RUNTIME, _dummy_zip
+from local_stack.dispatch import LambdaDispatch
+from local_stack.stack import load_app, task_handlers
 from tests.helpers import build_runtime
 from tests.integration.workflows.harness import SPECS
 

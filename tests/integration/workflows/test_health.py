@@ -60,8 +60,8 @@ def test_scheduled_functions_apply_the_stored_log_level_and_publish_their_metric
     """What ``@job`` adds around every scheduled and task function of the app."""
     from app import app
     from chalicelib.clock import SystemClock
-    from chalicelib.local.scheduler import scheduled_event
     from chalicelib.observability.logging import logger
+    from local_stack.scheduler import scheduled_event
 
     rt = stack.runtime
     level = logger.log_level

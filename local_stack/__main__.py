@@ -1,6 +1,6 @@
-"""``python -m chalicelib.local``: run the local stack until Ctrl-C or SIGTERM.
+"""``python -m local_stack``: run the local stack until Ctrl-C or SIGTERM.
 
-``python -m chalicelib.local clean``: delete the stack's state directory (``make clean``),
+``python -m local_stack clean``: delete the stack's state directory (``make clean``),
 refused while a stack runs on it.
 
 Exit status: 0 after a requested stop, 2 when the stack cannot start or the state cannot
@@ -85,7 +85,7 @@ def clean(config: StackConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args not in ([], ["clean"]):
-        print("usage: python -m chalicelib.local [clean]", file=sys.stderr)
+        print("usage: python -m local_stack [clean]", file=sys.stderr)
         return EXIT_CANNOT_START
     stop = threading.Event()
     signal.signal(signal.SIGINT, _on_signal(stop))

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..protocol.errors import DuplicateEntityError
-from ..protocol.models import InstanceGroup, InstanceGroupQuota, NfsStorageSpec, StorageConfig
+from chalicelib.protocol.errors import DuplicateEntityError
+from chalicelib.protocol.models import InstanceGroup, InstanceGroupQuota, NfsStorageSpec, StorageConfig
 
 STORAGE_NAME = "nfs_01"
 GROUP_NAME = "default"

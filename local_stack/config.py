@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SCHEDULE_ENV_PREFIX = "KVCM_LOCAL_SCHEDULE_"
 SCHEDULE_ENV_SUFFIX = "_S"

@@ -1,6 +1,6 @@
 """The local stack: KVCM on one machine, no cloud account.
 
-``python -m chalicelib.local`` (or ``make run``) starts a Valkey server, a moto server
+``python -m local_stack`` (or ``make run``) starts a Valkey server, a moto server
 standing in for DynamoDB / Lambda / Step Functions / S3, the state machines of
 ``workflows/``, the scheduled handlers and the Chalice app's HTTP server, all in one
 process. ``LocalStack`` is the same thing as a library (the e2e tests use it).
@@ -17,7 +17,7 @@ __all__ = ["LocalStack", "StackConfig"]
 
 
 def __getattr__(name: str) -> Any:
-    # LocalStack imports the whole app: `python -m chalicelib.local clean` does not need it.
+    # LocalStack imports the whole app: `python -m local_stack clean` does not need it.
     if name == "LocalStack":
         from .stack import LocalStack
 

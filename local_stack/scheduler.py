@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..clock import Clock
-from ..observability.logging import logger
-from ..protocol.errors import ServiceNotReadyError
+from chalicelib.clock import Clock
+from chalicelib.observability.logging import logger
+from chalicelib.protocol.errors import ServiceNotReadyError
+
 from .config import schedule_key
 from .dispatch import LambdaContext
 

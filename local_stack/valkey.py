@@ -35,7 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..observability.logging import logger
+from chalicelib.observability.logging import logger
+
 from .guard import PortInUseError, StackStartError
 
 #: Append-only file: the index survives restarts like the control table does

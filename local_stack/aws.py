@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import asl
+from infra import asl
+
 from .guard import port_of
 
 #: moto runs state machines and keeps Lambda in-process (no Docker) with this config.

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..clock import Clock, SystemClock
-from ..observability.logging import logger
-from ..protocol.errors import ServiceNotReadyError
+from chalicelib.clock import Clock, SystemClock
+from chalicelib.observability.logging import logger
+from chalicelib.protocol.errors import ServiceNotReadyError
 
 Handler = Callable[[Any, Any], Any]
 

@@ -11,11 +11,12 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
-from ..clock import Clock, SystemClock
-from ..observability.logging import logger
-from ..runtime import Runtime, set_runtime
-from ..settings import Settings
-from . import asl
+from chalicelib.clock import Clock, SystemClock
+from chalicelib.observability.logging import logger
+from chalicelib.runtime import Runtime, set_runtime
+from chalicelib.settings import Settings
+from infra import asl
+
 from .aws import DUMMY_CREDENTIALS, LocalAws
 from .aws import PORT_VARIABLE as AWS_PORT_VARIABLE
 from .config import REPO_ROOT, StackConfig
@@ -214,7 +215,7 @@ class LocalStack:
     def _start_control_plane(self, exits: ExitStack, runtime: Runtime) -> ControlSnapshot:
         """The control table, restored from the last run's snapshot and journal, journaled
         from then on, then seeded."""
-        from ..control import ensure_table
+        from chalicelib.control import ensure_table
 
         dynamodb = self.aws.client("dynamodb")
         ensure_table(dynamodb, runtime.settings.control_table)
