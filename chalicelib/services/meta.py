@@ -14,6 +14,7 @@ from ..control.views import storage_configs_json
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import (
     FinishWriteCacheRequest,
+    FinishWriteCacheResponse,
     GetCacheLocationLenRequest,
     GetCacheLocationLenResponse,
     GetCacheLocationRequest,
@@ -89,7 +90,7 @@ class MetaService:
         covering their spec group, stale locations pruned (UPSTREAM_V2 §2.6)."""
         return self.cache.start_write_cache(req)
 
-    def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
+    def finish_write_cache(self, req: FinishWriteCacheRequest) -> FinishWriteCacheResponse:
         """The written blocks start serving; the others are dropped."""
         return self.cache.finish_write_cache(req)
 
