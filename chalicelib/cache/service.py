@@ -374,6 +374,14 @@ class CacheService:
         self.on_capacity_refused(plan.ctx.group.name)
         raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
 
+    def _count_own_grant(self, ctx: InstanceContext, charge: Usage) -> None:
+        """Add a grant to this container's copy of the group's usage: start.lua takes the
+        other instances' part as the copy less the instance's own live bytes, so a copy
+        missing the container's own last grants would let one client pass the quota."""
+        cached = self._group_usage.get(ctx.group.name)
+        if cached is not None:
+            self._group_usage[ctx.group.name] = (cached[0], cached[1] + charge.live())
+
     def _plan_start(self, req: StartWriteCacheRequest) -> StartPlan:
         """What every candidate's try shares: the request checked, the candidates, the
         session, the stale locations."""
@@ -492,6 +500,7 @@ class CacheService:
         """The granted start's answer: the unused explicit ids released, the stale
         locations handed to deletion, the locations rendered and prepared on storage."""
         ctx, state = plan.ctx, plan.candidates[position]
+        self._count_own_grant(ctx, outcome.charge(state.backend.storage_type.name))
         self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
         self.deleter.submit(ctx, list(outcome.victims))
         if explicit:

@@ -178,3 +178,14 @@ def test_a_start_whose_prefix_fills_the_instance_evicts_none_of_it(runtime, http
     assert code(refused) == "REACH_MAX_ENTITY_CAPACITY", refused
     assert statuses(http, "i1", [1, 2, 3, 4, 5]) == ["CLS_SERVING"] * 5
     assert live_bytes(runtime) == 10 * BLOCK
+
+
+def test_one_sequential_client_cannot_pass_the_group_quota(runtime, http, clock):
+    """The group usage a start reads may be this container's copy of up to 100 ms ago,
+    which missed the client's own previous grants: one-key starts in a row were granted
+    past the quota (issue #28 item 7: 2x). The container's copy now follows its grants."""
+    starts = [http("startWriteCache", {"instance_id": "i2", "block_keys": list(range(101, 107))})]
+    assert code(starts[0]) == "OK"
+    codes = [code(http("startWriteCache", {"instance_id": "i1", "block_keys": [k]})) for k in range(1, 8)]
+    assert codes == ["OK"] * 4 + ["REACH_MAX_ENTITY_CAPACITY"] * 3
+    assert live_bytes(runtime) == 10 * BLOCK
