@@ -46,7 +46,7 @@ OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
     "getCacheLocation": (m.GetCacheLocationRequest, m.GetCacheLocationResponse, "meta"),
     "getCacheMeta": (m.GetCacheMetaRequest, m.GetCacheMetaResponse, "meta"),
     "startWriteCache": (m.StartWriteCacheRequest, m.StartWriteCacheResponse, "meta"),
-    "finishWriteCache": (m.FinishWriteCacheRequest, m.Response, "meta"),
+    "finishWriteCache": (m.FinishWriteCacheRequest, m.FinishWriteCacheResponse, "meta"),
     "removeCache": (m.RemoveCacheRequest, m.Response, "meta"),
     "trimCache": (m.TrimCacheRequest, m.Response, "meta"),
     "getCacheLocationLen": (m.GetCacheLocationLenRequest, m.GetCacheLocationLenResponse, "meta"),
@@ -121,9 +121,9 @@ class Methods:
         return cast(m.StartWriteCacheResponse, self.call("startWriteCache", request, fields))
 
     def finish_write_cache(self, request: m.FinishWriteCacheRequest | None = None, /,
-            **fields: Any) -> m.Response:
+            **fields: Any) -> m.FinishWriteCacheResponse:
         """``finishWriteCache`` (meta service; see API.md)."""
-        return cast(m.Response, self.call("finishWriteCache", request, fields))
+        return cast(m.FinishWriteCacheResponse, self.call("finishWriteCache", request, fields))
 
     def remove_cache(self, request: m.RemoveCacheRequest | None = None, /,
             **fields: Any) -> m.Response:

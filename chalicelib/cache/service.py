@@ -3,8 +3,11 @@
 Every call touches Valkey only (plus the per-container config): a read is one round
 trip; a start one, plus one to move the group's usage counters when it wrote something,
 plus one to read them when the group has a quota and this container's copy is older than
-``GROUP_USAGE_MAX_AGE_S``; a finish two. A start refused for capacity makes room in its
-instance (``make_room``, the capacity layer's write-path eviction) and is tried once more.
+``GROUP_USAGE_MAX_AGE_S``; a finish two. A start refused for a quota makes room in its
+instance (``make_room``, the capacity layer's write path eviction) and is tried again as
+``room_policy`` says (cache.room): at last as a partial grant, the longest leading run of
+its keys that fits. A start writing no key opens no session (its id is one that a finish
+accepts with nothing to close: ``is_empty_session_id``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..clock import Clock, now_us
@@ -23,11 +26,13 @@ from ..index.block_index import (
     MODE_PREFIX,
     MODE_RAW,
     MODE_WINDOW,
+    Candidate,
     StartOutcome,
     StartRequest,
     rightmost_window,
 )
 from ..index.errors import QuotaExceededError, WriteSessionError
+from ..index.layout import StartRefusal
 from ..index.records import decode_record
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
@@ -35,8 +40,11 @@ from ..protocol.block_keys import request_keys
 from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
+    BlockMask,
+    BoolMasks,
     CacheLocations,
     FinishWriteCacheRequest,
+    FinishWriteCacheResponse,
     GetCacheLocationRequest,
     GetCacheLocationResponse,
     GetCacheMetaRequest,
@@ -49,6 +57,7 @@ from ..protocol.models import (
     StartWriteCacheResponse,
     TrimCacheRequest,
 )
+from ..protocol.models import Status as WireStatus
 from ..settings import Settings
 from ..storage.base import BlockRef, StorageBackend
 from .context import InstanceContext, StorageState
@@ -57,6 +66,7 @@ from .event_reports import Reported, pick_reported, reported_location_json
 from .locations import ANY_STATUS, LocationRenderer
 from .masks import mask_of, masked_flags
 from .purge import CACHE, META, PurgeService
+from .room import MadeRoom, NoRoom, RetryWithEviction
 
 _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
 _STATUS_NAMES = {
@@ -71,8 +81,6 @@ GROUP_USAGE_MAX_AGE_S = 0.1
 #: after the work is done, so a start whose locations could not fit is refused before it
 #: grants anything (headers and the envelope take the rest).
 MAX_RESPONSE_BYTES = 6_000_000
-#: Times a start refused for a quota makes room and tries again.
-MAKE_ROOM_ATTEMPTS = 6
 _MATCH_METRICS = {
     QueryType.QT_PREFIX_MATCH: "manager.prefix_match_len",
     QueryType.QT_BATCH_GET: "manager.batch_get_len",
@@ -96,13 +104,43 @@ class KeysRequest(Protocol):
     def token_ids(self) -> Sequence[int]: ...
 
 
+@dataclass(frozen=True)
+class StartPlan:
+    """One start's request, checked, and what each candidate's try shares."""
+
+    ctx: InstanceContext
+    keys: list[int]
+    spec_groups: list[int]
+    #: The group's available candidate storages, in the order they are tried.
+    candidates: list[StorageState]
+    renderer: LocationRenderer
+    session_id: str
+    deadline_ms: int
+    min_replicas: int
+    stale: list[tuple[int, int]]
+    covers: bytes
+
+    def further(self, position: int) -> list[StorageState]:
+        """The candidates after ``position`` one start script call may also write to
+        (not those placing blocks themselves: only the first gets explicit ids)."""
+        return [c for c in self.candidates[position + 1 :] if not _allocates(c.backend)]
+
+
 class NoAvailableStorageError(StorageIOError):
     """Every storage of the group is unavailable."""
 
 
-def new_session_id() -> str:
-    """A random 32-character ``[a-z0-9]`` write session id."""
-    return bytes(_SESSION_ALPHABET[b % 36] for b in os.urandom(32)).decode()
+def new_session_id(writes: bool = True) -> str:
+    """A random 32-character ``[a-z0-9]`` write session id; it starts with ``0`` exactly
+    when the start wrote no key (``writes`` False: no session was stored)."""
+    body = bytes(_SESSION_ALPHABET[b % 36] for b in os.urandom(31)).decode()
+    first = "0" if not writes else chr(_SESSION_ALPHABET[1 + os.urandom(1)[0] % 35])
+    return first + body
+
+
+def is_empty_session_id(session_id: str) -> bool:
+    """Whether ``session_id`` is one a start that wrote no key answered."""
+    return len(session_id) == 32 and session_id[0] == "0"
 
 
 def spec_group_coverage(ctx: InstanceContext) -> bytes:
@@ -139,7 +177,10 @@ class CacheService:
         settings: Settings,
         metrics: MetricsRegistry,
         on_capacity_refused: Callable[[str], None] = lambda group: None,
-        make_room: Callable[..., int] = lambda ctx, refusal, attempt, protected: 0,
+        make_room: Callable[[InstanceContext, QuotaExceededError, frozenset[int]], MadeRoom] = lambda ctx,
+        refusal,
+        protected: NoRoom(),
+        room_policy: RetryWithEviction | None = None,
         reported: Callable[[str, InstanceGroup, list[int]], list[list[Reported]] | None] = lambda instance_id,
         group,
         keys: None,
@@ -150,10 +191,12 @@ class CacheService:
         self.reported = reported
         #: Called with the group's name when a start is refused for capacity (wakes the reclaimer).
         self.on_capacity_refused = on_capacity_refused
-        #: ``make_room(ctx, refusal, attempt, protected)``, called when a start is refused for
-        #: a quota: marks victims in the instance (never one of the ``protected`` keys, the
-        #: write's own), returns the bytes marked (0: no room made, the refusal stands).
+        #: ``make_room(ctx, refusal, protected)``, called when a start is refused for a
+        #: quota: marks victims in the instance (never one of the ``protected`` keys, the
+        #: write's own) and holds them until the start is answered (cache.room).
         self.make_room = make_room
+        #: When a start refused for a quota makes room and tries again.
+        self.room_policy = room_policy or RetryWithEviction()
         self._group_usage: dict[str, tuple[float, Usage]] = {}
         self.metrics = metrics
         self.contexts = contexts
@@ -321,28 +364,29 @@ class CacheService:
             self._group_usage[ctx.group.name] = cached
         return cached[1]
 
-    def _start(self, ctx: InstanceContext, keys: list[int], request: StartRequest) -> StartOutcome:
-        """The start script; refused for a quota, it makes room in the instance and tries
-        again with the group's usage read afresh (a few times: concurrent writers evict
-        and fill the same room)."""
-        protected = frozenset(keys)
-        fruitless = 0
-        for attempt in range(MAKE_ROOM_ATTEMPTS):
-            try:
-                return self.index.start(ctx.layout, keys, request)
-            except QuotaExceededError as refusal:
-                if refusal.kind not in ("instance", "group", "type", "keys"):
-                    raise
-                # Nothing marked may still mean room: concurrent writers marked it first.
-                if self.make_room(ctx, refusal, attempt, protected) <= 0:
-                    fruitless += 1
-                    if fruitless == 2:
-                        raise
-            request = replace(request, group_usage=self._group_live_usage(ctx, fresh=True))
-        return self.index.start(ctx.layout, keys, request)
-
     def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
-        """Reserve locations for the keys nobody has written yet (two-phase write, step 1)."""
+        """Reserve locations for the keys nobody has written yet (two-phase write, step 1):
+        plan, try each candidate storage in turn, answer with the first grant."""
+        plan = self._plan_start(req)
+        refusals: list[str] = []
+        for position in range(len(plan.candidates)):
+            granted = self._try_candidate(plan, position, refusals)
+            if granted is not None:
+                return self._respond(plan, position, *granted)
+        self.on_capacity_refused(plan.ctx.group.name)
+        raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
+
+    def _count_own_grant(self, ctx: InstanceContext, charge: Usage) -> None:
+        """Add a grant to this container's copy of the group's usage: start.lua takes the
+        other instances' part as the copy less the instance's own live bytes, so a copy
+        missing the container's own last grants would let one client pass the quota."""
+        cached = self._group_usage.get(ctx.group.name)
+        if cached is not None:
+            self._group_usage[ctx.group.name] = (cached[0], cached[1] + charge.live())
+
+    def _plan_start(self, req: StartWriteCacheRequest) -> StartPlan:
+        """What every candidate's try shares: the request checked, the candidates, the
+        session, the stale locations."""
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         spec_groups = ctx.spec_layout.spec_groups_for(req.location_spec_group_names, len(keys))
@@ -359,93 +403,120 @@ class CacheService:
         # One renderer for the size check and the response: its templates are built once.
         renderer = self._renderer(ctx)
         self._check_response_size(ctx, renderer, keys, spec_groups, candidates)
-        group_usage = self._group_live_usage(ctx)
-        session_id = new_session_id()
-        now_ms = int(self.clock.now() * 1000)
-        sizes = ctx.spec_layout.sizes
-        stale = self._stale_locations(ctx, keys) if self.settings.prune_stale_on_write else []
-        covers = spec_group_coverage(ctx)
-        refusals = []
-        for position, state in enumerate(candidates):
-            backend = state.backend
-            type_name = backend.storage_type.name
-            try:
-                explicit = backend.reserve(ctx.instance_id, len(keys), sizes[0]) or []
-            except CapacityExceededError as exc:  # a full memory pool: try the next candidate
-                refusals.append(f"{state.name}: {exc}")
-                continue
-            try:
-                outcome = self._start(
-                    ctx,
-                    keys,
-                    StartRequest(
-                        session_id=session_id,
-                        deadline_ms=now_ms + timeout_s * 1000,
-                        storage_name=state.name,
-                        storage_type=type_name,
-                        pack_count=backend.pack_count,
-                        sizes=sizes,
-                        spec_groups=spec_groups,
-                        explicit_groups=explicit,
-                        group_capacity=ctx.group_capacity,
-                        type_capacity=ctx.type_capacity(backend.storage_type),
-                        max_keys=ctx.max_key_count,
-                        max_sessions=self.settings.max_write_sessions,
-                        group_usage=group_usage,
-                        instance_capacity=ctx.instance_capacity,
-                        min_replicas=req.min_replica_count,
-                        stale=stale,
-                        covers=covers,
-                        by_location=_by_location(backend),
-                        more_candidates=[
-                            (
-                                c.name,
-                                c.storage_type.name,
-                                c.backend.pack_count,
-                                ctx.type_capacity(c.storage_type),
-                                group_usage.by_type.get(c.storage_type.name, 0) if group_usage else -1,
-                                _by_location(c.backend),
-                            )
-                            for c in candidates[position + 1 :]
-                            if not _allocates(c.backend)
-                        ],
-                    ),
-                )
-            except QuotaExceededError as exc:
-                if explicit:
-                    backend.unreserve(ctx.instance_id, explicit, sizes[0])
-                if exc.kind == "sessions":
-                    raise
-                if exc.kind not in ("type", "storages"):  # another candidate may take it
-                    self.on_capacity_refused(ctx.group.name)
-                    raise
-                refusals.append(f"{state.name}: {exc}")
-                continue
-            self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
-            self.deleter.submit(ctx, list(outcome.victims))
+        return StartPlan(
+            ctx,
+            keys,
+            spec_groups,
+            candidates,
+            renderer,
+            new_session_id(),
+            int(self.clock.now() * 1000) + timeout_s * 1000,
+            req.min_replica_count,
+            self._stale_locations(ctx, keys) if self.settings.prune_stale_on_write else [],
+            spec_group_coverage(ctx),
+        )
+
+    def _try_candidate(
+        self, plan: StartPlan, position: int, refusals: list[str]
+    ) -> tuple[StartOutcome, list[int]] | None:
+        """The start on candidate ``position`` (and those after it, for keys it cannot
+        take), making room as ``self.room_policy`` says: the outcome and the explicit
+        group ids reserved on the backend, or None (its refusal in ``refusals``) when
+        the next candidate may take the write."""
+        ctx, state = plan.ctx, plan.candidates[position]
+        backend, sizes = state.backend, ctx.spec_layout.sizes
+        try:
+            explicit = backend.reserve(ctx.instance_id, len(plan.keys), sizes[0]) or []
+        except CapacityExceededError as exc:  # a full memory pool: try the next candidate
+            refusals.append(f"{state.name}: {exc}")
+            return None
+        last = position == len(plan.candidates) - 1
+
+        tries = 0
+
+        def attempt(partial: bool) -> StartOutcome:
+            nonlocal tries
+            tries += 1  # a retry reads the group's usage afresh: the room it was refused for moved
+            request = self._start_request(plan, position, explicit, partial, fresh=tries > 1)
+            return self.index.start(ctx.layout, plan.keys, request)
+
+        try:
+            outcome = self.room_policy.start(
+                attempt, lambda refusal, keep: self.make_room(ctx, refusal, keep), frozenset(plan.keys), last
+            )
+        except QuotaExceededError as exc:
             if explicit:
-                unused = [g for g, c in zip(explicit, outcome.written_to or outcome.new_flags, strict=True) if c != 1]
-                if unused:
-                    backend.unreserve(ctx.instance_id, unused, sizes[0])
-            try:
-                return self._start_response(
-                    ctx,
-                    renderer,
-                    keys,
-                    spec_groups,
-                    session_id,
-                    [state, *(c for c in candidates[position + 1 :] if not _allocates(c.backend))],
-                    outcome,
-                    explicit,
-                )
-            except Exception:
-                # The grant is committed but the caller gets an error and never learns the
-                # session id: fail the session now rather than leave its keys WRITING (and
-                # blocked for other writers) until the deadline.
-                self._fail_after_error(ctx, session_id)
+                backend.unreserve(ctx.instance_id, explicit, sizes[0])
+            if exc.kind == StartRefusal.SESSIONS:
                 raise
-        self.on_capacity_refused(ctx.group.name)
-        raise CapacityExceededError("no candidate storage can take the write: " + "; ".join(refusals))
+            if exc.kind not in (StartRefusal.TYPE, StartRefusal.STORAGES):  # no other candidate may take it
+                self.on_capacity_refused(ctx.group.name)
+                raise
+            refusals.append(f"{state.name}: {exc}")
+            return None
+        return outcome, explicit
+
+    def _start_request(
+        self, plan: StartPlan, position: int, explicit: Sequence[int], partial: bool, fresh: bool
+    ) -> StartRequest:
+        """The start script's arguments for candidate ``position`` and the ones after it,
+        with the group's usage as this container last read it (``fresh``: read now)."""
+        ctx, state = plan.ctx, plan.candidates[position]
+        group_usage = self._group_live_usage(ctx, fresh=fresh)
+        return StartRequest(
+            session_id=plan.session_id,
+            deadline_ms=plan.deadline_ms,
+            storage_name=state.name,
+            storage_type=state.backend.storage_type.name,
+            pack_count=state.backend.pack_count,
+            sizes=ctx.spec_layout.sizes,
+            spec_groups=plan.spec_groups,
+            explicit_groups=explicit,
+            group_capacity=ctx.group_capacity,
+            type_capacity=ctx.type_capacity(state.backend.storage_type),
+            max_keys=ctx.max_key_count,
+            max_sessions=self.settings.max_write_sessions,
+            group_usage=group_usage,
+            instance_capacity=ctx.instance_capacity,
+            min_replicas=plan.min_replicas,
+            stale=plan.stale,
+            covers=plan.covers,
+            by_location=_by_location(state.backend),
+            more_candidates=[
+                Candidate(
+                    c.name,
+                    c.storage_type.name,
+                    c.backend.pack_count,
+                    ctx.type_capacity(c.storage_type),
+                    group_usage.by_type.get(c.storage_type.name, 0) if group_usage else -1,
+                    _by_location(c.backend),
+                )
+                for c in plan.further(position)
+            ],
+            partial=partial,
+        )
+
+    def _respond(
+        self, plan: StartPlan, position: int, outcome: StartOutcome, explicit: list[int]
+    ) -> StartWriteCacheResponse:
+        """The granted start's answer: the unused explicit ids released, the stale
+        locations handed to deletion, the locations rendered and prepared on storage."""
+        ctx, state = plan.ctx, plan.candidates[position]
+        self._count_own_grant(ctx, outcome.charge(state.backend.storage_type.name))
+        self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
+        self.deleter.submit(ctx, list(outcome.victims))
+        if explicit:
+            unused = [g for g, c in zip(explicit, outcome.written_to or outcome.new_flags, strict=True) if c != 1]
+            if unused:
+                state.backend.unreserve(ctx.instance_id, unused, ctx.spec_layout.sizes[0])
+        try:
+            return self._start_response(plan, [state, *plan.further(position)], outcome, explicit)
+        except Exception:
+            # The grant is committed but the caller gets an error and never learns the
+            # session id: fail the session now rather than leave its keys WRITING (and
+            # blocked for other writers) until the deadline.
+            self._fail_after_error(ctx, plan.session_id)
+            raise
 
     @staticmethod
     def _check_response_size(
@@ -473,18 +544,11 @@ class CacheService:
             )
 
     def _start_response(
-        self,
-        ctx: InstanceContext,
-        renderer: LocationRenderer,
-        keys: list[int],
-        spec_groups: list[int],
-        session_id: str,
-        states: list[StorageState],
-        outcome: StartOutcome,
-        explicit: Sequence[int],
+        self, plan: StartPlan, states: list[StorageState], outcome: StartOutcome, explicit: Sequence[int]
     ) -> StartWriteCacheResponse:
         """The written keys' locations, each on the candidate the start script chose
         (``states``: candidate 1, then the further candidates in order)."""
+        ctx, keys, spec_groups, renderer = plan.ctx, plan.keys, plan.spec_groups, plan.renderer
         texts = []
         refs: dict[int, list[BlockRef]] = {}
         written = [
@@ -502,7 +566,7 @@ class CacheService:
         for candidate, blocks in refs.items():
             states[candidate - 1].backend.prepare(blocks)
         return StartWriteCacheResponse(
-            write_session_id=session_id,
+            write_session_id=plan.session_id if written else new_session_id(writes=False),
             block_mask=mask_of([not new for new in outcome.new_flags]),
             locations=CacheLocations(texts),
         )
@@ -545,11 +609,11 @@ class CacheService:
         if session is None:
             return None
         try:
-            _, victims = self.index.finish(ctx.layout, session_id, session, (), ctx.spec_layout.sizes, force_fail=True)
+            failed = self.index.finish(ctx.layout, session_id, session, (), ctx.spec_layout.sizes, force_fail=True)
         except WriteSessionError:
             return None  # finished between the read and the finish
-        self.deleter.submit(ctx, victims)
-        return len(victims)
+        self.deleter.submit(ctx, failed.victims)
+        return len(failed.victims)
 
     def _fail_after_error(self, ctx: InstanceContext, session_id: str) -> None:
         try:
@@ -561,25 +625,41 @@ class CacheService:
                 extra={"write_session_id": session_id, "error": str(exc)},
             )
 
-    def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
-        """Close a write session: successful blocks start serving, the rest are deleted."""
+    def finish_write_cache(self, req: FinishWriteCacheRequest) -> FinishWriteCacheResponse:
+        """Close a write session: successful blocks start serving, the rest are deleted.
+        Blocks reported successful that a removal took while WRITING are named in
+        ``uncommitted_blocks`` (and the message): they will not be served."""
         ctx = self.contexts(req.instance_id)
         if not req.write_session_id:
             raise InvalidArgumentError("field 'write_session_id' is required")
         if req.success_blocks is None:
             raise InvalidArgumentError("field 'success_blocks' is required")
         session = self.index.session(ctx.layout, req.write_session_id)
+        if session is None and is_empty_session_id(req.write_session_id):
+            masked_flags(req.success_blocks, 0, "success_blocks")  # a start that wrote no key
+            return FinishWriteCacheResponse()
         if session is None:
             raise WriteSessionError(
                 f"write session {req.write_session_id!r} of instance {req.instance_id!r} "
                 f"is unknown, finished or expired"
             )
         success = masked_flags(req.success_blocks, len(session.entries), "success_blocks")
-        expired, victims = self.index.finish(ctx.layout, req.write_session_id, session, success, ctx.spec_layout.sizes)
-        self.deleter.submit(ctx, victims)
-        if expired:
+        finished = self.index.finish(ctx.layout, req.write_session_id, session, success, ctx.spec_layout.sizes)
+        self.deleter.submit(ctx, finished.victims)
+        if finished.expired:
             raise WriteSessionError(f"write session {req.write_session_id!r} expired before it was finished")
-        return Response()
+        if not finished.uncommitted:
+            return FinishWriteCacheResponse()
+        taken = set(finished.uncommitted)
+        return FinishWriteCacheResponse(
+            header=ResponseHeader(
+                status=WireStatus(
+                    message=f"{len(taken)} of the session's blocks were removed while WRITING and are not "
+                    f"committed (positions {sorted(taken)[:16]}): they will not be served"
+                )
+            ),
+            uncommitted_blocks=BlockMask(bool_masks=BoolMasks(values=[j in taken for j in range(len(success))])),
+        )
 
     # ---------------------------------------------------------------- removal
 

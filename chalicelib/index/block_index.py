@@ -308,6 +308,21 @@ class StartOutcome:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A storage a start may write to after the first (lua/start.lua's further candidates)."""
+
+    name: str
+    storage_type: str
+    pack_count: int
+    #: The quota of its storage type (0: none).
+    type_capacity: int
+    #: The group's live bytes of that type as last read (-1: not read).
+    group_type_bytes: int
+    #: Whether it addresses blocks by location (several of one key may live there).
+    by_location: bool
+
+
+@dataclass(frozen=True)
 class StartRequest:
     """Arguments of one start (see lua/start.lua)."""
 
@@ -338,9 +353,11 @@ class StartRequest:
     covers: bytes = b""
     #: Whether ``storage_name`` addresses blocks by location (several of one key may live there).
     by_location: bool = False
-    #: Further candidates for keys ``storage_name`` cannot take: (name, type, pack count,
-    #: type capacity, the group's live bytes of that type, by location).
-    more_candidates: Sequence[tuple[str, str, int, int, int, bool]] = ()
+    #: Further candidates for keys ``storage_name`` cannot take, in order.
+    more_candidates: Sequence[Candidate] = ()
+    #: Grant the longest leading run of the keys to write that fits the quotas, instead
+    #: of all or nothing (refused only when not even the first fits).
+    partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -348,6 +365,19 @@ class Session:
     deadline_ms: int
     entries: list[tuple[int, int]]  # (block key, location id) of the session's new keys
     raw: bytes
+
+
+@dataclass(frozen=True)
+class FinishOutcome:
+    """What closing a write session did."""
+
+    #: The session had expired (or was failed): every block failed.
+    expired: bool
+    #: The locations now DELETING, for deletion.
+    victims: list[Victim]
+    #: Session positions (0-based, the order of its entries) reported successful whose
+    #: location was no longer WRITING (a removeCache or trim took it): not served.
+    uncommitted: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -383,6 +413,7 @@ class BlockIndex:
         self._start = client.register_script(_load("start"))
         self._finish = client.register_script(_load("finish"))
         self._mark = client.register_script(_load("mark"))
+        self._restore = client.register_script(_load("restore"))
         self._drop = client.register_script(_load("drop"))
         self._claim = client.register_script(_load("claim"))
         self._forget = client.register_script(_load("forget"))
@@ -588,25 +619,26 @@ class BlockIndex:
             "1" if req.by_location else "0",
             len(req.more_candidates),
         ]
-        for name, type_name, pack_count, capacity, group_bytes, by_location in req.more_candidates:
-            args += [name, type_name, pack_count, capacity, group_bytes, "1" if by_location else "0"]
+        for c in req.more_candidates:
+            args += [c.name, c.storage_type, c.pack_count, c.type_capacity, c.group_type_bytes, int(c.by_location)]
+        args.append(int(req.partial))
         result = self._call(self._start, keys, args)
         if result[0] == StartResult.REFUSED:
             reason = StartRefusal(result[1].decode())
             if reason == StartRefusal.GONE:
                 raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
             raise QuotaExceededError(
-                reason.value,
+                reason,
                 {
-                    "instance": "the instance's quota (instance_quotas) reached",
-                    "group": "instance group quota reached",
-                    "type": f"quota of storage type {req.storage_type} reached",
-                    "keys": "max_key_count of the instance reached",
-                    "storages": f"the instance has written to 255 storages, the most it can address; "
+                    StartRefusal.INSTANCE: "the instance's quota (instance_quotas) reached",
+                    StartRefusal.GROUP: "instance group quota reached",
+                    StartRefusal.TYPE: f"quota of storage type {req.storage_type} reached",
+                    StartRefusal.KEYS: "max_key_count of the instance reached",
+                    StartRefusal.STORAGES: f"the instance has written to 255 storages, the most it can address; "
                     f"{req.storage_name} is not one of them",
-                    "sessions": f"the instance has {req.max_sessions} write sessions open, the most allowed "
-                    f"(KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
-                }[reason.value],
+                    StartRefusal.SESSIONS: f"the instance has {req.max_sessions} write sessions open, the most "
+                    f"allowed (KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
+                }[reason],
                 int(result[2]) if len(result) > 2 else 0,
                 req.storage_type,
             )
@@ -644,9 +676,9 @@ class BlockIndex:
         success: Sequence[bool],
         sizes: Sequence[int],
         force_fail: bool = False,
-    ) -> tuple[bool, list[Victim]]:
+    ) -> FinishOutcome:
         """Close ``session`` (as read by ``session``): successful blocks SERVING, the rest
-        DELETING (returned). Returns (expired, victims); raises WriteSessionError when the
+        DELETING (returned). Raises WriteSessionError when the
         session is gone (finished, expired and reaped, never existed, or another
         instance's). ``sizes``: block bytes per spec group."""
         if layout.shard_suffixes:
@@ -674,8 +706,9 @@ class BlockIndex:
         status = FinishStatus(reply[0])
         if status in (FinishStatus.UNKNOWN, FinishStatus.CHANGED):
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
-        self._charge_group(layout, Usage.from_charge(reply[2:]))
-        return status == FinishStatus.EXPIRED, decode_victims(reply[1])
+        self._charge_group(layout, Usage.from_charge(reply[3:]))
+        uncommitted = [j for j, flag in enumerate(reply[2]) if flag == ord("1")]
+        return FinishOutcome(status == FinishStatus.EXPIRED, decode_victims(reply[1]), uncommitted)
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
         """Ids of sessions past their deadline, per instance (every shard's), in two round trips."""
@@ -765,6 +798,22 @@ class BlockIndex:
         )
         self._charge_group(layout, Usage.from_charge(reply[1:]))
         return decode_victims(reply[0])
+
+    def restore(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> int:
+        """Undo ``mark_deleting`` for ``victims`` never handed to deletion (a write path
+        eviction whose start was refused): each location still DELETING under its id
+        serves again, its deleting charge released; returns how many."""
+        if not victims:
+            return 0
+        if layout.shard_suffixes:
+            return self.sharded.restore(layout, victims, sizes)
+        reply = self._call(
+            self._restore,
+            [layout.key("u"), layout.key("st")],
+            [encode_victims(list(victims)), layout.bucket_prefix, layout.bucket_count, pack_u48(sizes)],
+        )
+        self._charge_group(layout, Usage.from_charge(reply[1:]), -1)
+        return int(reply[0])
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> DropOutcome:
         """Compare-and-delete DELETING locations: their bytes are released."""

@@ -1,6 +1,7 @@
 """The block index's errors (all in the protocol's exception family)."""
 
 from ..protocol.errors import CapacityExceededError, InstanceNotFoundError, InvalidArgumentError
+from .layout import StartRefusal
 
 
 class InstanceGoneError(InstanceNotFoundError):
@@ -12,10 +13,11 @@ class StaleInstanceError(InstanceGoneError):
 
 
 class QuotaExceededError(CapacityExceededError):
-    """A start would exceed the instance's own quota (kind ``instance``), the group quota
-    (``group``), a storage type's quota (``type``) or the instance's key-count cap (``keys``)."""
+    """A start refused by lua/start.lua (``kind``): the instance's own quota, the group
+    quota, a storage type's quota, the key-count cap, the storage count or the open
+    sessions cap."""
 
-    def __init__(self, kind: str, message: str, shortfall: int = 0, storage_type: str = "") -> None:
+    def __init__(self, kind: StartRefusal, message: str, shortfall: int = 0, storage_type: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         #: How much is missing: bytes for ``instance``, ``group`` and ``type``, blocks for ``keys``.

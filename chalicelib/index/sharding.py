@@ -31,6 +31,7 @@ from ..stores.valkey import valkey_errors
 from .block_index import (
     SHARD_BUCKET_SHIFT,
     DropOutcome,
+    FinishOutcome,
     InstanceLayout,
     Session,
     StartOutcome,
@@ -190,7 +191,10 @@ class ShardedIndex:
         locations dropped (nothing is prepared on storage before the whole start
         returns), and the refusal is raised."""
         index = self.index
-        for name, type_name in [(req.storage_name, req.storage_type), *((c[0], c[1]) for c in req.more_candidates)]:
+        for name, type_name in [
+            (req.storage_name, req.storage_type),
+            *((c.name, c.storage_type) for c in req.more_candidates),
+        ]:
             self._ensure_storage(layout, name, type_name)
         count = layout.shard_count
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, count)) if pos] or [(0, [])]
@@ -202,6 +206,8 @@ class ShardedIndex:
                 stale=[(k, loc) for k, loc in req.stale if shard_of(k, count) == s],
                 instance_capacity=share(req.instance_capacity, count, s),
                 max_keys=share(req.max_keys, count, s),
+                # Shards grant independently: a leading run across them is not one script's.
+                partial=False,
             )
             for s, pos in parts
         ]
@@ -222,7 +228,7 @@ class ShardedIndex:
             index._charge_group(layout, total)  # the failures below release it
             self._fail_granted(layout, req, [s for s, *_ in granted])
             raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
-        pack_counts = [req.pack_count, *(c[2] for c in req.more_candidates)]
+        pack_counts = [req.pack_count, *(c.pack_count for c in req.more_candidates)]
         written_to = [0] * len(block_keys)
         placed: dict[int, tuple[int, int, int]] = {}
         pipe = index.client.pipeline(transaction=False)
@@ -275,8 +281,8 @@ class ShardedIndex:
         def fail(shard: InstanceLayout) -> None:
             session = index.session(shard, req.session_id)
             if session is not None:
-                _, victims = index.finish(shard, req.session_id, session, (), req.sizes, force_fail=True)
-                index.drop(shard, victims, req.sizes)
+                failed = index.finish(shard, req.session_id, session, (), req.sizes, force_fail=True)
+                index.drop(shard, failed.victims, req.sizes)
 
         gather([partial(fail, layout.shards[s]) for s in shards])
 
@@ -342,7 +348,7 @@ class ShardedIndex:
         success: Sequence[bool],
         sizes: Sequence[int],
         force_fail: bool,
-    ) -> tuple[bool, list[Victim]]:
+    ) -> FinishOutcome:
         """``BlockIndex.finish`` over the session's parts, at once."""
         if not isinstance(session, ShardedSession):
             raise WriteSessionError(f"write session {session_id!r} was not read from the instance's shards")
@@ -367,7 +373,11 @@ class ShardedIndex:
         if errors:
             raise errors[0]
         replies = [reply for reply, _ in settled if reply is not None]
-        return any(expired for expired, _ in replies), [v for _, victims in replies for v in victims]
+        position = {where: i for i, where in enumerate(session.origin)}
+        uncommitted = sorted(
+            position[(p, j)] for p, reply in enumerate(replies) for j in reply.uncommitted if (p, j) in position
+        )
+        return FinishOutcome(any(r.expired for r in replies), [v for r in replies for v in r.victims], uncommitted)
 
     def mark_deleting(
         self,
@@ -397,6 +407,17 @@ class ShardedIndex:
             ]
         )
         return [v for victims in replies for v in victims]
+
+    def restore(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> int:
+        """``BlockIndex.restore`` per shard, at once."""
+        per_shard: list[list[Victim]] = [[] for _ in layout.shards]
+        for victim in victims:
+            per_shard[shard_of(victim.block_key, layout.shard_count)].append(victim)
+        return sum(
+            gather(
+                [partial(self.index.restore, layout.shards[s], part, sizes) for s, part in enumerate(per_shard) if part]
+            )
+        )
 
     def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> DropOutcome:
         """``BlockIndex.drop`` per shard, at once."""

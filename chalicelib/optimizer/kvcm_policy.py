@@ -12,9 +12,10 @@ mirrors, block for block where it can:
   ``max_key_count``, or its byte quota in blocks). A write whose new blocks would pass it
   makes room first: up to ``MAKE_ROOM_ATTEMPTS`` times (``FRUITLESS_ATTEMPTS`` that free
   nothing end it), the write path evicts (bounded sampling, never the write's own keys)
-  the shortfall, doubled at each attempt, plus ``headroom_percent`` of the limit, and the
-  write is tried again; still over, it is refused whole and wakes the reclaimer
-  (cache/service.py, capacity/eviction.py).
+  the shortfall (plus ``headroom_percent`` of the limit, 0 as the service), and the
+  write is tried again; still over, it gets the longest leading run of its new blocks
+  that fits (a partial grant), refused and waking the reclaimer when none fits
+  (cache/room.py, capacity/eviction.py).
 * **Rounds.** A round runs every ``round_s`` (the scheduler: 1 s locally, 60 s on AWS);
   it looks at the instance when woken, when the last round freed something while over,
   or ``period_s`` after its last look. It frees what is over ``used_percentage`` of the
@@ -51,8 +52,8 @@ LFU_INITIAL, LFU_MAX = 5, 255
 PRESSURE_HEADROOM_PERCENT = 10
 #: Times a refused write makes room and tries again (cache/service.py); it gives up after
 #: this many attempts that freed nothing.
-MAKE_ROOM_ATTEMPTS = 6
-FRUITLESS_ATTEMPTS = 2
+MAKE_ROOM_ATTEMPTS = 10
+FRUITLESS_ATTEMPTS = 3
 MIN_DENSITY = 0.01
 ORDERS = ("lru", "lfu", "ttl")
 
@@ -111,7 +112,7 @@ class KVCMPolicy(EvictionPolicy):
         round_s: float = 60.0,
         touch_interval_s: int = 1,
         lfu_decay_s: int = 60,
-        headroom_percent: int = 1,
+        headroom_percent: int = 0,
     ) -> None:
         if order not in ORDERS:
             raise ConfigError(f"kvcm order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -207,7 +208,7 @@ class KVCMPolicy(EvictionPolicy):
             block.atime, block.lfu = now, lfu
 
     def insert(self, keys: Sequence[int], limit: int | None = None, parent: int | None = None) -> int:
-        """A start + finish of ``keys``: all or nothing against the limit."""
+        """A start + finish of ``keys``: the leading run of new blocks that fits the limit."""
         self._set_limit(limit)
         entries = self._entries
         new: dict[int, int | None] = {}
@@ -216,10 +217,13 @@ class KVCMPolicy(EvictionPolicy):
                 new[key] = keys[index - 1] if index else parent
         if not new:
             return 0
-        if not self._make_room(len(new), frozenset(keys)):
+        fit = self._make_room(len(new), frozenset(keys))
+        if not fit:
             self.refused_writes += 1
             self._woken = True
             return 0
+        if fit < len(new):  # a partial grant: the leading run of the new blocks
+            new = dict(list(new.items())[:fit])
         now = int(self._now)
         for key, key_parent in new.items():
             entries[key] = _Block(now, key_parent)
@@ -234,23 +238,24 @@ class KVCMPolicy(EvictionPolicy):
                     parent_block.children += 1
         return len(new)
 
-    def _make_room(self, new: int, protected: frozenset[int]) -> bool:
-        """Whether ``new`` blocks fit, after the write path made room if it had to."""
+    def _make_room(self, new: int, protected: frozenset[int]) -> int:
+        """How many of ``new`` blocks fit (a leading run), after the write path made room
+        if it had to."""
         limit = self._limit or 0
         headroom = math.floor(limit * self.headroom_percent / 100)
         fruitless = 0
-        for attempt in range(MAKE_ROOM_ATTEMPTS + 1):
+        for _ in range(MAKE_ROOM_ATTEMPTS):
             over = len(self._entries) + new - limit
             if over <= 0:
-                return True
-            if attempt == MAKE_ROOM_ATTEMPTS or self.used_fraction > 1:
-                return False  # a used_percentage over 1: full groups refuse, as upstream
-            freed = self._evict((1 << attempt) * over + headroom, WRITE_PATH_SAMPLING, 0, False, protected)
+                return new
+            if self.used_fraction > 1:
+                return 0  # a used_percentage over 1: full groups refuse, as upstream
+            freed = self._evict(over + headroom, WRITE_PATH_SAMPLING, 0, False, protected)
             self.evicted["write_path"] += freed
             fruitless += freed == 0
-            if fruitless == FRUITLESS_ATTEMPTS:
-                return False
-        return False
+            if fruitless == FRUITLESS_ATTEMPTS or freed < over:
+                break
+        return max(0, min(new, limit - len(self._entries)))
 
     def evict(self, count: int) -> int:
         """``count`` victims chosen as a round chooses them."""

@@ -508,6 +508,13 @@ class FinishWriteCacheRequest(Request):
     success_blocks: BlockMask | None = None
 
 
+class FinishWriteCacheResponse(Response):
+    #: The session's blocks (its new keys, in order; True = this one) reported successful
+    #: that will not be served: a removeCache or trim took them while WRITING. Absent
+    #: when every successful block was committed.
+    uncommitted_blocks: BlockMask | None = None
+
+
 class RemoveCacheRequest(KeysRequest):
     block_mask: BlockMask | None = None
 

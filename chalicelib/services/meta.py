@@ -16,6 +16,7 @@ from ..control.views import storage_configs_json
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
     FinishWriteCacheRequest,
+    FinishWriteCacheResponse,
     GetCacheLocationLenRequest,
     GetCacheLocationLenResponse,
     GetCacheLocationRequest,
@@ -108,7 +109,7 @@ class MetaService:
             self.reprobe(req.instance_id, False)
             raise
 
-    def finish_write_cache(self, req: FinishWriteCacheRequest) -> Response:
+    def finish_write_cache(self, req: FinishWriteCacheRequest) -> FinishWriteCacheResponse:
         """The written blocks start serving; the others are dropped."""
         return self.cache.finish_write_cache(req)
 

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from chalicelib.protocol.errors import InvalidArgumentError
 from chalicelib.protocol.models import (
     CacheLocations,
+    FinishWriteCacheResponse,
     GetCacheLocationLenResponse,
     GetCacheLocationRequest,
     GetCacheLocationResponse,
@@ -173,6 +174,7 @@ def test_each_meta_operation_knows_its_response_model(op):
         "getCacheLocation": GetCacheLocationResponse,
         "getCacheMeta": GetCacheMetaResponse,
         "startWriteCache": StartWriteCacheResponse,
+        "finishWriteCache": FinishWriteCacheResponse,
         "getCacheLocationLen": GetCacheLocationLenResponse,
         "getClusterInfo": GetClusterInfoResponse,
         "reportEvent": ReportEventResponse,

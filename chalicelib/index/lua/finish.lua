@@ -6,18 +6,19 @@
 --       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets,
 --       [8] block size per spec group (I6 each), [9] the finishing instance's id: a
 --       session is finished only by the instance that started it.
--- Returns {status, victims, deleting charge...}: status FINISH_FINISHED, FINISH_UNKNOWN
--- (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED (the session
--- changed under the caller). Victims are
--- the locations now DELETING, as VICTIM_FMT descriptors; the charge is prelude's
--- deleting_charge.
+-- Returns {status, victims, uncommitted, deleting charge...}: status FINISH_FINISHED,
+-- FINISH_UNKNOWN (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED
+-- (the session changed under the caller). Victims are the locations now DELETING, as
+-- VICTIM_FMT descriptors; uncommitted, one byte per session key, '1' where the caller
+-- said success but the location was no longer WRITING (a removeCache or trim took it
+-- meanwhile): it will not be served; the charge is prelude's deleting_charge.
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix, nbuckets = ARGV[6], tonumber(ARGV[7])
 local charge = deleting_charge(KEYS[4], ARGV[8])
 local s = redis.call('HMGET', session, 'd', 'k', 'i')
-if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {FINISH_UNKNOWN, ''} end
-if s[2] ~= expected then return {FINISH_CHANGED, ''} end
+if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {FINISH_UNKNOWN, '', ''} end
+if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
 if force == '1' or now_ms > tonumber(s[1]) then
   status = FINISH_EXPIRED
@@ -25,7 +26,9 @@ if force == '1' or now_ms > tonumber(s[1]) then
 end
 local blob = s[2]
 local victims = {}
+local uncommitted = {}
 for j = 1, #blob / SESSION_ENTRY_LEN do
+  uncommitted[j] = string.sub(success, j, j) == '1' and '1' or '0'
   local key, loc = struct.unpack(SESSION_ENTRY_FMT, blob, (j - 1) * SESSION_ENTRY_LEN + 1)
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
@@ -34,6 +37,7 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
     if i then
       local st, sidx, sg, id, group, slot = loc_at(rec, i)
       if st == WRITING then
+        uncommitted[j] = '0'
         if string.sub(success, j, j) == '1' then
           redis.call('HSET', bucket, key, set_loc_status(rec, i, SERVING))
         else
@@ -49,6 +53,7 @@ end
 redis.call('DEL', session)
 redis.call('ZREM', deadlines, sid)
 local out = charge.flush(KEYS[3])
+table.insert(out, 1, table.concat(uncommitted))
 table.insert(out, 1, table.concat(victims))
 table.insert(out, 1, status)
 return out

@@ -170,7 +170,7 @@ local function deleting_charge(stab, sizes)
   end
   function charge.flush(usage)
     local out = {charge.bytes, charge.keys}
-    if charge.keys > 0 then
+    if charge.bytes > 0 or charge.keys > 0 then
       redis.call('HINCRBY', usage, 'd', charge.bytes)
       redis.call('HINCRBY', usage, 'dk', charge.keys)
       for stype, size in pairs(charge.by_type) do

@@ -1,5 +1,8 @@
--- startWriteCache: add a WRITING location for every key that needs one, all or nothing,
--- with usage and the write session in the same atomic step.
+-- startWriteCache: add a WRITING location for every key that needs one, with usage and
+-- the write session in the same atomic step. Under the quotas a start is all or nothing,
+-- or, with ARGV[28 + 6C] = '1' (partial), gets the longest leading run of the keys it
+-- would write that fits (docs/capacity.md, "Partial grants"): refused only when not even
+-- the first one fits, the shortfall then being that key's.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
 --       deadlines, [6] session record, [7] occupied buckets.
 -- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
@@ -11,7 +14,7 @@
 --       (idem), [15] max key count (0 = none),
 --       [16] bucket prefix, [17] bucket count, [18] instance id (the session's owner),
 --       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
---       the instance may have (0 = no limit): every start opens one, new keys or not.
+--       the instance may have (0 = no limit): a start opens one only when it writes a key.
 --       [21] the instance's own byte quota (the group's instance_quotas; 0 = none).
 --       [22] min replica count (>= 1), [23] stale locations (SESSION_ENTRY_FMT each: key,
 --       location id): SERVING locations whose data the storage reports missing,
@@ -20,7 +23,8 @@
 --       [26] '1' when the storage of ARGV[5] addresses blocks by location (a key may have
 --       several locations there), '0' by key, [27] the count C of further candidate
 --       storages, then C x (name, type, pack count, type capacity, the group's live bytes
---       of that type, by-location flag), in the order they are tried.
+--       of that type, by-location flag), in the order they are tried; then [28 + 6C]
+--       '1' for a partial grant, '0' all or nothing.
 -- Storages are candidates 1 (ARGV[5..7]) to C + 1. A key is written, on the first
 -- candidate that may take it, when fewer than ARGV[22] of its locations cover its spec
 -- group (UPSTREAM_V2 §2.6). Counted: WRITING, SERVING and DELETING locations, stale ones
@@ -37,7 +41,7 @@
 --      stale ones (prelude deleting_charge), then type, bytes added of that type, ...}
 --      or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
 --      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
---      REFUSED_STORAGES or REFUSED_SESSIONS.
+--      REFUSED_STORAGES or REFUSED_SESSIONS. A start with no key to write opens no session.
 --
 -- Quotas count live usage: bytes and keys minus what is DELETING ('d', 'dt:<type>',
 -- 'dk'), whose data is on its way out (mark.lua, finish.lua charge those counters,
@@ -73,10 +77,6 @@ local max_keys = tonumber(ARGV[15])
 local bprefix, nbuckets, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
 local state = redis.call('HMGET', meta, 'inc', 'removing')
 if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {START_REFUSED, REFUSED_GONE} end
-local max_sessions = tonumber(ARGV[20])
-if max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then
-  return {START_REFUSED, REFUSED_SESSIONS, 1}
-end
 local n = #keys / 8
 local fields, buckets = {}, {}
 for i = 1, n do
@@ -97,6 +97,7 @@ for c = 1, tonumber(ARGV[27]) do
   cands[c + 1] = {ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]),
                   ARGV[a + 6] == '1'}
 end
+local partial = ARGV[28 + 6 * tonumber(ARGV[27])] == '1'
 -- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
 for _, cand in ipairs(cands) do cand.sidx = tonumber(redis.call('HGET', stab, 'n:' .. cand[1]) or 0) end
 
@@ -173,6 +174,16 @@ local function result(base, victims, charge)
   return out
 end
 
+-- Only a start with keys to write opens a session, so only those count against the cap.
+local max_sessions = tonumber(ARGV[20])
+if #written > 0 and max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then
+  return {START_REFUSED, REFUSED_SESSIONS, 1}
+end
+
+-- The quotas, checked on what the first `count` written keys add (in check order: the
+-- instance's bytes, the group's, each candidate type's, the keys): nil when they hold,
+-- else the refusal reason and its shortfall.
+local quota = nil
 if #written > 0 then
   local u = redis.call('HMGET', usage, 'bytes', 'keys', 'd', 'dk')
   local own_bytes = tonumber(u[1] or 0) - tonumber(u[3] or 0)
@@ -181,21 +192,65 @@ if #written > 0 then
   -- instance's own counters by the changes in flight, so it is never taken below 0.
   local others_bytes = math.max(0, group_bytes - own_bytes)
   local instance_cap = tonumber(ARGV[21])
-  local over = own_bytes + new_bytes - instance_cap
-  if instance_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_INSTANCE, over} end
-  over = others_bytes + own_bytes + new_bytes - group_cap
-  if group_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_GROUP, over} end
+  local type_room = {}  -- type -> bytes it may still take (nil: no quota)
   for _, cand in ipairs(cands) do
     local t, cap = cand[2], cand[4]
-    if type_bytes[t] and cap > 0 then
+    if type_bytes[t] and cap > 0 and not type_room[t] then
       local tu = redis.call('HMGET', usage, 't:' .. t, 'dt:' .. t)
       local own_type = tonumber(tu[1] or 0) - tonumber(tu[2] or 0)
-      over = math.max(0, cand[5] - own_type) + own_type + type_bytes[t] - cap
-      if over > 0 then return {START_REFUSED, REFUSED_TYPE, over} end
+      type_room[t] = cap - math.max(0, cand[5] - own_type) - own_type
     end
   end
-  over = own_keys + #new - max_keys
-  if max_keys > 0 and over > 0 then return {START_REFUSED, REFUSED_KEYS, over} end
+  quota = function(bytes, created, by_type)
+    local over = own_bytes + bytes - instance_cap
+    if instance_cap > 0 and over > 0 then return REFUSED_INSTANCE, over end
+    over = others_bytes + own_bytes + bytes - group_cap
+    if group_cap > 0 and over > 0 then return REFUSED_GROUP, over end
+    for _, cand in ipairs(cands) do
+      local room = type_room[cand[2]]
+      if room and by_type[cand[2]] and by_type[cand[2]] > room then
+        return REFUSED_TYPE, by_type[cand[2]] - room
+      end
+    end
+    over = own_keys + created - max_keys
+    if max_keys > 0 and over > 0 then return REFUSED_KEYS, over end
+    return nil
+  end
+  local reason, over = quota(new_bytes, #new, type_bytes)
+  if reason and not partial then return {START_REFUSED, reason, over} end
+  if reason then
+    -- A partial grant: the longest leading run of the written keys that fits; the keys
+    -- after it are not written (the reply masks them).
+    local bytes, created, by_type = 0, 0, {}
+    local fit, fit_bytes, fit_types = 0, 0, {}
+    for j, i in ipairs(written) do
+      local size = struct.unpack('>I6', sizes_blob, byte(sg_blob, i) * 6 + 1)
+      local t = cands[byte(flags[i]) - ZERO][2]
+      bytes = bytes + size
+      by_type[t] = (by_type[t] or 0) + size
+      if not grown[i] then created = created + 1 end
+      reason, over = quota(bytes, created, by_type)
+      if reason then
+        if j == 1 then return {START_REFUSED, reason, over} end
+        break
+      end
+      fit, fit_bytes = j, bytes
+      for k, v in pairs(by_type) do fit_types[k] = v end
+    end
+    local granted, kept_written, kept_new = {}, {}, {}
+    for j = 1, fit do granted[written[j]] = true end
+    for _, i in ipairs(written) do
+      if granted[i] then
+        kept_written[#kept_written + 1] = i
+      else
+        flags[i], grown[i] = '0', nil
+      end
+    end
+    for _, i in ipairs(new) do
+      if granted[i] then kept_new[#kept_new + 1] = i end
+    end
+    written, new, new_bytes, type_bytes = kept_written, kept_new, fit_bytes, fit_types
+  end
 end
 
 for c, cand in ipairs(cands) do
@@ -313,6 +368,8 @@ for i, pruned in pairs(prune) do
   redis.call('HSET', buckets[i], fields[i], stamp_deleting(unlink_from_parent(bprefix, nbuckets, rec), now_s))
 end
 
-redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
-redis.call('ZADD', deadlines, deadline, sid)
+if #written > 0 then
+  redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
+  redis.call('ZADD', deadlines, deadline, sid)
+end
 return result(base, table.concat(victims), charge.flush(usage))

@@ -27,7 +27,8 @@ def finish(index, layout, sid, success):
     session = index.session(layout, sid)
     if session is None:
         raise WriteSessionError("gone")
-    return index.finish(layout, sid, session, success, SIZES)
+    finished = index.finish(layout, sid, session, success, SIZES)
+    return finished.expired, finished.victims
 
 
 def test_start_finish_read_roundtrip(index, layout):

@@ -22,7 +22,8 @@ def test_index_and_lease_on_a_cluster(cluster):
     layout, other = index.layout("inst", 4), index.layout("other", 4)
     index.start(layout, [1, 2, 3], StartRequest("s1", 2**47, "nfs", "ST_NFS", 8, [200], [0, 0, 0]))
     assert index.due_sessions(["inst", "other"], 2**48) == {"inst": ["s1"]}
-    expired, victims = index.finish(layout, "s1", index.session(layout, "s1"), [True, True, False], [200])
+    finished = index.finish(layout, "s1", index.session(layout, "s1"), [True, True, False], [200])
+    expired, victims = finished.expired, finished.victims
     assert not expired and [v.block_key for v in victims] == [3]
     assert len(index.read_raw(layout, [1, 2, 3], MODE_PREFIX)) == 2
     usage = index.usage([layout, other])

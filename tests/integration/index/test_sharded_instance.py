@@ -154,7 +154,8 @@ def test_expired_sessions_are_found_and_failed_in_every_shard(index, sharded):
     keys = keys_of(random.Random(17), 9)
     index.start(sharded, keys, request("s1", 9))
     assert index.due_sessions(["sh", "ref"], 2**48) == {"sh": ["s1"]}
-    expired, victims = index.finish(sharded, "s1", index.session(sharded, "s1"), (), [SIZE], force_fail=True)
+    failed = index.finish(sharded, "s1", index.session(sharded, "s1"), (), [SIZE], force_fail=True)
+    victims = failed.victims
     assert sorted(v.block_key for v in victims) == sorted(keys)
     assert index.due_sessions(["sh"], 2**48) == {}
 

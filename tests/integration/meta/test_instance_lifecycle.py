@@ -160,23 +160,31 @@ def test_a_session_is_finished_only_by_its_own_instance(http, runtime, group, in
 
 
 def test_open_write_sessions_are_capped_per_instance(http, runtime, group, instance):
-    """Every start opens a session, new keys or not; past the cap a start is refused
-    (it was unbounded: thousands of empty sessions living an hour each)."""
+    """A start that writes keys opens a session, capped per instance; a start with no new
+    key opens none (4,096 such starts locked the owner's writes out for an hour: issue
+    #28 item 8), and its session id finishes with nothing to close."""
     runtime.reconfigure(max_write_sessions=3)
     write(http, [1])
-    opened = [http("startWriteCache", {"instance_id": "i1", "block_keys": [1]}) for _ in range(3)]
+    empty = [http("startWriteCache", {"instance_id": "i1", "block_keys": [1]}) for _ in range(5)]
+    assert [code(r) for r in empty] == ["OK"] * 5 and all(r["locations"] == [] for r in empty)
+    opened = [http("startWriteCache", {"instance_id": "i1", "block_keys": [k]}) for k in (2, 3, 4)]
     assert [code(r) for r in opened] == ["OK", "OK", "OK"]
-    refused = http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})
+    refused = http("startWriteCache", {"instance_id": "i1", "block_keys": [5]})
     assert (
         code(refused) == "REACH_MAX_ENTITY_CAPACITY"
         and "KVCM_MAX_WRITE_SESSIONS" in refused["header"]["status"]["message"]
     )
-    assert json_statuses(http, [2]) == ["CLS_NOT_FOUND"]
+    assert json_statuses(http, [5]) == ["CLS_NOT_FOUND"]
+    fin = http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": empty[0]["write_session_id"], "success_blocks": {"offset": 0}},
+    )
+    assert code(fin) == "OK", fin
     http(
         "finishWriteCache",
-        {"instance_id": "i1", "write_session_id": opened[0]["write_session_id"], "success_blocks": {"offset": 0}},
+        {"instance_id": "i1", "write_session_id": opened[0]["write_session_id"], "success_blocks": {"offset": 1}},
     )
-    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
+    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [5]})) == "OK"
 
 
 def test_a_start_whose_response_could_not_fit_is_refused_before_it_grants(http, runtime, group):

@@ -295,3 +295,32 @@ def test_reads_skip_blocks_on_a_storage_that_may_not_serve(runtime, http, tmp_pa
     runtime.control.set_storage_available("nfs_b", True)
     clock.advance(60)
     assert served("QT_REVERSE_ROLL_SW_MATCH", sw_size=2) == [False] * 4 + [True, True]
+
+
+def test_a_finish_names_the_blocks_removed_while_writing_as_not_committed(http, instance):
+    """A removeCache during WRITING takes the block; the finish that reports it successful
+    said plain OK, though it is never served (issue #28 item 11)."""
+    start = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
+    assert code(start) == "OK" and len(start["locations"]) == 3
+    assert code(http("removeCache", {"instance_id": "i1", "block_keys": [2]})) == "OK"
+    fin = http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": start["write_session_id"], "success_blocks": {"offset": 3}},
+    )
+    assert code(fin) == "OK", fin
+    assert fin["uncommitted_blocks"] == {"bool_masks": {"values": [False, True, False]}}
+    assert "not committed" in fin["header"]["status"]["message"]
+    metas = http("getCacheMeta", {"instance_id": "i1", "block_keys": [1, 2, 3]})["metas"]
+    served = [json.loads(m)["status"] == "CLS_SERVING" for m in metas]
+    assert served == [True, False, True]
+    again = write(http, [4, 5])  # a finish with every block committed answers as before
+    assert code(again) == "OK"
+
+
+def test_a_finish_with_every_block_committed_has_no_uncommitted_field(http, instance):
+    start = http("startWriteCache", {"instance_id": "i1", "block_keys": [7, 8]})
+    fin = http(
+        "finishWriteCache",
+        {"instance_id": "i1", "write_session_id": start["write_session_id"], "success_blocks": {"offset": 2}},
+    )
+    assert code(fin) == "OK" and "uncommitted_blocks" not in fin, fin

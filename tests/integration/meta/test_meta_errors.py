@@ -184,7 +184,10 @@ def _meta_statuses(http, keys):
     return [json.loads(m)["status"] for m in resp["metas"]]
 
 
-def test_quota_refusal_leaves_nothing_writing(http, runtime, group):
+def test_a_start_past_the_quota_gets_the_leading_run_that_fits_and_nothing_else(http, runtime, group):
+    """Room for one more block: a start of two new keys gets the first (a partial grant,
+    issue #23 item 2; it was refused whole), the other stays unwritten; a start with no
+    room at all is refused and leaves nothing WRITING."""
     runtime.control.update_group(
         InstanceGroup.model_validate({**group.model_dump(), "version": 0, "quota": {"capacity": 4096}}),
         current_version=group.version,
@@ -201,11 +204,15 @@ def test_quota_refusal_leaves_nothing_writing(http, runtime, group):
     )
     write(http, [1])  # 2 KiB of 4
     resp = http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2, 3]})
-    assert code(resp) == "REACH_MAX_ENTITY_CAPACITY", resp
-    assert _meta_statuses(http, [2, 3]) == ["CLS_NOT_FOUND", "CLS_NOT_FOUND"]
+    assert code(resp) == "OK", resp
+    assert resp["block_mask"] == {"bool_masks": {"values": [True, False, True]}} and len(resp["locations"]) == 1
+    assert _meta_statuses(http, [2, 3]) == ["CLS_WRITING", "CLS_NOT_FOUND"]
     ctx = runtime.contexts("i1")
-    assert runtime.index.usage([ctx.layout])[0].bytes == 2048
-    assert code(http("startWriteCache", {"instance_id": "i1", "block_keys": [1, 2]})) == "OK"
+    assert runtime.index.usage([ctx.layout])[0].bytes == 4096
+    refused = http("startWriteCache", {"instance_id": "i1", "block_keys": [3]})  # 2 blocks WRITING/SERVING
+    assert code(refused) == "REACH_MAX_ENTITY_CAPACITY", refused
+    assert _meta_statuses(http, [3]) == ["CLS_NOT_FOUND"]
+    assert runtime.index.usage([ctx.layout])[0].bytes == 4096
 
 
 def test_max_key_count(http, runtime, group):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chalicelib.cache import context, service
+from chalicelib.cache import context, room
 from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.index import BlockIndex
 from chalicelib.optimizer import kvcm_policy
@@ -40,10 +40,11 @@ def test_constants_are_the_live_ones():
     )
     assert all(kvcm_policy.bucket_bits(n) == context.bucket_bits_for(n) for n in (1, 64, 1000, 10**5, 10**9))
     assert kvcm_policy.PRESSURE_HEADROOM_PERCENT == watermark.PRESSURE_HEADROOM_PERCENT
-    assert kvcm_policy.MAKE_ROOM_ATTEMPTS == service.MAKE_ROOM_ATTEMPTS
+    assert kvcm_policy.MAKE_ROOM_ATTEMPTS == room.RetryWithEviction().evictions
+    assert kvcm_policy.FRUITLESS_ATTEMPTS == room.RetryWithEviction().fruitless
     assert kvcm_policy.MIN_DENSITY == __import__("chalicelib.capacity.instance").capacity.instance.MIN_DENSITY
     policy = KVCMPolicy()
-    assert policy.headroom_percent == eviction.HEADROOM_PERCENT
+    assert policy.headroom_percent == 0  # the write path frees the shortfall alone
     assert policy.touch_interval_s == BlockIndex.TOUCH_INTERVAL_S
     assert policy.lfu_decay_s == BlockIndex.LFU_DECAY_S
     assert policy.used_fraction == group_model.DEFAULT_USED_PERCENTAGE
@@ -55,14 +56,16 @@ def chain(start: int, length: int) -> list[int]:
     return list(range(start, start + length))
 
 
-def test_a_write_is_all_or_nothing_and_a_refusal_wakes_the_reclaimer():
+def test_a_write_too_big_gets_the_leading_run_that_fits_and_a_refusal_wakes_the_reclaimer():
     policy = KVCMPolicy(round_s=1)
     policy.advance(0)
     assert policy.insert(chain(1, 3), limit=4) == 3
-    # 3 cached + 5 new > 4: the write path frees what it can (3) and it is still too much
-    assert policy.insert(chain(100, 5), limit=4) == 0
-    assert policy.refused_writes == 1 and len(policy) == 0
-    assert policy.insert(chain(100, 4), limit=4) == 4
+    # 3 cached + 5 new > 4: the write path frees what it can (3), the first 4 new ones fit
+    assert policy.insert(chain(100, 5), limit=4) == 4
+    assert policy.refused_writes == 0 and len(policy) == 4
+    # the write's own blocks are never evicted for it: nothing fits, refused
+    assert policy.insert([100, 101, 102, 103, 200], limit=4) == 0
+    assert policy.refused_writes == 1 and len(policy) == 4
 
 
 def test_the_write_path_evicts_least_recent_leaves_first():
