@@ -591,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the exact curve: cheaper than sampling in time on any trace (no hashing, about "
         "one replay) and in memory too while the trace has fewer than ~3xS_MAX distinct blocks "
-        "per instance; it keeps ~100 bytes per distinct block (1 GB at 10M), sampling O(S_MAX)",
+        "per instance; it keeps ~300 bytes per distinct block (3 GB at 10M), sampling O(S_MAX)",
     )
     p.add_argument(
         "--check", action="store_true", help="with a sampled curve, also build the exact one and print the error"

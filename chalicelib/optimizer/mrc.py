@@ -24,9 +24,9 @@ positions form runs ``a, a-1, a-2, ...``; inside a run the distances are consecu
 integers, so each run costs one dead-count query, one bit-mask update and two histogram
 updates -- not one per key. The whole curve costs about one replay.
 
-With ``sample_rate < 1`` the curve is a SHARDS estimate from a stratified spatial sample
-of the keys (:mod:`chalicelib.optimizer.shards`): the state shrinks with the rate, at an
-error that :func:`shards_error` measures against the exact curve.
+A sampled curve (:mod:`chalicelib.optimizer.shards`: fixed-size SHARDS behind an exact top
+of the stack, ``s_max`` or ``sample_rate``) is a :class:`HitRatioCurve` too, with histogram
+bins at ``edges``; :func:`shards_error` measures it against the exact curve.
 """
 
 from __future__ import annotations
