@@ -67,7 +67,9 @@ def best_of(repeat: int, *runs):
 
 
 def _child_curve(queue, source: str, settings: dict) -> None:
-    """In a fresh process: build one curve; report seconds, peak RSS (MB) and the curve."""
+    """In a fresh process: build one curve; report seconds, the peak RSS it added to the
+    interpreter's (MB) and the curve."""
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     if "correction" in settings:  # a correction other than the default: the builder itself
         builder = SampledCurveBuilder(block_size=_block_size(source), **settings)
@@ -76,7 +78,8 @@ def _child_curve(queue, source: str, settings: dict) -> None:
         curve = builder.curve()
     else:
         curve = lru_curve(_records(source), block_size=_block_size(source), **settings)
-    queue.put((time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, curve))
+    added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline
+    queue.put((time.perf_counter() - started, added / 1024, curve))
 
 
 def _records(source: str):
@@ -91,8 +94,9 @@ def _block_size(source: str) -> int:
 
 
 def curve_in_process(source: str, **settings):
-    """(seconds, peak RSS MB of the process, curve) of one curve built in its own process:
-    the RSS is that curve's and the trace reader's, nothing left by an earlier run."""
+    """(seconds, peak RSS MB added, curve) of one curve built in its own process: the RSS
+    is that curve's and the trace reader's over the interpreter's, nothing left by an
+    earlier run."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_child_curve, args=(queue, source, settings))
@@ -105,7 +109,7 @@ def curve_in_process(source: str, **settings):
 def sampled_section(source: str, exact_s: float, exact_rss: float, exact) -> None:
     """Time, peak memory and error of the sampled curves against the exact one."""
     grid = shards_grid(exact)
-    print(f"    exact curve                        {exact_s:8.2f} s  peak RSS {exact_rss:8.0f} MB")
+    print(f"    exact curve                        {exact_s:8.2f} s  peak RSS +{exact_rss:7.0f} MB")
     settings_list = [{"s_max": DEFAULT_S_MAX}, {"s_max": 16_384}, {"s_max": 16_384, "correction": "adj"}]
     if source == "conversation":
         settings_list += [{"sample_rate": 0.1}, {"sample_rate": 0.01}]
@@ -114,7 +118,7 @@ def sampled_section(source: str, exact_s: float, exact_rss: float, exact) -> Non
         error = shards_error(exact, sampled, grid)
         name = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in settings.items())
         print(
-            f"    {name:34} {seconds:8.2f} s  peak RSS {rss:8.0f} MB  = {seconds / exact_s:.2f} x the exact time;"
+            f"    {name:34} {seconds:8.2f} s  peak RSS +{rss:7.0f} MB  = {seconds / exact_s:.2f} x the exact time;"
             f" rate {sampled.sample_rate:.4f}, {len(grid)}-point max |error| {error['max_abs_error']:.4f}"
             f" at {error['max_at_capacity']:,} (mean {error['mean_abs_error']:.4f})"
         )
