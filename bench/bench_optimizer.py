@@ -9,8 +9,11 @@ Prints, side by side:
 * the same capacities with libCacheSim's LRU (C, via its Python bindings), fed the same
   block access sequence (every request's blocks, last block first -- the order the replay
   touches them), capacities in objects (every block has size 1);
-* SHARDS sampling: time and measured error against the exact curve, over --shards-seeds
-  samples (hash seeds).
+* sampled curves (fixed-size SHARDS at the default s_max and at 16,384, SHARDS_adj, fixed
+  rates): time, peak RSS (each curve in its own process) and the max error over the
+  40-point grid, against the exact curve; with --generated N the same on a generated
+  trace of N distinct blocks (chalicelib/optimizer/tracegen.py), and libCacheSim's LRU
+  at the grid capacities when N <= --lcs-max.
 
 libCacheSim counts every block on its own, not prefix hits, so its hit ratios differ
 slightly at small capacities; the table shows both.
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
+import resource
 import statistics
 import struct
 import sys
@@ -33,8 +38,9 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from chalicelib.optimizer.mrc import lru_curve, shards_error  # noqa: E402
 from chalicelib.optimizer.replay import ReplayConfig, replay  # noqa: E402
-from chalicelib.optimizer.report import log_capacities  # noqa: E402
-from chalicelib.optimizer.shards import SampledCurveBuilder, _WeightedStack  # noqa: E402
+from chalicelib.optimizer.report import log_capacities, shards_grid  # noqa: E402
+from chalicelib.optimizer.shards import DEFAULT_S_MAX, SampledCurveBuilder  # noqa: E402
+from chalicelib.optimizer.tracegen import TraceShape, generate_records  # noqa: E402
 from chalicelib.optimizer.traces import read_trace  # noqa: E402
 
 TRACE = REPO_ROOT / "traces" / "mooncake_conversation.jsonl"
@@ -60,32 +66,62 @@ def best_of(repeat: int, *runs):
     return [(min(t), r) for t, r in zip(times, results, strict=True)], ratios
 
 
-def sampled_curve(records, rate: float, seed: int, builder_class=SampledCurveBuilder):
-    """The SHARDS estimate from the sample hash seed ``seed`` draws."""
-    builder = builder_class(block_size=512, sample_rate=rate, seed=seed)
-    for record in records:
-        builder.add(record)
-    return builder.curve()
+def _child_curve(queue, source: str, settings: dict) -> None:
+    """In a fresh process: build one curve; report seconds, the peak RSS it added to the
+    interpreter's (MB) and the curve."""
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    if "correction" in settings:  # a correction other than the default: the builder itself
+        builder = SampledCurveBuilder(block_size=_block_size(source), **settings)
+        for record in _records(source):
+            builder.add(record)
+        curve = builder.curve()
+    else:
+        curve = lru_curve(_records(source), block_size=_block_size(source), **settings)
+    added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline
+    queue.put((time.perf_counter() - started, added / 1024, curve))
 
 
-class ExactDistanceSample(SampledCurveBuilder):
-    """The same sample, every kept key's distance read from an exact stack of all keys: the
-    error left when the distance noise is gone (what a perfect correction of it reaches).
-    Request records only (the Mooncake trace)."""
+def _records(source: str):
+    """The shared trace (``conversation``) or a generated one (``generated:N``), streamed."""
+    if source == "conversation":
+        return read_trace(TRACE, "mooncake")
+    return generate_records(TraceShape(distinct_blocks=int(source.split(":")[1]), live=20_000))
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self._all = _WeightedStack()  # every key, one block each
 
-    def distance(self, key: int, own: int) -> int | None:
-        return self._all.distance(key, own)
+def _block_size(source: str) -> int:
+    return 512 if source == "conversation" else 16
 
-    def add(self, record) -> None:
-        keys = record.keys
-        self._roots.add(keys[0])
-        self._read(self, keys, record.mask, record.input_tokens, record.query, record.sw_size)
-        for key in reversed(list(dict.fromkeys(keys))):
-            self._all.touch(key, self._threshold)
+
+def curve_in_process(source: str, **settings):
+    """(seconds, peak RSS MB added, curve) of one curve built in its own process: the RSS
+    is that curve's and the trace reader's over the interpreter's, nothing left by an
+    earlier run."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_child_curve, args=(queue, source, settings))
+    child.start()
+    result = queue.get()
+    child.join()
+    return result
+
+
+def sampled_section(source: str, exact_s: float, exact_rss: float, exact) -> None:
+    """Time, peak memory and error of the sampled curves against the exact one."""
+    grid = shards_grid(exact)
+    print(f"    exact curve                        {exact_s:8.2f} s  peak RSS +{exact_rss:7.0f} MB")
+    settings_list = [{"s_max": DEFAULT_S_MAX}, {"s_max": 16_384}, {"s_max": 16_384, "correction": "adj"}]
+    if source == "conversation":
+        settings_list += [{"sample_rate": 0.1}, {"sample_rate": 0.01}]
+    for settings in settings_list:
+        seconds, rss, sampled = curve_in_process(source, **settings)
+        error = shards_error(exact, sampled, grid)
+        name = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in settings.items())
+        print(
+            f"    {name:34} {seconds:8.2f} s  peak RSS +{rss:7.0f} MB  = {seconds / exact_s:.2f} x the exact time;"
+            f" rate {sampled.sample_rate:.4f}, {len(grid)}-point max |error| {error['max_abs_error']:.4f}"
+            f" at {error['max_at_capacity']:,} (mean {error['mean_abs_error']:.4f})"
+        )
 
 
 def libcachesim_sweep(sequence: list[int], capacities: list[int], hashpower: int):
@@ -117,8 +153,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=11)
     parser.add_argument("--points", type=int, default=40)
     parser.add_argument("--capacity", type=int, default=20000)
+    parser.add_argument("--generated", type=int, default=0, help="also a generated trace of this many distinct blocks")
     parser.add_argument(
-        "--shards-seeds", type=int, default=7, help="hash seeds (samples) the SHARDS error is measured over"
+        "--lcs-max", type=int, default=2_000_000, help="run libCacheSim on generated traces up to this many blocks"
     )
     args = parser.parse_args()
 
@@ -184,42 +221,26 @@ def main() -> int:
         print(f"    {c:>9,}  {exact[c]:9.5f}  {replayed[c]:9.5f}  {lcs_ratios[c]:11.5f}")
     print()
 
-    print("[4] SHARDS spatial sampling (estimate vs the exact curve at the same capacities)")
-    for rate in (0.5, 0.1, 0.01):
-        [(shards_s, sampled)], _ = best_of(
-            args.repeat, lambda rate=rate: lru_curve(records, block_size=512, sample_rate=rate)
-        )
-        error = shards_error(curve, sampled, capacities)
-        print(
-            f"    rate {rate:<5g} {shards_s:7.3f} s   mean |error| {error['mean_abs_error']:.4f}"
-            f"   max |error| {error['max_abs_error']:.4f} at {error['max_at_capacity']:,}"
-            f"   (target at 0.01: <= 0.01; the exact curve took {one_pass:.3f} s)"
-        )
-    print(f"    over {args.shards_seeds} hash seeds (other samples), {len(capacities)} capacities:")
-    for rate in (0.5, 0.1, 0.01):
-        errors = [
-            shards_error(curve, sampled_curve(records, rate, seed), capacities) for seed in range(args.shards_seeds)
-        ]
-        maxima = [e["max_abs_error"] for e in errors]
-        print(
-            f"    rate {rate:<5g} max |error| median {statistics.median(maxima):.4f}, worst {max(maxima):.4f};"
-            f" mean |error| {statistics.mean(e['mean_abs_error'] for e in errors):.4f}\n"
-            f"               by seed {', '.join(f'{m:.4f}' for m in maxima)}"
-            f" at {', '.join(format(e['max_at_capacity'], ',') for e in errors)} blocks"
-        )
-    print(
-        "    rate 0.01 with every kept key's exact distance (the same samples; the error a perfect"
-        " correction of the distance noise would leave):"
-    )
-    oracle = [
-        shards_error(curve, sampled_curve(records, 0.01, seed, ExactDistanceSample), capacities)
-        for seed in range(args.shards_seeds)
-    ]
-    maxima = ", ".join(f"{e['max_abs_error']:.4f}" for e in oracle)
-    print(
-        f"              max |error| {maxima}; mean |error| {statistics.mean(e['mean_abs_error'] for e in oracle):.4f}"
-    )
+    print("[4] sampled curves (fixed-size SHARDS, fixed rates) against the exact one, each in its own process")
+    exact_s, exact_rss, exact_curve = curve_in_process("conversation")
+    sampled_section("conversation", exact_s, exact_rss, exact_curve)
     print()
+    if args.generated:
+        source = f"generated:{args.generated}"
+        print(f"[5] the same on a generated trace of {args.generated:,} distinct blocks (tracegen, live=20000)")
+        exact_s, exact_rss, exact_curve = curve_in_process(source)
+        print(f"    {exact_curve.read_blocks:,} block reads, saturates at {exact_curve.saturation_capacity:,} blocks")
+        sampled_section(source, exact_s, exact_rss, exact_curve)
+        if args.generated <= args.lcs_max:
+            sequence = [k for r in _records(source) for k in reversed(r.keys)]
+            grid = shards_grid(exact_curve)
+            lcs_gen_s, lcs_gen, _ = libcachesim_sweep(sequence, grid, max(16, math.ceil(math.log2(args.generated))))
+            print(
+                f"    libCacheSim LRU, the {len(grid)} grid capacities {lcs_gen_s:8.2f} s"
+                f" = {lcs_gen_s / exact_s:.1f} x the exact curve; max |libCacheSim - exact| "
+                f"{max(abs(lcs_gen[c] - exact_curve.block_hit_ratio(c)) for c in grid):.4f} (per-object hits)"
+            )
+        print()
 
     print("summary")
     print(f"    {'':34}{'KVCM optimizer':>16}{'libCacheSim':>14}")

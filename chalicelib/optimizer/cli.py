@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError, OptimizerError
 from chalicelib.optimizer.kvcm_policy import ORDERS, KVCMPolicy
-from chalicelib.optimizer.mrc import lru_curve, shards_error
+from chalicelib.optimizer.mrc import SHARDS_GRID_POINTS, lru_curve, shards_error
 from chalicelib.optimizer.planner import (
     DEFAULT_MODEL,
     DEFAULT_TIER,
@@ -25,7 +25,8 @@ from chalicelib.optimizer.planner import (
 )
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import EvictionMode, replay
-from chalicelib.optimizer.report import build_report, log_capacities, summary_lines, write_report
+from chalicelib.optimizer.report import build_report, log_capacities, shards_grid, summary_lines, write_report
+from chalicelib.optimizer.shards import DEFAULT_S_MAX
 from chalicelib.optimizer.sweep import (
     PointResult,
     SweepSettings,
@@ -36,13 +37,12 @@ from chalicelib.optimizer.sweep import (
     sweep,
 )
 from chalicelib.optimizer.synthetic import Workload, generate, workload_summary
-from chalicelib.optimizer.traces import FORMATS
+from chalicelib.optimizer.traces import FORMATS, Record, read_trace
 from chalicelib.optimizer.tuning import instance_curves, recommend
 
 _SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 SYNTHETIC_TRACE = "synthetic_trace.jsonl"
 DEFAULT_SYNTHETIC_BLOCK = 16  # tokens per block of a synthetic workload (vLLM's default)
-SHARDS_GRID_POINTS = 40  # capacities up to saturation at which `mrc` measures a sample's error
 
 DESCRIPTION = """\
 KVCM optimizer: replay KV-cache traces to answer "how much cache does this workload
@@ -283,30 +283,41 @@ def _pct(value: float | None) -> str:
     return "   n/a" if value is None else f"{value:7.2%}"
 
 
+def _stream(spec: TraceSpec) -> Iterator[Record]:
+    """The trace's records, one at a time (a sampled curve holds no more than its sample)."""
+    return read_trace(spec.path, spec.format, instance=spec.instance, block_size=spec.block_size)
+
+
 def cmd_mrc(args: argparse.Namespace) -> int:
     spec = _spec(args)
     caps = parse_capacities(args.capacities)
-    records = spec.records()
-    curve = lru_curve(records, block_size=spec.block_size or 16, sample_rate=args.sample_rate)
+    block_size = spec.block_size or 16
+    if args.exact or args.tokens:  # token hits need every block: only the exact curve has them
+        curve = lru_curve(_stream(spec), block_size=block_size)
+        kind = "exact"
+    elif args.sample_rate is not None:
+        curve = lru_curve(_stream(spec), block_size=block_size, sample_rate=args.sample_rate)
+        kind = f"SHARDS estimate at a fixed rate {args.sample_rate:g}"
+    else:
+        curve = lru_curve(_stream(spec), block_size=block_size, s_max=args.s_max)
+        kind = f"fixed-size SHARDS estimate, s_max {args.s_max:,}, final rate {curve.sample_rate:.4g}"
     if args.json:
         data: dict[str, Any] = {"hit_ratio": {str(c): curve.block_hit_ratio(c) for c in caps}}
         if args.tokens:
             data["token_hit_ratio"] = {str(c): curve.token_hit_ratio(c) for c in caps}
         _print_json(data, indent=None)
         return 0
-    kind = "exact" if curve.exact else f"SHARDS estimate at rate {args.sample_rate:g}"
     print(f"prefix-aware LRU hit ratio ({kind}; one pass, {curve.elapsed_s:.3f} s)")
     print(f"{'capacity':>12}  {'block hit':>9}  {'token hit':>9}")
     for c in caps:
         print(f"{c:>12,}  {_pct(curve.block_hit_ratio(c)):>9}  {_pct(curve.token_hit_ratio(c)):>9}")
     print(f"saturates at {curve.saturation_capacity:,} blocks")
-    if not curve.exact:
-        exact = lru_curve(records, block_size=spec.block_size or 16)
+    if not curve.exact and (args.check or args.sample_rate is not None):
+        exact = lru_curve(_stream(spec), block_size=block_size)
         print("SHARDS error against the exact curve (absolute block hit ratio):")
         # the capacities asked, and a log grid up to saturation: the steep part of the curve
         # is where a sample errs most, and a few capacities can miss it
-        top = max(2, exact.saturation_capacity)
-        grid = log_capacities(max(1, top // 2000), top, SHARDS_GRID_POINTS)
+        grid = shards_grid(exact, SHARDS_GRID_POINTS)
         for name, points in (
             ("at the capacities asked", caps),
             (f"over {len(grid)} log-spaced capacities {grid[0]:,}..{grid[-1]:,}", grid),
@@ -549,25 +560,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "mrc",
-        help="exact LRU hit ratio at many capacities in one pass",
-        description="Exact prefix-aware LRU hit-ratio curve from stack "
-        "distances (one pass, every capacity at once). Reads do "
-        "not refresh recency in this model; for request traces "
-        "(mooncake, qwen_bailian) that changes nothing.",
+        help="LRU hit ratio at many capacities in one pass (sampled or exact)",
+        description="Prefix-aware LRU hit-ratio curve from stack distances (one pass, every "
+        "capacity at once): by default a fixed-size SHARDS estimate in bounded memory, exact "
+        "up to the top of the stack; --exact for the exact curve, which is the cheaper one in "
+        "time on every trace and in memory on traces of up to ~3xS_MAX distinct blocks per "
+        "instance (sampling hashes every block; the exact curve keeps every distinct block). "
+        "Reads do not refresh recency in this model; for request traces (mooncake, "
+        "qwen_bailian) that changes nothing.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES["mrc"],
     )
     _trace_args(p)
     p.add_argument("--capacities", required=True, help='e.g. "1000,5000" or "log:1k:1M:20"')
-    p.add_argument(
+    sampling = p.add_mutually_exclusive_group()
+    sampling.add_argument(
+        "--s-max",
+        type=int,
+        default=DEFAULT_S_MAX,
+        help=f"fixed-size SHARDS (the default): at most S_MAX sampled keys, the exact top of "
+        f"each instance's stack S_MAX..2xS_MAX keys (default {DEFAULT_S_MAX:,}); within 0.01 of the "
+        "exact curve on generated traces of 10k-10M distinct blocks, in O(S_MAX) memory",
+    )
+    sampling.add_argument(
         "--sample-rate",
         type=float,
-        default=1.0,
-        help="SHARDS spatial sampling rate (default 1 = exact); below 1 the table "
-        "also prints the error measured against the exact curve",
+        help="SHARDS at a fixed rate instead (memory grows with the trace); prints its error against the exact curve",
+    )
+    sampling.add_argument(
+        "--exact",
+        action="store_true",
+        help="the exact curve: cheaper than sampling in time on any trace (no hashing, about "
+        "one replay) and in memory too while the trace has fewer than ~3xS_MAX distinct blocks "
+        "per instance; it keeps ~300 bytes per distinct block (3 GB at 10M), sampling O(S_MAX)",
+    )
+    p.add_argument(
+        "--check", action="store_true", help="with a sampled curve, also build the exact one and print the error"
     )
     p.add_argument("--json", action="store_true", help='print {"hit_ratio": {"<capacity>": ratio, ...}}')
-    p.add_argument("--tokens", action="store_true", help="with --json, add token_hit_ratio")
+    p.add_argument("--tokens", action="store_true", help="with --json, add token_hit_ratio (the exact curve)")
     p.set_defaults(handler=cmd_mrc)
 
     all_policies = ",".join(POLICIES)

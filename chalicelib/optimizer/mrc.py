@@ -24,20 +24,20 @@ positions form runs ``a, a-1, a-2, ...``; inside a run the distances are consecu
 integers, so each run costs one dead-count query, one bit-mask update and two histogram
 updates -- not one per key. The whole curve costs about one replay.
 
-With ``sample_rate < 1`` the curve is a SHARDS estimate from a stratified spatial sample
-of the keys (:mod:`chalicelib.optimizer.shards`): the state shrinks with the rate, at an
-error that :func:`shards_error` measures against the exact curve.
+A sampled curve (:mod:`chalicelib.optimizer.shards`: fixed-size SHARDS behind an exact top
+of the stack, ``s_max`` or ``sample_rate``) is a :class:`HitRatioCurve` too, with histogram
+bins at ``edges``; :func:`shards_error` measures it against the exact curve.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
+from operator import itemgetter
 from typing import Any, TypeVar, cast
 
 from chalicelib.optimizer.errors import ConfigError
@@ -46,6 +46,8 @@ from chalicelib.optimizer.replay import Totals
 from chalicelib.optimizer.traces import Op, Query, Record
 
 _READ, _WRITE, _REQUEST, _PREFIX = Op.READ, Op.WRITE, Op.REQUEST, Query.PREFIX_MATCH
+#: Capacities up to saturation at which a sample's error is measured (``mrc --check``).
+SHARDS_GRID_POINTS = 40
 #: Hit counts: whole blocks for exact curves, scaled-up estimates for sampled ones.
 N = TypeVar("N", int, float)
 
@@ -99,6 +101,16 @@ class _Stack:
                 bits[chunk] |= ((1 << size) - 1) << (first & 63)
                 counts[chunk] += size
                 groups[chunk >> 6] += size
+
+    def compact(self, keep: int) -> None:
+        """Forget all but the ``keep`` most recently touched keys (renumbered from 0): what
+        is left is still the exact top of the stack, every distance up to ``keep``."""
+        recent = sorted(self.last.items(), key=itemgetter(1))[-keep:]
+        self.last = {key: new for new, (key, _) in enumerate(recent)}
+        self.clock = len(recent)
+        chunks = max(1024, 2 * ((self.clock >> 6) + 1))
+        self.bits, self.counts = [0] * chunks, [0] * chunks
+        self.groups = [0] * ((chunks >> 6) + 1)
 
     def advance(self, count: int) -> None:
         """Reserve ``count`` new positions, growing the arrays as needed."""
@@ -157,7 +169,10 @@ class HitRatioCurve:
     _loss: list[int] = field(repr=False)  # tokens hits count past input_tokens (diff array)
     _top: int = field(repr=False)  # the largest stack distance any histogram holds
     elapsed_s: float = 0.0
-    bins_per_block: float = 1.0  # histogram resolution: 1 for exact curves, coarser sampled
+    #: sampled curves: the capacity of each histogram bin (None: exact, one bin per block)
+    edges: list[int] | None = field(default=None, repr=False)
+    kept_keys: int = 0  # sampled curves: keys in the sample at the end
+    s_max: int | None = None  # sampled curves: the sample's bound (None: a fixed rate)
 
     @cached_property
     def _write_hits(self) -> list[int]:
@@ -178,15 +193,16 @@ class HitRatioCurve:
     def _index(self, capacity: int) -> int:
         if capacity < 0:
             raise ConfigError(f"capacity must be >= 0, got {capacity}")
-        return capacity if self.exact else int(capacity * self.bins_per_block + 1e-9)
+        return capacity if self.edges is None else bisect.bisect_right(self.edges, capacity) - 1
 
     def _capacity(self, index: int) -> int:
         """The smallest capacity whose hits include histogram bin ``index``."""
-        return index if self.exact else math.ceil(index / self.bins_per_block - 1e-9)
+        return index if self.edges is None else self.edges[min(index, len(self.edges) - 1)]
 
     @property
     def exact(self) -> bool:
-        return self.sample_rate >= 1.0
+        """Whether the curve is the exact one (not a SHARDS estimate, even at rate 1)."""
+        return self.edges is None
 
     @property
     def saturation_capacity(self) -> int:
@@ -215,7 +231,7 @@ class HitRatioCurve:
     def totals(self, capacity: int) -> Totals:
         """The totals a replay at ``capacity`` reports (exact curves only)."""
         if not self.exact:
-            raise ConfigError("totals need an exact curve (sample_rate 1)")
+            raise ConfigError("totals need the exact curve, not a SHARDS estimate")
         external = int(self._at(self._hits, capacity))  # exact: whole blocks
         external_tokens = external * self.block_size - self._at(self._token_loss, capacity)
         return Totals(
@@ -254,6 +270,7 @@ class HitRatioCurve:
             "policy": "lru",
             "exact": self.exact,
             "sample_rate": self.sample_rate,
+            **({} if self.exact else {"s_max": self.s_max, "kept_keys": self.kept_keys}),
             "capacities": caps,
             "block_hit_ratio": [self.block_hit_ratio(c) for c in caps],
             "token_hit_ratio": [self.token_hit_ratio(c) for c in caps],
@@ -284,9 +301,7 @@ class CurveBuilder:
     def add(self, record: Record) -> None:
         """Account one record."""
         instance, _, op, keys, mask, input_tokens, query, sw_size = record
-        stack = self._stacks.get(instance)
-        if stack is None:
-            stack = self._stacks[instance] = _Stack()
+        stack = self.stack(instance)
         need = stack.clock + 2  # distances of this record are <= the clock before it
         if need > len(self._reads):
             grow = max(need, len(self._reads))  # at least double
@@ -313,6 +328,13 @@ class CurveBuilder:
                 keys = [k for i, k in enumerate(keys) if not is_masked(mask, i)]
                 olds = list(map(stack.last.get, keys))
             self._write(stack, keys, olds)
+
+    def stack(self, instance: str) -> _Stack:
+        """The LRU stack of ``instance`` (created empty)."""
+        stack = self._stacks.get(instance)
+        if stack is None:
+            stack = self._stacks[instance] = _Stack()
+        return stack
 
     def _read(
         self,
@@ -500,9 +522,12 @@ class CurveBuilder:
         )
 
 
-def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float = 1.0) -> HitRatioCurve:
-    """One pass over ``records``: the prefix-aware LRU hit ratio at every capacity (a
-    SHARDS estimate when ``sample_rate < 1``)."""
+def lru_curve(
+    records: Iterable[Record], *, block_size: int, sample_rate: float = 1.0, s_max: int | None = None
+) -> HitRatioCurve:
+    """One pass over ``records``: the prefix-aware LRU hit ratio at every capacity -- exact,
+    or a SHARDS estimate: fixed-size with ``s_max`` (at most that many sampled keys, the
+    rate starting at ``sample_rate``), at a fixed rate with ``sample_rate < 1`` alone."""
     # imported here: shards builds on this module's curve
     from chalicelib.optimizer.shards import SampledCurveBuilder
 
@@ -511,8 +536,8 @@ def lru_curve(records: Iterable[Record], *, block_size: int, sample_rate: float 
     started = time.perf_counter()
     builder: CurveBuilder | SampledCurveBuilder = (
         CurveBuilder(block_size=block_size)
-        if sample_rate == 1
-        else SampledCurveBuilder(block_size=block_size, sample_rate=sample_rate)
+        if sample_rate == 1 and s_max is None
+        else SampledCurveBuilder(block_size=block_size, sample_rate=sample_rate, s_max=s_max)
     )
     add = builder.add
     with gc_paused():

@@ -20,7 +20,7 @@ from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy
-from chalicelib.optimizer.mrc import HitRatioCurve
+from chalicelib.optimizer.mrc import SHARDS_GRID_POINTS, HitRatioCurve
 from chalicelib.optimizer.planner import CapacityPlan, for_people
 from chalicelib.optimizer.policies import POLICIES
 from chalicelib.optimizer.replay import ReplayResult, Totals
@@ -39,6 +39,14 @@ def log_capacities(low: int, high: int, count: int) -> list[int]:
         return [low]
     step = (math.log(high) - math.log(low)) / (count - 1)
     return sorted({int(round(math.exp(math.log(low) + i * step))) for i in range(count)})
+
+
+def shards_grid(exact: HitRatioCurve, points: int = SHARDS_GRID_POINTS) -> list[int]:
+    """The capacities a sample's error is measured at: ``points`` log-spaced from 1/2000 of
+    the exact curve's saturation up to it (the steep part of a curve, where a sample errs
+    most, falls between a few hand-picked capacities)."""
+    top = max(2, exact.saturation_capacity)
+    return log_capacities(max(1, top // 2000), top, points)
 
 
 def smallest_capacities(

@@ -1,237 +1,317 @@
-"""SHARDS: the prefix-aware LRU curve from a spatial sample of the keys, stratified.
+"""Fixed-size SHARDS: the prefix-aware LRU curve in memory bounded by ``s_max``.
 
-Plain SHARDS keeps the keys whose hash falls under the rate ``R`` and lets every kept key
-stand for ``1/R`` keys. Prefix caches defeat it: the first block of a request (a system
-prompt's block, or the conversation's root) is shared by many requests -- on the shared
-Mooncake trace one root block is 4.2 % of every block read and nearly always a hit. Such
-a block is sampled whole or not at all, and its hash decides the curve: unsampled (its
-hash is 0.63 of the range), every sampled curve was ~4 points low at every rate; sampled
-at 0.01, it would weigh 100x and the curve would be ~25 points high.
+**Two parts, one pass.** Every instance keeps
 
-So the sample is stratified by the prefix structure:
+* the **exact top** of its LRU stack: the ``s_max`` .. ``2 s_max`` most recently touched
+  keys, every key included (the exact curve's stack, :class:`mrc._Stack`, compacted to its
+  ``s_max`` most recent keys when it holds twice that). A key in it has its exact stack
+  distance, so every hit at a distance up to the top's size is counted exactly, whatever
+  the sample draws -- the hot blocks of prefix caches (roots, system prompts: a few
+  blocks, a large share of all reads, touched by nearly every request) are all there;
+* a **fixed-size SHARDS sample** (Waldspurger et al., FAST '15) for the distances past
+  the top: the keys whose hash is under a threshold ``T`` (rate ``R = T / 2**32``). ``T``
+  starts at the whole range (or at ``sample_rate``); when an arriving key would make the
+  sample exceed ``s_max`` keys (over all instances), the kept key with the largest hash
+  leaves and ``T`` drops to that hash, so the sample is always *every* key hashing under
+  ``T``: uniform at rate ``R``. ``s_max`` None keeps a fixed rate (memory grows with the
+  trace). A kept key's distance is ``1 + (c - 1) / R`` for ``c`` kept keys touched since
+  its last touch, itself included (it is one block for itself, every other kept key
+  stands for ``1 / R``); a key leaving the sample leaves its stack, so ``c`` counts the
+  current sample and dividing by the current ``R`` stays right after ``T`` drops.
 
-* **roots** -- the first key of every read or write (a key seen there once stays a root)
-  -- are always kept, each standing for itself (weight 1 block). They are few: one per
-  distinct first block, which prefix sharing keeps small;
-* **other keys** are kept when their hash is under the rate, each standing for ``1/R``
-  blocks.
+**The prefix rule under sampling.** A prefix read hits block ``i`` iff every block
+``0..i`` of its own request is cached: iff the running maximum ``max(d_0..d_i)`` is at most
+the capacity. Each sampled block must be decided by *its own request's* prefix, including
+the unsampled blocks before it, which the sample cannot see. Two facts make that work:
 
-A kept key's stack distance is the weight of the distinct kept keys touched since its last
-touch, itself included (a Fenwick tree of weights over touch positions, compacted when
-dead positions pile up). Root hits are counted as they are; hits of the other keys are
-scaled by the stratum's exact read count over its sampled read count (a ratio estimator:
-the sample's luck in how many reads it caught cancels). Reads, read blocks and internal
-hits are counted exactly from the unsampled records.
+* the top decides the request up to its first key ``e`` out of the top, exactly (running
+  maximum of exact distances); from ``e`` on every ``m_i`` exceeds the top's size, since
+  the top is exactly the most recent distinct keys. If the top was never compacted, a key
+  out of it was never written: the request's hits end at ``e``, as in the exact curve;
+* past ``e``, writes touch keys last block first, so with prefix-chained ids (a block id
+  fixes its whole prefix: Mooncake, Qwen-Bailian, KVCM's block keys) every write of block
+  ``i`` also writes ``0..i-1`` after it: ``d_0 <= ... <= d_i``, the running maximum *is*
+  ``d_i``, and the estimates keep that order exactly (the kept keys touched since ``j < i``
+  are a subset of those touched since ``i``). So a kept block past ``e`` hits at the
+  running maximum of the kept estimates (at least the top's size + 1), and the first kept
+  block never cached ends the request's hits, as a miss ends a real prefix match. What
+  the sample cannot see is a hit prefix broken past ``e`` by an unkept block alone (a
+  write with holes, an id reused under another parent): those reads count as hits.
 
-Distances are integers in units of ``1 / 2**24`` of a sampled key's weight, so a root
-weighs exactly ``threshold`` units and no float rounding moves a key across a bin.
-Histogram bins are ``1 / (16 R)`` blocks wide (at least one block): a kept key stands for
-``1/R`` blocks, but a root's distance can be a single block.
+**Hit counts.** A kept block's far hit counts ``1 / R`` blocks, ``R`` at the time of the
+read (each read of a key is in the sample with probability ``R``). The number of far reads
+(read keys from ``e`` on) is known exactly, so the far hits are corrected by it:
+``ratio`` (the default) scales them by exact / sampled far reads; ``adj`` is SHARDS_adj,
+the difference added to the first far bucket (the paper's correction for hot keys with
+short distances; here the top already counts those exactly, what is left is ordinary
+sampling noise, and scaling it measured better: docs/optimizer.md). Reads, read blocks and
+internal hits are counted exactly, from every record.
+
+Histogram bins are exact capacities up to ``2 s_max + 2`` blocks, then grow by 1/1,024 (a
+capacity is rounded down by at most 0.1 %). Memory: ``2 s_max`` keys per instance in the
+tops, ``s_max`` in the sample, and the bins.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Sequence
+from typing import Literal
 
 from chalicelib.optimizer.errors import ConfigError
-from chalicelib.optimizer.mrc import HitRatioCurve, is_masked, window_threshold
+from chalicelib.optimizer.mrc import CurveBuilder, HitRatioCurve, _cumulative, _Stack, is_masked, window_threshold
 from chalicelib.optimizer.traces import Op, Query, Record
 
 _SALT = 0x5BD1E995  # hash((key, salt)) mixes even small sequential ids (xxHash-based
 # tuple hash); int hashing is not randomized per process, so samples are reproducible
-_SCALE = 1 << 24  # hash range, and the weight of a non-root sampled key in distance units
-_BINS_PER_KEY = 16  # histogram bins per sampled key's weight (1/R blocks)
+_HASH_BITS = 32
+_RANGE = 1 << _HASH_BITS
+_MASK = _RANGE - 1
+_EXACT_BINS = 1024  # capacities below this are bins of their own
 _READ, _WRITE, _PREFIX = Op.READ, Op.WRITE, Query.PREFIX_MATCH
+#: The default sample size of ``mrc``: 0.01 max error on generated traces of 10 k to 10 M
+#: distinct blocks (docs/optimizer.md); a few MB of state.
+DEFAULT_S_MAX = 65_536
+#: How the sample's far hits are corrected by the exact count of far reads: ``ratio``
+#: scales them by it, ``adj`` (SHARDS_adj) adds the difference to the first far bucket.
+Correction = Literal["ratio", "adj"]
+CORRECTIONS: tuple[Correction, ...] = ("ratio", "adj")
 
 
-class _WeightedStack:
-    """One instance's LRU stack of sampled keys, with weights (Fenwick tree by position)."""
+def capacity_edges(top: float, *, exact: int) -> list[int]:
+    """Histogram bin capacities ``0, 1, ..., exact - 1``, then each 1/1024 above the last,
+    until one reaches ``top``."""
+    edges = list(range(max(exact, _EXACT_BINS)))
+    while edges[-1] < top:
+        edges.append(edges[-1] + max(1, edges[-1] // _EXACT_BINS))
+    return edges
 
-    __slots__ = ("last", "weights", "tree", "clock", "total")
+
+class _SampleStack(_Stack):
+    """One instance's LRU stack of sampled keys: the exact curve's stack (touch positions,
+    dead bits), renumbered when dead positions outgrow the live ones (memory stays
+    ``O(kept keys)``)."""
+
+    __slots__ = ("members",)
 
     def __init__(self) -> None:
-        self.last: dict[int, int] = {}  # key -> position of its last touch
-        self.weights = [0] * 1024  # weight at each position (0: dead or not yet used)
-        self.tree = [0] * 1025  # Fenwick tree over weights, 1-based
-        self.clock = 0
-        self.total = 0
+        super().__init__()
+        self.members: set[int] = set()  # the instance's keys in the sample (written or not)
 
-    def _add(self, pos: int, weight: int) -> None:
-        tree = self.tree
-        i = pos + 1
-        while i < len(tree):
-            tree[i] += weight
-            i += i & -i
-
-    def distance(self, key: int, own: int) -> int | None:
-        """Weight of the keys touched since ``key`` was, plus ``own`` for ``key`` itself
-        (None: not cached)."""
+    def count_since(self, key: int) -> int | None:
+        """Sampled keys touched since ``key`` was, ``key`` included (None: not cached)."""
         pos = self.last.get(key)
-        if pos is None:
-            return None
-        tree = self.tree
-        upto = 0  # weight of positions <= pos
-        i = pos + 1
-        while i > 0:
-            upto += tree[i]
-            i -= i & -i
-        return self.total - upto + own
+        return None if pos is None else self.distance(pos)
 
-    def touch(self, key: int, weight: int) -> None:
-        """Move ``key`` to the top of the stack."""
-        old = self.last.get(key)
-        if old is not None:
-            self._add(old, -self.weights[old])
-            self.total -= self.weights[old]
-            self.weights[old] = 0
-        if self.clock == len(self.weights):
-            self._make_room()
-        pos = self.clock
-        self.clock += 1
-        self.weights[pos] = weight
-        self._add(pos, weight)
-        self.total += weight
-        self.last[key] = pos
+    def write(self, keys: Sequence[int]) -> None:
+        """Touch distinct ``keys`` last first (``keys[0]`` ends on top)."""
+        last = self.last
+        self.kill([(1, pos, 0) for pos in map(last.get, keys) if pos is not None])
+        clock, n = self.clock, len(keys)
+        self.advance(n)
+        last.update(zip(keys, range(clock + n - 1, clock - 1, -1), strict=True))
+        if self.clock > 2 * len(last) + 4096:
+            self.compact(len(last))
 
-    def _make_room(self) -> None:
-        """Renumber the live positions from 0 (in order) into an array twice their count."""
-        alive = sorted(self.last.items(), key=lambda item: item[1])
-        size = max(1024, 2 * len(alive))
-        weights = [0] * size
-        for new, (key, old) in enumerate(alive):
-            weights[new] = self.weights[old]
-            self.last[key] = new
-        tree = [0, *weights]
-        for i in range(1, size + 1):  # O(n) Fenwick build
-            parent = i + (i & -i)
-            if parent <= size:
-                tree[parent] += tree[i]
-        self.weights, self.tree, self.clock = weights, tree, len(alive)
+    def remove(self, key: int) -> None:
+        """``key`` left the sample."""
+        self.members.discard(key)
+        pos = self.last.pop(key, None)
+        if pos is not None:
+            self.kill([(1, pos, 0)])
 
 
 class SampledCurveBuilder:
-    """Feed records with :meth:`add`, then :meth:`curve` (an estimate; see the module doc)."""
+    """Feed records with :meth:`add`, then :meth:`curve` (an estimate; see the module doc).
 
-    def __init__(self, *, block_size: int, sample_rate: float, seed: int = 0) -> None:
-        if block_size < 1:
-            raise ConfigError(f"block_size must be >= 1, got {block_size}")
-        if not 0 < sample_rate < 1:
-            raise ConfigError(f"sample_rate must be in (0, 1), got {sample_rate}")
+    ``s_max``: the exact top of each stack holds ``s_max`` .. ``2 s_max`` keys and the sample
+    at most ``s_max`` (fixed-size SHARDS, the rate starting at ``sample_rate``); ``s_max``
+    None: a fixed ``sample_rate``, the top at :data:`DEFAULT_S_MAX`, the sample unbounded.
+    """
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        s_max: int | None = DEFAULT_S_MAX,
+        sample_rate: float = 1.0,
+        seed: int = 0,
+        correction: Correction = "ratio",
+    ) -> None:
+        if s_max is not None and s_max < 1:
+            raise ConfigError(f"s_max must be >= 1, got {s_max}")
+        if not 0 < sample_rate <= 1:
+            raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if correction not in CORRECTIONS:
+            raise ConfigError(f"correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
+        self.correction = correction
+        self._top = CurveBuilder(block_size=block_size)  # exact, each stack compacted
+        self._top_keep = s_max or DEFAULT_S_MAX
         self.block_size = block_size
+        self.s_max = s_max
         self._salt = _SALT + seed  # another seed draws another sample
-        self._threshold = max(1, int(sample_rate * _SCALE))
-        self.sample_rate = self._threshold / _SCALE  # the rate the hash really applies
-        # bin = ceil(blocks * bins per block) = ceil(units * _bins / (threshold * _SCALE))
-        self._bins = min(_SCALE, _BINS_PER_KEY * self._threshold)
-        self._bin_units = self._threshold * _SCALE
-        self._stacks: dict[str, _WeightedStack] = {}
-        self._roots: set[int] = set()
-        self._root_hits: list[int] = []  # histograms of hit distances, by bin
-        self._other_hits: list[int] = []
-        self.reads = self.read_blocks = self.internal = self.input_tokens = 0
-        self.other_reads = self.other_sampled_reads = 0  # non-root external read keys
+        self._threshold = max(1, int(sample_rate * _RANGE))  # kept: hash < threshold
+        self._heap: list[tuple[int, int, str]] = []  # (-hash, key, instance) of kept keys
+        self._stacks: dict[str, _SampleStack] = {}
+        self._compacted: set[str] = set()  # instances whose exact top dropped keys
+        self._edges = capacity_edges(_EXACT_BINS, exact=2 * self._top_keep + 2)
+        self._hits: list[float] = [0.0] * len(self._edges)  # estimated far hit blocks, by bin
+        self.far_reads = 0  # read keys past the exact top (exact count)
+        self.sampled_far_reads = 0.0  # the sample's estimate of far_reads
 
-    def _weight(self, key: int) -> int:
-        """A kept key's weight in distance units; 0 when it is not in the sample."""
-        if key in self._roots:
-            return self._threshold  # one block
-        return _SCALE if hash((key, self._salt)) & (_SCALE - 1) < self._threshold else 0
+    @property
+    def sample_rate(self) -> float:
+        """The rate the hash applies now."""
+        return self._threshold / _RANGE
 
-    def _hit(self, distance: int, key: int) -> None:
-        bin_ = -(-distance * self._bins // self._bin_units)
-        hist = self._root_hits if key in self._roots else self._other_hits
-        if bin_ >= len(hist):
-            hist.extend([0] * (bin_ + 1 - len(hist)))
-        hist[bin_] += 1
+    @property
+    def kept(self) -> int:
+        """Keys in the sample (at most ``s_max``)."""
+        return len(self._heap)
+
+    def _keep(self, instance: str, stack: _SampleStack, key: int, hashed: int) -> None:
+        """Admit a new key to the sample; when that overfills it, the largest hash leaves
+        and the threshold drops to it (every key at that hash leaves too)."""
+        heap = self._heap
+        heapq.heappush(heap, (-hashed, key, instance))
+        stack.members.add(key)
+        if self.s_max is None or len(heap) <= self.s_max:
+            return
+        self._threshold = -heap[0][0]
+        while heap and -heap[0][0] >= self._threshold:
+            _, evicted, owner = heapq.heappop(heap)
+            self._stacks[owner].remove(evicted)
+
+    def _kept_keys(self, instance: str, stack: _SampleStack, keys: Sequence[int]) -> list[int]:
+        """The keys of ``keys`` in the sample (admitting new ones), in order."""
+        salt, threshold, members = self._salt, self._threshold, stack.members
+        # every kept key hashes under the threshold: one pass finds them and the new ones
+        kept = [k for k in keys if hash((k, salt)) & _MASK < threshold]
+        for key in kept:
+            if key not in members:
+                hashed = hash((key, salt)) & _MASK
+                if hashed < self._threshold:
+                    self._keep(instance, stack, key, hashed)
+        if threshold == self._threshold:
+            return kept
+        return [k for k in kept if k in members]  # the threshold dropped: some left
+
+    def _hit(self, distance: float, weight: float) -> None:
+        edges = self._edges
+        if distance > edges[-1]:
+            grown = capacity_edges(distance * 2, exact=2 * self._top_keep + 2)
+            self._hits.extend([0.0] * (len(grown) - len(edges)))
+            self._edges = edges = grown
+        self._hits[bisect.bisect_left(edges, distance)] += weight
 
     def add(self, record: Record) -> None:
         """Account one record."""
-        instance, _, op, keys, mask, input_tokens, query, sw_size = record
+        instance, _, op, keys, mask, _, query, sw_size = record
         stack = self._stacks.get(instance)
         if stack is None:
-            stack = self._stacks[instance] = _WeightedStack()
-        if keys:
-            self._roots.add(keys[0])  # before weighing: a root stays whole from the start
-        if op is not _WRITE:
-            self._read(stack, keys, mask, input_tokens, query, sw_size)
+            stack = self._stacks[instance] = _SampleStack()
+        top = self._top.stack(instance)
+        if len(top.last) > 2 * self._top_keep:
+            top.compact(self._top_keep)
+            self._compacted.add(instance)
+        kept = self._kept_keys(instance, stack, keys)
+        if op is not _WRITE and instance in self._compacted:
+            # (a top never compacted holds every key written: a key out of it is not cached)
+            self._read_far(stack, top.last, keys, kept, mask, query, sw_size)
+        self._top.add(record)  # reads of the top exactly; writes of every key
         if op is not _READ:
-            written = [k for i, k in enumerate(keys) if not (op is _WRITE and is_masked(mask, i))]
+            if op is _WRITE and mask:
+                written = {k for i, k in enumerate(keys) if not is_masked(mask, i)}
+                kept = [k for k in kept if k in written]
             # last block first; a key written twice ends where its first index puts it
-            for key in reversed(list(dict.fromkeys(written))):
-                weight = self._weight(key)
-                if weight:
-                    stack.touch(key, weight)
+            stack.write(list(dict.fromkeys(kept)))
 
-    def _read(
+    def _read_far(
         self,
-        stack: _WeightedStack,
+        stack: _SampleStack,
+        top: dict[int, int],
         keys: Sequence[int],
+        kept: list[int],
         mask: int | tuple[bool, ...],
-        input_tokens: int,
         query: Query,
         sw_size: int,
     ) -> None:
-        n = len(keys)
+        """The part of a read past the exact top of the stack, from the sample."""
         prefix = query is _PREFIX
-        unmasked = [(i, k) for i, k in enumerate(keys) if not (prefix and is_masked(mask, i))]
-        self.reads += 1
-        self.read_blocks += n
-        self.internal += n - len(unmasked)
-        self.input_tokens += input_tokens or n * self.block_size
-        roots = self._roots
-        self.other_reads += sum(1 for _, k in unmasked if k not in roots)
-        kept = [k for _, k in unmasked if self._weight(k)]
-        self.other_sampled_reads += sum(1 for k in kept if k not in roots)
-        # a kept key stands for 1/R keys when others count its distance, but for itself
-        # it is one block: E[distance] is then the true distance, not 1/R - 1 blocks more
-        distances = [stack.distance(k, self._threshold) for k in kept]
+        unmasked = [k for i, k in enumerate(keys) if not is_masked(mask, i)] if prefix and mask else keys
+        beyond = len(top) + 1  # every key out of the top is at least this far
         if prefix:
-            # prefix-chained keys: a kept key that is not cached ends the hit prefix (its
-            # unsampled neighbours share its fate); the running maximum keeps the order
-            running = 0
-            for key, distance in zip(kept, distances, strict=True):
-                if distance is None:
+            # the top decides the request's prefix up to its first key out of the top; from
+            # there on every distance is > beyond, and the sampled keys decide
+            olds = list(map(top.get, unmasked))
+            if None not in olds:
+                return
+            far = unmasked[olds.index(None) :]
+        else:
+            far = [k for k in unmasked if k not in top]
+        if not far:
+            return
+        far_set = set(far)
+        far_kept = [k for k in kept if k in far_set]
+        weight = _RANGE / self._threshold  # blocks each kept read stands for
+        self.far_reads += len(far)
+        self.sampled_far_reads += weight * len(far_kept)
+        scale = _RANGE / self._threshold
+        distances: list[float | None] = []
+        for key in far_kept:
+            count = stack.count_since(key)
+            distances.append(None if count is None else max(beyond, 1 + (count - 1) * scale))
+        if prefix:
+            running = float(beyond)
+            for distance in distances:
+                if distance is None:  # never cached: the request's hits end here
                     break
                 running = max(running, distance)
-                self._hit(running, key)
+                self._hit(running, weight)
         elif query is Query.BATCH_GET:
-            for key, distance in zip(kept, distances, strict=True):
+            for distance in distances:
                 if distance is not None:
-                    self._hit(distance, key)
+                    self._hit(distance, weight)
         else:
             # the window is sw_size blocks of the full key list: its share of kept keys
-            size = max(1, round(sw_size * len(kept) / n)) if n else 0
-            threshold = window_threshold(distances, size)
-            if threshold:
-                start = len(kept) - size
-                for key in kept[start:]:
-                    self._hit(threshold[0], key)
+            size = max(1, round(sw_size * len(far_kept) / len(keys)))
+            for d in window_threshold([None if d is None else round(d) for d in distances], size):
+                self._hit(d, weight)
 
     def curve(self, elapsed_s: float = 0.0) -> HitRatioCurve:
-        """The estimated curve of everything added so far."""
-        scale = self.other_reads / self.other_sampled_reads if self.other_sampled_reads else 1 / self.sample_rate
-        size = max(len(self._root_hits), len(self._other_hits))
-        roots = self._root_hits + [0] * (size - len(self._root_hits))
-        others = self._other_hits + [0] * (size - len(self._other_hits))
-        hits: list[float] = []
-        total = 0.0
-        for root, other in zip(roots, others, strict=True):
-            total += root + other * scale
-            hits.append(total)
+        """The estimated curve of everything added so far: the exact top, plus the sample's
+        far hits corrected by ``self.correction`` (see the module doc)."""
+        top = self._top
+        exact = _cumulative(top._reads, top._top)  # cumulative exact hits by capacity
+        hits = list(self._hits)
+        first = bisect.bisect_left(self._edges, self._top_keep + 1)  # the first far bucket
+        if self.correction == "adj":
+            hits[first] += self.far_reads - self.sampled_far_reads
+        elif self.sampled_far_reads:
+            ratio = self.far_reads / self.sampled_far_reads
+            hits = [h * ratio for h in hits]
+        cumulative: list[float] = []
+        far = 0.0
+        for capacity, value in zip(self._edges, hits, strict=True):
+            far += value  # a negative SHARDS_adj bucket clamps at 0 until hits outweigh it
+            cumulative.append(exact[min(capacity, len(exact) - 1)] + min(max(far, 0.0), float(self.far_reads)))
         return HitRatioCurve(
             block_size=self.block_size,
             sample_rate=self.sample_rate,
-            reads=self.reads,
-            read_blocks=self.read_blocks,
-            internal_hit_blocks=self.internal,
-            input_tokens=self.input_tokens,
+            reads=top.reads,
+            read_blocks=top.read_blocks,
+            internal_hit_blocks=top.internal,
+            input_tokens=top.input_tokens,
             written_blocks=0,
             distinct_written=0,
             internal_hit_tokens=0,
-            _hits=hits or [0.0],
+            _hits=cumulative,
             _writes=[0],
             _loss=[0],
             _top=0,
             elapsed_s=elapsed_s,
-            bins_per_block=self._bins / _SCALE,
+            edges=self._edges,
+            kept_keys=self.kept,
+            s_max=self.s_max,
         )
