@@ -69,8 +69,9 @@ class GroupDirectory(Protocol):
     def groups(self) -> list[InstanceGroup]:
         """Every instance group."""
 
-    def members(self, group: str) -> list[str]:
-        """The ids of a group's instances."""
+    def members(self, group: str, fresh: bool = False) -> list[str]:
+        """The ids of a group's instances; ``fresh``: listed now, never from a reused
+        listing (what a group's counters are corrected against)."""
 
     def instances(self) -> list[str]:
         """The ids of every instance, in a stable order."""
@@ -98,7 +99,9 @@ class ControlDirectory:
             self._listing = (now + MEMBERS_TTL_S, members)
         return members
 
-    def members(self, group: str) -> list[str]:
+    def members(self, group: str, fresh: bool = False) -> list[str]:
+        if fresh:
+            return [record.instance_id for record in self.control.list_instances(group)]
         return list(self._members().get(group, ()))
 
     def instances(self) -> list[str]:
@@ -475,7 +478,9 @@ class Reclaimer:
             if now < state.next_reconcile:
                 continue
             state.next_reconcile = now + RECONCILE_S
-            layouts = [c.layout for c in self._contexts(self.directory.members(group.name))]
+            # Listed now: an instance registered since the reused listing holds bytes the
+            # group counter counts, and a sum without it would "correct" them away.
+            layouts = [c.layout for c in self._contexts(self.directory.members(group.name, fresh=True))]
             correction = self.index.reconcile_group(group.name, layouts)
             if correction is not None and correction.fields():
                 logger.warning(

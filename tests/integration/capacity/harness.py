@@ -166,7 +166,7 @@ class Cluster:
     def groups(self) -> list[InstanceGroup]:
         return [self.group]
 
-    def members(self, group: str) -> list[str]:
+    def members(self, group: str, fresh: bool = False) -> list[str]:
         return list(self.contexts) if group == self.group.name else []
 
     def instances(self) -> list[str]:

@@ -106,7 +106,7 @@ def _statuses(runtime, instance_id: str) -> dict[int, tuple[Status, int, int]]:
     return out
 
 
-def _assert_usage_is_bytes_held(runtime, group: str, instance_ids: list[str], group_counter: bool = True) -> None:
+def _assert_usage_is_bytes_held(runtime, group: str, instance_ids: list[str]) -> None:
     total = 0
     for instance_id in instance_ids:
         layout = runtime.contexts(instance_id).layout
@@ -116,8 +116,7 @@ def _assert_usage_is_bytes_held(runtime, group: str, instance_ids: list[str], gr
         deleting = BLOCK * sum(s == Status.DELETING for s, *_ in records)
         assert (usage.bytes, usage.deleting_bytes) == (held, deleting), instance_id
         total += usage.bytes
-    if group_counter:
-        assert runtime.index.group_usage([group])[0].bytes == total
+    assert runtime.index.group_usage([group])[0].bytes == total
 
 
 def _start(runtime, instance_id: str, keys: list[int]):
@@ -220,7 +219,4 @@ def test_refused_starts_change_nothing_and_evictions_follow_the_policy(runtime, 
             assert live <= quota * BLOCK, f"case {case}: {live} live bytes over a {quota * BLOCK} quota"
         _assert_usage_is_bytes_held(runtime, group, instances)
         runtime.reclaim_job.run()
-        # Not the group counter here: the round's reconcile sums the members its directory
-        # lists, which lags instances registered in this process (a reclaimer finding, left
-        # to its owner), and "corrects" the counter to that sum.
-        _assert_usage_is_bytes_held(runtime, group, instances, group_counter=False)
+        _assert_usage_is_bytes_held(runtime, group, instances)
