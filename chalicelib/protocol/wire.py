@@ -8,6 +8,7 @@ default values, enum names and int64 values as strings.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -269,15 +270,24 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return out or "<body>"
 
 
+#: Fields a validation message names at most, and its length: a body of 500,000 bad
+#: list items must not get a 29 MB answer.
+MAX_ERRORS_NAMED = 5
+MAX_ERROR_MESSAGE = 1024
+
+
 def describe_validation_error(err: ValidationError) -> str:
-    """A one-line message naming each offending field."""
+    """A one-line message naming the first offending fields (``MAX_ERRORS_NAMED``) and how
+    many there are in all, at most ``MAX_ERROR_MESSAGE`` characters."""
     parts = []
-    for item in err.errors(include_url=False):
+    for item in itertools.islice(err.errors(include_url=False, include_input=False), MAX_ERRORS_NAMED):
         msg = item["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         parts.append(f"field '{field_path(item['loc'])}': {msg}")
-    return "; ".join(parts)
+    total = err.error_count()
+    text = "; ".join(parts) + (f" ({total} invalid fields in all)" if total > len(parts) else "")
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 1] + "…"
 
 
 def decode_body(raw: bytes | str | None) -> dict[str, Any]:
