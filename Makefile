@@ -85,6 +85,11 @@ test: $(STAMP) $(BIN)/kvcm $(ENGINES_STAMP) test-tools $(TOOLS_STAMP)
 test-fast: $(STAMP) $(BIN)/kvcm $(ENGINES_STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m "not slow"
 
+## test-huge: the sampled curve against the exact one on a generated 10M-block trace (about an hour)
+.PHONY: test-huge
+test-huge: $(STAMP)
+	KVCM_HUGE_TESTS=1 $(BIN)/python -m pytest tests/unit/optimizer/test_shards.py -k large_generated
+
 ## clean: forget the local state (control table, Valkey data, file storage) and build outputs (refused while a stack runs on it)
 clean:
 	if [ -x $(BIN)/python ]; then $(BIN)/python -m local_stack clean; else rm -rf .state; fi

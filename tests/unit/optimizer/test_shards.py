@@ -3,6 +3,7 @@ against the exact curve on generated traces of many sizes and shapes (issue #26)
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -115,10 +116,16 @@ def test_sampled_curves_are_within_0_01_on_generated_traces(distinct, s_max, sha
     assert error["max_abs_error"] <= TARGET, error
 
 
-@pytest.mark.slow  # 1M..10M distinct blocks: the exact curve and the sample, minutes in all
-@pytest.mark.timeout(1800)
+#: 10M distinct blocks take about an hour of one core here (exact curve and sample): beyond
+#: CI's budget, so that case runs when asked (`make test-huge`).
+HUGE = pytest.mark.skipif(not os.environ.get("KVCM_HUGE_TESTS"), reason="10M blocks: make test-huge")
+
+
+@pytest.mark.slow  # 1M..10M distinct blocks: the exact curve and the sample, a minute or more each
+@pytest.mark.timeout(7200)
 @pytest.mark.parametrize(
-    ("distinct", "shape"), [(1_000_000, "default"), (1_000_000, "no-sharing-skewed"), (10_000_000, "default")]
+    ("distinct", "shape"),
+    [(1_000_000, "default"), (1_000_000, "no-sharing-skewed"), pytest.param(10_000_000, "default", marks=HUGE)],
 )
 def test_sampled_curves_are_within_0_01_on_large_generated_traces(distinct, shape):
     def records():
