@@ -5,6 +5,7 @@ bench/bench_reclaim.py."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -23,7 +24,7 @@ from chalicelib.index.block_index import MODE_PREFIX, StartRequest
 from chalicelib.index.records import BlockRecord, decode_record
 from chalicelib.observability.events import EventLog
 from chalicelib.protocol.errors import InstanceNotFoundError
-from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo
+from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig
 from tests.unit.capacity.records import serving
 
 BLOCK = 1024
@@ -231,3 +232,57 @@ def server_calls(client: redis.Redis) -> int:
     """Commands the server ran (script bodies' commands included), INFO aside."""
     stats = client.info("commandstats")
     return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+
+
+#: Two specs of 1 KiB: a block of every spec is 2 KiB.
+API_SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
+
+
+@contextlib.contextmanager
+def full_group_api(
+    runtime, root, group: str, capacity: int, instance_ids: tuple[str, ...], spec_groups: list | None = None
+):
+    """The HTTP meta API over group ``group`` of ``capacity`` bytes on one NFS storage in
+    ``root``, with a watermark of 100 % (only the write path makes room) and its instances
+    registered; yields ``call(method, body) -> answer``."""
+    from chalice.test import Client
+
+    import app
+
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 1}}
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate(
+            {
+                "name": group,
+                "storage_candidates": ["nfs_01"],
+                "quota": {"capacity": capacity},
+                "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 1.0}}},
+            }
+        )
+    )
+    with Client(app.app) as client:
+
+        def call(method: str, body: dict) -> dict:
+            resp = client.http.post(
+                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
+            )
+            return json.loads(resp.body)
+
+        for instance_id in instance_ids:
+            resp = call(
+                "registerInstance",
+                {
+                    "instance_group": group,
+                    "instance_id": instance_id,
+                    "block_size": 4,
+                    "location_spec_infos": API_SPECS,
+                    "location_spec_groups": spec_groups or [],
+                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
+                },
+            )
+            assert resp["header"]["status"]["code"] == "OK", resp
+        yield call

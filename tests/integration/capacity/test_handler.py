@@ -7,12 +7,11 @@ import json
 
 import pytest
 import redis
-from chalice.test import Client
 
-from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from chalicelib.protocol.models import InstanceGroup
 from chalicelib.stores.lease import Lease
+from tests.integration.capacity.harness import API_SPECS, full_group_api
 
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 BLOCK = 2048
 WAKE_KEY = "{kvcm:reclaim}:wake"
 
@@ -25,43 +24,8 @@ def runtime_settings(tmp_path):
 
 @pytest.fixture
 def http(runtime, tmp_path):
-    import app
-
-    runtime.control.add_storage(
-        StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 1}}
-        )
-    )
     # full at 8 blocks, and a watermark of 100 %: only a refused write makes room
-    runtime.control.create_group(
-        InstanceGroup.model_validate(
-            {
-                "name": "gc",
-                "storage_candidates": ["nfs_01"],
-                "quota": {"capacity": 8 * BLOCK},
-                "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 1.0}}},
-            }
-        )
-    )
-    with Client(app.app) as client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)
-
-        resp = call(
-            "registerInstance",
-            {
-                "instance_group": "gc",
-                "instance_id": "i1",
-                "block_size": 4,
-                "location_spec_infos": SPECS,
-                "model_deployment": {"model_name": "m", "dtype": "fp16"},
-            },
-        )
-        assert resp["header"]["status"]["code"] == "OK", resp
+    with full_group_api(runtime, tmp_path / "nfs", "gc", 8 * BLOCK, ("i1",), None) as call:
         yield call
 
 
@@ -146,7 +110,7 @@ def test_writes_from_many_threads_keep_a_full_group_within_its_quota(runtime, ht
             "instance_group": "g64",
             "instance_id": "i64",
             "block_size": 4,
-            "location_spec_infos": SPECS,
+            "location_spec_infos": API_SPECS,
             "model_deployment": {"model_name": "m", "dtype": "fp16"},
         },
     )

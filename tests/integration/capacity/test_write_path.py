@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from chalice.test import Client
 
-from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from tests.integration.capacity.harness import full_group_api
 
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 #: A block of every spec; a block of spec group "H" (tp0 only) is half of it.
 BLOCK = 2048
 HALF = 1024
@@ -24,45 +22,10 @@ def runtime_settings():
 
 @pytest.fixture
 def http(runtime, tmp_path):
-    import app
-
-    runtime.control.add_storage(
-        StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path / "nfs"), "key_count_per_file": 1}}
-        )
-    )
     # full at 10 blocks; a watermark of 100 %: only the write path evicts
-    runtime.control.create_group(
-        InstanceGroup.model_validate(
-            {
-                "name": "gw",
-                "storage_candidates": ["nfs_01"],
-                "quota": {"capacity": 10 * BLOCK},
-                "cache_config": {"reclaim_strategy": {"trigger_strategy": {"used_percentage": 1.0}}},
-            }
-        )
-    )
-    with Client(app.app) as client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)
-
-        for instance_id in ("i1", "i2"):
-            resp = call(
-                "registerInstance",
-                {
-                    "instance_group": "gw",
-                    "instance_id": instance_id,
-                    "block_size": 4,
-                    "location_spec_infos": SPECS,
-                    "location_spec_groups": [{"name": "H", "spec_names": ["tp0"]}],
-                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                },
-            )
-            assert resp["header"]["status"]["code"] == "OK", resp
+    with full_group_api(
+        runtime, tmp_path / "nfs", "gw", 10 * BLOCK, ("i1", "i2"), [{"name": "H", "spec_names": ["tp0"]}]
+    ) as call:
         yield call
 
 
