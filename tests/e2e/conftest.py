@@ -40,7 +40,7 @@ def auth_on(api: Api) -> Iterator[str]:
     """Auth turned on in the running stack for one test; yields an admin account's bearer."""
     from chalicelib.runtime import get_runtime
 
-    user, password = f"e2e-admin-{uuid.uuid4().hex[:8]}", "e2e-admin-password"
+    user, password = f"e2e-admin-{uuid.uuid4().hex[:8]}", "violet-harbor-e2e-lantern"
     status, body = api.call("addAccount", {"user_name": user, "password": password, "role": "ROLE_ADMIN"})
     assert body["header"]["status"]["code"] == "OK", body
     runtime = get_runtime()
