@@ -34,6 +34,10 @@ from .service import CacheService
 _V6D = (LocationSelectStrategy.LSS_V6D_PREFIX, LocationSelectStrategy.LSS_V6D_COVERAGE)
 
 
+#: A key's empty vector in the answer, with its comma.
+_VECTOR_ENVELOPE = len('{"locations":[]}') + 1
+
+
 def _check_selectors(req: GetCacheLocationsByBackendRequest) -> None:
     if not req.backend_selectors:
         raise InvalidArgumentError("field 'backend_selectors' must not be empty")
@@ -125,6 +129,11 @@ class BackendLocations:
                 )
             names = list(req.location_spec_names)
         wanted = [i for i, m in enumerate(masked) if not m]
+        # Each key's vector holds at most its one stored location. Reported ones are the
+        # engines' URIs, which the instance's layout does not bound: not counted.
+        self.cache.bound_read_answer(
+            self.cache.contexts(req.instance_id), req, len(keys), per_key_extra=_VECTOR_ENVELOPE
+        )
         vectors: list[list[CacheLocation]] = [[] for _ in keys]
         stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
         stored: dict[int, CacheLocation] = {}

@@ -45,7 +45,8 @@ def get_cache_location_len(cache: CacheService, req: GetCacheLocationLenRequest)
             token_ids=req.token_ids,
             query_type=req.query_type,
             sw_size=req.sw_size,
-        )
+        ),
+        bounded=False,  # the answer is one count, whatever the locations' size
     )
     if req.query_type == QueryType.QT_PREFIX_MATCH:
         return GetCacheLocationLenResponse(cache_location_len=len(found.locations))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -164,6 +164,51 @@ def _by_location(backend: StorageBackend) -> bool:
     return backend.pack_count > 0 or _allocates(backend)
 
 
+#: A location's arguments at their widest: the rendered text is the longest that storage
+#: and spec group give (block key 2^63 - 1, location id 40 bits, group id 48, slot 16).
+_WIDEST_ARGS = ((1 << 63) - 1, (1 << 40) - 1, (1 << 48) - 1, 0xFFFF)
+#: A getCacheMeta meta at its widest, as it sits in the answer's JSON (a JSON string of
+#: JSON, its comma included).
+_WIDEST_META = (
+    max(
+        len(json.dumps(json.dumps({"id": str(_WIDEST_ARGS[1]), "status": status.name})))
+        for status in CacheLocationStatus
+    )
+    + 1
+)
+
+
+def location_widths(
+    renderer: LocationRenderer, states: Sequence[StorageState], spec_groups: Iterable[int]
+) -> dict[int, int]:
+    """Per spec group, the bytes of its longest location on any of ``states`` (with the
+    comma that separates it in the answer): the instance's specs, filtered as the renderer
+    is, and their URIs as each storage's layout makes them."""
+    widths: dict[int, int] = {}
+    for spec_group in spec_groups:
+        for state in states:
+            template, args = renderer.prepared(state, spec_group)
+            widths[spec_group] = max(widths.get(spec_group, 0), len(template % args(*_WIDEST_ARGS)) + 1)
+    return widths
+
+
+def refuse_oversized_answer(ctx: InstanceContext, req: KeysRequest, total: int, per_key: int) -> None:
+    """Refuse a request whose answer could pass ``MAX_RESPONSE_BYTES`` (``total`` bytes at
+    most, ``per_key`` for its widest key) with the largest key count that fits, in the
+    unit of the field the request named its keys by."""
+    if total <= MAX_RESPONSE_BYTES:
+        return
+    fit = MAX_RESPONSE_BYTES // max(per_key, 1)
+    if req.block_keys:
+        field, most = "block_keys", f"{fit} keys"
+    else:
+        field, most = "token_ids", f"{fit * ctx.block_size} tokens ({fit} blocks of {ctx.block_size})"
+    raise InvalidArgumentError(
+        f"field '{field}': the answer could need {total / 1e6:.1f} MB, over the {MAX_RESPONSE_BYTES / 1e6:.0f} MB "
+        f"an API response may carry: send at most {most} per call for instance {ctx.instance_id!r}"
+    )
+
+
 class CacheService:
     """MetaService's cache methods over one instance context at a time."""
 
@@ -205,6 +250,7 @@ class CacheService:
         self.clock = clock
         self.settings = settings
         self._storage_names: dict[str, dict[int, str]] = {}
+        self._read_widths: dict[str, tuple[InstanceContext, int]] = {}
 
     # ---------------------------------------------------------------- helpers
 
@@ -232,15 +278,46 @@ class CacheService:
             raise InvalidArgumentError(f"field 'location_spec_names': unknown location spec {unknown[0]!r}")
         return frozenset(names)
 
+    def bound_read_answer(
+        self,
+        ctx: InstanceContext,
+        req: KeysRequest,
+        key_count: int,
+        renderer: LocationRenderer | None = None,
+        per_key_extra: int = 0,
+        filtered: bool = False,
+    ) -> None:
+        """Refuse, before any read, a read whose answer could pass ``MAX_RESPONSE_BYTES``:
+        ``key_count`` locations as wide as the widest the instance's available storages
+        give in any spec group (rendered by ``renderer``, by default every spec;
+        ``filtered``: the renderer renders some specs only), plus
+        ``per_key_extra`` bytes each. Arithmetic on the instance's cached layout: the
+        unfiltered width is kept while the context is the same."""
+        cached = None if filtered else self._read_widths.get(ctx.instance_id)
+        if cached is not None and cached[0] is ctx:
+            widest = cached[1]
+        else:
+            renderer = renderer or self._renderer(ctx)
+            states = [s for s in ctx.storages if s.available]
+            widths = location_widths(renderer, states, range(len(ctx.spec_layout.groups) + 1))
+            widest = max([len(renderer.padding()) + 1, *widths.values()])
+            if not filtered:
+                self._read_widths[ctx.instance_id] = (ctx, widest)
+        refuse_oversized_answer(ctx, req, key_count * (widest + per_key_extra), widest + per_key_extra)
+
     # ---------------------------------------------------------------- reads
 
-    def get_cache_location(self, req: GetCacheLocationRequest, with_reported: bool = True) -> GetCacheLocationResponse:
+    def get_cache_location(
+        self, req: GetCacheLocationRequest, with_reported: bool = True, bounded: bool = True
+    ) -> GetCacheLocationResponse:
         """Locations of the cached blocks among the request's keys (API.md, Read semantics).
 
         A key is a hit when it has a SERVING stored location or, unless ``with_reported``
         is False, a visible reported one (docs/api-v2.md): the stored one is served when
         both exist. Without event-report storages in the group this is one round trip;
-        with them, the reported locations are read first (one more)."""
+        with them, the reported locations are read first (one more). A request whose
+        answer could pass ``MAX_RESPONSE_BYTES`` is refused first, unless not ``bounded``
+        (the caller answers something smaller than the locations)."""
         started = time.perf_counter()
         ctx = self.contexts(req.instance_id)
         if req.query_type == QueryType.QT_UNSPECIFIED:
@@ -257,9 +334,11 @@ class CacheService:
             asked = [k for k, masked in zip(keys, flags, strict=True) if not masked]
         if ctx.storages and not any(s.available for s in ctx.storages):
             raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
+        renderer = self._renderer(ctx, names)
+        if bounded:
+            self.bound_read_answer(ctx, req, len(asked), renderer, filtered=names is not None)
         reported = (self._reported_texts(ctx, asked, names) if with_reported else None) or []
         covered = [t is not None for t in reported] if any(t is not None for t in reported) else None
-        renderer = self._renderer(ctx, names)
         texts: list[str] = []
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             raws = self.index.read_raw(ctx.layout, asked, MODE_PREFIX, servable=ctx.servable, covered=covered)
@@ -326,6 +405,7 @@ class CacheService:
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         wanted = [k for k, masked in zip(keys, flags, strict=True) if not masked]
         renderer = self._renderer(ctx)
+        self.bound_read_answer(ctx, req, len(wanted), renderer, _WIDEST_META)
         padding = renderer.padding()
         reported = self._reported(ctx, wanted) or [None] * len(wanted)
         texts, metas = [], []
@@ -402,7 +482,8 @@ class CacheService:
             raise CapacityExceededError(f"instance group {ctx.group.name!r} has no available storage to write to")
         # One renderer for the size check and the response: its templates are built once.
         renderer = self._renderer(ctx)
-        self._check_response_size(ctx, renderer, keys, spec_groups, candidates)
+        widths = location_widths(renderer, candidates, set(spec_groups))
+        refuse_oversized_answer(ctx, req, sum(widths[g] for g in spec_groups), max(widths.values()))
         return StartPlan(
             ctx,
             keys,
@@ -517,31 +598,6 @@ class CacheService:
             # blocked for other writers) until the deadline.
             self._fail_after_error(ctx, plan.session_id)
             raise
-
-    @staticmethod
-    def _check_response_size(
-        ctx: InstanceContext,
-        renderer: LocationRenderer,
-        keys: list[int],
-        spec_groups: list[int],
-        candidates: list[StorageState],
-    ) -> None:
-        """Refuse a start whose response could pass ``MAX_RESPONSE_BYTES`` if every key
-        were new, on the candidate with the longest locations."""
-        widest: dict[int, int] = {}
-        for spec_group in set(spec_groups):
-            for state in candidates:
-                template, args = renderer.prepared(state, spec_group)
-                longest = len(template % args((1 << 63) - 1, (1 << 40) - 1, (1 << 48) - 1, 0xFFFF)) + 1
-                widest[spec_group] = max(widest.get(spec_group, 0), longest)
-        total = sum(widest[g] for g in spec_groups)
-        if total > MAX_RESPONSE_BYTES:
-            fit = MAX_RESPONSE_BYTES // max(widest.values())
-            raise InvalidArgumentError(
-                f"field 'block_keys': {len(keys)} keys could need a {total / 1e6:.1f} MB response, over the "
-                f"{MAX_RESPONSE_BYTES / 1e6:.0f} MB an API response may carry: send at most {fit} keys per call "
-                f"for instance {ctx.instance_id!r}"
-            )
 
     def _start_response(
         self, plan: StartPlan, states: list[StorageState], outcome: StartOutcome, explicit: Sequence[int]
