@@ -102,6 +102,40 @@ def test_candidates_must_name_storages_that_exist(control, runtime):
         control.remove_storage("later")
 
 
+@pytest.mark.parametrize("round_", range(4))
+def test_a_group_created_while_its_storage_is_removed_never_names_a_removed_storage(control, round_):
+    """createInstanceGroup and removeStorage race on one storage: exactly one of them wins,
+    so a group never lists a storage that is gone (the existence check is in the write)."""
+    control.add_storage(storage("nfs1"))
+    outcomes, barrier = {}, threading.Barrier(2)
+
+    def create():
+        barrier.wait()
+        try:
+            control.create_group(group("g1", "nfs1"))
+            outcomes["create"] = "won"
+        except InvalidArgumentError:
+            outcomes["create"] = "lost"
+
+    def remove():
+        barrier.wait()
+        try:
+            control.remove_storage("nfs1")
+            outcomes["remove"] = "won"
+        except EntityInUseError:
+            outcomes["remove"] = "lost"
+
+    threads = [threading.Thread(target=create), threading.Thread(target=remove)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes.values()) == ["lost", "won"]
+    storages = [s.config.global_unique_name for s in control.list_storages()]
+    groups = [g.name for g in control.list_groups()]
+    assert (storages, groups) == ((["nfs1"], ["g1"]) if outcomes["create"] == "won" else ([], []))
+
+
 # ---------------------------------------------------------------- groups
 
 
