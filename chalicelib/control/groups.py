@@ -58,7 +58,8 @@ from ..protocol.models import (
 from ..protocol.validation import invalid, require_key_name, require_non_negative, require_positive, require_unique
 from .validation import MAX_EXTRA_BYTES, MAX_USER_DATA_BYTES, require_bytes_at_most
 
-#: Keeps an update (old and new candidates' references) inside one 100-item transaction.
+#: Keeps an update (old and new candidates' references, one existence check per candidate:
+#: 1 + 3 * 32 items) inside one 100-item transaction.
 MAX_STORAGE_CANDIDATES = 32
 #: Keeps a group's item (one DynamoDB item, at most 400 KB) small.
 MAX_INSTANCE_QUOTAS = 1024

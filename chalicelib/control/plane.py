@@ -89,6 +89,12 @@ def _count_op(sign: str, group: str, condition: str) -> Op:
     return replace(op, cached=False)
 
 
+def _storage_exists(storage: str) -> Op:
+    """Require storage ``storage`` in the same transaction (removeStorage deletes it in one
+    that requires no group to list it: of the two, one is refused)."""
+    return _op(check, STORAGE, storage, _EXISTS)
+
+
 class ControlPlane:
     """All control-plane reads and writes. Thread-safe; one per container."""
 
@@ -221,10 +227,14 @@ class ControlPlane:
         }
         ops = [_create(GROUP, g.name, attrs)]
         ops += [_ref_op(storage, g.name, "ADD") for storage in g.storage_candidates]
+        checks = len(ops)
+        ops += [_storage_exists(storage) for storage in g.storage_candidates]
         try:
             self._write(ops)
-        except Cancelled:
-            raise DuplicateEntityError(f"instance group '{g.name}' already exists") from None
+        except Cancelled as cancelled:
+            if cancelled.failed(0):
+                raise DuplicateEntityError(f"instance group '{g.name}' already exists") from None
+            raise self._missing_storage(g, cancelled, checks) from None
         return g
 
     def update_group(self, group: InstanceGroup | None, current_version: int) -> InstanceGroup:
@@ -258,9 +268,13 @@ class ControlPlane:
         ]
         ops += [_ref_op(s, g.name, "ADD") for s in sorted(new - old)]
         ops += [_ref_op(s, g.name, "DELETE") for s in sorted(old - new)]
+        checks = len(ops)
+        ops += [_storage_exists(storage) for storage in g.storage_candidates]
         try:
             self._write(ops)
-        except Cancelled:
+        except Cancelled as cancelled:
+            if not cancelled.failed(0):
+                raise self._missing_storage(g, cancelled, checks) from None
             now = int(self._group_item(g.name)["version"])
             raise VersionConflictError(
                 f"instance group '{g.name}' was updated concurrently: it is at "
@@ -293,6 +307,20 @@ class ControlPlane:
             except Cancelled:
                 continue  # an instance registered or the group changed meanwhile: re-read and decide again
         raise VersionConflictError(f"instance group '{name}' kept changing during removal, retry")
+
+    def _missing_storage(self, group: InstanceGroup, cancelled: Cancelled, checks: int) -> KvcmError:
+        """The error of a group write refused by its storage checks (``ops[checks:]``, one per
+        candidate): the first candidate that is not a storage, named by its field."""
+        missing = [i for i, _ in enumerate(group.storage_candidates) if cancelled.failed(checks + i)]
+        if not missing:  # the transaction did not say which: look
+            missing = [i for i, name in enumerate(group.storage_candidates) if self.table.get(STORAGE, name) is None]
+        if not missing:
+            return VersionConflictError(f"instance group '{group.name}': its storages changed during the write, retry")
+        i = missing[0]
+        return invalid(
+            f"instance_group.storage_candidates[{i}]",
+            f"names storage '{group.storage_candidates[i]}', which does not exist (addStorage first)",
+        )
 
     def get_group(self, name: str) -> InstanceGroup:
         """One group, or UnknownEntityError."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.control.harness import call, code, group_json, message, nfs
+from tests.integration.control.harness import add_storages, call, code, group_json, message, nfs
 
 BLOCK = 1024
 
@@ -19,7 +19,8 @@ def create(client, **extra) -> None:
     assert code(call(client, "createInstanceGroup", {"instance_group": group_json("g1", **extra)})) == "OK"
 
 
-def test_the_fields_are_stored_and_rendered(client):
+def test_the_fields_are_stored_and_rendered(client, control):
+    add_storages(control)
     create(client, quota={"capacity": 1000}, instance_quotas={"i1": 600}, tuning={"enabled": True})
     group = get(client)
     assert group["instance_quotas"] == {"i1": "600"}
@@ -47,7 +48,8 @@ def test_the_fields_are_stored_and_rendered(client):
         ({"tuning": {"enabled": True}, "quota": {"capacity": 0}}, "instance_group.tuning.enabled"),
     ],
 )
-def test_bad_values_are_refused_naming_the_field_and_nothing_changes(client, fields, named):
+def test_bad_values_are_refused_naming_the_field_and_nothing_changes(client, fields, named, control):
+    add_storages(control)
     create(client, quota={"capacity": 1000}, instance_quotas={"i1": 500})
     before = get(client)
     body = {"current_version": 1, "instance_group": group_json("g1", **{"quota": {"capacity": 1000}, **fields})}

@@ -3,14 +3,24 @@
 import pytest
 
 from chalicelib.runtime import get_runtime
-from tests.integration.control.harness import call, code, group_json, message, register_request
+from tests.integration.control.harness import (
+    add_storages,
+    call,
+    code,
+    group_json,
+    message,
+    nfs,
+    register_request,
+    snapshot,
+)
 
 
 def get(client, name="g1") -> dict:
     return call(client, "getInstanceGroup", {"name": name})
 
 
-def test_create_get_list_with_defaults(client):
+def test_create_get_list_with_defaults(client, control):
+    add_storages(control, "nfs1", "later")
     body = {
         "instanceGroup": {
             "name": "g1",
@@ -33,7 +43,8 @@ def test_create_get_list_with_defaults(client):
     assert [g["name"] for g in call(client, "listInstanceGroup")["instance_group"]] == ["g0", "g1"]
 
 
-def test_duplicate_group(client):
+def test_duplicate_group(client, control):
+    add_storages(control, "a")  # not "b": a duplicate name is what the second create is told
     call(client, "createInstanceGroup", {"instance_group": group_json("g1", "a")})
     data = call(client, "createInstanceGroup", {"instance_group": group_json("g1", "b")})
     assert code(data) == "DUPLICATE_ENTITY"
@@ -48,7 +59,8 @@ def test_unknown_group_is_named(client):
     assert (code(data), message(data)) == ("INVALID_ARGUMENT", "instance group 'nope' does not exist")
 
 
-def test_update_is_optimistic(client):
+def test_update_is_optimistic(client, control):
+    add_storages(control)
     call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
     ok = call(
         client, "updateInstanceGroup", {"instance_group": group_json("g1", user_data="v2"), "current_version": "1"}
@@ -65,7 +77,8 @@ def test_update_is_optimistic(client):
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_concurrent_updates_over_http_exactly_one_wins(client, round_):
+def test_concurrent_updates_over_http_exactly_one_wins(client, round_, control):
+    add_storages(control)
     import threading
 
     call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
@@ -93,6 +106,7 @@ def test_concurrent_updates_over_http_exactly_one_wins(client, round_):
 
 
 def test_group_with_members_cannot_be_removed(client, control):
+    add_storages(control)
     call(client, "createInstanceGroup", {"instance_group": group_json("g1")})
     control.register_instance(register_request("i1"))
     data = call(client, "removeInstanceGroup", {"name": "g1"})
@@ -104,3 +118,27 @@ def test_group_with_members_cannot_be_removed(client, control):
     assert code(call(client, "removeInstanceGroup", {"name": "g1"})) == "OK"
     assert call(client, "listInstanceGroup")["instance_group"] == []
     assert runtime.valkey.exists(runtime.index.group_usage_key("g1")) == 0  # its counters went with it
+
+
+def test_a_group_naming_a_storage_that_does_not_exist_is_refused_and_changes_nothing(client):
+    """As registerInstance's storages: a candidate that is not a storage is INVALID_ARGUMENT
+    naming it, on create and on update (every later write of the group would fail)."""
+    call(client, "addStorage", {"storage": nfs("nfs_01")})
+    before = snapshot(get_runtime())
+    data = call(client, "createInstanceGroup", {"instance_group": group_json("gx", "nfs_01", "nosuch")})
+    assert code(data) == "INVALID_ARGUMENT"
+    assert message(data) == (
+        "field 'instance_group.storage_candidates[1]' names storage 'nosuch', which does not exist (addStorage first)"
+    )
+    assert snapshot(get_runtime()) == before
+    assert code(call(client, "createInstanceGroup", {"instance_group": group_json("gx", "nfs_01")})) == "OK"
+    before = snapshot(get_runtime())
+    data = call(
+        client, "updateInstanceGroup", {"instance_group": group_json("gx", "nosuch", "nfs_01"), "current_version": 1}
+    )
+    assert code(data) == "INVALID_ARGUMENT" and "'instance_group.storage_candidates[0]' names storage 'nosuch'" in (
+        message(data)
+    )
+    assert snapshot(get_runtime()) == before
+    # the storage a group lists still cannot be removed: the check and the reference are one transaction
+    assert code(call(client, "removeStorage", {"storage_unique_name": "nfs_01"})) == "INVALID_ARGUMENT"

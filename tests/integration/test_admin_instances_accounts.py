@@ -2,10 +2,11 @@
 
 import json
 
-from tests.integration.control.harness import call, code, group_json, message, register_request
+from tests.integration.control.harness import add_storages, call, code, group_json, message, register_request
 
 
 def setup_instances(client, control):
+    add_storages(control)
     call(client, "createInstanceGroup", {"instance_group": group_json("g1", global_quota_group_name="q")})
     call(client, "createInstanceGroup", {"instance_group": group_json("g2")})
     control.register_instance(register_request("i1"))

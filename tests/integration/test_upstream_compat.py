@@ -1,6 +1,6 @@
 """What upstream's own clients, test cases and dashboards rely on (API.md), over HTTP."""
 
-from tests.integration.control.harness import call, code, register_request
+from tests.integration.control.harness import add_storages, call, code, register_request
 from tests.integration.test_ops_metrics import scrape
 
 #: The group upstream's reclaim and quota cases create: ``used_percentage`` 3.2 switches
@@ -40,7 +40,8 @@ def used_percentage(client, name="test_group_01") -> float:
     return group["cache_config"]["reclaim_strategy"]["trigger_strategy"]["used_percentage"]
 
 
-def test_a_group_of_upstream_reclaim_cases_is_created_and_updated_with_used_percentage_above_one(client):
+def test_a_group_of_upstream_reclaim_cases_is_created_and_updated_with_used_percentage_above_one(client, control):
+    add_storages(control, *UPSTREAM_RECLAIM_GROUP["storage_candidates"])
     assert code(call(client, "createInstanceGroup", {"instance_group": UPSTREAM_RECLAIM_GROUP})) == "OK"
     assert used_percentage(client) == 3.2
     update = {
@@ -59,6 +60,7 @@ def test_a_group_of_upstream_reclaim_cases_is_created_and_updated_with_used_perc
 
 
 def test_list_instance_info_of_a_group_that_does_not_exist_is_ok_and_empty(client, control):
+    add_storages(control)
     call(client, "createInstanceGroup", {"instance_group": {"name": "g1", "storage_candidates": ["nfs1"]}})
     control.register_instance(register_request("i1"))
     unknown = call(client, "listInstanceInfo", {"instance_group_name": "nope"})
@@ -151,7 +153,7 @@ def ok(data: dict) -> dict:
     return data
 
 
-def test_upstream_admin_cases_storage_group_and_instance_lifecycle(client):
+def test_upstream_admin_cases_storage_group_and_instance_lifecycle(client, control):
     ok(
         call(
             client,
@@ -161,6 +163,7 @@ def test_upstream_admin_cases_storage_group_and_instance_lifecycle(client):
     )
     assert any(s["global_unique_name"] == "test_storage_01" for s in call(client, "listStorage", TRACE)["storage"])
 
+    add_storages(control, "test_storage_02")  # the group's other candidate
     ok(call(client, "createInstanceGroup", {**TRACE, "instance_group": SAMPLE_GROUP}))
     updated = {**SAMPLE_GROUP, "user_data": "updated_data", "version": 2}
     ok(call(client, "updateInstanceGroup", {**TRACE, "instance_group": updated, "current_version": 1}))
@@ -189,7 +192,8 @@ def test_upstream_admin_cases_storage_group_and_instance_lifecycle(client):
     assert float(by_name["service.query_rt_us", "ListStorage"]["float_value"]) > 1
 
 
-def test_upstream_admin_cases_register_and_remove_error_details(client):
+def test_upstream_admin_cases_register_and_remove_error_details(client, control):
+    add_storages(control, *SAMPLE_GROUP["storage_candidates"])
     call(client, "createInstanceGroup", {**TRACE, "instance_group": SAMPLE_GROUP})
     status = call(client, "registerInstance", sample_register(block_size=0))["header"]["status"]
     assert status["code"] == "INVALID_ARGUMENT" and "block_size" in status["message"].lower()

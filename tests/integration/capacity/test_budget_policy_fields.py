@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.control.harness import call, code, group_json, message
+from tests.integration.control.harness import add_storages, call, code, group_json, message
 
 FIELD = "instance_group.cache_config.reclaim_strategy.instance_reclaim_budget_policy"
 
@@ -35,7 +35,8 @@ def stored_policy(client, name: str = "g1") -> str:
         ),
     ],
 )
-def test_the_policy_is_stored_with_its_default_filled_in(client, fields, stored):
+def test_the_policy_is_stored_with_its_default_filled_in(client, fields, stored, control):
+    add_storages(control)
     assert code(call(client, "createInstanceGroup", {"instance_group": group_json("g1", **strategy(**fields))})) == "OK"
     assert stored_policy(client) == stored
 
@@ -50,7 +51,8 @@ def test_the_policy_is_stored_with_its_default_filled_in(client, fields, stored)
         ({"instance_reclaim_budget_policy": True}, "instance_reclaim_budget_policy"),
     ],
 )
-def test_bad_values_are_refused_naming_the_field_and_nothing_changes(client, fields, named):
+def test_bad_values_are_refused_naming_the_field_and_nothing_changes(client, fields, named, control):
+    add_storages(control)
     assert (
         code(
             call(

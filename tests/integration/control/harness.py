@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, ModelDeployment, RegisterInstanceRequest
+from chalicelib.protocol.models import (
+    InstanceGroup,
+    LocationSpecInfo,
+    ModelDeployment,
+    RegisterInstanceRequest,
+    StorageConfig,
+)
 
 TABLE = "kvcm-control-test"
 
@@ -44,6 +50,13 @@ def nfs(name: str, root: str = "/mnt/kvcm") -> dict:
 
 def group_json(name: str, *candidates: str, **extra: Any) -> dict:
     return {"name": name, "storage_candidates": list(candidates or ("nfs1",)), **extra}
+
+
+def add_storages(control, *names: str) -> None:
+    """Add an NFS storage per name (default: ``group_json``'s default candidate): a group may
+    name only storages that exist."""
+    for name in names or ("nfs1",):
+        control.add_storage(StorageConfig.model_validate(nfs(name)))
 
 
 def group(name: str, *candidates: str, **extra: Any) -> InstanceGroup:

@@ -46,13 +46,13 @@ def reads(control, monkeypatch):
 def populated(control):
     control.add_storage(StorageConfig.model_validate(nfs("nfs1")))
     control.add_storage(StorageConfig.model_validate(nfs("nfs2")))
-    control.create_group(group("g1", "nfs2", "missing", "nfs1"))
+    control.create_group(group("g1", "nfs2", "nfs1"))
     control.register_instance(register_request("i1"))
 
 
 def test_warm_cache_reads_nothing_until_refresh_is_due(cache, populated, reads, clock):
     assert cache.instance("i1").block_size == 16
-    assert cache.group("g1").storage_candidates == ["nfs2", "missing", "nfs1"]
+    assert cache.group("g1").storage_candidates == ["nfs2", "nfs1"]
     assert [c.global_unique_name for c, _ in cache.storages_for_group("g1")] == ["nfs2", "nfs1"]
     assert cache.storage("nfs1").available
     cold = dict(reads)

@@ -15,7 +15,7 @@ from chalicelib.protocol.errors import (
 )
 from chalicelib.protocol.models import StorageConfig
 
-from .harness import group, nfs, register_request, table_items
+from .harness import add_storages, group, nfs, register_request, table_items
 
 
 def storage(name, root="/mnt/kvcm"):
@@ -80,11 +80,19 @@ def test_storage_used_by_a_group_cannot_be_removed_until_no_group_lists_it(contr
     assert [s.name for s in control.list_storages()] == ["nfs2"]
 
 
-def test_candidates_may_name_storages_added_later(control):
-    control.create_group(group("g1", "later", "nfs1"))
+def test_candidates_must_name_storages_that_exist(control, runtime):
+    """A group naming a storage not added yet is refused on create and on update, naming the
+    candidate, and nothing is written (no group, no reference on either storage)."""
     control.add_storage(storage("nfs1"))
-    assert [c.global_unique_name for c, _ in control.storages_for_group("g1")] == ["nfs1"]
+    before = table_items(runtime, "GROUP"), table_items(runtime, "STORAGE_REF")
+    with pytest.raises(InvalidArgumentError, match=r"'instance_group.storage_candidates\[0\]' names storage 'later'"):
+        control.create_group(group("g1", "later", "nfs1"))
+    assert (table_items(runtime, "GROUP"), table_items(runtime, "STORAGE_REF")) == before
     control.add_storage(storage("later"))
+    control.create_group(group("g1", "later", "nfs1"))
+    with pytest.raises(InvalidArgumentError, match=r"'instance_group.storage_candidates\[1\]' names storage 'gone'"):
+        control.update_group(group("g1", "nfs1", "gone"), current_version=1)
+    assert control.get_group("g1").storage_candidates == ["later", "nfs1"]
     control.set_storage_available("later", False)
     assert [(c.global_unique_name, a) for c, a in control.storages_for_group("g1")] == [
         ("later", False),
@@ -94,10 +102,45 @@ def test_candidates_may_name_storages_added_later(control):
         control.remove_storage("later")
 
 
+@pytest.mark.parametrize("round_", range(4))
+def test_a_group_created_while_its_storage_is_removed_never_names_a_removed_storage(control, round_):
+    """createInstanceGroup and removeStorage race on one storage: exactly one of them wins,
+    so a group never lists a storage that is gone (the existence check is in the write)."""
+    control.add_storage(storage("nfs1"))
+    outcomes, barrier = {}, threading.Barrier(2)
+
+    def create():
+        barrier.wait()
+        try:
+            control.create_group(group("g1", "nfs1"))
+            outcomes["create"] = "won"
+        except InvalidArgumentError:
+            outcomes["create"] = "lost"
+
+    def remove():
+        barrier.wait()
+        try:
+            control.remove_storage("nfs1")
+            outcomes["remove"] = "won"
+        except EntityInUseError:
+            outcomes["remove"] = "lost"
+
+    threads = [threading.Thread(target=create), threading.Thread(target=remove)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes.values()) == ["lost", "won"]
+    storages = [s.config.global_unique_name for s in control.list_storages()]
+    groups = [g.name for g in control.list_groups()]
+    assert (storages, groups) == ((["nfs1"], ["g1"]) if outcomes["create"] == "won" else ([], []))
+
+
 # ---------------------------------------------------------------- groups
 
 
 def test_group_create_fills_defaults_and_refuses_duplicates(control):
+    add_storages(control)
     created = control.create_group(group("g1"))
     assert created.version == 1
     stored = control.get_group("g1")
@@ -108,6 +151,7 @@ def test_group_create_fills_defaults_and_refuses_duplicates(control):
 
 
 def test_update_is_optimistic_on_version(control):
+    add_storages(control)
     control.create_group(group("g1"))
     with pytest.raises(VersionConflictError, match="at version 1, not current_version 0"):
         control.update_group(group("g1", user_data="x"), current_version=0)
@@ -125,6 +169,7 @@ def test_update_is_optimistic_on_version(control):
 
 @pytest.mark.parametrize("round_", range(4))
 def test_concurrent_updates_from_the_same_version_exactly_one_wins(control, round_):
+    add_storages(control)
     control.create_group(group("g1"))
     results, barrier = [], threading.Barrier(2)
 
@@ -148,6 +193,7 @@ def test_concurrent_updates_from_the_same_version_exactly_one_wins(control, roun
 
 
 def test_group_with_members_cannot_be_removed(control):
+    add_storages(control)
     control.create_group(group("g1"))
     control.register_instance(register_request("i1"))
     with pytest.raises(EntityInUseError, match="instance group 'g1' still has 1 registered instance"):
@@ -164,6 +210,7 @@ def test_group_with_members_cannot_be_removed(control):
 
 
 def test_register_is_idempotent_and_ignores_user_data(control, runtime):
+    add_storages(control)
     control.create_group(group("g1"))
     first = control.register_instance(register_request("i1", user_data="one"))
     again = control.register_instance(register_request("i1", user_data="two"))
@@ -173,6 +220,7 @@ def test_register_is_idempotent_and_ignores_user_data(control, runtime):
 
 
 def test_register_same_id_with_another_config_is_a_duplicate(control):
+    add_storages(control)
     control.create_group(group("g1"))
     control.create_group(group("g2"))
     control.register_instance(register_request("i1"))
@@ -184,6 +232,7 @@ def test_register_same_id_with_another_config_is_a_duplicate(control):
 
 
 def test_register_in_unknown_group_and_over_max_instance_count(control):
+    add_storages(control)
     with pytest.raises(UnknownEntityError, match="instance group 'nope' does not exist"):
         control.register_instance(register_request("i1", group_name="nope"))
     assert control.get_instance("i1") is None
@@ -198,6 +247,7 @@ def test_register_in_unknown_group_and_over_max_instance_count(control):
 
 
 def test_concurrent_registrations_respect_max_instance_count(control):
+    add_storages(control)
     control.create_group(group("g1", max_instance_count=3))
     outcomes, barrier = [], threading.Barrier(6)
 
@@ -221,6 +271,7 @@ def test_concurrent_registrations_respect_max_instance_count(control):
 def test_remove_instance(control):
     """Removal begins (the record is marked, the id stays taken, listings skip it) and
     ends with the record deleted for the incarnation that began it."""
+    add_storages(control)
     control.create_group(group("g1"))
     control.create_group(group("g2"))
     registered = control.register_instance(register_request("i1"))
@@ -241,6 +292,7 @@ def test_remove_instance(control):
 
 
 def test_list_instances_by_group(control):
+    add_storages(control)
     control.create_group(group("g1"))
     control.create_group(group("g2"))
     for instance_id, group_name in (("b", "g1"), ("a", "g2"), ("c", "g1")):
