@@ -145,8 +145,11 @@ const HEALTH_PILL = {HEALTHY: "ok", SUSPECT: "warn", NOT_CHECKED: "warn"};
 function renderStorages(storages, health) {
   const states = Object.fromEntries((health.storages || []).map(s => [s.storage_unique_name, s]));
   fill("storages-table", storages.map(s => {
-    const spec = s.nfs || s.s3 || s.threefs || s.vcnsthreefs || s.mooncake || s.tair_mem_pool || {};
-    const type = Object.keys(s).find(k => ["nfs", "s3", "threefs", "vcnsthreefs", "mooncake", "tair_mem_pool"].includes(k)) || "";
+    const spec = s.nfs || s.s3 || s.threefs || s.vcnsthreefs || s.mooncake || s.tair_mem_pool || s.local || {};
+    // A data storage by its spec; an event-report storage (engines' reported blocks) has
+    // none, only its type: ST_EVENT_REPORT_L1P5 → "event report L1P5".
+    const type = Object.keys(s).find(k => ["nfs", "s3", "threefs", "vcnsthreefs", "mooncake", "tair_mem_pool", "local"].includes(k))
+      || (s.storage_type || "").replace(/^ST_EVENT_REPORT_/, "event report ").replace(/^ST_/, "").toLowerCase();
     const where = spec.root_path || spec.bucket || spec.mountpoint || spec.domain || spec.master_service_entry || "";
     const name = s.global_unique_name;
     const state = states[name] || {status: "NOT_CHECKED", reason: "not probed yet"};

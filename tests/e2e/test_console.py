@@ -85,6 +85,12 @@ def seeded(stack: LocalStack) -> dict:
         # A second instance at 100 %: the headline ratio weighs instances by blocks asked.
         _write(client, "console-2", [1])
         client.get_cache_location(instance_id="console-2", query_type="QT_PREFIX_MATCH", block_keys=[1])
+        # An event-report storage: a type and no spec.
+        client.add_storage(
+            storage=m.StorageConfig.model_validate(
+                {"global_unique_name": "console_er", "storage_type": "ST_EVENT_REPORT_L1P5", "event_report": {}}
+            )
+        )
         # A refused call, counted under its code.
         with pytest.raises(KvcmError) as refused:
             client.get_cache_location(instance_id="nosuch", query_type="QT_PREFIX_MATCH", block_keys=[1])
@@ -184,6 +190,8 @@ def test_storages_page_shows_the_seeded_storage_and_its_health(browser_page, sta
     rows = [r.locator("td").all_inner_texts() for r in browser_page.locator("#storages-table tbody tr").all()]
     nfs = next(r for r in rows if r[0] == "nfs_01")
     assert nfs[1] == "nfs" and nfs[2].endswith("nfs_01") and nfs[3:] == ["HEALTHY", ""]
+    reported = next(r for r in rows if r[0] == "console_er")
+    assert reported[1] == "event report l1p5"  # not an empty TYPE
     save(browser_page, "storages")
 
 
