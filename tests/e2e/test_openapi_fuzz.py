@@ -52,7 +52,8 @@ SETTINGS_TO_RESTORE = ("getLeaderElectorConfig", "campaign_delay_time_ms")
 def control_plane(api: Api) -> dict:
     snapshot = {}
     for method, field in CONTROL_LISTINGS:
-        status, body = api.call(method, {})
+        # A listing slow under a loaded machine is no half-applied change: wait for it.
+        status, body = api.call(method, {}, timeout_s=60)
         assert status == 200 and body["header"]["status"]["code"] == "OK", body
         snapshot[method] = sorted(json.dumps(item, sort_keys=True) for item in body[field])
     return snapshot
