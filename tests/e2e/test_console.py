@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,10 @@ def _write(client: KvcmClient, instance_id: str, keys: list[int]) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeded(stack: LocalStack) -> dict:
-    """Blocks written in the seeded group, reads for the hit ratio, and a sweep if none ran."""
+def seeded(stack: LocalStack) -> Iterator[dict]:
+    """Blocks written in the seeded group, reads for the hit ratio, and a sweep if none ran.
+
+    The event-report storage it adds is removed afterwards: the stack is shared by the package."""
     with KvcmClient(stack.api_url) as client:
         _write(client, "console-1", list(range(1, 11)))
         for _ in range(3):  # 3 of 4 asked blocks found each time: 75 %
@@ -118,7 +121,9 @@ def seeded(stack: LocalStack) -> dict:
             )
             assert execution["status"] == "SUCCEEDED", execution
         usage = client.get_instance_group_usage(instance_group_name="default").usage[0]
-    return {"usage": usage}
+    yield {"usage": usage}
+    with KvcmClient(stack.api_url) as client:
+        client.remove_storage(global_unique_name="console_er")
 
 
 def show(page, stack: LocalStack, name: str) -> None:
