@@ -161,3 +161,23 @@ def test_reported_copies_past_the_bound_are_refused_after_the_read(http):
     answered = http("getCacheMeta", {"instance_id": "e1", "block_keys": keys[:fit]})
     assert code(answered) == "OK", answered["header"]
     assert all(len(e["locations"]) == 3 for e in answered["replica_locations"])
+
+
+@pytest.mark.usefixtures("two_storages")
+def test_copies_on_a_disabled_or_removed_storage_are_still_listed(http, runtime):
+    finish(http, start(http, [1]))
+    finish(http, start(http, [1], min_replica_count=2))
+    assert code(http("disableStorage", {"storage_unique_name": "nfs_b"})) == "OK"
+    runtime.config.invalidate()
+    copies = meta(http, [1])["replica_locations"][0]["locations"]
+    assert [(c["type"], bool(uris(c)[0])) for c in copies] == [("ST_NFS", True), ("ST_NFS", True)]
+    group = runtime.control.get_group("g2")
+    current, group.version, group.storage_candidates = group.version, 0, ["nfs_a"]
+    runtime.control.update_group(group, current)
+    runtime.control.remove_storage("nfs_b")
+    runtime.config.invalidate()
+    gone = meta(http, [1])["replica_locations"][0]["locations"]
+    assert [c["id"] for c in gone] == [c["id"] for c in copies]
+    assert gone[1]["type"] == "ST_UNSPECIFIED" and gone[1]["location_specs"] == [] and gone[1]["spec_size"] == 0
+    [item] = detail(http, [1])["items"]
+    assert [(c["location_id"], c["type"]) for c in item["locations"]] == [(c["id"], c["type"]) for c in gone]
