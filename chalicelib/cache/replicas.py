@@ -66,8 +66,8 @@ class Copy:
 
 def stored_copies(renderer: LocationRenderer, block_key: int, raw: bytes, record: BlockRecord) -> list[Copy]:
     """The index's copies of a key, in the record's order. A record keeps one write time
-    (its last start's), given to each of its copies; a copy on a storage removed since has
-    no type and no specs."""
+    (the start that created it), given to each of its copies; a copy on a storage removed
+    since has no type and no specs."""
     created = record.write_time_ms * 1000
     copies = []
     for status, location_id, text in renderer.render_each(block_key, raw):

@@ -42,6 +42,7 @@ def test_every_copy_is_listed_with_its_id_status_time_and_uris(http):
     assert [c["status"] for c in copies] == ["CLS_SERVING", "CLS_WRITING"]
     assert len({c["id"] for c in copies}) == 2 and all(c["id"].isdigit() for c in copies)
     assert all(int(c["create_time"]) > 0 and isinstance(c["create_time"], str) for c in copies)
+    assert copies[0]["create_time"] == copies[1]["create_time"]  # the record's time (docs/api-v2.md)
     assert [uris(c) for c in copies] == [uris(first["locations"][0]), uris(second["locations"][0])]
     assert all(c["type"] == "ST_NFS" and c["spec_size"] == 2 for c in copies)
     assert all(s["node_id"] == "" for c in copies for s in c["location_specs"])
