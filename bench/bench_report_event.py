@@ -14,10 +14,20 @@
     (reading what the walk reads without deciding anything). Upstream publishes p50
     1.8 ms (1k) and 26 ms (20k). The Mamba query (the same walk, the spec names coming from
     the slots) is printed too; upstream publishes no figure for it.
+(c) A reporter's snapshot of 1,000 keys (500 it held, 500 new) on an instance holding
+    1,000,000 reported keys (``--keys``; 8 other reporters hold the rest), then the
+    reconciliation's cleanup (the 500 dropped records), then the reporter's death (past its
+    heartbeat timeout and grace) and its cleanup (its 1,000 records): each beside the same
+    steps on an instance holding only that reporter's keys, and beside a redis-py pipeline
+    of the same writes (1,000 records and bitmaps set; 1,000 deleted and bitmaps
+    rewritten). Cost O(the reporter's keys) shows as a ratio near 1 to the small instance.
+    SCAN-family calls inside each step are counted from commandstats: the snapshot makes
+    none; the cleanup walks the reporter's own hash only (HSCAN, 1,000 fields a call).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import sys
@@ -28,13 +38,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ValkeyTime, row, valkey_server
 from chalicelib.cache.event_reports import encode_events
+from chalicelib.protocol.codes import ErrorCode
 from chalicelib.protocol.models import ReportEventRequest
 from chalicelib.protocol.wire import parse_model
-from chalicelib.stores.reporters import Liveness, ReporterStore, add_event, block_field
+from chalicelib.stores.reporters import (
+    CLEANUP_BATCH,
+    Liveness,
+    ReporterStore,
+    add_event,
+    block_field,
+    register_event,
+    snapshot_event,
+)
 
 INSTANCE = "bench"
 RID = "l1p5#10.0.0.1:8080"
 LIVENESS = Liveness(heartbeat_timeout_ms=10**12, cleanup_grace_ms=10**12, snapshot_min_interval_ms=0)
+#: What the dead reporter's expiry is judged by: silent past 1 ms of timeout and 1 ms of grace.
+DEAD = Liveness(heartbeat_timeout_ms=1, cleanup_grace_ms=1, snapshot_min_interval_ms=0)
+SNAPSHOT_KEYS = 1_000
 UPSTREAM_ADD_MS_PER_1000 = 63.0
 UPSTREAM_HOST_STATE_P50_MS = {1_000: 1.8, 20_000: 26.0}
 
@@ -202,12 +224,162 @@ def bench_host_state(client, store: ReporterStore, timer: ValkeyTime, hosts: int
         host_state_case(client, store, timer, n, hosts)
 
 
+def specs_of(host: str, key: int) -> list[tuple[str, str]]:
+    return [("full_0", f"event_report://{host}/gpu/{key}")]
+
+
+def fill(store: ReporterStore, instance: str, rid: str, keys: list[int], batch: int = 5_000) -> None:
+    """Report ``keys`` for ``rid`` through the reporter's own API, ``batch`` ADDs a call."""
+    host = rid.partition("#")[2]
+    for start in range(0, len(keys), batch):
+        events = [add_event(k, "gpu", specs_of(host, k)) for k in keys[start : start + batch]]
+        outcome = store.report(instance, rid, events, now_ms(), LIVENESS)
+        assert set(outcome.codes) == {ErrorCode.OK}, outcome.codes[:3]
+
+
+def scans(client) -> int:
+    """SCAN-family calls since the last CONFIG RESETSTAT (inner script commands included)."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("scan", "hscan", "sscan", "zscan"))
+
+
+class ReporterLife:
+    """One round of the reporter's life on one instance: keys reported, a snapshot, the
+    reconciliation's cleanup, death and the dead reporter's cleanup; each step timed."""
+
+    def __init__(self, client, store: ReporterStore, timer: ValkeyTime, instance: str) -> None:
+        self.client, self.store, self.timer, self.instance = client, store, timer, instance
+        self.rid = "l1p5#10.0.9.9:8080"
+        self.host = self.rid.partition("#")[2]
+        self.steps: dict[str, list[tuple[float, float, float]]] = {}
+        self.scans: dict[str, int] = {}
+
+    def _step(self, name: str, fn) -> object:
+        out: list[object] = []
+        self.client.config_resetstat()
+        figures = self.timer.measure(lambda: out.append(fn()), 1)
+        self.scans[name] = max(self.scans.get(name, 0), scans(self.client))
+        self.steps.setdefault(name, []).append(figures)
+        return out[0]
+
+    def round(self) -> None:
+        store, instance, rid = self.store, self.instance, self.rid
+        store.report(instance, rid, [register_event(["gpu"])], now_ms(), LIVENESS)
+        held = random.sample(range(1 << 41, 1 << 42), SNAPSHOT_KEYS)
+        fill(store, instance, rid, held)
+        blocks = [(k, "gpu", specs_of(self.host, k)) for k in held[: SNAPSHOT_KEYS // 2]]
+        blocks += [
+            (k, "gpu", specs_of(self.host, k)) for k in random.sample(range(1 << 42, 1 << 43), SNAPSHOT_KEYS // 2)
+        ]
+        outcome = self._step(
+            "snapshot", lambda: store.report(instance, rid, [snapshot_event(blocks)], now_ms(), LIVENESS)
+        )
+        assert outcome.codes == [ErrorCode.OK] and outcome.retired, outcome
+        removed = self._step("reconciliation cleanup", lambda: store.cleanup(instance, rid, outcome.retired))
+        assert removed == SNAPSHOT_KEYS // 2, removed
+        later = now_ms() + 10_000
+        dead = self._step("death (expiry past the grace)", lambda: store.expire(instance, rid, later, DEAD))
+        assert dead.retired, dead
+        removed = self._step("dead reporter's cleanup", lambda: store.cleanup(instance, rid, dead.retired))
+        assert removed == SNAPSHOT_KEYS, removed
+
+    def median(self, name: str) -> tuple[float, ...]:
+        runs = self.steps[name]
+        return tuple(statistics.median(r[i] for r in runs) for i in range(3))
+
+
+def pipeline_baselines(client, store: ReporterStore, timer: ValkeyTime, instance: str, rounds: int) -> dict:
+    """The same writes as a redis-py pipeline, into scratch hashes of the instance's slot:
+    1,000 records and bitmaps set (a snapshot's), then deleted with the bitmaps rewritten
+    (a cleanup's); records and bitmaps of the instance's own."""
+    rid = "l1p5#10.0.0.0:8080"
+    records, bits = store.records_key(instance, rid), store.bits_key(instance)
+    field, record = next(client.hscan_iter(records, count=1000))
+    bitmap = client.hget(bits, field)
+    scratch_records, scratch_bits = store.records_key(instance, "scratch"), bits + ":scratch"
+    runs: dict[str, list[tuple[float, float, float]]] = {"set": [], "delete": []}
+    for _ in range(rounds):
+        fields = [block_field(k) for k in random.sample(range(1 << 43, 1 << 44), SNAPSHOT_KEYS)]
+
+        def set_all(fields=fields):
+            pipe = client.pipeline(transaction=False)
+            for f in fields:
+                pipe.hset(scratch_records, f, record)
+                pipe.hset(scratch_bits, f, bitmap)
+            pipe.execute()
+
+        def delete_all(fields=fields):
+            pipe = client.pipeline(transaction=False)
+            for f in fields:
+                pipe.hdel(scratch_records, f)
+                pipe.hset(scratch_bits, f, b"")
+            pipe.execute()
+
+        runs["set"].append(timer.measure(set_all, 1))
+        runs["delete"].append(timer.measure(delete_all, 1))
+    client.delete(scratch_records, scratch_bits)
+    return {name: tuple(statistics.median(r[i] for r in rs) for i in range(3)) for name, rs in runs.items()}
+
+
+def bench_snapshot(client, store: ReporterStore, timer: ValkeyTime, keys: int, rounds: int = 9) -> None:
+    big, small = "snap_big", "snap_small"
+    others = keys - SNAPSHOT_KEYS
+    t0 = time.perf_counter()
+    pool = random.sample(range(1, 1 << 40), others)
+    for r in range(8):
+        fill(store, big, f"l1p5#10.0.0.{r}:8080", pool[r::8])
+    fill_s = time.perf_counter() - t0
+    lives = {big: ReporterLife(client, store, timer, big), small: ReporterLife(client, store, timer, small)}
+    for _ in range(rounds):  # the instances take turns, so that load on the machine weighs on both
+        for life in lives.values():
+            life.round()
+    base = pipeline_baselines(client, store, timer, big, rounds)
+    held = client.hlen(store.bits_key(big)) + SNAPSHOT_KEYS  # the reporter's keys are back each round
+    print(
+        f"(c) a reporter's snapshot of {SNAPSHOT_KEYS:,} keys on an instance holding {held:,} reported keys"
+        f" (filled in {fill_s:.0f} s), median of {rounds} rounds, ms"
+    )
+    print(
+        f"  {'step':<31} {'figure':<13} {'alone (' + format(SNAPSHOT_KEYS, ',') + ' keys)':>20}"
+        f" {format(held, ',') + ' keys (× alone)':>26} {'pipeline (× it)':>22}  SCANs"
+    )
+    for step, baseline in (
+        ("snapshot", "set"),
+        ("reconciliation cleanup", "delete"),
+        ("death (expiry past the grace)", None),
+        ("dead reporter's cleanup", "delete"),
+    ):
+        ours, alone = lives[big].median(step), lives[small].median(step)
+        for i, name in enumerate(("wall", "commandstats", "Valkey CPU")):
+            pipe = f"{base[baseline][i] / 1000:>9.1f} ({ours[i] / base[baseline][i]:5.2f}×)" if baseline else ""
+            print(
+                f"  {step if i == 0 else '':<31} {name:<13} {alone[i] / 1000:>20.1f}"
+                f" {ours[i] / 1000:>17.1f} ({ours[i] / alone[i]:5.2f}×) {pipe:>22}"
+                f"  {lives[big].scans[step] if i == 0 else ''}"
+            )
+    print("  pipeline: 'snapshot' against 1,000 records + bitmaps set; the cleanups against 1,000 deleted, bitmaps set")
+    t0 = time.perf_counter()
+    walked = sum(1 for _ in client.hscan_iter(store.bits_key(big), count=CLEANUP_BATCH, no_values=True))
+    print(
+        f"  for scale, a diff by scan's read: HSCAN of the instance's bitmap hash ({walked:,} keys),"
+        f" {(time.perf_counter() - t0) * 1000:.0f} ms"
+    )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=1_000_000, help="(c): reported keys the instance holds")
+    parser.add_argument("--only", choices=("a", "b", "c"), help="run one part only")
+    args = parser.parse_args()
     with valkey_server() as client:
         store = ReporterStore(client)
         timer = ValkeyTime(client)
-        bench_add(client, store, timer)
-        bench_host_state(client, store, timer)
+        if args.only in (None, "a"):
+            bench_add(client, store, timer)
+        if args.only in (None, "b"):
+            bench_host_state(client, store, timer)
+        if args.only in (None, "c"):
+            bench_snapshot(client, store, timer, args.keys)
 
 
 if __name__ == "__main__":

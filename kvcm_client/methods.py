@@ -13,6 +13,7 @@ IDEMPOTENT = frozenset({
     "getInstanceInfo",
     "getCacheLocation",
     "getCacheMeta",
+    "getCacheMetaDetail",
     "removeCache",
     "getCacheLocationLen",
     "getClusterInfo",
@@ -45,6 +46,7 @@ OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
     "getInstanceInfo": (m.GetInstanceInfoRequest, m.GetInstanceInfoResponse, "meta"),
     "getCacheLocation": (m.GetCacheLocationRequest, m.GetCacheLocationResponse, "meta"),
     "getCacheMeta": (m.GetCacheMetaRequest, m.GetCacheMetaResponse, "meta"),
+    "getCacheMetaDetail": (m.GetCacheMetaDetailRequest, m.GetCacheMetaDetailResponse, "meta"),
     "startWriteCache": (m.StartWriteCacheRequest, m.StartWriteCacheResponse, "meta"),
     "finishWriteCache": (m.FinishWriteCacheRequest, m.FinishWriteCacheResponse, "meta"),
     "removeCache": (m.RemoveCacheRequest, m.Response, "meta"),
@@ -114,6 +116,11 @@ class Methods:
             **fields: Any) -> m.GetCacheMetaResponse:
         """``getCacheMeta`` (meta service; see API.md)."""
         return cast(m.GetCacheMetaResponse, self.call("getCacheMeta", request, fields))
+
+    def get_cache_meta_detail(self, request: m.GetCacheMetaDetailRequest | None = None, /,
+            **fields: Any) -> m.GetCacheMetaDetailResponse:
+        """``getCacheMetaDetail`` (meta service; see API.md)."""
+        return cast(m.GetCacheMetaDetailResponse, self.call("getCacheMetaDetail", request, fields))
 
     def start_write_cache(self, request: m.StartWriteCacheRequest | None = None, /,
             **fields: Any) -> m.StartWriteCacheResponse:

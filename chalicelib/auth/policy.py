@@ -20,7 +20,7 @@ ALL_GROUPS = "*"
 class Action(Enum):
     """What a method does, as far as permissions go; ``audited`` actions are mutations."""
 
-    META_READ = ("meta.read", False)  # getInstanceInfo, getCacheMeta
+    META_READ = ("meta.read", False)  # getInstanceInfo, getCacheMeta, getCacheMetaDetail
     META_WRITE = ("meta.write", False)  # the engine's calls: register, locate, write, remove, trim
     GROUP_READ = ("group.read", False)
     GROUP_WRITE = ("group.write", True)

@@ -61,6 +61,11 @@ Reported = tuple[str, str, str, list[tuple[str, str]]]
 _TYPE_OF_KIND = {kind: storage_type.name for storage_type, kind in RID_TYPES.items()}
 
 
+def reported_type_name(rid: str) -> str:
+    """The wire storage type name of a reporter's locations."""
+    return _TYPE_OF_KIND[rid.partition("#")[0]]
+
+
 def merge_specs(locations: list[Reported]) -> list[tuple[str, str]]:
     """The specs of several reported locations (one reporter's media), first URI per name."""
     merged: dict[str, str] = {}
@@ -83,7 +88,7 @@ def pick_reported(
         return None
     rid = holders[0] if len(holders) == 1 else random.choice(holders)
     own = [loc for loc in locations if loc[0] == rid and loc[3]]
-    return _TYPE_OF_KIND[rid.partition("#")[0]], own[0][1], merge_specs(own)
+    return reported_type_name(rid), own[0][1], merge_specs(own)
 
 
 def reported_location_json(type_name: str, specs: list[tuple[str, str]]) -> str:

@@ -137,6 +137,22 @@ class LocationRenderer:
         template, args = prepared
         return template % args(block_key, (id_hi << 32) | id_lo, (group_hi << 32) | group_lo, slot)
 
+    def render_each(self, block_key: int, raw: bytes) -> list[tuple[int, int, str | None]]:
+        """Every location of a record in its order, as (status, location id, JSON), whatever
+        the status and the storage's availability; the JSON is None when the storage is
+        gone (getCacheMeta's replicas: a diagnostic view, not a read path)."""
+        out: list[tuple[int, int, str | None]] = []
+        for offset in range(_FIRST_LOCATION, _FIRST_LOCATION + raw[_COUNT_AT] * _LOCATION_LEN, _LOCATION_LEN):
+            status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(raw, offset)
+            location_id = (id_hi << 32) | id_lo
+            state = self._ctx.by_name.get(self._storage_name(sidx))
+            text = None
+            if state is not None:
+                template, args = self.prepared(state, spec_group)
+                text = template % args(block_key, location_id, (group_hi << 32) | group_lo, slot)
+            out.append((status, location_id, text))
+        return out
+
     def _best(self, raw: bytes, statuses: tuple[int, ...]) -> int | None:
         """Among replicas, the offset of the available one with the lowest read weight."""
         best, best_offset = None, None

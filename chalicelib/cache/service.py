@@ -47,6 +47,8 @@ from ..protocol.models import (
     FinishWriteCacheResponse,
     GetCacheLocationRequest,
     GetCacheLocationResponse,
+    GetCacheMetaDetailRequest,
+    GetCacheMetaDetailResponse,
     GetCacheMetaRequest,
     GetCacheMetaResponse,
     InstanceGroup,
@@ -58,6 +60,7 @@ from ..protocol.models import (
     TrimCacheRequest,
 )
 from ..protocol.models import Status as WireStatus
+from ..protocol.wire import render
 from ..settings import Settings
 from ..storage.base import BlockRef, StorageBackend
 from .context import InstanceContext, StorageState
@@ -66,14 +69,10 @@ from .event_reports import Reported, pick_reported, reported_location_json
 from .locations import ANY_STATUS, LocationRenderer
 from .masks import mask_of, masked_flags
 from .purge import CACHE, META, PurgeService
+from .replicas import WIRE_STATUS, Copy, detail_item, key_replicas, reported_copies, stored_copies
 from .room import MadeRoom, NoRoom, RetryWithEviction
 
 _SESSION_ALPHABET = b"abcdefghijklmnopqrstuvwxyz0123456789"
-_STATUS_NAMES = {
-    Status.WRITING: CacheLocationStatus.CLS_WRITING,
-    Status.SERVING: CacheLocationStatus.CLS_SERVING,
-    Status.DELETING: CacheLocationStatus.CLS_DELETING,
-}
 #: How stale this container's copy of a group's usage may be when a start checks the
 #: group quota: the other instances' part is read from it (lua/start.lua).
 GROUP_USAGE_MAX_AGE_S = 0.1
@@ -175,6 +174,34 @@ _WIDEST_META = (
         for status in CacheLocationStatus
     )
     + 1
+)
+#: A replica_locations entry beyond its one location's JSON at its widest: the envelope, the
+#: widest id, status and create time (µs, 16 digits), and per spec an empty node id.
+_REPLICA_ENVELOPE = len(
+    f'{{"locations":[{{"id":"{_WIDEST_ARGS[1]}","status":"CLS_DELETING","create_time":"{10**16 - 1}",}}]}},'
+)
+_REPLICA_PER_SPEC = len(',"node_id":""')
+#: A getCacheMetaDetail item beyond its one location's JSON at its widest: the item's fields
+#: with the widest values, the header's properties and the location's extra fields.
+_DETAIL_ENVELOPE = len(
+    json.dumps(
+        {
+            "request_index": (1 << 31) - 1,
+            "block_key": str(-(1 << 63)),
+            "prev_block_key": str(-(1 << 63)),
+            "properties": {
+                "last_access_s": str((1 << 32) - 1),
+                "lfu": "255",
+                "write_time_ms": str((1 << 48) - 1),
+                "children": "65535",
+                "BP#prev_key": str(-(1 << 63)),
+            },
+            "locations": [
+                {"location_id": str(_WIDEST_ARGS[1]), "status": "CLS_DELETING", "create_time": str(10**16 - 1)}
+            ],
+            "status": {"code": "OK", "message": ""},
+        }
+    )
 )
 
 
@@ -286,12 +313,13 @@ class CacheService:
         renderer: LocationRenderer | None = None,
         per_key_extra: int = 0,
         filtered: bool = False,
+        locations_per_key: int = 1,
     ) -> None:
         """Refuse, before any read, a read whose answer could pass ``MAX_RESPONSE_BYTES``:
-        ``key_count`` locations as wide as the widest the instance's available storages
-        give in any spec group (rendered by ``renderer``, by default every spec;
-        ``filtered``: the renderer renders some specs only), plus
-        ``per_key_extra`` bytes each. Arithmetic on the instance's cached layout: the
+        ``key_count`` times ``locations_per_key`` locations as wide as the widest the
+        instance's available storages give in any spec group (rendered by ``renderer``, by
+        default every spec; ``filtered``: the renderer renders some specs only), plus
+        ``per_key_extra`` bytes each key. Arithmetic on the instance's cached layout: the
         unfiltered width is kept while the context is the same."""
         cached = None if filtered else self._read_widths.get(ctx.instance_id)
         if cached is not None and cached[0] is ctx:
@@ -303,7 +331,8 @@ class CacheService:
             widest = max([len(renderer.padding()) + 1, *widths.values()])
             if not filtered:
                 self._read_widths[ctx.instance_id] = (ctx, widest)
-        refuse_oversized_answer(ctx, req, key_count * (widest + per_key_extra), widest + per_key_extra)
+        per_key = widest * locations_per_key + per_key_extra
+        refuse_oversized_answer(ctx, req, key_count * per_key, per_key)
 
     # ---------------------------------------------------------------- reads
 
@@ -397,23 +426,39 @@ class CacheService:
             return None
         return [reported_location_json(p[0], p[2]) if p is not None else None for p in picked]
 
+    def _copies(
+        self, ctx: InstanceContext, keys: list[int], renderer: LocationRenderer
+    ) -> list[tuple[bytes | None, list[Copy], list[Reported]]]:
+        """Per key: its record (None: none), every copy of it (the record's, then the visible
+        reported ones), and those reported ones. Two round trips at most, nothing touched."""
+        reported = self.reported(ctx.instance_id, ctx.group, keys) or [[] for _ in keys]
+        out: list[tuple[bytes | None, list[Copy], list[Reported]]] = []
+        for key, raw, others in zip(keys, self.index.read_raw(ctx.layout, keys, MODE_RAW), reported, strict=True):
+            copies = stored_copies(renderer, key, raw, decode_record(raw)) if raw is not None else []
+            out.append((raw, copies + reported_copies(others), others))
+        return out
+
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
         """Status and location id of every unmasked key (metas are JSON strings, as upstream):
-        its stored location, else its visible reported one (upstream's location id)."""
+        its stored location, else its visible reported one (upstream's location id); and,
+        in ``replica_locations``, every copy of it (replicas.py)."""
         ctx = self.contexts(req.instance_id)
         keys = self._keys(ctx, req)
         flags = masked_flags(req.block_mask, len(keys), "block_mask")
         wanted = [k for k, masked in zip(keys, flags, strict=True) if not masked]
         renderer = self._renderer(ctx)
-        self.bound_read_answer(ctx, req, len(wanted), renderer, _WIDEST_META)
+        # each key's location twice at least (first copy, and in its replicas)
+        replica_extra = _REPLICA_ENVELOPE + _REPLICA_PER_SPEC * len(ctx.spec_layout.specs)
+        self.bound_read_answer(ctx, req, len(wanted), renderer, _WIDEST_META + replica_extra, locations_per_key=2)
         padding = renderer.padding()
-        reported = self._reported(ctx, wanted) or [None] * len(wanted)
-        texts, metas = [], []
-        for key, raw, other in zip(wanted, self.index.read_raw(ctx.layout, wanted, MODE_RAW), reported, strict=True):
+        texts, metas, replicas = [], [], []
+        for key, (raw, copies, others) in zip(wanted, self._copies(ctx, wanted, renderer), strict=True):
+            replicas.append(key_replicas(copies))
             record = decode_record(raw) if raw is not None else None
-            if (record is None or not record.locations) and other is not None:
-                metas.append(json.dumps({"id": other[1], "status": CacheLocationStatus.CLS_SERVING.name}))
-                texts.append(reported_location_json(other[0], other[2]))
+            picked = pick_reported(others) if others else None
+            if (record is None or not record.locations) and picked is not None:
+                metas.append(json.dumps({"id": picked[1], "status": CacheLocationStatus.CLS_SERVING.name}))
+                texts.append(reported_location_json(picked[0], picked[2]))
                 continue
             if raw is None or record is None or not record.locations:
                 metas.append(json.dumps({"id": "", "status": CacheLocationStatus.CLS_NOT_FOUND.name}))
@@ -425,9 +470,34 @@ class CacheService:
                 for candidate in record.locations
                 if candidate.status == s
             )
-            metas.append(json.dumps({"id": str(loc.location_id), "status": _STATUS_NAMES[loc.status].name}))
+            metas.append(json.dumps({"id": str(loc.location_id), "status": WIRE_STATUS[loc.status].name}))
             texts.append(renderer.render(key, raw, ANY_STATUS) or padding)
-        return GetCacheMetaResponse(locations=CacheLocations(texts), metas=metas)
+        sizes = [
+            len(text) + len(json.dumps(meta)) + len(render(replica)) + 3
+            for text, meta, replica in zip(texts, metas, replicas, strict=True)
+        ]
+        refuse_oversized_answer(ctx, req, sum(sizes), max(sizes, default=0))
+        return GetCacheMetaResponse(locations=CacheLocations(texts), metas=metas, replica_locations=replicas)
+
+    def get_cache_meta_detail(self, req: GetCacheMetaDetailRequest) -> GetCacheMetaDetailResponse:
+        """Every unmasked key's raw metadata (upstream's newest GetCacheMetaDetail): its
+        position in the request, its parent, its record's header fields and every copy of it
+        (replicas.py). A missing key has no locations; every item's status is OK (a failed
+        read fails the whole call)."""
+        ctx = self.contexts(req.instance_id)
+        keys = self._keys(ctx, req)
+        flags = masked_flags(req.block_mask, len(keys), "block_mask")
+        wanted = [i for i, masked in enumerate(flags) if not masked]
+        renderer = self._renderer(ctx)
+        self.bound_read_answer(ctx, req, len(wanted), renderer, _DETAIL_ENVELOPE)
+        found = self._copies(ctx, [keys[i] for i in wanted], renderer)
+        items = [
+            detail_item(i, keys[i], decode_record(raw) if raw is not None else None, copies)
+            for i, (raw, copies, _) in zip(wanted, found, strict=True)
+        ]
+        sizes = [len(render(item)) + 1 for item in items]
+        refuse_oversized_answer(ctx, req, sum(sizes), max(sizes, default=0))
+        return GetCacheMetaDetailResponse(items=items)
 
     # ---------------------------------------------------------------- writes
 

@@ -484,9 +484,77 @@ class GetCacheMetaRequest(KeysRequest):
     detail_level: Int32 = 0
 
 
+class ReplicaSpec(WireModel):
+    """One spec of a replica: its URI, and the PACE node it is on ("" off a memory pool)."""
+
+    name: Str = ""
+    uri: Str = ""
+    node_id: Str = ""
+
+
+class ReplicaLocation(WireModel):
+    """One copy of a key as upstream's newest getCacheMeta lists it (``replica_locations``)."""
+
+    id: Str = ""
+    status: CacheLocationStatusField = CacheLocationStatus.CLS_NOT_FOUND
+    type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    spec_size: Int32 = 0
+    #: µs since the epoch (0: not known, as for a reported location).
+    create_time: Int64 = 0
+    location_specs: list[ReplicaSpec] = Field(default_factory=empty_list)
+
+
+class KeyReplicas(WireModel):
+    """Every copy of one key, in the order the index holds them (reported ones last)."""
+
+    locations: list[ReplicaLocation] = Field(default_factory=empty_list)
+
+
 class GetCacheMetaResponse(Response):
+    #: Per key its first copy (upstream's older field, kept as it was).
     locations: CacheLocations = Field(default_factory=CacheLocations)
     metas: list[Str] = Field(default_factory=empty_list)
+    #: Per key every copy (upstream's newest line).
+    replica_locations: list[KeyReplicas] = Field(default_factory=empty_list)
+
+
+class GetCacheMetaDetailRequest(KeysRequest):
+    block_mask: BlockMask | None = None
+    #: Reserved, as upstream's.
+    detail_level: Int32 = 0
+
+
+class SpecUri(WireModel):
+    name: Str = ""
+    uri: Str = ""
+
+
+class CacheLocationDetail(WireModel):
+    location_id: Str = ""
+    status: CacheLocationStatusField = CacheLocationStatus.CLS_NOT_FOUND
+    type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    spec_size: Int32 = 0
+    #: µs since the epoch (0: not known, as for a reported location).
+    create_time: Int64 = 0
+    location_specs: list[SpecUri] = Field(default_factory=empty_list)
+
+
+class CacheMetaDetailItem(WireModel):
+    """One unmasked key's raw metadata: a missing key has no locations and status OK."""
+
+    #: The key's position among the request's keys (masked ones counted).
+    request_index: Int32 = 0
+    block_key: Int64 = 0
+    #: The parent's block key as a decimal string, "" for a prefix's first block.
+    prev_block_key: Str = ""
+    #: The record's header fields by name (docs/api-v2.md).
+    properties: dict[Str, Str] = Field(default_factory=dict)
+    locations: list[CacheLocationDetail] = Field(default_factory=empty_list)
+    status: Status = Field(default_factory=Status)
+
+
+class GetCacheMetaDetailResponse(Response):
+    items: list[CacheMetaDetailItem] = Field(default_factory=empty_list)
 
 
 class StartWriteCacheRequest(KeysRequest):

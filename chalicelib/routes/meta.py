@@ -25,6 +25,7 @@ OPERATIONS: list[Operation] = [
     # getCacheLocation is the engine's read path and refreshes recency: not a read-only call.
     _meta("getCacheLocation", m.GetCacheLocationRequest, S.get_cache_location),
     _meta("getCacheMeta", m.GetCacheMetaRequest, S.get_cache_meta, action=A.META_READ),
+    _meta("getCacheMetaDetail", m.GetCacheMetaDetailRequest, S.get_cache_meta_detail, action=A.META_READ),
     _meta("startWriteCache", m.StartWriteCacheRequest, S.start_write_cache),
     _meta("finishWriteCache", m.FinishWriteCacheRequest, S.finish_write_cache),
     _meta("removeCache", m.RemoveCacheRequest, S.remove_cache),

@@ -23,6 +23,8 @@ from ..protocol.models import (
     GetCacheLocationResponse,
     GetCacheLocationsByBackendRequest,
     GetCacheLocationsByBackendResponse,
+    GetCacheMetaDetailRequest,
+    GetCacheMetaDetailResponse,
     GetCacheMetaRequest,
     GetCacheMetaResponse,
     GetClusterInfoRequest,
@@ -94,6 +96,10 @@ class MetaService:
     def get_cache_meta(self, req: GetCacheMetaRequest) -> GetCacheMetaResponse:
         """Per key, its locations and their statuses (a debugging view of the index)."""
         return self.cache.get_cache_meta(req)
+
+    def get_cache_meta_detail(self, req: GetCacheMetaDetailRequest) -> GetCacheMetaDetailResponse:
+        """Per key, its raw metadata: parent, header fields and every copy (upstream's newest line)."""
+        return self.cache.get_cache_meta_detail(req)
 
     def start_write_cache(self, req: StartWriteCacheRequest) -> StartWriteCacheResponse:
         """Where to write the keys with fewer than ``min_replica_count`` (0 or 1: one) locations

@@ -40,6 +40,7 @@ SCOPED = {
     "getInstanceInfo": (_instance("in-1"), [_instance("out-1")]),
     "getCacheLocation": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
     "getCacheMeta": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
+    "getCacheMetaDetail": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
     "startWriteCache": (_instance("in-1", block_keys=[1]), [_instance("out-1", block_keys=[1])]),
     "finishWriteCache": (
         _instance("in-1", write_session_id="a" * 32, success_blocks={"offset": 0}),

@@ -15,6 +15,7 @@ from chalicelib.protocol.models import (
     GetCacheLocationRequest,
     GetCacheLocationResponse,
     GetCacheLocationsByBackendResponse,
+    GetCacheMetaDetailResponse,
     GetCacheMetaResponse,
     GetClusterInfoResponse,
     GetHostCacheStateResponse,
@@ -43,6 +44,7 @@ def test_spliced_locations_render_like_pydantic_would():
         "header": {"request_id": "", "status": {"code": "OK", "message": ""}},
         "locations": LOCATIONS,
         "metas": ["m1", "m2"],
+        "replica_locations": [],
     }
 
 
@@ -173,6 +175,7 @@ def test_each_meta_operation_knows_its_response_model(op):
         "getInstanceInfo": GetInstanceInfoResponse,
         "getCacheLocation": GetCacheLocationResponse,
         "getCacheMeta": GetCacheMetaResponse,
+        "getCacheMetaDetail": GetCacheMetaDetailResponse,
         "startWriteCache": StartWriteCacheResponse,
         "finishWriteCache": FinishWriteCacheResponse,
         "getCacheLocationLen": GetCacheLocationLenResponse,

@@ -14,6 +14,7 @@ METHODS = [
     "getInstanceInfo",
     "getCacheLocation",
     "getCacheMeta",
+    "getCacheMetaDetail",
     "startWriteCache",
     "finishWriteCache",
     "removeCache",
@@ -86,6 +87,7 @@ def test_body_not_a_json_object(http, instance, method, body):
         ("trimCache", {"strategy": "TS_NOPE"}, "strategy"),
         ("trimCache", {"strategy": "TS_TIMESTAMP", "begin_timestamp": 5, "end_timestamp": 1}, "begin_timestamp"),
         ("getCacheMeta", {"block_keys": [1], "block_mask": {"bool_masks": {"values": [1]}}}, "block_mask"),
+        ("getCacheMetaDetail", {"block_keys": [1, 2], "block_mask": {"offset": "x"}}, "block_mask"),
         ("registerInstance", {"instance_group": "g1", "block_size": 0}, "block_size"),
         ("getCacheLocation", {"query_type": "QT_PREFIX_MATCH", "block_keys": [1, None]}, "block_keys[1]"),
         (
@@ -148,7 +150,8 @@ def test_an_enum_number_may_be_a_string(http, instance):
     "method,body,defaults",
     [
         ("getCacheLocation", {"query_type": "NOPE", "block_keys": [1]}, {"locations": []}),
-        ("getCacheMeta", {"block_keys": "x"}, {"locations": [], "metas": []}),
+        ("getCacheMeta", {"block_keys": "x"}, {"locations": [], "metas": [], "replica_locations": []}),
+        ("getCacheMetaDetail", {"block_keys": "x"}, {"items": []}),
         (
             "startWriteCache",
             {"block_keys": [1], "write_timeout_seconds": -1},
