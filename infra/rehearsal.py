@@ -723,18 +723,21 @@ class Rehearsal:
         )
         anonymous = self.step(
             "POST /api/checkHealth without credentials (Lambda API)",
-            lambda: self.invoke(function_name, api_event("/api/checkHealth", {})),
+            lambda: expect_answer(
+                self.invoke(function_name, api_event("/api/checkHealth", {})), 401, "UNAUTHENTICATED"
+            ),
         )
         admin = self.step(
             "POST /api/checkHealth as the admin (Lambda API)",
-            lambda: self.invoke(
-                function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})
+            lambda: expect_answer(
+                self.invoke(
+                    function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})
+                ),
+                200,
+                "OK",
             ),
         )
-        statuses = {"anonymous": anonymous["statusCode"], "admin": admin["statusCode"]}
-        if statuses != {"anonymous": 401, "admin": 200}:
-            raise AssertionError(f"the deployed API answered {statuses}: {anonymous} {admin}")
-        return {**statuses, "health": json.loads(admin["body"])}
+        return {"anonymous": anonymous["statusCode"], "admin": admin["statusCode"], "health": json.loads(admin["body"])}
 
     # ------------------------------------------------------------ the paths
 
@@ -879,6 +882,22 @@ def api_event(path: str, headers: dict[str, str], body: str = "{}") -> dict:
             "identity": {"sourceIp": "127.0.0.1"},
         },
     }
+
+
+def expect_answer(response: dict, status: int, code: str) -> dict:
+    """The API function's proxy response, if its HTTP status and the body's header code are
+    those expected (an error is answered with HTTP 200 and its code in the header, so the
+    status alone passes a failing handler); else AssertionError naming both."""
+    try:
+        answered = json.loads(response.get("body") or "{}")["header"]["status"]["code"]
+    except (KeyError, TypeError, ValueError):
+        answered = None
+    if response.get("statusCode") != status or answered != code:
+        raise AssertionError(
+            f"expected HTTP {status} {code}, the deployed API answered HTTP {response.get('statusCode')} {answered}: "
+            f"{str(response.get('body'))[:300]}"
+        )
+    return response
 
 
 def scheduled_event() -> dict:

@@ -138,3 +138,27 @@ def test_a_passing_run_exits_0_and_removes_its_directory(temp_root: Path, monkey
     out, _ = capfd.readouterr()
     assert out.splitlines()[-1].startswith("PASS: 2 steps")
     assert list(temp_root.iterdir()) == [temp_root / "report.json"]
+
+
+def answer(status: int, code: str) -> dict:
+    return {"statusCode": status, "body": json.dumps({"header": {"status": {"code": code, "message": ""}}})}
+
+
+def test_an_answer_is_checked_by_status_and_header_code():
+    ok = answer(200, "OK")
+    assert rehearsal.expect_answer(ok, 200, "OK") is ok
+    assert rehearsal.expect_answer(answer(401, "UNAUTHENTICATED"), 401, "UNAUTHENTICATED")["statusCode"] == 401
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        answer(200, "INTERNAL_ERROR"),  # a handler that raised still answers HTTP 200
+        answer(500, "OK"),
+        {"statusCode": 200, "body": "not json"},
+        {"statusCode": 200},
+    ],
+)
+def test_a_wrong_answer_fails_its_step(response: dict):
+    with pytest.raises(AssertionError, match="expected HTTP 200 OK"):
+        rehearsal.expect_answer(response, 200, "OK")
