@@ -208,6 +208,12 @@ class Figures:
     request_b: float = 0.0
     response_b: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    #: Lambda invocations (and front-door requests) in one call of the method.
+    invocations: int = 1
+
+    def billed_ms(self, rtt_us: float) -> int:
+        """Lambda bills each invocation in whole milliseconds (the work split evenly)."""
+        return self.invocations * math.ceil(self.duration_ms(rtt_us) / self.invocations)
 
     def ecpu(self, get_cpu_us: float) -> float:
         return max(self.commands, (self.net_in_b + self.net_out_b) / 1024, self.valkey_cpu_us / get_cpu_us)
@@ -234,8 +240,15 @@ class Meter:
             info["total_net_output_bytes"],
         )
 
-    def measure(self, call: Callable[[], tuple[int, int]], calls: int) -> Figures:
-        """``call`` returns (request bytes, response bytes)."""
+    def measure(self, call: Callable[[], tuple[int, int]], calls: int, rounds: int = 5) -> Figures:
+        """``calls`` calls in ``rounds`` batches; the figures of the batch that took the
+        least CPU (ours + Valkey's): on a shared machine others' work inflates CPU times
+        too (caches, hyperthreads), never deflates them. ``call`` returns (request bytes,
+        response bytes)."""
+        batches = [self._batch(call, max(1, calls // rounds)) for _ in range(rounds)]
+        return min(batches, key=lambda f: f.cpu_us + f.valkey_cpu_us)
+
+    def _batch(self, call: Callable[[], tuple[int, int]], calls: int) -> Figures:
         c = self.counters
         log = io.StringIO()
         from chalicelib.observability.logging import logger
@@ -454,6 +467,7 @@ def measure_methods(
     for _ in range(warmup):
         write(keys(keys_per_call))
     figures["startWriteCache + finishWriteCache"] = meter.measure(lambda: write(keys(keys_per_call)), calls)
+    figures["startWriteCache + finishWriteCache"].invocations = 2
     written += (warmup + calls) * keys_per_call
     while written + keys_per_call <= 0.9 * capacity_blocks:
         write(keys(keys_per_call))
@@ -472,7 +486,7 @@ def measure_methods(
 
     for _ in range(3):
         report()
-    er_calls = max(10, calls // 5)
+    er_calls = max(15, calls // 4)
     memory0 = client.info("memory")["used_memory"]
     figures[f"reportEvent ({EVENTS_PER_CALL:,} events)"] = meter.measure(report, er_calls)
     figures[f"reportEvent ({EVENTS_PER_CALL:,} events)"].extra["valkey_bytes_per_event"] = (
@@ -503,7 +517,7 @@ def measure_methods(
         svc.clock.advance(refresh_s)
         return read()
 
-    refreshed = meter.measure(after_refresh, 20)
+    refreshed = meter.measure(after_refresh, 20, rounds=1)
     base = figures["getCacheLocation"]
     figures["config refresh"] = Figures(
         commands=max(0.0, refreshed.commands - base.commands),
@@ -557,10 +571,9 @@ class Model:
 
     def per_call(self, f: Figures) -> dict[str, float]:
         """$ of one call, by line (the front doors apart)."""
-        billed_ms = math.ceil(f.duration_ms(self.rtt_us))
         return {
-            "Lambda requests": PRICES["lambda_request"].usd,
-            "Lambda duration": billed_ms / 1000 * self.memory_gb * PRICES["lambda_gb_s"].usd,
+            "Lambda requests": PRICES["lambda_request"].usd * f.invocations,
+            "Lambda duration": f.billed_ms(self.rtt_us) / 1000 * self.memory_gb * PRICES["lambda_gb_s"].usd,
             "Valkey ECPUs": f.ecpu(self.get_cpu_us) * PRICES["valkey_ecpu"].usd,
             "DynamoDB": f.rru * PRICES["ddb_rru"].usd + f.wru * PRICES["ddb_wru"].usd,
             "CloudWatch Logs": f.log_b / 1e9 * PRICES["logs_gb"].usd,
@@ -577,7 +590,7 @@ class Model:
 
     def monthly(self, rate: float) -> dict[str, float]:
         """$ a month by line at ``rate`` engine requests per second, serverless."""
-        calls_s = sum(n for _, n in self.engine_request()) * rate
+        calls_s = sum(n * f.invocations for f, n in self.engine_request()) * rate
         lines: dict[str, float] = {}
         for f, n in self.engine_request():
             for line, usd in self.per_call(f).items():
@@ -685,7 +698,7 @@ def print_measured(figures: dict[str, Figures], base: dict[str, float], model: M
         if name == "config refresh":
             continue
         print(
-            f"  {name:<40} {f.wall_us:>9.0f} {f.cpu_us:>9.0f} {math.ceil(f.duration_ms(model.rtt_us)):>9} "
+            f"  {name:<40} {f.wall_us:>9.0f} {f.cpu_us:>9.0f} {f.billed_ms(model.rtt_us):>9} "
             f"{f.round_trips:>6.2f} {f.commands:>6.2f} {f.valkey_cpu_us:>13.1f} {f.net_in_b:>8.0f} "
             f"{f.net_out_b:>8.0f} {f.ecpu(model.get_cpu_us):>7.1f} {f.rru:>6.2f} {f.wru:>5.2f} {f.log_b:>7.0f} "
             f"{f.request_b:>8.0f} {f.response_b:>8.0f}"
@@ -721,7 +734,7 @@ def print_per_million(model: Model) -> None:
         if name == "config refresh":
             continue
         cost = {k: v * 1e6 for k, v in model.per_call(f).items()}
-        rest, http = PRICES["rest_api"].usd * 1e6, PRICES["http_api"].usd * 1e6
+        rest, http = (PRICES[door].usd * 1e6 * f.invocations for door in ("rest_api", "http_api"))
         print(
             f"  {name:<40} "
             + " ".join(f"{usd(v):>16}" for v in cost.values())

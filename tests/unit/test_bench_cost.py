@@ -13,7 +13,13 @@ from bench.bench_cost import EVENTS_PER_CALL, PRICES, SECONDS_PER_MONTH, Figures
 def model(**overrides) -> Model:
     read = Figures(cpu_us=900, valkey_cpu_us=100, round_trips=2, commands=2, log_b=200, request_b=1000, response_b=9000)
     write = Figures(
-        cpu_us=1500, valkey_cpu_us=500, round_trips=4, commands=6, log_b=400, extra={"valkey_bytes_per_block": 64}
+        cpu_us=1500,
+        valkey_cpu_us=500,
+        round_trips=4,
+        commands=6,
+        log_b=400,
+        extra={"valkey_bytes_per_block": 64},
+        invocations=2,
     )
     report = Figures(cpu_us=40_000, valkey_cpu_us=5000, round_trips=1, commands=1, net_in_b=150_000, log_b=200)
     refresh = Figures(rru=1.0, extra={"interval_s": 2.0})
@@ -41,6 +47,13 @@ def test_a_call_is_billed_in_whole_milliseconds_of_cpu_valkey_and_round_trips():
     assert m.per_call(read)["Lambda duration"] == pytest.approx(0.002 * 1769 / 1024 * PRICES["lambda_gb_s"].usd)
 
 
+def test_each_invocation_of_a_two_phase_write_is_billed_apart():
+    m = model()
+    write = m.figures["write"]  # 3.2 ms of work over two invocations: 2 ms each
+    assert write.billed_ms(m.rtt_us) == 4
+    assert m.per_call(write)["Lambda requests"] == pytest.approx(2 * PRICES["lambda_request"].usd)
+
+
 def test_ecpus_are_the_largest_of_commands_kilobytes_and_cpu_in_gets():
     assert Figures(commands=2, valkey_cpu_us=100).ecpu(get_cpu_us=20) == 5  # CPU: 5 GETs' worth
     assert Figures(commands=1, net_in_b=150_000).ecpu(get_cpu_us=20) == pytest.approx(146.48, abs=0.01)  # bytes
@@ -52,7 +65,8 @@ def test_an_engine_request_is_a_read_a_two_phase_write_and_its_events():
     calls = [n for _, n in m.engine_request()]
     assert calls == [1.0, 1.0, 128 / EVENTS_PER_CALL]
     lines = m.monthly(100)
-    requests = 100 * sum(calls) * SECONDS_PER_MONTH
+    # the two-phase write is two invocations, each a front-door request
+    requests = 100 * (1 + 2 + 128 / EVENTS_PER_CALL) * SECONDS_PER_MONTH
     assert lines["Lambda requests"] == pytest.approx(requests * 0.20e-6)
     assert lines["rest_api"] == pytest.approx(requests * 3.50e-6)
     assert lines["http_api"] == pytest.approx(requests * 1.00e-6)
