@@ -394,21 +394,11 @@ def lambda_memory_mb() -> int:
     )
 
 
-def add_events(keys: list[int], host: str) -> list[dict]:
-    return [
-        {
-            "event_type": "EVENT_BLOCK_ADD",
-            "block_add": {
-                "block_key": str(k),
-                "medium": "gpu",
-                "specs": [
-                    {"name": "full_0", "uri": f"event_report://{host}/gpu/{k}?size=4096"},
-                    {"name": "linear_0", "uri": f"event_report://{host}/gpu/{k}?size=1024"},
-                ],
-            },
-        }
-        for k in keys
-    ]
+def add_events(keys: list[int]) -> list[dict]:
+    """ADD events of ``keys``, two specs each (bench_report_event's)."""
+    from bench.bench_report_event import add_body
+
+    return list(add_body(keys)["events"])
 
 
 REGISTER = {"event_type": "EVENT_NODE_REGISTER", "node_register": {"mediums": ["gpu"]}}
@@ -481,7 +471,7 @@ def measure_methods(
     call("reportEvent", {**er_body, "events": [REGISTER]})
 
     def report() -> tuple[int, int]:
-        _, req, resp = call("reportEvent", {**er_body, "events": add_events(keys(EVENTS_PER_CALL), host)})
+        _, req, resp = call("reportEvent", {**er_body, "events": add_events(keys(EVENTS_PER_CALL))})
         return req, resp
 
     for _ in range(3):
@@ -498,7 +488,7 @@ def measure_methods(
     for h in range(hosts):
         other = f"10.0.1.{h}:8080"
         body = {"instance_id": "cost", "host_ip_port": other, "storage_type": "ST_EVENT_REPORT_L1P5"}
-        call("reportEvent", {**body, "events": [REGISTER, *add_events(prompt[: rng.randint(1, len(prompt))], other)]})
+        call("reportEvent", {**body, "events": [REGISTER, *add_events(prompt[: rng.randint(1, len(prompt))])]})
     state_body = {"instance_id": "cost", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": prompt}
 
     def host_state() -> tuple[int, int]:
