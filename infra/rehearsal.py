@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -722,18 +723,21 @@ class Rehearsal:
         )
         anonymous = self.step(
             "POST /api/checkHealth without credentials (Lambda API)",
-            lambda: self.invoke(function_name, api_event("/api/checkHealth", {})),
+            lambda: expect_answer(
+                self.invoke(function_name, api_event("/api/checkHealth", {})), 401, "UNAUTHENTICATED"
+            ),
         )
         admin = self.step(
             "POST /api/checkHealth as the admin (Lambda API)",
-            lambda: self.invoke(
-                function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})
+            lambda: expect_answer(
+                self.invoke(
+                    function_name, api_event("/api/checkHealth", {"Authorization": f"Bearer admin:{password}"})
+                ),
+                200,
+                "OK",
             ),
         )
-        statuses = {"anonymous": anonymous["statusCode"], "admin": admin["statusCode"]}
-        if statuses != {"anonymous": 401, "admin": 200}:
-            raise AssertionError(f"the deployed API answered {statuses}: {anonymous} {admin}")
-        return {**statuses, "health": json.loads(admin["body"])}
+        return {"anonymous": anonymous["statusCode"], "admin": admin["statusCode"], "health": json.loads(admin["body"])}
 
     # ------------------------------------------------------------ the paths
 
@@ -880,6 +884,22 @@ def api_event(path: str, headers: dict[str, str], body: str = "{}") -> dict:
     }
 
 
+def expect_answer(response: dict, status: int, code: str) -> dict:
+    """The API function's proxy response, if its HTTP status and the body's header code are
+    those expected (an error is answered with HTTP 200 and its code in the header, so the
+    status alone passes a failing handler); else AssertionError naming both."""
+    try:
+        answered = json.loads(response.get("body") or "{}")["header"]["status"]["code"]
+    except (KeyError, TypeError, ValueError):
+        answered = None
+    if response.get("statusCode") != status or answered != code:
+        raise AssertionError(
+            f"expected HTTP {status} {code}, the deployed API answered HTTP {response.get('statusCode')} {answered}: "
+            f"{str(response.get('body'))[:300]}"
+        )
+    return response
+
+
 def scheduled_event() -> dict:
     """An EventBridge scheduled event, as the rule would send it (workaround 5)."""
     return {
@@ -895,6 +915,18 @@ def scheduled_event() -> dict:
     }
 
 
+#: Report keys of what can fail outside a step, and how the verdict names them.
+FAILURE_PLACES = {
+    "servers": "the local AWS and Valkey",
+    "chalice": "chalice path",
+    "packaged": "packaged path",
+}
+
+
+def first_line(text: str) -> str:
+    return (text.splitlines() or ["(no error text)"])[0]
+
+
 def verdict(report: dict[str, Any], warning_count: int) -> list[str]:
     """The rehearsal's last lines: each step with its outcome and time, the failed ones
     last, then ``PASS: ...`` or ``FAIL: <the failing step or path>: <its error's first line>``."""
@@ -902,16 +934,74 @@ def verdict(report: dict[str, Any], warning_count: int) -> list[str]:
     lines = [f"{'ok' if e.get('ok') else 'FAIL':4} {e.get('seconds', 0):7.1f} s  {e['step']}" for e in steps]
     failed = [e for e in steps if not e.get("ok")]
     if failed:
-        lines.append(f"FAIL: step '{failed[-1]['step']}': {failed[-1].get('error', '').splitlines()[0]}")
+        lines.append(f"FAIL: step '{failed[-1]['step']}': {first_line(failed[-1].get('error', ''))}")
     elif not report.get("ok", False):
-        path, result = next((k, v) for k, v in report.items() if isinstance(v, dict) and "error" in v)
-        lines.append(f"FAIL: {path} path: {result['error'].splitlines()[0]}")
+        place, result = next((k, v) for k, v in report.items() if isinstance(v, dict) and "error" in v)
+        lines.append(f"FAIL: {FAILURE_PLACES.get(place, place)}: {first_line(result['error'])}")
     else:
         seconds = sum(e.get("seconds", 0) for e in steps)
         lines.append(
             f"PASS: {len(steps)} steps in {seconds:.1f} s ({warning_count} warnings of the emulator in the report)"
         )
     return lines
+
+
+class EmulatorWarnings(logging.Handler):
+    """While entered, the Python warnings raised and what moto logs at WARNING or above (a
+    line per resource type its CloudFormation skips) are recorded here instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.logged: list[str] = []
+        self._catch = warnings.catch_warnings(record=True)
+        self._raised: list[warnings.WarningMessage] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.logged.append(f"{record.name}: {record.getMessage()}")
+
+    def __enter__(self) -> EmulatorWarnings:
+        raised = self._catch.__enter__()
+        assert raised is not None  # record=True
+        self._raised = raised
+        warnings.simplefilter("always")
+        moto_logger = logging.getLogger("moto")
+        self._propagate = moto_logger.propagate
+        moto_logger.addHandler(self)
+        moto_logger.propagate = False
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        moto_logger = logging.getLogger("moto")
+        moto_logger.removeHandler(self)
+        moto_logger.propagate = self._propagate
+        self._catch.__exit__(*exc_info)
+
+    @property
+    def count(self) -> int:
+        return len(self._raised) + len(self.logged)
+
+    def distinct(self) -> list[str]:
+        return sorted({f"{w.category.__name__}: {w.message}" for w in self._raised} | set(self.logged))
+
+
+def rehearse(work_dir: Path, port: int, which: str) -> dict[str, Any]:
+    """Runs the chosen paths (a failed path is reported and the other still runs); the
+    report's ``ok`` says whether everything passed, servers starting and stopping included."""
+    report: dict[str, Any] = {"steps": []}
+    try:
+        with Rehearsal(work_dir, port) as rehearsal:
+            report = rehearsal.report
+            for name, run in (("chalice", rehearsal.chalice_path), ("packaged", rehearsal.packaged_path)):
+                if which in (name, "both"):
+                    try:
+                        report[name] = run()
+                    except Exception as exc:  # noqa: BLE001 - a failed path is reported, the other still runs
+                        report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            report["invocations"] = rehearsal.code.invocations
+    except Exception as exc:  # noqa: BLE001 - the servers' failure is the verdict, not a traceback
+        report["servers"] = {"error": f"{type(exc).__name__}: {exc}"}
+    report["ok"] = not any(isinstance(v, dict) and "error" in v for v in report.values())
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -923,35 +1013,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     temporary = args.work_dir is None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kvcm-rehearsal-"))
-    # chalice, pip and the deployed code's processes write their temporary files there too.
+    # chalice, pip and the deployed code's processes write their temporary files there too
+    # (put back afterwards: the directory is gone then).
     scratch = work_dir / "tmp"
     scratch.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = tempfile.tempdir = str(scratch)
-    failed = False
     try:
-        with warnings.catch_warnings(record=True) as raised:
-            warnings.simplefilter("always")
-            with Rehearsal(work_dir, args.port) as rehearsal:
-                for name, run in (("chalice", rehearsal.chalice_path), ("packaged", rehearsal.packaged_path)):
-                    if args.path in (name, "both"):
-                        try:
-                            rehearsal.report[name] = run()
-                        except Exception as exc:  # noqa: BLE001 - a failed path is reported, the other still runs
-                            rehearsal.report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                            failed = True
-                rehearsal.report["invocations"] = rehearsal.code.invocations
-        rehearsal.report["ok"] = not failed
-        rehearsal.report["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in raised})
-        text = json.dumps(rehearsal.report, indent=2, default=str)
+        with EmulatorWarnings() as emulator:
+            report = rehearse(work_dir, args.port, args.path)
+        report["warnings"] = emulator.distinct()
+        text = json.dumps(report, indent=2, default=str)
         if args.report:
             args.report.write_text(text + "\n")
         else:
             print(text)
-        print("\n".join(verdict(rehearsal.report, len(raised))))
+        print("\n".join(verdict(report, emulator.count)))
     finally:
+        if previous[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous[0]
+        tempfile.tempdir = previous[1]
         if temporary:
             shutil.rmtree(work_dir, ignore_errors=True)
-    return 1 if failed else 0
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":
