@@ -24,7 +24,9 @@ Modes:
   location read is taken: a block removed and written again meanwhile is left alone.
 - ``meta`` (TS_REMOVE_ALL_META): records are forgotten without deleting their data, which
   stays on storage and stays charged to the quota (usage follows the bytes that exist),
-  until the instance is removed.
+  until the instance is removed. Forgotten locations are kept in the index (``T:fg``): the
+  removal, once no record is left, deletes their data a chunk per step and releases each
+  chunk's charge after its deletion.
 """
 
 from __future__ import annotations
@@ -186,6 +188,8 @@ class PurgeService:
             return replace(job, done=True)
         if self.index.occupied_count(layout) > 0:
             return job  # blocks left (written before the flag, or a deletion that failed): another pass
+        if self.deletion.delete_forgotten(ctx, DELETE_CHUNK):
+            return job  # forgotten data deleted, its charge released: the next chunk in the next step
         self._finish_removal(ctx, record)
         return replace(job, done=True)
 

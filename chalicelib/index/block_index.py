@@ -14,7 +14,9 @@ one Lua call):
   storage type ``t:<type>`` and per storage ``s:<name>``, and the part of bytes, keys
   and type bytes that is DELETING: ``d``, ``dk``, ``dt:<type>``); ``T:st`` storage index table;
 - ``T:g`` live-block counts of packed groups (files), ``T:og`` groups whose files await
-  deletion; ``T:s:<session>`` write sessions and ``T:sd`` their deadlines.
+  deletion; ``T:fg`` locations forgotten by a metadata-only trim (VICTIM members), whose
+  data stays on storage, charged, until the instance's removal deletes it;
+  ``T:s:<session>`` write sessions and ``T:sd`` their deadlines.
 
 Per instance group, ``{<prefix>:grp:<group>}:u`` sums the usage of its instances (same
 fields). Instances live on other slots than their group, so it moves right after each
@@ -417,6 +419,7 @@ class BlockIndex:
         self._drop = client.register_script(_load("drop"))
         self._claim = client.register_script(_load("claim"))
         self._forget = client.register_script(_load("forget"))
+        self._release = client.register_script(_load("release"))
         self._storage = client.register_script(_load("storage"))
         # Below the API: a sharded instance's calls split per shard and merge there
         # (imported here: sharding builds on this module).
@@ -843,7 +846,7 @@ class BlockIndex:
         forgotten = int(
             self._call(
                 self._forget,
-                [layout.key("u"), layout.occupied],
+                [layout.key("u"), layout.occupied, layout.key("fg")],
                 [
                     pack_keys(block_keys),
                     b"".join(v.to_bytes(5, "big") for v in location_ids),
@@ -854,6 +857,43 @@ class BlockIndex:
         )
         self._charge_group(layout, Usage(keys=forgotten), -1)
         return forgotten
+
+    def forgotten_count(self, layout: InstanceLayout) -> int:
+        """How many forgotten locations (lua/forget.lua) await the deletion of their data."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.scard(shard.key("fg"))
+        with valkey_errors("index"):
+            return sum(int(n) for n in pipe.execute())
+
+    def forgotten(self, layout: InstanceLayout, count: int) -> list[Victim]:
+        """Up to ``count`` forgotten locations of each shard, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.srandmember(shard.key("fg"), count)
+        with valkey_errors("index"):
+            members = cast(list[list[bytes]], pipe.execute())
+        return decode_victims(b"".join(m for found in members for m in found))
+
+    def release_forgotten(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> int:
+        """Release forgotten locations whose data is deleted: their bytes leave the usage
+        counters, the group's too (lua/release.lua); returns how many were still held."""
+        from .sharding import shard_of  # sharding builds on this module
+
+        released = 0
+        for s, shard in enumerate(layout.shards):
+            mine = [v for v in victims if shard_of(v.block_key, layout.shard_count) == s]
+            if not mine:
+                continue
+            reply = self._call(
+                self._release,
+                [shard.key("u"), shard.key("st"), shard.key("g"), shard.key("fg")],
+                [encode_victims(mine), pack_u48(sizes)],
+            )
+            by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(2, len(reply) - 1, 2)}
+            self._charge_group(shard, Usage(int(reply[1]), 0, by_type), -1)
+            released += int(reply[0])
+        return released
 
     def set_removing(self, layout: InstanceLayout, removing: bool) -> None:
         """Refuse (or again accept) new writes of the instance, every shard (lua/start.lua)."""
@@ -1046,7 +1086,7 @@ class BlockIndex:
                     self.client.unlink(*[layout.bucket(b) for b in buckets])
             if cursor == 0:
                 break
-        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq")] + [layout.occupied]
+        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq", "fg")] + [layout.occupied]
         if keep_usage:
             # No record is left: nothing counts as DELETING or as a key any more.
             with valkey_errors("index"):
