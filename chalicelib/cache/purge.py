@@ -195,13 +195,15 @@ class PurgeService:
 
     def _delete(self, ctx: InstanceContext, job: PurgeJob, keys: list[int], locations: list[int]) -> None:
         delay_ms = ctx.delete_delay_ms
-        if job.mode == INSTANCE:
-            # Every DELETING location too: nothing can write the instance any more.
-            resubmit = int(self.clock.now()) + 1
-        else:
-            resubmit = self.index.lost_deletions_before_s(delay_ms)
+        # A removal takes every DELETING location too: nothing can write the instance any more.
+        resubmit = self.index.EVERY_DELETION if job.mode == INSTANCE else int(self.clock.now())
         victims = self.index.mark_deleting(
-            ctx.layout, keys, ctx.spec_layout.sizes, expected_locations=locations, resubmit_before_s=resubmit
+            ctx.layout,
+            keys,
+            ctx.spec_layout.sizes,
+            expected_locations=locations,
+            resubmit_before_s=resubmit,
+            delay_ms=delay_ms,
         )
         if job.mode == INSTANCE:
             for start in range(0, len(victims), DELETE_CHUNK):
