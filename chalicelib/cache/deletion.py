@@ -116,8 +116,8 @@ class DeletionService:
 class QueuedDeleter:
     """Queues victims in the index for the reclaimer to hand to the real deleter at its
     next round (the write path's evictions: a start must not wait for a Step Functions
-    call). The delay runs from the hand-over; a queue lost with its process is found by
-    the stranded-deletion sweep."""
+    call). The delay runs from the hand-over; a queue lost with its process is pending,
+    and recovered once due (``capacity.stranded``)."""
 
     def __init__(self, index: BlockIndex) -> None:
         self.index = index

@@ -62,16 +62,24 @@ class StrandedDeletions:
         total = 0
         for instance_id, members in self.index.due_deletions(now_s, DUE_PER_ROUND).items():
             try:
-                ctx = self.contexts(instance_id)
-            except InstanceNotFoundError:
-                self.index.settle_due(members)  # removed: its purge takes every DELETING location
-                continue
-            overdue = self.index.overdue_deletions(ctx.layout, now_s, OVERDUE_PER_VISIT)
-            if overdue:
-                total += self._hand_over(ctx, overdue, now_s)
-            if len(overdue) < OVERDUE_PER_VISIT:
-                self.index.settle_due(members)
+                total += self._visit(instance_id, members, now_s)
+            except Exception as exc:  # noqa: BLE001 - one instance must not stop the round; still due next
+                logger.warning(
+                    "stranded deletions not recovered", extra={"instance_id": instance_id, "error": str(exc)}
+                )
         return total
+
+    def _visit(self, instance_id: str, members: list[bytes], now_s: int) -> int:
+        try:
+            ctx = self.contexts(instance_id)
+        except InstanceNotFoundError:
+            self.index.settle_due(members)  # removed: its purge takes every DELETING location
+            return 0
+        overdue = self.index.overdue_deletions(ctx.layout, now_s, OVERDUE_PER_VISIT)
+        handed = self._hand_over(ctx, overdue, now_s) if overdue else 0
+        if len(overdue) < OVERDUE_PER_VISIT:
+            self.index.settle_due(members)
+        return handed
 
     def _hand_over(self, ctx: InstanceContext, overdue: list[tuple[int, int]], now_s: int) -> int:
         # Pending anew before the hand-off: a failing one is found again a grace later.

@@ -43,7 +43,7 @@ local function set_loc_status(rec, i, status)
 end
 
 -- A location turning DELETING stamps the record's access time (unused once nothing
--- serves it): capacity/stranded.py finds deletions that never finished by it.
+-- serves it): the record shows when it last turned DELETING.
 local function stamp_deleting(rec, now_s)
   return put(rec, H_LAST_ACCESS_S, H_LAST_ACCESS_S_FMT, now_s)
 end

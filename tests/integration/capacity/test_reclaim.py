@@ -352,6 +352,29 @@ def test_a_registration_whose_mark_never_ran_goes_after_one_look(cluster, index,
     assert index.due_deletions(int(clock.now()), 100) == {}
 
 
+def test_an_instance_failing_its_recovery_stays_due_and_does_not_stop_the_others(cluster, index, clock):
+    cluster.group = make_group(capacity_blocks=1000)
+    for name, key in (("i1", 1), ("i2", 2)):
+        cluster.add_instance(name)
+        cluster.write(name, [key])
+        index.mark_deleting(cluster.context(name).layout, [key], [BLOCK])  # never handed over
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    reclaimer = cluster.reclaimer()
+    healthy = reclaimer.stranded.contexts
+
+    def contexts(instance_id):
+        if instance_id == "i1":
+            raise ConnectionError("control plane unreachable")
+        return healthy(instance_id)
+
+    reclaimer.stranded.contexts = contexts
+    assert reclaimer.stranded.recover() == 1
+    assert cluster.statuses("i2") == {} and cluster.statuses("i1") == {1: Status.DELETING}
+    assert list(index.due_deletions(int(clock.now()), 100)) == ["i1"]
+    reclaimer.stranded.contexts = healthy
+    assert reclaimer.stranded.recover() == 1 and cluster.statuses("i1") == {}
+
+
 def test_one_round_finds_a_lost_deletion_whatever_the_number_of_instances(cluster, index, clock):
     cluster.group = make_group(capacity_blocks=100_000)
     for n in range(40):
