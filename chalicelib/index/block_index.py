@@ -813,14 +813,6 @@ class BlockIndex:
             found = cast(list[list[bytes]], pipe.execute())
         return [session_entries(m)[0] for members in found for m in members]
 
-    def pending_count(self, layout: InstanceLayout) -> int:
-        """How many of the instance's locations are DELETING, awaiting their deletion."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in layout.shards:
-            pipe.zcard(shard.key("pd"))
-        with valkey_errors("index"):
-            return sum(int(n) for n in pipe.execute())
-
     def mark_deleting(
         self,
         layout: InstanceLayout,
@@ -926,14 +918,6 @@ class BlockIndex:
         )
         self._charge_group(layout, Usage(keys=forgotten), -1)
         return forgotten
-
-    def forgotten_count(self, layout: InstanceLayout) -> int:
-        """How many forgotten locations (lua/forget.lua) await the deletion of their data."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in layout.shards:
-            pipe.scard(shard.key("fg"))
-        with valkey_errors("index"):
-            return sum(int(n) for n in pipe.execute())
 
     def forgotten(self, layout: InstanceLayout, count: int) -> list[Victim]:
         """Up to ``count`` forgotten locations of each shard, in one round trip."""

@@ -149,13 +149,13 @@ def test_a_location_is_pending_from_its_mark_to_its_drop(index, layout, clock):
     (mark, failed finish); drop and restore take it out."""
     start(index, layout, [1, 2, 3])
     finish(index, layout, "s1", [True, True, False])
-    assert index.pending_count(layout) == 1
+    assert index.client.zcard(layout.key("pd")) == 1
     victims = index.mark_deleting(layout, [1, 2], SIZES)
-    assert index.pending_count(layout) == 3
+    assert index.client.zcard(layout.key("pd")) == 3
     index.restore(layout, victims[:1], SIZES)
-    assert index.pending_count(layout) == 2
+    assert index.client.zcard(layout.key("pd")) == 2
     index.drop(layout, victims[1:], SIZES)
-    assert index.pending_count(layout) == 1
+    assert index.client.zcard(layout.key("pd")) == 1
     clock.advance(index.DELETION_LOST_AFTER_S)
     assert index.overdue_deletions(layout, int(clock.now()), 10) == [(3, victims[0].location_id + 2)]
 

@@ -122,7 +122,7 @@ def test_data_forgotten_by_metadata_trims_is_deleted_with_the_instance(http, run
 
     assert _data_files(nfs_root) == []
     assert runtime.index.group_usage(["g1"])[0].bytes == 0
-    assert runtime.index.forgotten_count(layout) == 0
+    assert runtime.valkey.scard(layout.key("fg")) == 0
 
 
 def test_forgotten_data_stays_charged_until_its_deletion_succeeds(
@@ -142,14 +142,14 @@ def test_forgotten_data_stays_charged_until_its_deletion_succeeds(
     monkeypatch.setattr(FileBackend, "delete_groups", refuse)
     assert code(http("removeInstance", {"instance_id": "i1"})) != "OK"
     assert runtime.index.group_usage(["g1"])[0].bytes == 5 * 2048
-    assert runtime.index.forgotten_count(layout) == 5
+    assert runtime.valkey.scard(layout.key("fg")) == 5
     assert _data_files(nfs_root)
 
     monkeypatch.undo()
     assert runtime.purge.resume_removals() == ["i1"]
     assert _data_files(nfs_root) == []
     assert runtime.index.group_usage(["g1"])[0].bytes == 0
-    assert runtime.index.forgotten_count(layout) == 0
+    assert runtime.valkey.scard(layout.key("fg")) == 0
     assert runtime.control.get_instance("i1") is None
 
 
