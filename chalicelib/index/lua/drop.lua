@@ -73,17 +73,9 @@ end
 
 local out = {dropped, '', bytes_freed, keys_freed}
 if dropped > 0 then
-  redis.call('HINCRBY', usage, 'bytes', -bytes_freed)
   redis.call('HINCRBY', usage, 'keys', -keys_freed)
-  redis.call('HINCRBY', usage, 'd', -bytes_freed)
   redis.call('HINCRBY', usage, 'dk', -keys_freed)
-  for stype, size in pairs(by_type) do
-    redis.call('HINCRBY', usage, 't:' .. stype, -size)
-    redis.call('HINCRBY', usage, 'dt:' .. stype, -size)
-    out[#out + 1] = stype
-    out[#out + 1] = size
-  end
-  for sname, size in pairs(by_storage) do redis.call('HINCRBY', usage, 's:' .. sname, -size) end
+  release_bytes(usage, bytes_freed, by_type, by_storage, true, out)
 end
 for _, entry in ipairs(emptied_list) do
   if redis.call('EXISTS', entry[1]) == 0 then redis.call('SREM', occupied, entry[2]) end

@@ -28,15 +28,7 @@ for v = 1, #victims / VICTIM_LEN do
   end
 end
 local out = {released, bytes_freed}
-if released > 0 then
-  redis.call('HINCRBY', usage, 'bytes', -bytes_freed)
-  for stype, size in pairs(by_type) do
-    redis.call('HINCRBY', usage, 't:' .. stype, -size)
-    out[#out + 1] = stype
-    out[#out + 1] = size
-  end
-  for sname, size in pairs(by_storage) do redis.call('HINCRBY', usage, 's:' .. sname, -size) end
-end
+if released > 0 then release_bytes(usage, bytes_freed, by_type, by_storage, false, out) end
 for gfield, count in pairs(by_group) do
   if redis.call('HEXISTS', groups, gfield) == 1 and redis.call('HINCRBY', groups, gfield, -count) <= 0 then
     redis.call('HDEL', groups, gfield)
