@@ -69,9 +69,6 @@ class GroupDirectory(Protocol):
         """The ids of a group's instances; ``fresh``: listed now, never from a reused
         listing (what a group's counters are corrected against)."""
 
-    def instances(self) -> list[str]:
-        """The ids of every instance, in a stable order."""
-
 
 class ControlDirectory:
     """Groups and their instances from the control plane; instance lists are reused for
@@ -99,9 +96,6 @@ class ControlDirectory:
         if fresh:
             return [record.instance_id for record in self.control.list_instances(group)]
         return list(self._members().get(group, ()))
-
-    def instances(self) -> list[str]:
-        return sorted(i for ids in self._members().values() for i in ids)
 
 
 @dataclass
