@@ -5,7 +5,9 @@ the last of them (marked DELETING, never handed over), prints one recovery round
 (``StrandedDeletions.recover``, past the deadline): wall time, Valkey commands and
 Valkey time, beside the least a per-instance look costs measured in the same run (one
 pipelined ZRANGEBYSCORE on every instance's pending set), and how many rounds the
-former sweep (8 instances a round) needed to reach the last instance.
+former sweep (8 instances a round) needed to reach the last instance. Then what the
+due registration adds to every mark: mark_deleting of 16 keys (then restored), p50,
+beside one bare ZADD on the same key.
 
     .venv/bin/python bench/bench_stranded.py [--counts 10,100,1000]
 """
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import valkey_server
+from bench._common import timeit_us, valkey_server
 from chalicelib.clock import ManualClock
 from chalicelib.index import BlockIndex
 from tests.integration.capacity.harness import BLOCK, Cluster, make_group
@@ -75,6 +78,26 @@ def measure(client, instances: int) -> dict[str, float]:
     }
 
 
+def mark_cost(client, repeat: int = 2000) -> tuple[float, float]:
+    """p50 µs of mark_deleting 16 keys (restored after each, untimed) and of one bare ZADD."""
+    client.flushall()
+    clock = ManualClock()
+    index = BlockIndex(client, "b", clock)
+    cluster = Cluster(index, clock, rng=random.Random(2))
+    cluster.group = make_group(capacity_blocks=1000)
+    layout = cluster.add_instance("i1").layout
+    keys = list(range(1, 17))
+    cluster.write("i1", keys)
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        victims = index.mark_deleting(layout, keys, [BLOCK])
+        samples.append(time.perf_counter() - started)
+        index.restore(layout, victims, [BLOCK])
+    zadd = timeit_us(lambda: client.zadd("{b:deletions}:due", {"610:i1": 610}), repeat=repeat)
+    return statistics.median(samples[200:]) * 1e6, zadd
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--counts", default="10,100,1000")
@@ -91,6 +114,10 @@ def main() -> None:
                 f"{n:>9}  {m['round_ms']:>8.2f} {m['commands']:>9} {m['valkey_us']:>10.0f}"
                 f"  {m['look_ms']:>8.2f} {m['look_commands']:>9} {m['look_valkey_us']:>12.0f}  {m['former_rounds']}"
             )
+        mark_us, zadd_us = mark_cost(client)
+        print(
+            f"mark_deleting of 16 keys: p50 {mark_us:.0f} us, of which the due registration (one ZADD) {zadd_us:.0f} us"
+        )
 
 
 if __name__ == "__main__":
