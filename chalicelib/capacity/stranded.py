@@ -89,6 +89,7 @@ class StrandedDeletions:
             ctx.spec_layout.sizes,
             expected_locations=[location for _, location in overdue],
             resubmit_before_s=now_s,
+            lost_only=True,
         )
         if not victims:
             return 0

@@ -823,6 +823,7 @@ class BlockIndex:
         max_children: Sequence[int] | None = None,
         resubmit_before_s: int = 0,
         delay_ms: int = 0,
+        lost_only: bool = False,
     ) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
@@ -831,7 +832,7 @@ class BlockIndex:
         dropped ``delay_ms`` (the delay it is handed over with) plus
         ``DELETION_LOST_AFTER_S`` after now. Unless ``serving_only``, DELETING locations
         lost by ``resubmit_before_s`` (s) are returned too, pending anew: removing a block
-        again retries them.
+        again retries them; ``lost_only`` takes those alone (the recovery of lost deletions).
         ``expected_locations`` takes only those location ids; ``max_children`` skips a key
         whose record counts more children than its entry (one gained a child meanwhile).
         """
@@ -839,11 +840,19 @@ class BlockIndex:
             return []
         if layout.shard_suffixes:
             return self.sharded.mark_deleting(
-                layout, block_keys, sizes, expected_locations, serving_only, max_children, resubmit_before_s, delay_ms
+                layout,
+                block_keys,
+                sizes,
+                expected_locations,
+                serving_only,
+                max_children,
+                resubmit_before_s,
+                delay_ms,
+                lost_only,
             )
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
-        scope = MarkScope.SERVING if serving_only else MarkScope.ANY
+        scope = MarkScope.SERVING if serving_only else MarkScope.LOST if lost_only else MarkScope.ANY
         reply = self._call(
             self._mark,
             [layout.key("u"), layout.key("st"), layout.key("pd")],

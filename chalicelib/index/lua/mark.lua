@@ -5,6 +5,7 @@
 --       location, [3] MARK_SERVING to take SERVING locations only (reclaim), MARK_ANY for WRITING and
 --       SERVING (removeCache, trim), and DELETING ones again whose pending deadline is
 --       at or before ARGV[8] (lost deletions: removing the block again retries them),
+--       MARK_LOST for those lost deletions only (the recovery),
 --       [4] bucket prefix, [5] bucket count, [6] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
 --       a block only if no child was added since it read it as a leaf, [7] now (s),
@@ -35,7 +36,7 @@ for i = 1, #keys / 8 do
     local changed = false
     for l = 1, location_count(rec) do
       local st, sidx, sg, id, group, slot = loc_at(rec, l)
-      local eligible = st == SERVING or (which == MARK_ANY and st == WRITING)
+      local eligible = (st == SERVING and which ~= MARK_LOST) or (which == MARK_ANY and st == WRITING)
       if want == nil or want == id then
         if eligible then
           rec = set_loc_status(rec, l, DELETING)
@@ -43,7 +44,7 @@ for i = 1, #keys / 8 do
         end
         local entry = struct.pack(SESSION_ENTRY_FMT, key, id)
         held = held or eligible or st == DELETING
-        local lost = which == MARK_ANY and st == DELETING and lost_s > 0
+        local lost = which ~= MARK_SERVING and st == DELETING and lost_s > 0
           and (tonumber(redis.call('ZSCORE', pending, entry)) or 0) <= lost_s
         if eligible or lost then
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)

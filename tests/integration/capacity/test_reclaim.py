@@ -375,6 +375,23 @@ def test_an_instance_failing_its_recovery_stays_due_and_does_not_stop_the_others
     assert reclaimer.stranded.recover() == 1 and cluster.statuses("i1") == {}
 
 
+def test_a_pending_entry_whose_location_is_not_deleting_is_dropped_never_acted_on(cluster, index, clock, valkey):
+    """The recovery takes lost deletions only: an entry naming a SERVING location (a state
+    no script leaves) neither deletes it nor stays."""
+    from chalicelib.index.layout import SESSION_ENTRY
+
+    cluster.group = make_group(capacity_blocks=1000)
+    ctx = cluster.add_instance("i1")
+    cluster.write("i1", [1])
+    location = cluster.records("i1")[1].locations[0].location_id
+    valkey.zadd(ctx.layout.key("pd"), {SESSION_ENTRY.pack((1).to_bytes(8, "big"), location): 0})
+    index.pend_deletions(ctx.layout)
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    assert cluster.reclaimer().stranded.recover() == 0
+    assert cluster.statuses("i1") == {1: Status.SERVING}
+    assert valkey.zcard(ctx.layout.key("pd")) == 0 and index.due_deletions(int(clock.now()), 100) == {}
+
+
 def test_one_round_finds_a_lost_deletion_whatever_the_number_of_instances(cluster, index, clock):
     cluster.group = make_group(capacity_blocks=100_000)
     for n in range(40):
