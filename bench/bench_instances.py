@@ -3,7 +3,7 @@
 With 10, 100 and 1,000 instances registered in one group (each holding a few blocks, the
 group over no watermark), prints:
 
-- one reclaim round (``ReclaimJob.run``: the group's look, the stranded-deletion visits,
+- one reclaim round (``ReclaimJob.run``: the group's look, the lost-deletion recovery,
   the counter reconciliation when due): wall time, Valkey round trips and Valkey time;
 - startWriteCache of 16 new keys in one instance of the group, through the handler: p50
   wall time and Valkey time per call — beside a bare pipelined HSET of 16 keys measured

@@ -228,7 +228,7 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
             0,
         ),
         "DeletionFailuresAlarm": alarm(
-            "A batched deletion execution failed: removed blocks' data stays on storage until the stranded sweep",
+            "A batched deletion execution failed: removed blocks' data stays on storage until handed over again",
             "AWS/States",
             "ExecutionsFailed",
             {"StateMachineArn": state_machine_arn("batched_delete")},

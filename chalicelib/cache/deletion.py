@@ -5,6 +5,10 @@ while the location is still DELETING — a DELETING key cannot be written again,
 data deleted is never a newer block's. Packed files are deleted after the metadata, once
 the index says their last block is gone; until then they sit in the instance's orphan
 set, so a crash in between only delays the file deletion.
+
+Locations forgotten by a metadata-only trim (``BlockIndex.forget``) have no record left;
+their data is deleted when the instance is removed (``delete_forgotten``), and their
+charge released only after it.
 """
 
 from __future__ import annotations
@@ -51,16 +55,39 @@ class DeletionService:
             if raw is not None and location_status(raw, v.location_id) == Status.DELETING
         ]
         names = self.index.storage_names(layout) if claimed else {}
-        per_storage: dict[str, list[Victim]] = defaultdict(list)
-        for v in claimed:
-            per_storage[names.get(v.storage_index, "")].append(v)
-        for name, vs in per_storage.items():
-            backend = ctx.backend(name)
-            if backend is not None and backend.pack_count == 0 and not backend.owner_evicted:
-                backend.delete([self._ref(ctx, v) for v in vs])
+        self._delete_data(ctx, claimed, names, whole_groups=False)
         outcome = self.index.drop(layout, claimed, ctx.spec_layout.sizes)
         groups_deleted = self.delete_orphan_groups(ctx, names)
         return DeletionReport(len(victims), len(claimed), outcome.dropped, groups_deleted)
+
+    def delete_forgotten(self, ctx: InstanceContext, count: int) -> int:
+        """Delete the data of up to ``count`` forgotten locations of an instance being
+        removed, then release their charge; returns how many it took (0: none left). Only for an
+        instance with no record left: a packed group's file goes whole, and nothing can
+        write the instance again."""
+        victims = self.index.forgotten(ctx.layout, count)
+        if not victims:
+            return 0
+        self._delete_data(ctx, victims, self.index.storage_names(ctx.layout), whole_groups=True)
+        self.index.release_forgotten(ctx.layout, victims, ctx.spec_layout.sizes)
+        return len(victims)
+
+    def _delete_data(
+        self, ctx: InstanceContext, victims: Sequence[Victim], names: dict[int, str], whole_groups: bool
+    ) -> None:
+        """Delete the victims' data on backends addressed per block; with ``whole_groups``,
+        the files of their packed groups too (else those wait for the orphan set)."""
+        per_storage: dict[str, list[Victim]] = defaultdict(list)
+        for v in victims:
+            per_storage[names.get(v.storage_index, "")].append(v)
+        for name, vs in per_storage.items():
+            backend = ctx.backend(name)
+            if backend is None or backend.owner_evicted:
+                continue
+            if backend.pack_count == 0:
+                backend.delete([self._ref(ctx, v) for v in vs])
+            elif whole_groups:
+                backend.delete_groups(ctx.instance_id, sorted({v.group_id for v in vs}), ctx.spec_layout.slots(0))
 
     def delete_orphan_groups(self, ctx: InstanceContext, names: dict[int, str] | None = None) -> int:
         """Delete the files of packed groups whose last block is gone; returns how many."""
@@ -89,8 +116,8 @@ class DeletionService:
 class QueuedDeleter:
     """Queues victims in the index for the reclaimer to hand to the real deleter at its
     next round (the write path's evictions: a start must not wait for a Step Functions
-    call). The delay runs from the hand-over; a queue lost with its process is found by
-    the stranded-deletion sweep."""
+    call). The delay runs from the hand-over; a queue lost with its process is pending,
+    and recovered once due (``capacity.stranded``)."""
 
     def __init__(self, index: BlockIndex) -> None:
         self.index = index

@@ -24,7 +24,9 @@ Modes:
   location read is taken: a block removed and written again meanwhile is left alone.
 - ``meta`` (TS_REMOVE_ALL_META): records are forgotten without deleting their data, which
   stays on storage and stays charged to the quota (usage follows the bytes that exist),
-  until the instance is removed.
+  until the instance is removed. Forgotten locations are kept in the index (``T:fg``): the
+  removal, once no record is left, deletes their data a chunk per step and releases each
+  chunk's charge after its deletion.
 """
 
 from __future__ import annotations
@@ -186,18 +188,22 @@ class PurgeService:
             return replace(job, done=True)
         if self.index.occupied_count(layout) > 0:
             return job  # blocks left (written before the flag, or a deletion that failed): another pass
+        if self.deletion.delete_forgotten(ctx, DELETE_CHUNK):
+            return job  # forgotten data deleted, its charge released: the next chunk in the next step
         self._finish_removal(ctx, record)
         return replace(job, done=True)
 
     def _delete(self, ctx: InstanceContext, job: PurgeJob, keys: list[int], locations: list[int]) -> None:
         delay_ms = ctx.delete_delay_ms
-        if job.mode == INSTANCE:
-            # Every DELETING location too: nothing can write the instance any more.
-            resubmit = int(self.clock.now()) + 1
-        else:
-            resubmit = self.index.lost_deletions_before_s(delay_ms)
+        # A removal takes every DELETING location too: nothing can write the instance any more.
+        resubmit = self.index.EVERY_DELETION if job.mode == INSTANCE else int(self.clock.now())
         victims = self.index.mark_deleting(
-            ctx.layout, keys, ctx.spec_layout.sizes, expected_locations=locations, resubmit_before_s=resubmit
+            ctx.layout,
+            keys,
+            ctx.spec_layout.sizes,
+            expected_locations=locations,
+            resubmit_before_s=resubmit,
+            delay_ms=delay_ms,
         )
         if job.mode == INSTANCE:
             for start in range(0, len(victims), DELETE_CHUNK):

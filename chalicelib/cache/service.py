@@ -799,7 +799,8 @@ class CacheService:
             ctx.layout,
             [k for k, m in zip(keys, flags, strict=True) if not m],
             ctx.spec_layout.sizes,
-            resubmit_before_s=self.index.lost_deletions_before_s(delay_ms),
+            resubmit_before_s=int(self.clock.now()),
+            delay_ms=delay_ms,
         )
         self.deleter.submit(ctx, victims, delay_ms)
         return Response()

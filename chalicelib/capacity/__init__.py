@@ -8,8 +8,9 @@ What the rest of the service calls:
   capacity: the group is reclaimed in the next round. Cheap, never raises.
 
 Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``selection``
-(the candidate pool, leaves only), ``stranded`` (deletions that never finished). I/O
-through the index only: ``sampling``, ``instance`` and ``reclaimer``; ``eviction`` makes room on the write path.
+(the candidate pool, leaves only). I/O through the index only: ``sampling``,
+``instance``, ``stranded`` (deletions whose hand-off was lost) and ``reclaimer``;
+``eviction`` makes room on the write path.
 """
 
 from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for

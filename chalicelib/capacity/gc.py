@@ -281,6 +281,7 @@ class CacheGarbageCollector:
             ctx.spec_layout.sizes,
             expected_locations=[f.location_id for f in found],
             serving_only=serving_only,
+            delay_ms=ctx.delete_delay_ms,
         )
         if len(victims) < len(found):
             self._count_dropped(reason, "changed", len(found) - len(victims))
@@ -289,7 +290,7 @@ class CacheGarbageCollector:
         self.metrics.incr("cache_gc.delete_target_count", len(victims))
         try:
             self.deleter.submit(ctx, victims, ctx.delete_delay_ms)
-        except Exception as exc:  # noqa: BLE001 - the stranded-deletion sweep hands them over again
+        except Exception as exc:  # noqa: BLE001 - pending: the stranded-deletion recovery hands them over again
             self.metrics.incr("cache_gc.delete_result_count", len(victims), {"status": "failed"})
             self.metrics.incr("cache_gc.operation_error_count", 1, {"stage": "submit"})
             logger.warning(

@@ -206,6 +206,7 @@ class PooledReclaim:
             expected_locations=[c.location_id for c in by_key.values()],
             serving_only=True,
             max_children=[c.recorded_children for c in by_key.values()],
+            delay_ms=ctx.delete_delay_ms,
         )
         taken = [(v, by_key[v.block_key]) for v in victims]
         if not taken:

@@ -14,9 +14,9 @@ DELETING already counts as freed (the index's deleting counters), so a round nev
 the same excess twice, whichever node ran the round before.
 
 Bounded background work rides along: the TTL sweep visits a few instances of a group per
-look, the sweep for deletions that never finished (``stranded``) a few instances per
-round across all groups, and one group's counters are reconciled with its instances' per
-round at most (``RECONCILE_S`` apart per group).
+look, the deletions whose hand-off was lost are handed over again (``stranded``: what is
+due, never a scan of the instances), and one group's counters are reconciled with its
+instances' per round at most (``RECONCILE_S`` apart per group).
 
 Only the holder of the background lease reclaims (``reclaim_handler``).
 """
@@ -41,7 +41,7 @@ from ..stores.lease import Lease
 from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit
 from .policies import Candidate, LRUPolicy, policy_for
 from .sampling import BucketSampler, SamplingConfig, sweep_buckets
-from .stranded import stranded_locations
+from .stranded import StrandedDeletions
 from .watermark import Limits, Need, Plan, assess, own_needs, split
 
 if TYPE_CHECKING:
@@ -53,10 +53,6 @@ if TYPE_CHECKING:
 #: A refused write wakes a group at most this often per container: one SADD, not one per
 #: refused call of a client retrying in a loop.
 WAKE_DEBOUNCE_S = 0.5
-#: Instances whose lost deletions are looked for per round (across all groups), and
-#: occupied buckets read in each: one round trip per instance.
-STRANDED_INSTANCES_PER_ROUND = 8
-STRANDED_BUCKETS_PER_VISIT = 64
 #: Instances of a TTL group swept for expired blocks per look.
 TTL_INSTANCES_PER_LOOK = 16
 #: A group's counters are checked against its instances' at most this often.
@@ -72,9 +68,6 @@ class GroupDirectory(Protocol):
     def members(self, group: str, fresh: bool = False) -> list[str]:
         """The ids of a group's instances; ``fresh``: listed now, never from a reused
         listing (what a group's counters are corrected against)."""
-
-    def instances(self) -> list[str]:
-        """The ids of every instance, in a stable order."""
 
 
 class ControlDirectory:
@@ -103,9 +96,6 @@ class ControlDirectory:
         if fresh:
             return [record.instance_id for record in self.control.list_instances(group)]
         return list(self._members().get(group, ()))
-
-    def instances(self) -> list[str]:
-        return sorted(i for ids in self._members().values() for i in ids)
 
 
 @dataclass
@@ -216,7 +206,7 @@ class Reclaimer:
         self.rng = rng or random.Random()
         self.config = config
         self._states: dict[str, _GroupState] = {}
-        self._stranded_position = 0
+        self.stranded = StrandedDeletions(index, contexts, deleter, clock, metrics)
 
     def run_round(self, keep_going: Callable[[], bool] = lambda: True) -> ReclaimReport:
         """Look at every due group and free what is over its watermark (and, with TTL,
@@ -249,7 +239,7 @@ class Reclaimer:
                 break
             report.groups.append(self._reclaim_group(group, limits, usages[group.name], state, now, reason))
         if not report.interrupted and keep_going():
-            report.resubmitted = self._resubmit_stranded(groups)
+            report.resubmitted = self.stranded.recover()
             self._reconcile_one(groups, now)
         report.duration_ms = (time.perf_counter() - started) * 1000
         if self.metrics is not None:
@@ -396,7 +386,7 @@ class Reclaimer:
             ctx = contexts[instance_id]
             try:
                 self.deleter.submit(ctx, victims, ctx.delete_delay_ms)
-            except Exception as exc:  # noqa: BLE001 - the stranded sweep hands them over later
+            except Exception as exc:  # noqa: BLE001 - pending: the stranded recovery hands them over later
                 logger.warning(
                     "queued deletions not handed over",
                     extra={"instance_id": instance_id, "locations": len(victims), "error": str(exc)},
@@ -413,63 +403,6 @@ class Reclaimer:
         start = state.sweep_position % len(contexts)
         state.sweep_position = start + count
         return {contexts[(start + i) % len(contexts)].instance_id for i in range(count)}
-
-    def _resubmit_stranded(self, groups: Sequence[InstanceGroup]) -> int:
-        """Hand the deletions that never finished, in the next occupied buckets of the next
-        few instances of the rotation, to the deleter again (see ``stranded``); returns
-        how many. A deletion failing again is logged: it must not stop the round."""
-        instances = self.directory.instances()
-        if not instances:
-            return 0
-        delays = {
-            g.name: (
-                g.cache_config.reclaim_strategy.delay_before_delete_ms
-                if g.cache_config is not None and g.cache_config.reclaim_strategy is not None
-                else 0
-            )
-            for g in groups
-        }
-        count = min(len(instances), STRANDED_INSTANCES_PER_ROUND)
-        start = self._stranded_position % len(instances)
-        self._stranded_position = start + count
-        total = 0
-        for instance_id in (instances[(start + i) % len(instances)] for i in range(count)):
-            try:
-                ctx = self.contexts(instance_id)
-            except InstanceNotFoundError:
-                continue
-            total += self._resubmit_instance(ctx, self.index.lost_deletions_before_s(delays.get(ctx.group.name, 0)))
-        return total
-
-    def _resubmit_instance(self, ctx: InstanceContext, lost_before_s: int) -> int:
-        window = self.index.advance_sweep(ctx.layout, STRANDED_BUCKETS_PER_VISIT, cursor="stranded")
-        found = stranded_locations(self.index.read_buckets(ctx.layout, window), lost_before_s)
-        if not found:
-            return 0
-        # Through the mark script: only what is still lost is taken, and stamped again, so
-        # a removeCache right after this cannot hand the same deletion over a second time.
-        victims = self.index.mark_deleting(
-            ctx.layout,
-            [key for key, _ in found],
-            ctx.spec_layout.sizes,
-            expected_locations=[location for _, location in found],
-            resubmit_before_s=lost_before_s,
-        )
-        if not victims:
-            return 0
-        try:
-            self.deleter.submit(ctx, victims)
-        except Exception as exc:  # noqa: BLE001 - one instance's storage must not stop the round
-            logger.warning(
-                "stranded deletions failed again",
-                extra={"instance_id": ctx.instance_id, "locations": len(victims), "error": str(exc)},
-            )
-            return 0
-        if self.metrics is not None:
-            self.metrics.incr(
-                "cache_reclaimer.stranded_resubmit_count", len(victims), {"instance_group": ctx.group.name}
-            )
-        return len(victims)
 
     def _reconcile_one(self, groups: Sequence[InstanceGroup], now: float) -> None:
         """Correct the counters of the first group due for it (at most one per round)."""

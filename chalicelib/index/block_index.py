@@ -14,7 +14,14 @@ one Lua call):
   storage type ``t:<type>`` and per storage ``s:<name>``, and the part of bytes, keys
   and type bytes that is DELETING: ``d``, ``dk``, ``dt:<type>``); ``T:st`` storage index table;
 - ``T:g`` live-block counts of packed groups (files), ``T:og`` groups whose files await
-  deletion; ``T:s:<session>`` write sessions and ``T:sd`` their deadlines.
+  deletion; ``T:fg`` locations forgotten by a metadata-only trim (VICTIM members), whose
+  data stays on storage, charged, until the instance's removal deletes it;
+  ``T:s:<session>`` write sessions and ``T:sd`` their deadlines; ``T:pd`` the DELETING
+  locations (key, location id) scored by when their hand-off counts as lost.
+
+``{<prefix>:deletions}:due`` names, for every instance with pending deletions, the times
+they fall due (members ``<time>:<instance>``, added before a script marks): the recovery
+of lost deletions (capacity/stranded.py) reads what is due, never every instance.
 
 Per instance group, ``{<prefix>:grp:<group>}:u`` sums the usage of its instances (same
 fields). Instances live on other slots than their group, so it moves right after each
@@ -404,6 +411,12 @@ class BlockIndex:
     DELETION_LOST_AFTER_S = 600
     #: Buckets per round trip when reading many (scans, removal, migration).
     SCAN_BATCH = 64
+    #: Due times in ``{<prefix>:deletions}:due`` are rounded up to this many seconds: an
+    #: instance marking all the time has one member per step, not one per call.
+    DUE_STEP_S = 10
+    #: ``resubmit_before_s`` taking every DELETING location (a removal: nothing can write
+    #: the instance again, so no deletion can hit a newer block).
+    EVERY_DELETION = 1 << 52
 
     def __init__(self, client: Valkey, prefix: str, clock: Clock) -> None:
         self.client = client
@@ -417,6 +430,7 @@ class BlockIndex:
         self._drop = client.register_script(_load("drop"))
         self._claim = client.register_script(_load("claim"))
         self._forget = client.register_script(_load("forget"))
+        self._release = client.register_script(_load("release"))
         self._storage = client.register_script(_load("storage"))
         # Below the API: a sharded instance's calls split per shard and merge there
         # (imported here: sharding builds on this module).
@@ -588,6 +602,7 @@ class BlockIndex:
             layout.key("sd"),
             layout.session(req.session_id),
             layout.occupied,
+            layout.key("pd"),
         ]
         group = req.group_usage
         args: list[EncodableT] = [
@@ -622,6 +637,7 @@ class BlockIndex:
         for c in req.more_candidates:
             args += [c.name, c.storage_type, c.pack_count, c.type_capacity, c.group_type_bytes, int(c.by_location)]
         args.append(int(req.partial))
+        args.append(self.pend_deletions(layout) if req.stale else 0)  # stale locations turn DELETING
         result = self._call(self._start, keys, args)
         if result[0] == StartResult.REFUSED:
             reason = StartRefusal(result[1].decode())
@@ -688,11 +704,14 @@ class BlockIndex:
                 f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}"
             )
         flags = bytes(ord("1") if s else ord("0") for s in success)
+        now_ms = int(self.clock.now() * 1000)
+        # Blocks fail (turn DELETING) when forced, reported failed, or the session expired.
+        failing = force_fail or not all(success) or now_ms > session.deadline_ms
         reply = self._call(
             self._finish,
-            [layout.key("sd"), layout.session(session_id), layout.key("u"), layout.key("st")],
+            [layout.key("sd"), layout.session(session_id), layout.key("u"), layout.key("st"), layout.key("pd")],
             [
-                int(self.clock.now() * 1000),
+                now_ms,
                 session_id,
                 flags,
                 "1" if force_fail else "0",
@@ -701,6 +720,7 @@ class BlockIndex:
                 layout.bucket_count,
                 pack_u48(sizes),
                 layout.instance_id,
+                self.pend_deletions(layout) if failing else 0,
             ],
         )
         status = FinishStatus(reply[0])
@@ -748,10 +768,50 @@ class BlockIndex:
             for key, location_id in (SESSION_ENTRY.unpack_from(raw, o) for o in range(0, len(raw), SESSION_ENTRY.size))
         }
 
-    def lost_deletions_before_s(self, delay_ms: int) -> int:
-        """Locations that turned DELETING at or before this time (s) count as lost
-        deletions, for a group deleting ``delay_ms`` after the mark."""
-        return int(self.clock.now()) - delay_ms // 1000 - self.DELETION_LOST_AFTER_S
+    # ---------------------------------------------------------------- pending deletions
+
+    @property
+    def _due_key(self) -> str:
+        return f"{{{self.prefix}:deletions}}:due"
+
+    def pend_deletions(self, layout: InstanceLayout, delay_ms: int = 0) -> int:
+        """The pending deadline (s) of locations about to turn DELETING in ``layout``,
+        handed to deletion ``delay_ms`` after: their hand-off counts as lost after it.
+        Registers the instance as due then, before the script runs, so a process dying
+        between the mark and the hand-off leaves it found (a registration whose script
+        never ran finds nothing and goes)."""
+        deadline = int(self.clock.now()) - (-delay_ms // 1000) + self.DELETION_LOST_AFTER_S
+        due = -(-deadline // self.DUE_STEP_S) * self.DUE_STEP_S
+        with valkey_errors("index"):
+            self.client.zadd(self._due_key, {f"{due}:{layout.instance_id}": due})
+        return deadline
+
+    def due_deletions(self, now_s: int, limit: int) -> dict[str, list[bytes]]:
+        """Instances with deletions due by ``now_s``, each with its due members (at most
+        ``limit`` members in all, oldest first)."""
+        with valkey_errors("index"):
+            members = cast(list[bytes], self.client.zrangebyscore(self._due_key, "-inf", now_s, start=0, num=limit))
+        out: dict[str, list[bytes]] = {}
+        for member in members:
+            out.setdefault(member.split(b":", 1)[1].decode(), []).append(member)
+        return out
+
+    def settle_due(self, members: Sequence[bytes]) -> None:
+        """Drop due members whose instance's overdue deletions were all handed over again:
+        any location pending for later has a member of its own, due later."""
+        if members:
+            with valkey_errors("index"):
+                self.client.zrem(self._due_key, *members)
+
+    def overdue_deletions(self, layout: InstanceLayout, now_s: int, limit: int) -> list[tuple[int, int]]:
+        """(block key, location id) of up to ``limit`` DELETING locations per shard whose
+        hand-off counts as lost by ``now_s``, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.zrangebyscore(shard.key("pd"), "-inf", now_s, start=0, num=limit)
+        with valkey_errors("index"):
+            found = cast(list[list[bytes]], pipe.execute())
+        return [session_entries(m)[0] for members in found for m in members]
 
     def mark_deleting(
         self,
@@ -762,13 +822,17 @@ class BlockIndex:
         serving_only: bool = False,
         max_children: Sequence[int] | None = None,
         resubmit_before_s: int = 0,
+        delay_ms: int = 0,
+        lost_only: bool = False,
     ) -> list[Victim]:
         """Locations of ``block_keys`` → DELETING (they stop serving now); returns them.
 
         ``sizes`` are the block bytes per spec group, charged to the deleting counters.
-        Unless ``serving_only``, locations that turned DELETING at or before
-        ``resubmit_before_s`` are returned too (lost deletions, see
-        ``lost_deletions_before_s``): removing a block again retries them.
+        Every location returned is pending until its deletion drops it: lost if not
+        dropped ``delay_ms`` (the delay it is handed over with) plus
+        ``DELETION_LOST_AFTER_S`` after now. Unless ``serving_only``, DELETING locations
+        lost by ``resubmit_before_s`` (s) are returned too, pending anew: removing a block
+        again retries them; ``lost_only`` takes those alone (the recovery of lost deletions).
         ``expected_locations`` takes only those location ids; ``max_children`` skips a key
         whose record counts more children than its entry (one gained a child meanwhile).
         """
@@ -776,14 +840,22 @@ class BlockIndex:
             return []
         if layout.shard_suffixes:
             return self.sharded.mark_deleting(
-                layout, block_keys, sizes, expected_locations, serving_only, max_children, resubmit_before_s
+                layout,
+                block_keys,
+                sizes,
+                expected_locations,
+                serving_only,
+                max_children,
+                resubmit_before_s,
+                delay_ms,
+                lost_only,
             )
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
-        scope = MarkScope.SERVING if serving_only else MarkScope.ANY
+        scope = MarkScope.SERVING if serving_only else MarkScope.LOST if lost_only else MarkScope.ANY
         reply = self._call(
             self._mark,
-            [layout.key("u"), layout.key("st")],
+            [layout.key("u"), layout.key("st"), layout.key("pd")],
             [
                 pack_keys(block_keys),
                 expected,
@@ -794,6 +866,7 @@ class BlockIndex:
                 int(self.clock.now()),
                 resubmit_before_s,
                 pack_u48(sizes),
+                self.pend_deletions(layout, delay_ms),
             ],
         )
         self._charge_group(layout, Usage.from_charge(reply[1:]))
@@ -809,7 +882,7 @@ class BlockIndex:
             return self.sharded.restore(layout, victims, sizes)
         reply = self._call(
             self._restore,
-            [layout.key("u"), layout.key("st")],
+            [layout.key("u"), layout.key("st"), layout.key("pd")],
             [encode_victims(list(victims)), layout.bucket_prefix, layout.bucket_count, pack_u48(sizes)],
         )
         self._charge_group(layout, Usage.from_charge(reply[1:]), -1)
@@ -821,7 +894,7 @@ class BlockIndex:
             return DropOutcome(0, [], Usage())
         if layout.shard_suffixes:
             return self.sharded.drop(layout, victims, sizes)
-        keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og"), layout.occupied]
+        keys = [layout.key("u"), layout.key("st"), layout.key("g"), layout.key("og"), layout.occupied, layout.key("pd")]
         reply = self._call(
             self._drop,
             keys,
@@ -843,7 +916,7 @@ class BlockIndex:
         forgotten = int(
             self._call(
                 self._forget,
-                [layout.key("u"), layout.occupied],
+                [layout.key("u"), layout.occupied, layout.key("fg")],
                 [
                     pack_keys(block_keys),
                     b"".join(v.to_bytes(5, "big") for v in location_ids),
@@ -854,6 +927,35 @@ class BlockIndex:
         )
         self._charge_group(layout, Usage(keys=forgotten), -1)
         return forgotten
+
+    def forgotten(self, layout: InstanceLayout, count: int) -> list[Victim]:
+        """Up to ``count`` forgotten locations of each shard, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.srandmember(shard.key("fg"), count)
+        with valkey_errors("index"):
+            members = cast(list[list[bytes]], pipe.execute())
+        return decode_victims(b"".join(m for found in members for m in found))
+
+    def release_forgotten(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> int:
+        """Release forgotten locations whose data is deleted: their bytes leave the usage
+        counters, the group's too (lua/release.lua); returns how many were still held."""
+        from .sharding import shard_of  # sharding builds on this module
+
+        released = 0
+        for s, shard in enumerate(layout.shards):
+            mine = [v for v in victims if shard_of(v.block_key, layout.shard_count) == s]
+            if not mine:
+                continue
+            reply = self._call(
+                self._release,
+                [shard.key("u"), shard.key("st"), shard.key("g"), shard.key("fg")],
+                [encode_victims(mine), pack_u48(sizes)],
+            )
+            by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(2, len(reply) - 1, 2)}
+            self._charge_group(shard, Usage(int(reply[1]), 0, by_type), -1)
+            released += int(reply[0])
+        return released
 
     def set_removing(self, layout: InstanceLayout, removing: bool) -> None:
         """Refuse (or again accept) new writes of the instance, every shard (lua/start.lua)."""
@@ -1046,7 +1148,7 @@ class BlockIndex:
                     self.client.unlink(*[layout.bucket(b) for b in buckets])
             if cursor == 0:
                 break
-        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq")] + [layout.occupied]
+        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq", "fg", "pd")] + [layout.occupied]
         if keep_usage:
             # No record is left: nothing counts as DELETING or as a key any more.
             with valkey_errors("index"):
@@ -1080,15 +1182,15 @@ class BlockIndex:
             int(k[1:]): (v.decode(), raw.get(b"t" + k[1:], b"").decode()) for k, v in raw.items() if k.startswith(b"#")
         }
 
-    def advance_sweep(self, layout: InstanceLayout, count: int, cursor: str = "sweep") -> list[int]:
-        """The next about ``count`` occupied buckets of one of the instance's sweeps (an
-        SSCAN cursor kept in Valkey, so successive rounds on any node cover every
-        occupied bucket, and a pass costs what the instance holds)."""
+    def advance_sweep(self, layout: InstanceLayout, count: int) -> list[int]:
+        """The next about ``count`` occupied buckets of the instance's TTL sweep (an SSCAN
+        cursor kept in Valkey, so successive rounds on any node cover every occupied
+        bucket, and a pass costs what the instance holds)."""
         with valkey_errors("index"):
-            position = int(self.client.hget(layout.key("m"), cursor) or 0)
+            position = int(self.client.hget(layout.key("m"), "sweep") or 0)
         position, buckets = self.occupied_page(layout, position, count)
         with valkey_errors("index"):
-            self.client.hset(layout.key("m"), cursor, position)
+            self.client.hset(layout.key("m"), "sweep", position)
         return buckets
 
     # ---------------------------------------------------------------- deletion queue

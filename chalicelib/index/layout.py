@@ -169,6 +169,8 @@ class MarkScope(str, Enum):
     SERVING = "S"
     #: WRITING and SERVING ones, and lost deletions.
     ANY = "A"
+    #: Lost deletions only (the recovery: capacity/stranded.py).
+    LOST = "L"
 
 
 class StartResult(IntEnum):

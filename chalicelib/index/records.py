@@ -12,8 +12,6 @@ from .layout import HEADER, LOCATION, VICTIM, RecordFlag, Status
 
 # Readers below take the few bytes they need: callers check thousands of records.
 _COUNT_AT = HEADER.offset("location_count")
-_LAST_ACCESS_AT = HEADER.offset("last_access_s")
-_LAST_ACCESS_END = _LAST_ACCESS_AT + HEADER.fields["last_access_s"].size
 _WRITE_TIME_AT = HEADER.offset("write_time_ms")
 _WRITE_TIME_END = _WRITE_TIME_AT + HEADER.fields["write_time_ms"].size
 _STATUS_AT = LOCATION.offset("status")
@@ -62,16 +60,6 @@ def location_status(rec: bytes, location_id: int) -> Status | None:
         if location_id_at(rec, off) == location_id:
             return Status(rec[off + _STATUS_AT])
     return None
-
-
-def location_ids(rec: bytes, status: Status) -> list[int]:
-    """The ids of a record's locations in ``status``."""
-    return [location_id_at(rec, off) for off in location_offsets(rec) if rec[off + _STATUS_AT] == status]
-
-
-def last_access_s(rec: bytes) -> int:
-    """The header's access time: a served block's last read, or when it turned DELETING."""
-    return int.from_bytes(rec[_LAST_ACCESS_AT:_LAST_ACCESS_END], "big")
 
 
 def write_time_ms(rec: bytes) -> int:

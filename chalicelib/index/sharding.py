@@ -388,6 +388,8 @@ class ShardedIndex:
         serving_only: bool,
         max_children: Sequence[int] | None,
         resubmit_before_s: int,
+        delay_ms: int,
+        lost_only: bool,
     ) -> list[Victim]:
         """``BlockIndex.mark_deleting`` per shard, at once."""
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
@@ -402,6 +404,8 @@ class ShardedIndex:
                     serving_only,
                     [max_children[i] for i in pos] if max_children else None,
                     resubmit_before_s,
+                    delay_ms,
+                    lost_only,
                 )
                 for s, pos in parts
             ]

@@ -6,7 +6,7 @@
 -- parent's current record (start.lua, "Child counts"): not if that record was written
 -- after it, the one that counted it being gone.
 -- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups,
---       [5] occupied buckets.
+--       [5] occupied buckets, [6] pending deletions (mark.lua: the entry goes with the location).
 -- ARGV: [1] victims blob (VICTIM_FMT), [2] block size per spec group (I6 each),
 --       [3] bucket key prefix, [4] bucket count.
 -- Every location dropped is DELETING, so its bytes leave the deleting counters too.
@@ -41,6 +41,7 @@ for v = 1, #victims / VICTIM_LEN do
     local size = struct.unpack('>I6', sizes, sg * 6 + 1)
     local seq = sequence(rec)
     rec = remove_loc(rec, i)
+    redis.call('ZREM', KEYS[6], struct.pack(SESSION_ENTRY_FMT, key, loc))
     local flags = byte(rec, H_FLAGS)
     local sname, stype = storage(sidx)
     bytes_freed = bytes_freed + size
@@ -72,17 +73,9 @@ end
 
 local out = {dropped, '', bytes_freed, keys_freed}
 if dropped > 0 then
-  redis.call('HINCRBY', usage, 'bytes', -bytes_freed)
   redis.call('HINCRBY', usage, 'keys', -keys_freed)
-  redis.call('HINCRBY', usage, 'd', -bytes_freed)
   redis.call('HINCRBY', usage, 'dk', -keys_freed)
-  for stype, size in pairs(by_type) do
-    redis.call('HINCRBY', usage, 't:' .. stype, -size)
-    redis.call('HINCRBY', usage, 'dt:' .. stype, -size)
-    out[#out + 1] = stype
-    out[#out + 1] = size
-  end
-  for sname, size in pairs(by_storage) do redis.call('HINCRBY', usage, 's:' .. sname, -size) end
+  release_bytes(usage, bytes_freed, by_type, by_storage, true, out)
 end
 for _, entry in ipairs(emptied_list) do
   if redis.call('EXISTS', entry[1]) == 0 then redis.call('SREM', occupied, entry[2]) end

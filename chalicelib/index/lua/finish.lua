@@ -1,11 +1,13 @@
 -- finishWriteCache (and expiry): WRITING(session) -> SERVING for successful blocks,
 -- -> DELETING for the rest; the session is gone afterwards, so a late finish fails.
--- KEYS: [1] session deadlines, [2] session record, [3] usage, [4] storage table.
+-- KEYS: [1] session deadlines, [2] session record, [3] usage, [4] storage table,
+--       [5] pending deletions (mark.lua).
 -- ARGV: [1] now (ms), [2] session id, [3] success flag per session key ('1'/'0'),
 --       [4] '1' to fail the whole session whatever its deadline (the reaper),
 --       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets,
 --       [8] block size per spec group (I6 each), [9] the finishing instance's id: a
---       session is finished only by the instance that started it.
+--       session is finished only by the instance that started it, [10] the pending
+--       deadline (s) of the locations it turns DELETING.
 -- Returns {status, victims, uncommitted, deleting charge...}: status FINISH_FINISHED,
 -- FINISH_UNKNOWN (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED
 -- (the session changed under the caller). Victims are the locations now DELETING, as
@@ -44,6 +46,7 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
           rec = unlink_from_parent(bprefix, nbuckets, set_loc_status(rec, i, DELETING))
           redis.call('HSET', bucket, key, stamp_deleting(rec, math.floor(now_ms / 1000)))
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
+          redis.call('ZADD', KEYS[5], ARGV[10], struct.pack(SESSION_ENTRY_FMT, key, id))
           charge.add(sidx, sg, rec)
         end
       end

@@ -1,8 +1,10 @@
 -- Forget blocks without deleting their data (trimCache TS_REMOVE_ALL_META): records whose
--- location id still matches and is not DELETING go, their keys are released, their bytes
--- stay charged (the data stays on storage: usage follows what exists). DELETING ones are
--- left to their deletion, which releases them.
--- KEYS: [1] usage, [2] occupied buckets.
+-- location id still matches and that have no DELETING location go, their keys are
+-- released, their bytes stay charged (the data stays on storage: usage follows what
+-- exists) and their locations join the forgotten set, whose data the instance's removal
+-- deletes before it releases the charge (release.lua). Records with a DELETING location
+-- are left to their deletion, which releases them.
+-- KEYS: [1] usage, [2] occupied buckets, [3] forgotten locations (VICTIM_FMT members).
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each), [3] bucket prefix,
 --       [4] bucket count.
 -- Returns the number of records forgotten.
@@ -16,7 +18,11 @@ for i = 1, #keys / 8 do
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   local l = rec and find_loc(rec, struct.unpack('>I5', expected, (i - 1) * 5 + 1))
-  if l and loc_status(rec, l) ~= DELETING then
+  if l and not find_status(rec, DELETING) then
+    for j = 1, location_count(rec) do
+      local _, sidx, sg, id, group, slot = loc_at(rec, j)
+      redis.call('SADD', KEYS[3], struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot))
+    end
     redis.call('HDEL', bucket, key)
     forgotten = forgotten + 1
     if not emptied[bucket] then

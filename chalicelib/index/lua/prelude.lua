@@ -43,7 +43,7 @@ local function set_loc_status(rec, i, status)
 end
 
 -- A location turning DELETING stamps the record's access time (unused once nothing
--- serves it): capacity/stranded.py finds deletions that never finished by it.
+-- serves it): the record shows when it last turned DELETING.
 local function stamp_deleting(rec, now_s)
   return put(rec, H_LAST_ACCESS_S, H_LAST_ACCESS_S_FMT, now_s)
 end
@@ -146,6 +146,21 @@ end
 -- Whether a record still has a location that serves or is being written.
 local function has_live(rec)
   return find_status(rec, SERVING) ~= nil or find_status(rec, WRITING) ~= nil
+end
+
+-- Take freed bytes (summed per storage type and per storage) off the usage hash, and with
+-- `deleting` off its DELETING part too ('d', 'dt:<type>'). Appends type, bytes pairs to
+-- `out`, for the caller's group counters (drop.lua, release.lua).
+local function release_bytes(usage, bytes, by_type, by_storage, deleting, out)
+  redis.call('HINCRBY', usage, 'bytes', -bytes)
+  if deleting then redis.call('HINCRBY', usage, 'd', -bytes) end
+  for stype, size in pairs(by_type) do
+    redis.call('HINCRBY', usage, 't:' .. stype, -size)
+    if deleting then redis.call('HINCRBY', usage, 'dt:' .. stype, -size) end
+    out[#out + 1] = stype
+    out[#out + 1] = size
+  end
+  for sname, size in pairs(by_storage) do redis.call('HINCRBY', usage, 's:' .. sname, -size) end
 end
 
 -- Charging locations that turn DELETING to the usage hash's deleting counters ('d',

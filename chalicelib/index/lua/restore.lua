@@ -3,7 +3,7 @@
 -- DELETING under the same id, its record is linked to its parent again (the mark took it
 -- off the parent's child count: prelude unlink_from_parent) and the deleting counters
 -- move back. The victims were held by the caller, never handed to deletion.
--- KEYS: [1] usage, [2] storage table.
+-- KEYS: [1] usage, [2] storage table, [3] pending deletions (mark.lua: the entry goes).
 -- ARGV: [1] victims blob (VICTIM_FMT each), [2] bucket prefix, [3] bucket count,
 --       [4] block size per spec group (I6 each).
 -- Returns {restored, bytes, keys, type, bytes...}: how many locations serve again and
@@ -18,6 +18,7 @@ for j = 1, #blob / VICTIM_LEN do
   if l and loc_status(rec, l) == DELETING then
     if not has_live(rec) then keys = keys + 1 end
     rec = set_loc_status(rec, l, SERVING)
+    redis.call('ZREM', KEYS[3], struct.pack(SESSION_ENTRY_FMT, key, id))
     local flags = byte(rec, H_FLAGS)
     if has_flag(flags, UNLINKED) then
       rec = put(rec, H_FLAGS, H_FLAGS_FMT, bit.band(flags, bit.bnot(UNLINKED)))

@@ -4,7 +4,7 @@
 -- would write that fits (docs/capacity.md, "Partial grants"): refused only when not even
 -- the first one fits, the shortfall then being that key's.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
---       deadlines, [6] session record, [7] occupied buckets.
+--       deadlines, [6] session record, [7] occupied buckets, [8] pending deletions (mark.lua).
 -- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
 --       [6] storage type, [7] pack count (0 = explicit group ids), [8] block size per spec
 --       group (I6 each, index 0 = all specs), [9] spec group per key (u8 each),
@@ -24,7 +24,8 @@
 --       several locations there), '0' by key, [27] the count C of further candidate
 --       storages, then C x (name, type, pack count, type capacity, the group's live bytes
 --       of that type, by-location flag), in the order they are tried; then [28 + 6C]
---       '1' for a partial grant, '0' all or nothing.
+--       '1' for a partial grant, '0' all or nothing, [29 + 6C] the pending deadline (s)
+--       of the stale locations it turns DELETING.
 -- Storages are candidates 1 (ARGV[5..7]) to C + 1. A key is written, on the first
 -- candidate that may take it, when fewer than ARGV[22] of its locations cover its spec
 -- group (UPSTREAM_V2 §2.6). Counted: WRITING, SERVING and DELETING locations, stale ones
@@ -364,6 +365,7 @@ for i, pruned in pairs(prune) do
     rec = set_loc_status(rec, l, DELETING)
     charge.add(psidx, psg, rec)
     victims[#victims + 1] = struct.pack(VICTIM_FMT, fields[i], id, psidx, psg, group, slot)
+    redis.call('ZADD', KEYS[8], ARGV[29 + 6 * tonumber(ARGV[27])], struct.pack(SESSION_ENTRY_FMT, fields[i], id))
   end
   redis.call('HSET', buckets[i], fields[i], stamp_deleting(unlink_from_parent(bprefix, nbuckets, rec), now_s))
 end

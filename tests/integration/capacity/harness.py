@@ -170,9 +170,6 @@ class Cluster:
     def members(self, group: str, fresh: bool = False) -> list[str]:
         return list(self.contexts) if group == self.group.name else []
 
-    def instances(self) -> list[str]:
-        return sorted(self.contexts)
-
     def context(self, instance_id: str) -> InstanceContext:
         try:
             return self.contexts[instance_id]

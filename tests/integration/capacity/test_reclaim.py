@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from chalicelib.cache.deletion import DeletionService, InlineDeleter
-from chalicelib.index import Status
+from chalicelib.clock import ManualClock
+from chalicelib.index import BlockIndex, Status
 
-from .harness import BLOCK, make_group
+from .harness import BLOCK, Cluster, counting_client, make_group, server_calls
 
 
 def run_until_settled(cluster, reclaimer, max_rounds=20):
@@ -300,19 +303,20 @@ def test_a_lost_lease_stops_the_round_and_a_failing_group_is_reported(cluster, i
     assert reclaimer.run_round().victims == 5
 
 
-def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, index, clock):
+def test_deletions_whose_hand_off_failed_are_resubmitted_once_due(cluster, index, clock):
     cluster.group = make_group(capacity_blocks=1000, delay_ms=30_000)
     ctx = cluster.add_instance("i1")
     cluster.write("i1", [1, 2, 3])
     cluster.write("i1", [4, 5], finish=False)
     clock.advance(7200)  # written long ago: what counts is when they turned DELETING
-    # Marked DELETING by removeCache and a failed finish, neither handed to deletion.
-    index.mark_deleting(ctx.layout, [3], [BLOCK])
+    # Marked DELETING by removeCache (handed over after the group's delay) and a failed
+    # finish (at once), neither handed to deletion.
+    index.mark_deleting(ctx.layout, [3], [BLOCK], delay_ms=30_000)
     session = index.session(ctx.layout, "s2")
     index.finish(ctx.layout, "s2", session, [False, False], [BLOCK])
     reclaimer = cluster.reclaimer()
 
-    clock.advance(30 + index.DELETION_LOST_AFTER_S - 1)  # still within the delay and the grace
+    clock.advance(index.DELETION_LOST_AFTER_S - 1)  # still within the grace
     assert reclaimer.run_round().resubmitted == 0
     assert cluster.statuses("i1") == {
         1: Status.SERVING,
@@ -322,10 +326,112 @@ def test_deletions_whose_hand_off_failed_are_resubmitted_once_stranded(cluster, 
         5: Status.DELETING,
     }
 
-    clock.advance(10)
-    assert reclaimer.run_round().resubmitted == 3  # few occupied buckets: one visit sweeps them all
+    clock.advance(1 + index.DUE_STEP_S)
+    assert reclaimer.run_round().resubmitted == 2  # the finish's; the removal's waits for its delay
+    assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING, 3: Status.DELETING}
+    clock.advance(30)
+    assert reclaimer.run_round().resubmitted == 1
     assert cluster.statuses("i1") == {1: Status.SERVING, 2: Status.SERVING}
     assert (cluster.used("i1").keys, cluster.used("i1").bytes) == (2, 2 * BLOCK)
+    assert index.client.zcard(ctx.layout.key("pd")) == 0
+    # The hand-overs' own registrations go once they fall due, finding nothing.
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    assert reclaimer.run_round().resubmitted == 0
+    assert index.due_deletions(int(clock.now()) + 10**6, 100) == {}
+
+
+def test_a_registration_whose_mark_never_ran_goes_after_one_look(cluster, index, clock):
+    """The instance is registered as due before its script: a process dying in between
+    leaves a registration with nothing pending, which the first round past it drops."""
+    cluster.group = make_group(capacity_blocks=1000)
+    ctx = cluster.add_instance("i1")
+    index.pend_deletions(ctx.layout)
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    assert list(index.due_deletions(int(clock.now()), 100)) == ["i1"]
+    assert cluster.reclaimer().run_round().resubmitted == 0
+    assert index.due_deletions(int(clock.now()), 100) == {}
+
+
+def test_an_instance_failing_its_recovery_stays_due_and_does_not_stop_the_others(cluster, index, clock):
+    cluster.group = make_group(capacity_blocks=1000)
+    for name, key in (("i1", 1), ("i2", 2)):
+        cluster.add_instance(name)
+        cluster.write(name, [key])
+        index.mark_deleting(cluster.context(name).layout, [key], [BLOCK])  # never handed over
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    reclaimer = cluster.reclaimer()
+    healthy = reclaimer.stranded.contexts
+
+    def contexts(instance_id):
+        if instance_id == "i1":
+            raise ConnectionError("control plane unreachable")
+        return healthy(instance_id)
+
+    reclaimer.stranded.contexts = contexts
+    assert reclaimer.stranded.recover() == 1
+    assert cluster.statuses("i2") == {} and cluster.statuses("i1") == {1: Status.DELETING}
+    assert list(index.due_deletions(int(clock.now()), 100)) == ["i1"]
+    reclaimer.stranded.contexts = healthy
+    assert reclaimer.stranded.recover() == 1 and cluster.statuses("i1") == {}
+
+
+def test_a_pending_entry_whose_location_is_not_deleting_is_dropped_never_acted_on(cluster, index, clock, valkey):
+    """The recovery takes lost deletions only: an entry naming a SERVING location (a state
+    no script leaves) neither deletes it nor stays."""
+    from chalicelib.index.layout import SESSION_ENTRY
+
+    cluster.group = make_group(capacity_blocks=1000)
+    ctx = cluster.add_instance("i1")
+    cluster.write("i1", [1])
+    location = cluster.records("i1")[1].locations[0].location_id
+    valkey.zadd(ctx.layout.key("pd"), {SESSION_ENTRY.pack((1).to_bytes(8, "big"), location): 0})
+    index.pend_deletions(ctx.layout)
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    assert cluster.reclaimer().stranded.recover() == 0
+    assert cluster.statuses("i1") == {1: Status.SERVING}
+    assert valkey.zcard(ctx.layout.key("pd")) == 0 and index.due_deletions(int(clock.now()), 100) == {}
+
+
+def test_one_round_finds_a_lost_deletion_whatever_the_number_of_instances(cluster, index, clock):
+    cluster.group = make_group(capacity_blocks=100_000)
+    for n in range(40):
+        cluster.add_instance(f"i{n:02}")
+        cluster.write(f"i{n:02}", [n + 1])
+    index.mark_deleting(cluster.context("i39").layout, [40], [BLOCK])  # never handed over
+    clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
+    assert cluster.reclaimer().run_round().resubmitted == 1
+    assert cluster.statuses("i39") == {}
+
+
+def test_a_lost_deletion_among_many_instances_is_found_in_one_round_at_the_cost_of_what_is_due(valkey_url):
+    """Issue #28 item 10: the sweep visited 8 instances a round, so with 680 instances a
+    lost deletion waited more than 18 minutes. Recovery reads what is due: one round
+    finds it whatever the number of instances, and its commands do not grow with them."""
+
+    def recovery_calls(instances: int) -> tuple[int, int]:
+        client, _ = counting_client(valkey_url)
+        client.flushall()
+        clock = ManualClock()
+        cluster = Cluster(BlockIndex(client, "t", clock), clock, rng=random.Random(5))
+        cluster.group = make_group(capacity_blocks=100_000)
+        for n in range(instances):
+            cluster.add_instance(f"i{n:04}")
+            cluster.write(f"i{n:04}", [n + 1])
+        last = cluster.context(f"i{instances - 1:04}")
+        cluster.index.mark_deleting(last.layout, [instances], [BLOCK])  # never handed over
+        clock.advance(cluster.index.DELETION_LOST_AFTER_S + cluster.index.DUE_STEP_S)
+        reclaimer = cluster.reclaimer()
+        client.config_resetstat()
+        resubmitted = reclaimer.stranded.recover()
+        calls = server_calls(client)
+        assert cluster.statuses(last.instance_id) == {}
+        client.close()
+        return resubmitted, calls
+
+    recovery_calls(10)  # loads the scripts
+    few, many = recovery_calls(10), recovery_calls(300)
+    assert few[0] == many[0] == 1
+    assert many[1] == few[1], (few, many)
 
 
 def test_a_stranded_deletion_failing_again_does_not_stop_the_reclaim(cluster, index, clock):

@@ -131,15 +131,33 @@ def test_reads_serve_only_the_servable_storages(index, layout, servable, served)
 def test_a_lost_deletion_is_handed_over_again_once_per_grace(index, layout, clock):
     start(index, layout, [1])
     finish(index, layout, "s1", [True])
-    assert len(index.mark_deleting(layout, [1], SIZES)) == 1  # its deletion is then lost
     delay_ms = 5000
-    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
-    clock.advance(5 + index.DELETION_LOST_AFTER_S)
-    again = index.mark_deleting(layout, [1], SIZES, resubmit_before_s=index.lost_deletions_before_s(delay_ms))
+    assert len(index.mark_deleting(layout, [1], SIZES, delay_ms=delay_ms)) == 1  # its deletion is then lost
+    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=int(clock.now())) == []
+    clock.advance(4 + index.DELETION_LOST_AFTER_S)  # within the delay it was handed over with, and the grace
+    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=int(clock.now())) == []
+    clock.advance(1)
+    again = index.mark_deleting(layout, [1], SIZES, resubmit_before_s=int(clock.now()))
     assert [v.block_key for v in again] == [1]
     clock.advance(1)  # the retry may still be running: not handed over a second time
-    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=index.lost_deletions_before_s(delay_ms)) == []
+    assert index.mark_deleting(layout, [1], SIZES, resubmit_before_s=int(clock.now())) == []
     assert index.mark_deleting(layout, [1], SIZES, serving_only=True, resubmit_before_s=int(clock.now()) + 1) == []
+
+
+def test_a_location_is_pending_from_its_mark_to_its_drop(index, layout, clock):
+    """Every script turning a location DELETING records it as pending in the same step
+    (mark, failed finish); drop and restore take it out."""
+    start(index, layout, [1, 2, 3])
+    finish(index, layout, "s1", [True, True, False])
+    assert index.client.zcard(layout.key("pd")) == 1
+    victims = index.mark_deleting(layout, [1, 2], SIZES)
+    assert index.client.zcard(layout.key("pd")) == 3
+    index.restore(layout, victims[:1], SIZES)
+    assert index.client.zcard(layout.key("pd")) == 2
+    index.drop(layout, victims[1:], SIZES)
+    assert index.client.zcard(layout.key("pd")) == 1
+    clock.advance(index.DELETION_LOST_AFTER_S)
+    assert index.overdue_deletions(layout, int(clock.now()), 10) == [(3, victims[0].location_id + 2)]
 
 
 def test_packed_group_released_with_last_block(index, layout):

@@ -18,6 +18,7 @@ from chalicelib.protocol.models import (
     RemoveInstanceRequest,
     StartWriteCacheRequest,
     StorageConfig,
+    TrimCacheRequest,
 )
 from tests.integration.control.harness import call, code, group_json, message, nfs
 
@@ -96,6 +97,32 @@ def test_a_sharded_instance_serves_like_one_shard_and_is_removed_from_every_shar
     assert rt.index.group_usage(["g1"])[0].bytes == 0
     register(rt, "i1")  # the id is free again, its blocks gone from every shard
     assert rt.index.read_raw(rt.contexts("i1").layout, keys, MODE_RAW) == [None] * 40
+
+
+def test_data_a_metadata_trim_forgot_is_deleted_from_every_shard_with_the_instance(runtime, sharded_group, tmp_path):
+    """Issue #28 item 6 across shards: each shard keeps its forgotten locations, and the
+    removal deletes their files and releases their bytes in every shard."""
+    from pathlib import Path
+
+    rt = runtime
+    register(rt, "i1")
+    layout = rt.contexts("i1").layout
+    rng = random.Random(2)
+    keys = [rng.getrandbits(62) for _ in range(24)]
+    for location in write(rt, "i1", keys).locations:
+        for spec in location["location_specs"]:
+            path = Path(spec["uri"].split("?")[0][len("file://nfs_01") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x")
+    rt.cache.trim_cache(TrimCacheRequest.model_validate({"instance_id": "i1", "strategy": "TS_REMOVE_ALL_META"}))
+    forgotten = [rt.valkey.scard(shard.key("fg")) for shard in layout.shards]
+    assert sum(forgotten) == 24 and all(forgotten)
+
+    rt.group_admin.remove_instance(RemoveInstanceRequest(instance_id="i1"))
+
+    assert [p for p in (tmp_path / "nfs").rglob("*") if p.is_file()] == []
+    assert rt.index.group_usage(["g1"])[0].bytes == 0
+    assert sum(rt.valkey.scard(shard.key("fg")) for shard in layout.shards) == 0
 
 
 def test_an_instance_registered_before_the_group_shards_keeps_its_one_shard(runtime, sharded_group):

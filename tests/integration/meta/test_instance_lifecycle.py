@@ -96,6 +96,63 @@ def test_trimming_all_metadata_keeps_the_data_charged(http, runtime, group, inst
     assert runtime.index.group_usage(["g1"])[0].bytes == 0  # released with the instance
 
 
+def _fill(start: dict) -> None:
+    """Write the data files a start's locations name (what an engine would write)."""
+    for location in start["locations"]:
+        for spec in location["location_specs"]:
+            path = Path(spec["uri"].split("?")[0][len("file://nfs_01") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x" * 4096)
+
+
+def test_data_forgotten_by_metadata_trims_is_deleted_with_the_instance(http, runtime, group, instance, nfs_root):
+    """Issue #28 item 6: TS_REMOVE_ALL_META forgets records and keeps their bytes charged;
+    removeInstance then deletes the forgotten data before it releases the charge (the old
+    purge released it and left the files: 27 MiB on disk under an 8 MiB quota)."""
+    for cycle in range(3):
+        keys = [10 * cycle + k for k in (1, 2, 3, 4, 5)]
+        _fill(write(http, keys))
+        assert code(http("trimCache", {"instance_id": "i1", "strategy": "TS_REMOVE_ALL_META"})) == "OK"
+    _fill(write(http, [100, 101]))  # and blocks still indexed
+    layout = runtime.contexts("i1").layout
+    assert runtime.index.usage([layout])[0].bytes == 17 * 2048  # forgotten bytes stay charged meanwhile
+    assert _data_files(nfs_root)
+
+    assert code(http("removeInstance", {"instance_id": "i1"})) == "OK"
+
+    assert _data_files(nfs_root) == []
+    assert runtime.index.group_usage(["g1"])[0].bytes == 0
+    assert runtime.valkey.scard(layout.key("fg")) == 0
+
+
+def test_forgotten_data_stays_charged_until_its_deletion_succeeds(
+    http, runtime, group, instance, nfs_root, monkeypatch
+):
+    """A removal whose storage refuses to delete keeps the forgotten bytes charged and
+    listed; the watchdog's resumed purge deletes them and only then releases them."""
+    from chalicelib.storage.file import FileBackend
+
+    _fill(write(http, [1, 2, 3, 4, 5]))
+    assert code(http("trimCache", {"instance_id": "i1", "strategy": "TS_REMOVE_ALL_META"})) == "OK"
+    layout = runtime.contexts("i1").layout
+
+    def refuse(*args, **kwargs):
+        raise OSError("storage unavailable")
+
+    monkeypatch.setattr(FileBackend, "delete_groups", refuse)
+    assert code(http("removeInstance", {"instance_id": "i1"})) != "OK"
+    assert runtime.index.group_usage(["g1"])[0].bytes == 5 * 2048
+    assert runtime.valkey.scard(layout.key("fg")) == 5
+    assert _data_files(nfs_root)
+
+    monkeypatch.undo()
+    assert runtime.purge.resume_removals() == ["i1"]
+    assert _data_files(nfs_root) == []
+    assert runtime.index.group_usage(["g1"])[0].bytes == 0
+    assert runtime.valkey.scard(layout.key("fg")) == 0
+    assert runtime.control.get_instance("i1") is None
+
+
 def test_a_registration_lost_from_the_control_plane_never_serves_its_blocks_again(http, runtime, group, instance):
     """The id registered again (here for another model) gets an empty key space: the
     previous registration's blocks are dropped, not served as the new model's."""

@@ -134,3 +134,49 @@ def test_a_timestamp_trim_leaves_a_block_written_again_during_its_scan(runtime, 
 
     assert code(trimmed) == "OK"
     assert statuses(http, [1, 2]) == ["CLS_SERVING", "CLS_SERVING"]  # written a minute after the range
+
+
+def test_a_remove_cache_cut_off_by_a_crash_is_recovered_from_its_pending_set(
+    runtime, http, group, nfs_root, clock, monkeypatch
+):
+    """Issue #28 item 10: a removeCache whose process dies between the mark and the
+    hand-off left its blocks DELETING, not rewritable and charged, until a sweep over
+    every instance came by. They are pending from the mark, in the same atomic step: once
+    due, the next reclaim round hands them over again; the files go, the bytes are
+    released, the keys can be written again."""
+    from pathlib import Path
+
+    from chalicelib.cache.deletion import InlineDeleter
+
+    register(http, "g1", "i1")
+    for location in write(http, [1, 2, 3, 4])["locations"]:
+        for spec in location["location_specs"]:
+            path = Path(spec["uri"].split("?")[0][len("file://nfs_01") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x" * 2048)
+    files = {p for p in nfs_root.rglob("*") if p.is_file()}
+    layout = runtime.contexts("i1").layout
+
+    def crash(self, ctx, victims, delay_ms=0):
+        raise SystemExit("the container died before the hand-off")
+
+    monkeypatch.setattr(InlineDeleter, "submit", crash)
+    try:
+        http("removeCache", {"instance_id": "i1", "block_keys": [1, 2, 3, 4]})
+    except SystemExit:
+        pass
+    monkeypatch.undo()
+    assert statuses(http, [1, 2, 3, 4]) == ["CLS_DELETING"] * 4
+    assert runtime.index.usage([layout])[0].bytes == 4 * 2048
+    runtime.reclaim_job.run()
+    assert statuses(http, [1, 2, 3, 4]) == ["CLS_DELETING"] * 4  # not due yet: it could be in flight
+
+    clock.advance(runtime.index.DELETION_LOST_AFTER_S + runtime.index.DUE_STEP_S)
+    assert runtime.reclaim_job.run()["resubmitted"] == 4
+
+    assert statuses(http, [1, 2, 3, 4]) == ["CLS_NOT_FOUND"] * 4
+    assert files and not any(p.exists() for p in files)
+    assert runtime.index.usage([layout])[0].bytes == 0
+    assert runtime.index.group_usage(["g1"])[0].bytes == 0
+    assert runtime.valkey.zcard(layout.key("pd")) == 0
+    assert len(write(http, [1, 2])["locations"]) == 2  # rewritable
