@@ -9,6 +9,12 @@
     work, so its ratio overstates the script's cost). Upstream publishes 63 ms per 1,000
     events (Redis meta backend). The script also keeps each key's reporter bitmap, a
     second hash write the baseline does not do.
+(c) The whole reportEvent call (the body's bytes in, the response's out: parsing, checks,
+    script, response) at 1,000 and 20,000 new events per request, in-process (the API's
+    dispatcher, as the Lambda handler runs it) and through the local server (HTTP on one
+    keep-alive connection), beside a same-run pipelined HSET of the same records into the
+    same Valkey. Target (#25 item 1): at most 10 µs per event. Upstream publishes 2.4–2.8 µs
+    per event in 20,000-event requests (55.9 ms create, 48.2 ms update).
 (b) getHostCacheState p50 for 1k- and 20k-key prompts over 64 reporting hosts, each
     holding a random prefix of the prompt, beside an HMGET of the same keys' bitmaps
     (reading what the walk reads without deciding anything). Upstream publishes p50
@@ -18,9 +24,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,12 +46,15 @@ RID = "l1p5#10.0.0.1:8080"
 LIVENESS = Liveness(heartbeat_timeout_ms=10**12, cleanup_grace_ms=10**12, snapshot_min_interval_ms=0)
 UPSTREAM_ADD_MS_PER_1000 = 63.0
 UPSTREAM_HOST_STATE_P50_MS = {1_000: 1.8, 20_000: 26.0}
+#: Upstream's newest figures (docs/design/report_event_performance.md): µs per event in
+#: 20,000-event requests, create and update.
+UPSTREAM_WHOLE_CALL_US = (2.8, 2.4)
 
 
-def add_body(keys: list[int]) -> dict:
+def add_body(keys: list[int], instance_id: str = INSTANCE) -> dict:
     """The reportEvent request of an ADD of ``keys``."""
     return {
-        "instance_id": INSTANCE,
+        "instance_id": instance_id,
         "host_ip_port": "10.0.0.1:8080",
         "storage_type": "ST_EVENT_REPORT_L1P5",
         "events": [
@@ -202,12 +214,100 @@ def bench_host_state(client, store: ReporterStore, timer: ValkeyTime, hosts: int
         host_state_case(client, store, timer, n, hosts)
 
 
-def main() -> None:
-    with valkey_server() as client:
+def _stack_setup(stack) -> None:
+    """An event-report storage, a group using it, instance ``bench`` (bench_relay's)."""
+    from bench.bench_live import Connector
+    from bench.bench_relay import setup
+
+    setup(Connector(stack.api_url))
+
+
+def bench_whole_call(sizes: tuple[int, ...] = (1_000, 20_000), rounds: int = 5) -> None:
+    """(c): the whole call in-process and through the local server, beside the HSET pipeline."""
+    import redis
+
+    from chalicelib.routes.dispatch import Dispatcher
+    from chalicelib.routes.meta import OPERATIONS
+    from chalicelib.runtime import get_runtime
+    from local_stack import LocalStack
+    from local_stack.config import StackConfig
+
+    print("(c) the whole reportEvent call, new blocks (2 specs each), ms per request and µs per event")
+    with (
+        tempfile.TemporaryDirectory() as state,
+        LocalStack(StackConfig(state_dir=Path(state), port=0, aws_port=0, snapshot_period_s=0)) as stack,
+    ):
+        _stack_setup(stack)
+        client = redis.Redis.from_url(stack.valkey_url)
         store = ReporterStore(client)
-        timer = ValkeyTime(client)
-        bench_add(client, store, timer)
-        bench_host_state(client, store, timer)
+        dispatcher, runtime = Dispatcher(OPERATIONS), get_runtime()
+        conn = http.client.HTTPConnection("127.0.0.1", int(stack.api_url.rsplit(":", 1)[1]), timeout=120)
+        register = {
+            **add_body([], "bench"),
+            "events": [{"event_type": "EVENT_NODE_REGISTER", "node_register": {"mediums": ["gpu"]}}],
+        }
+        fresh = iter(range(1, 1 << 62, 1 << 20))  # disjoint key ranges, one per request
+
+        def body_of(n: int) -> bytes:
+            start = next(fresh)
+            return json.dumps(add_body(list(range(start, start + n)), "bench")).encode()
+
+        def in_process(raw: bytes) -> None:
+            status, text = dispatcher.handle(runtime, "reportEvent", raw, {})
+            assert status == 200 and '"code":"OK"' in text, text[:300]
+
+        def over_http(raw: bytes) -> None:
+            conn.request("POST", "/api/reportEvent", body=raw, headers={"Content-Type": "application/json"})
+            text = conn.getresponse().read()
+            assert b'"code":"OK"' in text, text[:300]
+
+        in_process(json.dumps(register).encode())
+        rid = "l1p5#10.0.0.1:8080"
+        records = store.records_key("bench", rid)
+        for n in sizes:
+            in_process(body_of(n))
+            value = client.hget(records, block_field(1))
+
+            def hset_pipeline(raw: bytes, n: int = n, value: bytes = value) -> None:
+                start = next(fresh)
+                pipe = client.pipeline(transaction=False)
+                for k in range(start, start + n):
+                    pipe.hset(records, block_field(k), value)
+                pipe.execute()
+
+            cases = {
+                "pipelined HSET of the records (baseline)": hset_pipeline,
+                "in-process": in_process,
+                "local server": over_http,
+            }
+            samples: dict[str, list[float]] = {name: [] for name in cases}
+            for _ in range(rounds):  # in turns, so that the machine's load weighs on each alike
+                for name, fn in cases.items():
+                    raw = body_of(n)
+                    began = time.perf_counter()
+                    fn(raw)
+                    samples[name].append(time.perf_counter() - began)
+            base = None
+            for name, times in samples.items():
+                ms = statistics.median(times) * 1e3
+                print(row(f"{n:>6} events: {name}", ms, base, unit="ms") + f"  ({ms * 1e3 / n:.1f} µs per event)")
+                base = base or ms
+        create, update = UPSTREAM_WHOLE_CALL_US
+        print(f"upstream's published whole call, 20,000 events: {create} µs per event (create), {update} (update)")
+
+
+def main() -> None:
+    sections = sys.argv[1:] or ["a", "b", "c"]
+    if {"a", "b"} & set(sections):
+        with valkey_server() as client:
+            store = ReporterStore(client)
+            timer = ValkeyTime(client)
+            if "a" in sections:
+                bench_add(client, store, timer)
+            if "b" in sections:
+                bench_host_state(client, store, timer)
+    if "c" in sections:
+        bench_whole_call()
 
 
 if __name__ == "__main__":
