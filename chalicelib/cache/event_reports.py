@@ -148,13 +148,13 @@ def _names_problem(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _check_uris(uris: list[str], what: str) -> None:
+def _check_uris(uris: list[str]) -> None:
     for i, text in enumerate(uris):
         uri = _URI.fullmatch(text)
         if uri is None:
-            raise ItemError(f"{what}.specs[{i}].uri {text!r} is not a URI")
+            raise ItemError(f"specs[{i}].uri {text!r} is not a URI")
         if any(pair.split("=", 1)[0] == "s_version" for pair in (uri.group(1) or "").split("&")):
-            raise ItemError(f"{what}.specs[{i}].uri carries s_version, which KVCM appends")
+            raise ItemError(f"specs[{i}].uri carries s_version, which KVCM appends")
 
 
 def _uris_valid(events: Sequence[EventItem]) -> bool:
@@ -172,14 +172,15 @@ def _uris_valid(events: Sequence[EventItem]) -> bool:
     )
 
 
-def _specs(specs: list[Spec], what: str, uris_valid: bool = False) -> tuple[tuple[str, ...], list[str]]:
-    """A location's (spec names, URIs), checked; ``uris_valid``: the URIs are (``_uris_valid``)."""
+def _specs(specs: list[Spec], uris_valid: bool = False) -> tuple[tuple[str, ...], list[str]]:
+    """A location's (spec names, URIs), checked; ``uris_valid``: the URIs are (``_uris_valid``).
+    ItemError names the spec relative to the location (the caller prefixes its path)."""
     names, uris = tuple([spec.name for spec in specs]), [spec.uri for spec in specs]
     problem = _names_problem(names)
     if problem is not None:
-        raise ItemError(f"{what}.{problem}")
+        raise ItemError(problem)
     if not uris_valid:
-        _check_uris(uris, what)
+        _check_uris(uris)
     return names, uris
 
 
@@ -196,10 +197,13 @@ def _encode(item: EventItem, i: int, uris_valid: bool) -> Event:
     kind = item.kind
     add = item.block_add
     if kind == ReportEventType.EVENT_BLOCK_ADD and add is not None:  # nearly every event: first
-        if not add.medium or "#" in add.medium:
-            raise ItemError(f"events[{i}].block_add.medium must be non-empty without '#'")
-        names, uris = _specs(add.specs, f"events[{i}].block_add", uris_valid)
-        return add_event_of(_block_key(add.block_key, f"events[{i}].block_add.block_key"), add.medium, names, uris)
+        try:  # the paths are prefixed on failure only: no string is built per valid event
+            if not add.medium or "#" in add.medium:
+                raise ItemError("medium must be non-empty without '#'")
+            names, uris = _specs(add.specs, uris_valid)
+            return add_event_of(_block_key(add.block_key, "block_key"), add.medium, names, uris)
+        except ItemError as err:
+            raise ItemError(f"events[{i}].block_add.{err}") from None
     what = f"events[{i}]"
     member = EVENT_PAYLOADS.get(kind)
     if member is None or getattr(item, member) is None:
@@ -226,7 +230,10 @@ def _encode(item: EventItem, i: int, uris_valid: bool) -> Event:
         if (key, medium) in seen:
             raise ItemError(f"{where}: block_key {key} and medium {medium!r} appear twice")
         seen.add((key, medium))
-        names, uris = _specs(block.specs, where)
+        try:
+            names, uris = _specs(block.specs)
+        except ItemError as err:
+            raise ItemError(f"{where}.{err}") from None
         blocks.append((key, medium, list(zip(names, uris, strict=True))))
     return snapshot_event(blocks)
 

@@ -144,7 +144,7 @@ URIS = [
 
 def per_uri_valid(uri: str) -> bool:
     try:
-        _check_uris([uri], "w")
+        _check_uris([uri])
     except Exception:  # noqa: BLE001 - ItemError
         return False
     return True
