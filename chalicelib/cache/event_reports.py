@@ -35,7 +35,7 @@ from ..protocol.models import (
     Status,
     StorageConfig,
 )
-from ..protocol.reported_events import Event as EventItem
+from ..protocol.reported_events import Event as ReportedEvent
 from ..protocol.reported_events import Spec
 from ..storage.checks import spec_of
 from ..stores.reporters import (
@@ -157,7 +157,7 @@ def _check_uris(uris: list[str]) -> None:
             raise ItemError(f"specs[{i}].uri carries s_version, which KVCM appends")
 
 
-def _uris_valid(events: Sequence[EventItem]) -> bool:
+def _uris_valid(events: Sequence[ReportedEvent]) -> bool:
     """Whether every ADD's spec URIs pass ``_check_uris``, checked over all of them at once
     (a regex per URI costs 1 µs). Joined by newlines, they must hold no whitespace but those
     (``split``), no ``#`` and no ``s_version``; then a URI is valid exactly when it starts
@@ -191,7 +191,7 @@ def _payload[P](payload: P | None) -> P:
     return payload
 
 
-def _encode(item: EventItem, i: int, uris_valid: bool) -> Event:
+def _encode(item: ReportedEvent, i: int, uris_valid: bool) -> Event:
     """The script's encoding of a valid item; ItemError names what is wrong.
     ``uris_valid``: every ADD's URIs were found valid in bulk."""
     kind = item.kind
@@ -238,7 +238,7 @@ def _encode(item: EventItem, i: int, uris_valid: bool) -> Event:
     return snapshot_event(blocks)
 
 
-def encode_events(events: Sequence[EventItem]) -> tuple[list[ErrorCode | None], list[Event]]:
+def encode_events(events: Sequence[ReportedEvent]) -> tuple[list[ErrorCode | None], list[Event]]:
     """(per event: INVALID_ARGUMENT or None for a valid one, the valid ones as the report
     script reads them)."""
     codes: list[ErrorCode | None] = []

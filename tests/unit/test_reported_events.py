@@ -1,11 +1,13 @@
 """reportEvent's fast path (issue #25 item 1): an engine's body decoded into msgspec structs in
 one pass, every other body through the pydantic models with the same result or the same
-error; the bulk URI check agreeing with the per-URI one; a location packed by msgspec as
-cmsgpack packs it."""
+error (random bodies too); the bulk URI check agreeing with the per-URI one; a location
+packed by msgspec as cmsgpack packs it."""
 
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chalicelib.cache.event_reports import _check_uris, _uris_valid, encode_events
 from chalicelib.protocol.errors import InvalidArgumentError, MalformedBodyError
@@ -177,3 +179,72 @@ def test_a_location_packs_as_pack_strings_does(size):
     assert event == add_event(-5, "gpu", list(zip(names, uris, strict=True)))
     # the run's two strings: the 8-byte key, then the location
     assert event[3] == pack_strings([(-5).to_bytes(8, "big", signed=True), pack_strings(flat)])[1:]
+
+
+def _outcome(parse, raw: bytes) -> object:
+    try:
+        return parse(raw)
+    except (InvalidArgumentError, MalformedBodyError) as err:
+        return (type(err).__name__, str(err))
+
+
+_TEXT = st.sampled_from(["", "42", "-1", "1_0", " 7", "gpu", "a#b", "x://h/1", "x://h?s_version=1", "\u00e9"])
+_VALUE = st.one_of(_TEXT, st.none(), st.integers(-3, 3), st.booleans())
+_SPEC = st.dictionaries(st.sampled_from(["name", "uri", "size"]), _VALUE, max_size=3)
+_PAYLOAD = st.fixed_dictionaries(
+    {},
+    optional={
+        "block_key": _VALUE,
+        "blockKey": _VALUE,
+        "medium": _VALUE,
+        "uri": _VALUE,
+        "specs": st.one_of(st.lists(_SPEC, max_size=3), st.none(), _TEXT),
+        "spec_names": st.lists(_VALUE, max_size=2),
+        "mediums": st.lists(_VALUE, max_size=2),
+        "blocks": st.lists(st.fixed_dictionaries({}, optional={"block_key": _VALUE, "specs": st.lists(_SPEC)})),
+    },
+)
+_EVENT = st.dictionaries(
+    st.sampled_from(
+        [
+            "event_type",
+            "eventType",
+            "block_add",
+            "blockAdd",
+            "block_delete",
+            "node_register",
+            "heartbeat",
+            "host_down",
+            "block_snapshot",
+            "other",
+        ]
+    ),
+    st.one_of(
+        st.sampled_from(["EVENT_BLOCK_ADD", "EVENT_BLOCK_DELETE", "EVENT_HEARTBEAT", "EVENT_NOPE", 2, "3"]),
+        _PAYLOAD,
+        st.none(),
+    ),
+    max_size=4,
+)
+_BODY = st.fixed_dictionaries(
+    {},
+    optional={
+        "instance_id": _VALUE,
+        "host_ip_port": _VALUE,
+        "storage_type": st.sampled_from(["ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2", 4, "ST_NOPE", None]),
+        "events": st.one_of(st.lists(_EVENT, max_size=4), st.none(), _TEXT),
+        "trace_id": _VALUE,
+        "header": st.one_of(st.none(), st.fixed_dictionaries({}, optional={"trace_id": _VALUE, "x": _VALUE})),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_BODY)
+def test_any_body_parses_as_the_pydantic_path_parses_it(body):
+    raw = json.dumps(body).encode()
+    fast = _outcome(ReportEventRequest.from_body, raw)
+    slow = _outcome(lambda data: parse_model(ReportEventRequest, decode_body(data)), raw)
+    assert fast == slow
+    if isinstance(fast, ReportEventRequest) and isinstance(slow, ReportEventRequest):
+        assert encode_events(fast.events)[0] == encode_events(slow.events)[0]
