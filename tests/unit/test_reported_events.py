@@ -221,6 +221,7 @@ _EVENT = st.dictionaries(
     ),
     st.one_of(
         st.sampled_from(["EVENT_BLOCK_ADD", "EVENT_BLOCK_DELETE", "EVENT_HEARTBEAT", "EVENT_NOPE", 2, "3"]),
+        st.just({}),  # every payload's empty form: two of them make a body the fast path must refuse
         _PAYLOAD,
         st.none(),
     ),
@@ -239,7 +240,7 @@ _BODY = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True)
+@settings(max_examples=600, deadline=None, derandomize=True)
 @given(_BODY)
 def test_any_body_parses_as_the_pydantic_path_parses_it(body):
     raw = json.dumps(body).encode()
