@@ -29,7 +29,20 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
-from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireEnum, WireModel, empty_list
+from .reported_events import ReportedEvents, decode_report_body
+from .wire import (
+    Bool,
+    Int32,
+    Int64,
+    Int64List,
+    JsonArray,
+    Str,
+    WireEnum,
+    WireModel,
+    decode_body,
+    empty_list,
+    parse_model,
+)
 
 ErrorCodeField = Annotated[ErrorCode, WireEnum(ErrorCode)]
 StorageTypeField = Annotated[StorageType, WireEnum(StorageType)]
@@ -64,6 +77,11 @@ class Request(WireModel):
 
     trace_id: Str = ""
     header: RequestHeader | None = None
+
+    @classmethod
+    def from_body(cls, raw: Any) -> "Request":
+        """The request in an HTTP body (MalformedBodyError, InvalidArgumentError naming the field)."""
+        return parse_model(cls, decode_body(raw))
 
     @property
     def effective_trace_id(self) -> str:
@@ -724,11 +742,33 @@ class EventItem(WireModel):
         return member is not None and getattr(self, member) is not None
 
 
+class EventItems(ReportedEvents):
+    """reportEvent's events: validated as ``EventItem`` models when pydantic parses them."""
+
+    item_model = EventItem
+
+
 class ReportEventRequest(Request):
     instance_id: Str = ""
     host_ip_port: Str = ""
-    events: list[EventItem] = Field(default_factory=empty_list)
+    events: EventItems = Field(default_factory=EventItems)
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
+
+    @classmethod
+    def from_body(cls, raw: Any) -> "Request":
+        """An engine's body (snake_case, enum names, no nulls) decoded straight into structs;
+        any other body as every request is (``Request.from_body``), its errors unchanged."""
+        body = decode_report_body(raw) if isinstance(raw, (bytes, str)) and raw else None
+        if body is None:
+            return super().from_body(raw)
+        return cls.model_construct(
+            instance_id=body.instance_id,
+            host_ip_port=body.host_ip_port,
+            events=EventItems(body.events),
+            storage_type=body.storage,
+            trace_id=body.trace_id,
+            header=None if body.header is None else RequestHeader(trace_id=body.header.trace_id),
+        )
 
 
 class ReportEventResponse(Response):
