@@ -28,9 +28,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,7 +60,9 @@ LIVENESS = Liveness(heartbeat_timeout_ms=10**12, cleanup_grace_ms=10**12, snapsh
 DEAD = Liveness(heartbeat_timeout_ms=1, cleanup_grace_ms=1, snapshot_min_interval_ms=0)
 SNAPSHOT_KEYS = 1_000
 UPSTREAM_ADD_MS_PER_1000 = 63.0
-UPSTREAM_HOST_STATE_P50_MS = {1_000: 1.8, 20_000: 26.0}
+#: Upstream's newest serial p50s (report_event_performance.md §5.8, 1,000 keys; 20,000 keys after
+#: its §5.9, as issue 25 cites it): pure local metadata, Release build, real HTTP.
+UPSTREAM_HOST_STATE_P50_MS = {1_000: 1.12, 20_000: 8.5}
 
 
 def add_body(keys: list[int]) -> dict:
@@ -166,62 +170,94 @@ def bench_add(client, store: ReporterStore, timer: ValkeyTime, calls: int = 30, 
     print(row("upstream's published figure (Redis), per 1,000 events", UPSTREAM_ADD_MS_PER_1000, unit="ms"))
 
 
-def p50_ms(fn, repeat: int) -> float:
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
+HOST_STATE_SIZES = (1_000, 20_000, 100_000)
+#: The longest prefix other than the whole prompt's: the hosts' records stay a few hundred MB.
+HOST_STATE_OTHERS_MAX = 20_000
 
 
-def host_state_case(client, store: ReporterStore, timer: ValkeyTime, n: int, hosts: int) -> None:
-    """One prompt of ``n`` keys, each host holding a random prefix of it."""
-    instance = f"hs{n}"
-    keys = random.sample(range(1, 1 << 40), n)
-    rng = random.Random(n)
+def host_state_fill(store: ReporterStore, instance: str, keys: list[int], hosts: int) -> dict[str, int]:
+    """Host 0 holds the whole prompt, each other host a random prefix of its first 20,000
+    keys: host -> its prefix length."""
+    rng = random.Random(len(keys))
     expected = {}
     for h in range(hosts):
         rid = f"l1p5#10.0.1.{h}:8080"
-        held = keys[: rng.randint(1, n)]
+        held = keys if h == 0 else keys[: rng.randint(1, min(len(keys), HOST_STATE_OTHERS_MAX))]
         expected[rid.partition("#")[2]] = len(held)
-        for start in range(0, len(held), 2000):
-            store.report(
-                instance,
-                rid,
-                [
-                    add_event(k, "gpu", [("full_0", f"event_report://10.0.1.{h}/{k}")])
-                    for k in held[start : start + 2000]
-                ],
-                now_ms(),
-                LIVENESS,
-            )
+        for start in range(0, len(held), 5000):
+            events = [
+                add_event(k, "gpu", [("full_0", f"event_report://10.0.1.{h}/{k}")]) for k in held[start : start + 5000]
+            ]
+            store.report(instance, rid, events, now_ms(), LIVENESS)
+    return expected
+
+
+def bench_host_state(hosts: int = 64) -> None:
+    """getHostCacheState through the local server (HTTP, JSON in and out), in process
+    (the store's script alone) and Valkey's time, beside an HMGET of the same keys' bitmaps
+    from Python on the same Valkey, for prompts of 1,000 / 20,000 / 100,000 keys (one
+    prompt, its prefixes): the cases take turns, each figure is the median of its calls."""
+    import redis
+
+    from bench.bench_live import Connector
+    from bench.bench_relay import setup
+    from local_stack import LocalStack
+    from local_stack.config import StackConfig
+
+    print(
+        f"(b) getHostCacheState over {hosts} reporting hosts (one holds the whole prompt, each other a random"
+        f" prefix of its first {HOST_STATE_OTHERS_MAX:,} keys), through the local server"
+    )
+    from chalicelib.observability.logging import logger
+
+    logger.registered_handler.setStream(open(os.devnull, "w"))  # the access lines, as on Lambda
+    with tempfile.TemporaryDirectory() as state:
+        config = StackConfig(state_dir=Path(state), port=0, aws_port=0, snapshot_period_s=0)
+        with LocalStack(config) as stack:
+            api = Connector(stack.api_url)
+            setup(api)
+            client = redis.Redis.from_url(stack.valkey_url)
+            store = ReporterStore(client)
+            timer = ValkeyTime(client)
+            prompt = random.sample(range(1, 1 << 62), max(HOST_STATE_SIZES))
+            t0 = time.perf_counter()
+            expected = host_state_fill(store, "bench", prompt, hosts)
+            print(f"  filled {sum(expected.values()):,} records in {time.perf_counter() - t0:.0f} s")
+            for n in HOST_STATE_SIZES:
+                host_state_case(api, store, timer, prompt[:n], {host: min(p, n) for host, p in expected.items()})
+
+
+def host_state_case(api, store: ReporterStore, timer: ValkeyTime, keys: list[int], want: dict[str, int]) -> None:
+    """One prompt's figures: the cases take turns (3 calls a turn), each the median turn."""
+    n, client = len(keys), store.client
     timeouts = {"l1p5": LIVENESS.heartbeat_timeout_ms}
     mamba = (["full_0"], ["full_0"])  # the same answer as the plain prefix, through Mamba's walk
-    answer = store.host_prefixes(instance, keys, now_ms(), timeouts)
-    assert answer == expected == store.host_prefixes(instance, keys, now_ms(), timeouts, mamba=mamba)
-    bits_key = store.bits_key(instance)
-    repeat = 50 if n <= 1_000 else 20
-    fields = [block_field(k) for k in keys]
+    body = {"instance_id": "bench", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": keys}
+    answer = api.call("getHostCacheState", body)
+    assert {h["host_ip_port"]: int(h["local"]) for h in answer["hosts"]} == want, answer["header"]
+    assert store.host_prefixes("bench", keys, now_ms(), timeouts) == want
+    assert store.host_prefixes("bench", keys, now_ms(), timeouts, mamba=mamba) == want
+    bits_key, fields = store.bits_key("bench"), [block_field(k) for k in keys]
     cases = {
-        "HMGET of the keys' bitmaps (baseline)": lambda: client.hmget(bits_key, fields),
-        "host prefixes (ReporterStore.host_prefixes)": lambda: store.host_prefixes(instance, keys, now_ms(), timeouts),
-        "Mamba host prefixes": lambda: store.host_prefixes(instance, keys, now_ms(), timeouts, mamba=mamba),
+        "HMGET of the keys' bitmaps from Python (baseline)": lambda: client.hmget(bits_key, fields),
+        "through the local server (HTTP, JSON)": lambda: api.call("getHostCacheState", body),
+        "the script alone (ReporterStore.host_prefixes)": lambda: store.host_prefixes(
+            "bench", keys, now_ms(), timeouts
+        ),
+        "the script alone, Mamba": lambda: store.host_prefixes("bench", keys, now_ms(), timeouts, mamba=mamba),
     }
+    turns: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
+    for _ in range(10 if n <= 20_000 else 4):
+        for name, fn in cases.items():
+            turns[name].append(timer.measure(fn, 3))
     baseline = None
-    for label, fn in cases.items():
-        wall = p50_ms(fn, repeat)
-        server = timer.measure(fn, repeat)[1] / 1000
-        print(row(f"{n:>6} keys: {label} p50", wall, baseline, unit="ms"))
-        print(row(f"{n:>6} keys: {label}, Valkey commandstats", server, unit="ms"))
+    for name, runs in turns.items():
+        wall, server, cpu = (statistics.median(r[i] / 1000 for r in runs) for i in range(3))
+        print(row(f"{n:>7,} keys: {name}, median", wall, baseline, unit="ms"))
+        print(f"{'':>9}Valkey: commandstats {server:.2f} ms, CPU {cpu:.2f} ms")
         baseline = baseline or wall
-    print(row(f"{n:>6} keys: upstream's published p50", UPSTREAM_HOST_STATE_P50_MS[n], unit="ms"))
-
-
-def bench_host_state(client, store: ReporterStore, timer: ValkeyTime, hosts: int = 64) -> None:
-    print(f"(b) getHostCacheState over {hosts} reporting hosts, each holding a random prefix of the prompt")
-    for n in (1_000, 20_000):
-        host_state_case(client, store, timer, n, hosts)
+    if n in UPSTREAM_HOST_STATE_P50_MS:
+        print(row(f"{n:>7,} keys: upstream's newest published p50", UPSTREAM_HOST_STATE_P50_MS[n], unit="ms"))
 
 
 def specs_of(host: str, key: int) -> list[tuple[str, str]]:
@@ -377,7 +413,7 @@ def main() -> None:
         if args.only in (None, "a"):
             bench_add(client, store, timer)
         if args.only in (None, "b"):
-            bench_host_state(client, store, timer)
+            bench_host_state()
         if args.only in (None, "c"):
             bench_snapshot(client, store, timer, args.keys)
 
