@@ -108,23 +108,25 @@ local function close_run(last)
     end
   end
 end
-local pos, step = 1, 256
-while pos <= n and (pos == 1 or count > 0) do
+-- The first key names the candidates: the hosts holding it.
+prev_map = redis.call('HGET', bits_key, string.sub(blob, 1, 8))
+for host in pairs(slots) do
+  local level = holds(prev_map, host)
+  if level > 0 then
+    alive[host], levels[host], last_ok[host], prev_ok[host] = true, level, 0, 0
+    count = count + 1
+  end
+end
+-- The inner loop is the cost per key: one comparison while the bitmap stays the same.
+local pos, step = 2, 256
+while pos <= n and count > 0 do
   local last = math.min(pos + step - 1, n)
   local maps = redis.call('HMGET', bits_key, unpack(er_fields(blob, pos, last)))
   for j = 1, last - pos + 1 do
-    local map, at = maps[j], pos + j - 1
-    if at == 1 then
-      for host in pairs(slots) do
-        local level = holds(map, host)
-        if level > 0 then
-          alive[host], levels[host], last_ok[host], prev_ok[host] = true, level, 0, 0
-          count = count + 1
-        end
-      end
-      prev_map, run_start = map, 1
-    elseif map ~= prev_map then
+    local map = maps[j]
+    if map ~= prev_map then
       if not held_by_all[map] then  -- (plain) a bitmap every live host held already
+        local at = pos + j - 1
         close_run(at - 1)
         local dropped = false
         for host in pairs(alive) do
@@ -134,10 +136,10 @@ while pos <= n and (pos == 1 or count > 0) do
         -- Hosts only drop out, so this stays true; Mamba must still see each run's end.
         if not dropped and mode == 'p' and map then held_by_all[map] = true end
         run_start = at
+        if count == 0 then break end
       end
       prev_map = map
     end
-    if count == 0 then break end
   end
   pos, step = last + 1, math.min(step * 2, 4096)  -- unpack stays under Lua's stack limit (8000)
 end
