@@ -351,7 +351,7 @@ class Runtime:
 
     @cached_property
     def event_reports(self) -> EventReports:
-        return EventReports(self.config, self.reporters, self.metrics, self.clock, self.settings.max_keys_per_request)
+        return EventReports(self.config, self.reporters, self.metrics, self.clock)
 
     @cached_property
     def cluster(self) -> ClusterInfo:

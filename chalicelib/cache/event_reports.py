@@ -24,6 +24,7 @@ from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from ..protocol.models import (
     EVENT_PAYLOADS,
     EVENT_REPORT_TYPES,
+    MAX_HOST_STATE_KEYS,
     EventReportStorageSpec,
     GetHostCacheStateRequest,
     GetHostCacheStateResponse,
@@ -304,13 +305,11 @@ class EventReports:
         reporters: ReporterStore,
         metrics: MetricsRegistry,
         clock: Clock,
-        max_keys_per_request: int,
     ) -> None:
         self.config = config
         self.reporters = reporters
         self.metrics = metrics
         self.clock = clock
-        self.max_keys_per_request = max_keys_per_request
 
     def storages(self, group: InstanceGroup) -> dict[StorageType, StorageConfig]:
         """StorageType → the group's event-report storage config of that type."""
@@ -408,8 +407,8 @@ class EventReports:
             raise InvalidArgumentError("field 'instance_id' is required")
         if not req.block_cache_keys:
             raise InvalidArgumentError("field 'block_cache_keys' is required")
-        if len(req.block_cache_keys) > self.max_keys_per_request:
-            raise InvalidArgumentError(f"field 'block_cache_keys': more than {self.max_keys_per_request} keys")
+        if len(req.block_cache_keys) > MAX_HOST_STATE_KEYS:
+            raise InvalidArgumentError(f"field 'block_cache_keys': more than {MAX_HOST_STATE_KEYS:,} keys")
         record = self.config.instance(req.instance_id)
         # Unset in the request: the instance's registered default, else a prefix match.
         query_type = req.query_type or record.default_query_type or QueryType.QT_PREFIX_MATCH

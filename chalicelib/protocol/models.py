@@ -780,6 +780,12 @@ class ReportEventResponse(Response):
     extra_info: Str = ""
 
 
+#: getHostCacheState's keys per request: what a 6 MiB body holds of full-width int64 keys
+#: as proto3 JSON prints them (``"-9223372036854775808",``, 23 bytes each: 273,530).
+#: Upstream routes 20,000-key prompts; the walk's cost is linear in the prefix it finds.
+MAX_HOST_STATE_KEYS = 262_144
+
+
 class GetHostCacheStateRequest(Request):
     instance_id: Str = ""
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED

@@ -108,16 +108,30 @@ Int64 = Annotated[
 ]
 
 
+#: A list of decimal strings joined by commas (``_int64_list``).
+_DECIMALS = re.compile(r"-?[0-9]+(?:,-?[0-9]+)*")
+
+
+def _decimal_strings(value: list[str]) -> list[int] | None:
+    """``value``'s integers, or None unless every item is a decimal string: one regex over
+    the joined items (an item holding a comma passes it but fails ``int``)."""
+    if not _DECIMALS.fullmatch(",".join(value)):
+        return None
+    try:
+        return list(map(int, value))
+    except ValueError:  # an item with a comma, or past int()'s digit limit
+        return None
+
+
 def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
     # Requests carry thousands of keys or token ids, nearly always a JSON array of in-range
-    # integers: checked in C loops here. Anything else goes item by item, so an error
-    # names the offending index.
-    if (
-        type(value) is list
-        and set(map(type, value)) <= {int}
-        and (not value or (INT64_MIN <= min(value) and max(value) <= INT64_MAX))
-    ):
-        return value
+    # integers, or of decimal strings (proto3 JSON prints int64 so): checked in C loops
+    # here. Anything else goes item by item, so an error names the offending index.
+    if type(value) is list and value:
+        types = set(map(type, value))
+        numbers = value if types == {int} else _decimal_strings(value) if types == {str} else None
+        if numbers is not None and INT64_MIN <= min(numbers) and max(numbers) <= INT64_MAX:
+            return numbers
     checked: list[int] = handler(value)
     return checked
 

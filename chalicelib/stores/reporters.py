@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from ..protocol.codes import ErrorCode, StorageType
-from .valkey import lua_source
+from .valkey import lua_source, valkey_errors
 
 LUA_DIR = Path(__file__).with_name("lua")
 RID_TYPES = {StorageType.ST_EVENT_REPORT_L1P5: "l1p5", StorageType.ST_EVENT_REPORT_L2: "l2"}
@@ -419,9 +419,10 @@ class ReporterStore:
         ]
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
-        flat = self._host_state(
-            keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
-        )
+        with valkey_errors("reporter store"):  # a walk past the socket timeout included
+            flat = self._host_state(
+                keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+            )
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def visible_locations(

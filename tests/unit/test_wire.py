@@ -141,6 +141,17 @@ def test_an_integer_string_is_only_an_optional_minus_and_digits(text, field, bod
         parse_model(GetCacheLocationRequest, body(text))
 
 
+@pytest.mark.parametrize("bad", [" 1", "1,2", "1_0", "", str(2**63), "\u0661", 7.5])
+def test_a_long_list_of_decimal_strings_names_its_bad_item(bad):
+    """Keys arrive as strings (proto3 JSON prints int64 so) and are checked in bulk: an
+    item that is not an optional minus and digits, or out of range, is named at its index."""
+    keys = [str(k) for k in range(-10, 20_000)]
+    assert parse_model(GetCacheLocationRequest, {**GET, "block_keys": keys}).block_keys == list(range(-10, 20_000))
+    keys[12_345] = bad
+    with pytest.raises(InvalidArgumentError, match=re.escape("field 'block_keys[12345]'")):
+        parse_model(GetCacheLocationRequest, {**GET, "block_keys": keys})
+
+
 def test_decimal_integer_strings_are_accepted():
     req = parse_model(GetCacheLocationRequest, {**GET, "block_keys": ["-5", "007", str(2**63 - 1)], "sw_size": "-0"})
     assert req.block_keys == [-5, 7, 2**63 - 1] and req.sw_size == 0

@@ -37,6 +37,7 @@ local function level_of(names)
   return has_all(names, states) and 2 or 1
 end
 local slots = {}
+local slot_host = {}  -- slot number -> its host, for the visible slots
 for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   local timeout = timeouts[string.match(rid, '^[^#]*')]
   local state = timeout and hgetall_table(state_prefix .. rid)
@@ -52,6 +53,7 @@ for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
           for j = 2, #medium_names do names[medium_names[j]] = true end
           local held = slots[host] or {}
           held[#held + 1] = {byte, mask, names, level_of(names)}
+          slot_host[slot] = host
           slots[host] = held
         end
       end
@@ -97,7 +99,23 @@ local function finish(host, prefix)
   if length > 0 then result[#result + 1] = host; result[#result + 1] = length end
 end
 local prev_map, run_start, levels = nil, 1, {}  -- levels: host -> holds() of the current run
-local held_by_all = {}
+-- Plain prefix: where the bitmap changes, a live host can only drop out if it owns a slot
+-- whose bit the new bitmap clears; only those hosts are tested, so a change costs the
+-- bitmap's bytes, not a test of every live host (64 hosts: 64 changes x 64 tests).
+local LOW_BIT = {}
+for i = 0, 7 do LOW_BIT[2 ^ i] = i end
+local function drop_cleared(old, new, at)
+  local byte, band = string.byte, bit.band
+  for b = 1, #old do
+    local gone = band(byte(old, b), bit.bnot(new and byte(new, b) or 0))
+    while gone ~= 0 do
+      local low = band(gone, -gone)
+      local host = slot_host[(b - 1) * 8 + LOW_BIT[low]]
+      if host and alive[host] and holds(new, host) == 0 then finish(host, at - 1) end
+      gone = gone - low
+    end
+  end
+end
 -- The keys run_start..last all had the current bitmap: the hosts with state there get them.
 local function close_run(last)
   if mode ~= 'm' or last < run_start then return end
@@ -108,36 +126,37 @@ local function close_run(last)
     end
   end
 end
-local pos, step = 1, 256
-while pos <= n and (pos == 1 or count > 0) do
+-- The first key names the candidates: the hosts holding it.
+prev_map = redis.call('HGET', bits_key, string.sub(blob, 1, 8))
+for host in pairs(slots) do
+  local level = holds(prev_map, host)
+  if level > 0 then
+    alive[host], levels[host], last_ok[host], prev_ok[host] = true, level, 0, 0
+    count = count + 1
+  end
+end
+-- The inner loop is the cost per key: one comparison while the bitmap stays the same.
+local pos, step = 2, 256
+while pos <= n and count > 0 do
   local last = math.min(pos + step - 1, n)
   local maps = redis.call('HMGET', bits_key, unpack(er_fields(blob, pos, last)))
   for j = 1, last - pos + 1 do
-    local map, at = maps[j], pos + j - 1
-    if at == 1 then
-      for host in pairs(slots) do
-        local level = holds(map, host)
-        if level > 0 then
-          alive[host], levels[host], last_ok[host], prev_ok[host] = true, level, 0, 0
-          count = count + 1
-        end
-      end
-      prev_map, run_start = map, 1
-    elseif map ~= prev_map then
-      if not held_by_all[map] then  -- (plain) a bitmap every live host held already
+    local map = maps[j]
+    if map ~= prev_map then
+      local at = pos + j - 1
+      if mode == 'p' then
+        drop_cleared(prev_map, map, at)
+      else  -- Mamba: each run's end and level count, every live host is tested
         close_run(at - 1)
-        local dropped = false
         for host in pairs(alive) do
           local level = holds(map, host)
-          if level == 0 then finish(host, at - 1); dropped = true else levels[host] = level end
+          if level == 0 then finish(host, at - 1) else levels[host] = level end
         end
-        -- Hosts only drop out, so this stays true; Mamba must still see each run's end.
-        if not dropped and mode == 'p' and map then held_by_all[map] = true end
         run_start = at
       end
       prev_map = map
+      if count == 0 then break end
     end
-    if count == 0 then break end
   end
   pos, step = last + 1, math.min(step * 2, 4096)  -- unpack stays under Lua's stack limit (8000)
 end
