@@ -33,7 +33,8 @@ local n = #keys / 8
 local buckets, nbuckets = KEYS, bucket_count(KEYS[1])
 if nbuckets ~= tonumber(ARGV[8]) then
   buckets = {}
-  for i = 1, n do buckets[i + 2] = bucket_of(sub(KEYS[1], 1, -2) .. 'b:', nbuckets, sub(keys, i * 8 - 7, i * 8)) end
+  local bprefix = sub(KEYS[1], 1, -2) .. 'b:'  -- '<tag>:m' -> '<tag>:b:'
+  for i = 1, n do buckets[i + 2] = bucket_of(bprefix, nbuckets, sub(keys, i * 8 - 7, i * 8)) end
 end
 
 -- storage index -> true for storages that may not serve; false when every one may (the

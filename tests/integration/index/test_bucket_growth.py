@@ -138,7 +138,7 @@ def test_a_key_space_registered_with_fixed_buckets_keeps_them_as_its_first_level
     valkey.hset(layout.key("m"), mapping={"bits": 6, "ob": 1})
     rng = random.Random(7)
     old = [rng.getrandbits(63) for _ in range(1000)]
-    index.RECORDS_PER_BUCKET = 64  # 1,000 records in 64 buckets split nothing at 64 per bucket
+    index.RECORDS_PER_BUCKET = 64  # 1,000 records in 64 buckets: no split at 64 per bucket
     for n in range(0, 1000, 100):
         write(index, layout, old[n : n + 100], f"s{n}")
     assert valkey.hget(layout.key("m"), "n") is None

@@ -9,6 +9,7 @@ from chalicelib.cache import room
 from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.index import BlockIndex
 from chalicelib.index.block_index import bucket_index
+from chalicelib.index.layout import MAX_SPLITS_PER_CALL
 from chalicelib.optimizer import kvcm_policy
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy
@@ -52,16 +53,19 @@ def chain(start: int, length: int) -> list[int]:
 
 
 def test_buckets_grow_with_the_blocks_as_the_index_grows_them():
-    """The simulated buckets split as lua/prelude.lua grow_buckets does: 16 at first, then
-    one more as the blocks pass 64 per bucket; each block sits in its key's bucket."""
+    """The simulated buckets split as lua/prelude.lua grow_buckets does: 16 at first, one
+    more as the blocks pass RECORDS_PER_BUCKET per bucket, at most MAX_SPLITS_PER_CALL per
+    write; each block sits in its key's bucket."""
+    per_bucket = BlockIndex.RECORDS_PER_BUCKET
     policy = KVCMPolicy(round_s=1000)
-    assert policy.insert(list(range(0, 7919 * 1000, 7919)), limit=10**6) == 1000
-    assert policy._bucket_count == 16
+    first = 64 * per_bucket  # wants 64 buckets: a write splits at most MAX_SPLITS_PER_CALL
+    assert policy.insert(list(range(0, 7919 * first, 7919)), limit=10**6) == first
+    assert policy._bucket_count == 16 + MAX_SPLITS_PER_CALL
     for start in range(1, 31):
-        policy.insert([(start * 1000 + i) * 7919 for i in range(100)], limit=10**6)
-    assert policy._bucket_count == -(-4000 // 64)
+        policy.insert([(start * 10**6 + i) * 7919 for i in range(100)], limit=10**6)
+    assert policy._bucket_count == -(-(first + 3000) // per_bucket)
     assert all(bucket_index(k, policy._bucket_count) == b for b, keys in policy._buckets.items() for k in keys)
-    assert sum(len(keys) for keys in policy._buckets.values()) == 4000
+    assert sum(len(keys) for keys in policy._buckets.values()) == first + 3000
 
 
 def test_a_write_too_big_gets_the_leading_run_that_fits_and_a_refusal_wakes_the_reclaimer():
