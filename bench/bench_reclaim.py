@@ -2,7 +2,7 @@
 
 Each round frees the same 100 blocks' worth (``reclaim_step_size``) from one instance
 whose blocks sit in prefix chains of 10, its buckets grown for it as starts grow them
-(about 32 records each). The round samples, marks and hands victims to an inline
+(about 8 records each). The round samples, marks and hands victims to an inline
 deleter, so the figures include the metadata deletion. Its cost must stay flat as the
 instance grows: it follows the sample and the victims, not the total. Baseline: one full
 scan of the instance, what a reclaimer without sampling reads before it can choose.

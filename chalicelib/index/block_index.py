@@ -416,10 +416,10 @@ class BlockIndex:
     #: Buckets per round trip when reading many (scans, removal, migration).
     SCAN_BATCH = 64
     #: A start splits a bucket while the instance holds more than this many records per
-    #: bucket (lua/prelude.lua grow_buckets). Buckets stay in Valkey's listpack encoding
-    #: (up to 128 entries), whose lookups scan: 32 costs 3 B per block more than 64 and
-    #: an HGET about a quarter less (docs/record-layout.md, "Buckets").
-    RECORDS_PER_BUCKET = 32
+    #: bucket (lua/prelude.lua grow_buckets). A listpack lookup scans the bucket: at 8 an
+    #: HGET costs about what it costs in a bucket of one record, for about 10 B per block
+    #: more than at 64 (docs/record-layout.md, "Buckets").
+    RECORDS_PER_BUCKET = 8
 
     def __init__(self, client: Valkey, prefix: str, clock: Clock) -> None:
         self.client = client

@@ -137,8 +137,9 @@ LFU_INITIAL = 5
 #: buckets one instance (one shard) may grow to.
 MAX_BUCKETS = 1 << 24
 #: The most buckets one start splits (lua/prelude.lua grow_buckets): a call moves at most
-#: that many buckets' records.
-MAX_SPLITS_PER_CALL = 32
+#: that many buckets' records, and a start of up to 1,024 new records keeps its instance
+#: at 8 records per bucket.
+MAX_SPLITS_PER_CALL = 128
 
 
 class Status(IntEnum):

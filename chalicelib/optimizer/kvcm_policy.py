@@ -22,7 +22,7 @@ mirrors, block for block where it can:
   limit, at most ``step_percentage`` of it (under pressure, a woken look also keeps one
   step, at most 10 %, free under the limit).
 * **Victims.** Blocks live in buckets by their key's low bits, which grow with the blocks
-  as the index's do (16 at first, a split as the blocks pass 32 per bucket:
+  as the index's do (16 at first, a split as the blocks pass 8 per bucket:
   ``chalicelib.index.block_index.bucket_index``). Whole random buckets are read until the
   pool holds ``oversample`` leaf candidates per block needed (capped); the policy's worst
   fifth of the pool goes at a time; a victim's parent left without children joins the

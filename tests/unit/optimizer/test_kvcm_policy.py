@@ -58,7 +58,7 @@ def test_buckets_grow_with_the_blocks_as_the_index_grows_them():
     write; each block sits in its key's bucket."""
     per_bucket = BlockIndex.RECORDS_PER_BUCKET
     policy = KVCMPolicy(round_s=1000)
-    first = 64 * per_bucket  # wants 64 buckets: a write splits at most MAX_SPLITS_PER_CALL
+    first = 256 * per_bucket  # wants 256 buckets: a write splits at most MAX_SPLITS_PER_CALL
     assert policy.insert(list(range(0, 7919 * first, 7919)), limit=10**6) == first
     assert policy._bucket_count == 16 + MAX_SPLITS_PER_CALL
     for start in range(1, 31):
