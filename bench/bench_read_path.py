@@ -93,9 +93,10 @@ return found"""
 
 def main() -> None:
     from chalicelib.clock import ManualClock
-    from chalicelib.index.block_index import LUA_DIR, MODE_PREFIX, BlockIndex, pack_keys
+    from chalicelib.index.block_index import LUA_DIR, MODE_PREFIX, BlockIndex, bucket_index, pack_keys
+    from chalicelib.index.layout import lua_constants
 
-    prelude = (LUA_DIR / "prelude.lua").read_text()
+    prelude = lua_constants() + (LUA_DIR / "prelude.lua").read_text()
     with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
         rt, aws = build_runtime(client, data_dir, capacity_blocks=BLOCKS)
         try:
@@ -109,6 +110,11 @@ def main() -> None:
             bucket_bytes = (client.info("memory")["used_memory"] - bucket_bytes) / BLOCKS
             ctx = rt.contexts("bench")
             layout, index = ctx.layout, rt.index
+            bucket_count = index.bucket_count(layout)
+
+            def bucket_of(key: int) -> bytes:
+                return layout.bucket(bucket_index(key, bucket_count))
+
             records = dict(index.scan(layout))
             string_bytes = client.info("memory")["used_memory"]
             for start in range(0, BLOCKS, 1000):
@@ -143,7 +149,7 @@ def main() -> None:
             packed: dict[bytes, list[bytes]] = {}
             for k in keys:
                 record = records[k]
-                packed.setdefault(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix) :], []).append(
+                packed.setdefault(layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :], []).append(
                     k.to_bytes(8, "big", signed=True) + bytes([len(record)]) + record
                 )
             packed_bytes = client.info("memory")["used_memory"]
@@ -151,7 +157,7 @@ def main() -> None:
             packed_bytes = (client.info("memory")["used_memory"] - packed_bytes) / BLOCKS
 
             batches = [keys[i * N : (i + 1) * N] for i in range(BLOCKS // N)]
-            buckets = [[layout.bucket(k) for k in batch] for batch in batches]
+            buckets = [[bucket_of(k) for k in batch] for batch in batches]
             distinct = statistics.mean(len(set(b)) for b in buckets)
             big_names = [big_bucket_of[i * N : (i + 1) * N] for i in range(len(batches))]
             big_distinct = statistics.mean(len(set(b)) for b in big_names)
@@ -169,16 +175,12 @@ def main() -> None:
             }
             packed_reads = []
             for batch in batches:
-                names = list(
-                    dict.fromkeys(layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix) :] for k in batch)
-                )
+                names = list(dict.fromkeys(layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :] for k in batch))
                 position = {name: i + 1 for i, name in enumerate(names)}
                 packed_reads.append(
                     (
                         names,
-                        bytes(
-                            position[layout.key("p:") + layout.bucket(k)[len(layout.bucket_prefix) :]] for k in batch
-                        ),
+                        bytes(position[layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :]] for k in batch),
                     )
                 )
             assert scripts["packed"](keys=packed_reads[0][0], args=[pack_keys(batches[0]), packed_reads[0][1]]) == N
@@ -196,7 +198,7 @@ def main() -> None:
             def script(name, names_of):
                 return cycling(
                     lambda i: scripts[name](
-                        keys=names_of(i), args=[pack_keys(batches[i]), layout.bucket_prefix, layout.bucket_count]
+                        keys=names_of(i), args=[pack_keys(batches[i]), layout.bucket_prefix, bucket_count]
                     )
                 )
 
@@ -245,7 +247,7 @@ def main() -> None:
                 for name, fn in options.items():
                     samples[name].append(timer.measure(fn, CALLS))
             print(
-                f"Valkey time per {N}-key read, {BLOCKS:,} two-spec records in {layout.bucket_count} buckets, "
+                f"Valkey time per {N}-key read, {BLOCKS:,} two-spec records in {bucket_count} buckets, "
                 f"median of {ROUNDS} batches of {CALLS} calls, {os.cpu_count()} cores"
             )
             print(f"  {'':<58} {'wall µs':>9} {'Valkey µs':>10} {'CPU µs':>9}")

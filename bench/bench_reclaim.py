@@ -1,8 +1,8 @@
 """Reclaim benchmark: the cost of one reclaim round against the number of blocks.
 
 Each round frees the same 100 blocks' worth (``reclaim_step_size``) from one instance
-whose blocks sit in prefix chains of 10, its buckets sized for it like a full instance's
-(about 64 records each). The round samples, marks and hands victims to an inline
+whose blocks sit in prefix chains of 10, its buckets grown for it as starts grow them
+(about 8 records each). The round samples, marks and hands victims to an inline
 deleter, so the figures include the metadata deletion. Its cost must stay flat as the
 instance grows: it follows the sample and the victims, not the total. Baseline: one full
 scan of the instance, what a reclaimer without sampling reads before it can choose.
@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import row, timeit_us, valkey_server
-from chalicelib.cache.context import bucket_bits_for
 from chalicelib.clock import ManualClock
 from chalicelib.index import BlockIndex
 from tests.integration.capacity.harness import Cluster, counting_client, make_group, server_calls
@@ -35,7 +34,7 @@ def measure(blocks: int) -> dict:
         client, counting = counting_client(f"redis://127.0.0.1:{server.connection_pool.connection_kwargs['port']}/0")
         clock = ManualClock()
         cluster = Cluster(BlockIndex(client, "bench", clock), clock, rng=random.Random(1))
-        ctx = cluster.add_instance("i1", bucket_bits=bucket_bits_for(blocks))
+        ctx = cluster.add_instance("i1")
         cluster.bulk_chains("i1", count=blocks // CHAIN, length=CHAIN)
         # far over a 50 % watermark: every round frees one full step
         cluster.group = make_group(capacity_blocks=blocks, used_percentage=0.5, step_blocks=STEP_BLOCKS)
@@ -54,7 +53,7 @@ def measure(blocks: int) -> dict:
     assert set(freed) == {STEP_BLOCKS}, freed
     return {
         "blocks": blocks,
-        "buckets": ctx.layout.bucket_count,
+        "buckets": cluster.index.bucket_count(ctx.layout),
         "round_ms": round_us / 1000,
         "trips": trips,
         "commands": commands,

@@ -3,7 +3,6 @@ assembled from the per-container config cache (no DynamoDB read per call)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,30 +13,6 @@ from ..protocol.codes import CachePreferStrategy, StorageType
 from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import InstanceGroup, LocationSpecGroup, LocationSpecInfo
 from ..storage.base import SpecSlot, StorageBackend
-
-#: Records per bucket hash at full capacity: well inside Valkey's listpack encoding.
-RECORDS_PER_BUCKET = 64
-# At most 24: lua/prelude.lua bucket_of reads the bucket from a key's low three bytes.
-MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
-#: Block count assumed for a group without a quota or key cap.
-DEFAULT_MAX_BLOCKS = 1 << 20
-
-
-def bucket_bits_for(max_blocks: int) -> int:
-    """Bucket bits so that ``max_blocks`` blocks fill each bucket to about 64 records."""
-    buckets = max(1, math.ceil(max_blocks / RECORDS_PER_BUCKET))
-    return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, math.ceil(math.log2(buckets))))
-
-
-def expected_max_blocks(group: InstanceGroup | None, block_bytes: int) -> int:
-    """How many blocks one instance of ``group`` may hold, from its quota and key cap."""
-    limits = []
-    if group is not None and group.quota is not None and group.quota.capacity > 0 and block_bytes > 0:
-        limits.append(group.quota.capacity // block_bytes)
-    cache = group.cache_config if group is not None else None
-    if cache is not None and cache.meta_indexer_config is not None and cache.meta_indexer_config.max_key_count > 0:
-        limits.append(cache.meta_indexer_config.max_key_count)
-    return max(1, min(limits)) if limits else DEFAULT_MAX_BLOCKS
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from typing import Any
 
 from ..clock import Clock
 from ..index import BlockIndex, InstanceLayout
+from ..index.block_index import FIRST_BUCKET_BITS
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
 from ..storage.health import StorageHealth
 from ..storage.registry import StorageRegistry
-from .context import InstanceContext, SpecLayout, StorageState, bucket_bits_for, expected_max_blocks
+from .context import InstanceContext, SpecLayout, StorageState
 
 
 class _KnownBackends(Mapping[str, StorageBackend]):
@@ -128,7 +129,7 @@ class ContextProvider:
         return context
 
     def key_space(self, record: Any, group: InstanceGroup | None, registering: bool = False) -> InstanceLayout:
-        """The instance's key layout: its bucket bits and shards, fixed at its first use
+        """The instance's key layout: its first bucket level and shards, fixed at its first use
         (shards: the group's ``instance_shards`` then, or when a registration takes the key
         space over) and kept in Valkey, where the key space is bound to the record's
         incarnation (``BlockIndex.claim``; docs/instance-sharding.md)."""
@@ -136,9 +137,9 @@ class ContextProvider:
         layout = self._key_spaces.get(key)
         if layout is None or registering:
             shards = max(1, group.instance_shards) if group is not None else 1
-            wanted = bucket_bits_for(expected_max_blocks(group, record.block_bytes) // shards)
+            # Buckets start few and grow with the records, not with the group's quota.
             layout = self._index.claim(
-                record.instance_id, record.incarnation, wanted, registering, shards, record.group
+                record.instance_id, record.incarnation, FIRST_BUCKET_BITS, registering, shards, record.group
             )
             self._key_spaces[key] = layout
         return layout

@@ -46,7 +46,7 @@ from .context import InstanceContext
 from .deletion import Deleter, DeletionService
 
 INSTANCE, CACHE, META = "instance", "cache", "meta"
-#: Occupied buckets read per step (about 64 blocks each in a full instance).
+#: Occupied buckets read per step (about 8 blocks each: BlockIndex.RECORDS_PER_BUCKET).
 BUCKETS_PER_STEP = 64
 #: Blocks an API call purges itself before handing the rest to the state machine.
 INLINE_BLOCKS = 2048
@@ -68,17 +68,29 @@ class PurgeJob:
     #: Buckets of the last page not done yet (SSCAN pages are only a hint's size: a small
     #: set comes whole).
     pending: tuple[int, ...] = ()
+    #: Per shard, the bucket count the walk covers up to (``cache`` and ``meta`` modes, whose
+    #: instance may be written and its buckets split meanwhile: ``_pass_end``), and the
+    #: first bucket of the split-off ones being read (empty: the occupied-bucket walk).
+    bucket_counts: tuple[int, ...] = ()
+    split_from: tuple[int, ...] = ()
     steps: int = 0
     blocks: int = 0
     done: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "pending": list(self.pending)}
+        return {
+            **asdict(self),
+            "pending": list(self.pending),
+            "bucket_counts": list(self.bucket_counts),
+            "split_from": list(self.split_from),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PurgeJob:
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         fields["pending"] = tuple(fields.get("pending", ()))
+        for name in ("bucket_counts", "split_from"):
+            fields[name] = tuple(fields.get(name, ()))
         return cls(**fields)
 
     def covers(self, raw: bytes) -> bool:
@@ -170,6 +182,8 @@ class PurgeService:
         if job.mode == INSTANCE:
             self.index.set_removing(layout, True)  # again: the call that set it may have died first
         cursor, pending = job.cursor, job.pending
+        if job.mode != INSTANCE and not job.bucket_counts:
+            job = replace(job, bucket_counts=tuple(self.index.bucket_counts(layout)))
         if not pending:
             cursor, page = self.index.occupied_page(layout, cursor, BUCKETS_PER_STEP)
             pending = tuple(page)
@@ -185,13 +199,26 @@ class PurgeService:
         if cursor != 0 or pending:
             return job
         if job.mode != INSTANCE:
-            return replace(job, done=True)
+            return self._pass_end(job, layout)
         if self.index.occupied_count(layout) > 0:
             return job  # blocks left (written before the flag, or a deletion that failed): another pass
         if self.deletion.delete_forgotten(ctx, DELETE_CHUNK):
             return job  # forgotten data deleted, its charge released: the next chunk in the next step
         self._finish_removal(ctx, record)
         return replace(job, done=True)
+
+    def _pass_end(self, job: PurgeJob, layout: Any) -> PurgeJob:
+        """A trim's walk is over, while starts may have split buckets meanwhile. The walk of
+        the occupied set returned every bucket occupied throughout, but a split moves
+        records of a bucket it had not reached yet to a new bucket, which it may have
+        missed: the buckets split off since the walk began are read next. Reading those
+        may race further splits in turn; another such read is needed only if one took
+        records from a bucket of the last one (a record moves again only once its
+        instance has doubled)."""
+        counts, split_off = self.index.split_since(layout, job.bucket_counts, job.split_from)
+        if not split_off:
+            return replace(job, done=True)
+        return replace(job, pending=tuple(split_off), bucket_counts=tuple(counts), split_from=job.bucket_counts)
 
     def _delete(self, ctx: InstanceContext, job: PurgeJob, keys: list[int], locations: list[int]) -> None:
         delay_ms = ctx.delete_delay_ms

@@ -6,11 +6,13 @@ one Lua call):
 
 - ``T:b:<bucket>`` hashes of block records; bucket = low bits of the block key (scripts
   derive it, so a call packs one blob of keys rather than one argument per block). The
-  bucket count is fixed per instance (``bucket_bits``) and sized so a full instance
-  keeps about 64 records per hash, which stays in Valkey's compact listpack encoding;
+  buckets grow with the records, a split at a time (linear hashing: ``bucket_index``,
+  lua/prelude.lua ``grow_buckets``), so that each keeps about ``RECORDS_PER_BUCKET``
+  records and stays in Valkey's compact listpack encoding whatever the instance holds;
 - ``T:ob`` the occupied buckets (integer members), so that scans, sampling and removal
   cost what the instance holds, never the buckets it was sized for;
-- ``T:m`` counters (location ids, storage indexes); ``T:u`` usage (bytes, keys, bytes per
+- ``T:m`` counters (location ids, storage indexes) and the bucket count (``n``; without
+  it, the ``2^bits`` the key space was registered with); ``T:u`` usage (bytes, keys, bytes per
   storage type ``t:<type>`` and per storage ``s:<name>``, and the part of bytes, keys
   and type bytes that is DELETING: ``d``, ``dk``, ``dt:<type>``); ``T:st`` storage index table;
 - ``T:g`` live-block counts of packed groups (files), ``T:og`` groups whose files await
@@ -47,6 +49,7 @@ from ..observability.logging import logger
 from ..stores.valkey import Valkey, lua_source, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
 from .layout import (
+    MAX_BUCKETS,
     PACKED_GROUP,
     SESSION_ENTRY,
     ClaimOutcome,
@@ -67,6 +70,20 @@ SHARD_BUCKET_SHIFT = 24
 #: redis-py's annotations (bytes | str) cannot know, hence the casts of replies below.
 RawHash = dict[bytes, bytes]
 MODE_PREFIX, MODE_BATCH, MODE_WINDOW, MODE_RAW = ReadMode.PREFIX, ReadMode.BATCH, ReadMode.WINDOW, ReadMode.RAW
+#: A new key space starts with 2^FIRST_BUCKET_BITS buckets; starts split them as records
+#: come (``BlockIndex.RECORDS_PER_BUCKET``).
+FIRST_BUCKET_BITS = 4
+
+
+def bucket_index(block_key: int, bucket_count: int) -> int:
+    """The bucket of ``block_key`` among ``bucket_count`` (linear hashing on the key's low
+    24 bits: bucket ``h mod 2^(L+1)``, or ``h mod 2^L`` when that one is not split yet,
+    for 2^L <= bucket_count < 2^(L+1)); lua/prelude.lua ``bucket_index`` is the same."""
+    low = 1 << (bucket_count.bit_length() - 1)
+    # With bucket_count <= MAX_BUCKETS, a bit the mask takes past the 24 makes the index
+    # too large, and the low mask then leaves the 24 bits, as Lua reads them.
+    index = block_key & (2 * low - 1)
+    return index if index < bucket_count else index & (low - 1)
 
 
 def _load(name: str) -> str:
@@ -80,6 +97,8 @@ class InstanceLayout:
 
     prefix: str
     instance_id: str
+    #: The key space's first bucket level (2^bucket_bits buckets), as registered: starts
+    #: split buckets from there (``BlockIndex.bucket_count``).
     bucket_bits: int
     #: The instance group whose usage counters move with this instance's ("": none).
     group: str = ""
@@ -110,26 +129,18 @@ class InstanceLayout:
         return (first, *(replace(first, suffix=s) for s in self.shard_suffixes))
 
     @cached_property
-    def mask(self) -> int:
-        return (1 << self.bucket_bits) - 1
-
-    @cached_property
     def bucket_prefix(self) -> bytes:
         return self.tag + b":b:"
 
     def key(self, suffix: str) -> bytes:
         return self.tag + b":" + suffix.encode()
 
-    @property
-    def bucket_count(self) -> int:
-        return 1 << self.bucket_bits
-
     def bucket(self, index: int) -> bytes:
-        """Name of bucket ``index`` (scripts derive it from the key's low bits: lua bucket_of).
+        """Name of bucket ``index`` (scripts derive a key's: ``bucket_index``, lua bucket_of).
         In a sharded instance, bits from ``SHARD_BUCKET_SHIFT`` up name the shard."""
         if self.shard_suffixes:
             return self.shards[index >> SHARD_BUCKET_SHIFT].bucket(index)
-        return b"%b%x" % (self.bucket_prefix, index & self.mask)
+        return b"%b%x" % (self.bucket_prefix, index & (MAX_BUCKETS - 1))
 
     @cached_property
     def occupied(self) -> bytes:
@@ -417,6 +428,11 @@ class BlockIndex:
     #: ``resubmit_before_s`` taking every DELETING location (a removal: nothing can write
     #: the instance again, so no deletion can hit a newer block).
     EVERY_DELETION = 1 << 52
+    #: A start splits a bucket while the instance holds more than this many records per
+    #: bucket (lua/prelude.lua grow_buckets). A listpack lookup scans the bucket: at 8 an
+    #: HGET costs about what it costs in a bucket of one record, for about 10 B per block
+    #: more than at 64 (docs/record-layout.md, "Buckets").
+    RECORDS_PER_BUCKET = 8
 
     def __init__(self, client: Valkey, prefix: str, clock: Clock) -> None:
         self.client = client
@@ -432,6 +448,9 @@ class BlockIndex:
         self._forget = client.register_script(_load("forget"))
         self._release = client.register_script(_load("release"))
         self._storage = client.register_script(_load("storage"))
+        #: Hash tag -> the bucket count last seen (reads name buckets with it; a read
+        #: finding it out of date names them in Lua and returns the count now).
+        self._bucket_counts: dict[bytes, int] = {}
         # Below the API: a sharded instance's calls split per shard and merge there
         # (imported here: sharding builds on this module).
         from .sharding import ShardedIndex
@@ -548,10 +567,14 @@ class BlockIndex:
         if layout.shard_suffixes:
             return self.sharded.read_raw(layout, block_keys, mode, sw_size, servable, covered)
         # The client names each key's bucket: building the names in Lua cost Valkey's
-        # single thread about a fifth of the read (docs/index-read-path.md).
-        prefix, mask = layout.bucket_prefix, layout.mask
-        buckets = [b"%b%x" % (prefix, k & mask) for k in block_keys]
-        blob = self._call(
+        # single thread about a fifth of the read (docs/index-read-path.md). Inlined
+        # ``bucket_index``: this loop runs once per key of every read.
+        prefix = layout.bucket_prefix
+        count = self._bucket_counts.get(layout.tag) or 1 << layout.bucket_bits
+        low = 1 << (count.bit_length() - 1)
+        wide, narrow = 2 * low - 1, low - 1
+        buckets = [b"%b%x" % (prefix, i if (i := k & wide) < count else k & narrow) for k in block_keys]
+        reply = self._call(
             self._read,
             [layout.key("m"), layout.key("st"), *buckets],
             [
@@ -562,9 +585,14 @@ class BlockIndex:
                 self.TOUCH_INTERVAL_S,
                 self.LFU_DECAY_S,
                 "" if servable is None else "\n" + "\n".join(servable),
+                count,
                 *([b"".join(b"1" if c else b"0" for c in covered)] if covered else []),
             ],
         )
+        if isinstance(reply, list):  # the buckets split since ``count``: the count now
+            reply, now = reply
+            self._bucket_counts[layout.tag] = int(now)
+        blob = cast(bytes, reply)
         out: list[bytes | None] = []
         pos, end = 0, len(blob)
         while pos < end:
@@ -622,7 +650,7 @@ class BlockIndex:
             -1 if group is None else group.by_type.get(req.storage_type, 0),
             req.max_keys,
             layout.bucket_prefix,
-            layout.bucket_count,
+            self.RECORDS_PER_BUCKET,
             layout.instance_id,
             layout.incarnation,
             req.max_sessions,
@@ -717,7 +745,6 @@ class BlockIndex:
                 "1" if force_fail else "0",
                 session.raw,
                 layout.bucket_prefix,
-                layout.bucket_count,
                 pack_u48(sizes),
                 layout.instance_id,
                 self.pend_deletions(layout) if failing else 0,
@@ -861,7 +888,6 @@ class BlockIndex:
                 expected,
                 scope.value,
                 layout.bucket_prefix,
-                layout.bucket_count,
                 limits,
                 int(self.clock.now()),
                 resubmit_before_s,
@@ -883,7 +909,7 @@ class BlockIndex:
         reply = self._call(
             self._restore,
             [layout.key("u"), layout.key("st"), layout.key("pd")],
-            [encode_victims(list(victims)), layout.bucket_prefix, layout.bucket_count, pack_u48(sizes)],
+            [encode_victims(list(victims)), layout.bucket_prefix, pack_u48(sizes)],
         )
         self._charge_group(layout, Usage.from_charge(reply[1:]), -1)
         return int(reply[0])
@@ -898,7 +924,7 @@ class BlockIndex:
         reply = self._call(
             self._drop,
             keys,
-            [encode_victims(list(victims)), pack_u48(sizes), layout.bucket_prefix, layout.bucket_count],
+            [encode_victims(list(victims)), pack_u48(sizes), layout.bucket_prefix],
         )
         blob = reply[1]
         by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(4, len(reply) - 1, 2)}
@@ -921,7 +947,6 @@ class BlockIndex:
                     pack_keys(block_keys),
                     b"".join(v.to_bytes(5, "big") for v in location_ids),
                     layout.bucket_prefix,
-                    layout.bucket_count,
                 ],
             )
         )
@@ -1043,8 +1068,9 @@ class BlockIndex:
         instance written before the set existed); returns how many are occupied."""
         found = 0
         step = 4096
-        for start in range(0, layout.bucket_count, step):
-            indexes = range(start, min(start + step, layout.bucket_count))
+        buckets = self.bucket_count(layout)
+        for start in range(0, buckets, step):
+            indexes = range(start, min(start + step, buckets))
             pipe = self.client.pipeline(transaction=False)
             for b in indexes:
                 pipe.exists(layout.bucket(b))
@@ -1073,6 +1099,34 @@ class BlockIndex:
         return {int(k[1:]): v.decode() for k, v in raw.items() if k.startswith(b"#")}
 
     # ---------------------------------------------------------------- occupied buckets
+
+    def bucket_counts(self, layout: InstanceLayout) -> list[int]:
+        """How many buckets each shard's records are addressed over now (lua/prelude.lua
+        bucket_count), one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.hmget(shard.key("m"), "n", "bits")
+        with valkey_errors("index"):
+            replies = cast(list[list[bytes | None]], pipe.execute())
+        return [int(n) if n else 1 << int(bits or 0) for n, bits in replies]
+
+    def bucket_count(self, layout: InstanceLayout) -> int:
+        """How many buckets the instance's records are addressed over now (every shard's)."""
+        return sum(self.bucket_counts(layout))
+
+    def split_since(
+        self, layout: InstanceLayout, counts: Sequence[int], sources_from: Sequence[int] = ()
+    ) -> tuple[list[int], list[int]]:
+        """The bucket counts now, and the buckets split off since each shard had ``counts``
+        (bucket numbers as ``occupied_page`` gives them). With ``sources_from``, only if
+        one of those splits took records from a bucket at or past its shard's entry (a
+        split adding bucket b takes them from b - 2^L: lua/prelude.lua grow_buckets)."""
+        now = self.bucket_counts(layout)
+        shard_bits = SHARD_BUCKET_SHIFT if layout.shard_suffixes else 0
+        added = [(s, b) for s, (was, count) in enumerate(zip(counts, now, strict=True)) for b in range(was, count)]
+        if sources_from and not any(b - (1 << (b.bit_length() - 1)) >= sources_from[s] for s, b in added):
+            return now, []
+        return now, [b | (s << shard_bits if shard_bits else 0) for s, b in added]
 
     def occupied_count(self, layout: InstanceLayout) -> int:
         """How many buckets hold records (every shard's)."""

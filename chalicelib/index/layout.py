@@ -133,6 +133,13 @@ PACKED_GROUP = Struct("PACKED_GROUP", [("storage_index", "B"), ("group_id", "I6"
 MAX_CHILDREN = (1 << 8 * HEADER.fields["children"].size) - 1
 #: The LFU counter of a new record (as Redis's LFU_INIT_VAL: a new key is not evicted first).
 LFU_INITIAL = 5
+#: Buckets are addressed by a block key's low 24 bits (lua/prelude.lua key_hash): the most
+#: buckets one instance (one shard) may grow to.
+MAX_BUCKETS = 1 << 24
+#: The most buckets one start splits (lua/prelude.lua grow_buckets): a call moves at most
+#: that many buckets' records, and a start of up to 1,024 new records keeps its instance
+#: at 8 records per bucket.
+MAX_SPLITS_PER_CALL = 128
 
 
 class Status(IntEnum):
@@ -247,4 +254,5 @@ def lua_constants() -> str:
         for member in enum:
             lines.append(f"local {prefix}{member.name} = {_lua_literal(member.value)}")
     lines.append(f"local MAX_CHILDREN, LFU_INITIAL = {MAX_CHILDREN}, {LFU_INITIAL}")
+    lines.append(f"local MAX_BUCKETS, MAX_SPLITS_PER_CALL = {MAX_BUCKETS}, {MAX_SPLITS_PER_CALL}")
     return "\n".join(lines) + "\n"

@@ -21,10 +21,12 @@ mirrors, block for block where it can:
   or ``period_s`` after its last look. It frees what is over ``used_percentage`` of the
   limit, at most ``step_percentage`` of it (under pressure, a woken look also keeps one
   step, at most 10 %, free under the limit).
-* **Victims.** Blocks live in ``2**bits`` buckets by their key's low bits (about 64 per
-  bucket at the limit). Whole random buckets are read until the pool holds ``oversample``
-  leaf candidates per block needed (capped); the policy's worst fifth of the pool goes at a
-  time; a victim's parent left without children joins the pool. Order: ``lru`` (last
+* **Victims.** Blocks live in buckets by their key's low bits, which grow with the blocks
+  as the index's do (16 at first, a split as the blocks pass 8 per bucket:
+  ``chalicelib.index.block_index.bucket_index``). Whole random buckets are read until the
+  pool holds ``oversample`` leaf candidates per block needed (capped); the policy's worst
+  fifth of the pool goes at a time; a victim's parent left without children joins the
+  pool. Order: ``lru`` (last
   access), ``lfu`` (decayed counter) or ``ttl`` (expiry; expired blocks go whatever the
   watermark, found by a sweep of ``sweep`` buckets per look). Ties: last access, then key.
 
@@ -39,13 +41,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from chalicelib.index.block_index import FIRST_BUCKET_BITS, BlockIndex, bucket_index
+from chalicelib.index.layout import MAX_BUCKETS, MAX_SPLITS_PER_CALL
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.policy_base import EvictionPolicy
 
-#: Records per bucket the live index sizes its buckets for (cache/context.py), and the
-#: bounds of its bucket bits.
-RECORDS_PER_BUCKET = 64
-MIN_BUCKET_BITS, MAX_BUCKET_BITS = 4, 22
 #: A new record's LFU counter and the counter's ceiling (lua/start.lua, lua/read.lua).
 LFU_INITIAL, LFU_MAX = 5, 255
 #: Under pressure the trigger keeps one step, at most this % of the limit, free.
@@ -75,12 +75,6 @@ class Sampling:
 ROUND_SAMPLING = Sampling()
 #: The write path's bounds (chalicelib.capacity.eviction.WRITE_PATH_SAMPLING).
 WRITE_PATH_SAMPLING = Sampling(max_buckets=256, max_victims=20_000, buckets_per_trip=64)
-
-
-def bucket_bits(max_blocks: int) -> int:
-    """Bucket bits of an instance that may hold ``max_blocks`` blocks."""
-    buckets = max(1, math.ceil(max_blocks / RECORDS_PER_BUCKET))
-    return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, math.ceil(math.log2(buckets))))
 
 
 class _Block:
@@ -128,7 +122,7 @@ class KVCMPolicy(EvictionPolicy):
         self.headroom_percent = headroom_percent
         self._entries: dict[int, _Block] = {}
         self._buckets: dict[int, set[int]] = {}
-        self._mask = 0
+        self._bucket_count = 1 << FIRST_BUCKET_BITS
         self._limit: int | None = None
         self._now = 0.0
         self._next_tick: float | None = None
@@ -157,7 +151,6 @@ class KVCMPolicy(EvictionPolicy):
             raise ConfigError("the kvcm policy needs a per-instance capacity (mode instance_precise)")
         if self._limit is None:
             self._limit = limit
-            self._mask = (1 << bucket_bits(limit)) - 1
 
     def _trigger(self, pressure: bool) -> tuple[int, int]:
         """(trigger, step) of a round over the limit (capacity/watermark.py)."""
@@ -227,7 +220,7 @@ class KVCMPolicy(EvictionPolicy):
         now = int(self._now)
         for key, key_parent in new.items():
             entries[key] = _Block(now, key_parent)
-            bucket = key & self._mask
+            bucket = bucket_index(key, self._bucket_count)
             members = self._buckets.get(bucket)
             if members is None:
                 members = self._buckets[bucket] = set()
@@ -236,7 +229,27 @@ class KVCMPolicy(EvictionPolicy):
                 parent_block = entries.get(key_parent)
                 if parent_block is not None:
                     parent_block.children += 1
+        self._grow()
         return len(new)
+
+    def _grow(self) -> None:
+        """Split buckets as a start does (lua/prelude.lua grow_buckets)."""
+        splits = 0
+        while (
+            len(self._entries) > BlockIndex.RECORDS_PER_BUCKET * self._bucket_count
+            and self._bucket_count < MAX_BUCKETS
+            and splits < MAX_SPLITS_PER_CALL
+        ):
+            new = self._bucket_count
+            source = new - (1 << (new.bit_length() - 1))
+            members = self._buckets.get(source, set())
+            moved = {k for k in members if bucket_index(k, new + 1) == new}
+            if moved:
+                members -= moved
+                self._buckets[new] = moved
+                if not members:
+                    del self._buckets[source]
+            self._bucket_count, splits = new + 1, splits + 1
 
     def _make_room(self, new: int, protected: frozenset[int]) -> int:
         """How many of ``new`` blocks fit (a leading run), after the write path made room
@@ -331,7 +344,7 @@ class KVCMPolicy(EvictionPolicy):
     def _drop(self, key: int) -> int | None:
         """Remove a victim; returns its parent when that parent became a cached leaf."""
         block = self._entries.pop(key)
-        bucket = key & self._mask
+        bucket = bucket_index(key, self._bucket_count)
         members = self._buckets[bucket]
         members.discard(key)
         if not members:

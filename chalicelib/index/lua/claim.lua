@@ -1,6 +1,6 @@
--- Bind one shard's key space to one registration (its incarnation) and fix its bucket
--- count at first use; shard 0 also keeps the instance's shard layout
--- (docs/instance-sharding.md).
+-- Bind one shard's key space to one registration (its incarnation) and set its first
+-- bucket level (2^bits buckets, which starts grow: prelude grow_buckets) at first use;
+-- shard 0 also keeps the instance's shard layout (docs/instance-sharding.md).
 -- KEYS: [1] meta, [2] occupied buckets.
 -- ARGV: [1] bucket bits wanted, [2] incarnation, [3] '1' when the caller is registering
 --       this incarnation (it may take over from an earlier one), '0' otherwise,
@@ -15,7 +15,8 @@
 -- date); CLAIM_OCCUPIED (registering, but an earlier incarnation's blocks are still here:
 -- the caller drops them, then claims again).
 -- The shard layout changes only with the incarnation, over an empty key space: blocks
--- never sit in a shard their key does not map to.
+-- never sit in a shard their key does not map to. The buckets start again from ARGV[1]
+-- then too (nothing is left in them).
 local meta, occupied = KEYS[1], KEYS[2]
 local wanted, incarnation, registering = ARGV[1], ARGV[2], ARGV[3] == '1'
 local wanted_shards, others_hold, first_loc = ARGV[4], ARGV[5] == '1', ARGV[6]
@@ -32,7 +33,9 @@ if m[3] and m[3] ~= incarnation then
     return {tonumber(m[1]), CLAIM_OCCUPIED, shards}
   end
   shards = wanted_shards
-  redis.call('HSET', meta, 'sfx', shards)
+  redis.call('HSET', meta, 'sfx', shards, 'bits', wanted)
+  redis.call('HDEL', meta, 'n')
+  m[1] = wanted
 end
 if m[3] ~= incarnation then redis.call('HSET', meta, 'inc', incarnation) end
 if not m[2] then return {tonumber(m[1]), CLAIM_UNTRACKED, shards} end

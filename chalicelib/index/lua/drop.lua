@@ -8,13 +8,14 @@
 -- KEYS: [1] usage, [2] storage table, [3] group refcounts, [4] orphan groups,
 --       [5] occupied buckets, [6] pending deletions (mark.lua: the entry goes with the location).
 -- ARGV: [1] victims blob (VICTIM_FMT), [2] block size per spec group (I6 each),
---       [3] bucket key prefix, [4] bucket count.
+--       [3] bucket key prefix.
 -- Every location dropped is DELETING, so its bytes leave the deleting counters too.
 -- Returns {locations dropped, orphan groups blob (PACKED_GROUP_FMT each),
 --          bytes freed, keys freed, type, bytes, ...}.
 local usage, stab, groups, orphans, occupied = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local victims, sizes = ARGV[1], ARGV[2]
-local bucket_prefix, nbuckets = ARGV[3], tonumber(ARGV[4])
+local bucket_prefix = ARGV[3]
+local nbuckets = bucket_count(meta_of(bucket_prefix))
 local dropped = 0
 local released = {}
 local storage_info = {}

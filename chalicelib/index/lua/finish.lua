@@ -4,9 +4,9 @@
 --       [5] pending deletions (mark.lua).
 -- ARGV: [1] now (ms), [2] session id, [3] success flag per session key ('1'/'0'),
 --       [4] '1' to fail the whole session whatever its deadline (the reaper),
---       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets,
---       [8] block size per spec group (I6 each), [9] the finishing instance's id: a
---       session is finished only by the instance that started it, [10] the pending
+--       [5] the session's key blob as the caller read it, [6] bucket prefix,
+--       [7] block size per spec group (I6 each), [8] the finishing instance's id: a
+--       session is finished only by the instance that started it, [9] the pending
 --       deadline (s) of the locations it turns DELETING.
 -- Returns {status, victims, uncommitted, deleting charge...}: status FINISH_FINISHED,
 -- FINISH_UNKNOWN (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED
@@ -16,10 +16,10 @@
 -- meanwhile): it will not be served; the charge is prelude's deleting_charge.
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local bprefix, nbuckets = ARGV[6], tonumber(ARGV[7])
-local charge = deleting_charge(KEYS[4], ARGV[8])
+local bprefix = ARGV[6]
+local charge = deleting_charge(KEYS[4], ARGV[7])
 local s = redis.call('HMGET', session, 'd', 'k', 'i')
-if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {FINISH_UNKNOWN, '', ''} end
+if not s[1] or (s[3] and s[3] ~= ARGV[8]) then return {FINISH_UNKNOWN, '', ''} end
 if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
 if force == '1' or now_ms > tonumber(s[1]) then
@@ -27,6 +27,7 @@ if force == '1' or now_ms > tonumber(s[1]) then
   success = ''
 end
 local blob = s[2]
+local nbuckets = bucket_count(meta_of(bprefix))
 local victims = {}
 local uncommitted = {}
 for j = 1, #blob / SESSION_ENTRY_LEN do
@@ -46,7 +47,7 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
           rec = unlink_from_parent(bprefix, nbuckets, set_loc_status(rec, i, DELETING))
           redis.call('HSET', bucket, key, stamp_deleting(rec, math.floor(now_ms / 1000)))
           victims[#victims + 1] = struct.pack(VICTIM_FMT, key, id, sidx, sg, group, slot)
-          redis.call('ZADD', KEYS[5], ARGV[10], struct.pack(SESSION_ENTRY_FMT, key, id))
+          redis.call('ZADD', KEYS[5], ARGV[9], struct.pack(SESSION_ENTRY_FMT, key, id))
           charge.add(sidx, sg, rec)
         end
       end

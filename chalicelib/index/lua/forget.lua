@@ -5,12 +5,12 @@
 -- deletes before it releases the charge (release.lua). Records with a DELETING location
 -- are left to their deletion, which releases them.
 -- KEYS: [1] usage, [2] occupied buckets, [3] forgotten locations (VICTIM_FMT members).
--- ARGV: [1] keys blob, [2] expected location id per key (I5 each), [3] bucket prefix,
---       [4] bucket count.
+-- ARGV: [1] keys blob, [2] expected location id per key (I5 each), [3] bucket prefix.
 -- Returns the number of records forgotten.
 local usage, occupied = KEYS[1], KEYS[2]
 local keys, expected = ARGV[1], ARGV[2]
-local bprefix, nbuckets = ARGV[3], tonumber(ARGV[4])
+local bprefix = ARGV[3]
+local nbuckets = bucket_count(meta_of(bprefix))
 local forgotten = 0
 local emptied, emptied_list = {}, {}
 for i = 1, #keys / 8 do

@@ -4,22 +4,23 @@
 -- ARGV: [1] keys blob, [2] expected location id per key (I5 each) or empty for every
 --       location, [3] MARK_SERVING to take SERVING locations only (reclaim), MARK_ANY for WRITING and
 --       SERVING (removeCache, trim), and DELETING ones again whose pending deadline is
---       at or before ARGV[8] (lost deletions: removing the block again retries them),
+--       at or before ARGV[7] (lost deletions: removing the block again retries them),
 --       MARK_LOST for those lost deletions only (the recovery),
---       [4] bucket prefix, [5] bucket count, [6] the most
+--       [4] bucket prefix, [5] the most
 --       children each key may have (>H each) or empty for no limit: the reclaimer takes
---       a block only if no child was added since it read it as a leaf, [7] now (s),
---       [8] lost-deletion time (s, 0: none), [9] block size per spec group (I6 each),
---       [10] the pending deadline (s) of every location returned.
+--       a block only if no child was added since it read it as a leaf, [6] now (s),
+--       [7] lost-deletion time (s, 0: none), [8] block size per spec group (I6 each),
+--       [9] the pending deadline (s) of every location returned.
 -- A location DELETING without a pending entry (marked before the set existed) counts as
--- lost; a pending entry whose location is no longer DELETING (ARGV[8] > 0 and an
+-- lost; a pending entry whose location is no longer DELETING (ARGV[7] > 0 and an
 -- expected id) is dropped.
 -- Returns {victims blob (VICTIM_FMT descriptors), the deleting charge (prelude
 -- deleting_charge: newly DELETING locations only, not lost ones handed over again)...}.
-local keys, expected, which, limits = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-local bprefix, nbuckets, now_s, lost_s = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local charge = deleting_charge(KEYS[2], ARGV[9])
-local pending, deadline = KEYS[3], ARGV[10]
+local keys, expected, which, limits = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
+local bprefix, now_s, lost_s = ARGV[4], tonumber(ARGV[6]), tonumber(ARGV[7])
+local nbuckets = bucket_count(meta_of(bprefix))
+local charge = deleting_charge(KEYS[2], ARGV[8])
+local pending, deadline = KEYS[3], ARGV[9]
 local victims = {}
 for i = 1, #keys / 8 do
   local key = field(keys, i)

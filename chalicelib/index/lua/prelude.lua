@@ -102,26 +102,100 @@ end
 
 -- Bucket key of a block key. Scripts declare the instance's fixed keys and derive bucket
 -- keys here: every bucket shares the declared keys' hash tag, hence their cluster slot,
--- and the caller is spared packing one argument per block. The bucket count is a power
--- of two of at most 2^24 (MAX_BUCKET_BITS), so the key's low three bytes decide it.
-local function bucket_index(nbuckets, key)
+-- and the caller is spared packing one argument per block.
+--
+-- Buckets grow with the records (linear hashing, docs/record-layout.md "Buckets"): an
+-- instance of n buckets, 2^L <= n < 2^(L+1), puts a key of hash h (its low
+-- BUCKET_HASH_BITS bits) in bucket h mod 2^(L+1), or h mod 2^L when that bucket is not
+-- split yet (>= n). Meta field 'n' holds n; a key space without it (written before
+-- buckets grew) has the 2^bits buckets it was registered with, its first level.
+local level_sizes = {}
+
+-- 2^L, the largest power of two at most n.
+local function level_size(nbuckets)
+  local low = level_sizes[nbuckets]
+  if not low then
+    low = 1
+    while low * 2 <= nbuckets do low = low * 2 end
+    level_sizes[nbuckets] = low
+  end
+  return low
+end
+
+local function key_hash(key)
   local a, b, c = string.byte(key, 6, 8)
-  return ((a * 256 + b) * 256 + c) % nbuckets
+  return (a * 256 + b) * 256 + c
+end
+
+local function bucket_index(nbuckets, key)
+  local low = level_size(nbuckets)
+  local h = key_hash(key)
+  local i = h % (2 * low)
+  if i >= nbuckets then i = h % low end
+  return i
 end
 
 local function bucket_of(bucket_prefix, nbuckets, key)
   return bucket_prefix .. string.format('%x', bucket_index(nbuckets, key))
 end
 
+-- The instance's meta hash, from its bucket prefix ('<tag>:b:' -> '<tag>:m'), for scripts
+-- that do not declare it: same hash tag, same slot.
+local function meta_of(bucket_prefix)
+  return sub(bucket_prefix, 1, -3) .. 'm'
+end
+
+-- The instance's bucket count now (read in the script that uses it: a split happens only
+-- inside a script, so the count a script reads addresses every key it touches).
+local function bucket_count(meta)
+  local m = redis.call('HMGET', meta, 'n', 'bits')
+  return tonumber(m[1]) or 2 ^ tonumber(m[2] or 0)
+end
+
+-- `command key items...`, in chunks: unpack() has a stack limit.
+local function call_chunked(command, key, items)
+  for i = 1, #items, 4096 do
+    redis.call(command, key, unpack(items, i, math.min(i + 4095, #items)))
+  end
+end
+
+-- Split buckets while the instance holds more than `per_bucket` records per bucket, at
+-- most MAX_SPLITS_PER_CALL of them (a key space registered with too few buckets catches
+-- up over several calls, no call moving more than that many buckets' records). Each
+-- split moves the records of bucket n - 2^L whose hash says bucket n there, then n grows
+-- by one; the occupied set follows. Returns the bucket count after.
+local function grow_buckets(meta, bucket_prefix, occupied, records, per_bucket)
+  local nbuckets = bucket_count(meta)
+  local splits = 0
+  while records > per_bucket * nbuckets and nbuckets < MAX_BUCKETS and splits < MAX_SPLITS_PER_CALL do
+    local low = level_size(nbuckets)
+    local from = nbuckets - low
+    local source = bucket_prefix .. string.format('%x', from)
+    local all = redis.call('HGETALL', source)
+    local moved, names = {}, {}
+    for j = 1, #all, 2 do
+      if key_hash(all[j]) % (2 * low) == nbuckets then
+        moved[#moved + 1] = all[j]
+        moved[#moved + 1] = all[j + 1]
+        names[#names + 1] = all[j]
+      end
+    end
+    if #names > 0 then
+      call_chunked('HSET', bucket_prefix .. string.format('%x', nbuckets), moved)
+      call_chunked('HDEL', source, names)
+      redis.call('SADD', occupied, nbuckets)
+      if #moved == #all then redis.call('SREM', occupied, from) end
+    end
+    nbuckets, splits = nbuckets + 1, splits + 1
+  end
+  if splits > 0 then redis.call('HSET', meta, 'n', nbuckets) end
+  return nbuckets
+end
+
 -- The occupied-bucket set (integer members: Valkey keeps a small one as an intset) lets
 -- scans, sampling and removal cost what an instance holds, not the buckets it was sized
 -- for. start.lua adds a bucket when it writes a record there; drop.lua takes it out
--- once the bucket hash is gone. Members are added in chunks: unpack() has a stack limit.
-local function sadd_all(set, members)
-  for i = 1, #members, 4096 do
-    redis.call('SADD', set, unpack(members, i, math.min(i + 4095, #members)))
-  end
-end
+-- once the bucket hash is gone; a split moves it (grow_buckets).
 
 -- A record whose last live location turned DELETING stops counting as its parent's
 -- child at once (it never serves again), so leaf-first reclaim sees the parent as a leaf

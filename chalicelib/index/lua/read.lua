@@ -1,14 +1,17 @@
 -- Read the records of a list of block keys in one call, serving only SERVING locations.
--- KEYS: [1] meta (routes the call to the instance's slot), [2] storage table, then the
---       bucket of each block key, in order (duplicates allowed).
+-- KEYS: [1] meta, [2] storage table, then the bucket of each block key, in order
+--       (duplicates allowed), named for the bucket count ARGV[8].
 -- ARGV: keys blob (8 bytes per key), mode (MODE_PREFIX, MODE_BATCH, MODE_WINDOW sliding
 --       window, MODE_RAW),
 --       sw_size, now (s), touch interval (s), LFU decay period (s),
 --       servable storages: '' (any) or '\n' followed by their names joined by '\n',
+--       the bucket count the caller named the buckets for,
 --       optionally keys covered elsewhere: a byte per key, '1' when the key has a visible
 --       reported location (cache/service.py): a stored miss there neither ends the prefix
 --       nor breaks a window.
--- Returns one blob: per position a u16 length then the record (length 0 = miss).
+-- Returns one blob: per position a u16 length then the record (length 0 = miss); when the
+-- buckets have split since the caller's count, {that blob, the bucket count now}: the
+-- script then named the buckets itself.
 -- A location on a storage that may not serve (disabled, unhealthy, not a candidate) is a
 -- miss here, not only when rendered: the window and the prefix are found among blocks
 -- that will be served, and only those get their recency refreshed.
@@ -23,7 +26,16 @@
 local keys, mode, sw = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, interval, decay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local call = redis.call
-local covered = ARGV[8]
+local covered = ARGV[9]
+local n = #keys / 8
+-- KEYS[i + 2] is key i's bucket, unless the caller's count is out of date (a start split
+-- buckets meanwhile): the names are then built here, for this call.
+local buckets, nbuckets = KEYS, bucket_count(KEYS[1])
+if nbuckets ~= tonumber(ARGV[8]) then
+  buckets = {}
+  local bprefix = sub(KEYS[1], 1, -2) .. 'b:'  -- '<tag>:m' -> '<tag>:b:'
+  for i = 1, n do buckets[i + 2] = bucket_of(bprefix, nbuckets, sub(keys, i * 8 - 7, i * 8)) end
+end
 
 -- storage index -> true for storages that may not serve; false when every one may (the
 -- usual case, which keeps the per-key check to one byte compare)
@@ -47,7 +59,6 @@ local function serves(rec)
   end
   return false
 end
-local n = #keys / 8
 local stale = now - interval
 local stamp = struct.pack(H_LAST_ACCESS_S_FMT, now)  -- a refreshed record's last access
 local first_status = loc_pos(1) + L_STATUS
@@ -55,7 +66,7 @@ local recs = {}  -- per position: the record if it serves, else false
 local count = n
 for i = 1, n do
   local key = sub(keys, i * 8 - 7, i * 8)
-  local rec = call('HGET', KEYS[i + 2], key)
+  local rec = call('HGET', buckets[i + 2], key)
   -- fast path: one location, status byte right after the header
   if rec and (mode == MODE_RAW or (blocked and serves(rec))
               or (not blocked and (byte(rec, first_status) == SERVING or find_status(rec, SERVING)))) then
@@ -111,7 +122,7 @@ for i = 1, count do
         end
         -- one concatenation: the LFU counter follows the access time
         rec = sub(rec, 1, H_LAST_ACCESS_S - 1) .. stamp .. string.char(lfu) .. sub(rec, H_LFU + 1)
-        call('HSET', KEYS[i + 2], sub(keys, i * 8 - 7, i * 8), rec)
+        call('HSET', buckets[i + 2], sub(keys, i * 8 - 7, i * 8), rec)
       end
     end
     -- records come in a few lengths (one per location count): pack each prefix once
@@ -125,4 +136,5 @@ for i = 1, count do
     out[2 * i] = rec
   end
 end
+if buckets ~= KEYS then return {table.concat(out), nbuckets} end
 return table.concat(out)

@@ -4,11 +4,12 @@
 -- off the parent's child count: prelude unlink_from_parent) and the deleting counters
 -- move back. The victims were held by the caller, never handed to deletion.
 -- KEYS: [1] usage, [2] storage table, [3] pending deletions (mark.lua: the entry goes).
--- ARGV: [1] victims blob (VICTIM_FMT each), [2] bucket prefix, [3] bucket count,
---       [4] block size per spec group (I6 each).
+-- ARGV: [1] victims blob (VICTIM_FMT each), [2] bucket prefix,
+--       [3] block size per spec group (I6 each).
 -- Returns {restored, bytes, keys, type, bytes...}: how many locations serve again and
 -- the deleting charge released (for the caller to take off the group's counters).
-local blob, bprefix, nbuckets = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local blob, bprefix = ARGV[1], ARGV[2]
+local nbuckets = bucket_count(meta_of(bprefix))
 local restored, bytes, keys, by_type, types = 0, 0, 0, {}, {}
 for j = 1, #blob / VICTIM_LEN do
   local key, id, sidx, sg = struct.unpack(VICTIM_FMT, blob, (j - 1) * VICTIM_LEN + 1)
@@ -35,7 +36,7 @@ for j = 1, #blob / VICTIM_LEN do
       stype = redis.call('HGET', KEYS[2], 't' .. sidx) or ''
       types[sidx] = stype
     end
-    local size = struct.unpack('>I6', ARGV[4], sg * 6 + 1)
+    local size = struct.unpack('>I6', ARGV[3], sg * 6 + 1)
     restored, bytes = restored + 1, bytes + size
     by_type[stype] = (by_type[stype] or 0) + size
   end

@@ -12,7 +12,8 @@
 --       [12] the group's live bytes as last read (this instance's included; -1: not
 --       read), [13] type capacity (0 = none), [14] the group's live bytes of this type
 --       (idem), [15] max key count (0 = none),
---       [16] bucket prefix, [17] bucket count, [18] instance id (the session's owner),
+--       [16] bucket prefix, [17] records per bucket: buckets split past it (prelude
+--       grow_buckets), [18] instance id (the session's owner),
 --       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
 --       the instance may have (0 = no limit): a start opens one only when it writes a key.
 --       [21] the instance's own byte quota (the group's instance_quotas; 0 = none).
@@ -75,9 +76,10 @@ local sname, stype, pack = ARGV[5], ARGV[6], tonumber(ARGV[7])
 local sizes_blob, sg_blob, explicit = ARGV[8], ARGV[9], ARGV[10]
 local group_cap, group_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
 local max_keys = tonumber(ARGV[15])
-local bprefix, nbuckets, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
+local bprefix, per_bucket, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
 local state = redis.call('HMGET', meta, 'inc', 'removing')
 if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {START_REFUSED, REFUSED_GONE} end
+local nbuckets = bucket_count(meta)
 local n = #keys / 8
 local fields, buckets = {}, {}
 for i = 1, n do
@@ -342,7 +344,7 @@ if #written > 0 then
     end
     session_keys[#session_keys + 1] = struct.pack(SESSION_ENTRY_FMT, key, loc)
   end
-  sadd_all(occupied, touched_list)
+  call_chunked('SADD', occupied, touched_list)
   for parent, count in pairs(gained) do
     local bucket = parent_bucket[parent]
     local prec = redis.call('HGET', bucket, parent)
@@ -374,4 +376,6 @@ if #written > 0 then
   redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
   redis.call('ZADD', deadlines, deadline, sid)
 end
+-- Last: a split moves records, and the bucket names above are the count's before it.
+if #new > 0 then grow_buckets(meta, bprefix, occupied, tonumber(redis.call('HGET', usage, 'keys')), per_bucket) end
 return result(base, table.concat(victims), charge.flush(usage))

@@ -20,7 +20,7 @@ from chalicelib.capacity import Reclaimer, SamplingConfig
 from chalicelib.clock import ManualClock
 from chalicelib.control.groups import normalize_group
 from chalicelib.index import BlockIndex, Status
-from chalicelib.index.block_index import MODE_PREFIX, StartRequest
+from chalicelib.index.block_index import MODE_PREFIX, StartRequest, bucket_index
 from chalicelib.index.records import BlockRecord, decode_record
 from chalicelib.observability.events import EventLog
 from chalicelib.protocol.errors import InstanceNotFoundError
@@ -135,6 +135,9 @@ class Cluster:
         (SERVING, linked, counted in usage): thousands of script calls spared."""
         layout = self.contexts[instance_id].layout
         now_s = int(self.clock.now())
+        blocks = count * length
+        # The buckets as starts would have grown them (lua/prelude.lua grow_buckets).
+        bucket_count = max(1 << layout.bucket_bits, -(-blocks // self.index.RECORDS_PER_BUCKET))
         buckets: dict[bytes, dict[bytes, bytes]] = defaultdict(dict)
         occupied = set()
         location = 0
@@ -143,14 +146,17 @@ class Cluster:
             for i, key in enumerate(chain):
                 location += 1
                 raw = serving(location, parent=chain[i - 1] if i else None, children=int(i < length - 1), atime=now_s)
-                buckets[layout.bucket(key)][key.to_bytes(8, "big", signed=True)] = raw
-                occupied.add(key & layout.mask)
+                bucket = bucket_index(key, bucket_count)
+                buckets[layout.bucket(bucket)][key.to_bytes(8, "big", signed=True)] = raw
+                occupied.add(bucket)
         pipe = self.index.client.pipeline(transaction=False)
         for bucket, records in buckets.items():
             pipe.hset(bucket, mapping=records)
-        blocks = count * length
         pipe.hset(layout.key("st"), mapping={"nfs_01": 1, "#1": "nfs_01", "t1": "ST_NFS"})
-        pipe.hset(layout.key("m"), mapping={"storages": 1, "loc": location, "bits": layout.bucket_bits, "ob": 1})
+        pipe.hset(
+            layout.key("m"),
+            mapping={"storages": 1, "loc": location, "bits": layout.bucket_bits, "n": bucket_count, "ob": 1},
+        )
         pipe.sadd(layout.occupied, *occupied)
         usage = {"bytes": blocks * BLOCK, "keys": blocks, "t:ST_NFS": blocks * BLOCK, "s:nfs_01": blocks * BLOCK}
         pipe.hset(layout.key("u"), mapping=usage)

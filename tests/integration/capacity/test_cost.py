@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from chalicelib.cache.context import bucket_bits_for
 from chalicelib.clock import ManualClock
 from chalicelib.index import BlockIndex
 
@@ -15,12 +14,12 @@ from .harness import Cluster, counting_client, make_group, server_calls
 
 def measured_round(valkey_url: str, blocks: int, victims: int = 20) -> tuple[int, int, int]:
     """(round trips, server commands, victims) of one round freeing ``victims`` blocks of
-    an instance holding ``blocks`` blocks in chains of 10, its buckets sized for it."""
+    an instance holding ``blocks`` blocks in chains of 10, its buckets grown for them."""
     client, counting = counting_client(valkey_url)
     client.flushall()
     clock = ManualClock()
     cluster = Cluster(BlockIndex(client, "t", clock), clock, rng=random.Random(5))
-    cluster.add_instance("i1", bucket_bits=bucket_bits_for(blocks))
+    cluster.add_instance("i1")
     cluster.bulk_chains("i1", count=blocks // 10, length=10)
 
     def lower_to(remaining: int) -> None:

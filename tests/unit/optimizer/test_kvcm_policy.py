@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from chalicelib.cache import context, room
+from chalicelib.cache import room
 from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.index import BlockIndex
+from chalicelib.index.block_index import bucket_index
+from chalicelib.index.layout import MAX_SPLITS_PER_CALL
 from chalicelib.optimizer import kvcm_policy
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy
@@ -33,12 +35,6 @@ def test_constants_are_the_live_ones():
     ):
         assert getattr(kvcm_policy.ROUND_SAMPLING, name) == getattr(live, name), name
         assert getattr(kvcm_policy.WRITE_PATH_SAMPLING, name) == getattr(eviction.WRITE_PATH_SAMPLING, name), name
-    assert kvcm_policy.RECORDS_PER_BUCKET == context.RECORDS_PER_BUCKET
-    assert (kvcm_policy.MIN_BUCKET_BITS, kvcm_policy.MAX_BUCKET_BITS) == (
-        context.MIN_BUCKET_BITS,
-        context.MAX_BUCKET_BITS,
-    )
-    assert all(kvcm_policy.bucket_bits(n) == context.bucket_bits_for(n) for n in (1, 64, 1000, 10**5, 10**9))
     assert kvcm_policy.PRESSURE_HEADROOM_PERCENT == watermark.PRESSURE_HEADROOM_PERCENT
     assert kvcm_policy.MAKE_ROOM_ATTEMPTS == room.RetryWithEviction().evictions
     assert kvcm_policy.FRUITLESS_ATTEMPTS == room.RetryWithEviction().fruitless
@@ -54,6 +50,22 @@ def test_constants_are_the_live_ones():
 
 def chain(start: int, length: int) -> list[int]:
     return list(range(start, start + length))
+
+
+def test_buckets_grow_with_the_blocks_as_the_index_grows_them():
+    """The simulated buckets split as lua/prelude.lua grow_buckets does: 16 at first, one
+    more as the blocks pass RECORDS_PER_BUCKET per bucket, at most MAX_SPLITS_PER_CALL per
+    write; each block sits in its key's bucket."""
+    per_bucket = BlockIndex.RECORDS_PER_BUCKET
+    policy = KVCMPolicy(round_s=1000)
+    first = 256 * per_bucket  # wants 256 buckets: a write splits at most MAX_SPLITS_PER_CALL
+    assert policy.insert(list(range(0, 7919 * first, 7919)), limit=10**6) == first
+    assert policy._bucket_count == 16 + MAX_SPLITS_PER_CALL
+    for start in range(1, 31):
+        policy.insert([(start * 10**6 + i) * 7919 for i in range(100)], limit=10**6)
+    assert policy._bucket_count == -(-(first + 3000) // per_bucket)
+    assert all(bucket_index(k, policy._bucket_count) == b for b, keys in policy._buckets.items() for k in keys)
+    assert sum(len(keys) for keys in policy._buckets.values()) == first + 3000
 
 
 def test_a_write_too_big_gets_the_leading_run_that_fits_and_a_refusal_wakes_the_reclaimer():
