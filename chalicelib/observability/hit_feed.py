@@ -11,7 +11,8 @@ script, the start's group-usage update): no extra round trip.
 An entry (one stream message) has fields ``o`` (``r`` read, ``w`` write), ``q`` (``p``
 prefix match: the hits end at the first miss, ``b`` key by key), ``k`` (the sampled keys
 of the read's unmasked keys or of the keys a start wrote, in request order, 8 bytes each,
-big-endian signed) and, for a read, ``n``: the blocks asked by this container's reads of
+big-endian signed), ``t`` (the call's time, ms: the stream's own ids are the server's
+clock) and, for a read, ``n``: the blocks asked by this container's reads of
 the instance since its last read entry, this one included. The curve needs that exact
 count (SHARDS_adj: the difference between it and the sample's estimate goes to the first
 bucket, what corrects a sample drawing too few or too many of the few hot blocks), and a
@@ -24,6 +25,8 @@ import struct
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from ..clock import Clock, SystemClock
 
 HASH_BITS = 32
 HASH_RANGE = 1 << HASH_BITS
@@ -61,13 +64,21 @@ class FeedEntry:
     query: bytes
     keys: list[int]
     asked: int = 0  # reads: blocks asked since the container's last read entry
+    time_ms: int = 0
+    max_len: int = 0  # the stream's approximate bound when it is appended (0: none)
 
     def fields(self) -> dict[bytes, bytes]:
-        return {b"o": self.op, b"q": self.query, b"k": pack_keys(self.keys), b"n": b"%d" % self.asked}
+        return {
+            b"o": self.op,
+            b"q": self.query,
+            b"k": pack_keys(self.keys),
+            b"n": b"%d" % self.asked,
+            b"t": b"%d" % self.time_ms,
+        }
 
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> FeedEntry:
-        return cls(fields[b"o"], fields[b"q"], unpack_keys(fields[b"k"]), int(fields.get(b"n", b"0")))
+        return cls(fields[b"o"], fields[b"q"], unpack_keys(fields[b"k"]), int(fields[b"n"]), int(fields[b"t"]))
 
 
 @dataclass
@@ -77,12 +88,16 @@ class HitFeed:
 
     threshold: int
     max_len: int
+    clock: Clock = field(default_factory=SystemClock)
     _unsent: dict[str, int] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def enabled(self) -> bool:
         return self.threshold > 0
+
+    def _now_ms(self) -> int:
+        return int(self.clock.now() * 1000)
 
     def sampled(self, keys: Iterable[int]) -> list[int]:
         threshold = self.threshold
@@ -99,12 +114,12 @@ class HitFeed:
             if not kept:
                 self._unsent[instance_id] = asked
                 return None
-        return FeedEntry(READ, query, kept, asked)
+        return FeedEntry(READ, query, kept, asked, self._now_ms(), self.max_len)
 
     def write(self, keys: Iterable[int]) -> FeedEntry | None:
         """The entry of a start that wrote ``keys``, or None when none is sampled."""
         kept = self.sampled(keys) if self.threshold else []
-        return FeedEntry(WRITE, PREFIX, kept) if kept else None
+        return FeedEntry(WRITE, PREFIX, kept, 0, self._now_ms(), self.max_len) if kept else None
 
 
 def off() -> HitFeed:

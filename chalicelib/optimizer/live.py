@@ -30,18 +30,24 @@ import heapq
 import json
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..observability.hit_feed import HASH_RANGE, KEYWISE, PREFIX, READ, FeedEntry, key_hash
+from ..protocol.models import InstanceGroup
 from .errors import ConfigError
+from .instance_tuning import current_quotas, used_fraction
 from .mrc import HitRatioCurve
 from .shards import _SampleStack, capacity_edges
+from .tuning import evaluate
 
 #: Default bound of one instance's sample: about 0.01 error at the quota on generated
 #: traces (tests/unit/optimizer/test_live.py); ~200 KB saved.
 DEFAULT_LIVE_S_MAX = 8192
 _FORMAT = 1
+#: Shares of the reference quota the group view samples the curve at: 1/16 .. 4.
+GRID = [2 ** (i / 8) for i in range(-32, 17)]
+MARKS = {"x0.5": 0.5, "x1": 1.0, "x2": 2.0}
 
 
 def _edges(count: int) -> list[int]:
@@ -229,3 +235,52 @@ class LiveCurve:
     @classmethod
     def from_bytes(cls, blob: bytes) -> LiveCurve:
         return cls.from_dict(json.loads(zlib.decompress(blob)))
+
+
+def curves_of(state: Mapping[str, Any]) -> dict[str, HitRatioCurve]:
+    """Every instance's curve in a saved group state."""
+    return {name: LiveCurve.from_dict(data).curve() for name, data in state.get("instances", {}).items()}
+
+
+def group_view(
+    group: InstanceGroup,
+    curves: Mapping[str, HitRatioCurve],
+    block_bytes: Mapping[str, int],
+) -> dict[str, Any]:
+    """The group's curve against its quota in bytes: every instance's quota scaled by the
+    same share (their current split, the tuning job's ``current_quotas``), the group's hit
+    ratio the read blocks' weighted mean. Without a quota, the shares are of the bytes
+    that would hold every instance's whole curve (``reference_bytes``)."""
+    names = sorted(n for n in curves if block_bytes.get(n, 0) > 0 and curves[n].read_blocks)
+    quota = group.quota.capacity if group.quota is not None else 0
+    used = used_fraction(group)
+    if quota > 0:
+        split = current_quotas(group, names) if names else {}
+    else:
+        split = {n: int(curves[n].saturation_capacity / used) * block_bytes[n] for n in names}
+    reference = sum(split.values())
+
+    def ratio(share: float) -> float | None:
+        if not names or reference <= 0:
+            return None
+        quotas = {n: int(q * share) for n, q in split.items()}
+        return evaluate({n: curves[n] for n in names}, quotas, used_fraction=used, block_bytes=block_bytes).hit_ratio
+
+    return {
+        "quota_bytes": quota,
+        "reference_bytes": reference,
+        "used_percentage": used,
+        "points": [{"quota_bytes": int(reference * s), "hit_ratio": ratio(s)} for s in GRID],
+        "at_quota": {mark: ratio(share) if quota > 0 else None for mark, share in MARKS.items()},
+        "instances": {
+            n: {
+                "read_blocks": curves[n].read_blocks,
+                "reads": curves[n].reads,
+                "sample_rate": curves[n].sample_rate,
+                "kept_keys": curves[n].kept_keys,
+                "block_bytes": block_bytes[n],
+                "quota_bytes": split.get(n, 0),
+            }
+            for n in names
+        },
+    }
