@@ -267,6 +267,9 @@ function drawHitCurve(svg, curve) {
                                 class: "curve curve-0"}));
   if (quota > 0) {
     parts.push(svgEl("line", {x1: x(quota), y1: y(0), x2: x(quota), y2: y(1), class: "quota-line"}));
+    const label = svgEl("text", {x: x(quota) + 4, y: y(1) + 10, class: "tick quota-label"});
+    label.textContent = `quota ${size(curve.quota_bytes)}`;
+    parts.push(label);
     parts.push(svgEl("circle", {cx: x(quota), cy: y(num(curve.hit_ratio_at_quota)), r: 4, class: "at-quota"}));
   }
   const rec = curve.recommendation;
@@ -333,8 +336,10 @@ async function refresh() {
     renderStorages(storages.storage || [], health);
     renderTraffic(metrics.metrics || [], ratios);
     renderCapacity(report);
-    const curves = await Promise.all((usage.usage || []).map(g => api("getGroupHitCurve", {name: g.name})));
-    renderHitCurves(curves);
+    // A group removed since the usage was read has no curve to show: the others still do.
+    const curves = await Promise.all((usage.usage || []).map(g => api("getGroupHitCurve", {name: g.name})
+      .catch(exc => { if (exc instanceof Refused) throw exc; return null; })));
+    renderHitCurves(curves.filter(Boolean));
     document.getElementById("refreshed").textContent = `updated ${new Date().toLocaleTimeString("en-GB")}`;
     document.body.dataset.loaded = "true";
     error.hidden = true;
