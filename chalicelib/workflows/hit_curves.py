@@ -99,9 +99,10 @@ class HitCurveStore:
             raw = self.client.get(self._key(group, "rec"))
         return json.loads(raw) if raw else None
 
-    def forget(self, group: str) -> None:
+    def drop_streams(self, instances: list[str]) -> None:
+        """Delete the feed streams of instances no longer registered."""
         with valkey_errors("hit curves"):
-            self.client.delete(*(self._key(group, part) for part in ("state", "view", "rec")))
+            self.client.delete(*(self.stream(instance) for instance in instances))
 
 
 class LiveCurves:
@@ -182,7 +183,10 @@ class HitCurves:
                 consumed[instance] = entries[-1][0]
                 fed += len(entries)
             saved[instance] = curve.to_dict()
-        # a removed instance's curve leaves the group's
+        # a removed instance's curve leaves the group's, and its stream goes
+        gone = [n for n in saved if n not in block_bytes]
+        if gone:
+            self.store.drop_streams(gone)
         state = {"instances": {n: c for n, c in saved.items() if n in block_bytes}, "through_ms": last_ms}
         self._save(group, state, block_bytes)
         # saved before trimmed: a run dying between the two feeds the entries twice next

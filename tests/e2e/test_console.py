@@ -123,7 +123,7 @@ def seeded(stack: LocalStack) -> Iterator[dict]:
         usage = client.get_instance_group_usage(instance_group_name="default").usage[0]
     yield {"usage": usage}
     with KvcmClient(stack.api_url) as client:
-        client.remove_storage(global_unique_name="console_er")
+        client.remove_storage(storage_unique_name="console_er")
 
 
 def show(page, stack: LocalStack, name: str) -> None:

@@ -118,3 +118,17 @@ def test_get_group_hit_curve_before_any_traffic_and_for_bad_names(instance, clie
     assert missing["code"] == "INVALID_ARGUMENT" and "'name'" in missing["message"]
     unknown = call({"name": "nosuch"})["header"]["status"]  # as getInstanceGroup answers
     assert unknown["code"] == "INVALID_ARGUMENT" and "nosuch" in unknown["message"]
+
+
+def test_a_run_drops_the_curve_and_stream_of_an_instance_no_longer_registered(instance):
+    from chalicelib.optimizer.live import LiveCurve
+
+    runtime, store = instance, instance.hit_curve_store
+    runtime.hit_feed.threshold = HASH_RANGE
+    runtime.cache.start_write_cache(StartWriteCacheRequest(instance_id="i", block_keys=[1, 2]))
+    read(runtime, [1, 2])
+    store.save("g", {"instances": {"ghost": LiveCurve(threshold=HASH_RANGE).to_dict()}, "through_ms": 0}, {})
+    runtime.valkey.xadd(store.stream("ghost"), FeedEntry(READ, PREFIX, [5], 1).fields())
+    assert runtime.hit_curves.run() == {"groups": 1, "entries": 2}
+    assert list(store.load("g")["instances"]) == ["i"]
+    assert not runtime.valkey.exists(store.stream("ghost")) and runtime.valkey.xlen(store.stream("i")) == 0
