@@ -274,6 +274,7 @@ def group_view(
         "at_quota": {mark: ratio(share) if quota > 0 else None for mark, share in MARKS.items()},
         "instances": {
             n: {
+                "hit_ratio": curves[n].block_hit_ratio(int(split.get(n, 0) * used / block_bytes[n])),
                 "read_blocks": curves[n].read_blocks,
                 "reads": curves[n].reads,
                 "sample_rate": curves[n].sample_rate,

@@ -994,6 +994,7 @@ class HitCurveInstance(WireModel):
     """One instance's part of a group's live curve (upstream's OptimizerInstanceSummary)."""
 
     instance_id: Str = ""
+    hit_ratio: float | None = None  # at its share of the group quota
     reads: Int64 = 0  # reads with a sampled key
     read_blocks: Int64 = 0  # blocks asked, every read
     sample_rate: float = 0.0

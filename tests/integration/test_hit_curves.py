@@ -112,6 +112,7 @@ def test_the_live_curve_at_the_quota_is_within_0_02_of_the_achieved_hit_ratio(re
     assert ratios == sorted(ratios)  # more room never loses hits
     (instance,) = curve["instances"]
     assert instance["instance_id"] == "i" and int(instance["kept_keys"]) <= runtime.settings.hit_curve_s_max
+    assert instance["hit_ratio"] == pytest.approx(live)  # the group's only instance
     assert int(curve["updated_time_ms"]) >= int(curve["through_time_ms"]) > 0
     # the metrics export the same figures
     gauge = runtime.metrics.value("kvcm.hit_curve.hit_ratio", {"instance_group": "g", "quota": "x1"})

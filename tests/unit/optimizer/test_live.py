@@ -26,11 +26,11 @@ def grid(curve, top: int, points: int = 40) -> list[float]:
 SHAPES = [
     TraceShape(distinct_blocks=100_000, seed=1),
     TraceShape(distinct_blocks=200_000, seed=2, reuse_skew=1.0, fork=0.3),
-    TraceShape(distinct_blocks=300_000, seed=3, system_prompts=0, live=500),
+    pytest.param(TraceShape(distinct_blocks=300_000, seed=3, system_prompts=0, live=500), marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.distinct_blocks}")
+@pytest.mark.parametrize("shape", SHAPES, ids=["100k", "200k-skewed-forks", "300k-no-system-prompts"])
 def test_sampled_live_curve_is_within_0_01_of_the_unsampled_one(shape):
     exact = LiveCurve(threshold=HASH_RANGE, s_max=10**9)
     for entry in entries(shape, HitFeed(HASH_RANGE, 0)):
