@@ -118,6 +118,12 @@ def event_report_liveness(event: CloudWatchEvent) -> dict[str, Any]:
     return get_runtime().reporter_liveness.event_report_liveness()
 
 
+@app.schedule(Rate(1, unit=Rate.MINUTES), name="hit_curves")
+@job
+def hit_curves(event: CloudWatchEvent) -> dict[str, Any]:
+    return get_runtime().hit_curves.run()
+
+
 @app.schedule(Rate(1, unit=Rate.HOURS), name="instance_tuning")
 @job
 def instance_tuning(event: CloudWatchEvent) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from .control.cluster import ClusterInfo
 from .index import BlockIndex
 from .observability.emf import EmfWriter
 from .observability.events import EventLog, EventRecorder
+from .observability.hit_feed import HitFeed, threshold_of
 from .observability.logging import apply_level, logger
 from .observability.metrics import MetricsPublisher, MetricsRegistry
 from .services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
@@ -64,6 +65,7 @@ from .workflows.deletes import StepFunctionsDeleter
 from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
 from .workflows.health import HealthChecks, StorageProber, StorageReprobe
+from .workflows.hit_curves import HitCurves, HitCurveStore, LiveCurves
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
@@ -347,7 +349,13 @@ class Runtime:
             on_capacity_refused=self.reclaim_job.wake,
             make_room=WritePathEviction(self.index, QueuedDeleter(self.index), self.clock, self.events, self.metrics),
             reported=self.event_reports.visible_if_configured,
+            hit_feed=self.hit_feed,
         )
+
+    @cached_property
+    def hit_feed(self) -> HitFeed:
+        rate = self.settings.hit_feed_rate
+        return HitFeed(threshold_of(rate) if rate > 0 else 0, self.settings.hit_feed_max_len, self.clock)
 
     @cached_property
     def event_reports(self) -> EventReports:
@@ -392,6 +400,23 @@ class Runtime:
             ),
             self.metrics,
             self.metrics_store,
+            self.hit_curve_store,
+        )
+
+    @cached_property
+    def hit_curve_store(self) -> HitCurveStore:
+        return HitCurveStore(self.valkey, self.index.prefix)
+
+    @cached_property
+    def hit_curves(self) -> HitCurves:
+        return HitCurves(
+            self.lease,
+            self.control,
+            self.hit_curve_store,
+            self.hit_feed,
+            self.metrics,
+            self.clock,
+            self.settings.hit_curve_s_max,
         )
 
     @cached_property
@@ -517,7 +542,13 @@ class Runtime:
     @cached_property
     def instance_tuning(self) -> InstanceTuningJob:
         """Per-instance quota tuning from the event log (``KVCM_EVENT_LOG``: S3 or a directory)."""
-        return instance_tuning(self.control, self.settings.event_log_path, lambda: self.aws("s3"), self.clock)
+        return instance_tuning(
+            self.control,
+            self.settings.event_log_path,
+            lambda: self.aws("s3"),
+            self.clock,
+            LiveCurves(self.hit_curve_store),
+        )
 
 
 def _client_config() -> Any:

@@ -57,6 +57,12 @@ class Settings:
     event_log_path: str = ""
     #: Event lines carry the request's raw token_ids (prompt content) only when set.
     event_log_tokens: bool = False
+    #: Share of block keys in the hit feed the live hit-ratio curves are built from
+    #: (observability.hit_feed; 0: off), each instance's stream bound (approximate), and
+    #: the keys each instance's curve keeps (optimizer.live).
+    hit_feed_rate: float = 1 / 8
+    hit_feed_max_len: int = 100_000
+    hit_curve_s_max: int = 8192
     #: Valkey socket timeouts on the request path: a hung Valkey fails a call with
     #: SERVICE_NOT_READY after about this long instead of tens of seconds.
     valkey_connect_timeout_s: float = 0.5
@@ -118,6 +124,9 @@ class Settings:
             lease_ttl_ms=_env_int("KVCM_LEASE_TTL_MS", base.lease_ttl_ms),
             event_log_path=os.environ.get("KVCM_EVENT_LOG", base.event_log_path),
             event_log_tokens=_env_bool("KVCM_EVENT_LOG_TOKENS", base.event_log_tokens),
+            hit_feed_rate=_env_float("KVCM_HIT_FEED_RATE", base.hit_feed_rate),
+            hit_feed_max_len=_env_int("KVCM_HIT_FEED_MAX_LEN", base.hit_feed_max_len),
+            hit_curve_s_max=_env_int("KVCM_HIT_CURVE_S_MAX", base.hit_curve_s_max),
             valkey_connect_timeout_s=_env_float("KVCM_VALKEY_CONNECT_TIMEOUT_S", base.valkey_connect_timeout_s),
             valkey_socket_timeout_s=_env_float("KVCM_VALKEY_SOCKET_TIMEOUT_S", base.valkey_socket_timeout_s),
             max_body_bytes=_env_int("KVCM_MAX_BODY_BYTES", base.max_body_bytes),

@@ -27,6 +27,7 @@ IDEMPOTENT = frozenset({
     "listInstanceInfo",
     "getInstanceGroupUsage",
     "getCapacityReport",
+    "getGroupHitCurve",
     "listAccount",
     "listApiKey",
     "listAuditLog",
@@ -71,6 +72,7 @@ OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
     "listInstanceInfo": (m.ListInstanceInfoRequest, m.ListInstanceInfoResponse, "admin"),
     "getInstanceGroupUsage": (m.GetInstanceGroupUsageRequest, m.GetInstanceGroupUsageResponse, "admin"),
     "getCapacityReport": (m.ListRequest, m.GetCapacityReportResponse, "admin"),
+    "getGroupHitCurve": (m.InstanceGroupNameRequest, m.GetGroupHitCurveResponse, "admin"),
     "addAccount": (m.AddAccountRequest, m.Response, "admin"),
     "deleteAccount": (m.DeleteAccountRequest, m.Response, "admin"),
     "listAccount": (m.ListRequest, m.ListAccountResponse, "admin"),
@@ -241,6 +243,11 @@ class Methods:
             **fields: Any) -> m.GetCapacityReportResponse:
         """``getCapacityReport`` (admin service; see API.md)."""
         return cast(m.GetCapacityReportResponse, self.call("getCapacityReport", request, fields))
+
+    def get_group_hit_curve(self, request: m.InstanceGroupNameRequest | None = None, /,
+            **fields: Any) -> m.GetGroupHitCurveResponse:
+        """``getGroupHitCurve`` (admin service; see API.md)."""
+        return cast(m.GetGroupHitCurveResponse, self.call("getGroupHitCurve", request, fields))
 
     def add_account(self, request: m.AddAccountRequest | None = None, /,
             **fields: Any) -> m.Response:

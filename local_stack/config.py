@@ -19,8 +19,9 @@ SCHEDULE_ENV_PREFIX = "KVCM_LOCAL_SCHEDULE_"
 SCHEDULE_ENV_SUFFIX = "_S"
 
 #: Local periods that differ from the deployed rate: reclaim runs every second so a
-#: refused write succeeds again within about 2 s (API.md, "Capacity").
-LOCAL_SCHEDULE_DEFAULTS: Mapping[str, float] = {"RECLAIM": 1.0}
+#: refused write succeeds again within about 2 s (API.md, "Capacity"); the live hit-ratio
+#: curves follow a replay within 5 s (a run without new traffic is one round trip).
+LOCAL_SCHEDULE_DEFAULTS: Mapping[str, float] = {"RECLAIM": 1.0, "HIT_CURVES": 5.0}
 
 
 def schedule_key(name: str) -> str:

@@ -34,6 +34,7 @@ from ..index.block_index import (
 from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.layout import StartRefusal
 from ..index.records import decode_record
+from ..observability.hit_feed import KEYWISE, PREFIX, FeedEntry, HitFeed, off
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
 from ..protocol.block_keys import request_keys
@@ -256,8 +257,11 @@ class CacheService:
         reported: Callable[[str, InstanceGroup, list[int]], list[list[Reported]] | None] = lambda instance_id,
         group,
         keys: None,
+        hit_feed: HitFeed | None = None,
     ) -> None:
         self.index = index
+        #: The sampled reads and writes the live hit-ratio curves are built from.
+        self.hit_feed = hit_feed or off()
         #: ``reported(instance_id, group, keys)``: per key, its visible reported locations;
         #: None when the group has no event-report storage (EventReports.visible_if_configured).
         self.reported = reported
@@ -369,8 +373,13 @@ class CacheService:
         reported = (self._reported_texts(ctx, asked, names) if with_reported else None) or []
         covered = [t is not None for t in reported] if any(t is not None for t in reported) else None
         texts: list[str] = []
+        feed = self.hit_feed.read(
+            ctx.instance_id, PREFIX if req.query_type == QueryType.QT_PREFIX_MATCH else KEYWISE, asked
+        )
         if req.query_type == QueryType.QT_PREFIX_MATCH:
-            raws = self.index.read_raw(ctx.layout, asked, MODE_PREFIX, servable=ctx.servable, covered=covered)
+            raws = self.index.read_raw(
+                ctx.layout, asked, MODE_PREFIX, servable=ctx.servable, covered=covered, feed=feed
+            )
             # the prefix read stops at the first key it cannot serve: fewer raws than keys
             for i, (key, raw) in enumerate(zip(asked, raws, strict=False)):
                 text = renderer.render(key, raw) if raw is not None else None
@@ -382,7 +391,7 @@ class CacheService:
             hits = len(texts)
         else:
             mode = MODE_WINDOW if req.query_type == QueryType.QT_REVERSE_ROLL_SW_MATCH else MODE_BATCH
-            raws = self.index.read_raw(ctx.layout, keys, mode, req.sw_size, ctx.servable, covered)
+            raws = self.index.read_raw(ctx.layout, keys, mode, req.sw_size, ctx.servable, covered, feed)
             window = range(len(keys))
             if covered and mode == MODE_WINDOW:
                 window = rightmost_window([r is not None or c for r, c in zip(raws, covered, strict=True)], req.sw_size)
@@ -589,7 +598,10 @@ class CacheService:
             nonlocal tries
             tries += 1  # a retry reads the group's usage afresh: the room it was refused for moved
             request = self._start_request(plan, position, explicit, partial, fresh=tries > 1)
-            return self.index.start(ctx.layout, plan.keys, request)
+            return self.index.start(ctx.layout, plan.keys, request, feed=written_entry)
+
+        def written_entry(outcome: StartOutcome) -> FeedEntry | None:
+            return self.hit_feed.write([k for k, new in zip(plan.keys, outcome.new_flags, strict=True) if new])
 
         try:
             outcome = self.room_policy.start(

@@ -5,7 +5,8 @@
 const REFRESH_MS = 5000;
 const HISTORY = 120; // samples kept per group for the sparklines (10 minutes at 5 s)
 const TOKEN_KEY = "kvcm.console.token";
-const PAGES = ["groups", "instances", "storages", "traffic", "capacity"];
+const PAGES = ["groups", "instances", "storages", "traffic", "curves", "capacity"];
+const GIB = 2 ** 30;
 
 const state = {history: {}, previousCounters: null, previousTime: 0};
 
@@ -202,12 +203,9 @@ function renderCapacity(report) {
   drawCurves(document.getElementById("curve"), report.curves, rec);
 }
 
-function drawCurves(svg, curves, rec) {
-  const W = 640, H = 320, L = 56, R = 16, T = 16, B = 40;
-  const caps = curves.flatMap(c => c.capacities.map(num)).filter(c => c > 0);
-  const lo = Math.log10(Math.min(...caps)), hi = Math.max(Math.log10(Math.max(...caps)), lo + 1e-9);
-  const x = c => L + (W - L - R) * (Math.log10(Math.max(num(c), 1)) - lo) / (hi - lo);
-  const y = r => T + (H - T - B) * (1 - r);
+// A plot's frame: the axes, the y axis's hit-ratio ticks and the x axis's title; ``y`` maps
+// a ratio to its height.
+function plotFrame(W, H, L, R, T, B, y, title) {
   const parts = [svgEl("line", {x1: L, y1: y(0), x2: W - R, y2: y(0), class: "axis"}),
                  svgEl("line", {x1: L, y1: y(0), x2: L, y2: y(1), class: "axis"})];
   for (const r of [0, 0.25, 0.5, 0.75, 1]) {
@@ -215,14 +213,29 @@ function drawCurves(svg, curves, rec) {
     label.textContent = `${r * 100}%`;
     parts.push(label);
   }
+  const axis = svgEl("text", {x: (L + W - R) / 2, y: H - 4, class: "tick", "text-anchor": "middle"});
+  axis.textContent = title;
+  parts.push(axis);
+  return parts;
+}
+
+// An x tick label, the outermost ones anchored inside the plot so that they are never clipped.
+function xTick(x, text, first, last, y) {
+  const anchor = last && !first ? "end" : first ? "start" : "middle";
+  const label = svgEl("text", {x, y, class: "tick", "text-anchor": anchor});
+  label.textContent = text;
+  return label;
+}
+
+function drawCurves(svg, curves, rec) {
+  const W = 640, H = 320, L = 56, R = 16, T = 16, B = 40;
+  const caps = curves.flatMap(c => c.capacities.map(num)).filter(c => c > 0);
+  const lo = Math.log10(Math.min(...caps)), hi = Math.max(Math.log10(Math.max(...caps)), lo + 1e-9);
+  const x = c => L + (W - L - R) * (Math.log10(Math.max(num(c), 1)) - lo) / (hi - lo);
+  const y = r => T + (H - T - B) * (1 - r);
+  const parts = plotFrame(W, H, L, R, T, B, y, "capacity (blocks, log scale) → block hit ratio");
   const ticks = [...new Set(caps)].sort((a, b) => a - b);
-  for (const c of ticks) {
-    // The outermost labels are anchored inside the plot, so that they are never clipped.
-    const anchor = c === ticks[ticks.length - 1] && ticks.length > 1 ? "end" : c === ticks[0] ? "start" : "middle";
-    const label = svgEl("text", {x: x(c), y: H - B + 16, class: "tick", "text-anchor": anchor});
-    label.textContent = c.toLocaleString("en");
-    parts.push(label);
-  }
+  ticks.forEach((c, i) => parts.push(xTick(x(c), c.toLocaleString("en"), i === 0, i === ticks.length - 1, H - B + 16)));
   curves.forEach((curve, i) => {
     const points = curve.capacities.map((c, j) => [c, curve.block_hit_ratio[j]]).filter(([, r]) => r !== null);
     parts.push(svgEl("polyline", {points: points.map(([c, r]) => `${x(c).toFixed(1)},${y(r).toFixed(1)}`).join(" "),
@@ -232,10 +245,63 @@ function drawCurves(svg, curves, rec) {
     parts.push(legend);
   });
   if (rec) parts.push(svgEl("circle", {cx: x(rec.capacity), cy: y(rec.block_hit_ratio), r: 5, class: "pick"}));
-  const axis = svgEl("text", {x: (L + W - R) / 2, y: H - 4, class: "tick", "text-anchor": "middle"});
-  axis.textContent = "capacity (blocks, log scale) → block hit ratio";
-  parts.push(axis);
   svg.replaceChildren(...parts);
+}
+
+function ratioText(r) { return r === null || r === undefined ? "–" : `${(100 * r).toFixed(1)}%`; }
+
+// One group's live curve: hit ratio against the quota in GiB (linear), the current quota a
+// dashed line, the tuning job's recommendation a ring.
+function drawHitCurve(svg, curve) {
+  const W = 640, H = 280, L = 56, R = 16, T = 16, B = 40;
+  const points = (curve.points || []).filter(p => p.hit_ratio !== null && p.hit_ratio !== undefined)
+    .map(p => [num(p.quota_bytes) / GIB, p.hit_ratio]);
+  const quota = num(curve.quota_bytes) / GIB;
+  const top = Math.max(...points.map(([q]) => q), quota, 1e-9);
+  const x = q => L + (W - L - R) * q / top;
+  const y = r => T + (H - T - B) * (1 - r);
+  const parts = plotFrame(W, H, L, R, T, B, y, "quota (GiB) → block hit ratio");
+  const ticks = [0, 0.25, 0.5, 0.75, 1].map(f => f * top);
+  ticks.forEach((q, i) => parts.push(xTick(x(q), q.toPrecision(3), i === 0, i === ticks.length - 1, H - B + 16)));
+  parts.push(svgEl("polyline", {points: points.map(([q, r]) => `${x(q).toFixed(1)},${y(r).toFixed(1)}`).join(" "),
+                                class: "curve curve-0"}));
+  if (quota > 0) {
+    parts.push(svgEl("line", {x1: x(quota), y1: y(0), x2: x(quota), y2: y(1), class: "quota-line"}));
+    const label = svgEl("text", {x: x(quota) + 4, y: y(1) + 10, class: "tick quota-label"});
+    label.textContent = `quota ${size(curve.quota_bytes)}`;
+    parts.push(label);
+    parts.push(svgEl("circle", {cx: x(quota), cy: y(num(curve.hit_ratio_at_quota)), r: 4, class: "at-quota"}));
+  }
+  const rec = curve.recommendation;
+  if (rec && rec.hit_ratio !== null && rec.hit_ratio !== undefined) {
+    parts.push(svgEl("circle", {cx: x(num(rec.quota_bytes) / GIB), cy: y(rec.hit_ratio), r: 7, class: "pick recommendation"}));
+  }
+  svg.replaceChildren(...parts);
+}
+
+function renderHitCurves(curves) {
+  const filled = curves.filter(c => (c.points || []).length);
+  document.getElementById("curves-empty").hidden = filled.length > 0;
+  document.getElementById("curves-list").replaceChildren(...filled.map(curve => {
+    const svg = svgEl("svg", {class: "hit-curve", viewBox: "0 0 640 280", role: "img",
+                              "aria-label": `hit ratio of ${curve.instance_group} by quota`});
+    drawHitCurve(svg, curve);
+    const rec = curve.recommendation;
+    const asked = (curve.instances || []).reduce((s, i) => s + num(i.read_blocks), 0);
+    const rate = (curve.instances || []).map(i => i.sample_rate).reduce((a, b) => Math.min(a, b), 1);
+    const through = num(curve.through_time_ms), updated = num(curve.updated_time_ms);
+    const figures = el("p", {class: "figures"},
+      `At the quota (${size(curve.quota_bytes)}): ${ratioText(curve.hit_ratio_at_quota)} · ` +
+      `×0.5: ${ratioText(curve.hit_ratio_at_half_quota)} · ×2: ${ratioText(curve.hit_ratio_at_double_quota)}` +
+      (rec ? ` · tuning (${rec.status}): ${ratioText(rec.hit_ratio)}` : " · no tuning run yet"));
+    const freshness = el("p", {class: "hint freshness"},
+      `${asked.toLocaleString("en")} blocks asked, sample rate ${rate.toPrecision(2)}; ` +
+      `traffic through ${through ? new Date(through).toISOString() : "–"}, ` +
+      `curve updated ${updated ? new Date(updated).toISOString() : "–"}`);
+    const box = el("div", {class: "hit-curve-group"}, el("h3", {}, curve.instance_group), figures, svg, freshness);
+    box.dataset.group = curve.instance_group;
+    return box;
+  }));
 }
 
 // The badge: green only when every group can write; amber when a group lost a storage but
@@ -270,6 +336,10 @@ async function refresh() {
     renderStorages(storages.storage || [], health);
     renderTraffic(metrics.metrics || [], ratios);
     renderCapacity(report);
+    // A group removed since the usage was read has no curve to show: the others still do.
+    const curves = await Promise.all((usage.usage || []).map(g => api("getGroupHitCurve", {name: g.name})
+      .catch(exc => { if (exc instanceof Refused) throw exc; return null; })));
+    renderHitCurves(curves.filter(Boolean));
     document.getElementById("refreshed").textContent = `updated ${new Date().toLocaleTimeString("en-GB")}`;
     document.body.dataset.loaded = "true";
     error.hidden = true;

@@ -42,9 +42,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from ..clock import Clock
+from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..observability.logging import logger
 from ..stores.valkey import Valkey, lua_source, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
@@ -471,6 +473,37 @@ class BlockIndex:
         with valkey_errors("index"):
             return script(keys=keys, args=args)
 
+    @staticmethod
+    def _queue_feed(pipe: Any, layout: InstanceLayout, entry: FeedEntry) -> None:
+        """Append a hit-feed entry to the instance's stream (observability.hit_feed)."""
+        pipe.xadd(layout.key(STREAM_SUFFIX), entry.fields(), maxlen=entry.max_len or None, approximate=True)
+
+    def append_feed(self, layout: InstanceLayout, entry: FeedEntry) -> None:
+        """Append a hit-feed entry on its own (a sharded instance's call has no single
+        pipeline to ride on)."""
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_feed(pipe, layout, entry)
+        with valkey_errors("index"):
+            pipe.execute()
+
+    def _call_feeding(
+        self, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT], layout: InstanceLayout, entry: FeedEntry
+    ) -> Any:
+        """``_call`` with a hit-feed entry in the same round trip: EVALSHA and XADD in one
+        pipeline (a pipelined Script would check SCRIPT EXISTS first, a round trip more).
+        A server without the script yet answers NOSCRIPT: the script is then called alone."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        self._queue_feed(pipe, layout, entry)
+        with valkey_errors("index"):
+            result, _ = pipe.execute(raise_on_error=False)
+        if isinstance(result, NoScriptError):
+            return self._call(script, keys, args)
+        if isinstance(result, Exception):
+            with valkey_errors("index"):
+                raise result
+        return result
+
     # ---------------------------------------------------------------- group usage
 
     def group_usage_key(self, group: str) -> str:
@@ -553,8 +586,10 @@ class BlockIndex:
         sw_size: int = 0,
         servable: Sequence[str] | None = None,
         covered: Sequence[bool] | None = None,
+        feed: FeedEntry | None = None,
     ) -> list[bytes | None]:
-        """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes).
+        """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes),
+        with ``feed`` appended to the instance's hit feed in it.
 
         Prefix mode stops at the first key without a SERVING location; batch and window
         modes return one entry per key. Entries are raw records (None = not served).
@@ -565,6 +600,8 @@ class BlockIndex:
         if not block_keys:
             return []
         if layout.shard_suffixes:
+            if feed is not None:
+                self.append_feed(layout, feed)
             return self.sharded.read_raw(layout, block_keys, mode, sw_size, servable, covered)
         # The client names each key's bucket: building the names in Lua cost Valkey's
         # single thread about a fifth of the read (docs/index-read-path.md). Inlined
@@ -574,21 +611,22 @@ class BlockIndex:
         low = 1 << (count.bit_length() - 1)
         wide, narrow = 2 * low - 1, low - 1
         buckets = [b"%b%x" % (prefix, i if (i := k & wide) < count else k & narrow) for k in block_keys]
-        reply = self._call(
-            self._read,
-            [layout.key("m"), layout.key("st"), *buckets],
-            [
-                pack_keys(block_keys),
-                int(mode),
-                sw_size,
-                int(self.clock.now()),
-                self.TOUCH_INTERVAL_S,
-                self.LFU_DECAY_S,
-                "" if servable is None else "\n" + "\n".join(servable),
-                count,
-                *([b"".join(b"1" if c else b"0" for c in covered)] if covered else []),
-            ],
-        )
+        keys: list[KeyT] = [layout.key("m"), layout.key("st"), *buckets]
+        args: list[EncodableT] = [
+            pack_keys(block_keys),
+            int(mode),
+            sw_size,
+            int(self.clock.now()),
+            self.TOUCH_INTERVAL_S,
+            self.LFU_DECAY_S,
+            "" if servable is None else "\n" + "\n".join(servable),
+            count,
+            *([b"".join(b"1" if c else b"0" for c in covered)] if covered else []),
+        ]
+        if feed is None:
+            reply = self._call(self._read, keys, args)
+        else:
+            reply = self._call_feeding(self._read, keys, args, layout, feed)
         if isinstance(reply, list):  # the buckets split since ``count``: the count now
             reply, now = reply
             self._bucket_counts[layout.tag] = int(now)
@@ -610,13 +648,32 @@ class BlockIndex:
 
     # ---------------------------------------------------------------- writes
 
-    def start(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
+    def start(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        req: StartRequest,
+        feed: Callable[[StartOutcome], FeedEntry | None] | None = None,
+    ) -> StartOutcome:
         """Add WRITING locations for the keys that have none; all or nothing. Raises
-        QuotaExceededError (with the shortfall) when a quota would be passed."""
+        QuotaExceededError (with the shortfall) when a quota would be passed. ``feed``
+        gives the grant's hit-feed entry, appended with the group's counters update."""
         if layout.shard_suffixes:
-            return self.sharded.start(layout, block_keys, req)
+            outcome = self.sharded.start(layout, block_keys, req)
+            entry = feed(outcome) if feed is not None else None
+            if entry is not None:
+                self.append_feed(layout, entry)
+            return outcome
         outcome = self.grant(layout, block_keys, req)
-        self._charge_group(layout, outcome.charge(req.storage_type))
+        entry = feed(outcome) if feed is not None else None
+        if entry is None:
+            self._charge_group(layout, outcome.charge(req.storage_type))
+            return outcome
+        pipe = self.client.pipeline(transaction=False)
+        self._charge_group(layout, outcome.charge(req.storage_type), pipe=pipe)
+        self._queue_feed(pipe, layout, entry)
+        with valkey_errors("index"):
+            pipe.execute()
         return outcome
 
     def grant(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:

@@ -1,8 +1,10 @@
 """The per-instance tuning job: each group's quota split among its instances from the
 group's own recent event log (issue 16, part 4; docs/optimizer.md "Per-instance tuning").
 
-For every group with a byte quota, a run reads the last ``tuning.window_seconds`` of the
-group's event log (``EventLogSource``), builds each instance's exact LRU curve, and asks
+For every group with a byte quota, a run takes each instance's live hit-ratio curve (the
+``hit_curves`` schedule's, kept from the sampled traffic: ``LiveSource``) or, for a group
+without one (the hit feed off), builds each instance's exact LRU curve from the last
+``tuning.window_seconds`` of the group's event log (``EventLogSource``), and asks
 ``tuning.recommend`` for a step toward the split of ``quota.capacity`` that maximises the
 group's hit ratio (a knapsack over quota granules: cliffs are found), at most
 ``tuning.max_shift`` of the quota moving per run. The recommendation (what would change,
@@ -76,6 +78,16 @@ class Logger(Protocol):
     def warning(self, msg: str, *args: Any, **kwargs: Any) -> None: ...
 
 
+class LiveSource(Protocol):
+    """The groups' live hit-ratio curves, and where the job's recommendations go."""
+
+    def curves(self, group: str) -> Mapping[str, HitRatioCurve]:
+        """Each instance's live curve (empty: none yet)."""
+
+    def recommend(self, group: str, recommendation: dict[str, Any]) -> None:
+        """Keep the group's latest recommendation (getGroupHitCurve serves it)."""
+
+
 class EventLogSource:
     """A group's events between two times, read from the partitioned event log."""
 
@@ -132,20 +144,31 @@ def current_quotas(group: InstanceGroup, instances: list[str]) -> dict[str, int]
     return current
 
 
+def used_fraction(group: InstanceGroup) -> float:
+    """The share of a quota KVCM keeps (its watermark; 0.9 by default); 1 when reclaim is
+    off (a watermark over 1)."""
+    strategy = group.cache_config.reclaim_strategy if group.cache_config is not None else None
+    trigger = strategy.trigger_strategy if strategy is not None else None
+    used = trigger.used_percentage if trigger is not None and trigger.used_percentage > 0 else 0.9
+    return min(used, 1.0)
+
+
 class InstanceTuning:
     """Runs the tuning of every group (``run``); one group at a time (``tune``)."""
 
     def __init__(
         self,
         groups: Groups,
-        events: EventLogSource,
-        output: ObjectStore,
+        events: EventLogSource | None,
+        output: ObjectStore | None,
         clock: Clock,
         logger: Logger,
         output_prefix: str = "",
         granules: int = GRANULES,
         reclaim_round_s: float = RECLAIM_ROUND_S,
+        live: LiveSource | None = None,
     ) -> None:
+        self.live = live
         self.groups = groups
         self.events = events
         self.output = output
@@ -177,14 +200,16 @@ class InstanceTuning:
         if capacity <= 0:
             return GroupResult(group.name, "no_quota")
         end_us = int(self.clock.now() * 1e6)
-        records = self.events.records(group.name, end_us - tuning.window_seconds * 1_000_000, end_us)
+        start_us = end_us - tuning.window_seconds * 1_000_000
+        # the event log is still what the reclaim parameter's simulation replays
+        records = self.events.records(group.name, start_us, end_us) if self.events is not None else []
         sizes = self.groups.block_bytes(group.name)
-        curves: Mapping[str, HitRatioCurve] = {
-            name: curve for name, curve in instance_curves(records, EVENT_BLOCK_SIZE).items() if name in sizes
-        }
+        live = self.live.curves(group.name) if self.live is not None else {}
+        source = live or instance_curves(records, EVENT_BLOCK_SIZE)
+        curves: Mapping[str, HitRatioCurve] = {name: curve for name, curve in source.items() if name in sizes}
         if not curves:
             return GroupResult(group.name, "no_traffic")
-        used = self._used_fraction(group)
+        used = used_fraction(group)
         current = current_quotas(group, sorted(curves))
         floor = max(1, int(sum(current.values()) * FLOOR_SHARE / len(current)))
         rec = recommend(
@@ -217,13 +242,26 @@ class InstanceTuning:
             "version": group.version,
             "status": status,
             "tuning": tuning.model_dump(),
-            "window_us": [end_us - tuning.window_seconds * 1_000_000, end_us],
+            "window_us": [start_us, end_us],
             "records": len(records),
+            "curves": "live" if live else "event_log",
             "quota_unit": "bytes",
             "reclaim": reclaim,
             **rec,
         }
         output = self._write(group.name, end_us, rec)
+        if self.live is not None:
+            self.live.recommend(
+                group.name,
+                {
+                    "time_ms": end_us // 1000,
+                    "status": status,
+                    "quota_bytes": capacity,
+                    "hit_ratio": rec["recommended"]["group_hit_ratio"],
+                    "current_hit_ratio": rec["current"]["group_hit_ratio"],
+                    "instance_quotas": rec["recommended"]["quotas"],
+                },
+            )
         self.logger.info(
             "instance tuning",
             extra={
@@ -235,14 +273,6 @@ class InstanceTuning:
             },
         )
         return GroupResult(group.name, status, rec, output)
-
-    @staticmethod
-    def _used_fraction(group: InstanceGroup) -> float:
-        """The share of a quota KVCM keeps (its watermark); 1 when reclaim is off (> 1)."""
-        strategy = group.cache_config.reclaim_strategy if group.cache_config is not None else None
-        trigger = strategy.trigger_strategy if strategy is not None else None
-        used = trigger.used_percentage if trigger is not None and trigger.used_percentage > 0 else 0.9
-        return min(used, 1.0)
 
     def _reclaim(
         self, group: InstanceGroup, records: list[Record], limits: dict[str, int], reference: float
@@ -293,6 +323,8 @@ class InstanceTuning:
         return "conflict"
 
     def _write(self, group: str, end_us: int, rec: dict[str, Any]) -> str:
+        if self.output is None:
+            return ""
         when = datetime.fromtimestamp(end_us / 1e6, tz=UTC)
         key = group_prefix(self.output_prefix, group, "tuning") + when.strftime("%Y-%m-%d/%H%M%S") + ".json"
         self.output.put(key, json.dumps(rec, indent=1, sort_keys=True).encode())

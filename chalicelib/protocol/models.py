@@ -1099,6 +1099,52 @@ class GetCapacityReportResponse(Response):
     recommendation: CapacityRecommendation | None = None
 
 
+class HitCurvePoint(WireModel):
+    quota_bytes: Int64 = 0
+    hit_ratio: float | None = None  # None: no read seen
+
+
+class HitCurveInstance(WireModel):
+    """One instance's part of a group's live curve (upstream's OptimizerInstanceSummary)."""
+
+    instance_id: Str = ""
+    hit_ratio: float | None = None  # at its share of the group quota
+    reads: Int64 = 0  # reads with a sampled key
+    read_blocks: Int64 = 0  # blocks asked, every read
+    sample_rate: float = 0.0
+    kept_keys: Int64 = 0
+    block_bytes: Int64 = 0
+    quota_bytes: Int64 = 0  # its share of the group quota now
+
+
+class HitCurveRecommendation(WireModel):
+    """The tuning job's last recommendation for the group."""
+
+    time_ms: Int64 = 0
+    status: Str = ""
+    quota_bytes: Int64 = 0
+    hit_ratio: float | None = None  # expected group hit ratio once applied
+    current_hit_ratio: float | None = None
+    instance_quotas: dict[str, int] = Field(default_factory=dict)
+
+
+class GetGroupHitCurveResponse(Response):
+    """A group's live hit-ratio curve (KVCM addition; upstream's TraceQuery hit rates at
+    every capacity): empty ``points`` until the ``hit_curves`` schedule has fed some reads."""
+
+    instance_group: Str = ""
+    quota_bytes: Int64 = 0
+    used_percentage: float = 0.0
+    points: list[HitCurvePoint] = Field(default_factory=empty_list)
+    hit_ratio_at_quota: float | None = None
+    hit_ratio_at_half_quota: float | None = None
+    hit_ratio_at_double_quota: float | None = None
+    instances: list[HitCurveInstance] = Field(default_factory=empty_list)
+    recommendation: HitCurveRecommendation | None = None
+    updated_time_ms: Int64 = 0  # when the schedule last fed the curve (0: never)
+    through_time_ms: Int64 = 0  # the time of the last read or write it includes
+
+
 # ---------------------------------------------------------------- debug service
 
 

@@ -30,12 +30,16 @@ from ..protocol.models import (
     CreateInstanceGroupRequest,
     DeleteAccountRequest,
     GetCapacityReportResponse,
+    GetGroupHitCurveResponse,
     GetInstanceGroupResponse,
     GetInstanceGroupUsageRequest,
     GetInstanceGroupUsageResponse,
     GetManagerClusterInfoResponse,
     GetMetricsResponse,
     GroupHealthInfo,
+    HitCurveInstance,
+    HitCurvePoint,
+    HitCurveRecommendation,
     InstanceGroupNameRequest,
     LeaderElectorConfigResponse,
     ListAccountResponse,
@@ -68,6 +72,7 @@ from ..storage import StorageRegistry
 from ..stores.lease import Lease
 from ..stores.metrics import MetricsStore
 from ..stores.storage_health import StorageHealthStore
+from ..workflows.hit_curves import HitCurveStore
 from ..workflows.sweeps import CapacityReports
 from .health import NO_WRITABLE_STORAGE, assess
 
@@ -125,12 +130,14 @@ class GroupAdmin:
         capacity_reports: CapacityReports,
         metrics: MetricsRegistry,
         metrics_store: MetricsStore,
+        hit_curves: HitCurveStore,
     ) -> None:
         self.control = control
         self.index = index
         self.purge = purge
         self.usage = usage
         self.capacity_reports = capacity_reports
+        self.hit_curves = hit_curves
         self.metrics = metrics
         self.metrics_store = metrics_store
 
@@ -210,6 +217,32 @@ class GroupAdmin:
 
     def get_capacity_report(self, request: ListRequest) -> GetCapacityReportResponse:
         return self.capacity_reports.get_capacity_report(request)
+
+    def get_group_hit_curve(self, request: InstanceGroupNameRequest) -> GetGroupHitCurveResponse:
+        """The group ``name``'s live curve as the ``hit_curves`` schedule last saved it."""
+        if not request.name:
+            raise InvalidArgumentError("field 'name' is required")
+        group = self.control.get_group(request.name)  # unknown: the contract's error
+        view = self.hit_curves.view(group.name)
+        if view is None:
+            return GetGroupHitCurveResponse(
+                instance_group=group.name, quota_bytes=group.quota.capacity if group.quota else 0
+            )
+        rec = self.hit_curves.recommendation(group.name)
+        marks = view["at_quota"]
+        return GetGroupHitCurveResponse(
+            instance_group=group.name,
+            quota_bytes=view["quota_bytes"],
+            used_percentage=view["used_percentage"],
+            points=[HitCurvePoint(**p) for p in view["points"]],
+            hit_ratio_at_quota=marks["x1"],
+            hit_ratio_at_half_quota=marks["x0.5"],
+            hit_ratio_at_double_quota=marks["x2"],
+            instances=[HitCurveInstance(instance_id=n, **i) for n, i in sorted(view["instances"].items())],
+            recommendation=HitCurveRecommendation(**rec) if rec else None,
+            updated_time_ms=int(view["updated_at"] * 1000),
+            through_time_ms=int(view["through_s"] * 1000),
+        )
 
 
 def _key_info(record: ApiKeyRecord) -> ApiKeyInfo:

@@ -1,7 +1,8 @@
 """The scheduled per-instance tuning job (app.py's ``instance_tuning`` schedule): the
 control plane adapted to what ``optimizer.instance_tuning`` needs, and the job built over
-the event log ``KVCM_EVENT_LOG`` names (S3 or a local directory); its recommendations
-are written beside the events (``<prefix>/tuning/<group>/...``)."""
+the live hit-ratio curves (``hit_curves``) and the event log ``KVCM_EVENT_LOG`` names (S3
+or a local directory); its recommendations are written beside the events
+(``<prefix>/tuning/<group>/...``) and beside the curves."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..observability.event_store import is_partitioned
 from ..observability.logging import logger
 from ..protocol.models import InstanceGroup
 from ..storage.objects import open_store
+from .hit_curves import LiveCurves
 
 
 class ControlGroups:
@@ -44,23 +46,18 @@ class InstanceTuningJob(Protocol):
         """Tune every group; a summary per group."""
 
 
-class NoEventLog:
-    """The job when the event log is not kept where it can be read back."""
-
-    def run(self) -> dict[str, Any]:
-        return {"skipped": "KVCM_EVENT_LOG names no S3 bucket or directory (s3://bucket/prefix, dir:/path)"}
-
-
 def instance_tuning(
-    control: ControlPlane, event_log: str, s3_client: Callable[[], Any], clock: Any
+    control: ControlPlane, event_log: str, s3_client: Callable[[], Any], clock: Any, live: LiveCurves
 ) -> InstanceTuningJob:
-    """The tuning job over ``event_log`` (a ``KVCM_EVENT_LOG`` value)."""
-    if not is_partitioned(event_log):
-        return NoEventLog()
+    """The tuning job over the groups' live curves and ``event_log`` (a ``KVCM_EVENT_LOG``
+    value: without a readable one, the quotas are tuned from the live curves alone, the
+    reclaim parameter not at all, and the recommendations are kept beside the curves only)."""
     # Imported when built: the optimizer costs the API's cold start a third of a second.
     from ..optimizer.instance_tuning import EventLogSource, InstanceTuning
 
+    if not is_partitioned(event_log):
+        return InstanceTuning(ControlGroups(control), None, None, clock, logger, live=live)
     store, prefix = open_store(event_log, s3_client)
     return InstanceTuning(
-        ControlGroups(control), EventLogSource(store, prefix), store, clock, logger, output_prefix=prefix
+        ControlGroups(control), EventLogSource(store, prefix), store, clock, logger, output_prefix=prefix, live=live
     )

@@ -1,0 +1,134 @@
+"""The hit feed on the read and write path (observability.hit_feed): sampled keys go to the
+instance's stream in the round trip the call makes anyway; a call without one sends
+nothing, its blocks asked ride on the next entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from chalicelib.observability.hit_feed import HASH_RANGE, PREFIX, READ, WRITE, FeedEntry, key_hash
+from chalicelib.protocol.models import (
+    GetCacheLocationRequest,
+    InstanceGroup,
+    RegisterInstanceRequest,
+    StartWriteCacheRequest,
+    StorageConfig,
+)
+
+
+@pytest.fixture
+def runtime_settings():
+    return {"key_prefix": "feedtest", "node_id": "node-a"}
+
+
+@pytest.fixture
+def instance(runtime, tmp_path):
+    runtime.control.add_storage(
+        StorageConfig.model_validate({"global_unique_name": "nfs_01", "nfs": {"root_path": str(tmp_path)}})
+    )
+    runtime.control.create_group(InstanceGroup.model_validate({"name": "g", "storage_candidates": ["nfs_01"]}))
+    runtime.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g",
+                "instance_id": "i",
+                "block_size": 16,
+                "location_spec_infos": [{"name": "tp0", "size": 1024}],
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            }
+        )
+    )
+    return runtime
+
+
+def entries(runtime) -> list[FeedEntry]:
+    raw = runtime.valkey.xrange(runtime.hit_curve_store.stream("i"))
+    return [FeedEntry.from_fields(fields) for _, fields in raw]
+
+
+def read(runtime, keys):
+    return runtime.cache.get_cache_location(
+        GetCacheLocationRequest(instance_id="i", block_keys=keys, query_type="QT_PREFIX_MATCH")
+    )
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """How many times a client sent commands (a pipeline sends all of its own at once)."""
+    from redis.connection import AbstractConnection
+
+    sent = [0]
+    send = AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        sent[0] += 1
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    return lambda: sent[0]
+
+
+def test_sampled_keys_ride_on_the_calls_round_trips_and_unsampled_reads_on_the_next_entry(instance, round_trips):
+    runtime = instance
+    threshold = HASH_RANGE // 4
+    runtime.hit_feed.threshold = threshold
+    keys = list(range(1, 41))
+    sampled = [k for k in keys if key_hash(k) < threshold]
+    unsampled = [k for k in keys if key_hash(k) >= threshold][:3]
+    assert sampled and unsampled
+
+    read(runtime, unsampled)  # warm: the container's config and the script are loaded
+    before = round_trips()
+    read(runtime, unsampled)  # nothing sampled: the read script alone
+    assert round_trips() - before == 1 and entries(runtime) == []
+
+    session = runtime.cache.start_write_cache(StartWriteCacheRequest(instance_id="i", block_keys=keys))
+    assert session.write_session_id
+    read(runtime, keys)
+    got = entries(runtime)
+    assert [(e.op, e.query, e.keys) for e in got] == [(WRITE, PREFIX, sampled), (READ, PREFIX, sampled)]
+    assert got[1].asked == 2 * len(unsampled) + len(keys)  # the unsampled reads' blocks came along
+    assert got[1].time_ms == int(runtime.clock.now() * 1000)
+
+    before = round_trips()
+    read(runtime, keys)  # a sampled read: EVALSHA and XADD in one pipeline
+    assert round_trips() - before == 1 and len(entries(runtime)) == 3
+
+
+def test_the_feed_off_sends_nothing(instance):
+    instance.hit_feed.threshold = 0
+    instance.cache.start_write_cache(StartWriteCacheRequest(instance_id="i", block_keys=[1, 2, 3]))
+    read(instance, [1, 2, 3])
+    assert entries(instance) == []
+
+
+def test_get_group_hit_curve_before_any_traffic_and_for_bad_names(instance, client):
+    import json
+
+    def call(body):
+        resp = client.http.post(
+            "/api/getGroupHitCurve", body=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
+        return json.loads(resp.body)
+
+    empty = call({"name": "g"})
+    assert empty["header"]["status"]["code"] == "OK" and empty.get("points", []) == []
+    assert instance.hit_curves.run() == {"groups": 0, "entries": 0}  # nothing fed: one round trip, nothing saved
+    missing = call({})["header"]["status"]
+    assert missing["code"] == "INVALID_ARGUMENT" and "'name'" in missing["message"]
+    unknown = call({"name": "nosuch"})["header"]["status"]  # as getInstanceGroup answers
+    assert unknown["code"] == "INVALID_ARGUMENT" and "nosuch" in unknown["message"]
+
+
+def test_a_run_drops_the_curve_and_stream_of_an_instance_no_longer_registered(instance):
+    from chalicelib.optimizer.live import LiveCurve
+
+    runtime, store = instance, instance.hit_curve_store
+    runtime.hit_feed.threshold = HASH_RANGE
+    runtime.cache.start_write_cache(StartWriteCacheRequest(instance_id="i", block_keys=[1, 2]))
+    read(runtime, [1, 2])
+    store.save("g", {"instances": {"ghost": LiveCurve(threshold=HASH_RANGE).to_dict()}, "through_ms": 0}, {})
+    runtime.valkey.xadd(store.stream("ghost"), FeedEntry(READ, PREFIX, [5], 1).fields())
+    assert runtime.hit_curves.run() == {"groups": 1, "entries": 2}
+    assert list(store.load("g")["instances"]) == ["i"]
+    assert not runtime.valkey.exists(store.stream("ghost")) and runtime.valkey.xlen(store.stream("i")) == 0
