@@ -29,7 +29,7 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
-from .wire import Bool, Int32, Int64, Int64List, JsonArray, Str, WireEnum, WireModel, empty_list
+from .wire import Bool, Int32, Int64, Int64List, Items, JsonArray, KeyList, Str, WireEnum, WireModel, empty_list
 
 ErrorCodeField = Annotated[ErrorCode, WireEnum(ErrorCode)]
 StorageTypeField = Annotated[StorageType, WireEnum(StorageType)]
@@ -87,7 +87,7 @@ class Response(WireModel):
 
 
 class BoolMasks(WireModel):
-    values: list[Bool] = Field(default_factory=empty_list)
+    values: Items[Bool] = Field(default_factory=empty_list)
 
 
 class BlockMask(WireModel):
@@ -130,7 +130,7 @@ class LocationSpecInfo(WireModel):
 
 class LocationSpecGroup(WireModel):
     name: Str = ""
-    spec_names: list[Str] = Field(default_factory=empty_list)
+    spec_names: Items[Str] = Field(default_factory=empty_list)
 
 
 class ModelDeployment(WireModel):
@@ -170,9 +170,9 @@ class InstanceInfo(WireModel):
     instance_group_name: Str = ""
     instance_id: Str = ""
     block_size: Int32 = 0
-    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=empty_list)
+    location_spec_infos: Items[LocationSpecInfo] = Field(default_factory=empty_list)
     model_deployment: ModelDeployment | None = None
-    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
+    location_spec_groups: Items[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
     key_scheme: KeySchemeConfig | None = None
@@ -378,7 +378,7 @@ class QuotaConfig(WireModel):
 
 class InstanceGroupQuota(WireModel):
     capacity: Int64 = 0
-    quota_config: list[QuotaConfig] = Field(default_factory=empty_list)
+    quota_config: Items[QuotaConfig] = Field(default_factory=empty_list)
 
 
 class TuningConfig(WireModel):
@@ -401,7 +401,7 @@ MAX_INSTANCE_SHARDS = 16
 
 class InstanceGroup(WireModel):
     name: Str = ""
-    storage_candidates: list[Str] = Field(default_factory=empty_list)
+    storage_candidates: Items[Str] = Field(default_factory=empty_list)
     global_quota_group_name: Str = ""
     max_instance_count: Int64 = 0
     quota: InstanceGroupQuota | None = None
@@ -411,7 +411,7 @@ class InstanceGroup(WireModel):
     #: Opaque JSON handed to clients (registerInstance, reportEvent).
     extra_info: Str = ""
     #: The event-report storages reportEvent may write for this group's instances.
-    event_report_storage_candidates: list[Str] = Field(default_factory=empty_list)
+    event_report_storage_candidates: Items[Str] = Field(default_factory=empty_list)
     revisit_interval_buckets: Str = ""
     #: KVCM extension: bytes each listed instance may hold (> 0; its share of ``quota.capacity``,
     #: enforced by startWriteCache and the reclaimer). Unlisted instances: the group quota only.
@@ -431,7 +431,7 @@ class KeysRequest(Request):
     """A request naming blocks by ``block_keys`` or by ``token_ids`` (keys win)."""
 
     instance_id: Str = ""
-    block_keys: Int64List = Field(default_factory=empty_list)
+    block_keys: KeyList = Field(default_factory=empty_list)
     token_ids: Int64List = Field(default_factory=empty_list)
 
 
@@ -439,9 +439,9 @@ class RegisterInstanceRequest(Request):
     instance_group: Str = ""
     instance_id: Str = ""
     block_size: Int32 = 0
-    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=empty_list)
+    location_spec_infos: Items[LocationSpecInfo] = Field(default_factory=empty_list)
     model_deployment: ModelDeployment | None = None
-    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
+    location_spec_groups: Items[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
     key_scheme: KeySchemeConfig | None = None
@@ -472,7 +472,7 @@ class GetCacheLocationRequest(KeysRequest):
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     block_mask: BlockMask | None = None
     sw_size: Int32 = 0
-    location_spec_names: list[Str] = Field(default_factory=empty_list)
+    location_spec_names: Items[Str] = Field(default_factory=empty_list)
 
 
 class GetCacheLocationResponse(Response):
@@ -490,7 +490,7 @@ class GetCacheMetaResponse(Response):
 
 
 class StartWriteCacheRequest(KeysRequest):
-    location_spec_group_names: list[Str] = Field(default_factory=empty_list)
+    location_spec_group_names: Items[Str] = Field(default_factory=empty_list)
     write_timeout_seconds: Int32 = 0
     #: Skip a key only when this many replicas exist (UPSTREAM_V2 §2.6); 0 = 1.
     min_replica_count: Int32 = 0
@@ -549,8 +549,8 @@ class GetCacheLocationsByBackendRequest(KeysRequest):
     block_mask: BlockMask | None = None
     sw_size: Int32 = 0
     #: Empty, or one name per key: each key's locations are projected to its name.
-    location_spec_names: list[Str] = Field(default_factory=empty_list)
-    backend_selectors: list[BackendLocationSelector] = Field(default_factory=empty_list)
+    location_spec_names: Items[Str] = Field(default_factory=empty_list)
+    backend_selectors: Items[BackendLocationSelector] = Field(default_factory=empty_list)
 
 
 class CacheLocationVector(WireModel):
@@ -589,31 +589,31 @@ class ReportedSpec(WireModel):
 
 
 class NodeRegisterEventParams(WireModel):
-    mediums: list[Str] = Field(default_factory=empty_list)
+    mediums: Items[Str] = Field(default_factory=empty_list)
 
 
 class BlockAddEventParams(WireModel):
     block_key: Str = ""  # int64 as a decimal string
     uri: Str = ""  # deprecated upstream, ignored: only specs count
     medium: Str = ""
-    specs: list[ReportedSpec] = Field(default_factory=empty_list)
+    specs: Items[ReportedSpec] = Field(default_factory=empty_list)
 
 
 class BlockDeleteEventParams(WireModel):
     block_key: Str = ""
     medium: Str = ""
-    spec_names: list[Str] = Field(default_factory=empty_list)
+    spec_names: Items[Str] = Field(default_factory=empty_list)
 
 
 class BlockSnapshotItem(WireModel):
     block_key: Str = ""
     medium: Str = ""
-    specs: list[ReportedSpec] = Field(default_factory=empty_list)
+    specs: Items[ReportedSpec] = Field(default_factory=empty_list)
 
 
 class BlockSnapshotEventParams(WireModel):
     medium: Str = ""  # deprecated upstream (single-medium form), ignored
-    blocks: list[BlockSnapshotItem] = Field(default_factory=empty_list)
+    blocks: Items[BlockSnapshotItem] = Field(default_factory=empty_list)
 
 
 class HostDownEventParams(WireModel):
@@ -659,7 +659,7 @@ class EventItem(WireModel):
 class ReportEventRequest(Request):
     instance_id: Str = ""
     host_ip_port: Str = ""
-    events: list[EventItem] = Field(default_factory=empty_list)
+    events: Items[EventItem] = Field(default_factory=empty_list)
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
 
@@ -675,8 +675,8 @@ class ReportEventResponse(Response):
 class GetHostCacheStateRequest(Request):
     instance_id: Str = ""
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
-    block_cache_keys: Int64List = Field(default_factory=empty_list)
-    medium: list[Str] = Field(default_factory=empty_list)  # empty = every medium
+    block_cache_keys: KeyList = Field(default_factory=empty_list)
+    medium: Items[Str] = Field(default_factory=empty_list)  # empty = every medium
     p2p_host_count: Int64 = 0
 
 
@@ -769,8 +769,8 @@ class AddAccountRequest(Request):
     user_name: Str = ""
     password: Str = ""
     role: RoleField = Role.ROLE_USER
-    instance_groups: list[Str] = Field(default_factory=empty_list)
-    instance_id_prefixes: list[Str] = Field(default_factory=empty_list)
+    instance_groups: Items[Str] = Field(default_factory=empty_list)
+    instance_id_prefixes: Items[Str] = Field(default_factory=empty_list)
 
 
 class ApiKeyInfo(WireModel):
