@@ -339,6 +339,10 @@ class StartRequest:
     max_keys: int = 0
     #: The most write sessions the instance may have open (0 = no limit).
     max_sessions: int = 0
+    #: Who starts (with auth on, the account) and the most sessions it may have open on
+    #: the instance (0 = no limit).
+    caller: str = ""
+    max_caller_sessions: int = 0
     #: The instance's own byte quota (0 = none).
     instance_capacity: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
@@ -588,6 +592,7 @@ class BlockIndex:
             layout.key("sd"),
             layout.session(req.session_id),
             layout.occupied,
+            layout.key("sc"),
         ]
         group = req.group_usage
         args: list[EncodableT] = [
@@ -621,7 +626,7 @@ class BlockIndex:
         ]
         for c in req.more_candidates:
             args += [c.name, c.storage_type, c.pack_count, c.type_capacity, c.group_type_bytes, int(c.by_location)]
-        args.append(int(req.partial))
+        args += [int(req.partial), req.max_caller_sessions if req.caller else 0, req.caller]
         result = self._call(self._start, keys, args)
         if result[0] == StartResult.REFUSED:
             reason = StartRefusal(result[1].decode())
@@ -638,6 +643,9 @@ class BlockIndex:
                     f"{req.storage_name} is not one of them",
                     StartRefusal.SESSIONS: f"the instance has {req.max_sessions} write sessions open, the most "
                     f"allowed (KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
+                    StartRefusal.CALLER_SESSIONS: f"account {req.caller!r} has {req.max_caller_sessions} write "
+                    f"sessions open on the instance, the most one caller may (KVCM_MAX_WRITE_SESSIONS_PER_CALLER): "
+                    f"finish them, or wait for them to expire",
                 }[reason],
                 int(result[2]) if len(result) > 2 else 0,
                 req.storage_type,
@@ -690,7 +698,7 @@ class BlockIndex:
         flags = bytes(ord("1") if s else ord("0") for s in success)
         reply = self._call(
             self._finish,
-            [layout.key("sd"), layout.session(session_id), layout.key("u"), layout.key("st")],
+            [layout.key("sd"), layout.session(session_id), layout.key("u"), layout.key("st"), layout.key("sc")],
             [
                 int(self.clock.now() * 1000),
                 session_id,
@@ -1046,7 +1054,7 @@ class BlockIndex:
                     self.client.unlink(*[layout.bucket(b) for b in buckets])
             if cursor == 0:
                 break
-        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq")] + [layout.occupied]
+        fixed = [layout.key(s) for s in ("g", "og", "sd", "sc", "dq")] + [layout.occupied]
         if keep_usage:
             # No record is left: nothing counts as DELETING or as a key any more.
             with valkey_errors("index"):

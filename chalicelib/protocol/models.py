@@ -11,7 +11,7 @@ cold start's 1 % (docs/cold-start.md).
 
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from typing_extensions import TypedDict
 
 from .codes import (
@@ -64,6 +64,17 @@ class Request(WireModel):
 
     trace_id: Str = ""
     header: RequestHeader | None = None
+    _caller: str = PrivateAttr(default="")
+
+    @property
+    def caller(self) -> str:
+        """The account that sent the request when auth is on, else "": set by the
+        dispatcher once the credentials are checked, never read from the body."""
+        return self._caller
+
+    def sent_by(self, caller: str) -> None:
+        """Name the authenticated account that sent the request (``caller``)."""
+        self._caller = caller
 
     @property
     def effective_trace_id(self) -> str:

@@ -170,6 +170,7 @@ class Dispatcher:
             validate_key_fields(request)
             if principal is not None:
                 check_target(principal, op.target(context.config, request), api_name)
+                request.sent_by(principal.user_name)
             if op.service == "meta" and settings.debug_service:
                 context.faults.check(api_name, trace_id)
             response = op.handler(context.service(op.owner), request)

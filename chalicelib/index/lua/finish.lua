@@ -1,6 +1,7 @@
 -- finishWriteCache (and expiry): WRITING(session) -> SERVING for successful blocks,
 -- -> DELETING for the rest; the session is gone afterwards, so a late finish fails.
--- KEYS: [1] session deadlines, [2] session record, [3] usage, [4] storage table.
+-- KEYS: [1] session deadlines, [2] session record, [3] usage, [4] storage table,
+--       [5] open sessions per caller (start.lua: a session naming its caller counts there).
 -- ARGV: [1] now (ms), [2] session id, [3] success flag per session key ('1'/'0'),
 --       [4] '1' to fail the whole session whatever its deadline (the reaper),
 --       [5] the session's key blob as the caller read it, [6] bucket prefix, [7] buckets,
@@ -16,7 +17,7 @@ local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix, nbuckets = ARGV[6], tonumber(ARGV[7])
 local charge = deleting_charge(KEYS[4], ARGV[8])
-local s = redis.call('HMGET', session, 'd', 'k', 'i')
+local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p')
 if not s[1] or (s[3] and s[3] ~= ARGV[9]) then return {FINISH_UNKNOWN, '', ''} end
 if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
@@ -52,6 +53,7 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
 end
 redis.call('DEL', session)
 redis.call('ZREM', deadlines, sid)
+if s[4] and redis.call('HINCRBY', KEYS[5], s[4], -1) <= 0 then redis.call('HDEL', KEYS[5], s[4]) end
 local out = charge.flush(KEYS[3])
 table.insert(out, 1, table.concat(uncommitted))
 table.insert(out, 1, table.concat(victims))
