@@ -117,6 +117,7 @@ def measure(count: int, client, data_dir: str) -> dict[str, tuple[float, float, 
             job()
             walls.append(time.perf_counter() - t0)
         out[name] = (statistics.median(walls) * 1e3, valkey_calls(client) / ROUNDS, control_requests.count / ROUNDS)
+        print(f"  [{count}] {name}: {out[name]}", file=sys.stderr, flush=True)
     set_runtime(None)
     return out
 
@@ -130,14 +131,22 @@ def main() -> None:
     aws = LocalAws(port=0, region="us-east-1")
     endpoint = aws.start()
     os.environ.update(
-        {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region, "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS}
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": aws.region,
+            "MOTO_PORT": str(aws.port),
+            **DUMMY_CREDENTIALS,
+        }
     )
     try:
         with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
             for count in (int(c) for c in args.counts.split(",")):
                 print(f"{count} idle instances in one group (median of {ROUNDS} rounds)")
                 for name, (wall_ms, calls, requests) in measure(count, client, data_dir).items():
-                    print(row(name, wall_ms, unit="ms") + f"  {calls:7.0f} Valkey commands  {requests:5.1f} table requests")
+                    print(
+                        row(name, wall_ms, unit="ms")
+                        + f"  {calls:7.0f} Valkey commands  {requests:5.1f} table requests"
+                    )
     finally:
         aws.stop()
 

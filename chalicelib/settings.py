@@ -124,9 +124,7 @@ class Settings:
                 "KVCM_MAX_WRITE_SESSIONS_PER_CALLER", base.max_write_sessions_per_caller
             ),
             config_refresh_s=_env_float("KVCM_CONFIG_REFRESH_S", base.config_refresh_s),
-            default_group_max_instances=_env_int(
-                "KVCM_DEFAULT_GROUP_MAX_INSTANCES", base.default_group_max_instances
-            ),
+            default_group_max_instances=_env_int("KVCM_DEFAULT_GROUP_MAX_INSTANCES", base.default_group_max_instances),
             lease_ttl_ms=_env_int("KVCM_LEASE_TTL_MS", base.lease_ttl_ms),
             event_log_path=os.environ.get("KVCM_EVENT_LOG", base.event_log_path),
             event_log_tokens=_env_bool("KVCM_EVENT_LOG_TOKENS", base.event_log_tokens),

@@ -578,7 +578,13 @@ class BlockIndex:
         if layout.shard_suffixes:
             return self.sharded.start(layout, block_keys, req)
         outcome = self.grant(layout, block_keys, req)
-        self._charge_group(layout, outcome.charge(req.storage_type))
+        pipe = self.client.pipeline(transaction=False)
+        self._charge_group(layout, outcome.charge(req.storage_type), pipe=pipe)
+        if any(outcome.new_flags):  # a session was opened
+            self.queue_session_deadline(pipe, layout.instance_id, req.deadline_ms)
+        if len(pipe):
+            with valkey_errors("index"):
+                pipe.execute()
         return outcome
 
     def grant(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
@@ -717,6 +723,49 @@ class BlockIndex:
         self._charge_group(layout, Usage.from_charge(reply[3:]))
         uncommitted = [j for j, flag in enumerate(reply[2]) if flag == ord("1")]
         return FinishOutcome(status == FinishStatus.EXPIRED, decode_victims(reply[1]), uncommitted)
+
+    # The reaper's due set: per instance with open sessions, a deadline no later than its
+    # earliest session's. It lives on a slot of its own, so a start adds to it right after
+    # its script (in the group counters' round trip); a start dying in between leaves its
+    # session out until the reaper's full sweep (workflows.reaper.FULL_SWEEP_S).
+
+    @property
+    def _session_due_key(self) -> str:
+        return f"{{{self.prefix}:reaper}}:due"
+
+    def queue_session_deadline(self, pipe: Any, instance_id: str, deadline_ms: int) -> None:
+        """Queue on ``pipe``: the instance has a session due at ``deadline_ms`` (the due
+        set keeps the earliest)."""
+        pipe.zadd(self._session_due_key, {instance_id: deadline_ms}, lt=True)
+
+    def instances_due(self, now_ms: int, limit: int = 1000) -> list[str]:
+        """The instances that may have a session past its deadline at ``now_ms``."""
+        with valkey_errors("index"):
+            due = cast(list[bytes], self.client.zrangebyscore(self._session_due_key, "-inf", now_ms, 0, limit))
+        return [instance_id.decode() for instance_id in due]
+
+    def rearm_session_deadlines(self, instance_ids: Sequence[str]) -> None:
+        """Set each instance's place in the due set to its earliest open session's deadline,
+        or take it out when it has none. Taken out first, then read: a start racing this
+        adds its deadline after the removal, or its session is in the read."""
+        if not instance_ids:
+            return
+        with valkey_errors("index"):
+            self.client.zrem(self._session_due_key, *instance_ids)
+        layouts = self.sharded.stored_layouts(instance_ids)
+        pipe = self.client.pipeline(transaction=False)
+        for layout in layouts:
+            for shard in layout.shards:
+                pipe.zrange(shard.key("sd"), 0, 0, withscores=True)
+        with valkey_errors("index"):
+            results = iter(pipe.execute())
+        for layout in layouts:
+            earliest = [int(score) for _ in layout.shards for _, score in next(results)]
+            if earliest:
+                self.queue_session_deadline(pipe, layout.instance_id, min(earliest))
+        if len(pipe):
+            with valkey_errors("index"):
+                pipe.execute()
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
         """Ids of sessions past their deadline, per instance (every shard's), in two round trips."""
