@@ -52,7 +52,13 @@ class Settings:
     max_keys_per_request: int = 16384
     #: Write sessions one instance may have open; every start opens one, new keys or not.
     max_write_sessions: int = 4096
+    #: With auth on, the write sessions one account may have open on one instance: one
+    #: caller cannot take the instance's whole budget (0 = no limit of its own).
+    max_write_sessions_per_caller: int = 1024
     config_refresh_s: float = 2.0
+    #: Instances the seeded ``default`` group takes (its ``max_instance_count``): every
+    #: background round costs something per instance.
+    default_group_max_instances: int = 128
     lease_ttl_ms: int = 10_000
     event_log_path: str = ""
     #: Event lines carry the request's raw token_ids (prompt content) only when set.
@@ -120,7 +126,11 @@ class Settings:
             prune_stale_on_write=_env_bool("KVCM_PRUNE_STALE_ON_WRITE", base.prune_stale_on_write),
             max_keys_per_request=_env_int("KVCM_MAX_KEYS_PER_REQUEST", base.max_keys_per_request),
             max_write_sessions=_env_int("KVCM_MAX_WRITE_SESSIONS", base.max_write_sessions),
+            max_write_sessions_per_caller=_env_int(
+                "KVCM_MAX_WRITE_SESSIONS_PER_CALLER", base.max_write_sessions_per_caller
+            ),
             config_refresh_s=_env_float("KVCM_CONFIG_REFRESH_S", base.config_refresh_s),
+            default_group_max_instances=_env_int("KVCM_DEFAULT_GROUP_MAX_INSTANCES", base.default_group_max_instances),
             lease_ttl_ms=_env_int("KVCM_LEASE_TTL_MS", base.lease_ttl_ms),
             event_log_path=os.environ.get("KVCM_EVENT_LOG", base.event_log_path),
             event_log_tokens=_env_bool("KVCM_EVENT_LOG_TOKENS", base.event_log_tokens),

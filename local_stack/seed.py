@@ -13,6 +13,7 @@ from typing import Any
 
 from chalicelib.protocol.errors import DuplicateEntityError
 from chalicelib.protocol.models import InstanceGroup, InstanceGroupQuota, NfsStorageSpec, StorageConfig
+from chalicelib.settings import Settings
 
 STORAGE_NAME = "nfs_01"
 GROUP_NAME = "default"
@@ -33,10 +34,15 @@ def default_storage(data_dir: Path) -> StorageConfig:
     )
 
 
-def default_group() -> InstanceGroup:
-    """``default``: writes to ``nfs_01``, 100 GiB quota, every other setting defaulted."""
+def default_group(max_instances: int) -> InstanceGroup:
+    """``default``: writes to ``nfs_01``, 100 GiB quota, at most ``max_instances``
+    instances (``KVCM_DEFAULT_GROUP_MAX_INSTANCES``; registration checks it in the
+    transaction that counts the instance), every other setting defaulted."""
     return InstanceGroup(
-        name=GROUP_NAME, storage_candidates=[STORAGE_NAME], quota=InstanceGroupQuota(capacity=GROUP_QUOTA_BYTES)
+        name=GROUP_NAME,
+        storage_candidates=[STORAGE_NAME],
+        quota=InstanceGroupQuota(capacity=GROUP_QUOTA_BYTES),
+        max_instance_count=max_instances,
     )
 
 
@@ -48,13 +54,14 @@ def _add_absent(add: Callable[[Any], Any], entity: Any) -> bool:
         return False
 
 
-def seed_defaults(control: Any, data_dir: Path) -> list[str]:
-    """Add the default storage and group unless they exist; returns the names added."""
+def seed_defaults(control: Any, data_dir: Path, max_instances: int = Settings.default_group_max_instances) -> list[str]:
+    """Add the default storage and group (of at most ``max_instances`` instances) unless
+    they exist; returns the names added."""
     storage = default_storage(data_dir)
     storage_root(data_dir).mkdir(parents=True, exist_ok=True)
     added = []
     if _add_absent(control.add_storage, storage):
         added.append(STORAGE_NAME)
-    if _add_absent(control.create_group, default_group()):
+    if _add_absent(control.create_group, default_group(max_instances)):
         added.append(GROUP_NAME)
     return added

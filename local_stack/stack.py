@@ -229,7 +229,9 @@ class LocalStack:
         exits.callback(snapshot.save)
         snapshot.save()  # the journal replayed at this start is folded in
         if self.config.seed:
-            self.seeded = seed_defaults(runtime.control, self.config.data_dir)
+            self.seeded = seed_defaults(
+                runtime.control, self.config.data_dir, runtime.settings.default_group_max_instances
+            )
         return snapshot
 
     # ------------------------------------------------------------ endpoints

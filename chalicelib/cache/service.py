@@ -119,6 +119,8 @@ class StartPlan:
     min_replicas: int
     stale: list[tuple[int, int]]
     covers: bytes
+    #: The account starting (auth on; "": none), whose own open sessions are capped.
+    caller: str
 
     def further(self, position: int) -> list[StorageState]:
         """The candidates after ``position`` one start script call may also write to
@@ -574,6 +576,7 @@ class CacheService:
             req.min_replica_count,
             self._stale_locations(ctx, keys) if self.settings.prune_stale_on_write else [],
             spec_group_coverage(ctx),
+            req.caller,
         )
 
     def _try_candidate(
@@ -610,7 +613,7 @@ class CacheService:
         except QuotaExceededError as exc:
             if explicit:
                 backend.unreserve(ctx.instance_id, explicit, sizes[0])
-            if exc.kind == StartRefusal.SESSIONS:
+            if exc.kind in (StartRefusal.SESSIONS, StartRefusal.CALLER_SESSIONS):
                 raise
             if exc.kind not in (StartRefusal.TYPE, StartRefusal.STORAGES):  # no other candidate may take it
                 self.on_capacity_refused(ctx.group.name)
@@ -639,6 +642,8 @@ class CacheService:
             type_capacity=ctx.type_capacity(state.backend.storage_type),
             max_keys=ctx.max_key_count,
             max_sessions=self.settings.max_write_sessions,
+            caller=plan.caller,
+            max_caller_sessions=self.settings.max_write_sessions_per_caller,
             group_usage=group_usage,
             instance_capacity=ctx.instance_capacity,
             min_replicas=plan.min_replicas,

@@ -359,6 +359,10 @@ class StartRequest:
     max_keys: int = 0
     #: The most write sessions the instance may have open (0 = no limit).
     max_sessions: int = 0
+    #: Who starts (with auth on, the account) and the most sessions it may have open on
+    #: the instance (0 = no limit).
+    caller: str = ""
+    max_caller_sessions: int = 0
     #: The instance's own byte quota (0 = none).
     instance_capacity: int = 0
     #: The group's live usage as last read (None: not read; only this instance counts).
@@ -666,14 +670,15 @@ class BlockIndex:
             return outcome
         outcome = self.grant(layout, block_keys, req)
         entry = feed(outcome) if feed is not None else None
-        if entry is None:
-            self._charge_group(layout, outcome.charge(req.storage_type))
-            return outcome
         pipe = self.client.pipeline(transaction=False)
         self._charge_group(layout, outcome.charge(req.storage_type), pipe=pipe)
-        self._queue_feed(pipe, layout, entry)
-        with valkey_errors("index"):
-            pipe.execute()
+        if any(outcome.new_flags):  # a session was opened
+            self.queue_session_deadline(pipe, layout.instance_id, req.deadline_ms)
+        if entry is not None:
+            self._queue_feed(pipe, layout, entry)
+        if len(pipe):
+            with valkey_errors("index"):
+                pipe.execute()
         return outcome
 
     def grant(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome:
@@ -688,6 +693,7 @@ class BlockIndex:
             layout.session(req.session_id),
             layout.occupied,
             layout.key("pd"),
+            layout.key("sc"),
         ]
         group = req.group_usage
         args: list[EncodableT] = [
@@ -723,6 +729,7 @@ class BlockIndex:
             args += [c.name, c.storage_type, c.pack_count, c.type_capacity, c.group_type_bytes, int(c.by_location)]
         args.append(int(req.partial))
         args.append(self.pend_deletions(layout) if req.stale else 0)  # stale locations turn DELETING
+        args += [req.max_caller_sessions if req.caller else 0, req.caller]
         result = self._call(self._start, keys, args)
         if result[0] == StartResult.REFUSED:
             reason = StartRefusal(result[1].decode())
@@ -739,6 +746,9 @@ class BlockIndex:
                     f"{req.storage_name} is not one of them",
                     StartRefusal.SESSIONS: f"the instance has {req.max_sessions} write sessions open, the most "
                     f"allowed (KVCM_MAX_WRITE_SESSIONS): finish them, or wait for them to expire",
+                    StartRefusal.CALLER_SESSIONS: f"account {req.caller!r} has {req.max_caller_sessions} write "
+                    f"sessions open on the instance, the most one caller may (KVCM_MAX_WRITE_SESSIONS_PER_CALLER): "
+                    f"finish them, or wait for them to expire",
                 }[reason],
                 int(result[2]) if len(result) > 2 else 0,
                 req.storage_type,
@@ -794,7 +804,14 @@ class BlockIndex:
         failing = force_fail or not all(success) or now_ms > session.deadline_ms
         reply = self._call(
             self._finish,
-            [layout.key("sd"), layout.session(session_id), layout.key("u"), layout.key("st"), layout.key("pd")],
+            [
+                layout.key("sd"),
+                layout.session(session_id),
+                layout.key("u"),
+                layout.key("st"),
+                layout.key("pd"),
+                layout.key("sc"),
+            ],
             [
                 now_ms,
                 session_id,
@@ -813,6 +830,49 @@ class BlockIndex:
         self._charge_group(layout, Usage.from_charge(reply[3:]))
         uncommitted = [j for j, flag in enumerate(reply[2]) if flag == ord("1")]
         return FinishOutcome(status == FinishStatus.EXPIRED, decode_victims(reply[1]), uncommitted)
+
+    # The reaper's due set: per instance with open sessions, a deadline no later than its
+    # earliest session's. It lives on a slot of its own, so a start adds to it right after
+    # its script (in the group counters' round trip); a start dying in between leaves its
+    # session out until the reaper's full sweep (workflows.reaper.FULL_SWEEP_S).
+
+    @property
+    def _session_due_key(self) -> str:
+        return f"{{{self.prefix}:reaper}}:due"
+
+    def queue_session_deadline(self, pipe: Any, instance_id: str, deadline_ms: int) -> None:
+        """Queue on ``pipe``: the instance has a session due at ``deadline_ms`` (the due
+        set keeps the earliest)."""
+        pipe.zadd(self._session_due_key, {instance_id: deadline_ms}, lt=True)
+
+    def instances_due(self, now_ms: int, limit: int = 1000) -> list[str]:
+        """The instances that may have a session past its deadline at ``now_ms``."""
+        with valkey_errors("index"):
+            due = cast(list[bytes], self.client.zrangebyscore(self._session_due_key, "-inf", now_ms, 0, limit))
+        return [instance_id.decode() for instance_id in due]
+
+    def rearm_session_deadlines(self, instance_ids: Sequence[str]) -> None:
+        """Set each instance's place in the due set to its earliest open session's deadline,
+        or take it out when it has none. Taken out first, then read: a start racing this
+        adds its deadline after the removal, or its session is in the read."""
+        if not instance_ids:
+            return
+        with valkey_errors("index"):
+            self.client.zrem(self._session_due_key, *instance_ids)
+        layouts = self.sharded.stored_layouts(instance_ids)
+        pipe = self.client.pipeline(transaction=False)
+        for layout in layouts:
+            for shard in layout.shards:
+                pipe.zrange(shard.key("sd"), 0, 0, withscores=True)
+        with valkey_errors("index"):
+            results = iter(pipe.execute())
+        for layout in layouts:
+            earliest = [int(score) for _ in layout.shards for _, score in next(results)]
+            if earliest:
+                self.queue_session_deadline(pipe, layout.instance_id, min(earliest))
+        if len(pipe):
+            with valkey_errors("index"):
+                pipe.execute()
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
         """Ids of sessions past their deadline, per instance (every shard's), in two round trips."""
@@ -1259,7 +1319,7 @@ class BlockIndex:
                     self.client.unlink(*[layout.bucket(b) for b in buckets])
             if cursor == 0:
                 break
-        fixed = [layout.key(s) for s in ("g", "og", "sd", "dq", "fg", "pd")] + [layout.occupied]
+        fixed = [layout.key(s) for s in ("g", "og", "sd", "sc", "dq", "fg", "pd")] + [layout.occupied]
         if keep_usage:
             # No record is left: nothing counts as DELETING or as a key any more.
             with valkey_errors("index"):

@@ -198,6 +198,8 @@ class StartRefusal(str, Enum):
     KEYS = "keys"
     STORAGES = "storages"
     SESSIONS = "sessions"
+    #: The calling account's own open sessions on the instance (auth on).
+    CALLER_SESSIONS = "caller_sessions"
 
 
 class FinishStatus(IntEnum):

@@ -233,6 +233,8 @@ class ShardedIndex:
         placed: dict[int, tuple[int, int, int]] = {}
         pipe = index.client.pipeline(transaction=False)
         index._charge_group(layout, total, pipe=pipe)
+        if any(any(outcome.new_flags) for *_, outcome in granted):  # sessions were opened
+            index.queue_session_deadline(pipe, layout.instance_id, req.deadline_ms)
         for s, pos, sub, outcome in granted:
             shard_written = [
                 (local, outcome.written_to[local] if outcome.written_to else 1)

@@ -11,7 +11,7 @@ cold start's 1 % (docs/cold-start.md).
 
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from typing_extensions import TypedDict
 
 from .codes import (
@@ -35,7 +35,10 @@ from .wire import (
     Int32,
     Int64,
     Int64List,
+    Items,
     JsonArray,
+    KeyList,
+    ParseLimits,
     Str,
     WireEnum,
     WireModel,
@@ -77,11 +80,23 @@ class Request(WireModel):
 
     trace_id: Str = ""
     header: RequestHeader | None = None
+    _caller: str = PrivateAttr(default="")
+
+    @property
+    def caller(self) -> str:
+        """The account that sent the request when auth is on, else "": set by the
+        dispatcher once the credentials are checked, never read from the body."""
+        return self._caller
+
+    def sent_by(self, caller: str) -> None:
+        """Name the authenticated account that sent the request (``caller``)."""
+        self._caller = caller
 
     @classmethod
-    def from_body(cls, raw: Any) -> "Request":
-        """The request in an HTTP body (MalformedBodyError, InvalidArgumentError naming the field)."""
-        return parse_model(cls, decode_body(raw))
+    def from_body(cls, raw: Any, limits: ParseLimits | None = None) -> "Request":
+        """The request in an HTTP body, its key lists within ``limits`` (MalformedBodyError,
+        InvalidArgumentError naming the field)."""
+        return parse_model(cls, decode_body(raw), limits)
 
     @property
     def effective_trace_id(self) -> str:
@@ -105,7 +120,7 @@ class Response(WireModel):
 
 
 class BoolMasks(WireModel):
-    values: list[Bool] = Field(default_factory=empty_list)
+    values: Items[Bool] = Field(default_factory=empty_list)
 
 
 class BlockMask(WireModel):
@@ -148,7 +163,7 @@ class LocationSpecInfo(WireModel):
 
 class LocationSpecGroup(WireModel):
     name: Str = ""
-    spec_names: list[Str] = Field(default_factory=empty_list)
+    spec_names: Items[Str] = Field(default_factory=empty_list)
 
 
 class ModelDeployment(WireModel):
@@ -188,9 +203,9 @@ class InstanceInfo(WireModel):
     instance_group_name: Str = ""
     instance_id: Str = ""
     block_size: Int32 = 0
-    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=empty_list)
+    location_spec_infos: Items[LocationSpecInfo] = Field(default_factory=empty_list)
     model_deployment: ModelDeployment | None = None
-    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
+    location_spec_groups: Items[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
     key_scheme: KeySchemeConfig | None = None
@@ -396,7 +411,7 @@ class QuotaConfig(WireModel):
 
 class InstanceGroupQuota(WireModel):
     capacity: Int64 = 0
-    quota_config: list[QuotaConfig] = Field(default_factory=empty_list)
+    quota_config: Items[QuotaConfig] = Field(default_factory=empty_list)
 
 
 class TuningConfig(WireModel):
@@ -419,7 +434,7 @@ MAX_INSTANCE_SHARDS = 16
 
 class InstanceGroup(WireModel):
     name: Str = ""
-    storage_candidates: list[Str] = Field(default_factory=empty_list)
+    storage_candidates: Items[Str] = Field(default_factory=empty_list)
     global_quota_group_name: Str = ""
     max_instance_count: Int64 = 0
     quota: InstanceGroupQuota | None = None
@@ -429,7 +444,7 @@ class InstanceGroup(WireModel):
     #: Opaque JSON handed to clients (registerInstance, reportEvent).
     extra_info: Str = ""
     #: The event-report storages reportEvent may write for this group's instances.
-    event_report_storage_candidates: list[Str] = Field(default_factory=empty_list)
+    event_report_storage_candidates: Items[Str] = Field(default_factory=empty_list)
     revisit_interval_buckets: Str = ""
     #: KVCM extension: bytes each listed instance may hold (> 0; its share of ``quota.capacity``,
     #: enforced by startWriteCache and the reclaimer). Unlisted instances: the group quota only.
@@ -449,7 +464,7 @@ class KeysRequest(Request):
     """A request naming blocks by ``block_keys`` or by ``token_ids`` (keys win)."""
 
     instance_id: Str = ""
-    block_keys: Int64List = Field(default_factory=empty_list)
+    block_keys: KeyList = Field(default_factory=empty_list)
     token_ids: Int64List = Field(default_factory=empty_list)
 
 
@@ -457,9 +472,9 @@ class RegisterInstanceRequest(Request):
     instance_group: Str = ""
     instance_id: Str = ""
     block_size: Int32 = 0
-    location_spec_infos: list[LocationSpecInfo] = Field(default_factory=empty_list)
+    location_spec_infos: Items[LocationSpecInfo] = Field(default_factory=empty_list)
     model_deployment: ModelDeployment | None = None
-    location_spec_groups: list[LocationSpecGroup] = Field(default_factory=empty_list)
+    location_spec_groups: Items[LocationSpecGroup] = Field(default_factory=empty_list)
     default_query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     #: KVCM extension: the instance's block-key scheme (absent: upstream's rolling hash).
     key_scheme: KeySchemeConfig | None = None
@@ -490,7 +505,7 @@ class GetCacheLocationRequest(KeysRequest):
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
     block_mask: BlockMask | None = None
     sw_size: Int32 = 0
-    location_spec_names: list[Str] = Field(default_factory=empty_list)
+    location_spec_names: Items[Str] = Field(default_factory=empty_list)
 
 
 class GetCacheLocationResponse(Response):
@@ -576,7 +591,7 @@ class GetCacheMetaDetailResponse(Response):
 
 
 class StartWriteCacheRequest(KeysRequest):
-    location_spec_group_names: list[Str] = Field(default_factory=empty_list)
+    location_spec_group_names: Items[Str] = Field(default_factory=empty_list)
     write_timeout_seconds: Int32 = 0
     #: Skip a key only when this many replicas exist (UPSTREAM_V2 §2.6); 0 = 1.
     min_replica_count: Int32 = 0
@@ -635,8 +650,8 @@ class GetCacheLocationsByBackendRequest(KeysRequest):
     block_mask: BlockMask | None = None
     sw_size: Int32 = 0
     #: Empty, or one name per key: each key's locations are projected to its name.
-    location_spec_names: list[Str] = Field(default_factory=empty_list)
-    backend_selectors: list[BackendLocationSelector] = Field(default_factory=empty_list)
+    location_spec_names: Items[Str] = Field(default_factory=empty_list)
+    backend_selectors: Items[BackendLocationSelector] = Field(default_factory=empty_list)
 
 
 class CacheLocationVector(WireModel):
@@ -675,31 +690,31 @@ class ReportedSpec(WireModel):
 
 
 class NodeRegisterEventParams(WireModel):
-    mediums: list[Str] = Field(default_factory=empty_list)
+    mediums: Items[Str] = Field(default_factory=empty_list)
 
 
 class BlockAddEventParams(WireModel):
     block_key: Str = ""  # int64 as a decimal string
     uri: Str = ""  # deprecated upstream, ignored: only specs count
     medium: Str = ""
-    specs: list[ReportedSpec] = Field(default_factory=empty_list)
+    specs: Items[ReportedSpec] = Field(default_factory=empty_list)
 
 
 class BlockDeleteEventParams(WireModel):
     block_key: Str = ""
     medium: Str = ""
-    spec_names: list[Str] = Field(default_factory=empty_list)
+    spec_names: Items[Str] = Field(default_factory=empty_list)
 
 
 class BlockSnapshotItem(WireModel):
     block_key: Str = ""
     medium: Str = ""
-    specs: list[ReportedSpec] = Field(default_factory=empty_list)
+    specs: Items[ReportedSpec] = Field(default_factory=empty_list)
 
 
 class BlockSnapshotEventParams(WireModel):
     medium: Str = ""  # deprecated upstream (single-medium form), ignored
-    blocks: list[BlockSnapshotItem] = Field(default_factory=empty_list)
+    blocks: Items[BlockSnapshotItem] = Field(default_factory=empty_list)
 
 
 class HostDownEventParams(WireModel):
@@ -755,12 +770,12 @@ class ReportEventRequest(Request):
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
     @classmethod
-    def from_body(cls, raw: Any) -> "Request":
+    def from_body(cls, raw: Any, limits: ParseLimits | None = None) -> "Request":
         """An engine's body (snake_case, enum names, no nulls) decoded straight into structs;
         any other body as every request is (``Request.from_body``), its errors unchanged."""
         body = decode_report_body(raw) if isinstance(raw, (bytes, str)) and raw else None
         if body is None:
-            return super().from_body(raw)
+            return super().from_body(raw, limits)
         return cls.model_construct(
             instance_id=body.instance_id,
             host_ip_port=body.host_ip_port,
@@ -789,8 +804,8 @@ MAX_HOST_STATE_KEYS = 262_144
 class GetHostCacheStateRequest(Request):
     instance_id: Str = ""
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
-    block_cache_keys: Int64List = Field(default_factory=empty_list)
-    medium: list[Str] = Field(default_factory=empty_list)  # empty = every medium
+    block_cache_keys: KeyList = Field(default_factory=empty_list)
+    medium: Items[Str] = Field(default_factory=empty_list)  # empty = every medium
     p2p_host_count: Int64 = 0
 
 
@@ -883,8 +898,8 @@ class AddAccountRequest(Request):
     user_name: Str = ""
     password: Str = ""
     role: RoleField = Role.ROLE_USER
-    instance_groups: list[Str] = Field(default_factory=empty_list)
-    instance_id_prefixes: list[Str] = Field(default_factory=empty_list)
+    instance_groups: Items[Str] = Field(default_factory=empty_list)
+    instance_id_prefixes: Items[Str] = Field(default_factory=empty_list)
 
 
 class ApiKeyInfo(WireModel):

@@ -17,10 +17,10 @@ The payload rules past the shapes (block keys, names, URIs) are the service's
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, overload
+from typing import Annotated, Any, ClassVar, overload
 
 import msgspec
-from pydantic import GetCoreSchemaHandler
+from pydantic import FailFast, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from .codes import ReportEventType, StorageType
@@ -199,7 +199,8 @@ class ReportedEvents(Sequence[Event]):
 
         return core_schema.no_info_wrap_validator_function(
             validate,
-            handler.generate_schema(list[cls.item_model]),  # type: ignore[name-defined]
+            # Item errors fail fast, as every request list's (wire.Items).
+            handler.generate_schema(Annotated[list[cls.item_model], FailFast()]),  # type: ignore[name-defined]
             serialization=core_schema.plain_serializer_function_ser_schema(
                 lambda events: msgspec.to_builtins(list(events))
             ),

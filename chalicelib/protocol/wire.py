@@ -12,18 +12,21 @@ import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from enum import IntEnum
 from types import GenericAlias
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from annotated_types import GroupedMetadata
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    FailFast,
     GetCoreSchemaHandler,
     PlainSerializer,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     WrapValidator,
@@ -136,7 +139,32 @@ def _int64_list(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
     return checked
 
 
-Int64List = Annotated[list[Int64], WrapValidator(_int64_list)]
+@dataclass(frozen=True)
+class ParseLimits:
+    """Bounds a request's lists are checked against before their items are (the
+    validation context ``parse_model`` passes): a list of 500,000 bad items is refused by
+    its length, not after 500,000 item errors."""
+
+    #: Items a list of block keys may hold (``Settings.max_keys_per_request``).
+    max_keys: int
+
+
+def _key_list(value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> list[int]:
+    limits = info.context
+    if isinstance(limits, ParseLimits) and type(value) is list and len(value) > limits.max_keys:
+        raise ValueError(f"{len(value)} keys exceed the limit of {limits.max_keys}")
+    return _int64_list(value, handler)
+
+
+T = TypeVar("T")
+#: A request's list: its validation stops at the first bad item (pydantic's ``FailFast``),
+#: so the errors a body can make are bounded by its schema, not by its length.
+Items = Annotated[list[T], FailFast()]
+#: A list of int64 (token ids), item errors failing fast.
+Int64List = Annotated[list[Int64], FailFast(), WrapValidator(_int64_list)]
+#: A list of block keys: also refused by its length (``ParseLimits.max_keys``) before any
+#: item is checked.
+KeyList = Annotated[list[Int64], FailFast(), WrapValidator(_key_list)]
 Int32 = Annotated[int, BeforeValidator(_int32), _integer_json_schema(INT32_MIN, INT32_MAX)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_string)]
@@ -284,15 +312,16 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return out or "<body>"
 
 
-#: Fields a validation message names at most, and its length: a body of 500,000 bad
-#: list items must not get a 29 MB answer.
+#: Fields a validation message names at most, and its length: a body of bad items must
+#: not get a 29 MB answer (lists fail fast: at most one item error each).
 MAX_ERRORS_NAMED = 5
 MAX_ERROR_MESSAGE = 1024
 
 
 def describe_validation_error(err: ValidationError) -> str:
     """A one-line message naming the first offending fields (``MAX_ERRORS_NAMED``) and how
-    many there are in all, at most ``MAX_ERROR_MESSAGE`` characters."""
+    many were found (a list stops at its first bad item), at most ``MAX_ERROR_MESSAGE``
+    characters."""
     parts = []
     for item in itertools.islice(err.errors(include_url=False, include_input=False), MAX_ERRORS_NAMED):
         msg = item["msg"]
@@ -300,7 +329,7 @@ def describe_validation_error(err: ValidationError) -> str:
             msg = msg[len("Value error, ") :]
         parts.append(f"field '{field_path(item['loc'])}': {msg}")
     total = err.error_count()
-    text = "; ".join(parts) + (f" ({total} invalid fields in all)" if total > len(parts) else "")
+    text = "; ".join(parts) + (f" ({total} invalid fields found)" if total > len(parts) else "")
     return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 1] + "…"
 
 
@@ -332,10 +361,11 @@ def build_models() -> int:
     return built
 
 
-def parse_model[M: BaseModel](model: type[M], data: dict[str, Any]) -> M:
-    """Validate a decoded JSON object into ``model``; errors name the field."""
+def parse_model[M: BaseModel](model: type[M], data: dict[str, Any], limits: ParseLimits | None = None) -> M:
+    """Validate a decoded JSON object into ``model``, its key lists within ``limits``;
+    errors name the field."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=limits)
     except ValidationError as err:
         raise InvalidArgumentError(describe_validation_error(err)) from None
 

@@ -29,7 +29,7 @@ from ..protocol.codes import ErrorCode
 from ..protocol.errors import MalformedBodyError, RequestTooLargeError, http_status_of, status_of
 from ..protocol.models import Request, Response, ResponseHeader, Status
 from ..protocol.validation import invalid, validate_key_fields
-from ..protocol.wire import render
+from ..protocol.wire import ParseLimits, render
 from ..settings import Settings
 from ..stores.faults import FaultRegistry
 
@@ -162,7 +162,7 @@ class Dispatcher:
             if settings.auth_enabled:
                 principal = context.auth.authenticate(headers, source)
                 check_action(principal, op.action, api_name)
-            request = op.request_model.from_body(raw_body)
+            request = op.request_model.from_body(raw_body, ParseLimits(settings.max_keys_per_request))
             if len(request.effective_trace_id) > settings.max_trace_id_length:
                 raise invalid("trace_id", f"is longer than {settings.max_trace_id_length} characters")
             trace_id = request.effective_trace_id
@@ -170,6 +170,7 @@ class Dispatcher:
             validate_key_fields(request)
             if principal is not None:
                 check_target(principal, op.target(context.config, request), api_name)
+                request.sent_by(principal.user_name)
             if op.service == "meta" and settings.debug_service:
                 context.faults.check(api_name, trace_id)
             response = op.handler(context.service(op.owner), request)

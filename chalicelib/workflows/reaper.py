@@ -25,6 +25,11 @@ from .executions import StateMachine
 INTERVAL_S = 2
 #: Rounds per execution before it hands over to a fresh one.
 MAX_ROUNDS = 500
+#: A round reads only the instances the index's due set names (work to do, not every
+#: instance); every this often, and at a container's first round, it reads every
+#: registered instance instead: a start that died between its script and the due set left
+#: its session out of it.
+FULL_SWEEP_S = 600
 
 
 def reaper_input() -> dict[str, Any]:
@@ -55,15 +60,22 @@ class SessionReaper:
         self.machine = machine
         self.metrics = metrics
         self.emf = emf
+        self._next_full_sweep = float("-inf")
 
     def expire_write_sessions(self) -> dict[str, Any]:
         """Fail every write session past its deadline: its WRITING locations go to deletion
-        and a later finish is refused. Only the lease holder works; others skip."""
+        and a later finish is refused. Reads the instances the due set names (a full sweep
+        every ``FULL_SWEEP_S``); only the lease holder works, others skip."""
         if not self.lease.try_acquire():
             return {"skipped": "lease held by another node", "expired": 0}
-        instance_ids = [r.instance_id for r in self.control.list_instances()]
+        now = now_ms(self.clock)
+        if self.clock.now() >= self._next_full_sweep:
+            self._next_full_sweep = self.clock.now() + FULL_SWEEP_S
+            instance_ids = [r.instance_id for r in self.control.list_instances()]
+        else:
+            instance_ids = self.index.instances_due(now)
         expired = blocks = 0
-        for instance_id, session_ids in self.index.due_sessions(instance_ids, now_ms(self.clock)).items():
+        for instance_id, session_ids in self.index.due_sessions(instance_ids, now).items():
             try:
                 ctx = self.contexts(instance_id)
             except InstanceNotFoundError:
@@ -73,6 +85,7 @@ class SessionReaper:
                 if failed is not None:  # None: finished meanwhile
                     expired += 1
                     blocks += failed
+        self.index.rearm_session_deadlines(instance_ids)
         if expired:
             # Engines that start writes and never finish them (crashed, or timeouts too short).
             self.metrics.incr("write_session.expired_count", expired)

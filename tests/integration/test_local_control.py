@@ -4,6 +4,7 @@ idempotent seeding."""
 from __future__ import annotations
 
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -11,8 +12,11 @@ import pytest
 from chalicelib.clock import ManualClock
 from chalicelib.control import ControlPlane, ensure_table
 from chalicelib.protocol.codes import Role
+from chalicelib.protocol.errors import CapacityExceededError
 from local_stack.control import ControlSnapshot, JournalDamagedError
 from local_stack.seed import GROUP_NAME, GROUP_QUOTA_BYTES, STORAGE_NAME, seed_defaults
+from tests.helpers import serialize_transactions
+from tests.integration.control.harness import register_request
 
 TABLE = "kvcm-control-test"
 
@@ -189,3 +193,27 @@ def test_valkey_files_are_the_owners_only(tmp_path):
         valkey.stop()
     files = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".conf" and p.name != "valkey.log"]
     assert files and {p.name: p.stat().st_mode & 0o777 for p in files} == {p.name: 0o600 for p in files}
+
+
+def test_the_seeded_default_group_caps_its_instances_atomically(aws, tmp_path, monkeypatch):
+    """Issue 28.12: `default` took any number of instances (673 slowed every background
+    round). Its cap is checked in the transaction that counts the instance: 8 racing
+    registrations under a cap of 3 leave exactly 3."""
+    serialize_transactions(monkeypatch)  # as DynamoDB does; moto does not
+    dynamodb = boto3.client("dynamodb")
+    ensure_table(dynamodb, TABLE)
+    control = control_plane(dynamodb)
+    seed_defaults(control, tmp_path / "data", max_instances=3)
+    assert control.get_group(GROUP_NAME).max_instance_count == 3
+
+    def register(n: int) -> str:
+        try:
+            control.register_instance(register_request(f"engine-{n}", GROUP_NAME))
+        except CapacityExceededError:
+            return "refused"
+        return "registered"
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(register, range(8)))
+    assert sorted(outcomes) == ["refused"] * 5 + ["registered"] * 3
+    assert len(control.list_instances(GROUP_NAME)) == 3

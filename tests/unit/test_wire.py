@@ -25,10 +25,11 @@ from chalicelib.protocol.models import (
     ReportEventResponse,
     Response,
     ResponseHeader,
+    StartWriteCacheRequest,
     StartWriteCacheResponse,
     TrimCacheRequest,
 )
-from chalicelib.protocol.wire import parse_model, render
+from chalicelib.protocol.wire import ParseLimits, parse_model, render
 from chalicelib.routes import admin, debug, meta
 
 LOCATIONS = [
@@ -201,3 +202,47 @@ def test_each_meta_operation_knows_its_response_model(op):
 @pytest.mark.parametrize("op", admin.OPERATIONS + debug.OPERATIONS, ids=lambda op: op.api_name)
 def test_every_admin_and_debug_operation_has_a_response_model(op):
     assert issubclass(op.response_model, Response)
+
+
+LIMITS = ParseLimits(max_keys=16)
+
+
+@pytest.mark.parametrize("field", ["block_keys", "blockKeys"])
+def test_a_key_list_over_the_limit_is_refused_by_its_length(field):
+    """Issue 28.4: the length is checked before any item, whatever the items are."""
+    for items in (["x"] * 500_000, list(range(17))):
+        with pytest.raises(InvalidArgumentError, match=r"^field 'block_keys': \d+ keys exceed the limit of 16$"):
+            parse_model(GetCacheLocationRequest, {**GET, field: items}, LIMITS)
+    assert parse_model(GetCacheLocationRequest, {**GET, field: list(range(16))}, LIMITS).block_keys == list(range(16))
+
+
+@pytest.mark.parametrize(
+    "model, body, first",
+    [
+        (GetCacheLocationRequest, {"token_ids": ["x"] * 100_000}, "token_ids[0]"),
+        (GetCacheLocationRequest, {"block_keys": [1, "x", "y", "z"]}, "block_keys[1]"),
+        (StartWriteCacheRequest, {"location_spec_group_names": [1] * 100_000}, "location_spec_group_names[0]"),
+        (RegisterInstanceRequest, {"location_spec_infos": [{"size": "x"}] * 9}, "location_spec_infos[0].size"),
+    ],
+)
+def test_a_list_stops_at_its_first_bad_item(model, body, first):
+    """Issue 28.4: one error per list, not one per item (500,000 took seconds of CPU)."""
+    with pytest.raises(InvalidArgumentError) as refused:
+        parse_model(model, body, LIMITS)
+    assert str(refused.value).startswith(f"field '{first}': ") and "invalid fields" not in str(refused.value)
+
+
+def test_each_bad_field_counts_once_and_the_first_five_are_named():
+    body = {
+        "instance_id": 1,
+        "block_keys": ["x"] * 9,
+        "token_ids": ["y"] * 9,
+        "location_spec_names": [1, 2],
+        "sw_size": "z",
+        "query_type": "QT_NONE",
+    }
+    with pytest.raises(InvalidArgumentError) as refused:
+        parse_model(GetCacheLocationRequest, body, LIMITS)
+    text = str(refused.value)
+    assert text.count("field '") == 5 and text.endswith(" (6 invalid fields found)"), text
+    assert all(f"field '{name}'" in text for name in ("instance_id", "block_keys[0]", "token_ids[0]"))

@@ -1,7 +1,8 @@
 -- finishWriteCache (and expiry): WRITING(session) -> SERVING for successful blocks,
 -- -> DELETING for the rest; the session is gone afterwards, so a late finish fails.
 -- KEYS: [1] session deadlines, [2] session record, [3] usage, [4] storage table,
---       [5] pending deletions (mark.lua).
+--       [5] pending deletions (mark.lua), [6] open sessions per caller (start.lua: a
+--       session naming its caller counts there).
 -- ARGV: [1] now (ms), [2] session id, [3] success flag per session key ('1'/'0'),
 --       [4] '1' to fail the whole session whatever its deadline (the reaper),
 --       [5] the session's key blob as the caller read it, [6] bucket prefix,
@@ -18,7 +19,7 @@ local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix = ARGV[6]
 local charge = deleting_charge(KEYS[4], ARGV[7])
-local s = redis.call('HMGET', session, 'd', 'k', 'i')
+local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p')
 if not s[1] or (s[3] and s[3] ~= ARGV[8]) then return {FINISH_UNKNOWN, '', ''} end
 if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
@@ -56,6 +57,7 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
 end
 redis.call('DEL', session)
 redis.call('ZREM', deadlines, sid)
+if s[4] and redis.call('HINCRBY', KEYS[6], s[4], -1) <= 0 then redis.call('HDEL', KEYS[6], s[4]) end
 local out = charge.flush(KEYS[3])
 table.insert(out, 1, table.concat(uncommitted))
 table.insert(out, 1, table.concat(victims))

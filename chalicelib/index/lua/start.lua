@@ -4,7 +4,8 @@
 -- would write that fits (docs/capacity.md, "Partial grants"): refused only when not even
 -- the first one fits, the shortfall then being that key's.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
---       deadlines, [6] session record, [7] occupied buckets, [8] pending deletions (mark.lua).
+--       deadlines, [6] session record, [7] occupied buckets, [8] pending deletions (mark.lua),
+--       [9] open sessions per caller.
 -- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
 --       [6] storage type, [7] pack count (0 = explicit group ids), [8] block size per spec
 --       group (I6 each, index 0 = all specs), [9] spec group per key (u8 each),
@@ -26,7 +27,8 @@
 --       storages, then C x (name, type, pack count, type capacity, the group's live bytes
 --       of that type, by-location flag), in the order they are tried; then [28 + 6C]
 --       '1' for a partial grant, '0' all or nothing, [29 + 6C] the pending deadline (s)
---       of the stale locations it turns DELETING.
+--       of the stale locations it turns DELETING, [30 + 6C] the most open sessions one
+--       caller may have on the instance (0 = no limit), [31 + 6C] the caller.
 -- Storages are candidates 1 (ARGV[5..7]) to C + 1. A key is written, on the first
 -- candidate that may take it, when fewer than ARGV[22] of its locations cover its spec
 -- group (UPSTREAM_V2 §2.6). Counted: WRITING, SERVING and DELETING locations, stale ones
@@ -43,7 +45,8 @@
 --      stale ones (prelude deleting_charge), then type, bytes added of that type, ...}
 --      or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
 --      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
---      REFUSED_STORAGES or REFUSED_SESSIONS. A start with no key to write opens no session.
+--      REFUSED_STORAGES, REFUSED_SESSIONS or REFUSED_CALLER_SESSIONS. A start with no key
+--      to write opens no session.
 --
 -- Quotas count live usage: bytes and keys minus what is DELETING ('d', 'dt:<type>',
 -- 'dk'), whose data is on its way out (mark.lua, finish.lua charge those counters,
@@ -101,6 +104,7 @@ for c = 1, tonumber(ARGV[27]) do
                   ARGV[a + 6] == '1'}
 end
 local partial = ARGV[28 + 6 * tonumber(ARGV[27])] == '1'
+local caller_cap, caller = tonumber(ARGV[30 + 6 * tonumber(ARGV[27])]), ARGV[31 + 6 * tonumber(ARGV[27])]
 -- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
 for _, cand in ipairs(cands) do cand.sidx = tonumber(redis.call('HGET', stab, 'n:' .. cand[1]) or 0) end
 
@@ -181,6 +185,11 @@ end
 local max_sessions = tonumber(ARGV[20])
 if #written > 0 and max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then
   return {START_REFUSED, REFUSED_SESSIONS, 1}
+end
+-- With auth on, one account may hold only part of that budget (the count is the
+-- session's 'p' field's: finish.lua takes it back).
+if #written > 0 and caller_cap > 0 and tonumber(redis.call('HGET', KEYS[9], caller) or 0) >= caller_cap then
+  return {START_REFUSED, REFUSED_CALLER_SESSIONS, 1}
 end
 
 -- The quotas, checked on what the first `count` written keys add (in check order: the
@@ -375,6 +384,10 @@ end
 if #written > 0 then
   redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
   redis.call('ZADD', deadlines, deadline, sid)
+  if caller_cap > 0 then
+    redis.call('HSET', session, 'p', caller)
+    redis.call('HINCRBY', KEYS[9], caller, 1)
+  end
 end
 -- Last: a split moves records, and the bucket names above are the count's before it.
 if #new > 0 then grow_buckets(meta, bprefix, occupied, tonumber(redis.call('HGET', usage, 'keys')), per_bucket) end

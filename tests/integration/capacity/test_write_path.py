@@ -5,9 +5,13 @@ that fits (issue #23 items 1 and 2), and a start that ends refused changes nothi
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
+from chalicelib.protocol.errors import CapacityExceededError
+from chalicelib.protocol.models import StartWriteCacheRequest
+from tests.helpers import build_runtime
 from tests.integration.capacity.harness import full_group_api
 
 #: A block of every spec; a block of spec group "H" (tp0 only) is half of it.
@@ -152,3 +156,44 @@ def test_one_sequential_client_cannot_pass_the_group_quota(runtime, http, clock)
     codes = [code(http("startWriteCache", {"instance_id": "i1", "block_keys": [k]})) for k in range(1, 8)]
     assert codes == ["OK"] * 4 + ["REACH_MAX_ENTITY_CAPACITY"] * 3
     assert live_bytes(runtime) == 10 * BLOCK
+
+
+def test_across_containers_the_group_quota_is_passed_by_at_most_one_window(runtime, http, valkey, valkey_url, clock):
+    """Issue #28 item 7, the bound README and docs/security.md state: each container
+    keeps the group under its quota as its copy of the usage (at most 100 ms old, plus
+    its own grants) shows it, so N containers racing keep it under N x the quota, and
+    once the copies are 100 ms old none grants past it. The clock stands still while
+    two containers' threads race: their copies never refresh (the worst case)."""
+    cap = 10 * BLOCK
+    settings = runtime.settings
+    other_container = build_runtime(
+        valkey, valkey_url, clock, install=False, control_table=settings.control_table, node_id="write-path-b"
+    )
+    containers = [(runtime, "i1"), (runtime, "i1"), (other_container, "i2"), (other_container, "i2")]
+    granted: list[int] = []
+
+    def writer(rt, instance_id: str, first: int) -> None:
+        for key in range(first, first + (12 if first else 1)):
+            request = StartWriteCacheRequest(instance_id=instance_id, block_keys=[key], write_timeout_seconds=600)
+            try:
+                granted.append(len(rt.cache.start_write_cache(request).locations))
+            except CapacityExceededError:
+                pass
+
+    for rt, instance_id in containers[::2]:  # each container's copy read before the race
+        writer(rt, instance_id, 0)
+    threads = [
+        threading.Thread(target=writer, args=(rt, instance_id, 1000 * (n + 1)))
+        for n, (rt, instance_id) in enumerate(containers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert live_bytes(runtime, "i1") <= cap and live_bytes(runtime, "i2") <= cap
+    assert live_bytes(runtime) == sum(granted) * BLOCK <= 2 * cap
+    clock.advance(0.1)
+    for rt, instance_id in containers[::2]:
+        with pytest.raises(CapacityExceededError):
+            rt.cache.start_write_cache(StartWriteCacheRequest(instance_id=instance_id, block_keys=[99]))
+    assert live_bytes(runtime) == sum(granted) * BLOCK
