@@ -24,7 +24,6 @@ from ..protocol.errors import InstanceNotFoundError, InvalidArgumentError
 from ..protocol.models import (
     EVENT_PAYLOADS,
     EVENT_REPORT_TYPES,
-    MAX_HOST_STATE_KEYS,
     EventReportStorageSpec,
     GetHostCacheStateRequest,
     GetHostCacheStateResponse,
@@ -407,8 +406,6 @@ class EventReports:
             raise InvalidArgumentError("field 'instance_id' is required")
         if not req.block_cache_keys:
             raise InvalidArgumentError("field 'block_cache_keys' is required")
-        if len(req.block_cache_keys) > MAX_HOST_STATE_KEYS:
-            raise InvalidArgumentError(f"field 'block_cache_keys': more than {MAX_HOST_STATE_KEYS:,} keys")
         record = self.config.instance(req.instance_id)
         # Unset in the request: the instance's registered default, else a prefix match.
         query_type = req.query_type or record.default_query_type or QueryType.QT_PREFIX_MATCH

@@ -44,6 +44,7 @@ from .wire import (
     WireModel,
     decode_body,
     empty_list,
+    key_list_of_at_most,
     parse_model,
 )
 
@@ -804,7 +805,7 @@ MAX_HOST_STATE_KEYS = 262_144
 class GetHostCacheStateRequest(Request):
     instance_id: Str = ""
     query_type: QueryTypeField = QueryType.QT_UNSPECIFIED
-    block_cache_keys: KeyList = Field(default_factory=empty_list)
+    block_cache_keys: key_list_of_at_most(MAX_HOST_STATE_KEYS) = Field(default_factory=empty_list)  # type: ignore[valid-type]
     medium: Items[Str] = Field(default_factory=empty_list)  # empty = every medium
     p2p_host_count: Int64 = 0
 

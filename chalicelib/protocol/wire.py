@@ -165,6 +165,20 @@ Int64List = Annotated[list[Int64], FailFast(), WrapValidator(_int64_list)]
 #: A list of block keys: also refused by its length (``ParseLimits.max_keys``) before any
 #: item is checked.
 KeyList = Annotated[list[Int64], FailFast(), WrapValidator(_key_list)]
+
+
+def key_list_of_at_most(limit: int) -> Any:
+    """A list of block keys with a bound of its own (not ``ParseLimits.max_keys``), refused
+    by its length past ``limit`` before any item is checked."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> list[int]:
+        if type(value) is list and len(value) > limit:
+            raise ValueError(f"{len(value):,} keys exceed the limit of {limit:,}")
+        return _int64_list(value, handler)
+
+    return Annotated[list[Int64], FailFast(), WrapValidator(check)]
+
+
 Int32 = Annotated[int, BeforeValidator(_int32), _integer_json_schema(INT32_MIN, INT32_MAX)]
 Bool = Annotated[bool, BeforeValidator(_boolean)]
 Str = Annotated[str, BeforeValidator(_string)]
