@@ -331,6 +331,8 @@ class KVCMPolicy(EvictionPolicy):
     def _drop(self, key: int) -> int | None:
         """Remove a victim; returns its parent when that parent became a cached leaf."""
         block = self._entries.pop(key)
+        if self._victims is not None:
+            self._victims.append(key)
         bucket = key & self._mask
         members = self._buckets[bucket]
         members.discard(key)
