@@ -158,6 +158,10 @@ class TieredCache(EvictionPolicy):
         self._capacities = list(capacities)
         self._demote = strategy is Strategy.DEMOTE
         self._write_tiers = range(1 if self._demote else len(self._tiers))
+        # a write refreshes the copies the tiers it does not write hold (upstream's access
+        # propagation: a request's read refreshes every copy, and the replay folds that
+        # read's refresh into the write)
+        self._refreshed_on_write = range(len(self._write_tiers), len(self._tiers))
         self._promote = promote
         # the parent of every cached block, for the tiers whose policy keeps the radix tree
         self._parents: dict[int, int | None] = {}
@@ -256,6 +260,8 @@ class TieredCache(EvictionPolicy):
             self.stored_blocks[index] += len(took)
             taken |= took
             self._settle(index)
+        for index in self._refreshed_on_write:
+            self._tiers[index].touch(keys)
         return len(fresh & taken)
 
     def evict(self, count: int) -> int:
@@ -274,19 +280,16 @@ class TieredCache(EvictionPolicy):
     def _store_each(self, index: int, keys: Sequence[int]) -> int:
         """Copy cached blocks into tier ``index`` in the order given, each under its own
         parent (a demotion, coldest first, or a promotion, children first); returns how
-        many the tier did not hold.
+        many the tier did not hold (one it holds is refreshed, as a write refreshes).
 
         Consecutive keys that are child then parent (what LRU evicts together) go in one
-        insert of their chain, which stores its last key first: the same order. A key the
-        tier holds already is left as it is."""
-        policy, members, parents = self._tiers[index], self._members[index], self._parents
+        insert of their chain, which stores its last key first: the same order."""
+        policy, parents = self._tiers[index], self._parents
         capacity = self._capacities[index]
         if not capacity:
             return 0  # a tier without room takes nothing
         runs: list[list[int]] = []
         for key in keys:
-            if key in members:
-                continue
             if runs and parents.get(runs[-1][-1]) == key:
                 runs[-1].append(key)
             else:
