@@ -75,6 +75,8 @@ class EvictionPolicy(ABC):
     #: Whether :meth:`insert` refreshes the cached keys it is given (then a request's read
     #: need not refresh them first).
     refresh_on_write: bool = True
+    #: Whether :meth:`hit` does more than refresh (the replay may then skip the call).
+    observes_hits: ClassVar[bool] = False
     #: Whether the capacity given is KVCM's limit, watermark applied by the policy itself
     #: (else a KVCM quota must leave room for the watermark).
     watermark_simulated: ClassVar[bool] = False

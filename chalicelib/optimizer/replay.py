@@ -409,7 +409,11 @@ class Replayer:
             if not mask and query is _PREFIX:
                 internal, external = 0, policy.match_prefix(keys)
                 if external:
-                    policy.hit(keys[:external], self._refresh and (op is _READ or not policy.refresh_on_write))
+                    refresh = self._refresh and (op is _READ or not policy.refresh_on_write)
+                    if policy.observes_hits:
+                        policy.hit(keys[:external], refresh)
+                    elif refresh:  # the hot path of a plain policy: no call through hit
+                        policy.touch(keys[:external])
             else:
                 internal, external = self._general_read(
                     policy, keys, mask, query, sw_size, self._refresh and (op is _READ or not policy.refresh_on_write)

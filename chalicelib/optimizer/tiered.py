@@ -150,6 +150,7 @@ class TieredCache(EvictionPolicy):
     demoted or promoted into it), demoted and promoted into it."""
 
     name = "tiered"
+    observes_hits = True
 
     def __init__(self, tiers: Sequence[EvictionPolicy], capacities: Sequence[int], strategy: Strategy, promote: bool):
         if len(tiers) != len(capacities) or not tiers:
@@ -194,7 +195,14 @@ class TieredCache(EvictionPolicy):
     # ------------------------------------------------------------ membership: the union
 
     def __len__(self) -> int:
-        return len(self.keys())
+        # the slowest tier's blocks, plus each faster tier's blocks no slower tier holds:
+        # no union of the large slow tiers is built
+        tiers, members = self._tiers, self._members
+        count = len(tiers[-1])
+        for index in range(len(tiers) - 1):
+            slower = members[index + 1 :]
+            count += sum(1 for key in tiers[index].keys() if not any(key in m for m in slower))
+        return count
 
     def __contains__(self, key: object) -> bool:
         for members in self._members:
