@@ -212,3 +212,17 @@ def test_the_tiers_command_names_a_bad_tier(tmp_path, capsys, tier, message):
     trace = write_mooncake_trace(tmp_path / "trace.jsonl", seed=1, requests=5)
     assert main(["tiers", "--trace", str(trace), "--tier", tier]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_three_tiers_a_hit_in_the_slowest_is_copied_into_every_faster_one():
+    # a, b hold one block each, c five: after writing 1, 2, 3 a = {3}, b = {2}, c = {1}
+    records = [*_writes([1], [2], [3]), Record("i", 3, Op.READ, [1])]
+    tiers = (TierSpec("mem", 1), TierSpec("ssd", 1), TierSpec("s3", 5))
+    result = tiered_replay(records, TieredConfig(tiers, Strategy.DEMOTE, block_size=1))
+    # 1 is credited to c, then copied into a (3 goes down to b, 2 down to c) and into b
+    # (3 goes down to c)
+    assert [t.hit_blocks for t in result.tiers] == [0, 0, 1]
+    assert [t.promoted_blocks for t in result.tiers] == [1, 1, 0]
+    assert [t.demoted_blocks for t in result.tiers] == [0, 3, 3]
+    assert [t.cached_blocks for t in result.tiers] == [1, 1, 3]
+    assert result.replay.windows[-1].cached_blocks == 3  # the union: {1, 2, 3}
