@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -554,20 +555,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tier_spec(text: str, plan: CapacityPlan, settings: SweepSettings) -> TierSpec:
-    """``--tier NAME:CAPACITY[:POLICY]``: a capacity in blocks (``20k``) or bytes (``8GiB``)."""
+def _tier_specs(text: str, plan: CapacityPlan, settings: SweepSettings) -> list[TierSpec]:
+    """``--tier NAME:CAPACITY[,CAPACITY...][:POLICY]``: one spec per capacity, each in
+    blocks (``20k``) or bytes (``8GiB``)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[0].strip():
         raise ConfigError(f"--tier: expected NAME:CAPACITY[:POLICY], got {text!r}")
-    name, capacity = parts[0].strip(), parts[1]
-    size = parse_size(capacity)
+    name = parts[0].strip()
     try:
-        blocks = parse_capacity(capacity) if size is None else size // plan.block_bytes
+        blocks = []
+        for capacity in filter(None, (part.strip() for part in parts[1].split(","))):
+            size = parse_size(capacity)
+            blocks.append(parse_capacity(capacity) if size is None else size // plan.block_bytes)
+        if not blocks:
+            raise ConfigError("no capacity given")
         policy = policy_name(parts[2] if len(parts) == 3 else "lru")
     except ConfigError as exc:
         raise ConfigError(f"--tier {text}: {exc}") from None
     tier_storage(name)  # an unknown tier name fails here, naming it
-    return TierSpec(name, blocks, policy, settings.policy_params.get(policy, {}))
+    return [TierSpec(name, count, policy, settings.policy_params.get(policy, {})) for count in blocks]
 
 
 def _tier_rows(costs: dict[str, Any]) -> list[str]:
@@ -591,13 +597,36 @@ def _money(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _tier_grid(runs: list[dict[str, Any]], as_json: bool) -> int:
+    """One line per combination of the tiers' capacities."""
+    if as_json:
+        _print_json(for_people({"grid": runs}))
+        return 0
+    names = [t["name"] for t in runs[0]["tiers"]]
+    print(
+        "".join(f"{name[:11]:>12}" for name in names)
+        + "  "
+        + "".join(f"{'hit ' + n[:7]:>12}" for n in names)
+        + f"{'hit':>9}{'store/h':>10}{'GPU/h':>10}{'net/h':>10}"
+    )
+    for data in runs:
+        print(
+            "".join(f"{t['capacity']:>12,}" for t in data["tiers"])
+            + "  "
+            + "".join(f"{_pct(t['hit_ratio']):>12}" for t in data["tiers"])
+            + f"{_pct(data['hit_ratio']):>9}{data['storage_cost_per_hour']:>10.3f}"
+            + f"{_money(data['gpu_cost_saved_per_hour']):>10}{_money(data['net_per_hour']):>10}"
+        )
+    return 0
+
+
 def cmd_tiers(args: argparse.Namespace) -> int:
     spec = _spec(args)
     settings = _settings(args, spec.block_size or 16)
     records = spec.records()
     cost, plan = _cost_and_plan(args, settings, 1)
     prices = parse_prices(args.storage_price)
-    tiers = tuple(_tier_spec(text, plan, settings) for text in args.tier)
+    choices = [_tier_specs(text, plan, settings) for text in args.tier]
 
     def run(chosen: tuple[TierSpec, ...]) -> dict[str, Any]:
         config = TieredConfig(
@@ -612,6 +641,11 @@ def cmd_tiers(args: argparse.Namespace) -> int:
         result = tiered_replay(records, config)
         return {"config": config.to_dict(), **tier_costs(result, plan, cost, prices), "replay": result.to_dict()}
 
+    if any(len(options) > 1 for options in choices):
+        if args.compare:
+            raise ConfigError("--compare: give one capacity per tier")
+        return _tier_grid([run(tuple(tiers)) for tiers in itertools.product(*choices)], args.json)
+    tiers = tuple(options[0] for options in choices)
     data = run(tiers)
     if args.compare:
         first = tiers[0]
@@ -804,8 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         metavar="NAME:CAPACITY[:POLICY]",
         help="a tier, fastest first (repeat for each): NAME a storage tier (mem/dram, ssd, nfs, "
-        "s3) that prices it; CAPACITY per instance in blocks (20k) or bytes (8GiB); POLICY "
-        "default lru",
+        "s3) that prices it; CAPACITY per instance in blocks (20k) or bytes (8GiB), or a comma "
+        "list of them: one replay per combination of the tiers' capacities, a line each; "
+        "POLICY default lru",
     )
     p.add_argument("--strategy", default="demote", choices=[s.value for s in Strategy], help="default demote")
     p.add_argument("--no-promote", action="store_true", help="a hit in a slower tier is not copied up")

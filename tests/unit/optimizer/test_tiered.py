@@ -226,3 +226,26 @@ def test_three_tiers_a_hit_in_the_slowest_is_copied_into_every_faster_one():
     assert [t.demoted_blocks for t in result.tiers] == [0, 3, 3]
     assert [t.cached_blocks for t in result.tiers] == [1, 1, 3]
     assert result.replay.windows[-1].cached_blocks == 3  # the union: {1, 2, 3}
+
+
+def test_the_tiers_command_replays_every_combination_of_capacities(tmp_path, capsys):
+    trace = write_mooncake_trace(tmp_path / "trace.jsonl", seed=4)
+    base = ["tiers", "--trace", str(trace), "--tier", "mem:10,40", "--tier", "s3:0,100,400"]
+    assert main([*base, "--json"]) == 0
+    grid = json.loads(capsys.readouterr().out)["grid"]
+    assert [[t["capacity"] for t in run["tiers"]] for run in grid] == [
+        [10, 0],
+        [10, 100],
+        [10, 400],
+        [40, 0],
+        [40, 100],
+        [40, 400],
+    ]
+    ratios = [run["hit_ratio"] for run in grid]
+    assert ratios[0] < ratios[1] <= ratios[2] and ratios[3] < ratios[4] <= ratios[5]  # a cold tier adds hits
+    assert ratios[3] == grid[3]["tiers"][0]["hit_ratio"]  # s3 of 0 blocks serves nothing
+    assert main(base) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 6 and "hit mem" in lines[0] and lines[1].split()[:2] == ["10", "0"]
+    assert main([*base, "--compare"]) == 2
+    assert "--compare: give one capacity per tier" in capsys.readouterr().err
