@@ -98,6 +98,7 @@ class KVCMPolicy(EvictionPolicy):
 
     name = "kvcm"
     timed = True
+    uses_parents = True
     refresh_on_write = False
     watermark_simulated = True
 

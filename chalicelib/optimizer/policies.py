@@ -165,6 +165,7 @@ class LeafAwareLRU(_TickPolicy):
     """
 
     name = "leaf_aware_lru"
+    uses_parents = True
 
     def __init__(self) -> None:
         super().__init__()

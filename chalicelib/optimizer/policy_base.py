@@ -77,6 +77,8 @@ class EvictionPolicy(ABC):
     refresh_on_write: bool = True
     #: Whether :meth:`hit` does more than refresh (the replay may then skip the call).
     observes_hits: ClassVar[bool] = False
+    #: Whether :meth:`insert` uses the parent links (a radix tree), or ignores them.
+    uses_parents: ClassVar[bool] = False
     #: Whether the capacity given is KVCM's limit, watermark applied by the policy itself
     #: (else a KVCM quota must leave room for the watermark).
     watermark_simulated: ClassVar[bool] = False

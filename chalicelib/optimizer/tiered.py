@@ -164,8 +164,9 @@ class TieredCache(EvictionPolicy):
         # read's refresh into the write)
         self._refreshed_on_write = range(len(self._write_tiers), len(self._tiers))
         self._promote = promote
-        # the parent of every cached block, for the tiers whose policy keeps the radix tree
+        # the parent of every cached block, kept when a tier's policy keeps the radix tree
         self._parents: dict[int, int | None] = {}
+        self._track_parents = any(policy.uses_parents for policy in self._tiers)
         self._members = [policy.membership() for policy in self._tiers]
         self._sinks: list[list[int]] = []
         for policy in self._tiers:
@@ -210,15 +211,27 @@ class TieredCache(EvictionPolicy):
                 return True
         return False
 
+    def _holder(self, key: int) -> int:
+        """The fastest tier holding a cached ``key``."""
+        index = 0
+        for members in self._members:
+            if key in members:
+                return index
+            index += 1
+        raise KeyError(key)
+
     def keys(self) -> set[int]:
         return set().union(*(policy.keys() for policy in self._tiers))
 
     def match_prefix(self, keys: Sequence[int]) -> int:
-        contains = self.__contains__
+        all_members = self._members
         hits = 0
         for key in keys:
-            if not contains(key):
-                break
+            for members in all_members:
+                if key in members:
+                    break
+            else:
+                return hits
             hits += 1
         return hits
 
@@ -227,7 +240,7 @@ class TieredCache(EvictionPolicy):
     def hit(self, keys: Sequence[int], refresh: bool) -> None:
         tiers = self._tiers
         # every key of a hit is cached: its holder is a tier index
-        holders = [next(i for i, members in enumerate(self._members) if key in members) for key in keys]
+        holders = [self._holder(key) for key in keys]
         credit = self.hit_blocks
         for holder in holders:
             credit[holder] += 1
@@ -248,12 +261,14 @@ class TieredCache(EvictionPolicy):
     def insert(self, keys: Sequence[int], limit: int | None = None, parent: int | None = None) -> int:
         """A write, into the strategy's write tiers; ``limit`` is ignored (every tier keeps
         its own capacity)."""
-        contains = self.__contains__
-        fresh = {key for key in keys if not contains(key)}
-        parents = self._parents
-        for position, key in enumerate(keys):
-            key_parent = keys[position - 1] if position else parent
-            parents.setdefault(key, None if key_parent == key else key_parent)
+        # membership tests per key only: a set operation on a tier's keys would walk the tier
+        all_members = self._members
+        fresh = {key for key in keys if not any(key in members for members in all_members)}
+        if self._track_parents:
+            parents = self._parents
+            for position, key in enumerate(keys):
+                key_parent = keys[position - 1] if position else parent
+                parents.setdefault(key, None if key_parent == key else key_parent)
         taken: set[int] = set()
         for index in self._write_tiers:
             capacity = self._capacities[index]
@@ -297,11 +312,14 @@ class TieredCache(EvictionPolicy):
         if not capacity:
             return 0  # a tier without room takes nothing
         runs: list[list[int]] = []
-        for key in keys:
-            if runs and parents.get(runs[-1][-1]) == key:
-                runs[-1].append(key)
-            else:
-                runs.append([key])
+        if not self._track_parents:
+            runs = [list(keys)] if keys else []  # no tier reads the parent links: one insert
+        else:
+            for key in keys:
+                if runs and parents.get(runs[-1][-1]) == key:
+                    runs[-1].append(key)
+                else:
+                    runs.append([key])
         stored = 0
         for run in runs:
             run.reverse()
@@ -324,10 +342,11 @@ class TieredCache(EvictionPolicy):
         below = index + 1
         if self._demote and below < len(self._tiers):
             self.demoted_blocks[below] += self._store_each(below, victims)
-        parents, contains = self._parents, self.__contains__
-        for key in victims:
-            if not contains(key):
-                parents.pop(key, None)
+        if self._track_parents:
+            parents, contains = self._parents, self.__contains__
+            for key in victims:
+                if not contains(key):
+                    parents.pop(key, None)
 
 
 @dataclass(frozen=True)
