@@ -4,7 +4,8 @@ Readers turn Mooncake, Qwen-Bailian, KVCM event-log and upstream-schema traces i
 record stream (:mod:`.traces`); the replay engine runs it through per-instance policies
 (:mod:`.policies`, :mod:`.replay`); :mod:`.mrc` computes the exact LRU hit ratio at every
 capacity in one pass; :mod:`.sweep`, :mod:`.report` and :mod:`.cost` turn that into
-capacity recommendations; :mod:`.tasks` holds the Step Functions task logic and
+capacity recommendations; :mod:`.tiered` replays several tiers per instance (write-through
+or demote) and prices each; :mod:`.tasks` holds the Step Functions task logic and
 :mod:`.cli` the command line. See docs/optimizer.md.
 """
 

@@ -1,8 +1,9 @@
-"""Command line: ``python -m chalicelib.optimizer replay|mrc|sweep|report ...``."""
+"""Command line: ``python -m chalicelib.optimizer replay|mrc|sweep|report|tune|tiers ...``."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,7 @@ from chalicelib.optimizer.planner import (
     for_people,
     parse_prices,
 )
-from chalicelib.optimizer.policies import POLICIES
+from chalicelib.optimizer.policies import POLICIES, policy_name
 from chalicelib.optimizer.replay import EvictionMode, replay
 from chalicelib.optimizer.report import build_report, log_capacities, shards_grid, summary_lines, write_report
 from chalicelib.optimizer.shards import DEFAULT_S_MAX
@@ -37,6 +38,16 @@ from chalicelib.optimizer.sweep import (
     sweep,
 )
 from chalicelib.optimizer.synthetic import Workload, generate, workload_summary
+from chalicelib.optimizer.tiered import (
+    Strategy,
+    TieredConfig,
+    TierSpec,
+    equal_cost_capacity,
+    parse_size,
+    tier_costs,
+    tier_storage,
+    tiered_replay,
+)
 from chalicelib.optimizer.traces import FORMATS, Record, read_trace
 from chalicelib.optimizer.tuning import instance_curves, recommend
 
@@ -89,6 +100,9 @@ EXAMPLES = {
     "tune": f"""example:
   python -m chalicelib.optimizer tune --trace {TRACES}/kvcm_event_publisher.log \\
       --group-quota 4000 --max-shift 0.2""",
+    "tiers": f"""example:
+  python -m chalicelib.optimizer tiers --trace {TRACES}/mooncake_conversation.jsonl \\
+      --tier mem:300GiB:lru --tier s3:20TiB:lru --strategy demote --compare""",
     "report": f"""examples:
   python -m chalicelib.optimizer report --trace {TRACES}/mooncake_conversation.jsonl \\
       --format mooncake --out out/optimizer-demo --model llama-3.1-70b --storage-tier ssd
@@ -171,20 +185,24 @@ def _trace_args(parser: argparse.ArgumentParser, synthetic: bool = False) -> Non
     )
 
 
-def _replay_args(parser: argparse.ArgumentParser) -> None:
+def _replay_args(parser: argparse.ArgumentParser, modes: bool = True) -> None:
+    """The replay's options; without ``modes`` no --mode/--batch-size (instance_precise)."""
     group = parser.add_argument_group("replay")
-    group.add_argument(
-        "--mode",
-        default="instance_precise",
-        choices=[m.value for m in EvictionMode],
-        help="instance_precise: own capacity per instance, enforced after every "
-        "block; instance_rough: own capacity, evicted in batches after each "
-        "write; group_rough: one capacity shared by all instances "
-        "(default: instance_precise)",
-    )
-    group.add_argument(
-        "--batch-size", type=int, default=64, help="blocks per eviction batch in the rough modes (default 64)"
-    )
+    if modes:
+        group.add_argument(
+            "--mode",
+            default="instance_precise",
+            choices=[m.value for m in EvictionMode],
+            help="instance_precise: own capacity per instance, enforced after every "
+            "block; instance_rough: own capacity, evicted in batches after each "
+            "write; group_rough: one capacity shared by all instances "
+            "(default: instance_precise)",
+        )
+        group.add_argument(
+            "--batch-size", type=int, default=64, help="blocks per eviction batch in the rough modes (default 64)"
+        )
+    else:
+        parser.set_defaults(mode=EvictionMode.INSTANCE_PRECISE.value, batch_size=64)
     group.add_argument("--seed", type=int, default=0, help="seed of random_lru (default 0)")
     group.add_argument(
         "--samples", type=int, default=5, help="blocks random_lru samples per eviction (default 5, as Redis)"
@@ -451,7 +469,9 @@ def _cost_and_plan(args: argparse.Namespace, settings: SweepSettings, instances:
     return cost, plan
 
 
-def _planner_args(parser: argparse.ArgumentParser) -> None:
+def _planner_args(parser: argparse.ArgumentParser, storage_tier: bool = True) -> None:
+    """The cost model's options; without ``storage_tier`` no --storage-tier (each tier
+    names its own)."""
     cost = parser.add_argument_group("cost model (prefill saved -> GPUs -> money)")
     cost.add_argument(
         "--model",
@@ -475,18 +495,21 @@ def _planner_args(parser: argparse.ArgumentParser) -> None:
     cost.add_argument("--gpu-price", type=float, default=2.5, help="price per GPU-hour (default 2.5)")
     cost.add_argument("--currency", default="USD", help="label of the prices (default USD)")
     tiers = ", ".join(f"{t.name} {t.gib_hour_price:g}" for t in STORAGE_TIERS.values())
-    cost.add_argument(
-        "--storage-tier",
-        default=DEFAULT_TIER,
-        choices=list(STORAGE_TIERS),
-        help=f"where the blocks live (default {DEFAULT_TIER}); prices per GiB-hour: {tiers}",
-    )
+    if storage_tier:
+        cost.add_argument(
+            "--storage-tier",
+            default=DEFAULT_TIER,
+            choices=list(STORAGE_TIERS),
+            help=f"where the blocks live (default {DEFAULT_TIER}); prices per GiB-hour: {tiers}",
+        )
+    else:
+        parser.set_defaults(storage_tier=DEFAULT_TIER)
     cost.add_argument(
         "--storage-price",
         action="append",
         default=[],
         metavar="TIER=PRICE",
-        help="replace a tier's price per GiB-hour (repeatable)",
+        help=f"replace a tier's price per GiB-hour (repeatable; defaults: {tiers})",
     )
 
 
@@ -528,6 +551,131 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(
             f"{name[:23]:<24}{row['current']:>12,}{row['recommended']:>13,}"
             f"{_pct(row['hit_ratio_now']):>10}{_pct(row['hit_ratio_recommended']):>10}"
+        )
+    return 0
+
+
+def _tier_specs(text: str, plan: CapacityPlan, settings: SweepSettings) -> list[TierSpec]:
+    """``--tier NAME:CAPACITY[,CAPACITY...][:POLICY]``: one spec per capacity, each in
+    blocks (``20k``) or bytes (``8GiB``)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0].strip():
+        raise ConfigError(f"--tier: expected NAME:CAPACITY[:POLICY], got {text!r}")
+    name = parts[0].strip()
+    try:
+        blocks = []
+        for capacity in filter(None, (part.strip() for part in parts[1].split(","))):
+            size = parse_size(capacity)
+            blocks.append(parse_capacity(capacity) if size is None else size // plan.block_bytes)
+        if not blocks:
+            raise ConfigError("no capacity given")
+        policy = policy_name(parts[2] if len(parts) == 3 else "lru")
+    except ConfigError as exc:
+        raise ConfigError(f"--tier {text}: {exc}") from None
+    tier_storage(name)  # an unknown tier name fails here, naming it
+    return [TierSpec(name, count, policy, settings.policy_params.get(policy, {})) for count in blocks]
+
+
+def _tier_rows(costs: dict[str, Any]) -> list[str]:
+    rows = []
+    for t in costs["tiers"]:
+        rows.append(
+            f"{t['name'][:9]:<10}{t['storage_tier']:<6}{t['policy'][:14]:<15}{t['capacity']:>11,}"
+            f"{t['capacity_gib']:>11,.1f}{_pct(t['hit_ratio']):>9}{t['stored_blocks']:>10,}"
+            f"{t['demoted_blocks']:>10,}{t['promoted_blocks']:>10,}{t['storage_cost_per_hour']:>10.3f}"
+            f"{t['storage_cost_per_month']:>11,.0f}{_money(t['gpu_cost_saved_per_hour']):>10}"
+        )
+    rows.append(
+        f"{'total':<42}{_pct(costs['hit_ratio']):>20}{'':>30}{costs['storage_cost_per_hour']:>10.3f}"
+        f"{costs['storage_cost_per_month']:>11,.0f}{_money(costs['gpu_cost_saved_per_hour']):>10}"
+        f"   net {_money(costs['net_per_hour']).strip()}/h"
+    )
+    return rows
+
+
+def _money(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _tier_grid(runs: list[dict[str, Any]], as_json: bool) -> int:
+    """One line per combination of the tiers' capacities."""
+    if as_json:
+        _print_json(for_people({"grid": runs}))
+        return 0
+    names = [t["name"] for t in runs[0]["tiers"]]
+    print(
+        "".join(f"{name[:11]:>12}" for name in names)
+        + "  "
+        + "".join(f"{'hit ' + n[:7]:>12}" for n in names)
+        + f"{'hit':>9}{'store/h':>10}{'GPU/h':>10}{'net/h':>10}"
+    )
+    for data in runs:
+        print(
+            "".join(f"{t['capacity']:>12,}" for t in data["tiers"])
+            + "  "
+            + "".join(f"{_pct(t['hit_ratio']):>12}" for t in data["tiers"])
+            + f"{_pct(data['hit_ratio']):>9}{data['storage_cost_per_hour']:>10.3f}"
+            + f"{_money(data['gpu_cost_saved_per_hour']):>10}{_money(data['net_per_hour']):>10}"
+        )
+    return 0
+
+
+def cmd_tiers(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    settings = _settings(args, spec.block_size or 16)
+    records = spec.records()
+    cost, plan = _cost_and_plan(args, settings, 1)
+    prices = parse_prices(args.storage_price)
+    choices = [_tier_specs(text, plan, settings) for text in args.tier]
+
+    def run(chosen: tuple[TierSpec, ...]) -> dict[str, Any]:
+        config = TieredConfig(
+            chosen,
+            Strategy.parse(args.strategy),
+            promote=not args.no_promote,
+            block_size=settings.block_size,
+            window_s=settings.window_s,
+            seed=settings.seed,
+            read_refresh=settings.read_refresh,
+        )
+        result = tiered_replay(records, config)
+        return {"config": config.to_dict(), **tier_costs(result, plan, cost, prices), "replay": result.to_dict()}
+
+    if any(len(options) > 1 for options in choices):
+        if args.compare:
+            raise ConfigError("--compare: give one capacity per tier")
+        return _tier_grid([run(tuple(tiers)) for tiers in itertools.product(*choices)], args.json)
+    tiers = tuple(options[0] for options in choices)
+    data = run(tiers)
+    if args.compare:
+        first = tiers[0]
+        alone = TierSpec(
+            first.name, equal_cost_capacity(tiers, plan, first.name, prices), first.policy, first.policy_params
+        )
+        data["equal_cost_single_tier"] = run((alone,))
+    if args.json:
+        _print_json(for_people(data))
+        return 0
+    strategy = Strategy.parse(args.strategy).value
+    print(
+        f"{strategy}, {'promote on hit' if not args.no_promote else 'no promotion'}: "
+        f"{len(data['replay']['instances'])} instance(s), {data['replay']['totals']['read_blocks']:,} blocks read, "
+        f"{data['replay']['duration_s']:,.0f} s of trace; {plan.assumptions()[1]}"
+    )
+    header = (
+        f"{'tier':<10}{'kind':<6}{'policy':<15}{'blocks':>11}{'GiB':>11}{'hit':>9}{'stored':>10}"
+        f"{'demoted':>10}{'promoted':>10}{'store/h':>10}{'store/mo':>11}{'GPU/h':>10}"
+    )
+    print(header)
+    print("\n".join(_tier_rows(data)))
+    if args.compare:
+        alone_costs = data["equal_cost_single_tier"]
+        print(f"the same storage cost in {tiers[0].name} alone:")
+        print("\n".join(_tier_rows(alone_costs)[:1]))
+        print(
+            f"  hit ratio {_pct(alone_costs['hit_ratio']).strip()} alone against "
+            f"{_pct(data['hit_ratio']).strip()} tiered; net {_money(alone_costs['net_per_hour'])}/h "
+            f"against {_money(data['net_per_hour'])}/h ({plan.currency})"
         )
     return 0
 
@@ -668,6 +816,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--granules", type=int, default=200, help="quota granules of the split's grid (default 200)")
     p.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     p.set_defaults(handler=cmd_tune)
+
+    p = commands.add_parser(
+        "tiers",
+        help="replay tiers (fastest first): hit ratio and cost per tier",
+        description="Replay a trace through several tiers per instance, each with its "
+        "capacity and policy: write_through stores every write in every tier, demote "
+        "(upstream's cascading) writes tier 0 and moves each tier's victims to the next. A hit "
+        "is credited to the fastest tier holding the block (and copied up, unless "
+        "--no-promote); a block leaves only when no tier holds it. Prints per tier the hit "
+        "ratio, the blocks stored, demoted and promoted, the storage cost and the GPU time "
+        "its hits save.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES["tiers"],
+    )
+    _trace_args(p)
+    _replay_args(p, modes=False)
+    p.add_argument(
+        "--tier",
+        action="append",
+        required=True,
+        metavar="NAME:CAPACITY[:POLICY]",
+        help="a tier, fastest first (repeat for each): NAME a storage tier (mem/dram, ssd, nfs, "
+        "s3) that prices it; CAPACITY per instance in blocks (20k) or bytes (8GiB), or a comma "
+        "list of them: one replay per combination of the tiers' capacities, a line each; "
+        "POLICY default lru",
+    )
+    p.add_argument("--strategy", default="demote", choices=[s.value for s in Strategy], help="default demote")
+    p.add_argument("--no-promote", action="store_true", help="a hit in a slower tier is not copied up")
+    p.add_argument("--compare", action="store_true", help="also replay the first tier alone at the same storage cost")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _planner_args(p, storage_tier=False)
+    p.set_defaults(handler=cmd_tiers)
     return parser
 
 

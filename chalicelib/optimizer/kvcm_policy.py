@@ -92,6 +92,7 @@ class KVCMPolicy(EvictionPolicy):
 
     name = "kvcm"
     timed = True
+    uses_parents = True
     refresh_on_write = False
     watermark_simulated = True
 
@@ -344,6 +345,8 @@ class KVCMPolicy(EvictionPolicy):
     def _drop(self, key: int) -> int | None:
         """Remove a victim; returns its parent when that parent became a cached leaf."""
         block = self._entries.pop(key)
+        if self._victims is not None:
+            self._victims.append(key)
         bucket = bucket_index(key, self._bucket_count)
         members = self._buckets[bucket]
         members.discard(key)

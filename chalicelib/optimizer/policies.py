@@ -68,7 +68,11 @@ class LRU(EvictionPolicy):
         entries = self._entries
         count = min(count, len(entries))
         if count > 0:
-            deque(map(entries.popitem, repeat(False, count)), 0)  # a C-level loop
+            victims = self._victims
+            if victims is None:
+                deque(map(entries.popitem, repeat(False, count)), 0)  # a C-level loop
+            else:
+                victims.extend(key for key, _ in map(entries.popitem, repeat(False, count)))
         return count
 
 
@@ -148,6 +152,8 @@ class RandomLRU(_TickPolicy):
             keys[slot] = last
             self._slots[last] = slot
         del entries[victim]
+        if self._victims is not None:
+            self._victims.append(victim)
 
 
 class LeafAwareLRU(_TickPolicy):
@@ -159,6 +165,7 @@ class LeafAwareLRU(_TickPolicy):
     """
 
     name = "leaf_aware_lru"
+    uses_parents = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -195,6 +202,8 @@ class LeafAwareLRU(_TickPolicy):
     def _drop(self, key: int) -> None:
         entries, tree, heap = self._entries, self._tree, self._heap
         del entries[key]
+        if self._victims is not None:
+            self._victims.append(key)
         parent = tree.remove(key)
         if parent is not None and parent in entries and self._is_leaf(parent):
             heapq.heappush(heap, (entries[parent], parent))
@@ -252,6 +261,8 @@ class LFU(EvictionPolicy):
             bucket = buckets[self._min]
             key, _ = bucket.popitem(last=False)
             del entries[key]
+            if self._victims is not None:
+                self._victims.append(key)
             if not bucket:
                 del buckets[self._min]
                 self._min = min(buckets) if buckets else 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any, ClassVar
 
 
@@ -12,6 +12,9 @@ class EvictionPolicy(ABC):
 
     name: ClassVar[str]
     _entries: dict[int, Any]
+    #: Where evicted keys go when someone must know them (the tiered replay demotes them);
+    #: None, the default, records nothing.
+    _victims: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -23,6 +26,10 @@ class EvictionPolicy(ABC):
         """A snapshot of the cached keys."""
         return set(self._entries)
 
+    def membership(self) -> Container[int]:
+        """The cached keys, live: ``key in`` it without a method call (read only)."""
+        return self._entries
+
     def match_prefix(self, keys: Sequence[int]) -> int:
         """Length of the longest cached prefix of ``keys``."""
         entries = self._entries
@@ -32,6 +39,18 @@ class EvictionPolicy(ABC):
                 break
             hits += 1
         return hits
+
+    def record_victims(self, sink: list[int]) -> None:
+        """Append every key this policy evicts from now on to ``sink``."""
+        self._victims = sink
+
+    def hit(self, keys: Sequence[int], refresh: bool) -> None:
+        """A read was served ``keys`` (all cached); ``refresh`` says whether it refreshes them.
+
+        The replay calls this for every read with hits; a policy over several tiers
+        (``tiered``) also credits and promotes the hits here."""
+        if refresh:
+            self.touch(keys)
 
     @abstractmethod
     def touch(self, keys: Sequence[int]) -> None:
@@ -49,11 +68,17 @@ class EvictionPolicy(ABC):
     def evict(self, count: int) -> int:
         """Evict up to ``count`` blocks in policy order; returns how many were evicted."""
 
+    # ``timed`` and ``refresh_on_write`` are class defaults a composite may set per instance
+    # (``tiered.TieredCache`` inherits them from its tiers).
     #: Whether the replay must call :meth:`advance` with each record's time.
-    timed: ClassVar[bool] = False
+    timed: bool = False
     #: Whether :meth:`insert` refreshes the cached keys it is given (then a request's read
     #: need not refresh them first).
-    refresh_on_write: ClassVar[bool] = True
+    refresh_on_write: bool = True
+    #: Whether :meth:`hit` does more than refresh (the replay may then skip the call).
+    observes_hits: ClassVar[bool] = False
+    #: Whether :meth:`insert` uses the parent links (a radix tree), or ignores them.
+    uses_parents: ClassVar[bool] = False
     #: Whether the capacity given is KVCM's limit, watermark applied by the policy itself
     #: (else a KVCM quota must leave room for the watermark).
     watermark_simulated: ClassVar[bool] = False

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import csv
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import IO, Any
@@ -324,11 +324,19 @@ def _rightmost_window(cached: list[bool], size: int) -> int | None:
     return None
 
 
-class Replayer:
-    """Stateful replay; ``step`` one record at a time or ``run`` a whole stream."""
+#: Builds an instance's cache from its seed (the tiered replay passes one, :mod:`.tiered`).
+PolicyFactory = Callable[[int], EvictionPolicy]
 
-    def __init__(self, config: ReplayConfig) -> None:
+
+class Replayer:
+    """Stateful replay; ``step`` one record at a time or ``run`` a whole stream.
+
+    ``policy_factory`` replaces the configured policy by another cache per instance (given
+    the instance's seed), e.g. several tiers behind one :class:`EvictionPolicy`."""
+
+    def __init__(self, config: ReplayConfig, policy_factory: PolicyFactory | None = None) -> None:
         self.config = config
+        self._policy_factory = policy_factory
         self._mode = config.mode
         self._instances: dict[str, _Instance] = {}
         self._order: list[_Instance] = []
@@ -357,7 +365,10 @@ class Replayer:
         # every instance gets its own seed stream, so adding an instance never changes
         # the random draws of another one
         seed = config.seed * 65_537 + len(self._order)
-        policy = make_policy(config.policy, seed=seed, **config.policy_params)
+        if self._policy_factory is not None:
+            policy = self._policy_factory(seed)
+        else:
+            policy = make_policy(config.policy, seed=seed, **config.policy_params)
         state = _Instance(name, policy, config.instance_capacities.get(name, config.capacity))
         self._instances[name] = state
         self._order.append(state)
@@ -397,8 +408,12 @@ class Replayer:
         if op is not _WRITE:  # identity tests: IntFlag's & is slow Python code
             if not mask and query is _PREFIX:
                 internal, external = 0, policy.match_prefix(keys)
-                if external and self._refresh and (op is _READ or not policy.refresh_on_write):
-                    policy.touch(keys[:external])
+                if external:
+                    refresh = self._refresh and (op is _READ or not policy.refresh_on_write)
+                    if policy.observes_hits:
+                        policy.hit(keys[:external], refresh)
+                    elif refresh:  # the hot path of a plain policy: no call through hit
+                        policy.touch(keys[:external])
             else:
                 internal, external = self._general_read(
                     policy, keys, mask, query, sw_size, self._refresh and (op is _READ or not policy.refresh_on_write)
@@ -450,8 +465,8 @@ class Replayer:
             start = _rightmost_window(cached, sw_size)
             hits = [] if start is None else list(keys[start : start + sw_size])
             internal = 0
-        if refresh and hits:
-            policy.touch(hits)
+        if hits:
+            policy.hit(hits, refresh)
         return internal, len(hits)
 
     def _write_partial(
