@@ -3,6 +3,7 @@ and timing loops."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -10,9 +11,25 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from redis.cluster import RedisCluster
+
+if TYPE_CHECKING:
+    from local_stack.aws import LocalAws
+
+
+def start_local_aws(region: str = "us-east-1") -> LocalAws:
+    """moto's server on a free port, this process's boto3 pointed at it (the caller stops it)."""
+    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
+
+    aws = LocalAws(port=0, region=region)
+    endpoint = aws.start()
+    os.environ.update(
+        {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": region, "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS}
+    )
+    return aws
 
 
 @contextmanager

@@ -14,31 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import row, timeit_interleaved, timeit_us, valkey_server
+from bench._common import row, start_local_aws, timeit_interleaved, timeit_us, valkey_server
 
 PASSWORD = "bench-admin-password"
 
 
 def build_runtime(client):
     from chalicelib.clock import ManualClock
-    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
 
-    aws = LocalAws(port=0, region="us-east-1")
-    endpoint = aws.start()
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_DEFAULT_REGION": aws.region,
-            "MOTO_PORT": str(aws.port),
-            **DUMMY_CREDENTIALS,
-        }
-    )
+    aws = start_local_aws()
     from chalicelib.control import ensure_table
     from chalicelib.protocol.codes import Role
     from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig

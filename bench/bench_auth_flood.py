@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import valkey_server
+from bench._common import start_local_aws, valkey_server
 
 PASSWORD = "bench-admin-pass-word"
 #: Tenant A's calls per second of the runtime's clock; the other loads are per second of it too.
@@ -55,13 +54,8 @@ ADDRESSES = 20
 
 def build(client):
     from chalicelib.clock import ManualClock
-    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
 
-    aws = LocalAws(port=0, region="us-east-1")
-    endpoint = aws.start()
-    os.environ.update(
-        {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": aws.region, "MOTO_PORT": str(aws.port)} | DUMMY_CREDENTIALS
-    )
+    aws = start_local_aws()
     from chalicelib.control import ControlPlane, ensure_table
     from chalicelib.protocol.codes import Role
     from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig

@@ -13,7 +13,6 @@ pays at least in Valkey).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import row, valkey_server
+from bench._common import row, start_local_aws, valkey_server
 
 SPECS = [{"name": "tp0", "size": 1024}]
 ROUNDS = 5
@@ -126,18 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="10,700")
     args = parser.parse_args()
-    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
-
-    aws = LocalAws(port=0, region="us-east-1")
-    endpoint = aws.start()
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_DEFAULT_REGION": aws.region,
-            "MOTO_PORT": str(aws.port),
-            **DUMMY_CREDENTIALS,
-        }
-    )
+    aws = start_local_aws()
     try:
         with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
             for count in (int(c) for c in args.counts.split(",")):

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from bench._common import valkey_server
+from bench._common import start_local_aws, valkey_server
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
@@ -296,13 +296,7 @@ def service(client: redis.Redis, data_dir: str, counters: Counters, capacity_blo
     """The runtime on the local AWS (moto) and ``client``'s Valkey, auth on, a manual clock
     (a warm container between config refreshes), an engine's API key, the app; the instance's
     group has a quota of ``capacity_blocks`` blocks, which sizes its index's buckets."""
-    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
-
-    aws = LocalAws(port=0, region=REGION)
-    endpoint = aws.start()
-    os.environ.update(
-        {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION, "MOTO_PORT": str(aws.port), **DUMMY_CREDENTIALS}
-    )
+    aws = start_local_aws(REGION)
     try:
         from chalicelib.clock import ManualClock
         from chalicelib.control import ensure_table

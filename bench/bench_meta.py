@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from bench._common import ValkeyTime, row, timeit_interleaved, timeit_us, valkey_server
+from bench._common import ValkeyTime, row, start_local_aws, timeit_interleaved, timeit_us, valkey_server
 
 N = 128
 SPECS = [{"name": "tp0", "size": 1 << 20}, {"name": "tp1", "size": 1 << 20}]
@@ -52,18 +52,7 @@ class RoundTrips:
 
 
 def build_runtime(client: redis.Redis, data_dir: str, capacity_blocks: int):
-    from local_stack.aws import DUMMY_CREDENTIALS, LocalAws
-
-    aws = LocalAws(port=0, region="us-east-1")
-    endpoint = aws.start()
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_DEFAULT_REGION": aws.region,
-            "MOTO_PORT": str(aws.port),
-            **DUMMY_CREDENTIALS,
-        }
-    )
+    aws = start_local_aws()
     from chalicelib.control import ensure_table
     from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
     from chalicelib.runtime import Runtime, set_runtime
