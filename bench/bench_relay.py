@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from bench.bench_live import Connector  # noqa: E402
 from local_stack import LocalStack  # noqa: E402
 from local_stack.config import StackConfig  # noqa: E402
-from tests.engines.loader import VLLM_VERSION, engines_missing_reason, load  # noqa: E402
+from tests.engines.loader import VLLM_VERSION, engines_missing_reason, load, vllm_stored_batch  # noqa: E402
 
 HOST = "10.0.0.8:8080"
 TARGET_BLOCKS_S = 10_000
@@ -257,18 +257,7 @@ def main() -> int:
                 time.sleep(0.05)
 
             def publish(chunk: list[int]) -> None:
-                stored = kv.BlockStored(
-                    block_hashes=chunk,
-                    parent_block_hash=None,
-                    token_ids=[0] * (16 * len(chunk)),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                    group_idx=0,
-                    kv_cache_spec_kind="full_attention",
-                )
-                pub.publish(kv.KVEventBatch(ts=time.time(), events=[stored]))
+                pub.publish(vllm_stored_batch(kv, chunk))
 
             prober = Prober(stack.api_url, HOST)
             prober.start()

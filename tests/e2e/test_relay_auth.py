@@ -16,7 +16,7 @@ import zmq
 
 from connectors.relay import Relay, RelayConfig
 from local_stack import LocalStack
-from tests.engines.loader import engines_missing_reason, load
+from tests.engines.loader import engines_missing_reason, load, vllm_stored_batch
 
 from .harness import Api
 
@@ -111,18 +111,7 @@ class Engine:
         )
 
     def store(self, hashes: list[int]) -> None:
-        stored = self.kv.BlockStored(
-            block_hashes=hashes,
-            parent_block_hash=None,
-            token_ids=[0] * (16 * len(hashes)),
-            block_size=16,
-            lora_id=None,
-            medium="GPU",
-            lora_name=None,
-            group_idx=0,
-            kv_cache_spec_kind="full_attention",
-        )
-        self.publisher.publish(self.kv.KVEventBatch(ts=time.time(), events=[stored]))
+        self.publisher.publish(vllm_stored_batch(self.kv, hashes))
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,3 +120,20 @@ def load(engine: str) -> types.ModuleType:
         spec.loader.exec_module(module)
     sys.modules[name] = module
     return module
+
+
+def vllm_stored_batch(kv: types.ModuleType, hashes: list[int]) -> Any:
+    """A vLLM ``KVEventBatch`` of one full-attention ``BlockStored`` of ``hashes`` (16-token
+    blocks, no parent, no LoRA), built with the wheel's own classes (``kv`` is ``load("vllm")``)."""
+    stored = kv.BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=[0] * (16 * len(hashes)),
+        block_size=16,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+    )
+    return kv.KVEventBatch(ts=time.time(), events=[stored])
