@@ -100,6 +100,11 @@ CASES = {
         ({"name": "g1"}, "instance group 'g1' still has 1 registered instance"),
     ],
     "getInstanceGroup": [({}, "field 'name' is required"), ({"name": {}}, "field 'name'")],
+    "getGroupHitCurve": [
+        ({}, "field 'name' is required"),
+        ({"name": 7}, "field 'name'"),
+        ({"name": "ghost"}, "instance group 'ghost' does not exist"),
+    ],
     "listInstanceGroup": [({"header": {"trace_id": 1}}, "field 'header.trace_id'")],
     "removeInstance": [
         ({}, "field 'instance_id' is required"),
