@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,29 @@ def valkey_cluster(directory: Path, masters: int) -> Iterator[Any]:
     finally:
         for server in servers:
             server.stop()
+
+
+def api_caller(client: Any) -> Callable[[str, dict], dict]:
+    """``call(method, body)``: POST ``body`` as JSON to ``/api/<method>`` through a Chalice
+    test ``Client`` and return the decoded answer."""
+
+    def call(method: str, body: dict) -> dict:
+        resp = client.http.post(f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        return json.loads(resp.body)
+
+    return call
+
+
+def register_one_spec_instance(call: Callable[[str, dict], dict], block_size: int, spec_bytes: int) -> None:
+    """Register instance ``i`` of group ``g`` with one location spec ``tp0`` of ``spec_bytes``."""
+    resp = call(
+        "registerInstance",
+        {
+            "instance_group": "g",
+            "instance_id": "i",
+            "block_size": block_size,
+            "location_spec_infos": [{"name": "tp0", "size": spec_bytes}],
+            "model_deployment": {"model_name": "m", "dtype": "fp16"},
+        },
+    )
+    assert resp["header"]["status"]["code"] == "OK", resp

@@ -167,20 +167,12 @@ class LiveCurve:
         for value in hits:
             total += value  # a negative adjustment clamps at 0 until hits outweigh it
             cumulative.append(min(max(total, 0.0), float(self.read_blocks)))
-        return HitRatioCurve(
+        return HitRatioCurve.of_sampled_reads(
             block_size=self.block_size,
             sample_rate=self.sample_rate,
             reads=self.reads,
             read_blocks=self.read_blocks,
-            internal_hit_blocks=0,
-            input_tokens=0,
-            written_blocks=0,
-            distinct_written=0,
-            internal_hit_tokens=0,
-            _hits=cumulative,
-            _writes=[0],
-            _loss=[0],
-            _top=0,
+            hits=cumulative,
             edges=self._edges,
             kept_keys=self.kept,
             s_max=self.s_max,

@@ -174,6 +174,44 @@ class HitRatioCurve:
     kept_keys: int = 0  # sampled curves: keys in the sample at the end
     s_max: int | None = None  # sampled curves: the sample's bound (None: a fixed rate)
 
+    @classmethod
+    def of_sampled_reads(
+        cls,
+        *,
+        block_size: int,
+        sample_rate: float,
+        reads: int,
+        read_blocks: int,
+        hits: list[float],
+        edges: list[int],
+        kept_keys: int,
+        s_max: int | None,
+        internal_hit_blocks: int = 0,
+        input_tokens: int = 0,
+        elapsed_s: float = 0.0,
+    ) -> HitRatioCurve:
+        """A sampled curve of reads alone (cumulative ``hits`` per bin of ``edges``): no
+        write or token-loss histograms (the SHARDS estimates: ``shards``, ``live``)."""
+        return cls(
+            block_size=block_size,
+            sample_rate=sample_rate,
+            reads=reads,
+            read_blocks=read_blocks,
+            internal_hit_blocks=internal_hit_blocks,
+            input_tokens=input_tokens,
+            written_blocks=0,
+            distinct_written=0,
+            internal_hit_tokens=0,
+            _hits=hits,
+            _writes=[0],
+            _loss=[0],
+            _top=0,
+            elapsed_s=elapsed_s,
+            edges=edges,
+            kept_keys=kept_keys,
+            s_max=s_max,
+        )
+
     @cached_property
     def _write_hits(self) -> list[int]:
         """Cumulative written keys that were already cached, by capacity."""

@@ -296,22 +296,16 @@ class SampledCurveBuilder:
         for capacity, value in zip(self._edges, hits, strict=True):
             far += value  # a negative SHARDS_adj bucket clamps at 0 until hits outweigh it
             cumulative.append(exact[min(capacity, len(exact) - 1)] + min(max(far, 0.0), float(self.far_reads)))
-        return HitRatioCurve(
+        return HitRatioCurve.of_sampled_reads(
             block_size=self.block_size,
             sample_rate=self.sample_rate,
             reads=top.reads,
             read_blocks=top.read_blocks,
-            internal_hit_blocks=top.internal,
-            input_tokens=top.input_tokens,
-            written_blocks=0,
-            distinct_written=0,
-            internal_hit_tokens=0,
-            _hits=cumulative,
-            _writes=[0],
-            _loss=[0],
-            _top=0,
-            elapsed_s=elapsed_s,
+            hits=cumulative,
             edges=self._edges,
             kept_keys=self.kept,
             s_max=self.s_max,
+            internal_hit_blocks=top.internal,
+            input_tokens=top.input_tokens,
+            elapsed_s=elapsed_s,
         )

@@ -7,7 +7,6 @@ blocks asked, its own counters)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -16,7 +15,7 @@ from chalice.test import Client
 from chalicelib.optimizer.tracegen import TraceShape, generate_records
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
-from tests.helpers import build_runtime
+from tests.helpers import api_caller, build_runtime, register_one_spec_instance
 
 pytestmark = pytest.mark.slow  # about 1,000 requests through the live service: a minute or more
 
@@ -41,24 +40,8 @@ def replayed(valkey, valkey_url, aws, clock, tmp_path):
             )
         )
         with Client(__import__("app").app) as client:
-
-            def call(method: str, body: dict) -> dict:
-                resp = client.http.post(
-                    f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-                )
-                return json.loads(resp.body)
-
-            resp = call(
-                "registerInstance",
-                {
-                    "instance_group": "g",
-                    "instance_id": "i",
-                    "block_size": 16,
-                    "location_spec_infos": [{"name": "tp0", "size": BLOCK_BYTES}],
-                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                },
-            )
-            assert resp["header"]["status"]["code"] == "OK", resp
+            call = api_caller(client)
+            register_one_spec_instance(call, 16, BLOCK_BYTES)
             clock.advance(math.floor(clock.now()) + 1 - clock.now())
             base = clock.now()
             next_round = base + 1

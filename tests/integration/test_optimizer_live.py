@@ -11,7 +11,6 @@ replay more of the trace (the whole trace: 12031 requests, about 10 minutes per 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -24,7 +23,7 @@ from chalicelib.optimizer.replay import ReplayConfig, replay
 from chalicelib.optimizer.traces import read_trace
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
-from tests.helpers import build_runtime
+from tests.helpers import api_caller, build_runtime, register_one_spec_instance
 
 from .test_optimizer_tasks import CONVERSATION
 
@@ -63,24 +62,8 @@ def live_hit_ratio(valkey, valkey_url, clock, tmp_path, records, capacity: int) 
         # seeded sampling: the reclaimer's rounds draw buckets from this RNG
         runtime.reclaim_job.reclaimer.rng = random.Random(capacity)
         with Client(__import__("app").app) as client:
-
-            def call(method: str, body: dict) -> dict:
-                resp = client.http.post(
-                    f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-                )
-                return json.loads(resp.body)
-
-            resp = call(
-                "registerInstance",
-                {
-                    "instance_group": "g",
-                    "instance_id": "i",
-                    "block_size": 512,
-                    "location_spec_infos": [{"name": "tp0", "size": BLOCK_BYTES}],
-                    "model_deployment": {"model_name": "m", "dtype": "fp16"},
-                },
-            )
-            assert resp["header"]["status"]["code"] == "OK", resp
+            call = api_caller(client)
+            register_one_spec_instance(call, 512, BLOCK_BYTES)
             start_s = math.floor(clock.now())
             clock.advance(start_s + 1 - clock.now())  # trace time 0 = a whole second
             base = clock.now()
