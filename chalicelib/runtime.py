@@ -41,7 +41,6 @@ from .capacity.usage import UsageReports
 from .clock import Clock, SystemClock
 from .control import ConfigCache, ControlPlane
 from .control.audit import AuditLog
-from .control.cluster import ClusterInfo
 from .index import BlockIndex
 from .observability.emf import EmfWriter
 from .observability.events import EventLog, EventRecorder
@@ -49,18 +48,19 @@ from .observability.hit_feed import HitFeed, threshold_of
 from .observability.logging import apply_level, logger
 from .observability.metrics import MetricsPublisher, MetricsRegistry
 from .services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
+from .services.cluster import ClusterInfo
 from .services.debug import DebugService
 from .services.meta import MetaService
 from .settings import Settings
 from .storage import StorageRegistry
+from .storage.health_store import StorageHealthStore
 from .storage.objects import open_store
 from .stores.faults import FaultRegistry
 from .stores.gc_state import GcStateStore
 from .stores.lease import Lease
 from .stores.metrics import MetricsStore
 from .stores.reporters import ReporterStore
-from .stores.storage_health import StorageHealthStore
-from .stores.valkey import Valkey, connect, memory_bytes
+from .valkey import Valkey, connect, memory_bytes
 from .workflows.deletes import StepFunctionsDeleter
 from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine

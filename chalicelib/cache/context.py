@@ -3,8 +3,8 @@ assembled from the per-container config cache (no DynamoDB read per call)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 
 from ..index import InstanceLayout
@@ -96,6 +96,11 @@ _PREFERRED_TYPE = {
 }
 
 
+def _no_backend(name: str) -> StorageBackend | None:
+    """No storage but the candidates (a context built by hand)."""
+    return None
+
+
 @dataclass(frozen=True)
 class InstanceContext:
     """One registered instance with its group's live configuration."""
@@ -106,8 +111,8 @@ class InstanceContext:
     spec_layout: SpecLayout
     layout: InstanceLayout
     storages: tuple[StorageState, ...]
-    #: Every known storage by name, candidates or not: blocks outlive group edits.
-    backends: Mapping[str, StorageBackend] = field(default_factory=dict)
+    #: The backend of a storage that is not a candidate (blocks outlive group edits), or None.
+    other_backend: Callable[[str], StorageBackend | None] = _no_backend
     #: How the instance's ``token_ids`` become block keys.
     block_key_scheme: BlockKeyScheme = ROLLING
 
@@ -122,7 +127,7 @@ class InstanceContext:
 
     def backend(self, name: str) -> StorageBackend | None:
         state = self.by_name.get(name)
-        return state.backend if state is not None else self.backends.get(name)
+        return state.backend if state is not None else self.other_backend(name)
 
     def write_candidates(self) -> list[StorageState]:
         """Candidate storages that take new blocks (not full), in the order the group's

@@ -5,44 +5,24 @@ health is re-read then)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..clock import Clock
+from ..control.config_cache import ConfigCache
+from ..control.records import InstanceRecord
 from ..index import BlockIndex, InstanceLayout
 from ..index.block_index import FIRST_BUCKET_BITS
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
 from ..storage.health import StorageHealth
+from ..storage.health_store import StorageHealthStore
 from ..storage.registry import StorageRegistry
 from .context import InstanceContext, SpecLayout, StorageState
 
 
-class _KnownBackends(Mapping[str, StorageBackend]):
-    """Every storage in the control plane, resolved to its backend on first use."""
-
-    def __init__(self, config: Any, registry: StorageRegistry) -> None:
-        self._config = config
-        self._registry = registry
-
-    def __getitem__(self, name: str) -> StorageBackend:
-        try:
-            record = self._config.storage(name)
-        except Exception:  # noqa: BLE001 - an unknown storage is simply not there
-            raise KeyError(name) from None
-        return self._registry.backend(record.config)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
 @dataclass
 class _Entry:
-    record: Any
+    record: InstanceRecord
     group: InstanceGroup
     candidates: list[tuple[StorageConfig, bool]]
     until: float
@@ -54,10 +34,10 @@ class ContextProvider:
 
     def __init__(
         self,
-        config: Any,
+        config: ConfigCache,
         registry: StorageRegistry,
         index: BlockIndex,
-        health: Any,
+        health: StorageHealthStore,
         clock: Clock,
         refresh_s: float = 2.0,
     ) -> None:
@@ -70,7 +50,6 @@ class ContextProvider:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._key_spaces: dict[tuple[str, str], InstanceLayout] = {}
-        self._backends = _KnownBackends(config, registry)
 
     def __call__(self, instance_id: str) -> InstanceContext:
         record = self._config.instance(instance_id)
@@ -88,7 +67,7 @@ class ContextProvider:
             return entry.context
         return self._build(record, group, candidates, now)
 
-    def build(self, record: Any) -> InstanceContext:
+    def build(self, record: InstanceRecord) -> InstanceContext:
         """The context of ``record`` as it is, removing or not (removal, deletion tasks):
         the cache of lookups is bypassed."""
         return self._build(
@@ -101,7 +80,7 @@ class ContextProvider:
 
     def _build(
         self,
-        record: Any,
+        record: InstanceRecord,
         group: InstanceGroup,
         candidates: list[tuple[StorageConfig, bool]],
         now: float,
@@ -120,7 +99,7 @@ class ContextProvider:
                 _state(self._registry.backend(cfg), available, out_of_service.get(cfg.global_unique_name))
                 for cfg, available in candidates
             ),
-            backends=self._backends,
+            other_backend=self.known_backend,
             block_key_scheme=record.block_key_scheme,
         )
         if cache:
@@ -128,7 +107,18 @@ class ContextProvider:
                 self._entries[instance_id] = _Entry(record, group, candidates, now + self._refresh_s, context)
         return context
 
-    def key_space(self, record: Any, group: InstanceGroup | None, registering: bool = False) -> InstanceLayout:
+    def known_backend(self, name: str) -> StorageBackend | None:
+        """The backend of any storage in the control plane, candidate of the instance's group
+        or not (blocks outlive group edits); None for a storage not there."""
+        try:
+            record = self._config.storage(name)
+        except Exception:  # noqa: BLE001 - an unknown storage is simply not there
+            return None
+        return self._registry.backend(record.config)
+
+    def key_space(
+        self, record: InstanceRecord, group: InstanceGroup | None, registering: bool = False
+    ) -> InstanceLayout:
         """The instance's key layout: its first bucket level and shards, fixed at its first use
         (shards: the group's ``instance_shards`` then, or when a registration takes the key
         space over) and kept in Valkey, where the key space is bound to the record's

@@ -36,13 +36,16 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..clock import Clock, now_us
-from ..index import BlockIndex
+from ..control import ControlPlane
+from ..control.records import InstanceRecord
+from ..index import BlockIndex, InstanceLayout
 from ..index.layout import HEADER
 from ..index.records import location_id_at, write_time_ms
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
 from ..stores.reporters import ReporterStore
 from .context import InstanceContext
+from .contexts import ContextProvider
 from .deletion import Deleter, DeletionService
 
 INSTANCE, CACHE, META = "instance", "cache", "meta"
@@ -113,12 +116,12 @@ class PurgeService:
     def __init__(
         self,
         index: BlockIndex,
-        control: Any,
-        contexts: Any,
+        control: ControlPlane,
+        contexts: ContextProvider,
         deletion: DeletionService,
         deleter: Deleter,
         clock: Clock,
-        start_execution: Callable[[dict[str, Any]], Any] | None = None,
+        start_execution: Callable[[dict[str, Any]], object] | None = None,
         reported: ReporterStore | None = None,
     ) -> None:
         #: What engines reported for the instance goes with it (reportEvent).
@@ -207,7 +210,7 @@ class PurgeService:
         self._finish_removal(ctx, record)
         return replace(job, done=True)
 
-    def _pass_end(self, job: PurgeJob, layout: Any) -> PurgeJob:
+    def _pass_end(self, job: PurgeJob, layout: InstanceLayout) -> PurgeJob:
         """A trim's walk is over, while starts may have split buckets meanwhile. The walk of
         the occupied set returned every bucket occupied throughout, but a split moves
         records of a bucket it had not reached yet to a new bucket, which it may have
@@ -238,7 +241,7 @@ class PurgeService:
         else:
             self.deleter.submit(ctx, victims, delay_ms)
 
-    def _finish_removal(self, ctx: InstanceContext, record: Any) -> None:
+    def _finish_removal(self, ctx: InstanceContext, record: InstanceRecord) -> None:
         self.deletion.delete_orphan_groups(ctx)
         self.index.drop_all(ctx.layout)
         if self.reported is not None:

@@ -18,7 +18,7 @@ look, the deletions whose hand-off was lost are handed over again (``stranded``:
 due, never a scan of the instances), and one group's counters are reconciled with its
 instances' per round at most (``RECONCILE_S`` apart per group).
 
-Only the holder of the background lease reclaims (``reclaim_handler``).
+Only the holder of the background lease reclaims (``ReclaimJob``).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class _GroupState:
 
 class Reclaimer:
     """Runs reclaim rounds. Keeps, between rounds, when each group is due and where the
-    rotating sweeps are; so one Reclaimer per process (``reclaim_handler`` keeps it)."""
+    rotating sweeps are; so one Reclaimer per process (``Runtime.reclaim_job`` keeps it)."""
 
     def __init__(
         self,

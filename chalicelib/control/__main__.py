@@ -18,13 +18,39 @@ import getpass
 import os
 import sys
 from collections.abc import Sequence
+from typing import Protocol
 
+import botocore.session
+
+from ..clock import SystemClock
 from ..protocol.codes import Role
 from ..protocol.errors import InvalidArgumentError, KvcmError
-from ..runtime import Runtime
 from ..settings import Settings
+from .plane import ControlPlane
 
 PASSWORD_ENV = "KVCM_PASSWORD"
+
+
+class Deployment(Protocol):
+    """What the commands act on: a control plane and the settings of its stage (a test
+    hands its runtime's)."""
+
+    @property
+    def control(self) -> ControlPlane: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+class _StageFromEnvironment:
+    """The stage the environment names: its control table, nothing else (no Valkey, no
+    runtime: the table is all these commands touch)."""
+
+    def __init__(self) -> None:
+        self.settings = Settings.from_env()
+        # botocore reads AWS_ENDPOINT_URL and the credentials from the environment itself.
+        dynamodb = botocore.session.get_session().create_client("dynamodb", region_name=self.settings.aws_region)
+        self.control = ControlPlane(lambda: dynamodb, self.settings.control_table, SystemClock())
 
 
 def read_password() -> str:
@@ -41,7 +67,9 @@ def read_password() -> str:
     return password
 
 
-def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> int:
+def main(argv: Sequence[str] | None = None, runtime: Deployment | None = None) -> int:
+    """Run one command on ``runtime`` (a test's), else on the stage the environment names;
+    0 when done, 1 with a one-line error."""
     parser = argparse.ArgumentParser(prog="python -m chalicelib.control", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     add = commands.add_parser(
@@ -68,8 +96,8 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
     commands.add_parser("list-accounts", help="every account's name, role and groups")
     args = parser.parse_args(argv)
 
-    runtime = runtime or Runtime(settings=Settings.from_env())
-    control = runtime.control
+    deployment = runtime or _StageFromEnvironment()
+    control = deployment.control
     try:
         if args.command == "add-account":
             role = Role[args.role]
@@ -77,7 +105,7 @@ def main(argv: Sequence[str] | None = None, runtime: Runtime | None = None) -> i
             control.add_account(args.user, password, role, _list(args.groups), _list(args.instance_prefixes))
             print(f"added {args.role} account {args.user!r} to {control.table.name}")
         elif args.command == "create-api-key":
-            ttl_s = args.expire_seconds or runtime.settings.api_key_default_ttl_s
+            ttl_s = args.expire_seconds or deployment.settings.api_key_default_ttl_s
             api_key, _ = control.create_api_key(args.user, ttl_s)
             print(api_key)
         else:

@@ -48,7 +48,7 @@ from redis.typing import EncodableT, KeyT
 from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..observability.logging import logger
-from ..stores.valkey import Valkey, lua_source, valkey_errors
+from ..valkey import Valkey, lua_source, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, StaleInstanceError, WriteSessionError
 from .layout import (
     MAX_BUCKETS,

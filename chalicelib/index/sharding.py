@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from redis.cluster import RedisCluster
 
 from ..protocol.models import MAX_INSTANCE_SHARDS
-from ..stores.valkey import valkey_errors
+from ..valkey import valkey_errors
 from .block_index import (
     SHARD_BUCKET_SHIFT,
     DropOutcome,

@@ -1,7 +1,7 @@
 """KVCM's one exception family, and the single place that maps it to wire codes.
 
 Layers raise the most specific subclass where a problem is detected (often a subclass
-of their own, e.g. ``index.errors.WriteSessionNotFoundError(InvalidArgumentError)``);
+of their own, e.g. ``index.errors.WriteSessionError(InvalidArgumentError)``);
 ``status_of`` is the only code that turns an exception into an ``ErrorCode``.
 """
 

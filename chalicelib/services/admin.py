@@ -15,7 +15,6 @@ from ..clock import Clock, now_ms
 from ..control import ControlPlane
 from ..control.api_keys import ApiKeyRecord
 from ..control.audit import AuditLog
-from ..control.cluster import ClusterInfo
 from ..control.errors import UnknownEntityError
 from ..index import BlockIndex
 from ..observability.logging import logger, set_level
@@ -69,11 +68,12 @@ from ..protocol.models import (
 )
 from ..protocol.validation import require, require_name, validate_storage_config
 from ..storage import StorageRegistry
+from ..storage.health_store import StorageHealthStore
 from ..stores.lease import Lease
 from ..stores.metrics import MetricsStore
-from ..stores.storage_health import StorageHealthStore
 from ..workflows.hit_curves import HitCurveStore
 from ..workflows.sweeps import CapacityReports
+from .cluster import ClusterInfo
 from .health import NO_WRITABLE_STORAGE, assess
 
 T = TypeVar("T")

@@ -11,7 +11,6 @@ from ..cache.event_reports import EventReports
 from ..cache.location_len import get_cache_location_len
 from ..cache.service import CacheService
 from ..control import ConfigCache, ControlPlane
-from ..control.cluster import ClusterInfo
 from ..control.views import storage_configs_json
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
@@ -43,6 +42,7 @@ from ..protocol.models import (
     StartWriteCacheResponse,
     TrimCacheRequest,
 )
+from .cluster import ClusterInfo
 
 
 class MetaService:

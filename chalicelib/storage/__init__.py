@@ -1,7 +1,8 @@
 """Data storage backends: URIs for the engines, data deletion, health probes.
 
 ``base.StorageBackend`` is the port; ``StorageRegistry`` builds the backend of a
-``StorageConfig``; ``health`` probes backends and tracks their availability.
+``StorageConfig``; ``health`` probes backends and tracks their availability, which
+``health_store`` shares between containers in Valkey (every piece of storage health here).
 """
 
 from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError

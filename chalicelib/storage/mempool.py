@@ -55,7 +55,7 @@ from redis.typing import EncodableT
 from ..protocol.codes import StorageType
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, ServiceNotReadyError
 from ..protocol.models import StorageConfig
-from ..stores.valkey import Valkey, lua_source
+from ..valkey import Valkey, lua_source
 from .base import BlockRef, SpecSlot, StorageBackend, StorageError, UriFormat
 from .checks import config_error, spec_of
 from .naming import DECIMAL, uri_template

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocol.models import STORAGE_SPEC_FIELDS, StorageConfig
-from ..stores.valkey import Valkey
+from ..valkey import Valkey
 from .base import StorageBackend
 from .checks import config_error
 from .event_report import EventReportBackend

@@ -6,7 +6,7 @@ import json
 
 from ..protocol.codes import FaultTriggerStrategy, FaultType
 from ..protocol.errors import InjectedFaultError
-from .valkey import Valkey, valkey_errors
+from ..valkey import Valkey, valkey_errors
 
 
 class FaultRegistry:

@@ -6,9 +6,11 @@ until when it pauses after a round."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
-from .valkey import valkey_errors
+from redis.typing import EncodableT, FieldT
+
+from ..valkey import Valkey, valkey_errors
 
 _AT = "at"
 _STARTED = "started"
@@ -37,7 +39,7 @@ class GcScanState:
 class GcStateStore:
     """``GcScanState`` in one Valkey hash."""
 
-    def __init__(self, client: Any, prefix: str) -> None:
+    def __init__(self, client: Valkey, prefix: str) -> None:
         self.client = client
         self.key = f"{prefix}:cache-gc"
 
@@ -68,7 +70,7 @@ class GcStateStore:
     def visited(self, instance_id: str, cursor: int, done: bool, failures: int = 0) -> None:
         """Record a visit: where the instance's scan goes on next time, whether its pass
         is over, and its consecutive failures."""
-        mapping: dict[str, str | int] = {
+        mapping: dict[FieldT, EncodableT] = {
             _AT: instance_id,
             _CURSOR + instance_id: cursor,
             _FAILURES + instance_id: failures,

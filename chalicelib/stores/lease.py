@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from ..clock import Clock, now_ms, now_us
 from ..protocol.errors import InvalidArgumentError
-from .valkey import valkey_errors
+from ..valkey import Valkey, valkey_errors
 
 # KEYS: holder, state. ARGV: node id, ttl ms, now ms, may campaign (1/0), default delay ms.
 # Extends the lease if we hold it, else takes it if free and we may campaign; records the
@@ -66,7 +65,7 @@ class Lease:
     """This node's view of the background-job lease. Thread-safe."""
 
     def __init__(
-        self, valkey: Any, prefix: str, node_id: str, ttl_ms: int, clock: Clock, default_campaign_delay_ms: int = 0
+        self, valkey: Valkey, prefix: str, node_id: str, ttl_ms: int, clock: Clock, default_campaign_delay_ms: int = 0
     ) -> None:
         self._valkey = valkey
         self.node_id = node_id

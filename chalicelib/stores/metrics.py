@@ -16,7 +16,7 @@ from typing import Any, cast
 from redis.typing import EncodableT
 
 from ..observability.metrics import BucketKey, MetricKey, MetricsDelta
-from .valkey import Valkey, lua_source, valkey_errors
+from ..valkey import Valkey, lua_source, valkey_errors
 
 _LUA = Path(__file__).with_name("lua")
 _SCRIPT = lua_source(_LUA, "metrics_add")

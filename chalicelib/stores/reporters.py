@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from ..protocol.codes import ErrorCode, StorageType
-from .valkey import lua_source, valkey_errors
+from ..valkey import Valkey, lua_source, valkey_errors
 
 LUA_DIR = Path(__file__).with_name("lua")
 RID_TYPES = {StorageType.ST_EVENT_REPORT_L1P5: "l1p5", StorageType.ST_EVENT_REPORT_L2: "l2"}
@@ -255,7 +255,7 @@ class ReporterState:
 class ReporterStore:
     """Reporter state and reported locations of every instance."""
 
-    def __init__(self, client: Any, prefix: str = "kvcm") -> None:
+    def __init__(self, client: Valkey, prefix: str = "kvcm") -> None:
         self.client = client
         self.prefix = prefix
         self._report = client.register_script(_load("er_report"))
@@ -378,16 +378,18 @@ class ReporterStore:
     # ------------------------------------------------------------ reads
 
     def reporters(self, instance_id: str) -> list[str]:
-        return sorted(m.decode() for m in self.client.smembers(self.nodes_key(instance_id)))
+        return sorted(m.decode() for m in cast(set[bytes], self.client.smembers(self.nodes_key(instance_id))))
 
     def reporter(self, instance_id: str, rid: str) -> ReporterState | None:
-        reg, hb, ret = self.client.hmget(self.node_key(instance_id, rid), ["reg", "hb", "ret"])
+        reg, hb, ret = cast(
+            list[bytes | None], self.client.hmget(self.node_key(instance_id, rid), ["reg", "hb", "ret"])
+        )
         if reg is None:
             return None
         return ReporterState(rid, reg == b"1", int(hb or 0), (ret or b"").decode())
 
     def instances(self) -> list[str]:
-        return sorted(m.decode() for m in self.client.smembers(self.instances_key))
+        return sorted(m.decode() for m in cast(set[bytes], self.client.smembers(self.instances_key)))
 
     def host_prefixes(
         self,

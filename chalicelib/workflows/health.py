@@ -30,8 +30,8 @@ from ..observability.metrics import MetricsRegistry
 from ..storage import StorageRegistry
 from ..storage.base import StorageBackend
 from ..storage.health import AvailabilityTracker, ProbeResult, probe_storage
+from ..storage.health_store import StorageHealthStore
 from ..stores.lease import Lease
-from ..stores.storage_health import StorageHealthStore
 
 PROBE_TIMEOUT_S = 5.0
 #: A probe on the request path: the request has already failed, it must not hang as well.

@@ -28,7 +28,7 @@ from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry, HitFeed
 from ..observability.metrics import MetricsRegistry
 from ..protocol.models import InstanceGroup
 from ..stores.lease import Lease
-from ..stores.valkey import Valkey, valkey_errors
+from ..valkey import Valkey, valkey_errors
 
 if TYPE_CHECKING:
     from ..optimizer.mrc import HitRatioCurve

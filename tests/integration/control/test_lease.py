@@ -9,7 +9,7 @@ from redis.retry import Retry
 
 from chalicelib.protocol.errors import InvalidArgumentError
 from chalicelib.stores.lease import Lease
-from chalicelib.stores.valkey import ValkeyUnavailableError
+from chalicelib.valkey import ValkeyUnavailableError
 from tests.helpers import free_port
 
 TTL_MS = 10_000

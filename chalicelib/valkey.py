@@ -1,4 +1,5 @@
-"""Valkey plumbing shared by every Valkey store (the block index included): building the
+"""Valkey plumbing shared by everything that talks to Valkey (``index``, ``stores``, the
+storage health store and the mempool backend in ``storage``): the client type, building the
 client, turning "Valkey cannot serve now" into SERVICE_NOT_READY, and loading Lua scripts."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 
-from ..protocol.errors import ServiceNotReadyError
+from .protocol.errors import ServiceNotReadyError
 
 #: What the stores are given: a plain or a cluster-mode client.
 Valkey = redis.Redis | RedisCluster

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 from ..clock import Clock, SystemClock, now_ms
-from ..storage.health import StorageHealth
-from .valkey import Valkey, valkey_errors
+from ..valkey import Valkey, valkey_errors
+from .health import StorageHealth
 
 #: KEYS[1] the storage's last out-of-schedule probe time; ARGV: now (ms), interval (ms).
 #: The clock's time is the caller's (injectable); the key's TTL only collects garbage.
