@@ -68,7 +68,7 @@ def connect(
     Every key of an instance shares one hash tag, so each script call and each
     per-instance pipeline stays on one slot in cluster mode too."""
     credentials = {key: value for key, value in (("username", username), ("password", password)) if value}
-    client_class: Any = RedisCluster if cluster else redis.Redis
+    client_class: type[redis.Redis] | type[RedisCluster] = RedisCluster if cluster else redis.Redis
     with valkey_errors("Valkey"):  # a cluster client connects here
         client: Valkey = client_class.from_url(
             url,
@@ -94,6 +94,7 @@ def memory_bytes(client: Valkey) -> tuple[int, int]:
     primaries (0 for maxmemory when any node has no limit set)."""
     with valkey_errors("Valkey"):
         if isinstance(client, RedisCluster):
+            # INFO's fields per node, as redis-py parses them: numbers and strings by field name.
             per_node = cast(dict[str, dict[str, Any]], client.info("memory", target_nodes=RedisCluster.PRIMARIES))
             nodes = list(per_node.values())
         else:

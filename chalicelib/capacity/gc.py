@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..clock import Clock
 from ..index import BlockIndex, Status
-from ..index.records import BlockRecord, decode_record
+from ..index.records import BlockRecord, LocationRecord, decode_record
 from ..observability.logging import logger
 from ..protocol.errors import InstanceNotFoundError
 from ..storage.base import BlockRef
@@ -43,8 +43,11 @@ from .reclaimer import LeaseGuard
 if TYPE_CHECKING:
     from ..cache.context import InstanceContext
     from ..cache.deletion import Deleter
+    from ..control.records import InstanceRecord
     from ..observability.metrics import MetricsRegistry
 
+#: SERVING locations by storage index, each with its block key.
+_Serving = dict[int, list[tuple[int, LocationRecord]]]
 #: The shortest orphan grace: write sessions last at most an hour by default.
 MIN_ORPHAN_GRACE_S = 3600
 #: Occupied buckets read per visit of an instance, and visits per run.
@@ -63,7 +66,7 @@ class CacheGcConfigError(ValueError):
 
 
 class InstanceListing(Protocol):
-    def list_instances(self) -> list[Any]:
+    def list_instances(self) -> list[InstanceRecord]:
         """Every instance record (``group``, ``instance_id``)."""
 
 
@@ -205,12 +208,12 @@ class CacheGarbageCollector:
 
     def _classify(
         self, records: Sequence[tuple[int, BlockRecord]], storages: dict[int, tuple[str, str]]
-    ) -> tuple[list[_Found], dict[int, list[tuple[int, Any]]]]:
+    ) -> tuple[list[_Found], _Serving]:
         """Orphan WRITING locations, and SERVING ones by storage index (to probe)."""
         now_ms = int(self.clock.now() * 1000)
         grace_ms = self.orphan_grace_s * 1000
         orphans: list[_Found] = []
-        serving: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+        serving: _Serving = defaultdict(list)
         for key, record in records:
             for location in record.locations:
                 if storages.get(location.storage_index, ("", ""))[1].startswith("ST_EVENT_REPORT"):
@@ -224,7 +227,10 @@ class CacheGarbageCollector:
         return orphans, serving
 
     def _missing(
-        self, ctx: InstanceContext, serving: dict[int, list[tuple[int, Any]]], storages: dict[int, tuple[str, str]]
+        self,
+        ctx: InstanceContext,
+        serving: _Serving,
+        storages: dict[int, tuple[str, str]],
     ) -> list[_Found]:
         """The SERVING locations whose storage says their data is gone (unknown: kept)."""
         missing: list[_Found] = []

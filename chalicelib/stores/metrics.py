@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from redis.typing import EncodableT
 
@@ -81,19 +81,17 @@ class MetricsStore:
         with valkey_errors("metrics store"):
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.key))
         totals = MetricsDelta()
-        parts: dict[str, dict[MetricKey, Any]] = {
-            "c": totals.counters,
-            "s": totals.sums,
-            "n": totals.counts,
-            "g": totals.gauges,
-        }
+        # Counters and counts are integers, sums and gauges floats.
+        integral = {"c": totals.counters, "n": totals.counts}
+        real = {"s": totals.sums, "g": totals.gauges}
         for field, value in raw.items():
             text = field.decode()
             if text[0] == "b":
                 totals.buckets[_bucket_of(text)] = int(value)
-                continue
-            target = parts[text[0]]
-            target[_key_of(text)] = int(value) if text[0] in "cn" else float(value)
+            elif text[0] in integral:
+                integral[text[0]][_key_of(text)] = int(value)
+            else:
+                real[text[0]][_key_of(text)] = float(value)
         return totals
 
     def forget(self, tag: str, value: str) -> int:
