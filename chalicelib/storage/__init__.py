@@ -1,10 +1,19 @@
-"""Data storage backends: URIs for the engines, data deletion, health probes.
+"""Data storage backends: URIs for the engines, data deletion, health probes, and the
+byte copy between tiers (``copy.copy_blocks``).
 
 ``base.StorageBackend`` is the port; ``StorageRegistry`` builds the backend of a
 ``StorageConfig``; ``health`` probes backends and tracks their availability.
 """
 
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
+from .base import (
+    BlockRef,
+    SpecSlot,
+    StorageBackend,
+    StorageCopyUnsupportedError,
+    StorageError,
+    StorageUnavailableError,
+)
+from .copy import copy_blocks
 from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
 from .health import AvailabilityChange, AvailabilityTracker, ProbeResult, StorageHealth, probe_storage
 from .mempool import PoolExhaustedError, PoolSnapshot, TairMemPoolBackend
@@ -26,6 +35,7 @@ __all__ = [
     "S3Backend",
     "SpecSlot",
     "StorageBackend",
+    "StorageCopyUnsupportedError",
     "StorageError",
     "StorageHealth",
     "StorageRegistry",
@@ -34,5 +44,6 @@ __all__ = [
     "ThreeFSBackend",
     "VcnsThreeFSBackend",
     "boto3_s3_client",
+    "copy_blocks",
     "probe_storage",
 ]
