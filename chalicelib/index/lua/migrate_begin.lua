@@ -8,18 +8,19 @@
 -- finish.lua checks again before it turns a target SERVING; an expired session is failed
 -- by the reaper like any other, so an orphan target is deleted.
 -- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session deadlines,
---       [6] session record.
+--       [6] session record. A block named twice is taken once.
 -- ARGV: [1] sources (SESSION_ENTRY_FMT each: block key, source location id), [2] now (ms),
 --       [3] session id, [4] deadline (ms), [5] target storage name, [6] its type, [7] its
---       pack count (0: one group per block... as start.lua's), [8] block size per spec group
---       (I6 each, index 0 = all specs), [9] group capacity (0 = none), [10] the group's live
+--       pack count (a file per that many blocks copied; 0: addressed by key), [8] block
+--       size per spec group (I6 each, index 0 = all specs), [9] group capacity (0 = none), [10] the group's live
 --       bytes as last read (this instance's included; -1: not read), [11] type capacity
 --       (0 = none), [12] the group's live bytes of the target type (idem), [13] the
 --       instance's byte quota (0 = none), [14] bucket prefix, [15] incarnation (claim.lua),
 --       [16] instance id (the session's owner), [17] coverage (start.lua ARGV[24]),
 --       [18] the number of spec groups, [19] '1' when the target addresses blocks by location.
 -- Returns {START_GRANTED, first location id, per block '1' taken / 'g' source not SERVING
---      (or no record) / 'c' target holds it already, the target's storage index, bytes added}
+--      (or no record) / 'c' target holds it already (or named before in this call), the
+--      target's storage index, bytes added}
 --      or {START_REFUSED, reason, shortfall} (REFUSED_INSTANCE, REFUSED_GROUP, REFUSED_TYPE,
 --      REFUSED_STORAGES, REFUSED_GONE), writing nothing.
 local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -36,13 +37,17 @@ local tidx = tonumber(redis.call('HGET', stab, 'n:' .. tname) or 0)
 
 local n = #sources / SESSION_ENTRY_LEN
 local outcome, taken, added = {}, {}, 0
+local seen = {}  -- a block named twice gets one target: the second is 'c'
 for j = 1, n do
   local key, src = struct.unpack(SESSION_ENTRY_FMT, sources, (j - 1) * SESSION_ENTRY_LEN + 1)
   local bucket = bucket_of(bprefix, nbuckets, key)
   local rec = redis.call('HGET', bucket, key)
   local at = rec and find_loc(rec, src)
   outcome[j] = 'g'
-  if at and loc_status(rec, at) == SERVING then
+  if seen[key] then
+    outcome[j] = 'c'
+  elseif at and loc_status(rec, at) == SERVING then
+    seen[key] = true
     local _, _, sg = loc_at(rec, at)
     outcome[j] = '1'
     for l = 1, location_count(rec) do
@@ -65,8 +70,9 @@ if #taken > 0 then
   local own = tonumber(u[1] or 0) - tonumber(u[2] or 0)
   local own_type = tonumber(u[3] or 0) - tonumber(u[4] or 0)
   -- The other instances' part of the group's usage, never taken below 0 (start.lua).
-  if instance_cap > 0 and own + added > instance_cap then return {START_REFUSED, REFUSED_INSTANCE, own + added - instance_cap} end
-  local over = math.max(0, group_bytes - own) + own + added - group_cap
+  local over = own + added - instance_cap
+  if instance_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_INSTANCE, over} end
+  over = math.max(0, group_bytes - own) + own + added - group_cap
   if group_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_GROUP, over} end
   over = math.max(0, group_type_bytes - own_type) + own_type + added - type_cap
   if type_cap > 0 and over > 0 then return {START_REFUSED, REFUSED_TYPE, over} end

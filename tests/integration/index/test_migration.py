@@ -92,8 +92,8 @@ def test_sources_not_serving_and_targets_already_held_are_skipped(index, layout,
     sources = write(index, layout, [1, 2, 3])
     begin(migration, index, layout, sources[:1], sid="c0")
     wrong_id = (sources[1][0], sources[1][1] + 1000)
-    begun = begin(migration, index, layout, [sources[0], wrong_id, (99, 1), sources[2]])
-    assert begun.outcomes == "cgg1" and begun.bytes_added == 200
+    begun = begin(migration, index, layout, [sources[0], wrong_id, (99, 1), sources[2], sources[2]])
+    assert begun.outcomes == "cgg1c" and begun.bytes_added == 200
     assert [(p[0], p[1]) for p in begun.placements] == [sources[2]]
     session = index.session(layout, "c1")
     assert [key for key, _ in session.entries] == [3]
@@ -127,15 +127,30 @@ def test_a_copy_over_a_quota_is_refused_and_writes_nothing(index, layout, migrat
     assert index.session(layout, "c1") is None
 
 
-def test_an_orphan_copy_expires_and_its_targets_go_to_deletion(index, layout, migration):
+def test_an_orphan_copy_is_failed_by_the_reaper_and_a_late_finish_is_refused(index, layout, migration):
+    """A Copy whose caller died: the reaper finds its session due and fails it as it fails
+    every write session (CacheService.fail_session), so no target stays WRITING."""
     sources = write(index, layout, [1, 2])
     begin(migration, index, layout, sources, target=NFS2, ttl_ms=5_000)
     index.clock.advance(6)
-    assert "inst" in index.instances_due(int(index.clock.now() * 1000))
+    now_ms = int(index.clock.now() * 1000)
+    assert "inst" in index.instances_due(now_ms)
+    assert index.due_sessions(["inst"], now_ms) == {"inst": ["c1"]}
+    failed = index.finish(layout, "c1", index.session(layout, "c1"), (), SIZES, force_fail=True)
+    assert [v.block_key for v in failed.victims] == [1, 2]
+    assert {r.locations[1].status for r in records(index, layout, [1, 2])} == {Status.DELETING}
+    assert {r.locations[0].status for r in records(index, layout, [1, 2])} == {Status.SERVING}
+    with pytest.raises(WriteSessionError):
+        migration.finish_copy(layout, "c1", [True, True], SIZES)
+
+
+def test_a_copy_finished_after_its_deadline_serves_nothing(index, layout, migration):
+    sources = write(index, layout, [1, 2])
+    begin(migration, index, layout, sources, target=NFS2, ttl_ms=5_000)
+    index.clock.advance(6)
     finished = migration.finish_copy(layout, "c1", [True, True], SIZES)
     assert finished.served == () and finished.failed == (0, 1)
     assert {r.locations[1].status for r in records(index, layout, [1, 2])} == {Status.DELETING}
-    assert {r.locations[0].status for r in records(index, layout, [1, 2])} == {Status.SERVING}
 
 
 def test_sharded_instances_are_not_covered_yet(index, migration):
