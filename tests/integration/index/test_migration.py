@@ -2,8 +2,10 @@
 WRITING target and its usage in one step, the source re-checked before the target serves,
 orphans failed by expiry, and exact counters under threads."""
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
+import boto3
 import pytest
 
 from chalicelib.index import Status
@@ -11,6 +13,8 @@ from chalicelib.index.block_index import MODE_PREFIX, MODE_RAW
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
 from chalicelib.index.migration import CopyQuotas, CopyTarget, MigrationIndex
 from chalicelib.protocol.errors import UnsupportedError
+from chalicelib.protocol.models import StorageConfig
+from chalicelib.storage import BlockRef, FileBackend, S3Backend, SpecSlot, StorageBackend, copy_blocks
 
 from .test_block_index import SIZES, finish, start
 
@@ -192,3 +196,44 @@ def test_racing_copies_of_the_same_blocks_make_one_target_each_and_exact_usage(i
     usage = index.usage([layout])[0]
     assert usage.bytes == base.bytes + 200 * len(keys)
     assert usage.deleting_bytes == 200 * failed and usage.deleting_by_type == {"ST_S3": 200 * failed}
+
+
+@pytest.mark.parametrize("target_kind", ["s3", "nfs"])
+def test_a_copy_through_index_and_storage_leaves_the_target_bytes_equal_to_the_source(
+    index, layout, migration, tmp_path, aws, target_kind
+):
+    """begin_copy's placements are where copy_blocks writes: once finish_copy serves the
+    target, the bytes at its URIs are the source's (a hot NFS tier over S3 or NFS)."""
+    specs = (SpecSlot("tp0", 0, 100), SpecSlot("tp1", 100, 100))  # spec group 0: 200 bytes
+    hot = _nfs(tmp_path / "hot", "nfs_01", 8)
+    if target_kind == "s3":
+        boto3.client("s3").create_bucket(Bucket="cold")
+        cold: StorageBackend = S3Backend(
+            StorageConfig.model_validate({"global_unique_name": "s3_01", "s3": {"bucket": "cold"}}),
+            lambda: boto3.client("s3"),
+        )
+        target = S3
+    else:
+        cold, target = _nfs(tmp_path / "cold", "nfs_02", 4), NFS2
+    keys = list(range(1, 11))
+    sources = write(index, layout, keys)
+    hot_blocks = [
+        BlockRef("inst", key, loc.location_id, loc.group_id, loc.slot, specs)
+        for key, loc in ((k, r.locations[0]) for k, r in zip(keys, records(index, layout, keys), strict=True))
+    ]
+    hot.write(hot_blocks, [[os.urandom(s.size) for s in specs] for _ in hot_blocks])  # what the engine wrote
+    begun = begin(migration, index, layout, sources, target=target)
+    cold_blocks = [BlockRef("inst", key, loc, group, slot, specs) for key, _, loc, group, slot in begun.placements]
+    copy_blocks(hot, hot_blocks, cold, cold_blocks, concurrency=2, batch_blocks=3)
+    assert migration.finish_copy(layout, "c1", [True] * len(keys), SIZES).served == tuple(range(len(keys)))
+    assert cold.read(cold_blocks) == hot.read(hot_blocks)
+    served = [r.locations[1] for r in records(index, layout, keys)]
+    assert [(loc.status, loc.group_id, loc.slot) for loc in served] == [
+        (Status.SERVING, b.group_id, b.slot) for b in cold_blocks
+    ]
+
+
+def _nfs(root, name, pack):
+    root.mkdir()
+    config = {"global_unique_name": name, "nfs": {"root_path": str(root), "key_count_per_file": pack}}
+    return FileBackend(StorageConfig.model_validate(config), min_free_bytes=0)
