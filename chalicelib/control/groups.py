@@ -24,6 +24,15 @@ updated. What a 0 means where it is kept:
   ``storage_unique_name`` empty: the policy covers all of the group's storages (otherwise it
   must be one of the candidates).
 - ``cache_config.meta_indexer_config.max_key_count`` 0: unlimited blocks per instance.
+- ``cache_config.migration_config`` (tiered storage, UPSTREAM_V2 §2.11): absent stays absent
+  (one tier). Present, upstream's rules: ``copy_max_concurrency`` absent → 1 (> 0); every
+  strategy names two different storage candidates (KVCM: they must be candidates), a
+  ``trigger_threshold`` in (0, 1), at least one enabled method, a ``retention`` when Copy is
+  enabled; ``mark.timeout_ms`` absent → 24 h (> 0); one strategy per (source, target).
+  Async-copy knobs: the three limits absent → 0 (>= 0, all > 0 with
+  ``MIGRATION_COPY_ASYNC_REQUIRED``); timings absent → upstream's defaults
+  (``MIGRATION_TIMING_DEFAULTS``), with 0 < poll_initial <= poll_max < deadline,
+  0 < connect <= submit, query < deadline and 16 * max(submit, query) <= deadline.
 - ``global_quota_group_name`` empty → the group's own name.
 - ``data_storage_strategy`` unspecified: candidates in list order.
 - ``instance_quotas`` (KVCM extension): bytes per instance id, each > 0 (an instance not
@@ -38,7 +47,13 @@ from __future__ import annotations
 
 import math
 
-from ..protocol.codes import InstanceReclaimBudgetPolicy, ReclaimPolicy, StorageType
+from ..protocol.codes import (
+    InstanceReclaimBudgetPolicy,
+    MigrationCopyExecutionMode,
+    MigrationRetention,
+    ReclaimPolicy,
+    StorageType,
+)
 from ..protocol.models import (
     DEFAULT_RECLAIM_POLICY,
     DEFAULT_RECLAIM_STEP_PERCENTAGE,
@@ -52,6 +67,11 @@ from ..protocol.models import (
     InstanceGroup,
     InstanceGroupQuota,
     MetaIndexerConfig,
+    MigrationConfig,
+    MigrationCopyMethodConfig,
+    MigrationMarkMethodConfig,
+    MigrationMethodConfigs,
+    MigrationStrategy,
     TriggerStrategy,
     TuningConfig,
 )
@@ -63,6 +83,19 @@ from .validation import MAX_EXTRA_BYTES, MAX_USER_DATA_BYTES, require_bytes_at_m
 MAX_STORAGE_CANDIDATES = 32
 #: Keeps a group's item (one DynamoDB item, at most 400 KB) small.
 MAX_INSTANCE_QUOTAS = 1024
+#: Upstream's defaults for a migration_config's unset wrapped numbers (MigrationConfig).
+DEFAULT_COPY_MAX_CONCURRENCY = 1
+DEFAULT_MARK_TIMEOUT_MS = 24 * 3600 * 1000
+MIGRATION_TIMING_DEFAULTS = {
+    "copy_operation_deadline_ms": 600_000,
+    "copy_poll_initial_interval_ms": 20,
+    "copy_poll_max_interval_ms": 1000,
+    "copy_connect_timeout_ms": 1000,
+    "copy_submit_timeout_ms": 3000,
+    "copy_query_timeout_ms": 3000,
+}
+#: The async Copy's capacity gates: 0 (unset) is only valid with MIGRATION_COPY_SYNC.
+MIGRATION_ASYNC_LIMITS = ("copy_max_inflight_bytes", "copy_max_quarantine_operations", "copy_max_quarantine_bytes")
 
 
 def normalize_group(group: InstanceGroup | None, path: str = "instance_group") -> InstanceGroup:
@@ -152,15 +185,90 @@ def _cache_config(config: CacheConfig, candidates: list[str], path: str) -> Cach
     for name in ("max_key_count", "mutex_shard_num", "batch_key_size"):
         require_non_negative(getattr(indexer, name), f"{path}.meta_indexer_config.{name}")
     config.meta_indexer_config = indexer
+    if config.migration_config is not None:
+        config.migration_config = _migration(config.migration_config, candidates, f"{path}.migration_config")
     return config
 
 
-def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -> CacheReclaimStrategy:
-    if strategy.storage_unique_name and strategy.storage_unique_name not in candidates:
+def _require_candidate(name: str, candidates: list[str], path: str) -> None:
+    if name not in candidates:
+        raise invalid(path, f"names {name!r}, which is not one of the storage_candidates")
+
+
+def _migration(config: MigrationConfig, candidates: list[str], path: str) -> MigrationConfig:
+    if config.copy_max_concurrency is None:
+        config.copy_max_concurrency = DEFAULT_COPY_MAX_CONCURRENCY
+    require_positive(config.copy_max_concurrency, f"{path}.copy_max_concurrency")
+    for name in MIGRATION_ASYNC_LIMITS:
+        value = getattr(config, name)
+        if value is None:
+            setattr(config, name, value := 0)
+        require_non_negative(value, f"{path}.{name}")
+        if config.copy_execution_mode == MigrationCopyExecutionMode.MIGRATION_COPY_ASYNC_REQUIRED and value == 0:
+            raise invalid(f"{path}.{name}", "must be > 0 with copy_execution_mode MIGRATION_COPY_ASYNC_REQUIRED")
+    timings: dict[str, int] = {}
+    for name, default in MIGRATION_TIMING_DEFAULTS.items():
+        value = getattr(config, name)
+        if value is None:
+            setattr(config, name, value := default)
+        require_positive(value, f"{path}.{name}")
+        timings[name] = value
+    _migration_timings(timings, path)
+    routes: set[tuple[str, str]] = set()
+    for i, strategy in enumerate(config.strategies):
+        _migration_strategy(strategy, candidates, f"{path}.strategies[{i}]")
+        route = (strategy.source_storage_name, strategy.target_storage_name)
+        if route in routes:
+            raise invalid(f"{path}.strategies[{i}]", f"repeats the route {route[0]!r} -> {route[1]!r}: one per pair")
+        routes.add(route)
+    return config
+
+
+def _migration_timings(timings: dict[str, int], path: str) -> None:
+    """The async Copy's timing rules (upstream's tiered-storage design, "校验约束")."""
+    for lower, upper in (
+        ("copy_poll_initial_interval_ms", "copy_poll_max_interval_ms"),
+        ("copy_connect_timeout_ms", "copy_submit_timeout_ms"),
+        ("copy_connect_timeout_ms", "copy_query_timeout_ms"),
+    ):
+        if timings[lower] > timings[upper]:
+            raise invalid(f"{path}.{upper}", f"must be >= {lower} ({timings[lower]}), got {timings[upper]}")
+    deadline = timings["copy_operation_deadline_ms"]
+    for name in ("copy_poll_max_interval_ms", "copy_submit_timeout_ms", "copy_query_timeout_ms"):
+        if timings[name] >= deadline:
+            raise invalid(f"{path}.{name}", f"must be < copy_operation_deadline_ms ({deadline}), got {timings[name]}")
+    slowest = max(timings["copy_submit_timeout_ms"], timings["copy_query_timeout_ms"])
+    if 16 * slowest > deadline:
         raise invalid(
-            f"{path}.storage_unique_name",
-            f"names {strategy.storage_unique_name!r}, which is not one of the storage_candidates",
+            f"{path}.copy_operation_deadline_ms",
+            f"must be >= 16 x max(copy_submit_timeout_ms, copy_query_timeout_ms) = {16 * slowest}, got {deadline}",
         )
+
+
+def _migration_strategy(strategy: MigrationStrategy, candidates: list[str], path: str) -> None:
+    for name in ("source_storage_name", "target_storage_name"):
+        require_key_name(getattr(strategy, name), f"{path}.{name}")
+        _require_candidate(getattr(strategy, name), candidates, f"{path}.{name}")
+    if strategy.source_storage_name == strategy.target_storage_name:
+        raise invalid(f"{path}.target_storage_name", "must differ from source_storage_name")
+    if not (math.isfinite(strategy.trigger_threshold) and 0 < strategy.trigger_threshold < 1):
+        raise invalid(f"{path}.trigger_threshold", f"must be a fraction in (0, 1), got {strategy.trigger_threshold}")
+    methods = strategy.method_configs or MigrationMethodConfigs()
+    methods.copy_config = methods.copy_config or MigrationCopyMethodConfig()
+    methods.mark = methods.mark or MigrationMarkMethodConfig()
+    strategy.method_configs = methods
+    if methods.mark.timeout_ms is None:
+        methods.mark.timeout_ms = DEFAULT_MARK_TIMEOUT_MS
+    require_positive(methods.mark.timeout_ms, f"{path}.method_configs.mark.timeout_ms")
+    if not (methods.copy_config.enabled or methods.mark.enabled):
+        raise invalid(f"{path}.method_configs", "must enable copy, mark or both")
+    if methods.copy_config.enabled and strategy.retention == MigrationRetention.MIGRATION_RETENTION_UNSPECIFIED:
+        raise invalid(f"{path}.retention", "is required when copy is enabled (DELETE_SOURCE or KEEP_BOTH)")
+
+
+def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -> CacheReclaimStrategy:
+    if strategy.storage_unique_name:
+        _require_candidate(strategy.storage_unique_name, candidates, f"{path}.storage_unique_name")
     if (
         strategy.instance_reclaim_budget_policy == InstanceReclaimBudgetPolicy.GROUP_LRU
         and strategy.reclaim_policy not in (ReclaimPolicy.POLICY_UNSPECIFIED, ReclaimPolicy.POLICY_LRU)

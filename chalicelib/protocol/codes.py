@@ -98,6 +98,28 @@ class InstanceReclaimBudgetPolicy(IntEnum):
     GROUP_LRU = 2
 
 
+class MigrationRetention(IntEnum):
+    """What a tiered Copy does with the source once the target serves (UPSTREAM_V2 §2.11)."""
+
+    MIGRATION_RETENTION_UNSPECIFIED = 0
+    MIGRATION_RETENTION_DELETE_SOURCE = 1
+    MIGRATION_RETENTION_KEEP_BOTH = 2
+
+
+class MigrationMarkClearPolicy(IntEnum):
+    """When finishWriteCache clears a block's Mark (UPSTREAM_V2 §2.11)."""
+
+    MIGRATION_MARK_CLEAR_ON_NEXT_WRITE_SUCCESS = 0
+    MIGRATION_MARK_CLEAR_ON_FULL_BLOCK_COVERED = 1
+
+
+class MigrationCopyExecutionMode(IntEnum):
+    """Whether a Copy waits on the backend (SYNC) or runs as a tracked async operation."""
+
+    MIGRATION_COPY_SYNC = 0
+    MIGRATION_COPY_ASYNC_REQUIRED = 1
+
+
 class CachePreferStrategy(IntEnum):
     CPS_UNSPECIFIED = 0
     CPS_ALWAYS_3FS = 1

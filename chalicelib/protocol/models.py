@@ -11,7 +11,7 @@ cold start's 1 % (docs/cold-start.md).
 
 from typing import Annotated, Any
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from typing_extensions import TypedDict
 
 from .codes import (
@@ -22,6 +22,9 @@ from .codes import (
     FaultType,
     InstanceReclaimBudgetPolicy,
     LocationSelectStrategy,
+    MigrationCopyExecutionMode,
+    MigrationMarkClearPolicy,
+    MigrationRetention,
     QueryType,
     ReclaimPolicy,
     ReportEventType,
@@ -61,6 +64,9 @@ CacheLocationStatusField = Annotated[CacheLocationStatus, WireEnum(CacheLocation
 ReportEventTypeField = Annotated[ReportEventType, WireEnum(ReportEventType)]
 LocationSelectStrategyField = Annotated[LocationSelectStrategy, WireEnum(LocationSelectStrategy)]
 InstanceReclaimBudgetPolicyField = Annotated[InstanceReclaimBudgetPolicy, WireEnum(InstanceReclaimBudgetPolicy)]
+MigrationRetentionField = Annotated[MigrationRetention, WireEnum(MigrationRetention)]
+MigrationMarkClearPolicyField = Annotated[MigrationMarkClearPolicy, WireEnum(MigrationMarkClearPolicy)]
+MigrationCopyExecutionModeField = Annotated[MigrationCopyExecutionMode, WireEnum(MigrationCopyExecutionMode)]
 
 
 def _one_of(model: WireModel, names: tuple[str, ...], what: str) -> None:
@@ -399,10 +405,66 @@ class MetaIndexerConfig(WireModel):
     meta_cache_policy_config: MetaCachePolicyConfig | None = None
 
 
+class MigrationCopyMethodConfig(WireModel):
+    enabled: Bool = False
+
+
+class MigrationMarkMethodConfig(WireModel):
+    enabled: Bool = False
+    #: A wrapped Int64Value upstream: absent (None) is the default, 24 h.
+    timeout_ms: Int64 | None = None
+
+
+class MigrationMethodConfigs(WireModel):
+    """``{copy, mark}``. The field is ``copy_config`` in Python (BaseModel has a ``copy``
+    method); on the wire, in error paths and when rendered it is ``copy``."""
+
+    model_config = ConfigDict(loc_by_alias=True, serialize_by_alias=True)
+
+    copy_config: MigrationCopyMethodConfig | None = Field(default=None, alias="copy")
+    mark: MigrationMarkMethodConfig | None = None
+
+
+class MigrationStrategy(WireModel):
+    """One tier route of a group: when and how blocks of ``source_storage_name`` move to
+    ``target_storage_name`` (UPSTREAM_V2 §2.11)."""
+
+    source_storage_name: Str = ""
+    target_storage_name: Str = ""
+    trigger_threshold: float = 0.0
+    method_configs: MigrationMethodConfigs | None = None
+    retention: MigrationRetentionField = MigrationRetention.MIGRATION_RETENTION_UNSPECIFIED
+
+
+class MigrationConfig(WireModel):
+    """``CacheConfig.migration_config``: the group's tier routes and Copy limits. The
+    wrapped numbers (Int32Value / Int64Value / UInt64Value upstream) are None when absent,
+    which ``control.groups`` replaces by their defaults; an explicit 0 stays 0 (and is
+    refused where it must be positive)."""
+
+    strategies: Items[MigrationStrategy] = Field(default_factory=empty_list)
+    copy_max_concurrency: Int32 | None = None
+    mark_clear_policy: MigrationMarkClearPolicyField = (
+        MigrationMarkClearPolicy.MIGRATION_MARK_CLEAR_ON_NEXT_WRITE_SUCCESS
+    )
+    copy_execution_mode: MigrationCopyExecutionModeField = MigrationCopyExecutionMode.MIGRATION_COPY_SYNC
+    copy_max_inflight_bytes: Int64 | None = None
+    copy_max_quarantine_operations: Int64 | None = None
+    copy_max_quarantine_bytes: Int64 | None = None
+    copy_operation_deadline_ms: Int64 | None = None
+    copy_poll_initial_interval_ms: Int64 | None = None
+    copy_poll_max_interval_ms: Int64 | None = None
+    copy_connect_timeout_ms: Int64 | None = None
+    copy_submit_timeout_ms: Int64 | None = None
+    copy_query_timeout_ms: Int64 | None = None
+
+
 class CacheConfig(WireModel):
     reclaim_strategy: CacheReclaimStrategy | None = None
     data_storage_strategy: CachePreferStrategyField = CachePreferStrategy.CPS_UNSPECIFIED
     meta_indexer_config: MetaIndexerConfig | None = None
+    #: Tiered storage (absent: one tier, no migration).
+    migration_config: MigrationConfig | None = None
 
 
 class QuotaConfig(WireModel):

@@ -1,11 +1,20 @@
-"""Data storage backends: URIs for the engines, data deletion, health probes.
+"""Data storage backends: URIs for the engines, data deletion, health probes, and the
+byte copy between tiers (``copy.copy_blocks``).
 
 ``base.StorageBackend`` is the port; ``StorageRegistry`` builds the backend of a
 ``StorageConfig``; ``health`` probes backends and tracks their availability, which
 ``health_store`` shares between containers in Valkey (every piece of storage health here).
 """
 
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError
+from .base import (
+    BlockRef,
+    SpecSlot,
+    StorageBackend,
+    StorageCopyUnsupportedError,
+    StorageError,
+    StorageUnavailableError,
+)
+from .copy import copy_blocks
 from .file import FileBackend, ThreeFSBackend, VcnsThreeFSBackend
 from .health import AvailabilityChange, AvailabilityTracker, ProbeResult, StorageHealth, probe_storage
 from .mempool import PoolExhaustedError, PoolSnapshot, TairMemPoolBackend
@@ -27,6 +36,7 @@ __all__ = [
     "S3Backend",
     "SpecSlot",
     "StorageBackend",
+    "StorageCopyUnsupportedError",
     "StorageError",
     "StorageHealth",
     "StorageRegistry",
@@ -35,5 +45,6 @@ __all__ = [
     "ThreeFSBackend",
     "VcnsThreeFSBackend",
     "boto3_s3_client",
+    "copy_blocks",
     "probe_storage",
 ]

@@ -1,7 +1,8 @@
 """The port every data storage backend implements.
 
-KVCM moves no KV bytes: a backend turns a block's placement into URIs for the engines,
-deletes data when the index drops a block, and answers health probes.
+A backend turns a block's placement into URIs for the engines, deletes data when the index
+drops a block, and answers health probes. Engines move the KV bytes; KVCM moves them only to
+copy a block from one tier to another (``read`` and ``write``, used by ``storage.copy``).
 
 Placement. Every location records a ``group_id`` and a ``slot``:
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..protocol.codes import StorageType
-from ..protocol.errors import StorageIOError
+from ..protocol.errors import StorageIOError, UnsupportedError
 from ..protocol.models import StorageConfig
 from .checks import spec_of
 
@@ -39,6 +40,11 @@ class StorageUnavailableError(StorageError):
 class StorageFullError(StorageUnavailableError):
     """A health probe found the storage without the free space it must keep: its data can
     still be read, but nothing new may be placed on it."""
+
+
+class StorageCopyUnsupportedError(UnsupportedError):
+    """The backend cannot read or write block bytes from KVCM (wire UNSUPPORTED), so blocks
+    cannot be copied from or to it."""
 
 
 #: ``args(block_key, location_id, group_id, slot)``: the values a URI template takes.
@@ -86,6 +92,20 @@ class BlockRef:
     @property
     def size(self) -> int:
         return sum(s.size for s in self.specs)
+
+
+def check_shapes(storage: str, blocks: Sequence[BlockRef], data: Sequence[Sequence[bytes]]) -> None:
+    """Fail (StorageError, nothing written) unless ``data`` holds one payload of exactly its
+    spec's size per spec of every block: a short payload would leave a block half written."""
+    if len(data) != len(blocks):
+        raise StorageError(f"storage {storage}: {len(data)} payload(s) for {len(blocks)} block(s)")
+    for block, payloads in zip(blocks, data, strict=True):
+        sizes = [len(p) for p in payloads]
+        if sizes != [s.size for s in block.specs]:
+            raise StorageError(
+                f"storage {storage}: block {block.block_key} has specs of "
+                f"{[s.size for s in block.specs]} bytes, got payloads of {sizes}"
+            )
 
 
 class StorageBackend(ABC):
@@ -176,6 +196,18 @@ class StorageBackend(ABC):
             except StorageError:
                 results.append(None)
         return results
+
+    def read(self, blocks: Sequence[BlockRef]) -> list[list[bytes]]:
+        """The bytes of every spec of every block (``[block][spec]``), as an engine reads
+        them at the blocks' URIs; StorageError when a spec is missing or shorter than its
+        size. Backends that cannot read their data raise StorageCopyUnsupportedError."""
+        raise StorageCopyUnsupportedError(f"storage {self.name}: {self.sdk_type} blocks cannot be read by KVCM")
+
+    def write(self, blocks: Sequence[BlockRef], data: Sequence[Sequence[bytes]]) -> None:
+        """Store ``data[i][j]`` (exactly ``blocks[i].specs[j].size`` bytes) where the URI of
+        spec j of block i points, durably before returning; StorageError on failure.
+        Backends that cannot write their data raise StorageCopyUnsupportedError."""
+        raise StorageCopyUnsupportedError(f"storage {self.name}: {self.sdk_type} blocks cannot be written by KVCM")
 
     @abstractmethod
     def probe(self) -> None:

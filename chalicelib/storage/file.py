@@ -11,8 +11,9 @@ the file's live count and calls ``delete_groups`` when it reaches zero. With N �
 block has its own file (a group of one, whose id is the block's location id); the index
 deletes it the same way, and ``delete`` removes it too.
 
-KVCM never writes block data: engines create and fill the files. KVCM only removes them,
-checks them, creates empty ones when a 3FS storage asks for it (``prepare``), and writes a
+Engines create and fill the files. KVCM removes them, checks them, creates empty ones when
+a 3FS storage asks for it (``prepare``), reads and writes blocks only to copy them between
+tiers (``read``, ``write``: at the block's slot, as engines do, fsynced), and writes a
 probe file for health; the probe also reads the filesystem's free space (``statvfs``): under
 ``min_free_bytes`` the storage is full (StorageFullError), since engines would then get
 locations they cannot write (ENOSPC). It never creates the data root: a missing data root means a
@@ -52,6 +53,7 @@ from .base import (
     StorageFullError,
     StorageUnavailableError,
     UriFormat,
+    check_shapes,
 )
 from .checks import config_error, require, require_absolute, require_contained, require_non_negative, spec_of
 from .naming import DECIMAL, HEX64, escape_component, hex64, uri_template
@@ -153,18 +155,24 @@ class _FileStorage(StorageBackend):
         """Remove every spec file of the given placement groups."""
         self._remove(self.path(instance_id, s.name, g) for g in group_ids for s in specs)
 
-    def _parent_fd(self, path: str) -> tuple[int, str]:
+    def _parent_fd(self, path: str, create: bool = False) -> tuple[int, str]:
         """(an open descriptor of the directory holding ``path``, the file's name), the
         directories below the data root opened one by one without following a symbolic
         link: anyone who can write to the mount could otherwise point an instance or
-        spec directory elsewhere and have KVCM delete or vouch for files there. A link
-        on the way reads as a missing directory (FileNotFoundError / NotADirectoryError)."""
+        spec directory elsewhere and have KVCM delete, read, write or vouch for files there.
+        A link on the way reads as a missing directory (FileNotFoundError /
+        NotADirectoryError). ``create`` makes the missing directories below the data root."""
         *directories, name = os.path.relpath(path, self.data_root).split(os.sep)
         fd = os.open(self.data_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for directory in directories:
                 if directory in ("", ".", ".."):  # never: paths are built from escaped names
                     raise FileNotFoundError(f"{path} leaves the data root")
+                if create:
+                    try:
+                        os.mkdir(directory, 0o777, dir_fd=fd)
+                    except FileExistsError:
+                        pass
                 inner = os.open(directory, _DIRECTORY_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = inner
@@ -224,6 +232,60 @@ class _FileStorage(StorageBackend):
                 return False
         return True
 
+    def _open(self, path: str, flags: int, create: bool = False) -> int:
+        fd, name = self._parent_fd(path, create)
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def _spec_files(self, blocks: Sequence[BlockRef]) -> dict[str, list[tuple[int, int, int, SpecSlot]]]:
+        """Per file: (block index, spec index, byte offset, spec) of every spec it holds."""
+        files: dict[str, list[tuple[int, int, int, SpecSlot]]] = {}
+        for i, block in enumerate(blocks):
+            for j, spec in enumerate(block.specs):
+                path = self.path(block.instance_id, spec.name, block.group_id)
+                files.setdefault(path, []).append((i, j, block.slot * spec.size, spec))
+        return files
+
+    def read(self, blocks: Sequence[BlockRef]) -> list[list[bytes]]:
+        """Each spec at byte ``slot × size`` of its file (each file opened once)."""
+        out: list[list[bytes]] = [[b""] * len(block.specs) for block in blocks]
+        for path, pieces in self._spec_files(blocks).items():
+            try:
+                fd = self._open(path, os.O_RDONLY)
+                try:
+                    for i, j, offset, spec in pieces:
+                        data = os.pread(fd, spec.size, offset)
+                        if len(data) != spec.size:
+                            raise StorageError(
+                                f"storage {self.name}: {path} holds {len(data)} of the {spec.size} bytes "
+                                f"at offset {offset}"
+                            )
+                        out[i][j] = data
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise StorageError(f"storage {self.name}: cannot read {path}: {exc.strerror or exc}") from exc
+        return out
+
+    def write(self, blocks: Sequence[BlockRef], data: Sequence[Sequence[bytes]]) -> None:
+        """Each spec at byte ``slot × size`` of its file, created with its directories when
+        missing (never truncated: a packed file holds other blocks), fsynced once per file."""
+        check_shapes(self.name, blocks, data)
+        for path, pieces in self._spec_files(blocks).items():
+            try:
+                fd = self._open(path, os.O_WRONLY | os.O_CREAT, create=True)
+                try:
+                    for i, j, offset, _ in pieces:
+                        _pwrite_all(fd, data[i][j], offset)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                error = StorageFullError if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StorageError
+                raise error(f"storage {self.name}: cannot write {path}: {exc.strerror or exc}") from exc
+
     def might_exist(self, blocks: Sequence[BlockRef]) -> list[bool | None]:
         """``exists`` per block, but unknown for all when the data root itself is not
         there: a storage that is not mounted has not lost its data."""
@@ -262,6 +324,13 @@ class _FileStorage(StorageBackend):
         except OSError as exc:
             error = StorageFullError if exc.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailableError
             raise error(f"storage {self.name}: cannot write in {self.data_root}: {exc.strerror or exc}") from exc
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _mib(size: int) -> str:

@@ -37,7 +37,9 @@ URI: ``pace://<global_unique_name>/<address + spec.offset>?size=<spec size>`` (t
 the path, where upstream's engine SDK reads it).
 Health: TCP connect to ``domain`` (``host:port``) within ``timeout`` ms (default 1000).
 ``exists`` reports whether the block's range is still allocated to it: KVCM cannot see the
-pool's bytes, and the allocation is what it owns.
+pool's bytes, and the allocation is what it owns. For the same reason ``read`` and ``write``
+raise StorageCopyUnsupportedError: a copy from or to the pool needs the pool's own copy
+service (upstream submits it to the pool and polls), which KVCM does not call yet.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ..protocol.codes import StorageType
 from ..protocol.models import StorageConfig
-from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriFormat
+from .base import BlockRef, SpecSlot, StorageBackend, StorageError, StorageUnavailableError, UriFormat, check_shapes
 from .checks import config_error, require, spec_of
 from .naming import HEX64, block_key_args, escape_component, hex64, uri_template
 
@@ -135,6 +135,36 @@ class S3Backend(StorageBackend):
             except BotoCoreError as exc:
                 raise StorageError(f"storage {self.name}: head s3://{self.bucket}/{key}: {exc}") from exc
         return True
+
+    def read(self, blocks: Sequence[BlockRef]) -> list[list[bytes]]:
+        """GetObject for every spec; a missing object or one of another size is a StorageError."""
+        out: list[list[bytes]] = []
+        for block in blocks:
+            row = []
+            for spec in block.specs:
+                key = self.object_key(block.instance_id, spec.name, block.block_key)
+                try:
+                    data: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                except (ClientError, BotoCoreError) as exc:
+                    raise StorageError(f"storage {self.name}: get s3://{self.bucket}/{key}: {_describe(exc)}") from exc
+                if len(data) != spec.size:
+                    raise StorageError(
+                        f"storage {self.name}: s3://{self.bucket}/{key} holds {len(data)} bytes, not {spec.size}"
+                    )
+                row.append(data)
+            out.append(row)
+        return out
+
+    def write(self, blocks: Sequence[BlockRef], data: Sequence[Sequence[bytes]]) -> None:
+        """PutObject for every spec (S3 stores an object whole and durably, or not at all)."""
+        check_shapes(self.name, blocks, data)
+        for block, payloads in zip(blocks, data, strict=True):
+            for spec, payload in zip(block.specs, payloads, strict=True):
+                key = self.object_key(block.instance_id, spec.name, block.block_key)
+                try:
+                    self.client.put_object(Bucket=self.bucket, Key=key, Body=payload)
+                except (ClientError, BotoCoreError) as exc:
+                    raise StorageError(f"storage {self.name}: put s3://{self.bucket}/{key}: {_describe(exc)}") from exc
 
     def probe(self) -> None:
         """HeadBucket: the bucket exists and these credentials may use it."""

@@ -15,11 +15,14 @@
 -- VICTIM_FMT descriptors; uncommitted, one byte per session key, '1' where the caller
 -- said success but the location was no longer WRITING (a removeCache or trim took it
 -- meanwhile): it will not be served; the charge is prelude's deleting_charge.
+-- A tiered Copy's session (migrate_begin.lua) names each block's source location in its
+-- 'm' field: a target turns SERVING only while that source is still SERVING (the bytes
+-- copied are the block's), else it fails like a reported failure, marked uncommitted.
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix = ARGV[6]
 local charge = deleting_charge(KEYS[4], ARGV[7])
-local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p')
+local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p', 'm')
 if not s[1] or (s[3] and s[3] ~= ARGV[8]) then return {FINISH_UNKNOWN, '', ''} end
 if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
@@ -41,8 +44,14 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
     if i then
       local st, sidx, sg, id, group, slot = loc_at(rec, i)
       if st == WRITING then
-        uncommitted[j] = '0'
-        if string.sub(success, j, j) == '1' then
+        local ok = string.sub(success, j, j) == '1'
+        if ok and s[5] then
+          local _, source = struct.unpack(SESSION_ENTRY_FMT, s[5], (j - 1) * SESSION_ENTRY_LEN + 1)
+          local at = find_loc(rec, source)
+          ok = at ~= nil and loc_status(rec, at) == SERVING
+        end
+        uncommitted[j] = (string.sub(success, j, j) == '1' and not ok) and '1' or '0'
+        if ok then
           redis.call('HSET', bucket, key, set_loc_status(rec, i, SERVING))
         else
           rec = unlink_from_parent(bprefix, nbuckets, set_loc_status(rec, i, DELETING))

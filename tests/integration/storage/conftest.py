@@ -30,14 +30,29 @@ def listening_port():
 
 
 @pytest.fixture(params=BACKEND_KINDS)
-def harness(request, tmp_path, listening_port) -> Harness:
-    kind = request.param
+def harness(request, make_harness) -> Harness:
+    return make_harness(request.param)
+
+
+@pytest.fixture
+def make_harness(request, tmp_path, listening_port):
+    """``make_harness(kind, copy=0)``: a healthy backend of ``kind``; each ``copy`` number
+    is another storage of that kind (its own name, root or prefix)."""
+
+    def make(kind: str, copy: int = 0) -> Harness:
+        return _build(request, tmp_path / f"{kind}-{copy}", listening_port, kind, copy)
+
+    return make
+
+
+def _build(request, tmp_path, listening_port, kind: str, copy: int) -> Harness:
+    suffix = f"{copy + 1:02d}"
     if kind.startswith("nfs"):
         root = tmp_path / "nfs"
-        root.mkdir()
+        root.mkdir(parents=True)
         pack = 4 if kind == "nfs-packed" else 0
         return FileHarness(
-            FileBackend(storage_config("nfs_01", "nfs", {"root_path": f"{root}/", "key_count_per_file": pack}))
+            FileBackend(storage_config(f"nfs_{suffix}", "nfs", {"root_path": f"{root}/", "key_count_per_file": pack}))
         )
     if kind in ("3fs", "vcns-3fs"):
         mount = tmp_path / "3fs"
@@ -49,23 +64,26 @@ def harness(request, tmp_path, listening_port) -> Harness:
             "touch_file_when_create": True,
         }
         if kind == "3fs":
-            return FileHarness(ThreeFSBackend(storage_config("3fs_01", "threefs", spec)))
+            return FileHarness(ThreeFSBackend(storage_config(f"3fs_{suffix}", "threefs", spec)))
         spec.update(remote_host="10.1.1.1", remote_port=9000, key_count_per_file=1)
-        return FileHarness(VcnsThreeFSBackend(storage_config("vcns_01", "vcnsthreefs", spec)))
+        return FileHarness(VcnsThreeFSBackend(storage_config(f"vcns_{suffix}", "vcnsthreefs", spec)))
     if kind == "s3":
         request.getfixturevalue("aws")
-        boto3.client("s3").create_bucket(Bucket="kvcm-data")
+        bucket = f"kvcm-data-{suffix}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
         return S3Harness(
             S3Backend(
-                storage_config("s3_01", "s3", {"bucket": "kvcm-data", "prefix": "/kv/"}), lambda: boto3.client("s3")
+                storage_config(f"s3_{suffix}", "s3", {"bucket": bucket, "prefix": "/kv/"}), lambda: boto3.client("s3")
             )
         )
     if kind == "mooncake":
         store = FakeMooncakeStore()
-        cfg = storage_config("mc_01", "mooncake", {"master_service_entry": f"127.0.0.1:{listening_port}"})
+        cfg = storage_config(f"mc_{suffix}", "mooncake", {"master_service_entry": f"127.0.0.1:{listening_port}"})
         return MooncakeHarness(MooncakeBackend(cfg, store_factory=lambda: store), store)
     valkey = request.getfixturevalue("valkey")
     cfg = storage_config(
-        "pool_01", "tair_mem_pool", {"domain": f"127.0.0.1:{listening_port}", "capacity": 1 << 20, "timeout": 500}
+        f"pool_{suffix}",
+        "tair_mem_pool",
+        {"domain": f"127.0.0.1:{listening_port}", "capacity": 1 << 20, "timeout": 500},
     )
     return MemPoolHarness(TairMemPoolBackend(cfg, valkey), valkey)

@@ -77,6 +77,14 @@ class Harness(ABC):
     def write_uri(self, uri: str, size: int) -> None:
         """Write ``size`` bytes at ``uri`` as an engine would."""
 
+    @abstractmethod
+    def read_uri(self, uri: str, size: int) -> bytes:
+        """The ``size`` bytes at ``uri``, read as an engine would (fewer if they are not there)."""
+
+    def read_block(self, block: BlockRef) -> list[bytes]:
+        """Every spec of ``block``, read at its URI."""
+        return [self.read_uri(self.backend.uri(block, spec), spec.size) for spec in block.specs]
+
     def remove(self, blocks: Sequence[BlockRef]) -> None:
         """What the index does once these blocks (whole groups, if packed) are gone."""
         if self.backend.pack_count > 0:
@@ -100,6 +108,13 @@ class FileHarness(Harness):
             handle.seek(int(query.get("blkid", 0)) * size)
             handle.write(os.urandom(size))
 
+    def read_uri(self, uri, size):
+        _, _, path, query = split_uri(uri)
+        assert int(query["size"]) == size
+        with open(path, "rb") as handle:
+            handle.seek(int(query.get("blkid", 0)) * size)
+            return handle.read(size)
+
     def broken(self):
         spec_field = self.backend.spec_field
         cfg = self.backend.config.model_copy(deep=True)
@@ -116,6 +131,10 @@ class S3Harness(Harness):
         _, _, path, _ = split_uri(uri)
         self.backend.client.put_object(Bucket=self.backend.bucket, Key=path[1:], Body=os.urandom(size))
 
+    def read_uri(self, uri, size):
+        _, _, path, _ = split_uri(uri)
+        return self.backend.client.get_object(Bucket=self.backend.bucket, Key=path[1:])["Body"].read()
+
     def broken(self):
         cfg = self.backend.config.model_copy(deep=True)
         cfg.s3.bucket = "no-such-bucket"
@@ -129,6 +148,9 @@ class MooncakeHarness(Harness):
 
     def write_uri(self, uri, size):
         self.store.put(split_uri(uri)[3]["key"], os.urandom(size))
+
+    def read_uri(self, uri, size):
+        return self.store.objects[split_uri(uri)[3]["key"]]
 
     def broken(self):
         cfg = self.backend.config.model_copy(deep=True)
@@ -147,6 +169,9 @@ class MemPoolHarness(Harness):
         _, _, path, query = split_uri(uri)
         assert int(query["size"]) == size
         assert int(path[1:]) + size <= self.backend.capacity  # engines write at the path's address
+
+    def read_uri(self, uri, size):
+        raise AssertionError("the pool's bytes live in the pool service, which these tests do not run")
 
     def broken(self):
         cfg = self.backend.config.model_copy(deep=True)

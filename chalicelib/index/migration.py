@@ -1,0 +1,174 @@
+"""The index side of a tiered Copy (UPSTREAM_V2 §2.11 "Copy"; docs/tiered-storage.md).
+
+1. ``begin_copy``: one atomic step (lua/migrate_begin.lua) that checks each block's source
+   location is still SERVING, that the target storage does not hold the block already and
+   that the quotas allow the bytes, then gives each taken block a WRITING location on the
+   target, in a write session of its own, with the usage counters moved in the same step.
+2. The caller copies the bytes (``storage.copy.copy_blocks``) to the target placements.
+3. ``finish_copy``: lua/finish.lua turns each target SERVING only while its source location
+   is still SERVING (the session remembers it), and every other target DELETING, to be
+   deleted. A caller that dies between the steps leaves a session that expires: the reaper
+   fails it like any write session, so no target stays WRITING.
+
+Instances spread over shards are not supported yet (their keys' records live on several
+hash tags): UnsupportedError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..protocol.errors import UnsupportedError
+from ..stores.valkey import valkey_errors
+from .block_index import BlockIndex, InstanceLayout, Usage, _load, pack_u48
+from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
+from .layout import SESSION_ENTRY, StartRefusal, StartResult
+from .records import Victim
+
+
+@dataclass(frozen=True)
+class CopyTarget:
+    """The storage a Copy writes to, as the start script's candidates describe one."""
+
+    storage_name: str
+    storage_type: str
+    pack_count: int
+    #: Whether it addresses blocks by location (a key may have several there).
+    by_location: bool
+    #: The quota of its storage type (0: none).
+    type_capacity: int = 0
+
+
+@dataclass(frozen=True)
+class CopyQuotas:
+    """The quotas a Copy's bytes count against, and the group's live usage as last read."""
+
+    group_capacity: int = 0
+    instance_capacity: int = 0
+    #: None: not read (only this instance's usage counts).
+    group_usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class CopyBegun:
+    """What ``begin_copy`` took."""
+
+    session_id: str
+    #: Per source, in order: "1" taken, "g" source gone (not SERVING), "c" the target holds it.
+    outcomes: str
+    #: (block key, source location id, target location id, group id, slot) of each taken block.
+    placements: tuple[tuple[int, int, int, int, int], ...]
+    target_storage_index: int
+    bytes_added: int
+
+
+@dataclass(frozen=True)
+class CopyFinished:
+    """What ``finish_copy`` did, by position among the session's taken blocks."""
+
+    served: tuple[int, ...]
+    failed: tuple[int, ...]
+    #: The failed targets, now DELETING, for deletion.
+    victims: tuple[Victim, ...]
+
+
+class MigrationIndex:
+    """Copy's steps on the block index (``index``'s client, prefix and clock)."""
+
+    def __init__(self, index: BlockIndex) -> None:
+        self.index = index
+        self._begin = index.client.register_script(_load("migrate_begin"))
+
+    def begin_copy(
+        self,
+        layout: InstanceLayout,
+        sources: Sequence[tuple[int, int]],
+        target: CopyTarget,
+        sizes: Sequence[int],
+        session_id: str,
+        deadline_ms: int,
+        quotas: CopyQuotas | None = None,
+        covers: bytes = b"",
+        spec_group_count: int = 1,
+    ) -> CopyBegun:
+        """WRITING target locations for the (block key, source location id) pairs that may
+        be copied, all or nothing under the quotas (QuotaExceededError). ``sizes``: block
+        bytes per spec group; ``covers`` as StartRequest's."""
+        if layout.shard_suffixes:
+            raise UnsupportedError(f"instance '{layout.instance_id}' is sharded: Copy does not cover it yet")
+        quotas = quotas or CopyQuotas()
+        group = quotas.group_usage
+        reply = self.index._call(
+            self._begin,
+            [
+                layout.key("m"),
+                layout.key("u"),
+                layout.key("st"),
+                layout.key("g"),
+                layout.key("sd"),
+                layout.session(session_id),
+            ],
+            [
+                b"".join(SESSION_ENTRY.pack(k.to_bytes(8, "big", signed=True), loc) for k, loc in sources),
+                int(self.index.clock.now() * 1000),
+                session_id,
+                deadline_ms,
+                target.storage_name,
+                target.storage_type,
+                target.pack_count,
+                pack_u48(sizes),
+                quotas.group_capacity,
+                -1 if group is None else group.bytes,
+                target.type_capacity,
+                -1 if group is None else group.by_type.get(target.storage_type, 0),
+                quotas.instance_capacity,
+                layout.bucket_prefix,
+                layout.incarnation,
+                layout.instance_id,
+                covers,
+                spec_group_count,
+                "1" if target.by_location else "0",
+            ],
+        )
+        if reply[0] == StartResult.REFUSED:
+            reason = StartRefusal(reply[1].decode())
+            if reason == StartRefusal.GONE:
+                raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
+            raise QuotaExceededError(
+                reason,
+                f"a copy to {target.storage_name} would pass a quota ({reason.name.lower()})",
+                int(reply[2]) if len(reply) > 2 else 0,
+                target.storage_type,
+            )
+        base, outcomes, added = int(reply[1]), reply[2].decode(), int(reply[4])
+        taken = [src for src, outcome in zip(sources, outcomes, strict=True) if outcome == "1"]
+        pack = target.pack_count
+        placements = tuple(
+            (key, source, base + j, (base + j - j % pack) if pack > 0 else 0, j % pack if pack > 0 else 0)
+            for j, (key, source) in enumerate(taken)
+        )
+        if added:
+            pipe = self.index.client.pipeline(transaction=False)
+            charged = Usage(added, 0, {target.storage_type: added})
+            self.index._charge_group(layout, charged, pipe=pipe)
+            self.index.queue_session_deadline(pipe, layout.instance_id, deadline_ms)
+            with valkey_errors("index"):
+                pipe.execute()
+        return CopyBegun(session_id, outcomes, placements, int(reply[3]), added)
+
+    def finish_copy(
+        self, layout: InstanceLayout, session_id: str, copied: Sequence[bool], sizes: Sequence[int]
+    ) -> CopyFinished:
+        """Close a Copy's session (positions are its taken blocks, in order): a target whose
+        bytes were copied (``copied``) turns SERVING while its source is still SERVING; every
+        other one turns DELETING and is returned for deletion. WriteSessionError when the
+        session is gone (finished, or expired and reaped)."""
+        session = self.index.session(layout, session_id)
+        if session is None:
+            raise WriteSessionError(f"copy session {session_id!r} is unknown, finished or expired")
+        outcome = self.index.finish(layout, session_id, session, copied, sizes)
+        failed = set(range(len(copied))) if outcome.expired else set(outcome.uncommitted)
+        failed |= {j for j, ok in enumerate(copied) if not ok}
+        served = tuple(j for j in range(len(copied)) if j not in failed)
+        return CopyFinished(served, tuple(sorted(failed)), tuple(outcome.victims))
