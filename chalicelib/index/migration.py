@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..protocol.errors import UnsupportedError
-from ..stores.valkey import valkey_errors
+from ..valkey import valkey_errors
 from .block_index import BlockIndex, InstanceLayout, Usage, _load, pack_u48
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
 from .layout import SESSION_ENTRY, StartRefusal, StartResult
