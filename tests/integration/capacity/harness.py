@@ -25,7 +25,7 @@ from chalicelib.index.records import BlockRecord, decode_record
 from chalicelib.observability.events import EventLog
 from chalicelib.protocol.errors import InstanceNotFoundError
 from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig
-from tests.unit.capacity.records import serving
+from tests.fakes.records import serving
 
 BLOCK = 1024
 STORAGES = {"nfs_01": "ST_NFS", "s3_01": "ST_S3"}
