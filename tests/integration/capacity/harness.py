@@ -26,6 +26,7 @@ from chalicelib.observability.events import EventLog
 from chalicelib.protocol.errors import InstanceNotFoundError
 from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig
 from tests.fakes.records import serving
+from tests.helpers import api_caller
 
 BLOCK = 1024
 STORAGES = {"nfs_01": "ST_NFS", "s3_01": "ST_S3"}
@@ -268,13 +269,7 @@ def full_group_api(
         )
     )
     with Client(app.app) as client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)
-
+        call = api_caller(client)
         for instance_id in instance_ids:
             resp = call(
                 "registerInstance",
