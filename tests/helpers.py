@@ -135,13 +135,28 @@ def valkey_cluster(directory: Path, masters: int) -> Iterator[Any]:
             server.stop()
 
 
+#: The two location specs (1 KiB each) most wire tests register an instance with; a test of one
+#: spec takes ``SPECS[:1]``.
+SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
+
+
+def post_api(
+    client: Any, method: str, body: Any = None, raw: str | bytes | None = None, headers: dict | None = None
+) -> tuple[int, dict]:
+    """POST ``body`` as JSON (or ``raw`` as it is) to ``/api/<method>`` through a Chalice test
+    ``Client``; returns the HTTP status and the decoded answer (``{}`` for an empty body)."""
+    payload = raw if raw is not None else json.dumps({} if body is None else body)
+    response = client.http.post(
+        f"/api/{method}", body=payload, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    return response.status_code, json.loads(response.body) if response.body else {}
+
+
 def api_caller(client: Any) -> Callable[[str, dict], dict]:
-    """``call(method, body)``: POST ``body`` as JSON to ``/api/<method>`` through a Chalice
-    test ``Client`` and return the decoded answer."""
+    """``call(method, body)``: ``post_api`` through ``client``, returning the decoded answer."""
 
     def call(method: str, body: dict) -> dict:
-        resp = client.http.post(f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        return json.loads(resp.body)
+        return post_api(client, method, body)[1]
 
     return call
 

@@ -87,7 +87,7 @@ def test_the_exported_hit_ratio_at_the_quota_matches_the_achieved_one(replayed):
     print(f"achieved {achieved:.4f}, live curve {at}")
     assert 0.1 < achieved < 0.9  # a quota where eviction matters
     # Issue #26's 0.02 holds in process, where the reclaimer's rounds follow a manual clock
-    # (tests/integration/test_hit_curves.py). Here they run every wall-clock second while the
+    # (tests/integration/observability/test_hit_curves.py). Here they run every wall-clock second while the
     # replay's pace follows the machine's load, so what the group achieves moves by about
     # 0.015 from run to run (0.694, 0.679) against an estimate that stays at 0.699.
     assert abs(at["x1"] - achieved) <= 0.03, (at, achieved)

@@ -4,7 +4,7 @@ events that made it, so the decoder's unit tests run without the wheels.
 
     .venv/bin/python -m tests.engines.make_golden
 
-``tests/integration/test_engine_golden.py`` checks that the file is what this script makes.
+``tests/integration/engines/test_golden.py`` checks that the file is what this script makes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ For each case it records the block hashes the engine computes from the tokens an
 keys the engine publishes for them (vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, its
 0.33 default; SGLang's ``hash_str_to_int64``), as KVCM's signed int64. The unit tests check
 ``chalicelib/protocol/block_keys.py`` against the file without the wheels;
-``tests/integration/test_engine_hash_vectors.py`` runs this again and compares.
+``tests/integration/engines/test_hash_vectors.py`` runs this again and compares.
 
 The ``xxh64`` and ``xxh3_64`` schemes have no engine code in these wheels (Dynamo's and
 Mooncake's are Rust and C++ outside them): their vectors come from the ``xxhash`` library

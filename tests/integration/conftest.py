@@ -38,6 +38,14 @@ def other_container(runtime, valkey, valkey_url, clock, runtime_settings):
 
 
 @pytest.fixture
+def index(valkey, clock):
+    """The block index on the session's (flushed) Valkey, key prefix ``t``, on the manual clock."""
+    from chalicelib.index import BlockIndex
+
+    return BlockIndex(valkey, "t", clock)
+
+
+@pytest.fixture
 def control(runtime):
     return runtime.control
 

@@ -1,15 +1,8 @@
-"""Fixtures: the block index on the session's Valkey and a Cluster over it."""
+"""Fixtures: a Cluster over the block index (``index``, in tests/integration/conftest.py)."""
 
 import pytest
 
-from chalicelib.index import BlockIndex
-
 from .harness import Cluster
-
-
-@pytest.fixture
-def index(valkey, clock):
-    return BlockIndex(valkey, "t", clock)
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from chalicelib.index.records import BlockRecord, decode_record
 from chalicelib.observability.events import EventLog
 from chalicelib.protocol.errors import InstanceNotFoundError
 from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig
-from tests.unit.capacity.records import serving
+from tests.fakes.records import serving
+from tests.helpers import SPECS, api_caller
 
 BLOCK = 1024
 STORAGES = {"nfs_01": "ST_NFS", "s3_01": "ST_S3"}
@@ -237,10 +238,6 @@ def server_calls(client: redis.Redis) -> int:
     return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat"))
 
 
-#: Two specs of 1 KiB: a block of every spec is 2 KiB.
-API_SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
-
-
 @contextlib.contextmanager
 def full_group_api(
     runtime, root, group: str, capacity: int, instance_ids: tuple[str, ...], spec_groups: list | None = None
@@ -268,13 +265,7 @@ def full_group_api(
         )
     )
     with Client(app.app) as client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)
-
+        call = api_caller(client)
         for instance_id in instance_ids:
             resp = call(
                 "registerInstance",
@@ -282,7 +273,7 @@ def full_group_api(
                     "instance_group": group,
                     "instance_id": instance_id,
                     "block_size": 4,
-                    "location_spec_infos": API_SPECS,
+                    "location_spec_infos": SPECS,
                     "location_spec_groups": spec_groups or [],
                     "model_deployment": {"model_name": "m", "dtype": "fp16"},
                 },

@@ -10,7 +10,8 @@ import redis
 
 from chalicelib.protocol.models import InstanceGroup
 from chalicelib.stores.lease import Lease
-from tests.integration.capacity.harness import API_SPECS, full_group_api
+from tests.helpers import SPECS
+from tests.integration.capacity.harness import full_group_api
 
 BLOCK = 2048
 WAKE_KEY = "{kvcm:reclaim}:wake"
@@ -110,7 +111,7 @@ def test_writes_from_many_threads_keep_a_full_group_within_its_quota(runtime, ht
             "instance_group": "g64",
             "instance_id": "i64",
             "block_size": 4,
-            "location_spec_infos": API_SPECS,
+            "location_spec_infos": SPECS,
             "model_deployment": {"model_name": "m", "dtype": "fp16"},
         },
     )

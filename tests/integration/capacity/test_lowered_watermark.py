@@ -8,6 +8,8 @@ import json
 import pytest
 from chalice.test import Client
 
+from tests.helpers import api_caller
+
 BLOCK = 1024
 
 
@@ -16,14 +18,7 @@ def http(runtime):
     import app
 
     with Client(app.app) as client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body) if resp.body else {}
-
-        yield call
+        yield api_caller(client)
 
 
 def code(resp: dict) -> str:

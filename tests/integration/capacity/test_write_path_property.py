@@ -32,8 +32,8 @@ from chalicelib.protocol.models import (
     StartWriteCacheRequest,
     StorageConfig,
 )
+from tests.helpers import SPECS
 
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 BLOCK = 2048
 CASES = 12
 KEY_SPACE = 40

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from chalicelib.protocol.models import (
@@ -13,19 +12,13 @@ from chalicelib.protocol.models import (
     RegisterInstanceRequest,
     StorageConfig,
 )
+from tests.helpers import post_api
 
 TABLE = "kvcm-control-test"
 
 
-def post(
-    client, method: str, body: Any = None, raw: str | None = None, headers: dict | None = None
-) -> tuple[int, dict]:
-    """POST /api/<method>; returns (HTTP status, decoded JSON body)."""
-    payload = raw if raw is not None else json.dumps({} if body is None else body)
-    response = client.http.post(
-        f"/api/{method}", body=payload, headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    return response.status_code, json.loads(response.body)
+#: The wire call of these tests (HTTP status, decoded answer), under the name they import.
+post = post_api
 
 
 def call(client, method: str, body: Any = None, **kwargs) -> dict:

@@ -1,15 +1,9 @@
-"""The block index on the session's Valkey and one instance's layout on it; cluster-mode
-Valkeys (one node holding every slot, or three masters) for the cluster client."""
+"""One instance's layout on the block index (``index``, in tests/integration/conftest.py);
+cluster-mode Valkeys (one node holding every slot, or three masters) for the cluster client."""
 
 import pytest
 
-from chalicelib.index import BlockIndex
 from tests.helpers import valkey_cluster
-
-
-@pytest.fixture
-def index(valkey, clock):
-    return BlockIndex(valkey, "t", clock)
 
 
 @pytest.fixture

@@ -26,8 +26,8 @@ PER_BUCKET = 4
 
 
 @pytest.fixture
-def index(valkey, clock):
-    index = BlockIndex(valkey, "t", clock)
+def index(index):
+    """The shared block index with few records per bucket."""
     index.RECORDS_PER_BUCKET = PER_BUCKET
     return index
 

@@ -20,9 +20,8 @@ from chalicelib.protocol.models import (
     StorageConfig,
     TrimCacheRequest,
 )
+from tests.helpers import SPECS
 from tests.integration.control.harness import call, code, group_json, message, nfs
-
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 from chalice.test import Client
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
+from tests.helpers import post_api
 from tests.integration.meta.harness import ER_SPECS, L1, L2, LIVENESS, code, register
 
 
@@ -49,9 +50,8 @@ def http(runtime):
         def call(method: str, body) -> dict:
             raw = body if isinstance(body, (str, bytes)) else json.dumps(body)
             with lock:
-                resp = client.http.post(f"/api/{method}", body=raw, headers={"Content-Type": "application/json"})
-            call.status = resp.status_code
-            return json.loads(resp.body) if resp.body else {}
+                call.status, answer = post_api(client, method, raw=raw)
+            return answer
 
         yield call
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
+from tests.helpers import SPECS
 
 
 def code(resp: dict) -> str:
@@ -43,6 +43,7 @@ def write(http, keys, instance="i1", success=None, **extra):
 
 HOST, HOST2 = "10.0.0.8:8080", "10.0.0.9:8080"
 L1, L2 = "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"
+#: A hybrid model's specs (full and linear attention), as the event-report engines register.
 ER_SPECS = [{"name": "full_0", "size": 1024}, {"name": "linear_0", "size": 256}]
 LIVENESS = {
     "heartbeat_timeout_ms": 1000,

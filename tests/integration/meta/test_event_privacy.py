@@ -12,7 +12,7 @@ from chalicelib.observability.events import EventLog
 from chalicelib.protocol.block_keys import keys_from_tokens
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
-from tests.helpers import build_runtime
+from tests.helpers import api_caller, build_runtime
 from tests.integration.meta.harness import SPECS
 
 TOKENS = list(range(100, 112))  # three blocks of four
@@ -33,14 +33,7 @@ def logged_calls(valkey, valkey_url, aws, clock, tmp_path):
         import app
 
         with Client(app.app) as client:
-
-            def post(method, body):
-                return json.loads(
-                    client.http.post(
-                        f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-                    ).body
-                )
-
+            post = api_caller(client)
             post(
                 "registerInstance",
                 {

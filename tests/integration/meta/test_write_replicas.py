@@ -9,9 +9,8 @@ import pytest
 
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 
-from .harness import code
+from .harness import ER_SPECS, code
 
-SPECS = [{"name": "full_0", "size": 1024}, {"name": "linear_0", "size": 256}]
 GROUPS = [{"name": "F0", "spec_names": ["full_0"]}, {"name": "L0", "spec_names": ["linear_0"]}]
 
 
@@ -36,7 +35,7 @@ def two_storages(runtime, http, tmp_path):
             "instance_group": "g2",
             "instance_id": "r1",
             "block_size": 4,
-            "location_spec_infos": SPECS,
+            "location_spec_infos": ER_SPECS,
             "location_spec_groups": GROUPS,
             "model_deployment": {"model_name": "m", "dtype": "fp16"},
         },

@@ -15,7 +15,7 @@ from chalicelib.storage import (
     ThreeFSBackend,
     VcnsThreeFSBackend,
 )
-from tests.unit.storage.fakes import FakeMooncakeStore
+from tests.fakes.mooncake import FakeMooncakeStore
 
 from .harness import BACKEND_KINDS, FileHarness, Harness, MemPoolHarness, MooncakeHarness, S3Harness, storage_config
 

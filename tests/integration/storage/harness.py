@@ -25,8 +25,8 @@ from chalicelib.storage import (
     StorageBackend,
     TairMemPoolBackend,
 )
+from tests.fakes.mooncake import FakeMooncakeStore
 from tests.helpers import free_port
-from tests.unit.storage.fakes import FakeMooncakeStore
 
 SPECS = (SpecSlot("tp0", 0, 64), SpecSlot("tp1", 64, 32))
 

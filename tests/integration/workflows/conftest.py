@@ -16,8 +16,7 @@ from infra import asl
 from local_stack.aws import LAMBDA_RUNTIME, _dummy_zip
 from local_stack.dispatch import LambdaDispatch
 from local_stack.stack import load_app, task_handlers
-from tests.helpers import build_runtime
-from tests.integration.workflows.harness import SPECS
+from tests.helpers import SPECS, build_runtime
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]
-
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.05):
     deadline = time.monotonic() + timeout_s

@@ -15,8 +15,9 @@ from chalicelib.protocol.models import (
     RemoveInstanceRequest,
     StartWriteCacheRequest,
 )
+from tests.helpers import SPECS
 
-from .harness import SPECS, wait_for
+from .harness import wait_for
 from .test_workflows import _write_files
 
 

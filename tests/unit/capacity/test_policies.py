@@ -8,8 +8,7 @@ from chalicelib.index import Status
 from chalicelib.index.records import location_status
 from chalicelib.protocol.codes import ReclaimPolicy
 from chalicelib.protocol.models import CacheReclaimStrategy
-
-from .records import record
+from tests.fakes.records import record
 
 NOW = 1_000_000
 

@@ -1,6 +1,6 @@
 """KVCM's block-key schemes against golden vectors made by the engines' own hashing code
 (tests/engines/hash_vectors.json; tests/engines/make_hash_vectors.py made it, and
-tests/integration/test_engine_hash_vectors.py checks it against the wheels)."""
+tests/integration/engines/test_hash_vectors.py checks it against the wheels)."""
 
 from __future__ import annotations
 

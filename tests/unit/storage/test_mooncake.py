@@ -9,8 +9,7 @@ import pytest
 from chalicelib.protocol.models import StorageConfig
 from chalicelib.storage.base import BlockRef, SpecSlot, StorageError
 from chalicelib.storage.mooncake import MooncakeBackend
-
-from .fakes import FakeMooncakeStore
+from tests.fakes.mooncake import FakeMooncakeStore
 
 SPECS = (SpecSlot("tp0", 0, 512), SpecSlot("tp1", 512, 512))
 CONFIG = StorageConfig.model_validate(

@@ -20,6 +20,7 @@ from chalice.test import Client
 from chalicelib.observability.event_store import group_prefix
 from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from local_stack.scheduler import app_jobs
+from tests.helpers import api_caller
 
 BLOCK = 1024
 CAPACITY = 100 * BLOCK
@@ -55,13 +56,7 @@ def stack(runtime, clock, tmp_path):
 
     jobs = {job.name: job for job in app_jobs(app.app, {}, "us-east-1", clock)}
     with Client(app.app) as client:
-
-        def call(method: str, body: dict) -> dict:
-            resp = client.http.post(
-                f"/api/{method}", body=json.dumps(body), headers={"Content-Type": "application/json"}
-            )
-            return json.loads(resp.body)
-
+        call = api_caller(client)
         for instance in ("loop", "stream"):
             resp = call(
                 "registerInstance",

@@ -17,7 +17,7 @@ from chalicelib.optimizer.tasks import report_task, run_task
 from local_stack.aws import LAMBDA_RUNTIME
 from tests.helpers import EVENT_LOG
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ASL = REPO_ROOT / "workflows" / "optimizer_sweep.asl.json"
 
 

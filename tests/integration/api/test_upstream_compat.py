@@ -1,7 +1,7 @@
 """What upstream's own clients, test cases and dashboards rely on (API.md), over HTTP."""
 
 from tests.integration.control.harness import add_storages, call, code, register_request
-from tests.integration.test_ops_metrics import scrape
+from tests.integration.observability.test_ops_metrics import scrape
 
 #: The group upstream's reclaim and quota cases create: ``used_percentage`` 3.2 switches
 #: the percentage trigger off; the meta storage settings are accepted and stored.

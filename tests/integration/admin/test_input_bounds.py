@@ -5,9 +5,8 @@ door with INVALID_ARGUMENT naming the field, nothing written."""
 import pytest
 
 from chalicelib.protocol.models import StorageConfig
+from tests.helpers import SPECS
 from tests.integration.control.harness import code, group, group_json, message, nfs, post, register_request, snapshot
-
-SPECS = [{"name": "tp0", "size": 1024}]
 
 
 def _register(**overrides) -> dict:
@@ -15,7 +14,7 @@ def _register(**overrides) -> dict:
         "instance_group": "g1",
         "instance_id": "i-new",
         "block_size": 16,
-        "location_spec_infos": SPECS,
+        "location_spec_infos": SPECS[:1],
         "model_deployment": {"model_name": "qwen", "dtype": "bf16"},
     }
     body.update(overrides)

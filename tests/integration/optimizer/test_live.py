@@ -25,7 +25,7 @@ from chalicelib.protocol.models import InstanceGroup, StorageConfig
 from chalicelib.runtime import set_runtime
 from tests.helpers import api_caller, build_runtime, register_one_spec_instance
 
-from .test_optimizer_tasks import CONVERSATION
+from .test_tasks import CONVERSATION
 
 pytestmark = pytest.mark.slow  # replays the conversation trace through the live service: 10-20 s a capacity
 

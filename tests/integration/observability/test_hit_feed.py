@@ -4,6 +4,8 @@ nothing, its blocks asked ride on the next entry."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from chalicelib.observability.hit_feed import HASH_RANGE, PREFIX, READ, WRITE, FeedEntry, key_hash
@@ -14,6 +16,7 @@ from chalicelib.protocol.models import (
     StartWriteCacheRequest,
     StorageConfig,
 )
+from tests.helpers import api_caller
 
 
 @pytest.fixture
@@ -103,14 +106,7 @@ def test_the_feed_off_sends_nothing(instance):
 
 
 def test_get_group_hit_curve_before_any_traffic_and_for_bad_names(instance, client):
-    import json
-
-    def call(body):
-        resp = client.http.post(
-            "/api/getGroupHitCurve", body=json.dumps(body), headers={"Content-Type": "application/json"}
-        )
-        return json.loads(resp.body)
-
+    call = functools.partial(api_caller(client), "getGroupHitCurve")
     empty = call({"name": "g"})
     assert empty["header"]["status"]["code"] == "OK" and empty.get("points", []) == []
     assert instance.hit_curves.run() == {"groups": 0, "entries": 0}  # nothing fed: one round trip, nothing saved

@@ -12,11 +12,11 @@ from chalicelib.auth.policy import ROLE_ACTIONS
 from chalicelib.protocol.codes import Role
 from chalicelib.protocol.models import StorageConfig
 from chalicelib.routes import admin, debug, meta
+from tests.helpers import SPECS
 from tests.integration.control.harness import code, enable_auth, group, group_json, nfs, post, register_request
 
 OPERATIONS = {op.api_name: op for op in meta.OPERATIONS + admin.OPERATIONS + debug.OPERATIONS}
 ROLES = [Role.ROLE_ADMIN, Role.ROLE_OPERATOR, Role.ROLE_ENGINE, Role.ROLE_READ_ONLY]
-SPECS = [{"name": "tp0", "size": 1024}]
 
 
 def _instance(instance_id: str, **extra) -> dict:
@@ -28,7 +28,7 @@ def _register(group_name: str, instance_id: str) -> dict:
         "instance_group": group_name,
         "instance_id": instance_id,
         "block_size": 16,
-        "location_spec_infos": SPECS,
+        "location_spec_infos": SPECS[:1],
         "model_deployment": {"model_name": "m", "dtype": "bf16"},
     }
 
