@@ -36,10 +36,13 @@ class Positions:
 
     def values(self, given: Mapping[str, T]) -> list[T]:
         """``given`` in this table's order; every name given exactly once."""
-        if given.keys() != self._at.keys():
-            missing, extra = sorted(self._at.keys() - given.keys()), sorted(given.keys() - self._at.keys())
-            raise ValueError(f"{self.lua_name}: missing {missing}, unknown {extra}")
-        return [given[name] for name in self.names]
+        if len(given) == len(self.names):
+            try:
+                return [given[name] for name in self.names]
+            except KeyError:
+                pass  # one missing, one unknown: named below
+        missing, extra = sorted(self._at.keys() - given.keys()), sorted(given.keys() - self._at.keys())
+        raise ValueError(f"{self.lua_name}: missing {missing}, unknown {extra}")
 
     def lua(self) -> str:
         """The table as one Lua local."""

@@ -1,5 +1,6 @@
 """Valkey access for the blocks, write sessions and usage of one hash tag: one script call
 per operation (``BlockIndex`` picks this or ``ShardedIndex`` per instance layout).
+
 Layout per instance (every key shares the hash tag ``{<prefix>:<instance>}``, so an
 instance's blocks, sessions and counters live on one cluster slot and move together in
 one Lua call):
