@@ -48,7 +48,7 @@ SWEEP_ROUNDS, SWEEP_CALLS = 7, 150
 
 
 def write(index, layout, keys: list[int]) -> None:
-    from chalicelib.index.block_index import StartRequest
+    from chalicelib.index.types import StartRequest
 
     for n in range(0, len(keys), PER_START):
         chunk = keys[n : n + PER_START]
@@ -90,7 +90,7 @@ def main() -> None:
 
     from chalicelib.clock import ManualClock
     from chalicelib.index import BlockIndex
-    from chalicelib.index.block_index import FIRST_BUCKET_BITS
+    from chalicelib.index.types import FIRST_BUCKET_BITS
 
     print(
         f"Valkey memory per one-spec block ({SPEC_BYTES >> 10} KiB), one instance of a "
@@ -141,7 +141,7 @@ def per_bucket_sweep(client: redis.Redis, index) -> None:
     'n' fixed), the Valkey time of an HGET and of the 128-key prefix read script
     (commandstats, in turns), beside an MGET of the same 128 keys, and the memory."""
     from chalicelib.index import InstanceLayout
-    from chalicelib.index.block_index import FIRST_BUCKET_BITS, MODE_PREFIX
+    from chalicelib.index.types import FIRST_BUCKET_BITS, MODE_PREFIX
 
     count = 31_000
     rng = random.Random(5)

@@ -259,7 +259,7 @@ def main() -> None:
     with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:
         rt, aws = build_runtime(client, data_dir, capacity_blocks=100_000)
         try:
-            from chalicelib.index.block_index import MODE_PREFIX
+            from chalicelib.index.types import MODE_PREFIX
             from chalicelib.routes.dispatch import Dispatcher
             from chalicelib.routes.meta import OPERATIONS
 

@@ -93,8 +93,10 @@ return found"""
 
 def main() -> None:
     from chalicelib.clock import ManualClock
-    from chalicelib.index.block_index import LUA_DIR, MODE_PREFIX, BlockIndex, bucket_index, pack_keys
+    from chalicelib.index.block_index import BlockIndex
     from chalicelib.index.layout import lua_constants
+    from chalicelib.index.scripts import LUA_DIR
+    from chalicelib.index.types import MODE_PREFIX, bucket_index, pack_keys
 
     prelude = lua_constants() + (LUA_DIR / "prelude.lua").read_text()
     with valkey_server() as client, tempfile.TemporaryDirectory() as data_dir:

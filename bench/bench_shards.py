@@ -65,7 +65,7 @@ def worker(
     read; "serial": the shard calls one at a time); reports latencies (µs) and CPU."""
     from chalicelib.clock import SystemClock
     from chalicelib.index import BlockIndex, sharding
-    from chalicelib.index.block_index import MODE_PREFIX, StartRequest
+    from chalicelib.index.types import MODE_PREFIX, StartRequest
 
     if phase == "serial":
         sharding.settle = serial_settle

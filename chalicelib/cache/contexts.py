@@ -11,7 +11,7 @@ from ..clock import Clock
 from ..control.config_cache import ConfigCache
 from ..control.records import InstanceRecord
 from ..index import BlockIndex, InstanceLayout
-from ..index.block_index import FIRST_BUCKET_BITS
+from ..index.types import FIRST_BUCKET_BITS
 from ..protocol.models import InstanceGroup, StorageConfig
 from ..storage.base import StorageBackend
 from ..storage.health import StorageHealth

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..index import BlockIndex, Status, Victim
-from ..index.block_index import MODE_RAW
 from ..index.records import location_status
+from ..index.types import MODE_RAW
 from ..storage.base import BlockRef
 from .context import InstanceContext
 

@@ -21,7 +21,10 @@ from typing import Protocol
 
 from ..clock import Clock, now_us
 from ..index import BlockIndex, Status, Usage
-from ..index.block_index import (
+from ..index.errors import QuotaExceededError, WriteSessionError
+from ..index.layout import StartRefusal
+from ..index.records import decode_record
+from ..index.types import (
     MODE_BATCH,
     MODE_PREFIX,
     MODE_RAW,
@@ -31,9 +34,6 @@ from ..index.block_index import (
     StartRequest,
     rightmost_window,
 )
-from ..index.errors import QuotaExceededError, WriteSessionError
-from ..index.layout import StartRefusal
-from ..index.records import decode_record
 from ..observability.hit_feed import KEYWISE, PREFIX, FeedEntry, HitFeed, off
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..index import BlockIndex, InstanceLayout, Status
-from ..index.block_index import MODE_RAW
 from ..index.layout import HEADER, LOCATION, RecordFlag
 from ..index.records import location_id_at, location_offsets
+from ..index.types import MODE_RAW
 from .policies import Candidate
 
 

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 from ..protocol.errors import UnsupportedError
 from ..valkey import valkey_errors
-from .block_index import BlockIndex, InstanceLayout, Usage, _load, pack_u48
+from .block_index import BlockIndex
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
 from .layout import SESSION_ENTRY, StartRefusal, StartResult
 from .records import Victim
+from .scripts import load_script
+from .types import InstanceLayout, Usage, pack_u48
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class MigrationIndex:
 
     def __init__(self, index: BlockIndex) -> None:
         self.index = index
-        self._begin = index.client.register_script(_load("migrate_begin"))
+        self._begin = index.client.register_script(load_script("migrate_begin"))
 
     def begin_copy(
         self,
@@ -151,7 +153,7 @@ class MigrationIndex:
         if added:
             pipe = self.index.client.pipeline(transaction=False)
             charged = Usage(added, 0, {target.storage_type: added})
-            self.index._charge_group(layout, charged, pipe=pipe)
+            self.index.charge_group(layout, charged, pipe=pipe)
             self.index.queue_session_deadline(pipe, layout.instance_id, deadline_ms)
             with valkey_errors("index"):
                 pipe.execute()

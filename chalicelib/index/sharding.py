@@ -10,7 +10,8 @@ Every per-key transition stays one script call within its shard, moving that sha
 usage counters; ``ShardedIndex`` splits a call's keys per shard, runs one call per shard
 at once (threads: each waits on its own master, so a call still costs one round trip of
 latency) and merges the replies. ``BlockIndex`` hands a sharded layout's calls here, so
-nothing above the index knows about shards.
+nothing above the index knows about shards; ``ShardedIndex`` needs of a single-tag index
+only the primitives of ``ShardPrimitives``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from redis.cluster import RedisCluster
 
 from ..protocol.models import MAX_INSTANCE_SHARDS
-from ..valkey import valkey_errors
-from .block_index import (
+from ..valkey import Valkey, valkey_errors
+from .errors import InstanceGoneError, WriteSessionError
+from .layout import ClaimOutcome, ReadMode
+from .records import Victim
+from .types import (
     SHARD_BUCKET_SHIFT,
     DropOutcome,
     FinishOutcome,
@@ -41,12 +45,6 @@ from .block_index import (
     rightmost_window,
     session_entries,
 )
-from .errors import InstanceGoneError, WriteSessionError
-from .layout import ClaimOutcome, ReadMode
-from .records import Victim
-
-if TYPE_CHECKING:
-    from .block_index import BlockIndex
 
 #: Shard s hands out location ids from s << LOCATION_ID_SHARD_SHIFT (lua/claim.lua).
 LOCATION_ID_SHARD_SHIFT = 36
@@ -128,10 +126,80 @@ class ShardedSession(Session):
     ordered: bool = True
 
 
+class ShardPrimitives(Protocol):
+    """What ``ShardedIndex`` calls on one shard (a layout of one hash tag): ``TagIndex``'s
+    operations of the same names."""
+
+    client: Valkey
+    prefix: str
+
+    def read_raw(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        mode: int,
+        sw_size: int,
+        servable: Sequence[str] | None,
+        covered: Sequence[bool] | None,
+    ) -> list[bytes | None]: ...
+
+    def grant(self, layout: InstanceLayout, block_keys: Sequence[int], req: StartRequest) -> StartOutcome: ...
+
+    def session(self, layout: InstanceLayout, session_id: str) -> Session | None: ...
+
+    def finish(
+        self,
+        layout: InstanceLayout,
+        session_id: str,
+        session: Session,
+        success: Sequence[bool],
+        sizes: Sequence[int],
+        force_fail: bool,
+    ) -> FinishOutcome: ...
+
+    def mark_deleting(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        sizes: Sequence[int],
+        expected_locations: Sequence[int] | None,
+        serving_only: bool,
+        max_children: Sequence[int] | None,
+        resubmit_before_s: int,
+        delay_ms: int,
+        lost_only: bool,
+    ) -> list[Victim]: ...
+
+    def restore(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> int: ...
+
+    def drop(self, layout: InstanceLayout, victims: Sequence[Victim], sizes: Sequence[int]) -> DropOutcome: ...
+
+    def forget(self, layout: InstanceLayout, block_keys: Sequence[int], location_ids: Sequence[int]) -> int: ...
+
+    def occupied_page(self, layout: InstanceLayout, cursor: int, count: int) -> tuple[int, list[int]]: ...
+
+    def drop_all(self, layout: InstanceLayout) -> None: ...
+
+    def charge_group(self, layout: InstanceLayout, delta: Usage, sign: int = 1, pipe: Any = None) -> None: ...
+
+    def queue_session_deadline(self, pipe: Any, instance_id: str, deadline_ms: int) -> None: ...
+
+    def assign_storage(self, layout: InstanceLayout, name: str, storage_type: str) -> tuple[int, int]: ...
+
+    def claim_key_space(
+        self,
+        layout: InstanceLayout,
+        registering: bool,
+        wanted_shards: str = "",
+        others_hold: bool = False,
+        first_location_id: int = 0,
+    ) -> tuple[int, ClaimOutcome, bytes | None]: ...
+
+
 class ShardedIndex:
     """The calls of ``BlockIndex`` for a layout of several shards."""
 
-    def __init__(self, index: BlockIndex) -> None:
+    def __init__(self, index: ShardPrimitives) -> None:
         self.index = index
         #: (tag, suffixes, storage name) whose storage index every shard has (``_ensure_storage``).
         self._storages: set[tuple[bytes, tuple[int, ...], str]] = set()
@@ -225,14 +293,14 @@ class ShardedIndex:
         total = sum((outcome.charge(req.storage_type) for *_, outcome in granted), Usage())
         errors = [exc for _, exc in settled if exc is not None]
         if errors:
-            index._charge_group(layout, total)  # the failures below release it
+            index.charge_group(layout, total)  # the failures below release it
             self._fail_granted(layout, req, [s for s, *_ in granted])
             raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
         pack_counts = [req.pack_count, *(c.pack_count for c in req.more_candidates)]
         written_to = [0] * len(block_keys)
         placed: dict[int, tuple[int, int, int]] = {}
         pipe = index.client.pipeline(transaction=False)
-        index._charge_group(layout, total, pipe=pipe)
+        index.charge_group(layout, total, pipe=pipe)
         if any(any(outcome.new_flags) for *_, outcome in granted):  # sessions were opened
             index.queue_session_deadline(pipe, layout.instance_id, req.deadline_ms)
         for s, pos, sub, outcome in granted:
@@ -297,10 +365,10 @@ class ShardedIndex:
             return
         first = layout.shards[0]
         index = self.index
-        assigned, sidx = index._call(index._storage, [first.key("m"), first.key("st")], [name, storage_type])
+        assigned, sidx = index.assign_storage(first, name, storage_type)
         pipe = index.client.pipeline(transaction=False)
         for shard in layout.shards[1:]:
-            pipe.hset(shard.key("m"), "storages", int(assigned))
+            pipe.hset(shard.key("m"), "storages", assigned)
             if sidx:
                 pipe.hset(shard.key("st"), mapping={f"n:{name}": sidx, f"#{sidx}": name, f"t{sidx}": storage_type})
         with valkey_errors("index"):
@@ -550,11 +618,9 @@ class ShardedIndex:
         index = self.index
         for ordinal, shard in enumerate(layout.shards[1:], 1):
             for _ in range(2):
-                _, outcome, _ = index._call(
-                    index._claim,
-                    [shard.key("m"), shard.occupied],
-                    [shard.bucket_bits, shard.incarnation, "1", "", "0", ordinal << LOCATION_ID_SHARD_SHIFT],
+                _, outcome, _ = index.claim_key_space(
+                    shard, registering=True, first_location_id=ordinal << LOCATION_ID_SHARD_SHIFT
                 )
-                if ClaimOutcome(outcome.decode()) != ClaimOutcome.OCCUPIED:
+                if outcome != ClaimOutcome.OCCUPIED:
                     break
                 index.drop_all(shard)  # an earlier registration's blocks in this shard

@@ -41,8 +41,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chalicelib.index.block_index import FIRST_BUCKET_BITS, BlockIndex, bucket_index
+from chalicelib.index.block_index import BlockIndex
 from chalicelib.index.layout import MAX_BUCKETS, MAX_SPLITS_PER_CALL
+from chalicelib.index.types import FIRST_BUCKET_BITS, bucket_index
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.policy_base import EvictionPolicy
 

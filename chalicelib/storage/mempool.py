@@ -48,6 +48,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, cast
 
@@ -89,9 +90,18 @@ class PoolSnapshot:
 LUA_DIR = Path(__file__).with_name("lua")
 
 
+class ReserveResult(IntEnum):
+    """First element of lua/mempool_reserve.lua's reply (``RESERVE_<name>`` in Lua)."""
+
+    REFUSED = 0
+    GRANTED = 1
+
+
 def _load(name: str) -> str:
-    """An allocator script after the allocator's prelude (lua/mempool_prelude.lua)."""
-    return lua_source(LUA_DIR, name, prelude="mempool_prelude")
+    """An allocator script after the codes it shares with Python and the allocator's
+    prelude (lua/mempool_prelude.lua)."""
+    codes = "".join(f"local RESERVE_{member.name} = {member.value}\n" for member in ReserveResult)
+    return codes + lua_source(LUA_DIR, name, prelude="mempool_prelude")
 
 
 def _text(value: bytes | str) -> str:
@@ -199,7 +209,7 @@ class TairMemPoolBackend(StorageBackend):
                 keys=self._keys,
                 args=[self.capacity, count, block_bytes, self.reservation_ttl_s, unbound_tag(instance_id)],
             )
-        if reply[0] != 1:
+        if reply[0] != ReserveResult.GRANTED:
             raise PoolExhaustedError(
                 f"storage {self.name}: memory pool cannot fit {count} block(s) of {block_bytes} bytes "
                 f"({int(reply[1])} of {self.capacity} bytes free, largest free range {int(reply[2])})"

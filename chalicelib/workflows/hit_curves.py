@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import Clock
 from ..control import ControlPlane
-from ..index.block_index import InstanceLayout
+from ..index.types import InstanceLayout
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry, HitFeed
 from ..observability.metrics import MetricsRegistry
 from ..protocol.models import InstanceGroup

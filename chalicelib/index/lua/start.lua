@@ -1,49 +1,51 @@
 -- startWriteCache: add a WRITING location for every key that needs one, with usage and
 -- the write session in the same atomic step. Under the quotas a start is all or nothing,
--- or, with ARGV[28 + 6C] = '1' (partial), gets the longest leading run of the keys it
+-- or, with TAIL.partial = '1', gets the longest leading run of the keys it
 -- would write that fits (docs/capacity.md, "Partial grants"): refused only when not even
 -- the first one fits, the shortfall then being that key's.
--- KEYS: [1] meta, [2] usage, [3] storage table, [4] group refcounts, [5] session
---       deadlines, [6] session record, [7] occupied buckets, [8] pending deletions (mark.lua),
---       [9] open sessions per caller.
--- ARGV: [1] keys blob, [2] now (ms), [3] session id, [4] deadline (ms), [5] storage name,
---       [6] storage type, [7] pack count (0 = explicit group ids), [8] block size per spec
---       group (I6 each, index 0 = all specs), [9] spec group per key (u8 each),
---       [10] explicit group id per key (I6 each, or empty), [11] group capacity (0 = none),
---       [12] the group's live bytes as last read (this instance's included; -1: not
---       read), [13] type capacity (0 = none), [14] the group's live bytes of this type
---       (idem), [15] max key count (0 = none),
---       [16] bucket prefix, [17] records per bucket: buckets split past it (prelude
---       grow_buckets), [18] instance id (the session's owner),
---       [19] the instance's incarnation (claim.lua), [20] the most open write sessions
---       the instance may have (0 = no limit): a start opens one only when it writes a key.
---       [21] the instance's own byte quota (the group's instance_quotas; 0 = none).
---       [22] min replica count (>= 1), [23] stale locations (SESSION_ENTRY_FMT each: key,
---       location id): SERVING locations whose data the storage reports missing,
---       [24] coverage: byte a*S+b+1 is '1' when a location of spec group b holds every
---       spec of spec group a ('': every location covers every group), [25] S = the number of spec groups (index 0 included),
---       [26] '1' when the storage of ARGV[5] addresses blocks by location (a key may have
---       several locations there), '0' by key, [27] the count C of further candidate
---       storages, then C x (name, type, pack count, type capacity, the group's live bytes
---       of that type, by-location flag), in the order they are tried; then [28 + 6C]
---       '1' for a partial grant, '0' all or nothing, [29 + 6C] the pending deadline (s)
---       of the stale locations it turns DELETING, [30 + 6C] the most open sessions one
---       caller may have on the instance (0 = no limit), [31 + 6C] the caller.
--- Storages are candidates 1 (ARGV[5..7]) to C + 1. A key is written, on the first
--- candidate that may take it, when fewer than ARGV[22] of its locations cover its spec
+-- KEYS and ARGV by name (chalicelib/index/scripts.py generates the tables KEY, ARG, CAND,
+-- TAIL, GRANT and REFUSAL in front of this script: never a position by number here).
+-- KEY: meta, usage, storages (storage table), groups (group refcounts), deadlines (session
+--   deadlines), session (the session record), occupied (occupied buckets), pending
+--   (pending deletions, mark.lua), caller_sessions (open sessions per caller).
+-- ARG: keys (blob), now_ms, session_id, deadline_ms, storage_name, storage_type,
+--   pack_count (0 = explicit group ids), sizes (block size per spec group, I6 each, index
+--   0 = all specs), spec_groups (per key, u8 each), explicit_groups (group id per key, I6
+--   each, or empty), group_capacity (0 = none), group_bytes (the group's live bytes as
+--   last read, this instance's included; -1: not read), type_capacity (0 = none),
+--   group_type_bytes (the group's live bytes of this type, idem), max_keys (0 = none),
+--   bucket_prefix, records_per_bucket (buckets split past it: prelude grow_buckets),
+--   instance_id (the session's owner), incarnation (claim.lua), max_sessions (the most
+--   open write sessions the instance may have, 0 = no limit: a start opens one only when
+--   it writes a key), instance_capacity (the instance's own byte quota, the group's
+--   instance_quotas; 0 = none), min_replicas (>= 1), stale (SESSION_ENTRY_FMT each: key,
+--   location id: SERVING locations whose data the storage reports missing), covers (byte
+--   a*S+b+1 is '1' when a location of spec group b holds every spec of spec group a; '':
+--   every location covers every group), spec_group_count (S, index 0 included),
+--   by_location ('1' when storage_name addresses blocks by location: a key may have
+--   several locations there; '0' by key), candidate_count (C, further candidate storages);
+-- then C x CAND: name, storage_type, pack_count, type_capacity, group_type_bytes (the
+--   group's live bytes of that type), by_location, in the order they are tried, the c-th
+--   from ARG.candidate_count + (c - 1) x CAND_ARGS;
+-- then TAIL, from ARG.candidate_count + C x CAND_ARGS: partial ('1' for a partial grant,
+--   '0' all or nothing), pending_deadline (s, of the stale locations it turns DELETING),
+--   caller_cap (the most open sessions one caller may have on the instance, 0 = no limit),
+--   caller.
+-- Storages are candidates 1 (ARG.storage_name...) to C + 1. A key is written, on the first
+-- candidate that may take it, when fewer than ARG.min_replicas of its locations cover its spec
 -- group (UPSTREAM_V2 §2.6). Counted: WRITING, SERVING and DELETING locations, stale ones
 -- excepted, which turn DELETING here (returned as victims). A candidate may take a key
 -- unless it holds a location of it that covers the spec group, or (storages addressing
 -- blocks by key: their objects would collide) any location of it. A key whose locations
 -- are all DELETING is not written again until they are gone. Explicit group ids
--- (ARGV[10]) and packing apply to the keys written to candidate 1 / to each candidate.
+-- (ARG.explicit_groups) and packing apply to the keys written to candidate 1 / to each candidate.
 -- Nothing is written for an instance being removed (meta 'removing') or registered again
 -- since the caller read its config (another incarnation): {START_REFUSED, REFUSED_GONE}.
--- Returns {START_GRANTED, first location id, per key the candidate it is written to ('0':
+-- Returns GRANT {START_GRANTED, first location id, per key the candidate it is written to ('0':
 --      not written, else the byte 48 + candidate), the candidates' storage indexes (','),
 --      bytes added, stale victims (VICTIM_FMT), records created, the deleting charge of the
 --      stale ones (prelude deleting_charge), then type, bytes added of that type, ...}
---      or {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
+--      or REFUSAL {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
 --      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
 --      REFUSED_STORAGES, REFUSED_SESSIONS or REFUSED_CALLER_SESSIONS. A start with no key
 --      to write opens no session.
@@ -69,19 +71,26 @@
 -- write creates its parent again with it as the next key (adoption); drop.lua decrements
 -- a parent only for a child linked to it. Adoption costs one read per new record whose
 -- next key already existed, nothing in the usual existing-prefix, new-suffix request.
-local meta, usage, stab, groups, deadlines, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local occupied = KEYS[7]
+local meta, usage, stab, groups = KEYS[KEY.meta], KEYS[KEY.usage], KEYS[KEY.storages], KEYS[KEY.groups]
+local deadlines, session, occupied = KEYS[KEY.deadlines], KEYS[KEY.session], KEYS[KEY.occupied]
 -- Per key, the reply names the candidate written to as a digit character (0: none).
 local ZERO = string.byte('0')
-local keys = ARGV[1]
-local now_ms, sid, deadline = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local sname, stype, pack = ARGV[5], ARGV[6], tonumber(ARGV[7])
-local sizes_blob, sg_blob, explicit = ARGV[8], ARGV[9], ARGV[10]
-local group_cap, group_bytes = tonumber(ARGV[11]), tonumber(ARGV[12])
-local max_keys = tonumber(ARGV[15])
-local bprefix, per_bucket, owner = ARGV[16], tonumber(ARGV[17]), ARGV[18]
+-- A refusal's reply (no shortfall: a reply of two).
+local function refused(reason, shortfall)
+  local out = {}
+  out[REFUSAL.result], out[REFUSAL.reason], out[REFUSAL.shortfall] = START_REFUSED, reason, shortfall
+  return out
+end
+local keys = ARGV[ARG.keys]
+local now_ms, sid, deadline = tonumber(ARGV[ARG.now_ms]), ARGV[ARG.session_id], tonumber(ARGV[ARG.deadline_ms])
+local sname, stype, pack = ARGV[ARG.storage_name], ARGV[ARG.storage_type], tonumber(ARGV[ARG.pack_count])
+local sizes_blob, sg_blob, explicit = ARGV[ARG.sizes], ARGV[ARG.spec_groups], ARGV[ARG.explicit_groups]
+local group_cap, group_bytes = tonumber(ARGV[ARG.group_capacity]), tonumber(ARGV[ARG.group_bytes])
+local max_keys = tonumber(ARGV[ARG.max_keys])
+local bprefix, per_bucket = ARGV[ARG.bucket_prefix], tonumber(ARGV[ARG.records_per_bucket])
+local owner = ARGV[ARG.instance_id]
 local state = redis.call('HMGET', meta, 'inc', 'removing')
-if state[2] or (state[1] and state[1] ~= ARGV[19]) then return {START_REFUSED, REFUSED_GONE} end
+if state[2] or (state[1] and state[1] ~= ARGV[ARG.incarnation]) then return refused(REFUSED_GONE) end
 local nbuckets = bucket_count(meta)
 local n = #keys / 8
 local fields, buckets = {}, {}
@@ -89,22 +98,27 @@ for i = 1, n do
   fields[i] = field(keys, i)
   buckets[i] = bucket_of(bprefix, nbuckets, fields[i])
 end
-local min_count = tonumber(ARGV[22])
-local stale = {}
-for j = 1, #ARGV[23] / SESSION_ENTRY_LEN do
-  local key, loc = struct.unpack(SESSION_ENTRY_FMT, ARGV[23], (j - 1) * SESSION_ENTRY_LEN + 1)
+local min_count = tonumber(ARGV[ARG.min_replicas])
+local stale, stale_blob = {}, ARGV[ARG.stale]
+for j = 1, #stale_blob / SESSION_ENTRY_LEN do
+  local key, loc = struct.unpack(SESSION_ENTRY_FMT, stale_blob, (j - 1) * SESSION_ENTRY_LEN + 1)
   stale[key .. loc] = true
 end
-local covers, ngroups = ARGV[24], tonumber(ARGV[25])
+local covers, ngroups = ARGV[ARG.covers], tonumber(ARGV[ARG.spec_group_count])
 -- The candidates in order: name, type, pack count, type capacity, group type bytes, by location.
-local cands = {{sname, stype, pack, tonumber(ARGV[13]), tonumber(ARGV[14]), ARGV[26] == '1'}}
-for c = 1, tonumber(ARGV[27]) do
-  local a = 27 + (c - 1) * 6
-  cands[c + 1] = {ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]),
-                  ARGV[a + 6] == '1'}
+local cands = {{sname, stype, pack, tonumber(ARGV[ARG.type_capacity]), tonumber(ARGV[ARG.group_type_bytes]),
+                ARGV[ARG.by_location] == '1'}}
+local ncands = tonumber(ARGV[ARG.candidate_count])
+for c = 1, ncands do
+  local a = ARG.candidate_count + (c - 1) * CAND_ARGS
+  cands[c + 1] = {ARGV[a + CAND.name], ARGV[a + CAND.storage_type], tonumber(ARGV[a + CAND.pack_count]),
+                  tonumber(ARGV[a + CAND.type_capacity]), tonumber(ARGV[a + CAND.group_type_bytes]),
+                  ARGV[a + CAND.by_location] == '1'}
 end
-local partial = ARGV[28 + 6 * tonumber(ARGV[27])] == '1'
-local caller_cap, caller = tonumber(ARGV[30 + 6 * tonumber(ARGV[27])]), ARGV[31 + 6 * tonumber(ARGV[27])]
+local tail = ARG.candidate_count + ncands * CAND_ARGS
+local partial = ARGV[tail + TAIL.partial] == '1'
+local pending_deadline = ARGV[tail + TAIL.pending_deadline]
+local caller_cap, caller = tonumber(ARGV[tail + TAIL.caller_cap]), ARGV[tail + TAIL.caller]
 -- The table maps 'n:<name>' -> index, '#<index>' -> name and 't<index>' -> type.
 for _, cand in ipairs(cands) do cand.sidx = tonumber(redis.call('HGET', stab, 'n:' .. cand[1]) or 0) end
 
@@ -172,24 +186,28 @@ end
 local function result(base, victims, charge)
   local sidxs = {}
   for c, cand in ipairs(cands) do sidxs[c] = cand.sidx end
-  local out = {START_GRANTED, base, table.concat(flags), table.concat(sidxs, ','), new_bytes, victims, #new,
-               table.concat(charge, ',')}
+  local out = {}
+  out[GRANT.result], out[GRANT.first_location_id], out[GRANT.written_to] = START_GRANTED, base, table.concat(flags)
+  out[GRANT.storage_indexes], out[GRANT.new_bytes], out[GRANT.victims] = table.concat(sidxs, ','), new_bytes, victims
+  out[GRANT.created], out[GRANT.charge] = #new, table.concat(charge, ',')
+  local at = GRANT.by_type
   for t, b in pairs(type_bytes) do
-    out[#out + 1] = t
-    out[#out + 1] = b
+    out[at], out[at + 1] = t, b
+    at = at + 2
   end
   return out
 end
 
 -- Only a start with keys to write opens a session, so only those count against the cap.
-local max_sessions = tonumber(ARGV[20])
+local max_sessions = tonumber(ARGV[ARG.max_sessions])
 if #written > 0 and max_sessions > 0 and redis.call('ZCARD', deadlines) >= max_sessions then
-  return {START_REFUSED, REFUSED_SESSIONS, 1}
+  return refused(REFUSED_SESSIONS, 1)
 end
 -- With auth on, one account may hold only part of that budget (the count is the
 -- session's 'p' field's: finish.lua takes it back).
-if #written > 0 and caller_cap > 0 and tonumber(redis.call('HGET', KEYS[9], caller) or 0) >= caller_cap then
-  return {START_REFUSED, REFUSED_CALLER_SESSIONS, 1}
+local caller_sessions = KEYS[KEY.caller_sessions]
+if #written > 0 and caller_cap > 0 and tonumber(redis.call('HGET', caller_sessions, caller) or 0) >= caller_cap then
+  return refused(REFUSED_CALLER_SESSIONS, 1)
 end
 
 -- The quotas, checked on what the first `count` written keys add (in check order: the
@@ -203,7 +221,7 @@ if #written > 0 then
   -- The other instances' part of the group's usage: the group counter lags this
   -- instance's own counters by the changes in flight, so it is never taken below 0.
   local others_bytes = math.max(0, group_bytes - own_bytes)
-  local instance_cap = tonumber(ARGV[21])
+  local instance_cap = tonumber(ARGV[ARG.instance_capacity])
   local type_room = {}  -- type -> bytes it may still take (nil: no quota)
   for _, cand in ipairs(cands) do
     local t, cap = cand[2], cand[4]
@@ -229,7 +247,7 @@ if #written > 0 then
     return nil
   end
   local reason, over = quota(new_bytes, #new, type_bytes)
-  if reason and not partial then return {START_REFUSED, reason, over} end
+  if reason and not partial then return refused(reason, over) end
   if reason then
     -- A partial grant: the longest leading run of the written keys that fits; the keys
     -- after it are not written (the reply masks them).
@@ -243,7 +261,7 @@ if #written > 0 then
       if not grown[i] then created = created + 1 end
       reason, over = quota(bytes, created, by_type)
       if reason then
-        if j == 1 then return {START_REFUSED, reason, over} end
+        if j == 1 then return refused(reason, over) end
         break
       end
       fit, fit_bytes = j, bytes
@@ -268,7 +286,7 @@ end
 for c, cand in ipairs(cands) do
   if cand.sidx == 0 and string.find(table.concat(flags), string.char(ZERO + c), 1, true) then
     -- A location holds its storage index in one byte.
-    if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return {START_REFUSED, REFUSED_STORAGES} end
+    if tonumber(redis.call('HGET', meta, 'storages') or 0) >= 255 then return refused(REFUSED_STORAGES) end
     cand.sidx = redis.call('HINCRBY', meta, 'storages', 1)
     redis.call('HSET', stab, 'n:' .. cand[1], cand.sidx, '#' .. cand.sidx, cand[1], 't' .. cand.sidx, cand[2])
   end
@@ -376,7 +394,7 @@ for i, pruned in pairs(prune) do
     rec = set_loc_status(rec, l, DELETING)
     charge.add(psidx, psg, rec)
     victims[#victims + 1] = struct.pack(VICTIM_FMT, fields[i], id, psidx, psg, group, slot)
-    redis.call('ZADD', KEYS[8], ARGV[29 + 6 * tonumber(ARGV[27])], struct.pack(SESSION_ENTRY_FMT, fields[i], id))
+    redis.call('ZADD', KEYS[KEY.pending], pending_deadline, struct.pack(SESSION_ENTRY_FMT, fields[i], id))
   end
   redis.call('HSET', buckets[i], fields[i], stamp_deleting(unlink_from_parent(bprefix, nbuckets, rec), now_s))
 end
@@ -386,7 +404,7 @@ if #written > 0 then
   redis.call('ZADD', deadlines, deadline, sid)
   if caller_cap > 0 then
     redis.call('HSET', session, 'p', caller)
-    redis.call('HINCRBY', KEYS[9], caller, 1)
+    redis.call('HINCRBY', caller_sessions, caller, 1)
   end
 end
 -- Last: a split moves records, and the bucket names above are the count's before it.

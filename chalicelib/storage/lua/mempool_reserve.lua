@@ -1,7 +1,8 @@
 -- Reserve `count` ranges of `size` bytes, all or nothing (best fit), after freeing the
 -- reservations left unbound longer than the ttl.
 -- ARGV: capacity, count, block_bytes, reservation ttl (s), unbound owner tag.
--- Returns {1, address...} or {0, free bytes, largest free range}.
+-- Returns {RESERVE_GRANTED, address...} or {RESERVE_REFUSED, free bytes, largest free range}
+-- (mempool.py ReserveResult).
 local cap, count, size, ttl, tag = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 sync_capacity(cap)
 local clock = redis.call('TIME')
@@ -17,7 +18,7 @@ for _, a in ipairs(redis.call('ZRANGEBYSCORE', PENDING, '-inf', string.format('%
 end
 local function refusal()
   local largest = redis.call('ZREVRANGE', FREE_LEN, 0, 0, 'WITHSCORES')
-  return {0, tonumber(redis.call('HGET', META, 'free') or '0'), tonumber(largest[2] or '0')}
+  return {RESERVE_REFUSED, tonumber(redis.call('HGET', META, 'free') or '0'), tonumber(largest[2] or '0')}
 end
 if tonumber(redis.call('HGET', META, 'free') or '0') < count * size then return refusal() end
 local got = {}
@@ -40,7 +41,7 @@ if need > 0 then
   for _, a in ipairs(got) do release(a, size, cap) end
   return refusal()
 end
-local out = {1}
+local out = {RESERVE_GRANTED}
 for _, a in ipairs(got) do
   redis.call('ZADD', USED, fmt(a), fmt(a) .. ':' .. fmt(size) .. ':' .. tag)
   redis.call('ZADD', PENDING, string.format('%.6f', now), fmt(a))

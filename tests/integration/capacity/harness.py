@@ -20,8 +20,8 @@ from chalicelib.capacity import Reclaimer, SamplingConfig
 from chalicelib.clock import ManualClock
 from chalicelib.control.groups import normalize_group
 from chalicelib.index import BlockIndex, Status
-from chalicelib.index.block_index import MODE_PREFIX, StartRequest, bucket_index
 from chalicelib.index.records import BlockRecord, decode_record
+from chalicelib.index.types import MODE_PREFIX, StartRequest, bucket_index
 from chalicelib.observability.events import EventLog
 from chalicelib.protocol.errors import InstanceNotFoundError
 from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig

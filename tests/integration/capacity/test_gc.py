@@ -14,8 +14,8 @@ import pytest
 from chalicelib.capacity import gc
 from chalicelib.capacity.gc import CacheGarbageCollector, CacheGcConfigError
 from chalicelib.index import Status
-from chalicelib.index.block_index import MODE_RAW
 from chalicelib.index.records import decode_record
+from chalicelib.index.types import MODE_RAW
 from chalicelib.storage.file import FileBackend
 from chalicelib.stores.gc_state import GcStateStore
 from tests.integration.control.harness import call, code

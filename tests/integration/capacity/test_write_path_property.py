@@ -19,8 +19,8 @@ import random
 import pytest
 
 from chalicelib.index import Status
-from chalicelib.index.block_index import MODE_RAW
 from chalicelib.index.records import decode_record
+from chalicelib.index.types import MODE_RAW
 from chalicelib.protocol.errors import CapacityExceededError
 from chalicelib.protocol.models import (
     BlockMask,

@@ -3,8 +3,8 @@
 import pytest
 
 from chalicelib.index import Status
-from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
+from chalicelib.index.types import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 
 SIZES = [200, 100, 100]
 

@@ -9,15 +9,9 @@ import threading
 import pytest
 
 from chalicelib.index import BlockIndex
-from chalicelib.index.block_index import (
-    LUA_DIR,
-    MODE_BATCH,
-    MODE_PREFIX,
-    MODE_RAW,
-    StartRequest,
-    bucket_index,
-)
 from chalicelib.index.layout import MAX_BUCKETS, MAX_SPLITS_PER_CALL, lua_constants
+from chalicelib.index.scripts import LUA_DIR
+from chalicelib.index.types import MODE_BATCH, MODE_PREFIX, MODE_RAW, StartRequest, bucket_index
 from tests.helpers import valkey_cluster
 
 SIZE = 100

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from chalicelib.index import Status
-from chalicelib.index.block_index import MODE_RAW, StartRequest
+from chalicelib.index.types import MODE_RAW, StartRequest
 
 SIZES = [100]
 

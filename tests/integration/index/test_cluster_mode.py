@@ -6,7 +6,7 @@ import pytest
 
 from chalicelib.clock import SystemClock
 from chalicelib.index import BlockIndex
-from chalicelib.index.block_index import MODE_PREFIX, StartRequest
+from chalicelib.index.types import MODE_PREFIX, StartRequest
 from chalicelib.stores.lease import Lease
 from tests.helpers import valkey_cluster
 

@@ -9,7 +9,7 @@ import boto3
 import pytest
 
 from chalicelib.index import Status
-from chalicelib.index.block_index import MODE_PREFIX, MODE_RAW
+from chalicelib.index.types import MODE_PREFIX, MODE_RAW
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
 from chalicelib.index.migration import CopyQuotas, CopyTarget, MigrationIndex
 from chalicelib.protocol.errors import UnsupportedError

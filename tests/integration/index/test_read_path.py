@@ -1,7 +1,7 @@
 """The read script (lua/read.lua) with the buckets named by the client: records found
 whatever the key's sign or bucket sharing, recency refreshed only for what is served."""
 
-from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW
+from chalicelib.index.types import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW
 
 from .test_block_index import finish, start
 

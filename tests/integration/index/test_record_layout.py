@@ -4,7 +4,6 @@ compiles with the constants in front (Lua allows 200 locals per chunk)."""
 
 import pytest
 
-from chalicelib.index.block_index import LUA_DIR, StartRequest, _load
 from chalicelib.index.errors import QuotaExceededError
 from chalicelib.index.layout import (
     ADOPTER,
@@ -20,6 +19,9 @@ from chalicelib.index.layout import (
     lua_constants,
 )
 from chalicelib.index.records import decode_record, decode_victims
+from chalicelib.index.scripts import LUA_DIR
+from chalicelib.index.scripts import load_script as _load
+from chalicelib.index.types import StartRequest
 
 PARENT = (-7).to_bytes(8, "big", signed=True)
 HEADER_VALUES = (RecordFlag.HAS_PARENT | RecordFlag.ADOPTED, PARENT, 513, 1_700_000_123, 9, 2**47 + 5, 2)

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from chalicelib.index.block_index import MODE_RAW
 from chalicelib.index.sharding import shard_of
+from chalicelib.index.types import MODE_RAW
 from chalicelib.protocol.models import (
     FinishWriteCacheRequest,
     GetCacheLocationRequest,

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from chalicelib.index import BlockIndex
-from chalicelib.index.block_index import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 from chalicelib.index.errors import QuotaExceededError
 from chalicelib.index.records import decode_record
 from chalicelib.index.sharding import shard_of
+from chalicelib.index.types import MODE_BATCH, MODE_PREFIX, MODE_RAW, MODE_WINDOW, StartRequest
 
 SIZE = 200
 

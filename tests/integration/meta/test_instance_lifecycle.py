@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.index.block_index import FIRST_BUCKET_BITS, MODE_RAW
+from chalicelib.index.types import FIRST_BUCKET_BITS, MODE_RAW
 from chalicelib.protocol.models import InstanceGroup
 
 from .harness import SPECS, code, write
@@ -184,8 +184,8 @@ def test_a_container_holding_a_previous_registration_cannot_write(http, runtime,
     previous incarnation and are refused by the index."""
     import dataclasses
 
-    from chalicelib.index.block_index import StartRequest
     from chalicelib.index.errors import InstanceGoneError
+    from chalicelib.index.types import StartRequest
 
     layout = runtime.contexts("i1").layout
     stale = dataclasses.replace(layout, incarnation="an-earlier-registration")

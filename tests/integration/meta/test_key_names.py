@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from redis.cluster import key_slot
 
-from chalicelib.index.block_index import InstanceLayout
+from chalicelib.index.types import InstanceLayout
 from tests.integration.meta.harness import SPECS, code, write
 
 ESCAPE = "victim}:s:x"

@@ -7,7 +7,7 @@ import pytest
 
 from chalicelib.cache import purge
 from chalicelib.control.errors import InstanceRemovingError
-from chalicelib.index.block_index import MODE_RAW
+from chalicelib.index.types import MODE_RAW
 from chalicelib.protocol.errors import InstanceNotFoundError
 from chalicelib.protocol.models import (
     FinishWriteCacheRequest,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from chalicelib.cache.deletion import DeletionService
-from chalicelib.index.block_index import MODE_PREFIX, MODE_RAW
+from chalicelib.index.types import MODE_PREFIX, MODE_RAW
 from chalicelib.protocol.models import BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest
 
 from .harness import wait_execution, wait_for

@@ -1,5 +1,6 @@
 """The record layout has one source (chalicelib/index/layout.py): the Lua constants are
-generated from it, and the index scripts spell offsets, statuses and codes by name."""
+generated from it, and the index scripts spell offsets, statuses and codes by name; so do
+the other packages' scripts (stores/lua, storage/lua) with the codes they share."""
 
 import re
 from pathlib import Path
@@ -21,6 +22,8 @@ from chalicelib.index.layout import (
 )
 
 LUA_DIR = Path(layout.__file__).with_name("lua")
+#: Every directory of Lua scripts the service loads.
+SCRIPT_DIRS = (LUA_DIR, LUA_DIR.parents[1] / "stores" / "lua", LUA_DIR.parents[1] / "storage" / "lua")
 
 
 def _generated() -> dict[str, object]:
@@ -118,6 +121,16 @@ LITERALS = {
     "a mark scope as a letter": (r"\bwhich\s*[=~]=\s*'", "local any = which == 'A'"),
     "a reply code as a number": (r"return\s*\{\s*-?\d|\bstatus\s*=\s*-?\d", "return {-1, ''}"),
     "a reply reason spelled out": (rf"return\s*\{{[^}}]*'(?:{_NAMED_STRINGS})'", "return {0, 'gone'}"),
+    "a code given as a number": (
+        r"^\s*local\s+[A-Z][A-Z0-9_]*(?:\s*,\s*[A-Z][A-Z0-9_]*)*\s*=\s*-?\d",
+        "local OK, NODE_NOT_REGISTERED = 1, 10",
+    ),
+}
+#: (script, spelling) -> why the script keeps it for now.
+KNOWN_EXCEPTIONS = {
+    ("er_report.lua", "a code given as a number"): "er_report.lua: generated codes owned by #25 work",
+    # Not a record flag: msgpack's header of a one-location record.
+    ("er_prelude.lua", "flag arithmetic"): "er_prelude.lua: msgpack header byte, file owned by #25 work",
 }
 
 
@@ -127,12 +140,26 @@ def test_the_check_catches_the_literal_spelling(what):
     assert re.search(pattern, example)
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in LUA_DIR.glob("*.lua")))
-def test_scripts_name_offsets_statuses_and_codes(script):
-    found = [
-        f"{script}:{n}: {what}: {line.strip()}"
-        for n, line in _code((LUA_DIR / script).read_text())
+def _literals(path: Path) -> list[str]:
+    """The spellings of ``LITERALS`` found in a script, known exceptions left out."""
+    return [
+        f"{path.name}:{n}: {what}: {line.strip()}"
+        for n, line in _code(path.read_text())
         for what, (pattern, _) in LITERALS.items()
-        if re.search(pattern, line)
+        if re.search(pattern, line) and (path.name, what) not in KNOWN_EXCEPTIONS
     ]
+
+
+@pytest.mark.parametrize(
+    "script", sorted(str(p.relative_to(LUA_DIR.parents[1])) for d in SCRIPT_DIRS for p in d.glob("*.lua"))
+)
+def test_scripts_name_offsets_statuses_and_codes(script):
+    found = _literals(LUA_DIR.parents[1] / script)
     assert not found, "\n".join(found)
+
+
+def test_every_known_exception_still_holds_its_spelling():
+    # An exception fixed in its script goes from the list (the check then covers it).
+    scripts = {p.name: p for d in SCRIPT_DIRS for p in d.glob("*.lua")}
+    for script, what in KNOWN_EXCEPTIONS:
+        assert any(re.search(LITERALS[what][0], line) for _, line in _code(scripts[script].read_text())), script

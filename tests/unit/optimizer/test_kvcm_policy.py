@@ -8,8 +8,8 @@ import pytest
 from chalicelib.cache import room
 from chalicelib.capacity import eviction, sampling, watermark
 from chalicelib.index import BlockIndex
-from chalicelib.index.block_index import bucket_index
 from chalicelib.index.layout import MAX_SPLITS_PER_CALL
+from chalicelib.index.types import bucket_index
 from chalicelib.optimizer import kvcm_policy
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.kvcm_policy import KVCMPolicy
