@@ -4,10 +4,12 @@ An instance's reads all run on one shard's single thread, so Valkey's time per r
 an instance. This bench takes the read script apart on 100,000 two-spec records (the
 layout of bench_meta.py (e)) and measures, in turns in one run, each option of
 docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
-(as before), the floor of one HGET per key, the floor of one script call per key, one
-HMGET per distinct bucket, every key's recency refreshed, and the alternative layouts
-(one string key per record, packed string buckets, one hash per instance: one
-multi-key or multi-field command per read) with their memory. Baseline: a client MGET of 128 keys.
+(as before), the fixed cost of a script call with the read's keys, the floor of one HGET
+per key, the floor of one script call per key, one HMGET per distinct bucket, every key's
+recency refreshed, and the alternative layouts (one string key per record, packed string
+buckets, one hash per instance: one multi-key or multi-field command per read) with their
+memory; for the one hash, also the whole read script on it. Baseline: a client MGET of the
+same 128 keys, and every figure as a multiple of it.
 
     .venv/bin/python bench/bench_read_path.py
 """
@@ -44,6 +46,8 @@ for i = 1, #keys / 8 do
   local key = sub(keys, i * 8 - 7, i * 8)
   call('HGET', bucket_of(prefix, nbuckets, key), key)
 end
+return 1"""
+EMPTY = """
 return 1"""
 EXISTS_PER_KEY = """
 local call = redis.call
@@ -89,6 +93,26 @@ for i = 1, #keys / 8 do
   end
 end
 return found"""
+
+
+def read_on_one_hash(read_source: str) -> str:
+    """lua/read.lua with every record looked up in KEYS[3], one hash holding them all, by
+    one HMGET before the loop instead of an HGET per key: the whole read (checks, refresh,
+    reply) on the one-hash layout."""
+    lookup = "local rec = call('HGET', buckets[i + 2], sub(keys, i * 8 - 7, i * 8))"
+    refresh = "call('HSET', buckets[i + 2],"
+    loop = "local refresh = "
+    assert all(read_source.count(s) == 1 for s in (lookup, refresh, loop)), "lua/read.lua changed: update this bench"
+    hmget = (
+        "local fields = {}\n"
+        "for i = 1, n do fields[i] = sub(keys, i * 8 - 7, i * 8) end\n"
+        "local found = call('HMGET', KEYS[3], unpack(fields))\n"
+    )
+    return (
+        read_source.replace(lookup, "local rec = found[i]")
+        .replace(refresh, "call('HSET', KEYS[3],")
+        .replace(loop, hmget + loop)
+    )
 
 
 def main() -> None:
@@ -166,11 +190,13 @@ def main() -> None:
                 for name, src in (
                     ("hget", HGET_GIVEN_NAMES),
                     ("hget_lua_names", HGET_NAMES_IN_LUA),
+                    ("empty", EMPTY),
                     ("exists", EXISTS_PER_KEY),
                     ("hmget", HMGET_PER_BUCKET),
                     ("mget_strings", MGET_STRING_RECORDS),
                     ("packed", FIND_IN_PACKED_BUCKETS),
                     ("one_hash", HMGET_ONE_HASH),
+                    ("read_one_hash", read_on_one_hash((LUA_DIR / "read.lua").read_text())),
                 )
             }
             packed_reads = []
@@ -214,6 +240,14 @@ def main() -> None:
 
             for i in range(len(batches)):
                 due_read(i)
+
+            def read_args(i, touch_interval_s=index.TOUCH_INTERVAL_S):
+                """The shipped read's ARGV for batch i (a prefix read, as read_raw sends it)."""
+                servable = "\n" + "\n".join(ctx.servable) if ctx.servable is not None else ""
+                now = int(rt.clock.now())
+                head = [pack_keys(batches[i]), int(MODE_PREFIX), 0, now, touch_interval_s, index.LFU_DECAY_S]
+                return [*head, servable, bucket_count]
+
             options = {
                 "client MGET of 128 string keys (baseline)": cycling(
                     lambda i: client.mget([layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]])
@@ -222,6 +256,9 @@ def main() -> None:
                     lambda i: index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
                 ),
                 "  the same, every key's recency due (HSET per key)": cycling(due_read),
+                "fixed cost: an empty script, the read's KEYS and ARGV": cycling(
+                    lambda i: scripts["empty"](keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
+                ),
                 "floor: one HGET per key, names given": script("hget", lambda i: buckets[i]),
                 "one HGET per key, bucket names built in Lua (before)": script(
                     "hget_lua_names", lambda i: [layout.key("m")]
@@ -232,6 +269,13 @@ def main() -> None:
                     "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]]
                 ),
                 f"one {one_hash_encoding} hash per instance: one HMGET": script("one_hash", lambda i: [one_hash]),
+                # Its copies of the records carry their write time: a touch interval longer
+                # than the run keeps every refresh not due, as in the shipped read's row.
+                "  the whole read script on it (no refresh due)": cycling(
+                    lambda i: scripts["read_one_hash"](
+                        keys=[layout.key("m"), layout.key("st"), one_hash], args=read_args(i, 1 << 30)
+                    )
+                ),
                 f"{big_buckets} buckets of {BIG_BUCKET_RECORDS}: HMGET per bucket ({big_distinct:.1f} of 128)": script(
                     "hmget", lambda i: big_names[i]
                 ),
@@ -250,10 +294,11 @@ def main() -> None:
                 f"Valkey time per {N}-key read, {BLOCKS:,} two-spec records in {bucket_count} buckets, "
                 f"median of {ROUNDS} batches of {CALLS} calls, {os.cpu_count()} cores"
             )
-            print(f"  {'':<58} {'wall µs':>9} {'Valkey µs':>10} {'CPU µs':>9}")
+            print(f"  {'':<58} {'wall µs':>9} {'Valkey µs':>10} {'× MGET':>7} {'CPU µs':>9}")
+            baseline = statistics.median(run[1] for run in next(iter(samples.values())))
             for name, runs in samples.items():
                 wall, server, cpu = (statistics.median(run[i] for run in runs) for i in range(3))
-                print(f"  {name:<58} {wall:>9.1f} {server:>10.1f} {cpu:>9.1f}")
+                print(f"  {name:<58} {wall:>9.1f} {server:>10.1f} {server / baseline:>7.2f} {cpu:>9.1f}")
             print("Memory per block (records, counters, bucket or key overhead)")
             print(f"  {'records in bucket hashes (the layout)':<58} {bucket_bytes:>9.1f} B")
             print(f"  {'one string key per record':<58} {string_bytes:>9.1f} B")
