@@ -4,7 +4,8 @@ An instance's reads all run on one shard's single thread, so Valkey's time per r
 an instance. This bench takes the read script apart on 100,000 two-spec records (the
 layout of bench_meta.py (e)) and measures, in turns in one run, each option of
 docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
-(as before), the fixed cost of a script call with the read's keys, the floor of one HGET
+(as before), the fixed cost of a script call with the read's keys (with and without the
+constants and prelude every index script runs first), the floor of one HGET
 per key, the floor of one script call per key, one HMGET per distinct bucket, every key's
 recency refreshed, and the alternative layouts (one string key per record, packed string
 buckets, one hash per instance: one multi-key or multi-field command per read) with their
@@ -99,9 +100,9 @@ def read_on_one_hash(read_source: str) -> str:
     """lua/read.lua with every record looked up in KEYS[3], one hash holding them all, by
     one HMGET before the loop instead of an HGET per key: the whole read (checks, refresh,
     reply) on the one-hash layout."""
-    lookup = "local rec = call('HGET', buckets[i + 2], sub(keys, i * 8 - 7, i * 8))"
+    lookup = "local key = sub(keys, i * 8 - 7, i * 8)\n  local rec = call('HGET', buckets[i + 2], key)"
     refresh = "call('HSET', buckets[i + 2],"
-    loop = "local refresh = "
+    loop = "local recs = {}"
     assert all(read_source.count(s) == 1 for s in (lookup, refresh, loop)), "lua/read.lua changed: update this bench"
     hmget = (
         "local fields = {}\n"
@@ -199,6 +200,8 @@ def main() -> None:
                     ("read_one_hash", read_on_one_hash((LUA_DIR / "read.lua").read_text())),
                 )
             }
+            # Every index script runs the constants and the prelude before its own body.
+            bare_empty = client.register_script(EMPTY)
             packed_reads = []
             for batch in batches:
                 names = list(dict.fromkeys(layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :] for k in batch))
@@ -258,6 +261,9 @@ def main() -> None:
                 "  the same, every key's recency due (HSET per key)": cycling(due_read),
                 "fixed cost: an empty script, the read's KEYS and ARGV": cycling(
                     lambda i: scripts["empty"](keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
+                ),
+                "  the same without the constants and prelude": cycling(
+                    lambda i: bare_empty(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
                 ),
                 "floor: one HGET per key, names given": script("hget", lambda i: buckets[i]),
                 "one HGET per key, bucket names built in Lua (before)": script(

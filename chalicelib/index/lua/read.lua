@@ -62,64 +62,29 @@ end
 local stale = now - interval
 local stamp = struct.pack(H_LAST_ACCESS_S_FMT, now)  -- a refreshed record's last access
 local first_status = loc_pos(1) + L_STATUS
-
--- A served record, its recency refreshed when due (at most once per touch interval).
-local function touched(rec, i)
-  local atime = struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S)
-  if atime > stale then return rec end
-  local lfu = byte(rec, H_LFU)
-  if decay > 0 then
-    lfu = lfu - math.floor((now - atime) / decay)
-    if lfu < 0 then lfu = 0 end
-  end
-  if lfu < 255 then
-    local base_val = lfu - LFU_INITIAL
-    if base_val < 0 then base_val = 0 end
-    if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
-  end
-  -- one concatenation: the LFU counter follows the access time
-  rec = sub(rec, 1, H_LAST_ACCESS_S - 1) .. stamp .. string.char(lfu) .. sub(rec, H_LFU + 1)
-  call('HSET', buckets[i + 2], sub(keys, i * 8 - 7, i * 8), rec)
-  return rec
-end
-
--- out alternates length prefixes and records: one concatenation at the end, none per key.
--- Records come in a few lengths (one per location count): each prefix is packed once.
-local out, lengths = {}, {}
-local function put_out(i, rec)
-  local length = #rec
-  local prefix = lengths[length]
-  if not prefix then
-    prefix = struct.pack('>H', length)
-    lengths[length] = prefix
-  end
-  out[2 * i - 1] = prefix
-  out[2 * i] = rec
-end
-
-local refresh = mode ~= MODE_RAW and mode ~= MODE_WINDOW
-local recs = mode == MODE_WINDOW and {}  -- the window is found once every key is read
+local recs = {}  -- per position: the record if it serves, else false
+local count = n
 for i = 1, n do
-  local rec = call('HGET', buckets[i + 2], sub(keys, i * 8 - 7, i * 8))
+  local key = sub(keys, i * 8 - 7, i * 8)
+  local rec = call('HGET', buckets[i + 2], key)
   -- fast path: one location, status byte right after the header
   if rec and (mode == MODE_RAW or (blocked and serves(rec))
               or (not blocked and (byte(rec, first_status) == SERVING or find_status(rec, SERVING)))) then
-    if recs then recs[i] = rec
-    else put_out(i, refresh and touched(rec, i) or rec) end
-  elseif mode == MODE_PREFIX and not (covered and byte(covered, i) == 49) then
-    break
-  elseif recs then
-    recs[i] = false
+    recs[i] = rec
   else
-    out[2 * i - 1] = '\0\0'
-    out[2 * i] = ''
+    recs[i] = false
+    if mode == MODE_PREFIX and not (covered and byte(covered, i) == 49) then
+      count = i - 1
+      break
+    end
   end
 end
 
-if recs then
+local lo, hi = 1, count
+if mode == MODE_WINDOW then
   -- Right-most window of sw consecutive served keys (API.md: reverse roll).
   local base = n - sw
-  local lo, hi = 1, 0
+  lo, hi = 1, 0
   while base >= 0 do
     local failed = nil
     for o = 0, sw - 1 do
@@ -132,13 +97,43 @@ if recs then
     end
     base = base - (sw - failed)
   end
-  for i = 1, n do
-    if i >= lo and i <= hi and recs[i] then
-      put_out(i, touched(recs[i], i))
-    else
-      out[2 * i - 1] = '\0\0'
-      out[2 * i] = ''
+end
+
+-- out alternates length prefixes and records: one concatenation at the end, none per key
+local out, lengths = {}, {}
+for i = 1, count do
+  local rec = recs[i]
+  if i < lo or i > hi or not rec then
+    out[2 * i - 1] = '\0\0'
+    out[2 * i] = ''
+  else
+    if mode ~= MODE_RAW then
+      local atime = struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S)
+      if atime <= stale then
+        local lfu = byte(rec, H_LFU)
+        if decay > 0 then
+          lfu = lfu - math.floor((now - atime) / decay)
+          if lfu < 0 then lfu = 0 end
+        end
+        if lfu < 255 then
+          local base_val = lfu - LFU_INITIAL
+          if base_val < 0 then base_val = 0 end
+          if math.random() < 1.0 / (base_val * 10 + 1) then lfu = lfu + 1 end
+        end
+        -- one concatenation: the LFU counter follows the access time
+        rec = sub(rec, 1, H_LAST_ACCESS_S - 1) .. stamp .. string.char(lfu) .. sub(rec, H_LFU + 1)
+        call('HSET', buckets[i + 2], sub(keys, i * 8 - 7, i * 8), rec)
+      end
     end
+    -- records come in a few lengths (one per location count): pack each prefix once
+    local length = #rec
+    local prefix = lengths[length]
+    if not prefix then
+      prefix = struct.pack('>H', length)
+      lengths[length] = prefix
+    end
+    out[2 * i - 1] = prefix
+    out[2 * i] = rec
   end
 end
 if buckets ~= KEYS then return {table.concat(out), nbuckets} end
