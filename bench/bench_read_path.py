@@ -5,12 +5,12 @@ an instance. This bench takes the read script apart on 100,000 two-spec records 
 layout of bench_meta.py (e)) and measures, in turns in one run, each option of
 docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
 (as before), the fixed cost of a script call with the read's keys (with and without the
-constants and prelude every index script runs first), the floor of one HGET
-per key, the floor of one script call per key, one HMGET per distinct bucket, every key's
-recency refreshed, and the alternative layouts (one string key per record, packed string
-buckets, one hash per instance: one multi-key or multi-field command per read) with their
-memory; for the one hash, also the whole read script on it. Baseline: a client MGET of the
-same 128 keys, and every figure as a multiple of it.
+constants and prelude every index script runs first), the floor of one HGET per key, the
+floor of one script call per key, one HMGET per distinct bucket, every key's recency
+refreshed, and the alternative layouts (one string key per record, packed string buckets,
+one hash per instance: one multi-key or multi-field command per read) with their memory;
+for the one hash, also the whole read script on it and the least a prefix read there can
+do. Baseline: a client MGET of the same 128 keys, and every figure as a multiple of it.
 
     .venv/bin/python bench/bench_read_path.py
 """
@@ -72,6 +72,21 @@ local keys, sub = ARGV[1], string.sub
 local fields = {}
 for i = 1, #keys / 8 do fields[i] = sub(keys, i * 8 - 7, i * 8) end
 return #redis.call('HMGET', KEYS[1], unpack(fields))"""
+# The least a prefix read on one hash can do: the keys as ARGV[2..] (no field named in Lua),
+# a status and a recency check per record, the HMGET reply returned as it came (Valkey ends
+# an array reply at its first nil: the prefix's end). ARGV[1]: the stale time.
+LEAN_READ_ONE_HASH = """
+local found = redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+local stale, due = tonumber(ARGV[1]), 0
+for i = 1, #ARGV - 1 do
+  local rec = found[i]
+  if not rec or string.byte(rec, loc_pos(1) + L_STATUS) ~= SERVING then
+    found[i] = nil
+    break
+  end
+  if struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S) <= stale then due = due + 1 end
+end
+return found"""
 # KEYS: the distinct buckets; ARGV[2]: per key, the 1-based index of its bucket (a byte).
 # A packed bucket is a string of entries: 8-byte key, 1-byte length, record.
 FIND_IN_PACKED_BUCKETS = """
@@ -198,6 +213,7 @@ def main() -> None:
                     ("packed", FIND_IN_PACKED_BUCKETS),
                     ("one_hash", HMGET_ONE_HASH),
                     ("read_one_hash", read_on_one_hash((LUA_DIR / "read.lua").read_text())),
+                    ("lean_one_hash", LEAN_READ_ONE_HASH),
                 )
             }
             # Every index script runs the constants and the prelude before its own body.
@@ -213,6 +229,8 @@ def main() -> None:
                     )
                 )
             assert scripts["packed"](keys=packed_reads[0][0], args=[pack_keys(batches[0]), packed_reads[0][1]]) == N
+            lean_args = [0, *(k.to_bytes(8, "big", signed=True) for k in batches[0])]
+            assert scripts["lean_one_hash"](keys=[one_hash], args=lean_args) == [records[k] for k in batches[0]]
 
             def cycling(fn):
                 position = [0]
@@ -280,6 +298,11 @@ def main() -> None:
                 "  the whole read script on it (no refresh due)": cycling(
                     lambda i: scripts["read_one_hash"](
                         keys=[layout.key("m"), layout.key("st"), one_hash], args=read_args(i, 1 << 30)
+                    )
+                ),
+                "  a lean prefix read on it (keys as ARGV, reply as HMGET's)": cycling(
+                    lambda i: scripts["lean_one_hash"](
+                        keys=[one_hash], args=[0, *(k.to_bytes(8, "big", signed=True) for k in batches[i])]
                     )
                 ),
                 f"{big_buckets} buckets of {BIG_BUCKET_RECORDS}: HMGET per bucket ({big_distinct:.1f} of 128)": script(
