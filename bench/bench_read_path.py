@@ -4,10 +4,13 @@ An instance's reads all run on one shard's single thread, so Valkey's time per r
 an instance. This bench takes the read script apart on 100,000 two-spec records (the
 layout of bench_meta.py (e)) and measures, in turns in one run, each option of
 docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
-(as before), the floor of one HGET per key, the floor of one script call per key, one
-HMGET per distinct bucket, every key's recency refreshed, and the alternative layouts
-(one string key per record, packed string buckets, one hash per instance: one
-multi-key or multi-field command per read) with their memory. Baseline: a client MGET of 128 keys.
+(as before), the fixed cost of a script call with the read's keys (with and without the
+constants and prelude every index script runs first), the floor of one HGET per key, the
+floor of one script call per key, one HMGET per distinct bucket, every key's recency
+refreshed, and the alternative layouts (one string key per record, packed string buckets,
+one hash per instance: one multi-key or multi-field command per read) with their memory;
+for the one hash, also the whole read script on it, one with less Lua work per key, and
+the client's own HMGET (no script). Baseline: a client MGET of the same 128 keys, and every figure as a multiple of it.
 
     .venv/bin/python bench/bench_read_path.py
 """
@@ -45,6 +48,8 @@ for i = 1, #keys / 8 do
   call('HGET', bucket_of(prefix, nbuckets, key), key)
 end
 return 1"""
+EMPTY = """
+return 1"""
 EXISTS_PER_KEY = """
 local call = redis.call
 for i = 1, #ARGV[1] / 8 do call('EXISTS', KEYS[i]) end
@@ -67,6 +72,22 @@ local keys, sub = ARGV[1], string.sub
 local fields = {}
 for i = 1, #keys / 8 do fields[i] = sub(keys, i * 8 - 7, i * 8) end
 return #redis.call('HMGET', KEYS[1], unpack(fields))"""
+# A prefix read on one hash with less Lua work per key: the keys as ARGV[2..] (no field
+# named in Lua), a status and a recency check per record, the HMGET reply returned as it
+# came (Valkey ends an array reply at its first nil: the prefix's end). ARGV[1]: the stale
+# time.
+LEAN_READ_ONE_HASH = """
+local found = redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+local stale, due = tonumber(ARGV[1]), 0
+for i = 1, #ARGV - 1 do
+  local rec = found[i]
+  if not rec or string.byte(rec, loc_pos(1) + L_STATUS) ~= SERVING then
+    found[i] = nil
+    break
+  end
+  if struct.unpack(H_LAST_ACCESS_S_FMT, rec, H_LAST_ACCESS_S) <= stale then due = due + 1 end
+end
+return found"""
 # KEYS: the distinct buckets; ARGV[2]: per key, the 1-based index of its bucket (a byte).
 # A packed bucket is a string of entries: 8-byte key, 1-byte length, record.
 FIND_IN_PACKED_BUCKETS = """
@@ -89,6 +110,26 @@ for i = 1, #keys / 8 do
   end
 end
 return found"""
+
+
+def read_on_one_hash(read_source: str) -> str:
+    """lua/read.lua with every record looked up in KEYS[3], one hash holding them all, by
+    one HMGET before the loop instead of an HGET per key: the whole read (checks, refresh,
+    reply) on the one-hash layout."""
+    lookup = "local key = sub(keys, i * 8 - 7, i * 8)\n  local rec = call('HGET', buckets[i + 2], key)"
+    refresh = "call('HSET', buckets[i + 2],"
+    loop = "local recs = {}"
+    assert all(read_source.count(s) == 1 for s in (lookup, refresh, loop)), "lua/read.lua changed: update this bench"
+    hmget = (
+        "local fields = {}\n"
+        "for i = 1, n do fields[i] = sub(keys, i * 8 - 7, i * 8) end\n"
+        "local found = call('HMGET', KEYS[3], unpack(fields))\n"
+    )
+    return (
+        read_source.replace(lookup, "local rec = found[i]")
+        .replace(refresh, "call('HSET', KEYS[3],")
+        .replace(loop, hmget + loop)
+    )
 
 
 def main() -> None:
@@ -168,13 +209,18 @@ def main() -> None:
                 for name, src in (
                     ("hget", HGET_GIVEN_NAMES),
                     ("hget_lua_names", HGET_NAMES_IN_LUA),
+                    ("empty", EMPTY),
                     ("exists", EXISTS_PER_KEY),
                     ("hmget", HMGET_PER_BUCKET),
                     ("mget_strings", MGET_STRING_RECORDS),
                     ("packed", FIND_IN_PACKED_BUCKETS),
                     ("one_hash", HMGET_ONE_HASH),
+                    ("read_one_hash", read_on_one_hash((LUA_DIR / "read.lua").read_text())),
+                    ("lean_one_hash", LEAN_READ_ONE_HASH),
                 )
             }
+            # Every index script runs the constants and the prelude before its own body.
+            bare_empty = client.register_script(EMPTY)
             packed_reads = []
             for batch in batches:
                 names = list(dict.fromkeys(layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :] for k in batch))
@@ -186,6 +232,8 @@ def main() -> None:
                     )
                 )
             assert scripts["packed"](keys=packed_reads[0][0], args=[pack_keys(batches[0]), packed_reads[0][1]]) == N
+            lean_args = [0, *(k.to_bytes(8, "big", signed=True) for k in batches[0])]
+            assert scripts["lean_one_hash"](keys=[one_hash], args=lean_args) == [records[k] for k in batches[0]]
 
             def cycling(fn):
                 position = [0]
@@ -216,6 +264,14 @@ def main() -> None:
 
             for i in range(len(batches)):
                 due_read(i)
+
+            def read_args(i, touch_interval_s=index.TOUCH_INTERVAL_S):
+                """The shipped read's ARGV for batch i (a prefix read, as read_raw sends it)."""
+                servable = "\n" + "\n".join(ctx.servable) if ctx.servable is not None else ""
+                now = int(rt.clock.now())
+                head = [pack_keys(batches[i]), int(MODE_PREFIX), 0, now, touch_interval_s, index.LFU_DECAY_S]
+                return [*head, servable, bucket_count]
+
             options = {
                 "client MGET of 128 string keys (baseline)": cycling(
                     lambda i: client.mget([layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]])
@@ -224,6 +280,12 @@ def main() -> None:
                     lambda i: index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
                 ),
                 "  the same, every key's recency due (HSET per key)": cycling(due_read),
+                "fixed cost: an empty script, the read's KEYS and ARGV": cycling(
+                    lambda i: scripts["empty"](keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
+                ),
+                "  the same without the constants and prelude": cycling(
+                    lambda i: bare_empty(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
+                ),
                 "floor: one HGET per key, names given": script("hget", lambda i: buckets[i]),
                 "one HGET per key, bucket names built in Lua (before)": script(
                     "hget_lua_names", lambda i: [layout.key("m")]
@@ -234,6 +296,21 @@ def main() -> None:
                     "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]]
                 ),
                 f"one {one_hash_encoding} hash per instance: one HMGET": script("one_hash", lambda i: [one_hash]),
+                # Its copies of the records carry their write time: a touch interval longer
+                # than the run keeps every refresh not due, as in the shipped read's row.
+                "  the whole read script on it (no refresh due)": cycling(
+                    lambda i: scripts["read_one_hash"](
+                        keys=[layout.key("m"), layout.key("st"), one_hash], args=read_args(i, 1 << 30)
+                    )
+                ),
+                "  a prefix read on it, keys as ARGV, reply as HMGET's": cycling(
+                    lambda i: scripts["lean_one_hash"](
+                        keys=[one_hash], args=[0, *(k.to_bytes(8, "big", signed=True) for k in batches[i])]
+                    )
+                ),
+                "  the client's HMGET of the 128 fields (no script)": cycling(
+                    lambda i: client.hmget(one_hash, [k.to_bytes(8, "big", signed=True) for k in batches[i]])
+                ),
                 f"{big_buckets} buckets of {BIG_BUCKET_RECORDS}: HMGET per bucket ({big_distinct:.1f} of 128)": script(
                     "hmget", lambda i: big_names[i]
                 ),
@@ -252,10 +329,11 @@ def main() -> None:
                 f"Valkey time per {N}-key read, {BLOCKS:,} two-spec records in {bucket_count} buckets, "
                 f"median of {ROUNDS} batches of {CALLS} calls, {os.cpu_count()} cores"
             )
-            print(f"  {'':<58} {'wall µs':>9} {'Valkey µs':>10} {'CPU µs':>9}")
+            print(f"  {'':<58} {'wall µs':>9} {'Valkey µs':>10} {'× MGET':>7} {'CPU µs':>9}")
+            baseline = statistics.median(run[1] for run in next(iter(samples.values())))
             for name, runs in samples.items():
                 wall, server, cpu = (statistics.median(run[i] for run in runs) for i in range(3))
-                print(f"  {name:<58} {wall:>9.1f} {server:>10.1f} {cpu:>9.1f}")
+                print(f"  {name:<58} {wall:>9.1f} {server:>10.1f} {server / baseline:>7.2f} {cpu:>9.1f}")
             print("Memory per block (records, counters, bucket or key overhead)")
             print(f"  {'records in bucket hashes (the layout)':<58} {bucket_bytes:>9.1f} B")
             print(f"  {'one string key per record':<58} {string_bytes:>9.1f} B")

@@ -9,9 +9,9 @@ import boto3
 import pytest
 
 from chalicelib.index import Status
-from chalicelib.index.types import MODE_PREFIX, MODE_RAW
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
 from chalicelib.index.migration import CopyQuotas, CopyTarget, MigrationIndex
+from chalicelib.index.types import MODE_PREFIX, MODE_RAW
 from chalicelib.protocol.errors import UnsupportedError
 from chalicelib.protocol.models import StorageConfig
 from chalicelib.storage import BlockRef, FileBackend, S3Backend, SpecSlot, StorageBackend, copy_blocks
