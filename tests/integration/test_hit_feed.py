@@ -132,3 +132,16 @@ def test_a_run_drops_the_curve_and_stream_of_an_instance_no_longer_registered(in
     assert runtime.hit_curves.run() == {"groups": 1, "entries": 2}
     assert list(store.load("g")["instances"]) == ["i"]
     assert not runtime.valkey.exists(store.stream("ghost")) and runtime.valkey.xlen(store.stream("i")) == 0
+
+
+def test_removing_an_instance_deletes_its_feed_stream(instance):
+    from chalicelib.protocol.models import RemoveInstanceRequest
+
+    runtime, store = instance, instance.hit_curve_store
+    runtime.hit_feed.threshold = HASH_RANGE
+    runtime.cache.start_write_cache(StartWriteCacheRequest(instance_id="i", block_keys=[1, 2]))
+    read(runtime, [1, 2])
+    assert runtime.valkey.xlen(store.stream("i")) == 2
+    runtime.group_admin.remove_instance(RemoveInstanceRequest(instance_id="i"))
+    assert runtime.control.get_instance("i") is None
+    assert list(runtime.valkey.scan_iter(match="*:hf")) == []
