@@ -333,6 +333,7 @@ class Runtime:
             self.clock,
             start_execution=(lambda job: machine.start(purge_input(job))) if machine.arn else None,
             reported=self.reporters,
+            feeds=self.hit_curve_store,
         )
 
     @cached_property

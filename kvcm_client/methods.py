@@ -73,6 +73,7 @@ OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
     "getInstanceGroupUsage": (m.GetInstanceGroupUsageRequest, m.GetInstanceGroupUsageResponse, "admin"),
     "getCapacityReport": (m.ListRequest, m.GetCapacityReportResponse, "admin"),
     "getGroupHitCurve": (m.InstanceGroupNameRequest, m.GetGroupHitCurveResponse, "admin"),
+    "resetGroupHitCurve": (m.InstanceGroupNameRequest, m.Response, "admin"),
     "addAccount": (m.AddAccountRequest, m.Response, "admin"),
     "deleteAccount": (m.DeleteAccountRequest, m.Response, "admin"),
     "listAccount": (m.ListRequest, m.ListAccountResponse, "admin"),
@@ -248,6 +249,11 @@ class Methods:
             **fields: Any) -> m.GetGroupHitCurveResponse:
         """``getGroupHitCurve`` (admin service; see API.md)."""
         return cast(m.GetGroupHitCurveResponse, self.call("getGroupHitCurve", request, fields))
+
+    def reset_group_hit_curve(self, request: m.InstanceGroupNameRequest | None = None, /,
+            **fields: Any) -> m.Response:
+        """``resetGroupHitCurve`` (admin service; see API.md)."""
+        return cast(m.Response, self.call("resetGroupHitCurve", request, fields))
 
     def add_account(self, request: m.AddAccountRequest | None = None, /,
             **fields: Any) -> m.Response:

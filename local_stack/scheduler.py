@@ -3,6 +3,10 @@
 Jobs come from the app's ``@app.schedule`` handlers (called with a CloudWatch scheduled
 event, like EventBridge does) plus the stack's own housekeeping. A job that raises is
 logged and called again at its next period, as a failed scheduled Lambda would be.
+
+A test can take jobs off their timers (``Scheduler.driven``) and call them itself at
+fixed points of its traffic: what a run does then depends on the traffic, not on the
+machine's pace against the timer.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -91,6 +96,34 @@ class Scheduler:
         self.jobs = jobs
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._by_name = {job.name: job for job in jobs}
+        #: Held across each call of a job, by its thread or by a driver: one call at a time.
+        self._calling = {job.name: threading.Lock() for job in jobs}
+        self._driven: set[str] = set()
+
+    @contextmanager
+    def driven(self, *names: str) -> Iterator[Callable[[str], Any]]:
+        """Take the jobs ``names`` off their timers for the block: they run only when the
+        yielded ``run(name)`` is called (it returns what the job returns and raises what it
+        raises). A call of theirs running when the block starts is waited for."""
+        if unknown := sorted(set(names) - set(self._by_name)):
+            raise ValueError(f"no scheduled job named {', '.join(unknown)}")
+        if taken := sorted(self._driven.intersection(names)):
+            raise RuntimeError(f"scheduled jobs already driven: {', '.join(taken)}")
+        self._driven.update(names)
+        try:
+            for name in names:
+                with self._calling[name]:  # the timer's running call, if any, ends first
+                    pass
+            yield self._run_driven
+        finally:
+            self._driven.difference_update(names)
+
+    def _run_driven(self, name: str) -> Any:
+        if name not in self._driven:
+            raise RuntimeError(f"scheduled job {name} is not driven: its timer calls it")
+        with self._calling[name]:
+            return self._by_name[name].run()
 
     def start(self) -> None:
         self._stop.clear()
@@ -121,9 +154,12 @@ class Scheduler:
         # A dependency that does not answer (Valkey restarting) is one line when it starts
         # and one when it ends, not a traceback every period.
         not_ready = ""
+        calling = self._calling[job.name]
         while True:
             try:
-                job.run()
+                with calling:  # a driven job is skipped (checked under the lock its driver takes)
+                    if job.name not in self._driven:
+                        job.run()
                 if not_ready:
                     logger.warning("scheduled job %s runs again", job.name)
                     not_ready = ""

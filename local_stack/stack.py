@@ -6,8 +6,8 @@ import importlib
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -72,6 +72,8 @@ class LocalStack:
         self.state_machines: dict[str, str] = {}
         self.skipped_workflows: dict[str, str] = {}
         self.jobs: list[Job] = []
+        #: Runs ``jobs`` (and the housekeeping), once started.
+        self.scheduler: Scheduler | None = None
         self.restored_items = 0
         #: The control table on disk (snapshot + journal), once started.
         self.snapshot: ControlSnapshot | None = None
@@ -154,7 +156,8 @@ class LocalStack:
             if self.config.snapshot_period_s > 0
             else []
         )
-        scheduler = Scheduler(self.jobs + housekeeping)
+        self.scheduler = scheduler = Scheduler(self.jobs + housekeeping)
+        exits.callback(setattr, self, "scheduler", None)
         scheduler.start()
         exits.callback(scheduler.stop)
 
@@ -163,6 +166,12 @@ class LocalStack:
             self.api.start()
         if not runtime.settings.advertised_endpoint:  # getClusterInfo names this API as the leader's endpoint
             runtime.settings = replace(runtime.settings, advertised_endpoint=self.api_url.split("://", 1)[1])
+
+    def driven_schedules(self, *names: str) -> AbstractContextManager[Callable[[str], Any]]:
+        """The schedules ``names`` off their timers, called by the caller (``Scheduler.driven``)."""
+        if self.scheduler is None:
+            raise RuntimeError("the local stack is not running")
+        return self.scheduler.driven(*names)
 
     def _valkey_lost(self, reason: str) -> None:
         """The embedded Valkey is gone for good: the stack stops (``failure`` says why)."""

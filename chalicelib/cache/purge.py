@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ..clock import Clock, now_us
 from ..control import ControlPlane
@@ -109,6 +109,13 @@ def _first_location(raw: bytes) -> int:
     return location_id_at(raw, HEADER.size)
 
 
+class FeedStreams(Protocol):
+    """Where the instances' hit-feed streams are (``workflows.hit_curves.HitCurveStore``)."""
+
+    def drop_streams(self, instances: list[str]) -> None:
+        """Delete the streams of ``instances``."""
+
+
 class PurgeService:
     """Runs purges; ``start_execution(job_json)`` hands one to the state machine (None:
     there is none, purges run inline to their end)."""
@@ -123,9 +130,12 @@ class PurgeService:
         clock: Clock,
         start_execution: Callable[[dict[str, Any]], object] | None = None,
         reported: ReporterStore | None = None,
+        feeds: FeedStreams | None = None,
     ) -> None:
-        #: What engines reported for the instance goes with it (reportEvent).
+        #: What engines reported for the instance goes with it (reportEvent), and so does
+        #: its hit-feed stream (``observability.hit_feed``).
         self.reported = reported
+        self.feeds = feeds
         self.index = index
         self.control = control
         self.contexts = contexts
@@ -246,6 +256,8 @@ class PurgeService:
         self.index.drop_all(ctx.layout)
         if self.reported is not None:
             self.reported.forget_instance(ctx.instance_id)
+        if self.feeds is not None:
+            self.feeds.drop_streams([ctx.instance_id])
         self.index.set_removing(ctx.layout, False)
         try:
             self.control.remove_instance(record.instance_id, record.incarnation)

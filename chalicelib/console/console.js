@@ -294,11 +294,15 @@ function renderHitCurves(curves) {
       `At the quota (${size(curve.quota_bytes)}): ${ratioText(curve.hit_ratio_at_quota)} · ` +
       `×0.5: ${ratioText(curve.hit_ratio_at_half_quota)} · ×2: ${ratioText(curve.hit_ratio_at_double_quota)}` +
       (rec ? ` · tuning (${rec.status}): ${ratioText(rec.hit_ratio)}` : " · no tuning run yet"));
+    const kept = (curve.instances || []).reduce((s, i) => s + num(i.kept_keys), 0);
+    const doubt = curve.confident ? [] : [el("p", {class: "not-confident"},
+      `Not yet meaningful: ${kept.toLocaleString("en")} sampled keys, an instance needs ` +
+      `${num(curve.min_kept_keys).toLocaleString("en")} (small workloads mislead the estimate).`)];
     const freshness = el("p", {class: "hint freshness"},
       `${asked.toLocaleString("en")} blocks asked, sample rate ${rate.toPrecision(2)}; ` +
       `traffic through ${through ? new Date(through).toISOString() : "–"}, ` +
       `curve updated ${updated ? new Date(updated).toISOString() : "–"}`);
-    const box = el("div", {class: "hit-curve-group"}, el("h3", {}, curve.instance_group), figures, svg, freshness);
+    const box = el("div", {class: "hit-curve-group"}, el("h3", {}, curve.instance_group), figures, ...doubt, svg, freshness);
     box.dataset.group = curve.instance_group;
     return box;
   }));

@@ -48,6 +48,13 @@ _FORMAT = 1
 #: Shares of the reference quota the group view samples the curve at: 1/16 .. 4.
 GRID = [2 ** (i / 8) for i in range(-32, 17)]
 MARKS = {"x0.5": 0.5, "x1": 1.0, "x2": 2.0}
+#: Sampled keys an instance's curve needs before it is read (``confident``). Under it the
+#: sample misleads: SHARDS_adj credits its gap with the blocks asked as hits, and on a few
+#: distinct keys that gap is mostly misses (5 reads of 64 keys, 3 of them written: 0.375
+#: estimated, 0.047 served). Max error over a 40-point grid against the unsampled curve on
+#: generated traces at rate 1/8, six seeds each: 0.07-0.25 at about 30 kept keys, 0.04-0.2 at
+#: 60, 0.04-0.1 at 130 to 260, 0.04-0.07 at 500, 0.01-0.05 at 1,000 (docs/optimizer.md).
+MIN_KEPT_KEYS = 512
 
 
 def _edges(count: int) -> list[int]:
@@ -56,6 +63,14 @@ def _edges(count: int) -> list[int]:
     while len(edges) < count:
         edges = capacity_edges(edges[-1] * 2, exact=0)
     return edges[:count]
+
+
+def _used(histogram: Sequence[float]) -> int:
+    """The length of ``histogram`` without its trailing zeros."""
+    used = len(histogram)
+    while used and not histogram[used - 1]:
+        used -= 1
+    return used
 
 
 def _pack(values: Sequence[int]) -> str:
@@ -82,6 +97,10 @@ class LiveCurve:
         self._heap: list[tuple[int, int]] = []  # (-hash, key) of the sample's keys
         self._edges = _edges(1024)
         self._hits: list[float] = [0.0] * len(self._edges)  # estimated hit blocks by bin
+        # estimated touches (a write's keys, a read's found ones) by distance bin, and of
+        # keys no earlier touch put in the stack: what an LRU of any size inserts
+        self._touches: list[float] = [0.0] * len(self._edges)
+        self.first_touches = 0.0
         self.reads = 0  # read entries (reads with a sampled key)
         self.read_blocks = 0  # blocks asked (exact)
         self.sampled_read_blocks = 0.0  # the sample's estimate of them
@@ -125,11 +144,18 @@ class LiveCurve:
         """Account one feed entry."""
         self.entries += 1
         kept = self._admit(entry.keys)
+        weight = HASH_RANGE / self.threshold
         if entry.op != READ:
-            self._stack.write(list(dict.fromkeys(kept)))
+            written = list(dict.fromkeys(kept))
+            for key in written:
+                count = self._stack.count_since(key)
+                if count is None:
+                    self.first_touches += weight
+                else:
+                    self._touch(1 + (count - 1) * weight, weight)
+            self._stack.write(written)
             return
         self.reads += 1
-        weight = HASH_RANGE / self.threshold
         self.read_blocks += entry.asked
         self.sampled_read_blocks += weight * len(kept)
         stack = self._stack
@@ -147,16 +173,36 @@ class LiveCurve:
             else:
                 running = max(running, distance)
                 self._hit(running, weight)
+            self._touch(distance, weight)
             found.append(key)
         # a read touches what it found (the reclaimer orders by last access): distances
         # are measured first, then the keys move to the top (the first one on top)
         stack.write(list(dict.fromkeys(found)))
 
-    def _hit(self, distance: float, weight: float) -> None:
+    def _bin(self, distance: float) -> int:
+        """The histograms' bin of ``distance``, the bins grown to hold it."""
         if distance > self._edges[-1]:
             self._edges = capacity_edges(distance * 2, exact=0)
-            self._hits.extend([0.0] * (len(self._edges) - len(self._hits)))
-        self._hits[bisect.bisect_left(self._edges, distance)] += weight
+            for histogram in (self._hits, self._touches):
+                histogram.extend([0.0] * (len(self._edges) - len(histogram)))
+        return bisect.bisect_left(self._edges, distance)
+
+    def _hit(self, distance: float, weight: float) -> None:
+        self._hits[self._bin(distance)] += weight
+
+    def _touch(self, distance: float, weight: float) -> None:
+        self._touches[self._bin(distance)] += weight
+
+    @property
+    def unique_keys(self) -> int:
+        """Estimated distinct blocks written or found since the curve began."""
+        return round(len(self._stack.last) / self.sample_rate)
+
+    def evictions(self, capacity: int) -> int:
+        """Estimated evictions of an LRU cache of ``capacity`` blocks over what was fed:
+        its insertions (touches of keys out of its top ``capacity``) less what it holds."""
+        beyond = sum(t for edge, t in zip(self._edges, self._touches, strict=True) if edge > capacity)
+        return max(0, round(self.first_touches + beyond - min(capacity, self.unique_keys)))
 
     def curve(self) -> HitRatioCurve:
         """The estimated curve of everything fed (capacities in blocks)."""
@@ -185,9 +231,7 @@ class LiveCurve:
         stack = self._stack
         cached = sorted(stack.last, key=stack.last.__getitem__)  # oldest touch first
         hits = self._hits
-        used = len(hits)
-        while used and not hits[used - 1]:
-            used -= 1
+        used = _used(hits)
         return {
             "format": _FORMAT,
             "s_max": self.s_max,
@@ -200,6 +244,8 @@ class LiveCurve:
             "members": _pack(sorted(stack.members)),
             "stack": _pack(cached),
             "hits": hits[:used],
+            "touches": self._touches[: _used(self._touches)],
+            "first_touches": self.first_touches,
         }
 
     @classmethod
@@ -217,8 +263,11 @@ class LiveCurve:
         curve._stack.advance(len(cached))
         curve._stack.last.update((key, pos) for pos, key in enumerate(cached))
         hits = [float(h) for h in data["hits"]]
-        curve._edges = _edges(max(1024, len(hits)))
+        touches = [float(t) for t in data.get("touches", [])]  # states saved before they were kept: none
+        curve._edges = _edges(max(1024, len(hits), len(touches)))
         curve._hits = hits + [0.0] * (len(curve._edges) - len(hits))
+        curve._touches = touches + [0.0] * (len(curve._edges) - len(touches))
+        curve.first_touches = float(data.get("first_touches", 0.0))
         return curve
 
     def to_bytes(self) -> bytes:
@@ -229,20 +278,30 @@ class LiveCurve:
         return cls.from_dict(json.loads(zlib.decompress(blob)))
 
 
+def live_curves_of(state: Mapping[str, Any]) -> dict[str, LiveCurve]:
+    """Every instance's live curve in a saved group state."""
+    return {name: LiveCurve.from_dict(data) for name, data in state.get("instances", {}).items()}
+
+
 def curves_of(state: Mapping[str, Any]) -> dict[str, HitRatioCurve]:
     """Every instance's curve in a saved group state."""
-    return {name: LiveCurve.from_dict(data).curve() for name, data in state.get("instances", {}).items()}
+    return {name: live.curve() for name, live in live_curves_of(state).items()}
 
 
 def group_view(
     group: InstanceGroup,
-    curves: Mapping[str, HitRatioCurve],
+    live: Mapping[str, LiveCurve],
     block_bytes: Mapping[str, int],
 ) -> dict[str, Any]:
     """The group's curve against its quota in bytes: every instance's quota scaled by the
     same share (their current split, the tuning job's ``current_quotas``), the group's hit
     ratio the read blocks' weighted mean. Without a quota, the shares are of the bytes
-    that would hold every instance's whole curve (``reference_bytes``)."""
+    that would hold every instance's whole curve (``reference_bytes``). The group's curve is
+    ``confident`` once each of its instances' samples holds ``MIN_KEPT_KEYS`` keys. Per
+    instance, at the capacity it keeps under its share: upstream's instance summary's
+    ``peak_unique_keys`` (what that LRU held at most: it never drops a block but to make
+    room) and ``eviction_count``, estimated from the sample."""
+    curves = {n: c.curve() for n, c in live.items()}
     names = sorted(n for n in curves if block_bytes.get(n, 0) > 0 and curves[n].read_blocks)
     quota = group.quota.capacity if group.quota is not None else 0
     used = used_fraction(group)
@@ -258,19 +317,27 @@ def group_view(
         quotas = {n: int(q * share) for n, q in split.items()}
         return evaluate({n: curves[n] for n in names}, quotas, used_fraction=used, block_bytes=block_bytes).hit_ratio
 
+    capacity = {n: int(split.get(n, 0) * used / block_bytes[n]) for n in names}
     return {
         "quota_bytes": quota,
         "reference_bytes": reference,
         "used_percentage": used,
+        "confident": bool(names) and all(curves[n].kept_keys >= MIN_KEPT_KEYS for n in names),
+        "min_kept_keys": MIN_KEPT_KEYS,
         "points": [{"quota_bytes": int(reference * s), "hit_ratio": ratio(s)} for s in GRID],
         "at_quota": {mark: ratio(share) if quota > 0 else None for mark, share in MARKS.items()},
         "instances": {
             n: {
-                "hit_ratio": curves[n].block_hit_ratio(int(split.get(n, 0) * used / block_bytes[n])),
+                "hit_ratio": curves[n].block_hit_ratio(capacity[n]),
                 "read_blocks": curves[n].read_blocks,
                 "reads": curves[n].reads,
                 "sample_rate": curves[n].sample_rate,
                 "kept_keys": curves[n].kept_keys,
+                "confident": curves[n].kept_keys >= MIN_KEPT_KEYS,
+                "unique_keys": live[n].unique_keys,
+                "capacity_blocks": capacity[n],
+                "peak_unique_keys": min(capacity[n], live[n].unique_keys),
+                "eviction_count": live[n].evictions(capacity[n]),
                 "block_bytes": block_bytes[n],
                 "quota_bytes": split.get(n, 0),
             }

@@ -1191,8 +1191,16 @@ class HitCurveInstance(WireModel):
     read_blocks: Int64 = 0  # blocks asked, every read
     sample_rate: float = 0.0
     kept_keys: Int64 = 0
+    confident: bool = False  # kept_keys reached the group answer's min_kept_keys
     block_bytes: Int64 = 0
     quota_bytes: Int64 = 0  # its share of the group quota now
+    # Estimated from the sample (x 1/sample_rate): distinct blocks written or found since
+    # the curve began; and, of an LRU cache of capacity_blocks (its share x the watermark),
+    # the blocks it held at most and its evictions (upstream's instance summary).
+    unique_keys: Int64 = 0
+    capacity_blocks: Int64 = 0
+    peak_unique_keys: Int64 = 0
+    eviction_count: Int64 = 0
 
 
 class HitCurveRecommendation(WireModel):
@@ -1213,6 +1221,10 @@ class GetGroupHitCurveResponse(Response):
     instance_group: Str = ""
     quota_bytes: Int64 = 0
     used_percentage: float = 0.0
+    #: False until every instance's sample holds ``min_kept_keys`` keys: the ratios are then
+    #: not yet meaningful (and not exported as metrics).
+    confident: bool = False
+    min_kept_keys: Int64 = 0
     points: list[HitCurvePoint] = Field(default_factory=empty_list)
     hit_ratio_at_quota: float | None = None
     hit_ratio_at_half_quota: float | None = None

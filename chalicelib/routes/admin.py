@@ -52,6 +52,13 @@ OPERATIONS: list[Operation] = [
         ),
         ("getCapacityReport", m.ListRequest, GroupAdmin.get_capacity_report, A.SERVICE_READ, t.service),
         ("getGroupHitCurve", m.InstanceGroupNameRequest, GroupAdmin.get_group_hit_curve, A.GROUP_READ, t.group_name),
+        (
+            "resetGroupHitCurve",
+            m.InstanceGroupNameRequest,
+            GroupAdmin.reset_group_hit_curve,
+            A.GROUP_WRITE,
+            t.group_name,
+        ),
         ("addAccount", m.AddAccountRequest, AccountAdmin.add_account, A.ACCOUNTS_WRITE, t.service),
         ("deleteAccount", m.DeleteAccountRequest, AccountAdmin.delete_account, A.ACCOUNTS_WRITE, t.service),
         ("listAccount", m.ListRequest, AccountAdmin.list_account, A.ACCOUNTS_READ, t.service),

@@ -37,6 +37,7 @@ SUMMARIES = {
     "getInstanceGroupUsage": "How full each group is: quota, watermark, bytes and keys, by storage type and instance.",
     "getCapacityReport": "The latest optimizer sweep's hit-ratio curves and its capacity recommendation.",
     "getGroupHitCurve": "A group's live hit-ratio curve against its quota, from its own sampled traffic, and its age.",
+    "resetGroupHitCurve": "Start a group's live hit-ratio curve over from the traffic after the call.",
     "addAccount": "Add an account with a role (and the groups it may act on).",
     "deleteAccount": "Delete an account and its API keys.",
     "listAccount": "Every account's name, role and scope (never a password).",

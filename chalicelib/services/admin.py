@@ -218,6 +218,15 @@ class GroupAdmin:
     def get_capacity_report(self, request: ListRequest) -> GetCapacityReportResponse:
         return self.capacity_reports.get_capacity_report(request)
 
+    def reset_group_hit_curve(self, request: InstanceGroupNameRequest) -> Response:
+        """resetGroupHitCurve (upstream's ResetStats, for a group's curve): the curve starts
+        over from the traffic after the call; its feed entries not yet read are dropped.
+        Until the new curve is confident, ``kvcm.hit_curve.confident`` says 0."""
+        group = self.control.get_group(require_name(request.name, "name"))  # unknown: the contract's error
+        self.hit_curves.reset(group.name, [r.instance_id for r in self.control.list_instances(group.name)])
+        self.metrics.gauge("kvcm.hit_curve.confident", 0.0, {"instance_group": group.name})
+        return Response()
+
     def get_group_hit_curve(self, request: InstanceGroupNameRequest) -> GetGroupHitCurveResponse:
         """The group ``name``'s live curve as the ``hit_curves`` schedule last saved it."""
         if not request.name:
@@ -234,6 +243,8 @@ class GroupAdmin:
             instance_group=group.name,
             quota_bytes=view["quota_bytes"],
             used_percentage=view["used_percentage"],
+            confident=view.get("confident", False),
+            min_kept_keys=view.get("min_kept_keys", 0),
             points=[HitCurvePoint(**p) for p in view["points"]],
             hit_ratio_at_quota=marks["x1"],
             hit_ratio_at_half_quota=marks["x0.5"],

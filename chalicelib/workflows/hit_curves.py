@@ -12,7 +12,9 @@ recommendation next to them (the console marks it).
 
 Gauges, per group: ``kvcm.hit_curve.hit_ratio{instance_group, quota=x0.5|x1|x2}``, the
 curve at that share of the current quota (the capacity an instance keeps under its quota
-is the tuning job's: quota x watermark / bytes per block); ``kvcm.hit_curve.age_s``.
+is the tuning job's: quota x watermark / bytes per block), only while the curve is
+``confident`` (``optimizer.live.MIN_KEPT_KEYS``); ``kvcm.hit_curve.confident`` (1 or 0);
+``kvcm.hit_curve.age_s``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ if TYPE_CHECKING:
 
 #: Entries one run feeds per instance at most (the rest wait for the next run).
 MAX_ENTRIES = 50_000
+#: KEYS: epoch, state, view. ARGV: the epoch the state was loaded at, state, view. Saves
+#: only when no reset came in between (a reset increments the epoch): 1 saved, 0 not.
+_SAVE_UNLESS_RESET = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') ~= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[3], ARGV[3])
+return 1
+"""
 
 
 class HitCurveStore:
@@ -45,6 +55,7 @@ class HitCurveStore:
     def __init__(self, client: Valkey, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
+        self._save = client.register_script(_SAVE_UNLESS_RESET)
 
     def _key(self, group: str, part: str) -> str:
         return f"{{{self.prefix}:grp:{group}}}:hc:{part}"
@@ -73,14 +84,33 @@ class HitCurveStore:
             self.client.xtrim(self.stream(instance_id), minid=b"%s-%d" % (ms, int(seq) + 1), approximate=False)
 
     def load(self, group: str) -> dict[str, Any]:
-        with valkey_errors("hit curves"):
-            blob = self.client.get(self._key(group, "state"))
-        return json.loads(zlib.decompress(blob)) if isinstance(blob, bytes) else {}
-
-    def save(self, group: str, state: dict[str, Any], view: dict[str, Any]) -> None:
+        """The group's saved state (empty: none), with the ``epoch`` it was loaded at."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(self._key(group, "state"), zlib.compress(json.dumps(state, separators=(",", ":")).encode()))
-        pipe.set(self._key(group, "view"), json.dumps(view, separators=(",", ":")))
+        pipe.get(self._key(group, "state"))
+        pipe.get(self._key(group, "epoch"))
+        with valkey_errors("hit curves"):
+            blob, epoch = pipe.execute()
+        state = json.loads(zlib.decompress(blob)) if isinstance(blob, bytes) else {}
+        return {**state, "epoch": int(epoch or 0)}
+
+    def save(self, group: str, state: dict[str, Any], view: dict[str, Any]) -> bool:
+        """Save a state loaded by ``load`` and its view, unless the group's curve was reset
+        since (then nothing is saved: False)."""
+        blob = zlib.compress(json.dumps(state, separators=(",", ":")).encode())
+        keys = [self._key(group, part) for part in ("epoch", "state", "view")]
+        with valkey_errors("hit curves"):
+            return bool(self._save(keys=keys, args=[state["epoch"], blob, json.dumps(view, separators=(",", ":"))]))
+
+    def reset(self, group: str, instances: list[str]) -> None:
+        """Start the group's curve over: its instances' unread feed entries, then its state
+        and view go. In that order, a run that loaded the state before the reset either
+        saved it before (deleted here) or finds the epoch moved and saves nothing; a run
+        loading after reads only entries appended after."""
+        if instances:
+            self.drop_streams(instances)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.incr(self._key(group, "epoch"))
+        pipe.delete(self._key(group, "state"), self._key(group, "view"))
         with valkey_errors("hit curves"):
             pipe.execute()
 
@@ -187,22 +217,28 @@ class HitCurves:
         gone = [n for n in saved if n not in block_bytes]
         if gone:
             self.store.drop_streams(gone)
-        state = {"instances": {n: c for n, c in saved.items() if n in block_bytes}, "through_ms": last_ms}
-        self._save(group, state, block_bytes)
+        kept = {n: c for n, c in saved.items() if n in block_bytes}
+        state = {"instances": kept, "through_ms": last_ms, "epoch": state["epoch"]}
+        if not self._save(group, state, block_bytes):
+            return 0  # reset meanwhile: what this run fed is gone with the old curve
         # saved before trimmed: a run dying between the two feeds the entries twice next
         # run rather than losing them
         for instance, last_id in consumed.items():
             self.store.trim(instance, last_id)
         return fed
 
-    def _save(self, group: InstanceGroup, state: dict[str, Any], block_bytes: dict[str, int]) -> None:
-        from ..optimizer.live import curves_of, group_view
+    def _save(self, group: InstanceGroup, state: dict[str, Any], block_bytes: dict[str, int]) -> bool:
+        from ..optimizer.live import group_view, live_curves_of
 
         now = self.clock.now()
-        view = group_view(group, curves_of(state), block_bytes)
+        view = group_view(group, live_curves_of(state), block_bytes)
         view.update(group=group.name, updated_at=now, through_s=state["through_ms"] / 1000)
-        self.store.save(group.name, state, view)
+        if not self.store.save(group.name, state, view):
+            return False
+        tags = {"instance_group": group.name}
+        self.metrics.gauge("kvcm.hit_curve.confident", float(view["confident"]), tags)
         for mark, value in view["at_quota"].items():
-            if value is not None:
-                self.metrics.gauge("kvcm.hit_curve.hit_ratio", value, {"instance_group": group.name, "quota": mark})
+            if value is not None and view["confident"]:
+                self.metrics.gauge("kvcm.hit_curve.hit_ratio", value, {**tags, "quota": mark})
         self.metrics.gauge("kvcm.hit_curve.age_s", max(0.0, now - view["through_s"]), {"instance_group": group.name})
+        return True

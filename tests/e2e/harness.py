@@ -1,6 +1,7 @@
 """The e2e harness: the whole local stack in this process, on free ports, state in a tmp dir.
 
 ``Api.call(method, body)`` posts to ``/api/<method>`` and returns ``(status, json)``.
+The stack's clock is a ``TakeoverClock``: the wall clock, unless a test moves it itself.
 Besides the app's own task handlers, the stack dispatches ``e2e_echo`` (the Lambda task of
 ``fixtures/e2e_echo.asl.json``), so Step Functions → Lambda is tested without touching app.py.
 """
@@ -8,10 +9,13 @@ Besides the app's own task handlers, the stack dispatches ``e2e_echo`` (the Lamb
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,48 @@ def e2e_echo(event: dict, context: Any) -> dict:
     if event.get("fail"):
         raise ValueError("asked to fail")
     return {"echo": event, "function": context.function_name}
+
+
+class TakeoverClock:
+    """The wall clock until a test takes it over (``manual``): it then moves only by
+    ``advance``; given back, it follows the wall clock again from where it was left, never
+    backwards (ahead of the wall clock by what the test advanced past it)."""
+
+    def __init__(self) -> None:
+        self._offset = 0.0
+        self._manual: float | None = None
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._manual if self._manual is not None else time.time() + self._offset
+
+    def sleep(self, seconds: float) -> None:
+        if self._manual is None:
+            time.sleep(seconds)
+        else:
+            self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            if self._manual is None:
+                raise RuntimeError("the clock follows the wall clock: take it over first (manual)")
+            self._manual += seconds
+
+    @contextmanager
+    def manual(self) -> Iterator[TakeoverClock]:
+        """Stop the clock where it is for the block; it moves by ``advance`` only."""
+        with self._lock:
+            if self._manual is not None:
+                raise RuntimeError("the clock is already taken over")
+            self._manual = time.time() + self._offset
+        try:
+            yield self
+        finally:
+            with self._lock:
+                assert self._manual is not None
+                self._offset = max(self._offset, self._manual - time.time())
+                self._manual = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +117,10 @@ def e2e_stack(state_dir: Path, **overrides: Any) -> LocalStack:
     """The stack the e2e tests run (``overrides`` replace fields of ``e2e_config``)."""
     app = load_app()
     return LocalStack(
-        replace(e2e_config(state_dir), **overrides), app=app, handlers={**task_handlers(app), ECHO_WORKFLOW: e2e_echo}
+        replace(e2e_config(state_dir), **overrides),
+        app=app,
+        handlers={**task_handlers(app), ECHO_WORKFLOW: e2e_echo},
+        clock=TakeoverClock(),
     )
 
 

@@ -105,6 +105,11 @@ CASES = {
         ({"name": 7}, "field 'name'"),
         ({"name": "ghost"}, "instance group 'ghost' does not exist"),
     ],
+    "resetGroupHitCurve": [
+        ({}, "field 'name' is required"),
+        ({"name": 7}, "field 'name'"),
+        ({"name": "ghost"}, "instance group 'ghost' does not exist"),
+    ],
     "listInstanceGroup": [({"header": {"trace_id": 1}}, "field 'header.trace_id'")],
     "removeInstance": [
         ({}, "field 'instance_id' is required"),

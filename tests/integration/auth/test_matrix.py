@@ -91,6 +91,7 @@ SCOPED = {
     "removeInstanceGroup": ({"name": "g1"}, [{"name": "g2"}]),
     "getInstanceGroup": ({"name": "g1"}, [{"name": "g2"}]),
     "getGroupHitCurve": ({"name": "g1"}, [{"name": "g2"}]),
+    "resetGroupHitCurve": ({"name": "g1"}, [{"name": "g2"}]),
     "listInstanceInfo": ({"instance_group_name": "g1"}, [{"instance_group_name": "g2"}, {}]),
     "getInstanceGroupUsage": ({"instance_group_name": "g1"}, [{"instance_group_name": "g2"}, {}]),
     "removeInstance": ({"instance_id": "in-1"}, [{"instance_id": "out-1"}]),

@@ -104,3 +104,37 @@ def test_a_job_that_does_not_return_cannot_hold_the_stop_up(caplog):
         assert "kvcm-local-schedule-stuck" in caplog.text
     finally:
         release.set()
+
+
+def test_a_driven_job_runs_only_when_its_driver_calls_it_and_its_timer_resumes_after():
+    calls, called, release = [], threading.Event(), threading.Event()
+
+    def job():
+        calls.append(threading.current_thread().name)
+        called.set()
+        release.wait(5)
+        return len(calls)
+
+    scheduler = Scheduler([Job("job", 0.01, job)])
+    scheduler.start()
+    try:
+        assert called.wait(5)  # the timer's first call is running
+        threading.Timer(0.2, release.set).start()
+        began = time.monotonic()
+        with scheduler.driven("job") as run:
+            assert time.monotonic() - began >= 0.15  # taking the job over waited for that call
+            by_timer = len(calls)
+            assert run("job") == by_timer + 1 and calls[-1] == threading.current_thread().name
+            with pytest.raises(RuntimeError, match="already driven"):
+                scheduler.driven("job").__enter__()
+            threading.Event().wait(0.1)  # ten periods of the timer
+            assert len(calls) == by_timer + 1  # the timer called nothing
+            called.clear()
+        assert called.wait(5)  # back on its timer
+        with pytest.raises(RuntimeError, match="not driven"):
+            run("job")
+        with pytest.raises(ValueError, match="no scheduled job named nope"):
+            scheduler.driven("job", "nope").__enter__()
+    finally:
+        release.set()
+        scheduler.stop()

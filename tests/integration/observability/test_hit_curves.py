@@ -97,6 +97,7 @@ def test_the_live_curve_at_the_quota_is_within_0_02_of_the_achieved_hit_ratio(re
     assert instance["instance_id"] == "i" and int(instance["kept_keys"]) <= runtime.settings.hit_curve_s_max
     assert instance["hit_ratio"] == pytest.approx(live)  # the group's only instance
     assert int(curve["updated_time_ms"]) >= int(curve["through_time_ms"]) > 0
+    assert curve["confident"] is True and int(instance["kept_keys"]) >= int(curve["min_kept_keys"])
     # the metrics export the same figures
     gauge = runtime.metrics.value("kvcm.hit_curve.hit_ratio", {"instance_group": "g", "quota": "x1"})
     assert gauge == pytest.approx(live)

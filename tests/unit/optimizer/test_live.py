@@ -83,3 +83,52 @@ def test_lowering_the_feed_rate_drops_the_keys_above_it():
     assert 50 < curve.kept < 150
     with pytest.raises(ConfigError, match="s_max"):
         LiveCurve(threshold=1, s_max=0)
+
+
+def lru_counts(stream, capacity: int) -> tuple[int, int]:
+    """Peak size and evictions of an LRU cache of ``capacity`` blocks touched as the live
+    curve's model touches (a write its keys, a read the keys it finds; the first key on top)."""
+    from collections import OrderedDict
+
+    cache: OrderedDict[int, None] = OrderedDict()
+    seen: set[int] = set()
+    peak = evictions = 0
+    for entry in stream:
+        keys = list(dict.fromkeys(entry.keys))
+        if entry.op == READ:
+            found = []
+            for key in keys:
+                if key not in seen:
+                    if entry.query == PREFIX:
+                        break
+                    continue
+                found.append(key)
+            keys = found
+        for key in reversed(keys):
+            seen.add(key)
+            cache[key] = None
+            cache.move_to_end(key)
+            if len(cache) > capacity:
+                cache.popitem(last=False)
+                evictions += 1
+        peak = max(peak, len(cache))
+    return peak, evictions
+
+
+def test_unique_keys_and_evictions_match_an_lru_cache_fed_the_same_touches():
+    shape = TraceShape(distinct_blocks=20_000, seed=5)
+    stream = list(entries(shape, HitFeed(HASH_RANGE, 0)))
+    exact = LiveCurve(threshold=HASH_RANGE, s_max=10**9)
+    for entry in stream:
+        exact.feed(entry)
+    sampled = LiveCurve(threshold=threshold_of(1 / 8), s_max=8192)
+    for entry in entries(shape, HitFeed(threshold_of(1 / 8), 0)):
+        sampled.feed(entry)
+    assert exact.unique_keys == lru_counts(stream, 10**9)[0]
+    assert sampled.unique_keys == pytest.approx(exact.unique_keys, rel=0.05)
+    for capacity in (1_000, 4_000, 12_000):
+        peak, evictions = lru_counts(stream, capacity)
+        assert min(capacity, exact.unique_keys) == peak
+        print(f"{capacity}: {evictions} evictions, sampled {sampled.evictions(capacity)}")
+        assert exact.evictions(capacity) == evictions
+        assert sampled.evictions(capacity) == pytest.approx(evictions, rel=0.1)
