@@ -1,4 +1,5 @@
-"""The import graph of chalicelib's packages, read from the sources (ast, nothing imported)."""
+"""The import graph of chalicelib, read from the sources (ast, nothing imported): imports
+anywhere in a module count (in functions and under TYPE_CHECKING too)."""
 
 from __future__ import annotations
 
@@ -6,40 +7,47 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "chalicelib"
 
 
-def _room(module: str) -> str:
-    """``chalicelib.storage.mempool`` -> ``storage``; a top-level module is its own room."""
-    return module.split(".")[1] if module.count(".") >= 1 else module
+def _module_name(path: Path, root: Path) -> str:
+    return ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
 
 
-def _imports(path: Path) -> set[str]:
-    """The chalicelib modules ``path`` imports, absolute, TYPE_CHECKING imports included."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def _imports(path: Path, root: Path) -> set[str]:
+    """The modules under ``root`` that ``path`` imports, as absolute names."""
+    module = _module_name(path, root)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    package = package.removesuffix(".__init__")
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")
-            if node.level:
-                base = base[: len(base) - node.level + 1]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base)
             found.add(target)
-    return {name for name in found if name.startswith("chalicelib.")}
+            # ``from . import x`` (or ``from pkg import x``) may import module x.
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == root.name or name.startswith(root.name + ".")}
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """``{module: modules under root it imports}`` for every module under ``root``."""
+    modules = {_module_name(path, root): path for path in root.rglob("*.py")}
+    return {name: _imports(path, root) & modules.keys() - {name} for name, path in modules.items()}
 
 
 def room_graph() -> dict[str, set[str]]:
     """``{room: rooms it imports}`` over chalicelib (a room: a subpackage or a top-level module)."""
+
+    def room(module: str) -> str:  # chalicelib.storage.mempool -> storage
+        return module.split(".")[1] if "." in module else module
+
     graph: dict[str, set[str]] = defaultdict(set)
-    for path in PACKAGE.rglob("*.py"):
-        here = _room(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
-        graph[here].update(room for room in map(_room, _imports(path)) if room != here)
+    for module, imported in module_graph(PACKAGE).items():
+        graph[room(module)].update(room(other) for other in imported if room(other) != room(module))
     return graph
 
 
@@ -57,10 +65,35 @@ def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> list[str] | N
     return None
 
 
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (the first module repeated last), or []."""
+    for start in sorted(graph):
+        for first in sorted(graph[start]):
+            if back := _reaches(graph, first, start):
+                return [start, *back]
+    return []
+
+
 def test_the_walk_resolves_relative_imports():
     graph = room_graph()
     assert {"clock", "protocol", "valkey"} <= graph["storage"]  # ``from ..clock import``, ...
     assert {"protocol"} == graph["valkey"]  # a top-level module's ``from .protocol.errors import``
+
+
+def test_the_check_finds_a_cycle_through_a_function_level_import(tmp_path):
+    package = tmp_path / "index"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .b import B\n")
+    (package / "b.py").write_text("def f():\n    from . import a\n")
+    assert cycle(module_graph(package)) == ["index.a", "index.b", "index.a"]
+
+
+@pytest.mark.parametrize("package", ["index", "optimizer"])
+def test_a_package_is_a_stack_without_import_cycles(package):
+    graph = module_graph(PACKAGE / package)
+    assert len(graph) > 3
+    assert not cycle(graph), " -> ".join(cycle(graph))
 
 
 def test_storage_and_stores_are_not_in_one_import_cycle():
