@@ -49,8 +49,20 @@ CLEANUP_BATCH = 1000
 Event = tuple[Any, ...]
 
 
+#: The item codes the scripts return, declared to them as Lua constants (``lua_codes``).
+SCRIPT_CODES = (ErrorCode.OK, ErrorCode.NODE_NOT_REGISTERED, ErrorCode.SNAPSHOT_RATE_LIMITED)
+
+
+def lua_codes() -> str:
+    """``SCRIPT_CODES`` as Lua ``local`` constants named as the members, prepended to every
+    event-report script: the scripts' codes are the wire's by construction."""
+    names = ", ".join(code.name for code in SCRIPT_CODES)
+    values = ", ".join(str(code.value) for code in SCRIPT_CODES)
+    return f"-- Generated from chalicelib/stores/reporters.py when the script is loaded.\nlocal {names} = {values}\n"
+
+
 def _load(name: str) -> str:
-    return lua_source(LUA_DIR, name, prelude="er_prelude")
+    return lua_codes() + lua_source(LUA_DIR, name, prelude="er_prelude")
 
 
 def new_token() -> str:
@@ -302,28 +314,30 @@ class ReporterStore:
         liveness: Liveness,
         token: str | None = None,
     ) -> ReportOutcome:
-        """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically."""
-        codes, generation, required, retry_after, retired, joined = self._report(
-            keys=[
-                self.node_key(instance_id, rid),
-                self.records_key(instance_id, rid),
-                self.bits_key(instance_id),
-                self.nodes_key(instance_id),
-                *self._slot_keys(instance_id),
-            ],
-            args=[
-                rid,
-                now_ms,
-                token or new_token(),
-                liveness.snapshot_min_interval_ms,
-                liveness.heartbeat_timeout_ms,
-                liveness.cleanup_grace_ms,
-                "1" if _keys_distinct(events) else "0",
-                *_flatten(events),
-            ],
-        )
-        if joined:  # the liveness job's work list: an instance enters it with its first reporter
-            self.client.sadd(self.instances_key, instance_id)
+        """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically.
+        Valkey not answering (a long script past the socket timeout included) raises
+        ValkeyUnavailableError (SERVICE_NOT_READY), as the reads do."""
+        args = [
+            rid,
+            now_ms,
+            token or new_token(),
+            liveness.snapshot_min_interval_ms,
+            liveness.heartbeat_timeout_ms,
+            liveness.cleanup_grace_ms,
+            "1" if _keys_distinct(events) else "0",
+            *_flatten(events),
+        ]
+        keys = [
+            self.node_key(instance_id, rid),
+            self.records_key(instance_id, rid),
+            self.bits_key(instance_id),
+            self.nodes_key(instance_id),
+            *self._slot_keys(instance_id),
+        ]
+        with valkey_errors("reporter store"):
+            codes, generation, required, retry_after, retired, joined = self._report(keys=keys, args=args)
+            if joined:  # the liveness job's work list: an instance enters it with its first reporter
+                self.client.sadd(self.instances_key, instance_id)
         results = [ErrorCode(int(codes[i])) for i in range(0, len(codes), 2) for _ in range(int(codes[i + 1]))]
         return ReportOutcome(results, generation.decode(), bool(required), int(retry_after), retired.decode())
 

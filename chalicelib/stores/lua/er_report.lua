@@ -10,7 +10,7 @@
 -- Returns {item codes as runs (code, count, code, count, ...), generation token,
 --          snapshot required (0/1), retry after ms, retired tokens to clean ('' = none),
 --          1 when the reporter is new to the instance's reporter set (else 0)}
-local OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED = 1, 10, 13
+-- OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED: ErrorCode's values (reporters.lua_codes).
 local node_key, rec_key, bits_key, nodes, free_key, next_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rid, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local min_interval, timeout, grace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
