@@ -13,6 +13,9 @@ so it lives here, beside the instance's block index under the same hash tag
 - ``T:er:slots:free``, ``T:er:slots:next``  the slot numbers freed by cleanup, and the next new one
 - ``T:er:n:<rid>``      hash: one reporter's state (registration, heartbeat, generations, slots)
 - ``T:er:nodes``        set: the instance's reporters (rid = ``<l1p5|l2>#<host_ip_port>``)
+- ``T:er:view``         hash: rid → a registered reporter's heartbeat and visible slots, rewritten
+                        by every script that changes its state: readers take all reporters in
+                        one call
 - ``{<prefix>:er}:instances``  set: instances with reporters (the liveness job's work list)
 
 A record carries its reporter's generation token at the time, which readers append to every
@@ -299,6 +302,10 @@ class ReporterStore:
     def nodes_key(self, instance_id: str) -> str:
         return f"{self._tag(instance_id)}:er:nodes"
 
+    def view_key(self, instance_id: str) -> str:
+        """The readers' view of the instance's registered reporters (lua/er_prelude.lua)."""
+        return f"{self._tag(instance_id)}:er:view"
+
     @property
     def instances_key(self) -> str:
         return f"{{{self.prefix}:er}}:instances"
@@ -333,6 +340,7 @@ class ReporterStore:
             self.bits_key(instance_id),
             self.nodes_key(instance_id),
             *self._slot_keys(instance_id),
+            self.view_key(instance_id),
         ]
         with valkey_errors("reporter store"):
             codes, generation, required, retry_after, retired, joined = self._report(keys=keys, args=args)
@@ -360,7 +368,10 @@ class ReporterStore:
                 removed += int(self._cleanup(keys=keys, args=[retired, *batch]))
             if cursor == 0:
                 break
-        self._retired(keys=[self.node_key(instance_id, rid), self._slot_keys(instance_id)[0]], args=[retired])
+        self._retired(
+            keys=[self.node_key(instance_id, rid), self._slot_keys(instance_id)[0], self.view_key(instance_id)],
+            args=[retired, rid],
+        )
         return removed
 
     def drop_legacy_layout(self, instance_id: str) -> list[str]:
@@ -376,14 +387,24 @@ class ReporterStore:
         tag = self._tag(instance_id)
         if not self.client.exists(f"{tag}:er:loc"):
             return []
-        asked = [rid for rid in self.reporters(instance_id) if self._resync(keys=[self.node_key(instance_id, rid)])]
+        view = self.view_key(instance_id)
+        asked = [
+            rid
+            for rid in self.reporters(instance_id)
+            if self._resync(keys=[self.node_key(instance_id, rid), view], args=[rid])
+        ]
         self.client.unlink(f"{tag}:er:loc", *(f"{tag}:er:k:{rid}" for rid in self.reporters(instance_id)))
         return asked
 
     def forget_instance(self, instance_id: str) -> None:
         """Delete everything reported for an instance that no longer exists (UNLINK: large
         hashes are freed in the background)."""
-        keys = [self.bits_key(instance_id), self.nodes_key(instance_id), *self._slot_keys(instance_id)]
+        keys = [
+            self.bits_key(instance_id),
+            self.nodes_key(instance_id),
+            self.view_key(instance_id),
+            *self._slot_keys(instance_id),
+        ]
         for rid in self.reporters(instance_id):
             keys += [self.node_key(instance_id, rid), self.records_key(instance_id, rid)]
         self.client.unlink(*keys)
@@ -435,7 +456,8 @@ class ReporterStore:
             args += [kind, timeout]
         with valkey_errors("reporter store"):  # a walk past the socket timeout included
             flat = self._host_state(
-                keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+                keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
+                args=[*args, block_fields(keys)],
             )
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -451,7 +473,8 @@ class ReporterStore:
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
         raw = self._visible(
-            keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+            keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
+            args=[*args, block_fields(keys)],
         )
         if not raw:  # no reporter visible
             return [[] for _ in keys]

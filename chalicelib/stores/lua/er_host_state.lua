@@ -1,6 +1,7 @@
 -- getHostCacheState over reported locations: each host's prefix of the keys (reporters.py).
--- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set; a reporter's state
---       hash is ARGV[7] .. rid (same hash tag, hence the same slot)
+-- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set, [3] its reporter view;
+--       a reporter's state hash is ARGV[7] .. rid (same hash tag, hence the same slot), read
+--       only to build a missing view (er_each_visible)
 -- ARGV: now ms, mode ('p' prefix, 'm' Mamba), eagle pop ('1'/'0'), mediums (',', '' = all),
 --       full-attention spec names (','), state spec names (','), state key prefix, kind
 --       count K, K x (kind, heartbeat timeout ms), then the block keys in order (one
@@ -38,28 +39,19 @@ local function level_of(names)
 end
 local slots = {}
 local slot_host = {}  -- slot number -> its host, for the visible slots
-for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local timeout = timeouts[string.match(rid, '^[^#]*')]
-  local state = timeout and hgetall_table(state_prefix .. rid)
-  local view = state and er_view(state, now, timeout)
-  if view then
+er_each_visible(KEYS[3], KEYS[2], state_prefix, now, timeouts, function(rid, slot, _, sig)
+  local medium_names = cmsgpack.unpack(sig)
+  if not media or media[medium_names[1]] then
     local host = string.sub(rid, string.find(rid, '#', 1, true) + 1)
-    er_each_slot(state, function(slot, version, sig)
-      if er_visible_version(view, version) then
-        local medium_names = cmsgpack.unpack(sig)
-        if not media or media[medium_names[1]] then
-          local byte, mask = er_bit(slot)
-          local names = {}
-          for j = 2, #medium_names do names[medium_names[j]] = true end
-          local held = slots[host] or {}
-          held[#held + 1] = {byte, mask, names, level_of(names)}
-          slot_host[slot] = host
-          slots[host] = held
-        end
-      end
-    end)
+    local byte, mask = er_bit(slot)
+    local names = {}
+    for j = 2, #medium_names do names[medium_names[j]] = true end
+    local held = slots[host] or {}
+    held[#held + 1] = {byte, mask, names, level_of(names)}
+    slot_host[slot] = host
+    slots[host] = held
   end
-end
+end)
 if not next(slots) then return {} end
 
 -- What a host holds of a key with bitmap ``map``: plain, 2 (it holds a location) or 0;
