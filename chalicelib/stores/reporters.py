@@ -128,12 +128,17 @@ def pack_strings(items: Sequence[str | bytes]) -> bytes:
 _PACK = msgspec.msgpack.Encoder().encode
 
 
-def _location(medium: str, names: Sequence[str], uris: Sequence[str]) -> bytes:
-    """A location as records hold it: msgpack [medium, name, uri, name, uri, ...]."""
+def location_fields(medium: str, names: Sequence[str], uris: Sequence[str]) -> list[str]:
+    """A location as records hold it, unpacked: [medium, name, uri, name, uri, ...]."""
     flat = [medium]
     for name, uri in zip(names, uris, strict=True):
         flat += (name, uri)
-    return _PACK(flat)
+    return flat
+
+
+def _location(medium: str, names: Sequence[str], uris: Sequence[str]) -> bytes:
+    """A location as records hold it: msgpack [medium, name, uri, name, uri, ...]."""
+    return _PACK(location_fields(medium, names, uris))
 
 
 @lru_cache(maxsize=1024)
@@ -166,13 +171,19 @@ def add_event(block_key: int, medium: str, specs: Sequence[tuple[str, str]]) -> 
 
 
 def add_event_of(block_key: int, medium: str, names: tuple[str, ...], uris: Sequence[str]) -> Event:
-    """``add_event`` of specs given as their names and URIs: the request path's. The event
-    carries its key and location packed already as the two strings of an ADD run."""
-    location = _location(medium, names, uris)
+    """``add_event`` of specs given as their names and URIs."""
+    return add_event_at(block_key, names, location_fields(medium, names, uris))
+
+
+def add_event_at(block_key: int, names: tuple[str, ...], location: list[str]) -> Event:
+    """``add_event`` of a location given as ``location_fields`` (``names``: its spec names):
+    the request path's. The event carries its key and location packed already as the two
+    strings of an ADD run."""
+    packed = _PACK(location)
     field = block_key.to_bytes(8, "big", signed=True)  # block_field
-    size = len(location)
+    size = len(packed)
     header = _STR_HEADERS[size] if size < 256 else _str_header(size)
-    return ("a", field, _signature_of(medium, names), b"".join((_FIELD_HEADER, field, header, location)))
+    return ("a", field, _signature_of(location[0], names), b"".join((_FIELD_HEADER, field, header, packed)))
 
 
 def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> Event:
