@@ -101,6 +101,30 @@ _STR_HEADERS = [bytes([0xA0 | n]) for n in range(32)] + [b"\xd9" + bytes((n,)) f
 _FIELD_HEADER = _STR_HEADERS[8]
 
 
+#: getHostCacheState's walk reads the first key alone (its holders are the candidates), then
+#: runs doubling from this many keys up to ``KEY_RUN_MAX`` (a run is unpacked onto Lua's
+#: stack, which holds 8,000 values): a walk that stops early reads little past its end.
+KEY_RUN_FIRST, KEY_RUN_MAX = 256, 4096
+
+
+def key_runs(keys: Sequence[int]) -> list[bytes]:
+    """Block keys as the walk's arguments (lua/er_host_state.lua): the first key alone, then
+    runs, each key a msgpack fixstr of its field (``block_field``), which ``cmsgpack.unpack``
+    turns into HMGET's arguments in C (cutting a run out of one string took a Lua loop)."""
+    n = len(keys)
+    fields = block_fields(keys)
+    packed = bytearray(9 * n)
+    packed[0::9] = _FIELD_HEADER * n
+    for i in range(8):  # slice assignments: C loops, no object per key
+        packed[1 + i :: 9] = fields[i::8]
+    runs, start, size = [bytes(packed[:9])], 1, KEY_RUN_FIRST
+    while start < n:
+        end = min(start + size, n)
+        runs.append(bytes(packed[9 * start : 9 * end]))
+        start, size = end, min(2 * size, KEY_RUN_MAX)
+    return runs
+
+
 def _array_header(n: int) -> bytes:
     return _FIXARRAY[n] if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
 
@@ -468,7 +492,7 @@ class ReporterStore:
         with valkey_errors("reporter store"):  # a walk past the socket timeout included
             flat = self._host_state(
                 keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
-                args=[*args, block_fields(keys)],
+                args=[*args, *key_runs(keys)],
             )
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
