@@ -43,7 +43,7 @@ from ..stores.reporters import (
     Event,
     Liveness,
     ReporterStore,
-    add_event_of,
+    add_event_at,
     delete_event,
     heartbeat_event,
     host_down_event,
@@ -58,6 +58,7 @@ _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-_]*://[^/?#\s]+[^?#\s]*(?:\?([^#\s]*))
 #: The start of a ``_URI`` after a newline: scheme, ``://`` and the authority's first character.
 _URI_STARTS = re.compile(r"\n[A-Za-z][A-Za-z0-9+.\-_]*://[^/?#\s]")
 _DELTAS = (ReportEventType.EVENT_BLOCK_ADD, ReportEventType.EVENT_BLOCK_DELETE)
+_ADD = ReportEventType.EVENT_BLOCK_ADD.name
 #: Spec-group name initials (QT_PREFIX_MATCH_WITH_MAMBA): F full attention, L linear/Mamba state.
 _UNSUPPORTED_GROUP_KINDS = "WCEX"
 #: A reported location: (rid, location id, medium, [(spec, uri)]).
@@ -177,15 +178,14 @@ def _uris_valid(events: Sequence[ReportedEvent]) -> bool:
     )
 
 
-def _specs(specs: list[Spec], uris_valid: bool = False) -> tuple[tuple[str, ...], list[str]]:
-    """A location's (spec names, URIs), checked; ``uris_valid``: the URIs are (``_uris_valid``).
-    ItemError names the spec relative to the location (the caller prefixes its path)."""
+def _specs(specs: list[Spec]) -> tuple[tuple[str, ...], list[str]]:
+    """A snapshot block's (spec names, URIs), checked. ItemError names the spec relative to
+    the block (the caller prefixes its path)."""
     names, uris = tuple([spec.name for spec in specs]), [spec.uri for spec in specs]
     problem = _names_problem(names)
     if problem is not None:
         raise ItemError(problem)
-    if not uris_valid:
-        _check_uris(uris)
+    _check_uris(uris)
     return names, uris
 
 
@@ -199,16 +199,25 @@ def _payload[P](payload: P | None) -> P:
 def _encode(item: ReportedEvent, i: int, uris_valid: bool) -> Event:
     """The script's encoding of a valid item; ItemError names what is wrong.
     ``uris_valid``: every ADD's URIs were found valid in bulk."""
-    kind = item.kind
     add = item.block_add
-    if kind == ReportEventType.EVENT_BLOCK_ADD and add is not None:  # nearly every event: first
+    if add is not None and item.event_type == _ADD:  # nearly every event: first, by its name
         try:  # the paths are prefixed on failure only: no string is built per valid event
-            if not add.medium or "#" in add.medium:
+            medium = add.medium
+            if not medium or "#" in medium:
                 raise ItemError("medium must be non-empty without '#'")
-            names, uris = _specs(add.specs, uris_valid)
-            return add_event_of(_block_key(add.block_key, "block_key"), add.medium, names, uris)
+            location = [medium]  # reporters.location_fields, built as the specs are read
+            for spec in add.specs:
+                location += (spec.name, spec.uri)
+            names = tuple(location[1::2])
+            problem = _names_problem(names)
+            if problem is not None:
+                raise ItemError(problem)
+            if not uris_valid:
+                _check_uris(location[2::2])
+            return add_event_at(_block_key(add.block_key, "block_key"), names, location)
         except ItemError as err:
             raise ItemError(f"events[{i}].block_add.{err}") from None
+    kind = item.kind
     what = f"events[{i}]"
     member = EVENT_PAYLOADS.get(kind)
     if member is None or getattr(item, member) is None:

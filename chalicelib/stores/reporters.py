@@ -13,6 +13,9 @@ so it lives here, beside the instance's block index under the same hash tag
 - ``T:er:slots:free``, ``T:er:slots:next``  the slot numbers freed by cleanup, and the next new one
 - ``T:er:n:<rid>``      hash: one reporter's state (registration, heartbeat, generations, slots)
 - ``T:er:nodes``        set: the instance's reporters (rid = ``<l1p5|l2>#<host_ip_port>``)
+- ``T:er:view``         hash: rid → a registered reporter's heartbeat and visible slots, rewritten
+                        by every script that changes its state: readers take all reporters in
+                        one call
 - ``{<prefix>:er}:instances``  set: instances with reporters (the liveness job's work list)
 
 A record carries its reporter's generation token at the time, which readers append to every
@@ -49,8 +52,20 @@ CLEANUP_BATCH = 1000
 Event = tuple[Any, ...]
 
 
+#: The item codes the scripts return, declared to them as Lua constants (``lua_codes``).
+SCRIPT_CODES = (ErrorCode.OK, ErrorCode.NODE_NOT_REGISTERED, ErrorCode.SNAPSHOT_RATE_LIMITED)
+
+
+def lua_codes() -> str:
+    """``SCRIPT_CODES`` as Lua ``local`` constants named as the members, prepended to every
+    event-report script: the scripts' codes are the wire's by construction."""
+    names = ", ".join(code.name for code in SCRIPT_CODES)
+    values = ", ".join(str(code.value) for code in SCRIPT_CODES)
+    return f"-- Generated from chalicelib/stores/reporters.py when the script is loaded.\nlocal {names} = {values}\n"
+
+
 def _load(name: str) -> str:
-    return lua_source(LUA_DIR, name, prelude="er_prelude")
+    return lua_codes() + lua_source(LUA_DIR, name, prelude="er_prelude")
 
 
 def new_token() -> str:
@@ -86,6 +101,30 @@ _STR_HEADERS = [bytes([0xA0 | n]) for n in range(32)] + [b"\xd9" + bytes((n,)) f
 _FIELD_HEADER = _STR_HEADERS[8]
 
 
+#: getHostCacheState's walk reads the first key alone (its holders are the candidates), then
+#: runs doubling from this many keys up to ``KEY_RUN_MAX`` (a run is unpacked onto Lua's
+#: stack, which holds 8,000 values): a walk that stops early reads little past its end.
+KEY_RUN_FIRST, KEY_RUN_MAX = 256, 4096
+
+
+def key_runs(keys: Sequence[int]) -> list[bytes]:
+    """Block keys as the walk's arguments (lua/er_host_state.lua): the first key alone, then
+    runs, each key a msgpack fixstr of its field (``block_field``), which ``cmsgpack.unpack``
+    turns into HMGET's arguments in C (cutting a run out of one string took a Lua loop)."""
+    n = len(keys)
+    fields = block_fields(keys)
+    packed = bytearray(9 * n)
+    packed[0::9] = _FIELD_HEADER * n
+    for i in range(8):  # slice assignments: C loops, no object per key
+        packed[1 + i :: 9] = fields[i::8]
+    runs, start, size = [bytes(packed[:9])], 1, KEY_RUN_FIRST
+    while start < n:
+        end = min(start + size, n)
+        runs.append(bytes(packed[9 * start : 9 * end]))
+        start, size = end, min(2 * size, KEY_RUN_MAX)
+    return runs
+
+
 def _array_header(n: int) -> bytes:
     return _FIXARRAY[n] if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
 
@@ -113,12 +152,17 @@ def pack_strings(items: Sequence[str | bytes]) -> bytes:
 _PACK = msgspec.msgpack.Encoder().encode
 
 
-def _location(medium: str, names: Sequence[str], uris: Sequence[str]) -> bytes:
-    """A location as records hold it: msgpack [medium, name, uri, name, uri, ...]."""
+def location_fields(medium: str, names: Sequence[str], uris: Sequence[str]) -> list[str]:
+    """A location as records hold it, unpacked: [medium, name, uri, name, uri, ...]."""
     flat = [medium]
     for name, uri in zip(names, uris, strict=True):
         flat += (name, uri)
-    return _PACK(flat)
+    return flat
+
+
+def _location(medium: str, names: Sequence[str], uris: Sequence[str]) -> bytes:
+    """A location as records hold it: msgpack [medium, name, uri, name, uri, ...]."""
+    return _PACK(location_fields(medium, names, uris))
 
 
 @lru_cache(maxsize=1024)
@@ -151,13 +195,19 @@ def add_event(block_key: int, medium: str, specs: Sequence[tuple[str, str]]) -> 
 
 
 def add_event_of(block_key: int, medium: str, names: tuple[str, ...], uris: Sequence[str]) -> Event:
-    """``add_event`` of specs given as their names and URIs: the request path's. The event
-    carries its key and location packed already as the two strings of an ADD run."""
-    location = _location(medium, names, uris)
+    """``add_event`` of specs given as their names and URIs."""
+    return add_event_at(block_key, names, location_fields(medium, names, uris))
+
+
+def add_event_at(block_key: int, names: tuple[str, ...], location: list[str]) -> Event:
+    """``add_event`` of a location given as ``location_fields`` (``names``: its spec names):
+    the request path's. The event carries its key and location packed already as the two
+    strings of an ADD run."""
+    packed = _PACK(location)
     field = block_key.to_bytes(8, "big", signed=True)  # block_field
-    size = len(location)
+    size = len(packed)
     header = _STR_HEADERS[size] if size < 256 else _str_header(size)
-    return ("a", field, _signature_of(medium, names), b"".join((_FIELD_HEADER, field, header, location)))
+    return ("a", field, _signature_of(location[0], names), b"".join((_FIELD_HEADER, field, header, packed)))
 
 
 def delete_event(block_key: int, medium: str, spec_names: Sequence[str]) -> Event:
@@ -287,6 +337,10 @@ class ReporterStore:
     def nodes_key(self, instance_id: str) -> str:
         return f"{self._tag(instance_id)}:er:nodes"
 
+    def view_key(self, instance_id: str) -> str:
+        """The readers' view of the instance's registered reporters (lua/er_prelude.lua)."""
+        return f"{self._tag(instance_id)}:er:view"
+
     @property
     def instances_key(self) -> str:
         return f"{{{self.prefix}:er}}:instances"
@@ -302,28 +356,31 @@ class ReporterStore:
         liveness: Liveness,
         token: str | None = None,
     ) -> ReportOutcome:
-        """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically."""
-        codes, generation, required, retry_after, retired, joined = self._report(
-            keys=[
-                self.node_key(instance_id, rid),
-                self.records_key(instance_id, rid),
-                self.bits_key(instance_id),
-                self.nodes_key(instance_id),
-                *self._slot_keys(instance_id),
-            ],
-            args=[
-                rid,
-                now_ms,
-                token or new_token(),
-                liveness.snapshot_min_interval_ms,
-                liveness.heartbeat_timeout_ms,
-                liveness.cleanup_grace_ms,
-                "1" if _keys_distinct(events) else "0",
-                *_flatten(events),
-            ],
-        )
-        if joined:  # the liveness job's work list: an instance enters it with its first reporter
-            self.client.sadd(self.instances_key, instance_id)
+        """Apply ``events`` (the ``*_event`` encodings, already validated) in order, atomically.
+        Valkey not answering (a long script past the socket timeout included) raises
+        ValkeyUnavailableError (SERVICE_NOT_READY), as the reads do."""
+        args = [
+            rid,
+            now_ms,
+            token or new_token(),
+            liveness.snapshot_min_interval_ms,
+            liveness.heartbeat_timeout_ms,
+            liveness.cleanup_grace_ms,
+            "1" if _keys_distinct(events) else "0",
+            *_flatten(events),
+        ]
+        keys = [
+            self.node_key(instance_id, rid),
+            self.records_key(instance_id, rid),
+            self.bits_key(instance_id),
+            self.nodes_key(instance_id),
+            *self._slot_keys(instance_id),
+            self.view_key(instance_id),
+        ]
+        with valkey_errors("reporter store"):
+            codes, generation, required, retry_after, retired, joined = self._report(keys=keys, args=args)
+            if joined:  # the liveness job's work list: an instance enters it with its first reporter
+                self.client.sadd(self.instances_key, instance_id)
         results = [ErrorCode(int(codes[i])) for i in range(0, len(codes), 2) for _ in range(int(codes[i + 1]))]
         return ReportOutcome(results, generation.decode(), bool(required), int(retry_after), retired.decode())
 
@@ -346,7 +403,10 @@ class ReporterStore:
                 removed += int(self._cleanup(keys=keys, args=[retired, *batch]))
             if cursor == 0:
                 break
-        self._retired(keys=[self.node_key(instance_id, rid), self._slot_keys(instance_id)[0]], args=[retired])
+        self._retired(
+            keys=[self.node_key(instance_id, rid), self._slot_keys(instance_id)[0], self.view_key(instance_id)],
+            args=[retired, rid],
+        )
         return removed
 
     def drop_legacy_layout(self, instance_id: str) -> list[str]:
@@ -362,14 +422,24 @@ class ReporterStore:
         tag = self._tag(instance_id)
         if not self.client.exists(f"{tag}:er:loc"):
             return []
-        asked = [rid for rid in self.reporters(instance_id) if self._resync(keys=[self.node_key(instance_id, rid)])]
+        view = self.view_key(instance_id)
+        asked = [
+            rid
+            for rid in self.reporters(instance_id)
+            if self._resync(keys=[self.node_key(instance_id, rid), view], args=[rid])
+        ]
         self.client.unlink(f"{tag}:er:loc", *(f"{tag}:er:k:{rid}" for rid in self.reporters(instance_id)))
         return asked
 
     def forget_instance(self, instance_id: str) -> None:
         """Delete everything reported for an instance that no longer exists (UNLINK: large
         hashes are freed in the background)."""
-        keys = [self.bits_key(instance_id), self.nodes_key(instance_id), *self._slot_keys(instance_id)]
+        keys = [
+            self.bits_key(instance_id),
+            self.nodes_key(instance_id),
+            self.view_key(instance_id),
+            *self._slot_keys(instance_id),
+        ]
         for rid in self.reporters(instance_id):
             keys += [self.node_key(instance_id, rid), self.records_key(instance_id, rid)]
         self.client.unlink(*keys)
@@ -423,7 +493,8 @@ class ReporterStore:
             args += [kind, timeout]
         with valkey_errors("reporter store"):  # a walk past the socket timeout included
             flat = self._host_state(
-                keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+                keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
+                args=[*args, *key_runs(keys)],
             )
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -439,7 +510,8 @@ class ReporterStore:
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
         raw = self._visible(
-            keys=[self.bits_key(instance_id), self.nodes_key(instance_id)], args=[*args, block_fields(keys)]
+            keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
+            args=[*args, block_fields(keys)],
         )
         if not raw:  # no reporter visible
             return [[] for _ in keys]

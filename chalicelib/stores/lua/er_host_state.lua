@@ -1,10 +1,13 @@
 -- getHostCacheState over reported locations: each host's prefix of the keys (reporters.py).
--- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set; a reporter's state
---       hash is ARGV[7] .. rid (same hash tag, hence the same slot)
+-- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set, [3] its reporter view;
+--       a reporter's state hash is ARGV[7] .. rid (same hash tag, hence the same slot), read
+--       only to build a missing view (er_each_visible)
 -- ARGV: now ms, mode ('p' prefix, 'm' Mamba), eagle pop ('1'/'0'), mediums (',', '' = all),
 --       full-attention spec names (','), state spec names (','), state key prefix, kind
---       count K, K x (kind, heartbeat timeout ms), then the block keys in order (one
---       string, er_fields). Reporters of another kind are hidden.
+--       count K, K x (kind, heartbeat timeout ms), then the block keys in order as runs
+--       (reporters.py key_runs: the first key alone, then runs of up to 4 096 keys, each key
+--       a msgpack string of its 8-byte field, so that cmsgpack.unpack hands a run to HMGET
+--       as its arguments). Reporters of another kind are hidden.
 -- Returns {host, prefix, ...} for the hosts with a prefix > 0
 local bits_key = KEYS[1]
 local now, mode, eagle = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
@@ -18,8 +21,9 @@ local full, states = csv(ARGV[5]), csv(ARGV[6])
 local state_prefix, k = ARGV[7], tonumber(ARGV[8])
 local timeouts = {}
 for i = 1, k do timeouts[ARGV[7 + 2 * i]] = tonumber(ARGV[8 + 2 * i]) end
-local blob = ARGV[9 + 2 * k]
-local n = #blob / 8
+local first_run = 9 + 2 * k
+local n = 0
+for a = first_run, #ARGV do n = n + #ARGV[a] / 9 end  -- 9 bytes a key (key_runs)
 
 -- The visible slots of each host: those of its live reporters' visible generations whose
 -- medium is allowed (a host reporting as L1P5 and L2, or in several media, or with several
@@ -38,28 +42,19 @@ local function level_of(names)
 end
 local slots = {}
 local slot_host = {}  -- slot number -> its host, for the visible slots
-for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local timeout = timeouts[string.match(rid, '^[^#]*')]
-  local state = timeout and hgetall_table(state_prefix .. rid)
-  local view = state and er_view(state, now, timeout)
-  if view then
+er_each_visible(KEYS[3], KEYS[2], state_prefix, now, timeouts, function(rid, slot, _, sig)
+  local medium_names = cmsgpack.unpack(sig)
+  if not media or media[medium_names[1]] then
     local host = string.sub(rid, string.find(rid, '#', 1, true) + 1)
-    er_each_slot(state, function(slot, version, sig)
-      if er_visible_version(view, version) then
-        local medium_names = cmsgpack.unpack(sig)
-        if not media or media[medium_names[1]] then
-          local byte, mask = er_bit(slot)
-          local names = {}
-          for j = 2, #medium_names do names[medium_names[j]] = true end
-          local held = slots[host] or {}
-          held[#held + 1] = {byte, mask, names, level_of(names)}
-          slot_host[slot] = host
-          slots[host] = held
-        end
-      end
-    end)
+    local byte, mask = er_bit(slot)
+    local names = {}
+    for j = 2, #medium_names do names[medium_names[j]] = true end
+    local held = slots[host] or {}
+    held[#held + 1] = {byte, mask, names, level_of(names)}
+    slot_host[slot] = host
+    slots[host] = held
   end
-end
+end)
 if not next(slots) then return {} end
 
 -- What a host holds of a key with bitmap ``map``: plain, 2 (it holds a location) or 0;
@@ -84,7 +79,7 @@ local function holds(map, host)
   return level_of(names)
 end
 
--- The walk: one bitmap per key, read in runs that double in length. Hosts are looked at
+-- The walk: one bitmap per key, read in runs that double in length (key_runs). Hosts are looked at
 -- only where the bitmap changes from the previous key's (consecutive blocks of a prompt
 -- mostly share one); a host stops at its first key without a (full-attention) location.
 -- Mamba also remembers, per host, the last two keys with state (the answer ends on one).
@@ -127,7 +122,7 @@ local function close_run(last)
   end
 end
 -- The first key names the candidates: the hosts holding it.
-prev_map = redis.call('HGET', bits_key, string.sub(blob, 1, 8))
+prev_map = redis.call('HGET', bits_key, (cmsgpack.unpack(ARGV[first_run])))
 for host in pairs(slots) do
   local level = holds(prev_map, host)
   if level > 0 then
@@ -136,11 +131,11 @@ for host in pairs(slots) do
   end
 end
 -- The inner loop is the cost per key: one comparison while the bitmap stays the same.
-local pos, step = 2, 256
-while pos <= n and count > 0 do
-  local last = math.min(pos + step - 1, n)
-  local maps = redis.call('HMGET', bits_key, unpack(er_fields(blob, pos, last)))
-  for j = 1, last - pos + 1 do
+local pos = 2
+for a = first_run + 1, #ARGV do
+  if count == 0 then break end
+  local maps = redis.call('HMGET', bits_key, cmsgpack.unpack(ARGV[a]))
+  for j = 1, #maps do
     local map = maps[j]
     if map ~= prev_map then
       local at = pos + j - 1
@@ -158,7 +153,7 @@ while pos <= n and count > 0 do
       if count == 0 then break end
     end
   end
-  pos, step = last + 1, math.min(step * 2, 4096)  -- unpack stays under Lua's stack limit (8000)
+  pos = pos + #maps
 end
 close_run(n)
 for host in pairs(alive) do finish(host, n) end

@@ -1,7 +1,8 @@
 -- The visible reported locations of some keys (reporters.py visible_locations; getCacheLocation,
 -- getCacheMeta, getCacheLocationsByBackend). One call: the reporters are read here.
--- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set; a reporter's state
---       hash is ARGV[2] .. rid and its records hash ARGV[3] .. rid (same hash tag, same slot).
+-- KEYS: [1] the instance's bitmap hash, [2] the instance's reporter set, [3] its reporter view;
+--       a reporter's state hash is ARGV[2] .. rid (read only to build a missing view,
+--       er_each_visible) and its records hash ARGV[3] .. rid (same hash tag, same slot).
 -- ARGV: now ms, state key prefix, records key prefix, kind count K, K x (kind, heartbeat
 --       timeout ms), then the block keys (one string, er_fields). Reporters of another kind
 --       are hidden.
@@ -10,22 +11,17 @@
 local now, state_prefix, rec_prefix, k = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local timeouts = {}
 for i = 1, k do timeouts[ARGV[3 + 2 * i]] = tonumber(ARGV[4 + 2 * i]) end
-local reporters = {}  -- {rid, view, {{byte, mask}, ...} of its visible slots}
-for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local timeout = timeouts[string.match(rid, '^[^#]*')]
-  local state = timeout and hgetall_table(state_prefix .. rid)
-  local view = state and er_view(state, now, timeout)
-  if view then
-    local own = {}
-    er_each_slot(state, function(slot, version)
-      if er_visible_version(view, version) then
-        local byte, mask = er_bit(slot)
-        own[#own + 1] = {byte, mask}
-      end
-    end)
-    if #own > 0 then reporters[#reporters + 1] = {rid, view, own} end
+local reporters, of_rid = {}, {}  -- {rid, visible versions, {{byte, mask}, ...} of its visible slots}
+er_each_visible(KEYS[3], KEYS[2], state_prefix, now, timeouts, function(rid, slot, version)
+  local reporter = of_rid[rid]
+  if not reporter then
+    reporter = {rid, {}, {}}
+    of_rid[rid], reporters[#reporters + 1] = reporter, reporter
   end
-end
+  local byte, mask = er_bit(slot)
+  reporter[2][version] = true
+  reporter[3][#reporter[3] + 1] = {byte, mask}
+end)
 if #reporters == 0 then return '' end
 table.sort(reporters, function(a, b) return a[1] < b[1] end)
 
@@ -36,7 +32,7 @@ er_hmget(KEYS[1], keys, maps)
 local out = {}
 for i = 1, #keys do out[i] = {} end
 for _, reporter in ipairs(reporters) do
-  local rid, view, own = reporter[1], reporter[2], reporter[3]
+  local rid, versions, own = reporter[1], reporter[2], reporter[3]
   local held, at = {}, {}  -- the keys whose bitmap has a visible slot of this reporter
   for i, key in ipairs(keys) do
     local map = maps[key]
@@ -52,7 +48,7 @@ for _, reporter in ipairs(reporters) do
     for n, key in ipairs(held) do
       local raw = recs[key]
       local rec = raw and cmsgpack.unpack(raw)
-      if rec and er_visible_version(view, rec[1]) then
+      if rec and versions[rec[1]] then
         local found = out[at[n]]
         for j = 2, #rec do
           local loc, specs = rec[j], {}

@@ -25,6 +25,11 @@
 -- com (committed snapshot token), strict ('1' after a snapshot), snap_at (ms of the last
 -- successful snapshot), ret (retired generation tokens, ' '-separated: hidden, cleaned),
 -- and 'slot:<token>:<signature>' -> the slot of that generation and signature.
+--   T:er:view     hash: rid -> what readers take of a registered reporter, msgpack
+--                 [last heartbeat ms, slot, version, signature, ...] over its visible
+--                 slots (er_visible_version); no field for a tombstone. Every script changing
+--                 a reporter's state rewrites its field in the same step (er_write_view), so
+--                 a read takes all reporters in one call, not one per reporter.
 
 local ER_RECORD1 = string.char(0x92)  -- msgpack header of a record with one location
 
@@ -76,6 +81,48 @@ local function er_each_slot(state, fn)
   for field, value in pairs(state) do
     local version, signature = string.match(field, '^slot:([^:]*):(.*)$')
     if version then fn(tonumber(value), version, signature) end
+  end
+end
+
+-- A reporter state's field of the view (T:er:view), or false for none (unregistered).
+local function er_view_entry(state)
+  if not state or state.reg ~= '1' then return false end
+  local view = er_view(state, 0, math.huge)
+  local entry = {tonumber(state.hb or 0)}
+  er_each_slot(state, function(slot, version, signature)
+    if er_visible_version(view, version) then
+      local n = #entry
+      entry[n + 1], entry[n + 2], entry[n + 3] = slot, version, signature
+    end
+  end)
+  return cmsgpack.pack(entry)
+end
+
+local function er_write_view(view_key, rid, state)
+  local entry = er_view_entry(state)
+  if entry then redis.call('HSET', view_key, rid, entry) else redis.call('HDEL', view_key, rid) end
+end
+
+-- The visible slots of the live reporters of the kinds in ``timeouts`` (kind -> heartbeat
+-- timeout ms): calls fn(rid, slot, version, signature) for each. An instance reported to before the
+-- view existed (reporters in ``nodes_key``, no view) gets its view here, from the states
+-- (``state_prefix`` .. rid).
+local function er_each_visible(view_key, nodes_key, state_prefix, now, timeouts, fn)
+  if redis.call('EXISTS', view_key) == 0 then
+    for _, rid in ipairs(redis.call('SMEMBERS', nodes_key)) do
+      er_write_view(view_key, rid, hgetall_table(state_prefix .. rid))
+    end
+  end
+  local flat = redis.call('HGETALL', view_key)
+  for i = 1, #flat, 2 do
+    local rid = flat[i]
+    local timeout = timeouts[string.match(rid, '^[^#]*')]
+    if timeout then
+      local entry = cmsgpack.unpack(flat[i + 1])
+      if now - entry[1] <= timeout then
+        for j = 2, #entry, 3 do fn(rid, entry[j], entry[j + 1], entry[j + 2]) end
+      end
+    end
   end
 end
 

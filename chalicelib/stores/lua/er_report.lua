@@ -1,6 +1,6 @@
 -- One reportEvent request of one reporter, applied in order, atomically (reporters.py).
 -- KEYS: reporter state, the reporter's records hash, the instance's bitmap hash, the instance's
---       reporter set, free-slot zset, next-slot counter
+--       reporter set, free-slot zset, next-slot counter, the instance's reporter view
 -- ARGV: rid, now ms, fresh token, snapshot min interval ms, heartbeat timeout ms,
 --       cleanup grace ms, '1' when no block key is named twice (else '0'), then the events, flat (reporters.py encodes them; ``loc`` is a
 --       msgpack [medium, name, uri, ...], ``sig`` its signature [medium, name, ...],
@@ -10,8 +10,9 @@
 -- Returns {item codes as runs (code, count, code, count, ...), generation token,
 --          snapshot required (0/1), retry after ms, retired tokens to clean ('' = none),
 --          1 when the reporter is new to the instance's reporter set (else 0)}
-local OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED = 1, 10, 13
+-- OK, NODE_NOT_REGISTERED, SNAPSHOT_RATE_LIMITED: ErrorCode's values (reporters.lua_codes).
 local node_key, rec_key, bits_key, nodes, free_key, next_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local view_key = KEYS[7]
 local rid, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local min_interval, timeout, grace = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local FIRST = 8
@@ -329,6 +330,7 @@ if state then
   local flat = {}
   for k, v in pairs(state) do flat[#flat + 1] = k; flat[#flat + 1] = v end
   redis.call('HSET', node_key, unpack(flat))
+  er_write_view(view_key, rid, state)
 end
 local gen = state and state.gen or ''
 -- Asked for a snapshot: a reporter that had no generation before the request, or has none

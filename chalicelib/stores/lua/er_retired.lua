@@ -1,6 +1,7 @@
 -- Forgets retired generation tokens once their cleanup pass is done, and frees their slots:
 -- the pass cleared every bit of them (reporters.py).
--- KEYS: reporter state, the instance's free-slot zset. ARGV: the tokens the pass cleaned (' ')
+-- KEYS: reporter state, the instance's free-slot zset, the instance's reporter view.
+-- ARGV: the tokens the pass cleaned (' '), rid
 -- Returns the tokens still retired
 local state = hgetall_table(KEYS[1])
 if not state then return '' end
@@ -22,4 +23,7 @@ if #fields > 0 then
 end
 local text = table.concat(left, ' ')
 redis.call('HSET', KEYS[1], 'ret', text)
+state.ret = text
+for _, field in ipairs(fields) do state[field] = nil end
+er_write_view(KEYS[3], ARGV[2], state)
 return text
