@@ -42,6 +42,7 @@ from .clock import Clock, SystemClock
 from .control import ConfigCache, ControlPlane
 from .control.audit import AuditLog
 from .index import BlockIndex
+from .index.migration import MigrationIndex
 from .observability.emf import EmfWriter
 from .observability.events import EventLog, EventRecorder
 from .observability.hit_feed import HitFeed, threshold_of
@@ -66,6 +67,7 @@ from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
 from .workflows.health import HealthChecks, StorageProber, StorageReprobe
 from .workflows.hit_curves import HitCurves, HitCurveStore, LiveCurves
+from .workflows.migrations import CopyTasks, TierCopies
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
@@ -334,6 +336,16 @@ class Runtime:
             start_execution=(lambda job: machine.start(purge_input(job))) if machine.arn else None,
             reported=self.reporters,
         )
+
+    @cached_property
+    def tier_copies(self) -> TierCopies:
+        """Starts tiered Copies (the tier_copy state machine)."""
+        return TierCopies(self._state_machine(self.settings.copy_state_machine_arn, "copy"))
+
+    @cached_property
+    def copy_tasks(self) -> CopyTasks:
+        """The tier_copy state machine's tasks."""
+        return CopyTasks(self.contexts, self.index, MigrationIndex(self.index), self.deleter, self.clock)
 
     @cached_property
     def cache(self) -> CacheService:
