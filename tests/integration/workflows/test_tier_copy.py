@@ -16,6 +16,7 @@ from chalicelib.index.types import MODE_RAW
 from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
+    GetCacheLocationRequest,
     InstanceGroup,
     RegisterInstanceRequest,
     StartWriteCacheRequest,
@@ -161,6 +162,36 @@ def test_nfs_blocks_are_copied_to_s3_and_serve_there_with_exact_counters(tiers):
     again = json.loads(_copy(tiers, keys)["output"])["results"]
     assert sum(r["served"] for r in again) == 0
     assert rt.index.usage([ctx.layout])[0] == usage
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
+def test_delete_source_hands_the_sources_to_batched_deletion_once_the_targets_serve(tiers):
+    rt = tiers.runtime
+    keys = list(range(1, 8))  # packed two to a file: the last file holds one block
+    data = _write(rt, keys)
+    ctx = rt.contexts("t1")
+    nfs = ctx.backend("nfs_01")
+    files = [p for p in Path(nfs.data_root).rglob("*") if p.is_file()]
+    assert len(files) == 2 * 4  # two specs, four files each
+    done = _copy(tiers, keys)
+    assert done["status"] == "SUCCEEDED"
+    (result,) = json.loads(done["output"])["results"]
+    assert (result["served"], result["sources_deleted"]) == (len(keys), len(keys))
+    # The sources' deletion is a batched_delete execution: wait for it to drop them.
+    assert wait_for(lambda: _locations(rt, keys) == [[("s3_01", Status.SERVING)]] * len(keys), 20)
+    assert not any(p.exists() for p in files), "the source files were not deleted"
+    assert all(_s3_bytes(rt, key) == data[key] for key in keys)
+    usage = _counts(rt.index.usage([ctx.layout])[0])
+    assert (usage["bytes"], usage["keys"], usage["deleting_bytes"]) == (len(keys) * BLOCK, len(keys), 0)
+    assert usage["by_type"] == {"ST_S3": len(keys) * BLOCK}
+    group = _counts(rt.index.group_usage(["tiers"])[0])
+    assert (group["bytes"], group["keys"], group["by_type"]) == (
+        len(keys) * BLOCK,
+        len(keys),
+        {"ST_S3": len(keys) * BLOCK},
+    )
+    read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="t1", query_type=2, block_keys=keys))
+    assert [loc["location_specs"][0]["uri"].startswith("s3://s3_01/") for loc in read.locations] == [True] * len(keys)
 
 
 def test_a_transient_copy_failure_is_retried(tiers, monkeypatch):
