@@ -52,6 +52,7 @@ from .services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
 from .services.cluster import ClusterInfo
 from .services.debug import DebugService
 from .services.meta import MetaService
+from .services.migrations import MigrationAdmin
 from .settings import Settings
 from .storage import StorageRegistry
 from .storage.health_store import StorageHealthStore
@@ -432,6 +433,10 @@ class Runtime:
         )
 
     @cached_property
+    def migration_admin(self) -> MigrationAdmin:
+        return MigrationAdmin(self.config, self.contexts, self.index, self.tier_copies)
+
+    @cached_property
     def account_admin(self) -> AccountAdmin:
         return AccountAdmin(
             self.control,
@@ -588,6 +593,7 @@ _HANDLERS: dict[type, str] = {
     MetaService: "meta_service",
     StorageAdmin: "storage_admin",
     GroupAdmin: "group_admin",
+    MigrationAdmin: "migration_admin",
     AccountAdmin: "account_admin",
     ServiceAdmin: "service_admin",
     DebugService: "debug_service",

@@ -27,7 +27,6 @@ from ..index.records import BlockRecord, LocationRecord
 from ..index.types import MODE_RAW
 from ..protocol.codes import MigrationRetention
 from ..protocol.errors import InvalidArgumentError
-from ..protocol.models import MigrationStrategy
 from ..storage import BlockRef, StorageBackend, copy_blocks
 from .executions import StateMachine
 
@@ -59,22 +58,6 @@ COPY_SESSION_TTL_S = math.ceil(
 )
 
 
-def copy_route(ctx: InstanceContext, source: str, target: str) -> MigrationStrategy:
-    """The group's strategy for ``source`` → ``target`` with copy enabled (InvalidArgumentError otherwise)."""
-    cache = ctx.group.cache_config
-    config = cache.migration_config if cache is not None else None
-    for strategy in config.strategies if config is not None else []:
-        if (strategy.source_storage_name, strategy.target_storage_name) == (source, target):
-            methods = strategy.method_configs
-            if methods is None or methods.copy_config is None or not methods.copy_config.enabled:
-                break
-            return strategy
-    raise InvalidArgumentError(
-        f"group '{ctx.group.name}' has no migration strategy copying {source!r} -> {target!r} "
-        "(cache_config.migration_config.strategies)"
-    )
-
-
 class TierCopies:
     """Starts ``tier_copy`` executions."""
 
@@ -84,23 +67,23 @@ class TierCopies:
     def submit(
         self,
         ctx: InstanceContext,
-        strategy: MigrationStrategy,
+        source: str,
+        target: str,
         block_keys: Sequence[int],
-        retention: MigrationRetention | None = None,
+        retention: MigrationRetention,
     ) -> str:
-        """Start one execution copying ``block_keys`` along ``strategy`` (its retention
-        unless ``retention`` is given); returns its ARN."""
-        if len(block_keys) > EXECUTION_SIZE:
-            raise InvalidArgumentError(f"field 'block_keys': {len(block_keys)} keys, at most {EXECUTION_SIZE}")
+        """Start one execution copying ``block_keys`` from storage ``source`` to ``target``,
+        at most the group's ``copy_max_concurrency`` batches at once (at most
+        EXECUTION_SIZE keys: the caller checks); returns its ARN."""
         cache = ctx.group.cache_config
         config = cache.migration_config if cache is not None else None
         keys = list(dict.fromkeys(block_keys))
         return self.machine.start(
             {
                 "instance_id": ctx.instance_id,
-                "source": strategy.source_storage_name,
-                "target": strategy.target_storage_name,
-                "retention": (retention or strategy.retention).name,
+                "source": source,
+                "target": target,
+                "retention": retention.name,
                 "max_concurrency": (config.copy_max_concurrency if config is not None else None) or 1,
                 "batches": [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)],
             }

@@ -132,9 +132,11 @@ def _s3_bytes(rt, key):
 
 
 def _copy(stack, keys):
+    """Copy along the group's route, with its retention."""
     rt = stack.runtime
     ctx = rt.contexts("t1")
-    arn = rt.tier_copies.submit(ctx, migrations.copy_route(ctx, "nfs_01", "s3_01"), keys)
+    (route,) = ctx.group.cache_config.migration_config.strategies
+    arn = rt.tier_copies.submit(ctx, "nfs_01", "s3_01", keys, route.retention)
     return wait_execution(stack.sfn, arn, timeout_s=60)
 
 
@@ -294,3 +296,36 @@ def test_the_session_deadline_outlives_every_retry_of_the_asl():
     config = json.loads((REPO / ".chalice" / "config.json").read_text())["lambda_functions"]
     for name, timeout in (("copy_begin", 60), ("copy_bytes", 300), ("copy_finish", 60)):
         assert config.get(name, {}).get("lambda_timeout", 60) == timeout
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_KEEP_BOTH"], indirect=True)
+def test_admin_migrate_cache_starts_a_copy_that_deletes_the_source_and_is_audited(tiers):
+    """Admin COPY always deletes the source (upstream), whatever the route's retention."""
+    from chalice.test import Client
+
+    from chalicelib.protocol.codes import Role
+    from local_stack.stack import load_app
+    from tests.integration.control.harness import enable_auth, post
+
+    rt = tiers.runtime
+    data = _write(rt, [1, 2, 3])
+    rt.control.add_account("root", "adm1n-pass-word", Role.ROLE_ADMIN)
+    enable_auth(rt)
+    root = {"Authorization": "Bearer root:adm1n-pass-word"}
+    body = {
+        "instance_id": "t1",
+        "method": "MIGRATION_METHOD_COPY",
+        "source_storage_name": "nfs_01",
+        "target_storage_name": "s3_01",
+        "block_keys": ["1", 2, 3, 3, 99],
+    }
+    with Client(load_app()) as client:
+        status, answer = post(client, "migrateCache", body, headers=root)
+        assert status == 200 and answer["header"]["status"]["code"] == "OK", answer
+        assert (answer["accepted"], answer["rejected"]) == ("3", "1")  # 99 was never written
+        assert wait_execution(tiers.sfn, answer["execution_arn"], timeout_s=60)["status"] == "SUCCEEDED"
+        assert wait_for(lambda: _locations(rt, [1, 2, 3]) == [[("s3_01", Status.SERVING)]] * 3, 20)
+        assert all(_s3_bytes(rt, key) == data[key] for key in (1, 2, 3))
+        audit = post(client, "listAuditLog", {}, headers=root)[1]
+    (entry,) = [r for r in audit["records"] if r["api_name"] == "migrateCache"]
+    assert entry["principal"] == "root" and "t1" in entry["target"] and entry["code"] == "OK", entry
