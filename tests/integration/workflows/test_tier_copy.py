@@ -196,6 +196,22 @@ def test_delete_source_hands_the_sources_to_batched_deletion_once_the_targets_se
     assert [loc["location_specs"][0]["uri"].startswith("s3://s3_01/") for loc in read.locations] == [True] * len(keys)
 
 
+def test_a_copy_over_the_target_type_quota_is_refused_and_writes_nothing(tiers):
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    group = rt.control.get_group("tiers")
+    group.quota.quota_config[0].capacity = 2 * BLOCK  # ST_S3 room for two blocks of three
+    rt.control.update_group(group.model_copy(update={"version": 0}), group.version)
+    rt.config.sync()
+    ctx = rt.contexts("t1")
+    before = (_locations(rt, [1, 2, 3]), _counts(rt.index.usage([ctx.layout])[0]))
+    done = _copy(tiers, [1, 2, 3])
+    assert done["status"] == "SUCCEEDED"
+    (result,) = json.loads(done["output"])["results"]
+    assert result["refused"] == "QuotaExceededError" and "quota" in result["cause"], result
+    assert (_locations(rt, [1, 2, 3]), _counts(rt.index.usage([ctx.layout])[0])) == before
+
+
 def test_a_transient_copy_failure_is_retried(tiers, monkeypatch):
     rt = tiers.runtime
     data = _write(rt, [1, 2])
