@@ -220,8 +220,13 @@ class CopyTasks:
         try:
             if session is None:
                 raise WriteSessionError("closed")
+            # A target left out of the copy (its block changed before it was read) is not copied.
+            in_copy = {b[5] for b in blocks}
             done = self.migration.finish_copy(
-                ctx.layout, event["session_id"], [copied] * len(session.entries), ctx.spec_layout.sizes
+                ctx.layout,
+                event["session_id"],
+                [copied and location in in_copy for _, location in session.entries],
+                ctx.spec_layout.sizes,
             )
             self.deleter.submit(ctx, done.victims)
             by_target = {location: j for j, (_, location) in enumerate(session.entries)}

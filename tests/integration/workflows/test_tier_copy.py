@@ -345,3 +345,29 @@ def test_admin_migrate_cache_starts_a_copy_that_deletes_the_source_and_is_audite
         audit = post(client, "listAuditLog", {}, headers=root)[1]
     (entry,) = [r for r in audit["records"] if r["api_name"] == "migrateCache"]
     assert entry["principal"] == "root" and "t1" in entry["target"] and entry["code"] == "OK", entry
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
+def test_every_step_run_again_does_the_same(tiers):
+    """What the state machine's retries do after an attempt whose answer was lost."""
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+    tasks = rt.copy_tasks
+    event = {
+        "instance_id": "t1",
+        "source": "nfs_01",
+        "target": "s3_01",
+        "retention": "MIGRATION_RETENTION_DELETE_SOURCE",
+        "execution": "replayed",
+        "batch": 0,
+        "block_keys": [1, 2],
+    }
+    begun = tasks.begin(event)
+    assert tasks.begin(event) == begun and len(begun["blocks"]) == 2
+    copied = tasks.copy(begun)
+    assert tasks.copy(begun) == copied
+    first = tasks.finish(copied)
+    assert (first["served"], first["sources_deleted"]) == (2, 2)
+    again = tasks.finish(copied)
+    assert (again["served"], again["failed"], again["sources_deleted"]) == (2, 0, 0)
+    assert wait_for(lambda: _locations(rt, [1, 2]) == [[("s3_01", Status.SERVING)]] * 2, 20)
