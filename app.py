@@ -45,6 +45,24 @@ def delete_batch(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return deletes.delete_batch(runtime.contexts, runtime.deletion, event)
 
 
+@app.lambda_function(name="copy_begin")
+@job
+def copy_begin(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return get_runtime().copy_tasks.begin(event)
+
+
+@app.lambda_function(name="copy_bytes")
+@job
+def copy_bytes(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return get_runtime().copy_tasks.copy(event)
+
+
+@app.lambda_function(name="copy_finish")
+@job
+def copy_finish(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return get_runtime().copy_tasks.finish(event)
+
+
 @app.lambda_function(name="purge_step")
 @job
 def purge_step(event: dict[str, Any], context: Any) -> dict[str, Any]:

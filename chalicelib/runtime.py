@@ -42,6 +42,7 @@ from .clock import Clock, SystemClock
 from .control import ConfigCache, ControlPlane
 from .control.audit import AuditLog
 from .index import BlockIndex
+from .index.migration import MigrationIndex
 from .observability.emf import EmfWriter
 from .observability.events import EventLog, EventRecorder
 from .observability.hit_feed import HitFeed, threshold_of
@@ -51,6 +52,7 @@ from .services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
 from .services.cluster import ClusterInfo
 from .services.debug import DebugService
 from .services.meta import MetaService
+from .services.migrations import MigrationAdmin
 from .settings import Settings
 from .storage import StorageRegistry
 from .storage.health_store import StorageHealthStore
@@ -66,6 +68,7 @@ from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
 from .workflows.health import HealthChecks, StorageProber, StorageReprobe
 from .workflows.hit_curves import HitCurves, HitCurveStore, LiveCurves
+from .workflows.migrations import CopyTasks, TierCopies
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
@@ -337,6 +340,16 @@ class Runtime:
         )
 
     @cached_property
+    def tier_copies(self) -> TierCopies:
+        """Starts tiered Copies (the tier_copy state machine)."""
+        return TierCopies(self._state_machine(self.settings.copy_state_machine_arn, "copy"))
+
+    @cached_property
+    def copy_tasks(self) -> CopyTasks:
+        """The tier_copy state machine's tasks."""
+        return CopyTasks(self.contexts, self.index, MigrationIndex(self.index), self.deleter, self.clock)
+
+    @cached_property
     def cache(self) -> CacheService:
         """The meta data plane."""
         return CacheService(
@@ -419,6 +432,10 @@ class Runtime:
             self.clock,
             self.settings.hit_curve_s_max,
         )
+
+    @cached_property
+    def migration_admin(self) -> MigrationAdmin:
+        return MigrationAdmin(self.config, self.contexts, self.index, self.tier_copies)
 
     @cached_property
     def account_admin(self) -> AccountAdmin:
@@ -577,6 +594,7 @@ _HANDLERS: dict[type, str] = {
     MetaService: "meta_service",
     StorageAdmin: "storage_admin",
     GroupAdmin: "group_admin",
+    MigrationAdmin: "migration_admin",
     AccountAdmin: "account_admin",
     ServiceAdmin: "service_admin",
     DebugService: "debug_service",

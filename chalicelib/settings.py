@@ -87,6 +87,7 @@ class Settings:
     delete_state_machine_arn: str = ""
     sweep_state_machine_arn: str = ""
     purge_state_machine_arn: str = ""
+    copy_state_machine_arn: str = ""
     #: ``host:port`` getClusterInfo names as the leader's endpoint (every node serves every
     #: method, so it is the API's own); empty: no endpoint, clients keep the URL they use.
     advertised_endpoint: str = ""
@@ -149,6 +150,7 @@ class Settings:
             delete_state_machine_arn=os.environ.get("KVCM_DELETE_STATE_MACHINE_ARN", ""),
             sweep_state_machine_arn=os.environ.get("KVCM_SWEEP_STATE_MACHINE_ARN", ""),
             purge_state_machine_arn=os.environ.get("KVCM_PURGE_STATE_MACHINE_ARN", ""),
+            copy_state_machine_arn=os.environ.get("KVCM_COPY_STATE_MACHINE_ARN", ""),
             advertised_endpoint=os.environ.get("KVCM_ADVERTISED_ENDPOINT", base.advertised_endpoint),
             cache_gc=_env_bool("KVCM_CACHE_GC", base.cache_gc),
             cache_gc_orphan_grace_s=_env_int("KVCM_CACHE_GC_ORPHAN_GRACE_S", base.cache_gc_orphan_grace_s),

@@ -23,6 +23,7 @@ STATE_MACHINE_ENV: Mapping[str, str] = {
     "batched_delete": "KVCM_DELETE_STATE_MACHINE_ARN",
     "optimizer_sweep": "KVCM_SWEEP_STATE_MACHINE_ARN",
     "instance_purge": "KVCM_PURGE_STATE_MACHINE_ARN",
+    "tier_copy": "KVCM_COPY_STATE_MACHINE_ARN",
 }
 
 _SUBSTITUTION = re.compile(r"\$\{([A-Za-z0-9_]+)\}")

@@ -234,6 +234,14 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
             {"StateMachineArn": state_machine_arn("batched_delete")},
             0,
         ),
+        "TierCopyFailuresAlarm": alarm(
+            "A tiered Copy execution failed: its blocks were not copied, and targets it left WRITING wait for "
+            "their session's expiry (the reaper) to be deleted",
+            "AWS/States",
+            "ExecutionsFailed",
+            {"StateMachineArn": state_machine_arn("tier_copy")},
+            0,
+        ),
         "ValkeyMemoryAlarm": {
             "Type": "AWS::CloudWatch::Alarm",
             "Condition": "CreateValkey",

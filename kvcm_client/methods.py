@@ -69,6 +69,7 @@ OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
     "getInstanceGroup": (m.InstanceGroupNameRequest, m.GetInstanceGroupResponse, "admin"),
     "listInstanceGroup": (m.ListRequest, m.ListInstanceGroupResponse, "admin"),
     "removeInstance": (m.RemoveInstanceRequest, m.Response, "admin"),
+    "migrateCache": (m.MigrateCacheRequest, m.MigrateCacheResponse, "admin"),
     "listInstanceInfo": (m.ListInstanceInfoRequest, m.ListInstanceInfoResponse, "admin"),
     "getInstanceGroupUsage": (m.GetInstanceGroupUsageRequest, m.GetInstanceGroupUsageResponse, "admin"),
     "getCapacityReport": (m.ListRequest, m.GetCapacityReportResponse, "admin"),
@@ -229,6 +230,11 @@ class Methods:
             **fields: Any) -> m.Response:
         """``removeInstance`` (admin service; see API.md)."""
         return cast(m.Response, self.call("removeInstance", request, fields))
+
+    def migrate_cache(self, request: m.MigrateCacheRequest | None = None, /,
+            **fields: Any) -> m.MigrateCacheResponse:
+        """``migrateCache`` (admin service; see API.md)."""
+        return cast(m.MigrateCacheResponse, self.call("migrateCache", request, fields))
 
     def list_instance_info(self, request: m.ListInstanceInfoRequest | None = None, /,
             **fields: Any) -> m.ListInstanceInfoResponse:

@@ -159,7 +159,7 @@ def _allocates(backend: StorageBackend) -> bool:
     return type(backend).reserve is not StorageBackend.reserve
 
 
-def _by_location(backend: StorageBackend) -> bool:
+def addresses_by_location(backend: StorageBackend) -> bool:
     """Whether a key's locations on the backend have distinct data places (packed files,
     allocated ranges), so that one key may have several there; backends naming objects by
     key alone (S3, Mooncake) may hold one."""
@@ -649,7 +649,7 @@ class CacheService:
             min_replicas=plan.min_replicas,
             stale=plan.stale,
             covers=plan.covers,
-            by_location=_by_location(state.backend),
+            by_location=addresses_by_location(state.backend),
             more_candidates=[
                 Candidate(
                     c.name,
@@ -657,7 +657,7 @@ class CacheService:
                     c.backend.pack_count,
                     ctx.type_capacity(c.storage_type),
                     group_usage.by_type.get(c.storage_type.name, 0) if group_usage else -1,
-                    _by_location(c.backend),
+                    addresses_by_location(c.backend),
                 )
                 for c in plan.further(position)
             ],

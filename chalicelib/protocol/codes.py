@@ -106,6 +106,15 @@ class MigrationRetention(IntEnum):
     MIGRATION_RETENTION_KEEP_BOTH = 2
 
 
+class MigrationMethod(IntEnum):
+    """What admin migrateCache asks of a block: Copy it, Mark it, or both (UPSTREAM_V2 §2.11)."""
+
+    MIGRATION_METHOD_UNSPECIFIED = 0
+    MIGRATION_METHOD_COPY = 1
+    MIGRATION_METHOD_MARK = 2
+    MIGRATION_METHOD_BOTH = 3
+
+
 class MigrationMarkClearPolicy(IntEnum):
     """When finishWriteCache clears a block's Mark (UPSTREAM_V2 §2.11)."""
 

@@ -24,6 +24,7 @@ from .codes import (
     LocationSelectStrategy,
     MigrationCopyExecutionMode,
     MigrationMarkClearPolicy,
+    MigrationMethod,
     MigrationRetention,
     QueryType,
     ReclaimPolicy,
@@ -66,6 +67,7 @@ LocationSelectStrategyField = Annotated[LocationSelectStrategy, WireEnum(Locatio
 InstanceReclaimBudgetPolicyField = Annotated[InstanceReclaimBudgetPolicy, WireEnum(InstanceReclaimBudgetPolicy)]
 MigrationRetentionField = Annotated[MigrationRetention, WireEnum(MigrationRetention)]
 MigrationMarkClearPolicyField = Annotated[MigrationMarkClearPolicy, WireEnum(MigrationMarkClearPolicy)]
+MigrationMethodField = Annotated[MigrationMethod, WireEnum(MigrationMethod)]
 MigrationCopyExecutionModeField = Annotated[MigrationCopyExecutionMode, WireEnum(MigrationCopyExecutionMode)]
 
 
@@ -935,6 +937,33 @@ class ListInstanceGroupResponse(Response):
 class RemoveInstanceRequest(Request):
     instance_group: Str = ""
     instance_id: Str = ""
+
+
+class MigrationRule(WireModel):
+    """migrateCache's sampled selection (upstream: the coldest ``sample_count`` blocks)."""
+
+    sample_count: Int32 = 0
+
+
+class MigrateCacheRequest(Request):
+    """Admin migrateCache (UPSTREAM_V2 §2.11): Copy ``block_keys`` of ``instance_id`` from
+    one storage of its group to another."""
+
+    instance_id: Str = ""
+    source_storage_name: Str = ""
+    target_storage_name: Str = ""
+    block_keys: KeyList = Field(default_factory=empty_list)
+    rule: MigrationRule | None = None
+    method: MigrationMethodField = MigrationMethod.MIGRATION_METHOD_UNSPECIFIED
+
+
+class MigrateCacheResponse(Response):
+    """``accepted``: blocks handed to the Copy (a SERVING location on the source);
+    ``rejected``: the others. KVCM adds the Copy's execution (empty when none started)."""
+
+    accepted: Int64 = 0
+    rejected: Int64 = 0
+    execution_arn: Str = ""
 
 
 class ListInstanceInfoRequest(Request):

@@ -6,6 +6,7 @@ from ..auth import Action as A
 from ..auth import targets as t
 from ..protocol import models as m
 from ..services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
+from ..services.migrations import MigrationAdmin
 from .api import api_blueprint
 from .dispatch import Operation
 
@@ -42,6 +43,7 @@ OPERATIONS: list[Operation] = [
         ("getInstanceGroup", m.InstanceGroupNameRequest, GroupAdmin.get_instance_group, A.GROUP_READ, t.group_name),
         ("listInstanceGroup", m.ListRequest, GroupAdmin.list_instance_group, A.GROUP_READ, t.service),
         ("removeInstance", m.RemoveInstanceRequest, GroupAdmin.remove_instance, A.GROUP_WRITE, t.instance),
+        ("migrateCache", m.MigrateCacheRequest, MigrationAdmin.migrate_cache, A.GROUP_WRITE, t.instance),
         ("listInstanceInfo", m.ListInstanceInfoRequest, GroupAdmin.list_instance_info, A.GROUP_READ, t.group_listing),
         (
             "getInstanceGroupUsage",

@@ -33,6 +33,7 @@ SUMMARIES = {
     "getInstanceGroup": "One instance group's configuration, defaults filled in.",
     "listInstanceGroup": "Every instance group's configuration.",
     "removeInstance": "Unregister an instance: unknown from now on, its blocks deleted by a workflow.",
+    "migrateCache": "Copy blocks of an instance from one storage of its group to another (tiered storage).",
     "listInstanceInfo": "The registered instances of one group, or of all groups.",
     "getInstanceGroupUsage": "How full each group is: quota, watermark, bytes and keys, by storage type and instance.",
     "getCapacityReport": "The latest optimizer sweep's hit-ratio curves and its capacity recommendation.",

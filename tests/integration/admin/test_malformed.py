@@ -116,6 +116,61 @@ CASES = {
         ({"instance_id": 3}, "field 'instance_id'"),
         ({"instance_id": "i1", "instance_group": "g2"}, "field 'instance_group'"),
     ],
+    "migrateCache": [
+        ({}, "field 'instance_id' is required"),
+        ({"instance_id": 5}, "field 'instance_id'"),
+        ({"instance_id": "i1", "block_keys": [1]}, "field 'method' is required"),
+        ({"instance_id": "i1", "method": "MIGRATION_METHOD_TELEPORT"}, "field 'method'"),
+        (
+            {"instance_id": "i1", "method": "MIGRATION_METHOD_MARK", "block_keys": [1]},
+            "field 'method': MIGRATION_METHOD_MARK is not supported yet",
+        ),
+        (
+            {"instance_id": "i1", "method": 3, "block_keys": [1]},
+            "field 'method': MIGRATION_METHOD_BOTH is not supported yet",
+        ),
+        ({"instance_id": "i1", "method": "MIGRATION_METHOD_COPY"}, "field 'block_keys' is required"),
+        (
+            {"instance_id": "i1", "method": 1, "rule": {"sample_count": 10}},
+            "field 'rule.sample_count': sampled selection is not supported yet",
+        ),
+        ({"instance_id": "i1", "method": 1, "rule": {"sample_count": "many"}}, "field 'rule.sample_count'"),
+        ({"instance_id": "i1", "method": 1, "block_keys": "1,2"}, "field 'block_keys'"),
+        (
+            {"instance_id": "i1", "method": 1, "block_keys": list(range(4097))},
+            "field 'block_keys': 4097 keys, at most 4096",
+        ),
+        ({"instance_id": "i1", "method": 1, "block_keys": [1]}, "field 'source_storage_name' is required"),
+        (
+            {"instance_id": "i1", "method": 1, "block_keys": [1], "source_storage_name": "ghost"},
+            "field 'source_storage_name': 'ghost' is not a storage candidate of group 'g1'",
+        ),
+        (
+            {"instance_id": "i1", "method": 1, "block_keys": [1], "source_storage_name": "nfs1"},
+            "field 'target_storage_name' is required",
+        ),
+        (
+            {
+                "instance_id": "i1",
+                "method": 1,
+                "block_keys": [1],
+                "source_storage_name": "nfs1",
+                "target_storage_name": "s3x",
+            },
+            "field 'target_storage_name': 's3x' is not a storage candidate of group 'g1'",
+        ),
+        (
+            {
+                "instance_id": "i1",
+                "method": 1,
+                "block_keys": [1],
+                "source_storage_name": "nfs1",
+                "target_storage_name": "nfs1",
+            },
+            "field 'target_storage_name' must differ from source_storage_name",
+        ),
+        ({"instance_id": "ghost", "method": 1, "block_keys": [1]}, "ghost"),
+    ],
     "listInstanceInfo": [({"instance_group_name": 3}, "field 'instance_group_name'")],
     "addAccount": [
         ({"password": "p"}, "field 'user_name' is required"),
@@ -168,6 +223,10 @@ METHODS = sorted(op.api_name for op in OPERATIONS)
 
 
 def expected_code(text: str) -> str:
+    if "not supported yet" in text:
+        return "UNSUPPORTED"
+    if text == "ghost":
+        return "INSTANCE_NOT_EXIST"
     return "DUPLICATE_ENTITY" if "already exists" in text else "INVALID_ARGUMENT"
 
 

@@ -22,7 +22,13 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
-def stack(valkey, valkey_url, aws, tmp_path):
+def workflow_clock():
+    """The runtime's clock (None: the wall clock); a module overrides it to inject one."""
+    return None
+
+
+@pytest.fixture
+def stack(valkey, valkey_url, aws, tmp_path, workflow_clock):
     import boto3
 
     app = load_app()
@@ -51,9 +57,11 @@ def stack(valkey, valkey_url, aws, tmp_path):
     runtime = build_runtime(
         valkey,
         valkey_url,
+        workflow_clock,
         node_id="wf-node",
         reaper_state_machine_arn=machines["write_session_reaper"],
         delete_state_machine_arn=machines["batched_delete"],
+        copy_state_machine_arn=machines["tier_copy"],
     )
     root = tmp_path / "nfs"
     root.mkdir()

@@ -1,0 +1,253 @@
+"""Tiered Copy as a durable ``tier_copy`` execution (issue 24; docs/tiered-storage.md).
+
+An execution takes one instance's block keys for one route (source storage → target
+storage) in batches; per batch its Map runs ``begin`` (``MigrationIndex.begin_copy``:
+WRITING targets, quota-checked, in a write session), ``copy`` (``copy_blocks``), then
+``finish`` (``MigrationIndex.finish_copy``; with DELETE_SOURCE the served blocks' sources go
+to deletion). Each step is safe to run again (the state machine retries them): a begin finds
+its session already made, a copy writes the same bytes to the same places, a finish finds its
+session closed and reads the outcome from the records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..cache.context import InstanceContext
+from ..cache.contexts import ContextProvider
+from ..cache.deletion import Deleter
+from ..cache.service import addresses_by_location, spec_group_coverage
+from ..clock import Clock, now_ms
+from ..index import BlockIndex, Status
+from ..index.errors import WriteSessionError
+from ..index.migration import CopyQuotas, CopyTarget, MigrationIndex
+from ..index.records import BlockRecord, LocationRecord
+from ..index.types import MODE_RAW
+from ..protocol.codes import MigrationRetention
+from ..protocol.errors import InvalidArgumentError
+from ..storage import BlockRef, StorageBackend, copy_blocks
+from .executions import StateMachine
+
+#: Blocks per Map item (one begin/copy/finish) and per execution (its input stays far below 256 KB).
+BATCH_SIZE = 64
+EXECUTION_SIZE = 4096
+
+#: The Retry every step of workflows/tier_copy.asl.json has, and its steps' TimeoutSeconds
+#: (tests/integration/workflows/test_tier_copy.py keeps them equal to the ASL's).
+RETRY_MAX_ATTEMPTS = 3
+RETRY_INTERVAL_S = 1
+RETRY_BACKOFF = 2.0
+STEP_TIMEOUT_S = {"CopyBegin": 60, "CopyBytes": 300, "CopyFinish": 60}
+#: Margin for the Map's own scheduling between one step and the next.
+SESSION_SLACK_S = 60
+
+
+def step_budget_s(timeout_s: int) -> float:
+    """The longest a step with the ASL's Retry can take: every attempt timing out, and the backoffs."""
+    waits = sum(RETRY_INTERVAL_S * RETRY_BACKOFF**attempt for attempt in range(RETRY_MAX_ATTEMPTS))
+    return (RETRY_MAX_ATTEMPTS + 1) * timeout_s + waits
+
+
+#: A Copy session's deadline from its begin: it outlives the copy's and the finish's every
+#: retry, so the reaper never fails a target still being copied (it fails one whose
+#: execution died, after this).
+COPY_SESSION_TTL_S = math.ceil(
+    step_budget_s(STEP_TIMEOUT_S["CopyBytes"]) + step_budget_s(STEP_TIMEOUT_S["CopyFinish"]) + SESSION_SLACK_S
+)
+
+
+class TierCopies:
+    """Starts ``tier_copy`` executions."""
+
+    def __init__(self, machine: StateMachine) -> None:
+        self.machine = machine
+
+    def submit(
+        self,
+        ctx: InstanceContext,
+        source: str,
+        target: str,
+        block_keys: Sequence[int],
+        retention: MigrationRetention,
+    ) -> str:
+        """Start one execution copying ``block_keys`` from storage ``source`` to ``target``,
+        at most the group's ``copy_max_concurrency`` batches at once (at most
+        EXECUTION_SIZE keys: the caller checks); returns its ARN."""
+        cache = ctx.group.cache_config
+        config = cache.migration_config if cache is not None else None
+        keys = list(dict.fromkeys(block_keys))
+        return self.machine.start(
+            {
+                "instance_id": ctx.instance_id,
+                "source": source,
+                "target": target,
+                "retention": retention.name,
+                "max_concurrency": (config.copy_max_concurrency if config is not None else None) or 1,
+                "batches": [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)],
+            }
+        )
+
+
+def _session_id(event: dict[str, Any]) -> str:
+    """One per batch of one execution: a retried begin finds the session its first attempt made."""
+    return f"copy-{event['execution']}-{event['batch']}"
+
+
+def _located(record: BlockRecord | None, location_id: int) -> LocationRecord | None:
+    if record is None:
+        return None
+    return next((loc for loc in record.locations if loc.location_id == location_id), None)
+
+
+class CopyTasks:
+    """The Lambda tasks of ``tier_copy``."""
+
+    def __init__(
+        self, contexts: ContextProvider, index: BlockIndex, migration: MigrationIndex, deleter: Deleter, clock: Clock
+    ) -> None:
+        self.contexts = contexts
+        self.index = index
+        self.migration = migration
+        self.deleter = deleter
+        self.clock = clock
+
+    def _backend(self, ctx: InstanceContext, name: str) -> StorageBackend:
+        backend = ctx.backend(name)
+        if backend is None:
+            raise InvalidArgumentError(f"storage {name!r} is not a storage of group '{ctx.group.name}'")
+        return backend
+
+    def begin(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Task BeginCopy: WRITING targets for the batch's blocks whose source serves (all
+        or nothing under the quotas: QuotaExceededError). Returns the blocks to copy."""
+        ctx = self.contexts(event["instance_id"])
+        layout, sizes = ctx.layout, ctx.spec_layout.sizes
+        target = self._backend(ctx, event["target"])
+        self._backend(ctx, event["source"])
+        session_id = _session_id(event)
+        keys = [int(k) for k in event["block_keys"]]
+        session = self.index.session(layout, session_id)
+        pairs: list[tuple[int, int | None, int]]  # (key, source location id, target location id)
+        if session is None:
+            records = self.index.read(layout, keys, MODE_RAW)
+            source_index = self._storage_index(ctx, event["source"])
+            sources = []
+            for key, record in zip(keys, records, strict=True):
+                held = self._serving_on(record, source_index) if record is not None else None
+                if held is not None:
+                    sources.append((key, held.location_id))
+            group_usage = None
+            if ctx.group.quota is not None:
+                group_usage = self.index.group_usage([ctx.group.name])[0].live()
+            begun = self.migration.begin_copy(
+                layout,
+                sources,
+                CopyTarget(
+                    target.name,
+                    target.storage_type.name,
+                    target.pack_count,
+                    addresses_by_location(target),
+                    ctx.type_capacity(target.storage_type),
+                ),
+                sizes,
+                session_id,
+                now_ms(self.clock) + COPY_SESSION_TTL_S * 1000,
+                CopyQuotas(ctx.group_capacity, ctx.instance_capacity, group_usage),
+                covers=spec_group_coverage(ctx),
+                spec_group_count=len(sizes),
+            )
+            pairs = [(key, source, placed) for key, source, placed, _, _ in begun.placements]
+        else:  # a retried begin: its first attempt made the session
+            pairs = [(key, None, placed) for key, placed in session.entries]
+        return {**event, "session_id": session_id, "blocks": self._blocks(ctx, event["source"], pairs)}
+
+    def _storage_index(self, ctx: InstanceContext, name: str) -> int:
+        return next((i for i, n in self.index.storage_names(ctx.layout).items() if n == name), 0)
+
+    @staticmethod
+    def _serving_on(record: BlockRecord, storage_index: int) -> LocationRecord | None:
+        return next(
+            (loc for loc in record.locations if loc.storage_index == storage_index and loc.status == Status.SERVING),
+            None,
+        )
+
+    def _blocks(
+        self, ctx: InstanceContext, source_name: str, pairs: Sequence[tuple[int, int | None, int]]
+    ) -> list[list[int]]:
+        """[key, spec group, source location id, group, slot, target location id, group, slot]
+        per block (a source not named: the block's SERVING location on the source storage)."""
+        records = self.index.read(ctx.layout, [key for key, _, _ in pairs], MODE_RAW)
+        source_index = self._storage_index(ctx, source_name)
+        blocks = []
+        for (key, source_id, target_id), record in zip(pairs, records, strict=True):
+            placed = _located(record, target_id)
+            source = _located(record, source_id) if source_id is not None else None
+            if source is None and record is not None:
+                source = self._serving_on(record, source_index)
+            if placed is None or source is None:
+                continue  # gone meanwhile: its finish fails it
+            blocks.append(
+                [key, placed.spec_group, source.location_id, source.group_id, source.slot]
+                + [placed.location_id, placed.group_id, placed.slot]
+            )
+        return blocks
+
+    def copy(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Task CopyBytes: the batch's bytes from the source to the targets (StorageError,
+        retried, on any failure)."""
+        ctx = self.contexts(event["instance_id"])
+        slots = ctx.spec_layout.slots
+        sources = [BlockRef(ctx.instance_id, b[0], b[2], b[3], b[4], slots(b[1])) for b in event["blocks"]]
+        targets = [BlockRef(ctx.instance_id, b[0], b[5], b[6], b[7], slots(b[1])) for b in event["blocks"]]
+        copied = 0
+        if sources:
+            copied = copy_blocks(
+                self._backend(ctx, event["source"]), sources, self._backend(ctx, event["target"]), targets
+            )
+        return {**event, "copied": True, "bytes": copied}
+
+    def finish(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Tasks FinishCopy and AbandonCopy (no ``copied``: the copy failed for good): close
+        the session (targets SERVING while their sources serve, the rest to deletion), then
+        apply the retention to the served blocks."""
+        ctx = self.contexts(event["instance_id"])
+        blocks, copied = event.get("blocks", []), bool(event.get("copied"))
+        result = {"batch": event["batch"], "session_id": event["session_id"], "copied_bytes": event.get("bytes", 0)}
+        session = self.index.session(ctx.layout, event["session_id"])
+        served: list[list[int]]
+        try:
+            if session is None:
+                raise WriteSessionError("closed")
+            # A target left out of the copy (its block changed before it was read) is not copied.
+            in_copy = {b[5] for b in blocks}
+            done = self.migration.finish_copy(
+                ctx.layout,
+                event["session_id"],
+                [copied and location in in_copy for _, location in session.entries],
+                ctx.spec_layout.sizes,
+            )
+            self.deleter.submit(ctx, done.victims)
+            by_target = {location: j for j, (_, location) in enumerate(session.entries)}
+            served_at = set(done.served)
+            served = [b for b in blocks if by_target.get(b[5]) in served_at]
+        except WriteSessionError:  # a retried finish (or a session the reaper failed): the records say
+            records = self.index.read(ctx.layout, [b[0] for b in blocks], MODE_RAW)
+            served = [
+                b
+                for b, record in zip(blocks, records, strict=True)
+                if (loc := _located(record, b[5])) is not None and loc.status == Status.SERVING
+            ]
+        result |= {"served": len(served), "failed": len(blocks) - len(served)}
+        if event["retention"] == MigrationRetention.MIGRATION_RETENTION_DELETE_SOURCE.name and served:
+            victims = self.index.mark_deleting(
+                ctx.layout,
+                [b[0] for b in served],
+                ctx.spec_layout.sizes,
+                expected_locations=[b[2] for b in served],
+                serving_only=True,
+            )
+            self.deleter.submit(ctx, victims, delay_ms=ctx.delete_delay_ms)
+            result["sources_deleted"] = len(victims)
+        return result

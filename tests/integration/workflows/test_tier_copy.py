@@ -1,0 +1,373 @@
+"""Tiered Copy as the real tier_copy ASL in moto (issue 24): NFS blocks copied to S3 (moto),
+the bytes at the target URIs equal the source's, counters exact; retention; a copy that
+fails for good or whose execution dies leaves nothing WRITING (the injected clock drives
+the session's expiry)."""
+
+import json
+import os
+from pathlib import Path
+
+import boto3
+import pytest
+
+from chalicelib.clock import ManualClock
+from chalicelib.index import Status
+from chalicelib.index.types import MODE_RAW
+from chalicelib.protocol.models import (
+    BlockMask,
+    FinishWriteCacheRequest,
+    GetCacheLocationRequest,
+    InstanceGroup,
+    RegisterInstanceRequest,
+    StartWriteCacheRequest,
+    StorageConfig,
+)
+from chalicelib.storage import BlockRef
+from chalicelib.workflows import migrations
+from tests.helpers import SPECS
+
+from .harness import wait_execution, wait_for
+
+pytestmark = pytest.mark.slow  # every test waits for a state machine run on the wall clock
+
+REPO = Path(__file__).resolve().parents[3]
+BLOCK = sum(s["size"] for s in SPECS)
+
+
+@pytest.fixture
+def workflow_clock():
+    return ManualClock()
+
+
+def _group(retention: str) -> InstanceGroup:
+    return InstanceGroup.model_validate(
+        {
+            "name": "tiers",
+            "storage_candidates": ["nfs_01", "s3_01"],
+            "quota": {"capacity": 1 << 30, "quota_config": [{"storage_type": "ST_S3", "capacity": 1 << 29}]},
+            "cache_config": {
+                "migration_config": {
+                    "strategies": [
+                        {
+                            "source_storage_name": "nfs_01",
+                            "target_storage_name": "s3_01",
+                            "trigger_threshold": 0.8,
+                            "method_configs": {"copy": {"enabled": True}},
+                            "retention": retention,
+                        }
+                    ],
+                    "copy_max_concurrency": 2,
+                }
+            },
+        }
+    )
+
+
+@pytest.fixture
+def tiers(stack, request):
+    """Instance t1 of group "tiers": blocks land on nfs_01, a route copies them to s3_01."""
+    retention = getattr(request, "param", "MIGRATION_RETENTION_KEEP_BOTH")
+    rt = stack.runtime
+    boto3.client("s3").create_bucket(Bucket="cold")
+    rt.control.add_storage(StorageConfig.model_validate({"global_unique_name": "s3_01", "s3": {"bucket": "cold"}}))
+    rt.control.create_group(_group(retention))
+    rt.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "tiers",
+                "instance_id": "t1",
+                "block_size": 4,
+                "location_spec_infos": SPECS,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            }
+        )
+    )
+    return stack
+
+
+def _write(rt, keys):
+    """Blocks written to nfs_01 (the bytes through the storage port, as an engine puts them
+    at the URIs) and SERVING; their bytes per key."""
+    start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="t1", block_keys=keys))
+    assert all(loc["location_specs"][0]["uri"].startswith("file://nfs_01/") for loc in start.locations)
+    ctx = rt.contexts("t1")
+    blocks = [
+        BlockRef("t1", key, loc.location_id, loc.group_id, loc.slot, ctx.spec_layout.slots(loc.spec_group))
+        for key, record in zip(keys, rt.index.read(ctx.layout, keys, MODE_RAW), strict=True)
+        for loc in record.locations
+    ]
+    data = [[os.urandom(spec.size) for spec in block.specs] for block in blocks]
+    ctx.backend("nfs_01").write(blocks, data)
+    rt.cache.finish_write_cache(
+        FinishWriteCacheRequest(
+            instance_id="t1", write_session_id=start.write_session_id, success_blocks=BlockMask(offset=len(keys))
+        )
+    )
+    return dict(zip(keys, data, strict=True))
+
+
+def _locations(rt, keys):
+    ctx = rt.contexts("t1")
+    names = rt.index.storage_names(ctx.layout)
+    return [
+        [(names[loc.storage_index], loc.status) for loc in record.locations] if record else []
+        for record in rt.index.read(ctx.layout, keys, MODE_RAW)
+    ]
+
+
+def _s3_bytes(rt, key):
+    """What an engine reads at the block's S3 URIs."""
+    ctx = rt.contexts("t1")
+    record = rt.index.read(ctx.layout, [key], MODE_RAW)[0]
+    s3_index = next(i for i, n in rt.index.storage_names(ctx.layout).items() if n == "s3_01")
+    loc = next(loc for loc in record.locations if loc.storage_index == s3_index)
+    backend = ctx.backend("s3_01")
+    block = BlockRef("t1", key, loc.location_id, loc.group_id, loc.slot, ctx.spec_layout.slots(loc.spec_group))
+    out = []
+    for spec in block.specs:
+        # s3://<storage name>/<object key>: the storage's bucket is "cold".
+        object_key = backend.uri(block, spec).split("?")[0][len("s3://s3_01/") :]
+        out.append(boto3.client("s3").get_object(Bucket="cold", Key=object_key)["Body"].read())
+    return out
+
+
+def _copy(stack, keys):
+    """Copy along the group's route, with its retention."""
+    rt = stack.runtime
+    ctx = rt.contexts("t1")
+    (route,) = ctx.group.cache_config.migration_config.strategies
+    arn = rt.tier_copies.submit(ctx, "nfs_01", "s3_01", keys, route.retention)
+    return wait_execution(stack.sfn, arn, timeout_s=60)
+
+
+def test_nfs_blocks_are_copied_to_s3_and_serve_there_with_exact_counters(tiers):
+    rt = tiers.runtime
+    keys = list(range(1, 151))  # three batches (BATCH_SIZE 64), two at a time
+    data = _write(rt, keys)
+    ctx = rt.contexts("t1")
+    before = rt.index.usage([ctx.layout])[0]
+    done = _copy(tiers, keys)
+    assert done["status"] == "SUCCEEDED"
+    results = json.loads(done["output"])["results"]
+    assert sum(r["served"] for r in results) == len(keys) and sum(r["failed"] for r in results) == 0
+    assert all(locs == [("nfs_01", Status.SERVING), ("s3_01", Status.SERVING)] for locs in _locations(rt, keys))
+    for key in (1, 64, 65, 150):
+        assert _s3_bytes(rt, key) == data[key]
+    usage = rt.index.usage([ctx.layout])[0]
+    assert (usage.bytes, usage.keys) == (before.bytes + len(keys) * BLOCK, before.keys)
+    assert usage.by_type == {"ST_NFS": len(keys) * BLOCK, "ST_S3": len(keys) * BLOCK}
+    assert usage.deleting_bytes == 0
+    group = rt.index.group_usage(["tiers"])[0]
+    assert (group.bytes, group.keys) == (2 * len(keys) * BLOCK, len(keys))
+    assert group.by_type == {"ST_NFS": len(keys) * BLOCK, "ST_S3": len(keys) * BLOCK}
+    # Run again: every target is held already, nothing moves.
+    again = json.loads(_copy(tiers, keys)["output"])["results"]
+    assert sum(r["served"] for r in again) == 0
+    assert rt.index.usage([ctx.layout])[0] == usage
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
+def test_delete_source_hands_the_sources_to_batched_deletion_once_the_targets_serve(tiers):
+    rt = tiers.runtime
+    keys = list(range(1, 8))  # packed two to a file: the last file holds one block
+    data = _write(rt, keys)
+    ctx = rt.contexts("t1")
+    nfs = ctx.backend("nfs_01")
+    files = [p for p in Path(nfs.data_root).rglob("*") if p.is_file()]
+    assert len(files) == 2 * 4  # two specs, four files each
+    done = _copy(tiers, keys)
+    assert done["status"] == "SUCCEEDED"
+    (result,) = json.loads(done["output"])["results"]
+    assert (result["served"], result["sources_deleted"]) == (len(keys), len(keys))
+    # The sources' deletion is a batched_delete execution: wait for it to drop them.
+    assert wait_for(lambda: _locations(rt, keys) == [[("s3_01", Status.SERVING)]] * len(keys), 20)
+    assert not any(p.exists() for p in files), "the source files were not deleted"
+    assert all(_s3_bytes(rt, key) == data[key] for key in keys)
+    usage = _counts(rt.index.usage([ctx.layout])[0])
+    assert (usage["bytes"], usage["keys"], usage["deleting_bytes"]) == (len(keys) * BLOCK, len(keys), 0)
+    assert usage["by_type"] == {"ST_S3": len(keys) * BLOCK}
+    group = _counts(rt.index.group_usage(["tiers"])[0])
+    assert (group["bytes"], group["keys"], group["by_type"]) == (
+        len(keys) * BLOCK,
+        len(keys),
+        {"ST_S3": len(keys) * BLOCK},
+    )
+    read = rt.cache.get_cache_location(GetCacheLocationRequest(instance_id="t1", query_type=2, block_keys=keys))
+    assert [loc["location_specs"][0]["uri"].startswith("s3://s3_01/") for loc in read.locations] == [True] * len(keys)
+
+
+def test_a_copy_over_the_target_type_quota_is_refused_and_writes_nothing(tiers):
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    group = rt.control.get_group("tiers")
+    group.quota.quota_config[0].capacity = 2 * BLOCK  # ST_S3 room for two blocks of three
+    rt.control.update_group(group.model_copy(update={"version": 0}), group.version)
+    rt.config.sync()
+    ctx = rt.contexts("t1")
+    before = (_locations(rt, [1, 2, 3]), _counts(rt.index.usage([ctx.layout])[0]))
+    done = _copy(tiers, [1, 2, 3])
+    assert done["status"] == "SUCCEEDED"
+    (result,) = json.loads(done["output"])["results"]
+    assert result["refused"] == "QuotaExceededError" and "quota" in result["cause"], result
+    assert (_locations(rt, [1, 2, 3]), _counts(rt.index.usage([ctx.layout])[0])) == before
+
+
+def test_a_transient_copy_failure_is_retried(tiers, monkeypatch):
+    rt = tiers.runtime
+    data = _write(rt, [1, 2])
+    backend = rt.contexts("t1").backend("s3_01")
+    original, calls = backend.write, []
+
+    def flaky(blocks, payloads):
+        calls.append(len(blocks))
+        if len(calls) == 1:
+            from chalicelib.storage import StorageError
+
+            raise StorageError("s3_01: put failed (throttled)")
+        return original(blocks, payloads)
+
+    monkeypatch.setattr(type(backend), "write", lambda self, b, p: flaky(b, p))
+    assert _copy(tiers, [1, 2])["status"] == "SUCCEEDED"
+    assert len(calls) == 2
+    assert _s3_bytes(rt, 2) == data[2]
+    assert _locations(rt, [1, 2])[0][1] == ("s3_01", Status.SERVING)
+
+
+def _counts(usage):
+    """A usage's counters, those at 0 left out (a counter that went up and back stays, at 0)."""
+    return {
+        name: {k: v for k, v in value.items() if v} if isinstance(value, dict) else value
+        for name, value in vars(usage).items()
+    }
+
+
+def _no_writing_left(rt, keys):
+    return all(status != Status.WRITING for locs in _locations(rt, keys) for _, status in locs)
+
+
+def test_a_copy_that_fails_for_good_deletes_its_targets(tiers, monkeypatch):
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    ctx = rt.contexts("t1")
+    before = rt.index.usage([ctx.layout])[0]
+    monkeypatch.setattr(migrations, "copy_blocks", _broken_copy)
+    done = _copy(tiers, [1, 2, 3])
+    assert done["status"] == "SUCCEEDED"
+    assert json.loads(done["output"])["results"][0] | {"session_id": ""} == {
+        "batch": 0,
+        "session_id": "",
+        "copied_bytes": 0,
+        "served": 0,
+        "failed": 3,
+    }
+    # The failed targets went to batched deletion: only the sources are left, counters back.
+    assert wait_for(lambda: _locations(rt, [1, 2, 3]) == [[("nfs_01", Status.SERVING)]] * 3, 20)
+    assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
+    assert _counts(rt.index.group_usage(["tiers"])[0])["by_type"] == {"ST_NFS": 3 * BLOCK}
+
+
+def _broken_copy(*args, **kwargs):
+    raise RuntimeError("the copy task crashed")
+
+
+def test_a_copy_whose_execution_dies_expires_and_nothing_stays_writing(tiers, monkeypatch):
+    """The copy fails and so does its finish (the execution dies): the targets stay WRITING
+    while the session lives, protected, and the reaper fails them once its deadline passes."""
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+    ctx = rt.contexts("t1")
+    before = rt.index.usage([ctx.layout])[0]
+    monkeypatch.setattr(migrations, "copy_blocks", _broken_copy)
+    monkeypatch.setattr(migrations.CopyTasks, "finish", lambda self, event: _broken_copy())
+    assert _copy(tiers, [1, 2])["status"] == "FAILED"
+    assert [locs[1] for locs in _locations(rt, [1, 2])] == [("s3_01", Status.WRITING)] * 2
+    rt.clock.advance(migrations.COPY_SESSION_TTL_S - 1)
+    assert rt.session_reaper.expire_write_sessions()["expired"] == 0, "a live copy's targets were failed"
+    rt.clock.advance(2)
+    assert rt.session_reaper.expire_write_sessions()["expired"] == 1
+    assert _no_writing_left(rt, [1, 2])
+    assert wait_for(lambda: _locations(rt, [1, 2]) == [[("nfs_01", Status.SERVING)]] * 2, 20)
+    assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
+
+
+def test_the_session_deadline_outlives_every_retry_of_the_asl():
+    """The constants the session's deadline is computed from are the ASL's own."""
+    definition = json.loads((REPO / "workflows" / "tier_copy.asl.json").read_text())
+    states = definition["States"]["CopyBatches"]["ItemProcessor"]["States"]
+    tasks = {name: s for name, s in states.items() if s["Type"] == "Task"}
+    assert set(tasks) == {"BeginCopy", "CopyBytes", "FinishCopy", "AbandonCopy"}
+    for state in tasks.values():
+        function = state["Resource"][2 : -len("Arn}")]
+        assert state["TimeoutSeconds"] == migrations.STEP_TIMEOUT_S[function]
+        (retry,) = state["Retry"]
+        assert (retry["MaxAttempts"], retry["IntervalSeconds"], retry["BackoffRate"]) == (
+            migrations.RETRY_MAX_ATTEMPTS,
+            migrations.RETRY_INTERVAL_S,
+            migrations.RETRY_BACKOFF,
+        )
+    after_begin = migrations.step_budget_s(tasks["CopyBytes"]["TimeoutSeconds"]) + migrations.step_budget_s(
+        tasks["FinishCopy"]["TimeoutSeconds"]
+    )
+    assert migrations.COPY_SESSION_TTL_S > after_begin
+    config = json.loads((REPO / ".chalice" / "config.json").read_text())["lambda_functions"]
+    for name, timeout in (("copy_begin", 60), ("copy_bytes", 300), ("copy_finish", 60)):
+        assert config.get(name, {}).get("lambda_timeout", 60) == timeout
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_KEEP_BOTH"], indirect=True)
+def test_admin_migrate_cache_starts_a_copy_that_deletes_the_source_and_is_audited(tiers):
+    """Admin COPY always deletes the source (upstream), whatever the route's retention."""
+    from chalice.test import Client
+
+    from chalicelib.protocol.codes import Role
+    from local_stack.stack import load_app
+    from tests.integration.control.harness import enable_auth, post
+
+    rt = tiers.runtime
+    data = _write(rt, [1, 2, 3])
+    rt.control.add_account("root", "adm1n-pass-word", Role.ROLE_ADMIN)
+    enable_auth(rt)
+    root = {"Authorization": "Bearer root:adm1n-pass-word"}
+    body = {
+        "instance_id": "t1",
+        "method": "MIGRATION_METHOD_COPY",
+        "source_storage_name": "nfs_01",
+        "target_storage_name": "s3_01",
+        "block_keys": ["1", 2, 3, 3, 99],
+    }
+    with Client(load_app()) as client:
+        status, answer = post(client, "migrateCache", body, headers=root)
+        assert status == 200 and answer["header"]["status"]["code"] == "OK", answer
+        assert (answer["accepted"], answer["rejected"]) == ("3", "1")  # 99 was never written
+        assert wait_execution(tiers.sfn, answer["execution_arn"], timeout_s=60)["status"] == "SUCCEEDED"
+        assert wait_for(lambda: _locations(rt, [1, 2, 3]) == [[("s3_01", Status.SERVING)]] * 3, 20)
+        assert all(_s3_bytes(rt, key) == data[key] for key in (1, 2, 3))
+        audit = post(client, "listAuditLog", {}, headers=root)[1]
+    (entry,) = [r for r in audit["records"] if r["api_name"] == "migrateCache"]
+    assert entry["principal"] == "root" and "t1" in entry["target"] and entry["code"] == "OK", entry
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
+def test_every_step_run_again_does_the_same(tiers):
+    """What the state machine's retries do after an attempt whose answer was lost."""
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+    tasks = rt.copy_tasks
+    event = {
+        "instance_id": "t1",
+        "source": "nfs_01",
+        "target": "s3_01",
+        "retention": "MIGRATION_RETENTION_DELETE_SOURCE",
+        "execution": "replayed",
+        "batch": 0,
+        "block_keys": [1, 2],
+    }
+    begun = tasks.begin(event)
+    assert tasks.begin(event) == begun and len(begun["blocks"]) == 2
+    copied = tasks.copy(begun)
+    assert tasks.copy(begun) == copied
+    first = tasks.finish(copied)
+    assert (first["served"], first["sources_deleted"]) == (2, 2)
+    again = tasks.finish(copied)
+    assert (again["served"], again["failed"], again["sources_deleted"]) == (2, 0, 0)
+    assert wait_for(lambda: _locations(rt, [1, 2]) == [[("s3_01", Status.SERVING)]] * 2, 20)
