@@ -186,3 +186,22 @@ def test_a_registration_over_a_sharded_key_space_drops_every_shard(index, sharde
     assert taken.shard_count == 2
     assert index.occupied_count(sharded) == 0 and index.read_raw(taken, keys, MODE_RAW) == [None] * 12
     assert index.group_usage(["gs"])[0].bytes == 0
+
+
+def test_a_callers_open_sessions_count_down_in_every_shard_at_finish_and_expiry(index, sharded, cluster3):
+    # start.lua counts the caller in each shard its start touched; the session closing there
+    # (finish, or the reaper's forced fail) takes it back in the same script.
+    rng = random.Random(23)
+    capped = {"caller": "acct", "max_caller_sessions": 2}
+    for n in range(3):  # finished sessions give their place back
+        keys = keys_of(rng, 9)
+        index.start(sharded, keys, request(f"f{n}", 9, **capped))
+        session = index.session(sharded, f"f{n}")
+        assert [k for k, _ in session.entries] == keys
+        index.finish(sharded, f"f{n}", session, [True] * 9, [SIZE])
+    for n in range(3):  # and so do failed ones
+        index.start(sharded, keys_of(rng, 9), request(f"x{n}", 9, **capped))
+        index.finish(sharded, f"x{n}", index.session(sharded, f"x{n}"), (), [SIZE], force_fail=True)
+    assert [cluster3.hgetall(shard.key("sc")) for shard in sharded.shards] == [{}] * 3
+    index.start(sharded, keys_of(rng, 9), request("o1", 9, **capped))
+    assert [cluster3.hgetall(shard.key("sc")) for shard in sharded.shards] == [{b"acct": b"1"}] * 3
