@@ -47,7 +47,7 @@ from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..valkey import Valkey, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
-from .layout import PACKED_GROUP, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
+from .layout import SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -622,12 +622,6 @@ class TagIndex:
         by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(2, len(reply) - 1, 2)}
         self.charge_group(layout, Usage(int(reply[1]), 0, by_type), -1)
         return int(reply[0])
-
-    def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
-        """Called once the files of ``groups`` are deleted."""
-        if groups:
-            with valkey_errors("index"):
-                self.client.srem(layout.key("og"), *[PACKED_GROUP.pack(s, g) for s, g in groups])
 
     def assign_storage(self, layout: InstanceLayout, name: str, storage_type: str) -> tuple[int, int]:
         """Give storage ``name`` an index in the key space unless it has one (lua/storage.lua):

@@ -205,3 +205,15 @@ def test_a_callers_open_sessions_count_down_in_every_shard_at_finish_and_expiry(
     assert [cluster3.hgetall(shard.key("sc")) for shard in sharded.shards] == [{}] * 3
     index.start(sharded, keys_of(rng, 9), request("o1", 9, **capped))
     assert [cluster3.hgetall(shard.key("sc")) for shard in sharded.shards] == [{b"acct": b"1"}] * 3
+
+
+def test_forgetting_orphan_groups_clears_them_in_every_shard(index, sharded):
+    rng = random.Random(29)
+    keys = [k for s in range(3) for k in keys_of(rng, 4, shard=s)]
+    index.start(sharded, keys, request("s1", 12))
+    failed = index.finish(sharded, "s1", index.session(sharded, "s1"), (), [SIZE], force_fail=True)
+    orphans = index.drop(sharded, failed.victims, [SIZE]).orphan_groups
+    assert {shard_of(v.block_key, 3) for v in failed.victims} == {0, 1, 2}
+    assert sorted(index.orphan_groups(sharded)) == sorted(orphans) and len(orphans) >= 3
+    index.forget_orphan_groups(sharded, orphans)
+    assert index.orphan_groups(sharded) == []
