@@ -217,3 +217,19 @@ def test_forgetting_orphan_groups_clears_them_in_every_shard(index, sharded):
     assert sorted(index.orphan_groups(sharded)) == sorted(orphans) and len(orphans) >= 3
     index.forget_orphan_groups(sharded, orphans)
     assert index.orphan_groups(sharded) == []
+
+
+def test_marks_and_failed_finishes_register_the_instance_due_on_the_cluster(index, sharded, cluster3):
+    # the registration rides in the script's pipeline, to the due set's own master
+    rng = random.Random(31)
+    keys = keys_of(rng, 9)
+    write(index, sharded, keys, "s1")
+    for node in cluster3.get_primaries():  # the masters answer NOSCRIPT: the script goes alone
+        cluster3.get_redis_connection(node).script_flush()
+    assert len(index.mark_deleting(sharded, keys[:5], [SIZE])) == 5
+    due = index.due_deletions(2**40, 10)
+    assert list(due) == ["sh"]
+    index.settle_due(due["sh"])
+    index.start(sharded, keys_of(rng, 3), request("s2", 3))
+    index.finish(sharded, "s2", index.session(sharded, "s2"), (), [SIZE], force_fail=True)
+    assert list(index.due_deletions(2**40, 10)) == ["sh"]
