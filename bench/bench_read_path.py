@@ -4,9 +4,10 @@ An instance's reads all run on one shard's single thread, so Valkey's time per r
 an instance. This bench takes the read script apart on 100,000 two-spec records (the
 layout of bench_meta.py (e)) and measures, in turns in one run, each option of
 docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
-(as before), the fixed cost of a script call with the read's keys (with and without the
-constants and prelude every index script runs first), the floor of one HGET per key, the
-floor of one script call per key, one HMGET per distinct bucket, every key's recency
+(as before), the read after the whole constants and prelude (as every script ran before
+each carried only the definitions it uses), the fixed cost of a script call with the
+read's keys (after the whole constants and prelude, read.lua's selection of them, none),
+the floor of one HGET per key, the floor of one script call per key, one HMGET per distinct bucket, every key's recency
 refreshed, and the alternative layouts (one string key per record, packed string buckets,
 one hash per instance: one multi-key or multi-field command per read) with their memory;
 for the one hash, also the whole read script on it, one with less Lua work per key, and
@@ -136,7 +137,7 @@ def main() -> None:
     from chalicelib.clock import ManualClock
     from chalicelib.index.block_index import BlockIndex
     from chalicelib.index.layout import lua_constants
-    from chalicelib.index.scripts import LUA_DIR
+    from chalicelib.index.scripts import LUA_DIR, load_script
     from chalicelib.index.types import MODE_PREFIX, bucket_index, pack_keys
 
     prelude = lua_constants() + (LUA_DIR / "prelude.lua").read_text()
@@ -219,8 +220,12 @@ def main() -> None:
                     ("lean_one_hash", LEAN_READ_ONE_HASH),
                 )
             }
-            # Every index script runs the constants and the prelude before its own body.
+            # Every index script ran the whole constants and prelude before its own body; it
+            # now runs only the definitions it uses (scripts.used_definitions).
             bare_empty = client.register_script(EMPTY)
+            read_body = (LUA_DIR / "read.lua").read_text()
+            selection_empty = client.register_script(load_script("read")[: -len(read_body)] + EMPTY)
+            whole_read = client.register_script(prelude + "\n" + read_body)
             packed_reads = []
             for batch in batches:
                 names = list(dict.fromkeys(layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :] for k in batch))
@@ -280,8 +285,14 @@ def main() -> None:
                     lambda i: index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
                 ),
                 "  the same, every key's recency due (HSET per key)": cycling(due_read),
+                "  read.lua after the whole constants and prelude (before)": cycling(
+                    lambda i: whole_read(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
+                ),
                 "fixed cost: an empty script, the read's KEYS and ARGV": cycling(
                     lambda i: scripts["empty"](keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
+                ),
+                "  the same after read.lua's selection of them (shipped)": cycling(
+                    lambda i: selection_empty(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
                 ),
                 "  the same without the constants and prelude": cycling(
                     lambda i: bare_empty(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))

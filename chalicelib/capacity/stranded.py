@@ -7,7 +7,7 @@ else would pick it up again: the key could never be written again and its bytes 
 stay counted. So every script that turns a location DELETING also records it in the
 instance's pending set (``T:pd``), scored by its deadline — the delay plus
 ``BlockIndex.DELETION_LOST_AFTER_S`` after the mark — and the script that drops it takes
-it out, in the same atomic steps. Before that script runs, ``BlockIndex.pend_deletions``
+it out, in the same atomic steps. Ahead of that script, in its pipeline, ``BlockIndex.queue_due``
 registers the instance as due at that deadline (``{<prefix>:deletions}:due``, on its own
 slot: it cannot move inside an instance's script, hence before it).
 

@@ -15,7 +15,7 @@ from ..observability.hit_feed import FeedEntry
 from ..observability.logging import logger
 from ..valkey import Valkey, valkey_errors
 from .errors import StaleInstanceError
-from .layout import ClaimOutcome
+from .layout import PACKED_GROUP, ClaimOutcome
 from .records import BlockRecord, Victim, decode_record, decode_victims
 from .sharding import ShardedIndex, shard_of
 from .tag_index import TagIndex
@@ -296,6 +296,19 @@ class BlockIndex(TagIndex):
         with valkey_errors("index"):
             members = [m for found in cast(list[set[bytes]], pipe.execute()) for m in found]
         return packed_groups(b"".join(members))
+
+    def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
+        """Called once the files of ``groups`` are deleted: they leave whichever shard's
+        orphan set holds them (one round trip; removing a member a shard lacks is a no-op,
+        so nothing here depends on which shard dropped the group)."""
+        if not groups:
+            return
+        members = [PACKED_GROUP.pack(s, g) for s, g in groups]
+        pipe = self.client.pipeline(transaction=False)
+        for shard in layout.shards:
+            pipe.srem(shard.key("og"), *members)
+        with valkey_errors("index"):
+            pipe.execute()
 
     # ---------------------------------------------------------------- usage and tables
 

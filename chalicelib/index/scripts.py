@@ -1,7 +1,8 @@
 """The index scripts as Valkey runs them, and lua/start.lua's arguments and reply by name.
 
-Every script is loaded as the layout's constants (``layout.lua_constants``), the prelude,
-then the script. start.lua's KEYS, ARGVs and reply have one definition too, here: the
+Every script is loaded as the layout's constants (``layout.lua_constants``) and the
+prelude's helpers it uses (``used_definitions``: Lua runs every definition again on each
+call), then the script. start.lua's KEYS, ARGVs and reply have one definition too, here: the
 script gets each table as a Lua table of name -> 1-based position (``ARG.now_ms``), and
 ``TagIndex.grant`` builds the lists and reads the reply through the same tables, so the
 two cannot drift (tests/unit/index/test_start_args.py checks the script uses no other).
@@ -9,6 +10,7 @@ two cannot drift (tests/unit/index/test_start_args.py checks the script uses no 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -121,7 +123,51 @@ def start_constants() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: A top-level definition of the constants or the prelude: ``local function f`` or ``local a, b =``.
+_DEFINITION = re.compile(r"local (?:function (\w+)|([\w, ]+?) =)")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def used_definitions(shared: str, body: str) -> str:
+    """The top-level definitions of ``shared`` (Lua locals) that ``body`` uses, directly or
+    through one another, in their order, each with the comment above it.
+
+    Lua defines every local again on each call of a script, so a script carries only what
+    it needs. Conservative: a name counts as used wherever it appears as a word outside a
+    whole-line comment (strings and trailing comments included), and a local is reachable
+    only by its name, so nothing a script calls can be left out. A definition's body sees
+    only the locals defined before it (a later one would be a global), so one walk from the
+    end finds every dependency."""
+    chunks: list[tuple[set[str], list[str]]] = []
+    comment: list[str] = []
+    for line in shared.splitlines(keepends=True):
+        found = _DEFINITION.match(line)
+        if found:
+            names = {found[1]} if found[1] else {n.strip() for n in found[2].split(",")}
+            chunks.append((names, comment + [line]))
+            comment = []
+        elif line.startswith("--"):
+            comment.append(line)
+        elif chunks:  # the rest of the definition above (its body, its `end`, a comment in it)
+            chunks[-1][1].extend([*comment, line])
+            comment = []
+
+    def words(text: str) -> set[str]:
+        return {w for line in text.splitlines() if not line.lstrip().startswith("--") for w in _NAME.findall(line)}
+
+    needed = words(body)
+    kept: list[str] = []
+    for names, lines in reversed(chunks):
+        if names & needed:
+            text = "".join(lines)
+            kept.append(text)
+            needed |= words(text)
+    return "".join(reversed(kept))
+
+
 def load_script(name: str) -> str:
-    """An index script: the layout's constants (start.lua's tables too), the prelude, then the script."""
-    generated = lua_constants() + (start_constants() if name == "start" else "")
-    return generated + lua_source(LUA_DIR, name, prelude="prelude")
+    """An index script: of the layout's constants (start.lua's tables too) and the prelude,
+    the definitions it uses (``used_definitions``), then the script."""
+    shared = lua_constants() + (start_constants() if name == "start" else "") + lua_source(LUA_DIR, "prelude")
+    body = lua_source(LUA_DIR, name)
+    return used_definitions(shared, body) + "\n" + body

@@ -50,7 +50,8 @@ from .types import (
 LOCATION_ID_SHARD_SHIFT = 36
 #: A sharded occupied-bucket cursor keeps its shard in these low bits.
 _CURSOR_SHARD_BITS = 4
-#: Bytes of a request position in a sharded session's 'p' field.
+#: Bytes of a request position in a sharded session's 'o' field (not 'p': start.lua keeps
+#: the capped caller there, for finish.lua to count back down).
 _POSITION = struct.Struct(">I")
 
 _pool: ThreadPoolExecutor | None = None
@@ -116,7 +117,7 @@ class ShardedSession(Session):
     """A write session of a sharded instance: a part in each shard its start touched.
 
     ``entries`` are in the order of the start's new keys (the order ``success_blocks``
-    follows), restored from each part's request positions ('p'); ``origin`` maps each
+    follows), restored from each part's request positions ('o'); ``origin`` maps each
     entry to (part index, index in the part)."""
 
     parts: tuple[tuple[int, Session], ...] = ()
@@ -317,7 +318,7 @@ class ShardedIndex:
             if shard_written:  # the request position of each written key: the session's order at finish
                 pipe.hset(
                     layout.shards[s].session(req.session_id),
-                    "p",
+                    "o",
                     b"".join(_POSITION.pack(pos[local]) for local, _ in shard_written),
                 )
         if len(pipe):
@@ -380,7 +381,7 @@ class ShardedIndex:
         """The session's parts in every shard, one round trip; None when no shard has it."""
         pipe = self.index.client.pipeline(transaction=False)
         for shard in layout.shards:
-            pipe.hmget(shard.session(session_id), "d", "k", "p")
+            pipe.hmget(shard.session(session_id), "d", "k", "o")
         with valkey_errors("index"):
             replies = pipe.execute()
         parts: list[tuple[int, Session]] = []

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, cast
 
 from redis.commands.core import Script
@@ -47,7 +48,7 @@ from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..valkey import Valkey, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
-from .layout import PACKED_GROUP, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
+from .layout import SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -146,17 +147,37 @@ class TagIndex:
         with valkey_errors("index"):
             pipe.execute()
 
-    def _call_feeding(
-        self, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT], layout: InstanceLayout, entry: FeedEntry
+    def _call_queued(
+        self,
+        script: Script,
+        keys: Sequence[KeyT],
+        args: Sequence[EncodableT],
+        before: Callable[[Any], None] | None = None,
+        after: Callable[[Any], None] | None = None,
     ) -> Any:
-        """``_call`` with a hit-feed entry in the same round trip: EVALSHA and XADD in one
-        pipeline (a pipelined Script would check SCRIPT EXISTS first, a round trip more).
-        A server without the script yet answers NOSCRIPT: the script is then called alone."""
+        """``_call`` in one round trip with what ``before`` queues ahead of the script and
+        ``after`` behind it: one pipeline with the EVALSHA (a pipelined Script would check
+        SCRIPT EXISTS first, a round trip more). A server without the script yet answers
+        NOSCRIPT: the script is then called alone (``before``'s commands ran already).
+        ``before``'s commands must hold once the script ran: if one failed, they are sent
+        again alone (raising if they fail again) before the script's reply is used;
+        ``after``'s replies are not looked at."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        self._queue_feed(pipe, layout, entry)
+        if before is not None:
+            before(pipe)
+        at = len(pipe)
+        # execute_command: a cluster pipeline blocks its evalsha method, not the command.
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        if after is not None:
+            after(pipe)
         with valkey_errors("index"):
-            result, _ = pipe.execute(raise_on_error=False)
+            replies = pipe.execute(raise_on_error=False)
+        if before is not None and any(isinstance(r, Exception) for r in replies[:at]):
+            again = self.client.pipeline(transaction=False)
+            before(again)
+            with valkey_errors("index"):
+                again.execute()
+        result = replies[at]
         if isinstance(result, NoScriptError):
             return self._call(script, keys, args)
         if isinstance(result, Exception):
@@ -248,7 +269,9 @@ class TagIndex:
         if feed is None:
             reply = self._call(self._read, keys, args)
         else:
-            reply = self._call_feeding(self._read, keys, args, layout, feed)
+            reply = self._call_queued(
+                self._read, keys, args, after=partial(self._queue_feed, layout=layout, entry=feed)
+            )
         if isinstance(reply, list):  # the buckets split since ``count``: the count now
             reply, now = reply
             self._bucket_counts[layout.tag] = int(now)
@@ -346,16 +369,17 @@ class TagIndex:
                     "by_location": int(c.by_location),
                 }
             )
+        pending = self.pending_deadline() if req.stale else 0
         args += START_TAIL_ARGS.values(
             {
                 "partial": int(req.partial),
                 # Stale locations turn DELETING: they pend from now.
-                "pending_deadline": self.pend_deletions(layout) if req.stale else 0,
+                "pending_deadline": pending,
                 "caller_cap": req.max_caller_sessions if req.caller else 0,
                 "caller": req.caller,
             }
         )
-        reply = self._call(self._start, keys, args)
+        reply = self._call_queued(self._start, keys, args, before=self._due_at(layout, pending))
         if reply[START_GRANT.at("result")] == StartResult.REFUSED:
             raise self._refusal(layout, req, reply)
         written_to = tuple(c - ord("0") for c in reply[START_GRANT.at("written_to")])
@@ -430,7 +454,8 @@ class TagIndex:
         now_ms = int(self.clock.now() * 1000)
         # Blocks fail (turn DELETING) when forced, reported failed, or the session expired.
         failing = force_fail or not all(success) or now_ms > session.deadline_ms
-        reply = self._call(
+        pending = self.pending_deadline() if failing else 0
+        reply = self._call_queued(
             self._finish,
             [
                 layout.key("sd"),
@@ -449,8 +474,9 @@ class TagIndex:
                 layout.bucket_prefix,
                 pack_u48(sizes),
                 layout.instance_id,
-                self.pend_deletions(layout) if failing else 0,
+                pending,
             ],
+            before=self._due_at(layout, pending),
         )
         status = FinishStatus(reply[0])
         if status in (FinishStatus.UNKNOWN, FinishStatus.CHANGED):
@@ -485,17 +511,30 @@ class TagIndex:
     def _due_key(self) -> str:
         return f"{{{self.prefix}:deletions}}:due"
 
-    def pend_deletions(self, layout: InstanceLayout, delay_ms: int = 0) -> int:
-        """The pending deadline (s) of locations about to turn DELETING in ``layout``,
-        handed to deletion ``delay_ms`` after: their hand-off counts as lost after it.
-        Registers the instance as due then, before the script runs, so a process dying
-        between the mark and the hand-off leaves it found (a registration whose script
-        never ran finds nothing and goes)."""
-        deadline = int(self.clock.now()) - (-delay_ms // 1000) + self.DELETION_LOST_AFTER_S
+    def pending_deadline(self, delay_ms: int = 0) -> int:
+        """The pending deadline (s) of locations turning DELETING now, handed to deletion
+        ``delay_ms`` after: their hand-off counts as lost after it."""
+        return int(self.clock.now()) - (-delay_ms // 1000) + self.DELETION_LOST_AFTER_S
+
+    def queue_due(self, pipe: Any, layout: InstanceLayout, deadline: int) -> None:
+        """Queue on ``pipe``: the instance has deletions pending until ``deadline`` (s)
+        (registered due at the first step at or after it)."""
         due = -(-deadline // self.DUE_STEP_S) * self.DUE_STEP_S
-        with valkey_errors("index"):
-            self.client.zadd(self._due_key, {f"{due}:{layout.instance_id}": due})
-        return deadline
+        pipe.zadd(self._due_key, {f"{due}:{layout.instance_id}": due})
+
+    def _due_at(self, layout: InstanceLayout, deadline: int) -> Callable[[Any], None] | None:
+        """What a script turning locations DELETING (pending until ``deadline``; 0: none)
+        queues ahead of itself, in its own round trip (``_call_queued``). The due set is on
+        a slot of its own, so no script can write it: the registration must be in place
+        whenever the script ran, or a process dying between the mark and the hand-off
+        would leave the locations unfound. Queued first, it is: on one node both go over
+        one connection, which runs them in order; a cluster pipeline writes to the nodes
+        in the order of their first command, so the registration is sent (handed to the
+        socket) before the script is, and a moved or failed registration is sent again
+        before the call returns (``_call_queued``). Should that fail too, the marked
+        locations stay pending in the instance's set, found by its next registration. A
+        registration whose script never ran finds nothing and goes (capacity/stranded.py)."""
+        return partial(self.queue_due, layout=layout, deadline=deadline) if deadline else None
 
     def due_deletions(self, now_s: int, limit: int) -> dict[str, list[bytes]]:
         """Instances with deletions due by ``now_s``, each with its due members (at most
@@ -542,7 +581,8 @@ class TagIndex:
         expected = b"".join(v.to_bytes(5, "big") for v in expected_locations) if expected_locations else b""
         limits = struct.pack(f">{len(max_children)}H", *max_children) if max_children else b""
         scope = MarkScope.SERVING if serving_only else MarkScope.LOST if lost_only else MarkScope.ANY
-        reply = self._call(
+        pending = self.pending_deadline(delay_ms)
+        reply = self._call_queued(
             self._mark,
             [layout.key("u"), layout.key("st"), layout.key("pd")],
             [
@@ -554,8 +594,9 @@ class TagIndex:
                 int(self.clock.now()),
                 resubmit_before_s,
                 pack_u48(sizes),
-                self.pend_deletions(layout, delay_ms),
+                pending,
             ],
+            before=self._due_at(layout, pending),
         )
         self.charge_group(layout, Usage.from_charge(reply[1:]))
         return decode_victims(reply[0])
@@ -622,12 +663,6 @@ class TagIndex:
         by_type = {reply[i].decode(): int(reply[i + 1]) for i in range(2, len(reply) - 1, 2)}
         self.charge_group(layout, Usage(int(reply[1]), 0, by_type), -1)
         return int(reply[0])
-
-    def forget_orphan_groups(self, layout: InstanceLayout, groups: Sequence[tuple[int, int]]) -> None:
-        """Called once the files of ``groups`` are deleted."""
-        if groups:
-            with valkey_errors("index"):
-                self.client.srem(layout.key("og"), *[PACKED_GROUP.pack(s, g) for s, g in groups])
 
     def assign_storage(self, layout: InstanceLayout, name: str, storage_type: str) -> tuple[int, int]:
         """Give storage ``name`` an index in the key space unless it has one (lua/storage.lua):

@@ -59,3 +59,19 @@ def client(runtime):
 
     with Client(app) as test_client:
         yield test_client
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """How many times a client sent commands (a pipeline sends all of its own at once)."""
+    from redis.connection import AbstractConnection
+
+    sent = [0]
+    send = AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        sent[0] += 1
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    return lambda: sent[0]

@@ -10,12 +10,13 @@ from chalicelib.protocol.models import StorageConfig
 from tests.integration.control.harness import code, enable_auth, group, message, nfs, post, register_request
 
 
-@pytest.fixture
-def engines(runtime, client):
-    """Bearers of two engine accounts scoped to g1: "owner" and "noisy"."""
+@pytest.fixture(params=[1, 3], ids=["one shard", "three shards"])
+def engines(runtime, client, request):
+    """Bearers of two engine accounts scoped to g1: "owner" and "noisy"; the instance of
+    one shard, or of three (each shard counts the callers of its sessions' parts)."""
     control = runtime.control
     control.add_storage(StorageConfig.model_validate(nfs("nfs1", "/tmp/kvcm-session-caps")))
-    control.create_group(group("g1", "nfs1"))
+    control.create_group(group("g1", "nfs1", instance_shards=request.param))
     control.register_instance(register_request("i1", "g1"))
     headers = {}
     for name in ("owner", "noisy"):

@@ -345,7 +345,7 @@ def test_a_registration_whose_mark_never_ran_goes_after_one_look(cluster, index,
     leaves a registration with nothing pending, which the first round past it drops."""
     cluster.group = make_group(capacity_blocks=1000)
     ctx = cluster.add_instance("i1")
-    index.pend_deletions(ctx.layout)
+    register_due(index, ctx.layout)
     clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
     assert list(index.due_deletions(int(clock.now()), 100)) == ["i1"]
     assert cluster.reclaimer().run_round().resubmitted == 0
@@ -385,7 +385,7 @@ def test_a_pending_entry_whose_location_is_not_deleting_is_dropped_never_acted_o
     cluster.write("i1", [1])
     location = cluster.records("i1")[1].locations[0].location_id
     valkey.zadd(ctx.layout.key("pd"), {SESSION_ENTRY.pack((1).to_bytes(8, "big"), location): 0})
-    index.pend_deletions(ctx.layout)
+    register_due(index, ctx.layout)
     clock.advance(index.DELETION_LOST_AFTER_S + index.DUE_STEP_S)
     assert cluster.reclaimer().stranded.recover() == 0
     assert cluster.statuses("i1") == {1: Status.SERVING}
@@ -456,3 +456,10 @@ def test_a_stranded_deletion_failing_again_does_not_stop_the_reclaim(cluster, in
 
     assert (report.groups[0].error, report.resubmitted) == ("", 0)
     assert report.victims > 0 and cluster.statuses("i1")[stranded[0]] == Status.DELETING
+
+
+def register_due(index, layout):
+    """The registration a mark queues ahead of its script, sent alone (its script never ran)."""
+    pipe = index.client.pipeline(transaction=False)
+    index.queue_due(pipe, layout, index.pending_deadline())
+    pipe.execute()

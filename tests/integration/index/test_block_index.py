@@ -178,3 +178,27 @@ def test_expired_session_fails(index, layout, clock):
     expired, victims = finish(index, layout, "s1", [True, True])
     assert expired and len(victims) == 2
     assert index.read(layout, [1, 2], MODE_PREFIX) == []
+
+
+def test_a_mark_registers_its_deletions_as_due_in_the_scripts_round_trip(index, layout, clock, round_trips):
+    start(index, layout, [1, 2, 3, 4])
+    finish(index, layout, "s1", [True] * 4)
+    index.mark_deleting(layout, [1], SIZES)  # warm: the script is loaded
+    index.settle_due(index.due_deletions(2**40, 10)["inst"])
+    before = round_trips()
+    victims = index.mark_deleting(layout, [2], SIZES, delay_ms=5000)
+    assert [v.block_key for v in victims] == [2]
+    assert round_trips() - before == 1  # ZADD and EVALSHA in one pipeline
+    # registered due no earlier than the location's pending deadline
+    deadline = int(index.client.zscore(layout.key("pd"), index.client.zrange(layout.key("pd"), -1, -1)[0]))
+    assert index.due_deletions(deadline - 1, 10) == {}
+    assert list(index.due_deletions(deadline + index.DUE_STEP_S, 10)) == ["inst"]
+
+
+def test_a_mark_on_a_server_without_the_script_registers_once_and_marks(index, layout, round_trips):
+    start(index, layout, [1, 2])
+    finish(index, layout, "s1", [True, True])
+    index.client.script_flush()
+    assert [v.block_key for v in index.mark_deleting(layout, [1], SIZES)] == [1]
+    assert index.client.zcard(index._due_key) == 1
+    assert index.read(layout, [1, 2], MODE_BATCH)[0] is None

@@ -33,3 +33,17 @@ def test_index_and_lease_on_a_cluster(cluster):
     assert list(index.scan(layout)) == []
     lease = Lease(cluster, prefix="kvcm", node_id="n1", ttl_ms=1000, clock=SystemClock())
     assert lease.try_acquire() and lease.holder() == "n1"
+
+
+def test_a_sampled_read_and_a_mark_pipeline_their_extra_command_on_a_cluster(cluster):
+    # a cluster pipeline refuses its evalsha method: the script goes as a plain command
+    from chalicelib.observability.hit_feed import PREFIX, READ, STREAM_SUFFIX, FeedEntry
+
+    index = BlockIndex(cluster, "kvcm", SystemClock())
+    layout = index.layout("inst", 4)
+    index.start(layout, [1, 2], StartRequest("s1", 2**47, "nfs", "ST_NFS", 8, [200], [0, 0]))
+    index.finish(layout, "s1", index.session(layout, "s1"), [True, True], [200])
+    assert len(index.read_raw(layout, [1, 2], MODE_PREFIX, feed=FeedEntry(READ, PREFIX, [1, 2]))) == 2
+    assert cluster.xlen(layout.key(STREAM_SUFFIX)) == 1
+    assert [v.block_key for v in index.mark_deleting(layout, [2], [200])] == [2]
+    assert len(index.due_deletions(2**40, 10)["inst"]) == 1

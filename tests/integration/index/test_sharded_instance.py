@@ -186,3 +186,50 @@ def test_a_registration_over_a_sharded_key_space_drops_every_shard(index, sharde
     assert taken.shard_count == 2
     assert index.occupied_count(sharded) == 0 and index.read_raw(taken, keys, MODE_RAW) == [None] * 12
     assert index.group_usage(["gs"])[0].bytes == 0
+
+
+def test_a_callers_open_sessions_count_down_in_every_shard_at_finish_and_expiry(index, sharded, cluster3):
+    # start.lua counts the caller in each shard its start touched; the session closing there
+    # (finish, or the reaper's forced fail) takes it back in the same script.
+    rng = random.Random(23)
+    capped = {"caller": "acct", "max_caller_sessions": 2}
+    for n in range(3):  # finished sessions give their place back
+        keys = keys_of(rng, 9)
+        index.start(sharded, keys, request(f"f{n}", 9, **capped))
+        session = index.session(sharded, f"f{n}")
+        assert [k for k, _ in session.entries] == keys
+        index.finish(sharded, f"f{n}", session, [True] * 9, [SIZE])
+    for n in range(3):  # and so do failed ones
+        index.start(sharded, keys_of(rng, 9), request(f"x{n}", 9, **capped))
+        index.finish(sharded, f"x{n}", index.session(sharded, f"x{n}"), (), [SIZE], force_fail=True)
+    assert [cluster3.hgetall(shard.key("sc")) for shard in sharded.shards] == [{}] * 3
+    index.start(sharded, keys_of(rng, 9), request("o1", 9, **capped))
+    assert [cluster3.hgetall(shard.key("sc")) for shard in sharded.shards] == [{b"acct": b"1"}] * 3
+
+
+def test_forgetting_orphan_groups_clears_them_in_every_shard(index, sharded):
+    rng = random.Random(29)
+    keys = [k for s in range(3) for k in keys_of(rng, 4, shard=s)]
+    index.start(sharded, keys, request("s1", 12))
+    failed = index.finish(sharded, "s1", index.session(sharded, "s1"), (), [SIZE], force_fail=True)
+    orphans = index.drop(sharded, failed.victims, [SIZE]).orphan_groups
+    assert {shard_of(v.block_key, 3) for v in failed.victims} == {0, 1, 2}
+    assert sorted(index.orphan_groups(sharded)) == sorted(orphans) and len(orphans) >= 3
+    index.forget_orphan_groups(sharded, orphans)
+    assert index.orphan_groups(sharded) == []
+
+
+def test_marks_and_failed_finishes_register_the_instance_due_on_the_cluster(index, sharded, cluster3):
+    # the registration rides in the script's pipeline, to the due set's own master
+    rng = random.Random(31)
+    keys = keys_of(rng, 9)
+    write(index, sharded, keys, "s1")
+    for node in cluster3.get_primaries():  # the masters answer NOSCRIPT: the script goes alone
+        cluster3.get_redis_connection(node).script_flush()
+    assert len(index.mark_deleting(sharded, keys[:5], [SIZE])) == 5
+    due = index.due_deletions(2**40, 10)
+    assert list(due) == ["sh"]
+    index.settle_due(due["sh"])
+    index.start(sharded, keys_of(rng, 3), request("s2", 3))
+    index.finish(sharded, "s2", index.session(sharded, "s2"), (), [SIZE], force_fail=True)
+    assert list(index.due_deletions(2**40, 10)) == ["sh"]

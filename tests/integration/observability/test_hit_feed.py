@@ -60,22 +60,6 @@ def read(runtime, keys):
     )
 
 
-@pytest.fixture
-def round_trips(monkeypatch):
-    """How many times a client sent commands (a pipeline sends all of its own at once)."""
-    from redis.connection import AbstractConnection
-
-    sent = [0]
-    send = AbstractConnection.send_packed_command
-
-    def counted(self, command, check_health=True):
-        sent[0] += 1
-        return send(self, command, check_health)
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
-    return lambda: sent[0]
-
-
 def test_sampled_keys_ride_on_the_calls_round_trips_and_unsampled_reads_on_the_next_entry(instance, round_trips):
     runtime = instance
     threshold = HASH_RANGE // 4
