@@ -83,6 +83,11 @@ class StackConfig:
         return self.state_dir / "control.json"
 
     @property
+    def s3_dir(self) -> Path:
+        """moto's S3 buckets and objects (``s3.S3Mirror``)."""
+        return self.state_dir / "s3"
+
+    @property
     def data_dir(self) -> Path:
         """Root of the file-backend storages the stack seeds."""
         return self.state_dir / "data"

@@ -24,6 +24,7 @@ from .control import ControlSnapshot
 from .dispatch import Handler, LambdaDispatch
 from .env import EnvPatch
 from .guard import StartCancelled, StateLock, check_ports_free, port_of
+from .s3 import S3Mirror
 from .scheduler import Job, Scheduler, app_jobs
 from .seed import seed_defaults
 from .server import ApiServer, chalice_config
@@ -75,6 +76,8 @@ class LocalStack:
         #: Runs ``jobs`` (and the housekeeping), once started.
         self.scheduler: Scheduler | None = None
         self.restored_items = 0
+        #: ``(buckets, objects)`` put back into moto's S3 from ``config.s3_dir``.
+        self.restored_s3 = (0, 0)
         #: The control table on disk (snapshot + journal), once started.
         self.snapshot: ControlSnapshot | None = None
         self.seeded: list[str] = []
@@ -191,6 +194,11 @@ class LocalStack:
         self._checkpoint()
         exits.callback(self.aws.stop)
         endpoint = self.aws.start()
+        # Before anything can call S3: a write now would be overwritten by the restore.
+        s3_mirror = S3Mirror(self.config.s3_dir)
+        self.restored_s3 = s3_mirror.restore()
+        exits.callback(s3_mirror.detach)
+        s3_mirror.attach()
         # moto's Step Functions interpreter reaches the other services at localhost:$MOTO_PORT;
         # the app's boto3 clients find moto through AWS_ENDPOINT_URL.
         env.set(
@@ -278,6 +286,7 @@ class LocalStack:
                 f"  AWS        {self.aws_endpoint}   (moto: DynamoDB, Lambda, Step Functions, S3; AWS_ENDPOINT_URL)",
                 f"  Valkey     {valkey}",
                 f"  State      {self.config.state_dir}   (control table: {self.restored_items} items restored, "
+                f"S3: {self.restored_s3[0]} buckets, {self.restored_s3[1]} objects restored, "
                 f"seeded: {', '.join(self.seeded) or 'nothing'})",
                 f"  Workflows  {workflows}",
                 f"  Schedules  {schedules}   (period override: KVCM_LOCAL_SCHEDULE_<NAME>_S)",

@@ -383,3 +383,66 @@ def test_a_valkey_that_keeps_dying_stops_the_stack_with_status_3(tmp_path, stack
     assert "restarts in a row; giving up" in message or "could not be restarted" in message, message
     assert 2 <= len(seen) <= 6
     assert valkey_servers_in(state / "valkey") == []
+
+
+def _s3_of(stack: StackProcess):
+    """A boto3 S3 client on the stack's moto (the banner's AWS endpoint)."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=re.search(r"AWS\s+(http://\S+)", stack.stdout()).group(1),
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def test_s3_buckets_and_objects_survive_a_sigkill_and_clean_forgets_them(tmp_path, stacks):
+    """Blocks copied to an S3 tier keep their bytes across a kill -9 of the stack (and of
+    its Valkey); a deleted object or bucket stays deleted; ``clean`` forgets them."""
+    state = tmp_path / "state"
+    first = stacks(state).start()
+    s3 = _s3_of(first)
+    s3.create_bucket(Bucket="cold")
+    s3.create_bucket(Bucket="eu-cold", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    s3.create_bucket(Bucket="gone")
+    block = os.urandom(6 << 20)  # past moto's in-memory buffer (it spools to a temporary file)
+    s3.put_object(Bucket="cold", Key="kv/a", Body=block)
+    s3.put_object(Bucket="cold", Key="kv/a/b", Body=b"\x00under a")
+    s3.put_object(Bucket="cold", Key="kv/deleted", Body=b"soon gone")
+    s3.copy_object(Bucket="eu-cold", Key="copied", CopySource={"Bucket": "cold", "Key": "kv/a/b"})
+    s3.put_object(Bucket="cold", Key="kv/overwritten", Body=b"old")
+    s3.put_object(Bucket="cold", Key="kv/overwritten", Body=b"new")
+    s3.delete_object(Bucket="cold", Key="kv/deleted")
+    s3.delete_objects(Bucket="eu-cold", Delete={"Objects": [{"Key": "never-there"}]})
+    s3.delete_bucket(Bucket="gone")
+    first.process.kill()
+    first.process.wait(10)
+    _wait_until(lambda: not valkey_servers_in(state / "valkey"), 10, "the killed stack's Valkey exits")
+
+    second = stacks(state).start()
+    s3 = _s3_of(second)
+    assert sorted(bucket["Name"] for bucket in s3.list_buckets()["Buckets"]) == ["cold", "eu-cold"]
+    assert s3.get_bucket_location(Bucket="eu-cold")["LocationConstraint"] == "eu-west-1"
+    assert s3.get_object(Bucket="cold", Key="kv/a")["Body"].read() == block
+    assert s3.get_object(Bucket="cold", Key="kv/a/b")["Body"].read() == b"\x00under a"
+    assert s3.get_object(Bucket="cold", Key="kv/overwritten")["Body"].read() == b"new"
+    assert s3.get_object(Bucket="eu-cold", Key="copied")["Body"].read() == b"\x00under a"
+    with pytest.raises(s3.exceptions.NoSuchKey):
+        s3.get_object(Bucket="cold", Key="kv/deleted")
+    assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket="cold")["Contents"]) == ["kv/a", "kv/a/b", "kv/overwritten"]
+    second.stop()
+    assert second.process.returncode == 0
+
+    cleaned = subprocess.run(
+        [sys.executable, "-m", "local_stack", "clean"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "KVCM_STATE_DIR": str(state)},
+        capture_output=True,
+        text=True,
+        timeout=FAIL_FAST_S,
+    )
+    assert cleaned.returncode == 0, cleaned.stderr
+    third = stacks(state).start()
+    assert _s3_of(third).list_buckets()["Buckets"] == []
