@@ -35,6 +35,9 @@ DELETED_SUFFIX = ".deleted"
 #: Names that are safe as a directory name (S3's own rules are stricter).
 SAFE_BUCKET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
+#: What runs after a wrapped moto method: ``(backend, its result, bucket name, key name)``.
+AfterChange = Callable[[Any, Any, str, str], None]
+
 
 def object_file_name(key_name: str) -> str:
     """A fixed-length file name for any key (keys may be 1 KiB and hold ``/``)."""
@@ -140,7 +143,7 @@ class S3Mirror:
         if S3Mirror._attached is self:
             S3Mirror._attached = None
 
-    def _mirrored(self, original: Callable[..., Any], after: Callable[[Any, Any, str, str], None]) -> Callable[..., Any]:
+    def _mirrored(self, original: Callable[..., Any], after: AfterChange) -> Callable[..., Any]:
         def change_then_mirror(backend: Any, bucket_name: str, *args: Any, **kwargs: Any) -> Any:
             # put_object and delete_object name the key second, positionally or not (unused
             # by the bucket methods).

@@ -431,7 +431,8 @@ def test_s3_buckets_and_objects_survive_a_sigkill_and_clean_forgets_them(tmp_pat
     assert s3.get_object(Bucket="eu-cold", Key="copied")["Body"].read() == b"\x00under a"
     with pytest.raises(s3.exceptions.NoSuchKey):
         s3.get_object(Bucket="cold", Key="kv/deleted")
-    assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket="cold")["Contents"]) == ["kv/a", "kv/a/b", "kv/overwritten"]
+    listed = s3.list_objects_v2(Bucket="cold")["Contents"]
+    assert sorted(entry["Key"] for entry in listed) == ["kv/a", "kv/a/b", "kv/overwritten"]
     second.stop()
     assert second.process.returncode == 0
 
