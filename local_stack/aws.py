@@ -2,7 +2,7 @@
 
 moto keeps everything in memory, so every start re-creates the Lambda functions (so
 that ARNs resolve) and the state machines; the control table's content is carried over
-by ``control.ControlSnapshot``.
+by ``control.ControlSnapshot``, S3's buckets and objects by ``s3.S3Mirror``.
 """
 
 from __future__ import annotations

@@ -78,6 +78,8 @@ class LocalStack:
         self.restored_items = 0
         #: ``(buckets, objects)`` put back into moto's S3 from ``config.s3_dir``.
         self.restored_s3 = (0, 0)
+        #: moto's S3 on disk, once started.
+        self.s3_mirror: S3Mirror | None = None
         #: The control table on disk (snapshot + journal), once started.
         self.snapshot: ControlSnapshot | None = None
         self.seeded: list[str] = []
@@ -195,7 +197,7 @@ class LocalStack:
         exits.callback(self.aws.stop)
         endpoint = self.aws.start()
         # Before anything can call S3: a write now would be overwritten by the restore.
-        s3_mirror = S3Mirror(self.config.s3_dir)
+        s3_mirror = self.s3_mirror = S3Mirror(self.config.s3_dir)
         self.restored_s3 = s3_mirror.restore()
         exits.callback(s3_mirror.detach)
         s3_mirror.attach()
