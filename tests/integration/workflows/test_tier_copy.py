@@ -140,6 +140,36 @@ def _copy(stack, keys):
     return wait_execution(stack.sfn, arn, timeout_s=60)
 
 
+#: The tags of the migration.* series of the route nfs_01 → s3_01 of group "tiers".
+ROUTE = (("instance_group", "tiers"), ("source_storage", "nfs_01"), ("target_storage", "s3_01"))
+
+
+def _api(method, body=None):
+    """One wire call to the app (the stack's runtime), its answer."""
+    from chalice.test import Client
+
+    from local_stack.stack import load_app
+    from tests.integration.control.harness import call
+
+    with Client(load_app()) as client:
+        return call(client, method, body or {})
+
+
+def _exported(prefix):
+    """The service's metrics named ``prefix``..., as getMetrics answers them: {(name, tags): value}."""
+    out = {}
+    for point in _api("getMetrics")["metrics"]:
+        if point["metric_name"].startswith(prefix):
+            value = point["metric_value"]
+            tags = tuple(sorted((t["tag_key"], t["tag_value"]) for t in point.get("metric_tags", [])))
+            out[(point["metric_name"], tags)] = float(value.get("int_value", value.get("float_value", 0)))
+    return out
+
+
+def _completed(status):
+    return ("migration.tasks_completed_total", tuple(sorted((*ROUTE, ("status", status)))))
+
+
 def test_nfs_blocks_are_copied_to_s3_and_serve_there_with_exact_counters(tiers):
     rt = tiers.runtime
     keys = list(range(1, 151))  # three batches (BATCH_SIZE 64), two at a time
@@ -160,10 +190,45 @@ def test_nfs_blocks_are_copied_to_s3_and_serve_there_with_exact_counters(tiers):
     group = rt.index.group_usage(["tiers"])[0]
     assert (group.bytes, group.keys) == (2 * len(keys) * BLOCK, len(keys))
     assert group.by_type == {"ST_NFS": len(keys) * BLOCK, "ST_S3": len(keys) * BLOCK}
+    exported = _exported("migration.")
+    assert {k: v for k, v in exported.items() if k[0] != "migration.copy_duration_ms"} == {
+        ("migration.tasks_submitted_total", ROUTE): len(keys),
+        _completed("success"): len(keys),
+        ("migration.copy_bytes_total", ROUTE): len(keys) * BLOCK,
+    }
+    assert ("migration.copy_duration_ms", ROUTE) in exported  # its value: test_every_step_run_again_does_the_same
     # Run again: every target is held already, nothing moves.
     again = json.loads(_copy(tiers, keys)["output"])["results"]
     assert sum(r["served"] for r in again) == 0
     assert rt.index.usage([ctx.layout])[0] == usage
+    assert _exported("migration.") == exported
+
+
+def test_the_group_usage_and_metrics_show_each_tier(tiers):
+    """getInstanceGroupUsage and getMetrics (the usage_metrics schedule's gauges) per storage
+    and per storage type, over the wire, once a copy put a block on each tier."""
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    assert _copy(tiers, [1, 2])["status"] == "SUCCEEDED"
+    (usage,) = _api("getInstanceGroupUsage", {"instance_group_name": "tiers"})["usage"]
+    assert usage["by_storage"] == [
+        {"storage_name": "nfs_01", "storage_type": "ST_NFS", "used_bytes": str(3 * BLOCK)},
+        {"storage_name": "s3_01", "storage_type": "ST_S3", "used_bytes": str(2 * BLOCK)},
+    ]
+    assert [(t["storage_type"], int(t["used_bytes"]), int(t["capacity"])) for t in usage["by_storage_type"]] == [
+        ("ST_NFS", 3 * BLOCK, 0),
+        ("ST_S3", 2 * BLOCK, 1 << 29),
+    ]
+    rt.usage_metrics.run()
+    group = (("instance_group", "tiers"),)
+    exported = _exported("cache_manager_group.storage")
+    assert {k: v for k, v in exported.items() if k[1][0] == group[0]} == {
+        ("cache_manager_group.storage_byte_size", (*group, ("storage", "nfs_01"))): 3 * BLOCK,
+        ("cache_manager_group.storage_byte_size", (*group, ("storage", "s3_01"))): 2 * BLOCK,
+        ("cache_manager_group.storage_type_byte_size", (*group, ("storage_type", "ST_NFS"))): 3 * BLOCK,
+        ("cache_manager_group.storage_type_byte_size", (*group, ("storage_type", "ST_S3"))): 2 * BLOCK,
+        ("cache_manager_group.storage_type_usage_ratio", (*group, ("storage_type", "ST_S3"))): 2 * BLOCK / (1 << 29),
+    }
 
 
 @pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
@@ -212,6 +277,7 @@ def test_a_copy_over_the_target_type_quota_is_refused_and_writes_nothing(tiers):
     (result,) = json.loads(done["output"])["results"]
     assert result["refused"] == "QuotaExceededError" and "quota" in result["cause"], result
     assert (_locations(rt, [1, 2, 3]), _counts(rt.index.usage([ctx.layout])[0])) == before
+    assert _exported("migration.") == {("migration.tasks_submitted_total", ROUTE): 3, _completed("refused"): 3}
 
 
 def test_a_transient_copy_failure_is_retried(tiers, monkeypatch):
@@ -266,6 +332,7 @@ def test_a_copy_that_fails_for_good_deletes_its_targets(tiers, monkeypatch):
     assert wait_for(lambda: _locations(rt, [1, 2, 3]) == [[("nfs_01", Status.SERVING)]] * 3, 20)
     assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
     assert _counts(rt.index.group_usage(["tiers"])[0])["by_type"] == {"ST_NFS": 3 * BLOCK}
+    assert _exported("migration.") == {("migration.tasks_submitted_total", ROUTE): 3, _completed("abandoned"): 3}
 
 
 def _broken_copy(*args, **kwargs):
@@ -365,11 +432,20 @@ def test_every_step_run_again_does_the_same(tiers):
         "block_keys": [1, 2],
     }
     begun = tasks.begin(event)
+    rt.clock.advance(1.5)
     assert tasks.begin(event) == begun and len(begun["blocks"]) == 2
     copied = tasks.copy(begun)
     assert tasks.copy(begun) == copied
+    rt.clock.advance(1)
     first = tasks.finish(copied)
     assert (first["served"], first["sources_deleted"]) == (2, 2)
     again = tasks.finish(copied)
     assert (again["served"], again["failed"], again["sources_deleted"]) == (2, 0, 0)
+    # Counted once, by the begin that made the session and the finish that closed it.
+    assert _exported("migration.") == {
+        ("migration.tasks_submitted_total", ROUTE): 2,
+        _completed("success"): 2,
+        ("migration.copy_bytes_total", ROUTE): 2 * BLOCK,
+        ("migration.copy_duration_ms", ROUTE): 2500,
+    }
     assert wait_for(lambda: _locations(rt, [1, 2]) == [[("s3_01", Status.SERVING)]] * 2, 20)
