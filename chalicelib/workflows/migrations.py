@@ -67,6 +67,14 @@ COPY_SESSION_TTL_S = math.ceil(
     step_budget_s(STEP_TIMEOUT_S["CopyBytes"]) + step_budget_s(STEP_TIMEOUT_S["CopyFinish"]) + SESSION_SLACK_S
 )
 
+#: The state machine's TimeoutSeconds: the longest an execution can take with its batches run
+#: one at a time (copy_max_concurrency 1), every step of each retried to the end. One still
+#: running then is stuck; Step Functions stops it (alarm TierCopyTimeoutsAlarm) and the
+#: sessions it left expire with the reaper.
+EXECUTION_TIMEOUT_S = math.ceil(
+    (EXECUTION_SIZE // BATCH_SIZE) * (step_budget_s(STEP_TIMEOUT_S["CopyBegin"]) + COPY_SESSION_TTL_S)
+)
+
 
 class TierCopies:
     """Starts ``tier_copy`` executions."""
@@ -100,9 +108,13 @@ class TierCopies:
         )
 
 
+#: The write session ids of Copy batches begin with this (the reaper tells them apart).
+COPY_SESSION_PREFIX = "copy-"
+
+
 def _session_id(event: dict[str, Any]) -> str:
     """One per batch of one execution: a retried begin finds the session its first attempt made."""
-    return f"copy-{event['execution']}-{event['batch']}"
+    return f"{COPY_SESSION_PREFIX}{event['execution']}-{event['batch']}"
 
 
 def _route_tags(ctx: InstanceContext, event: dict[str, Any]) -> dict[str, str]:

@@ -3,6 +3,7 @@ the bytes at the target URIs equal the source's, counters exact; retention; a co
 fails for good or whose execution dies leaves nothing WRITING (the injected clock drives
 the session's expiry)."""
 
+import io
 import json
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.types import MODE_RAW
+from chalicelib.observability.emf import EmfWriter
 from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
@@ -350,11 +352,20 @@ def test_a_copy_whose_execution_dies_expires_and_nothing_stays_writing(tiers, mo
     monkeypatch.setattr(migrations.CopyTasks, "finish", lambda self, event: _broken_copy())
     assert _copy(tiers, [1, 2])["status"] == "FAILED"
     assert [locs[1] for locs in _locations(rt, [1, 2])] == [("s3_01", Status.WRITING)] * 2
+    emf = io.StringIO()
+    monkeypatch.setattr(rt.session_reaper, "emf", EmfWriter("KVCM/test", rt.clock, emf))
     rt.clock.advance(migrations.COPY_SESSION_TTL_S - 1)
     assert rt.session_reaper.expire_write_sessions()["expired"] == 0, "a live copy's targets were failed"
+    assert "ExpiredCopySessions" not in emf.getvalue()
     rt.clock.advance(2)
     assert rt.session_reaper.expire_write_sessions()["expired"] == 1
     assert _no_writing_left(rt, [1, 2])
+    # What TierCopyStuckAlarm watches, and the service's own counter.
+    (line,) = [json.loads(x) for x in emf.getvalue().splitlines() if "ExpiredCopySessions" in x]
+    assert (line["ExpiredCopySessions"], line["Service"]) == (1, "kvcm")
+    assert _exported("migration.copy_sessions_expired_total") == {
+        ("migration.copy_sessions_expired_total", (("instance_group", "tiers"),)): 1
+    }
     assert wait_for(lambda: _locations(rt, [1, 2]) == [[("nfs_01", Status.SERVING)]] * 2, 20)
     assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
 
@@ -378,6 +389,11 @@ def test_the_session_deadline_outlives_every_retry_of_the_asl():
         tasks["FinishCopy"]["TimeoutSeconds"]
     )
     assert migrations.COPY_SESSION_TTL_S > after_begin
+    # A whole execution: every batch one after the other, each at its longest.
+    assert definition["TimeoutSeconds"] == migrations.EXECUTION_TIMEOUT_S
+    batches = migrations.EXECUTION_SIZE // migrations.BATCH_SIZE
+    longest_batch = migrations.step_budget_s(tasks["BeginCopy"]["TimeoutSeconds"]) + migrations.COPY_SESSION_TTL_S
+    assert migrations.EXECUTION_TIMEOUT_S >= batches * longest_batch
     config = json.loads((REPO / ".chalice" / "config.json").read_text())["lambda_functions"]
     for name, timeout in (("copy_begin", 60), ("copy_bytes", 300), ("copy_finish", 60)):
         assert config.get(name, {}).get("lambda_timeout", 60) == timeout
