@@ -21,6 +21,7 @@ from chalicelib.protocol.models import (
     GetCacheLocationRequest,
     InstanceGroup,
     RegisterInstanceRequest,
+    RemoveCacheRequest,
     StartWriteCacheRequest,
     StorageConfig,
 )
@@ -465,3 +466,29 @@ def test_every_step_run_again_does_the_same(tiers):
         ("migration.copy_duration_ms", ROUTE): 2500,
     }
     assert wait_for(lambda: _locations(rt, [1, 2]) == [[("s3_01", Status.SERVING)]] * 2, 20)
+
+
+def test_a_target_whose_source_is_removed_during_the_copy_counts_as_failed(tiers):
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+    tasks = rt.copy_tasks
+    event = {
+        "instance_id": "t1",
+        "source": "nfs_01",
+        "target": "s3_01",
+        "retention": "MIGRATION_RETENTION_KEEP_BOTH",
+        "execution": "raced",
+        "batch": 0,
+        "block_keys": [1, 2],
+    }
+    copied = tasks.copy(tasks.begin(event))
+    rt.cache.remove_cache(RemoveCacheRequest(instance_id="t1", block_keys=[1]))
+    done = tasks.finish(copied)
+    assert (done["served"], done["failed"]) == (1, 1)
+    assert _exported("migration.") == {
+        ("migration.tasks_submitted_total", ROUTE): 2,
+        _completed("success"): 1,
+        _completed("failed"): 1,
+        ("migration.copy_bytes_total", ROUTE): BLOCK,
+        ("migration.copy_duration_ms", ROUTE): 0,
+    }
