@@ -347,7 +347,7 @@ class Runtime:
     @cached_property
     def copy_tasks(self) -> CopyTasks:
         """The tier_copy state machine's tasks."""
-        return CopyTasks(self.contexts, self.index, MigrationIndex(self.index), self.deleter, self.clock)
+        return CopyTasks(self.contexts, self.index, MigrationIndex(self.index), self.deleter, self.clock, self.metrics)
 
     @cached_property
     def cache(self) -> CacheService:

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from chalicelib.control import table_definition
+from chalicelib.workflows.migrations import COPY_SESSION_TTL_S
 from infra import asl
 
 INFRA_DIR = Path(__file__).resolve().parent
@@ -242,6 +243,15 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
             {"StateMachineArn": state_machine_arn("tier_copy")},
             0,
         ),
+        "TierCopyTimeoutsAlarm": alarm(
+            "A tiered Copy execution ran past its TimeoutSeconds (longer than its batches take one at a time, "
+            "every step retried to the end): it was stuck and Step Functions stopped it; the targets it left "
+            "WRITING are deleted when their sessions expire",
+            "AWS/States",
+            "ExecutionsTimedOut",
+            {"StateMachineArn": state_machine_arn("tier_copy")},
+            0,
+        ),
         "ValkeyMemoryAlarm": {
             "Type": "AWS::CloudWatch::Alarm",
             "Condition": "CreateValkey",
@@ -326,6 +336,15 @@ def alarms(binding: Any, api_stage: str, function_names: Iterable[str]) -> dict:
         {"Service": "kvcm"},
         0,
         periods=3,
+    )
+    resources["TierCopyStuckAlarm"] = alarm(
+        f"A tiered Copy batch was not finished {COPY_SESSION_TTL_S} s (COPY_SESSION_TTL_S) after its begin, "
+        "longer than every retry of its steps allows: its execution died or is stuck; the reaper failed its "
+        "targets, which go to deletion",
+        jobs,
+        "ExpiredCopySessions",
+        {"Service": "kvcm"},
+        0,
     )
     for name, what in (("reclaim", "Reclaim"), ("reaper_watchdog", "ReaperWatchdog")):
         if name in names:

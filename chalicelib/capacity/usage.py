@@ -9,6 +9,7 @@ watermark shown is the one reclaim really starts at.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 from ..cache.contexts import ContextProvider
 from ..control import ControlPlane
@@ -23,6 +24,7 @@ from ..protocol.models import (
     InstanceGroupUsage,
     InstanceUsage,
     StorageTypeUsage,
+    StorageUsage,
 )
 from .watermark import Limits
 
@@ -34,8 +36,11 @@ def _watermark(limits: Limits) -> int:
     return min(triggers, default=0)
 
 
-def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroupUsage:
-    """The report of one group whose instances use ``usages`` (by instance id)."""
+def group_usage(
+    group: InstanceGroup, usages: dict[str, Usage], storage_types: Mapping[str, StorageType]
+) -> InstanceGroupUsage:
+    """The report of one group whose instances use ``usages`` (by instance id);
+    ``storage_types`` gives each storage's type by name."""
     limits = Limits.of(group)
     types = sorted(set(limits.type_capacity) | {t for u in usages.values() for t in u.by_type})
     by_type = [
@@ -46,6 +51,15 @@ def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroup
             watermark_bytes=(limits.trigger(limits.type_capacity[name]) if name in limits.type_capacity else 0),
         )
         for name in types
+    ]
+    storages = sorted(set(group.storage_candidates) | {name for u in usages.values() for name in u.by_storage})
+    by_storage = [
+        StorageUsage(
+            storage_name=name,
+            storage_type=storage_types.get(name, StorageType.ST_UNSPECIFIED),
+            used_bytes=sum(u.by_storage.get(name, 0) for u in usages.values()),
+        )
+        for name in storages
     ]
     instances = sorted(
         (InstanceUsage(instance_id=i, used_bytes=u.bytes, key_count=u.keys) for i, u in usages.items()),
@@ -59,17 +73,28 @@ def group_usage(group: InstanceGroup, usages: dict[str, Usage]) -> InstanceGroup
         key_count=sum(u.keys for u in usages.values()),
         max_key_count=limits.max_keys,
         by_storage_type=by_type,
+        by_storage=by_storage,
         instances=instances,
     )
 
 
 def record_usage_gauges(metrics: MetricsRegistry, group: InstanceGroupUsage) -> None:
     """Set a group's usage gauges (UPSTREAM_V2 §2.16): ``cache_manager_group.usage_ratio``
-    (with a quota) and each instance's ``cache_manager_instance.key_count`` and ``.byte_size``."""
+    (with a quota) and each instance's ``cache_manager_instance.key_count`` and ``.byte_size``;
+    per tier (KVCM): ``cache_manager_group.storage_type_byte_size{storage_type}``,
+    ``.storage_type_usage_ratio{storage_type}`` (with a type quota: what tiered Copy's
+    ``trigger_threshold`` is compared with) and ``.storage_byte_size{storage}``."""
+    group_tags = {"instance_group": group.name}
     if group.capacity > 0:
-        metrics.gauge(
-            "cache_manager_group.usage_ratio", group.used_bytes / group.capacity, {"instance_group": group.name}
-        )
+        metrics.gauge("cache_manager_group.usage_ratio", group.used_bytes / group.capacity, group_tags)
+    for tier in group.by_storage_type:
+        tags = group_tags | {"storage_type": tier.storage_type.name}
+        metrics.gauge("cache_manager_group.storage_type_byte_size", tier.used_bytes, tags)
+        if tier.capacity > 0:
+            metrics.gauge("cache_manager_group.storage_type_usage_ratio", tier.used_bytes / tier.capacity, tags)
+    for storage in group.by_storage:
+        tags = group_tags | {"storage": storage.storage_name}
+        metrics.gauge("cache_manager_group.storage_byte_size", storage.used_bytes, tags)
     for instance in group.instances:
         tags = {"instance_group": group.name, "instance_id": instance.instance_id}
         metrics.gauge("cache_manager_instance.key_count", instance.key_count, tags)
@@ -91,6 +116,7 @@ class UsageReports:
         ids: dict[str, list[str]] = defaultdict(list)
         for record in self.control.list_instances(name):
             ids[record.group].append(record.instance_id)
+        storage_types = {record.name: record.config.storage_type for record in self.control.list_storages()}
         reports = []
         for group in groups:
             contexts = []
@@ -100,5 +126,7 @@ class UsageReports:
                 except InstanceNotFoundError:
                     continue  # removed since the listing
             usages = self.index.usage([c.layout for c in contexts]) if contexts else []
-            reports.append(group_usage(group, {c.instance_id: u for c, u in zip(contexts, usages, strict=True)}))
+            reports.append(
+                group_usage(group, {c.instance_id: u for c, u in zip(contexts, usages, strict=True)}, storage_types)
+            )
         return GetInstanceGroupUsageResponse(usage=reports)

@@ -111,6 +111,20 @@ function hitRatios(metrics) {
 
 // ---------------------------------------------------------------- pages
 
+// Per tier: each storage's bytes, and each storage type's against its quota_config entry.
+function tiers(group) {
+  const box = el("div", {class: "tiers"});
+  for (const s of group.by_storage || []) {
+    box.append(el("div", {}, `${s.storage_name} (${(s.storage_type || "").replace(/^ST_/, "").toLowerCase()}): ${size(s.used_bytes)}`));
+  }
+  for (const t of group.by_storage_type || []) {
+    const cap = num(t.capacity);
+    box.append(el("div", {class: "hint"}, `${(t.storage_type || "").replace(/^ST_/, "")}: ${size(t.used_bytes)}` +
+      (cap ? ` of ${size(cap)} (${pct(num(t.used_bytes), cap)})` : "")));
+  }
+  return box;
+}
+
 function renderGroups(usage) {
   const rows = usage.map(g => {
     const used = num(g.used_bytes), quota = num(g.capacity), watermark = num(g.watermark_bytes);
@@ -123,7 +137,7 @@ function renderGroups(usage) {
       : watermark ? size(watermark) : "–";
     return [g.name, quota ? size(quota) : "unlimited", size(used), pct(used, quota),
             mark, num(g.key_count).toLocaleString("en"), g.instances.length,
-            bar(used, reclaimOff ? 0 : watermark, quota), sparkline(history, quota)];
+            bar(used, reclaimOff ? 0 : watermark, quota), sparkline(history, quota), tiers(g)];
   });
   fill("groups-table", rows);
   document.querySelectorAll("#groups-table tbody tr").forEach((row, i) => row.dataset.group = usage[i]?.name || "");

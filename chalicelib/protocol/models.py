@@ -1164,6 +1164,14 @@ class StorageTypeUsage(WireModel):
     watermark_bytes: Int64 = 0  # where reclaim starts for this type, 0 = never
 
 
+class StorageUsage(WireModel):
+    """KVCM addition: one storage (tier) of a group, with the bytes its instances hold there."""
+
+    storage_name: Str = ""
+    storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
+    used_bytes: Int64 = 0
+
+
 class InstanceGroupUsage(WireModel):
     name: Str = ""
     capacity: Int64 = 0  # quota.capacity, 0 = unlimited
@@ -1173,6 +1181,8 @@ class InstanceGroupUsage(WireModel):
     key_count: Int64 = 0
     max_key_count: Int64 = 0  # per instance, 0 = unlimited
     by_storage_type: list[StorageTypeUsage] = Field(default_factory=empty_list)
+    #: Every storage candidate and any other storage the instances still hold bytes on, by name.
+    by_storage: list[StorageUsage] = Field(default_factory=empty_list)
     #: The group's instances, most used first.
     instances: list[InstanceUsage] = Field(default_factory=empty_list)
 

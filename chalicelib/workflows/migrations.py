@@ -7,6 +7,15 @@ WRITING targets, quota-checked, in a write session), ``copy`` (``copy_blocks``),
 to deletion). Each step is safe to run again (the state machine retries them): a begin finds
 its session already made, a copy writes the same bytes to the same places, a finish finds its
 session closed and reads the outcome from the records.
+
+Metrics (upstream's ``migration.*``, one task = one block), tagged ``instance_group``,
+``source_storage`` and ``target_storage``: ``migration.tasks_submitted_total`` (blocks a
+begin took or refused), ``migration.tasks_completed_total{status}`` (``success``: the target
+serves; ``failed``: its source changed during the copy; ``abandoned``: the copy failed for
+good; ``refused``: over a quota), ``migration.copy_bytes_total`` (bytes of the served
+targets) and the gauge ``migration.copy_duration_ms`` (begin to finish of the last batch
+that served). Each is counted by the step whose Valkey change decided it (a begin that made
+its session, a finish that closed it), never by a step run again.
 """
 
 from __future__ import annotations
@@ -21,10 +30,11 @@ from ..cache.deletion import Deleter
 from ..cache.service import addresses_by_location, spec_group_coverage
 from ..clock import Clock, now_ms
 from ..index import BlockIndex, Status
-from ..index.errors import WriteSessionError
+from ..index.errors import QuotaExceededError, WriteSessionError
 from ..index.migration import CopyQuotas, CopyTarget, MigrationIndex
 from ..index.records import BlockRecord, LocationRecord
 from ..index.types import MODE_RAW
+from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import MigrationRetention
 from ..protocol.errors import InvalidArgumentError
 from ..storage import BlockRef, StorageBackend, copy_blocks
@@ -55,6 +65,14 @@ def step_budget_s(timeout_s: int) -> float:
 #: execution died, after this).
 COPY_SESSION_TTL_S = math.ceil(
     step_budget_s(STEP_TIMEOUT_S["CopyBytes"]) + step_budget_s(STEP_TIMEOUT_S["CopyFinish"]) + SESSION_SLACK_S
+)
+
+#: The state machine's TimeoutSeconds: the longest an execution can take with its batches run
+#: one at a time (copy_max_concurrency 1), every step of each retried to the end. One still
+#: running then is stuck; Step Functions stops it (alarm TierCopyTimeoutsAlarm) and the
+#: sessions it left expire with the reaper.
+EXECUTION_TIMEOUT_S = math.ceil(
+    (EXECUTION_SIZE // BATCH_SIZE) * (step_budget_s(STEP_TIMEOUT_S["CopyBegin"]) + COPY_SESSION_TTL_S)
 )
 
 
@@ -90,9 +108,23 @@ class TierCopies:
         )
 
 
+#: The write session ids of Copy batches begin with this (the reaper tells them apart).
+COPY_SESSION_PREFIX = "copy-"
+
+
 def _session_id(event: dict[str, Any]) -> str:
     """One per batch of one execution: a retried begin finds the session its first attempt made."""
-    return f"copy-{event['execution']}-{event['batch']}"
+    return f"{COPY_SESSION_PREFIX}{event['execution']}-{event['batch']}"
+
+
+def _route_tags(ctx: InstanceContext, event: dict[str, Any]) -> dict[str, str]:
+    return {"instance_group": ctx.group.name, "source_storage": event["source"], "target_storage": event["target"]}
+
+
+def _count(metrics: MetricsRegistry, name: str, count: int, tags: dict[str, str]) -> None:
+    """Add to a counter; none of a kind makes no series (as upstream's counters)."""
+    if count:
+        metrics.incr(name, count, tags)
 
 
 def _located(record: BlockRecord | None, location_id: int) -> LocationRecord | None:
@@ -105,13 +137,20 @@ class CopyTasks:
     """The Lambda tasks of ``tier_copy``."""
 
     def __init__(
-        self, contexts: ContextProvider, index: BlockIndex, migration: MigrationIndex, deleter: Deleter, clock: Clock
+        self,
+        contexts: ContextProvider,
+        index: BlockIndex,
+        migration: MigrationIndex,
+        deleter: Deleter,
+        clock: Clock,
+        metrics: MetricsRegistry,
     ) -> None:
         self.contexts = contexts
         self.index = index
         self.migration = migration
         self.deleter = deleter
         self.clock = clock
+        self.metrics = metrics
 
     def _backend(self, ctx: InstanceContext, name: str) -> StorageBackend:
         backend = ctx.backend(name)
@@ -141,27 +180,37 @@ class CopyTasks:
             group_usage = None
             if ctx.group.quota is not None:
                 group_usage = self.index.group_usage([ctx.group.name])[0].live()
-            begun = self.migration.begin_copy(
-                layout,
-                sources,
-                CopyTarget(
-                    target.name,
-                    target.storage_type.name,
-                    target.pack_count,
-                    addresses_by_location(target),
-                    ctx.type_capacity(target.storage_type),
-                ),
-                sizes,
-                session_id,
-                now_ms(self.clock) + COPY_SESSION_TTL_S * 1000,
-                CopyQuotas(ctx.group_capacity, ctx.instance_capacity, group_usage),
-                covers=spec_group_coverage(ctx),
-                spec_group_count=len(sizes),
-            )
+            tags = _route_tags(ctx, event)
+            begun_ms = now_ms(self.clock)
+            try:
+                begun = self.migration.begin_copy(
+                    layout,
+                    sources,
+                    CopyTarget(
+                        target.name,
+                        target.storage_type.name,
+                        target.pack_count,
+                        addresses_by_location(target),
+                        ctx.type_capacity(target.storage_type),
+                    ),
+                    sizes,
+                    session_id,
+                    begun_ms + COPY_SESSION_TTL_S * 1000,
+                    CopyQuotas(ctx.group_capacity, ctx.instance_capacity, group_usage),
+                    covers=spec_group_coverage(ctx),
+                    spec_group_count=len(sizes),
+                )
+            except QuotaExceededError:
+                _count(self.metrics, "migration.tasks_submitted_total", len(sources), tags)
+                _count(self.metrics, "migration.tasks_completed_total", len(sources), tags | {"status": "refused"})
+                raise
+            _count(self.metrics, "migration.tasks_submitted_total", len(begun.placements), tags)
             pairs = [(key, source, placed) for key, source, placed, _, _ in begun.placements]
         else:  # a retried begin: its first attempt made the session
             pairs = [(key, None, placed) for key, placed in session.entries]
-        return {**event, "session_id": session_id, "blocks": self._blocks(ctx, event["source"], pairs)}
+            begun_ms = session.deadline_ms - COPY_SESSION_TTL_S * 1000
+        blocks = self._blocks(ctx, event["source"], pairs)
+        return {**event, "session_id": session_id, "begun_ms": begun_ms, "blocks": blocks}
 
     def _storage_index(self, ctx: InstanceContext, name: str) -> int:
         return next((i for i, n in self.index.storage_names(ctx.layout).items() if n == name), 0)
@@ -228,10 +277,12 @@ class CopyTasks:
                 [copied and location in in_copy for _, location in session.entries],
                 ctx.spec_layout.sizes,
             )
-            self.deleter.submit(ctx, done.victims)
             by_target = {location: j for j, (_, location) in enumerate(session.entries)}
             served_at = set(done.served)
             served = [b for b in blocks if by_target.get(b[5]) in served_at]
+            # Before the hand-over: a finish run again (the hand-over failed) counts nothing.
+            self._record_finish(ctx, event, served, len(session.entries) - len(served), copied)
+            self.deleter.submit(ctx, done.victims)
         except WriteSessionError:  # a retried finish (or a session the reaper failed): the records say
             records = self.index.read(ctx.layout, [b[0] for b in blocks], MODE_RAW)
             served = [
@@ -251,3 +302,18 @@ class CopyTasks:
             self.deleter.submit(ctx, victims, delay_ms=ctx.delete_delay_ms)
             result["sources_deleted"] = len(victims)
         return result
+
+    def _record_finish(
+        self, ctx: InstanceContext, event: dict[str, Any], served: list[list[int]], unserved: int, copied: bool
+    ) -> None:
+        """The outcomes of the targets of a session this finish closed."""
+        tags = _route_tags(ctx, event)
+        _count(self.metrics, "migration.tasks_completed_total", len(served), tags | {"status": "success"})
+        status = "failed" if copied else "abandoned"
+        _count(self.metrics, "migration.tasks_completed_total", unserved, tags | {"status": status})
+        if served:
+            slots = ctx.spec_layout.slots
+            served_bytes = sum(spec.size for b in served for spec in slots(b[1]))
+            self.metrics.incr("migration.copy_bytes_total", served_bytes, tags)
+            if "begun_ms" in event:
+                self.metrics.gauge("migration.copy_duration_ms", now_ms(self.clock) - event["begun_ms"], tags)

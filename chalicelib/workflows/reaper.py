@@ -20,6 +20,7 @@ from ..observability.metrics import MetricsRegistry
 from ..protocol.errors import InstanceNotFoundError
 from ..stores.lease import Lease
 from .executions import StateMachine
+from .migrations import COPY_SESSION_PREFIX
 
 #: Loop period: a session is failed at most about this long after its deadline.
 INTERVAL_S = 2
@@ -74,7 +75,7 @@ class SessionReaper:
             instance_ids = [r.instance_id for r in self.control.list_instances()]
         else:
             instance_ids = self.index.instances_due(now)
-        expired = blocks = 0
+        expired = blocks = copies = 0
         for instance_id, session_ids in self.index.due_sessions(instance_ids, now).items():
             try:
                 ctx = self.contexts(instance_id)
@@ -85,7 +86,15 @@ class SessionReaper:
                 if failed is not None:  # None: finished meanwhile
                     expired += 1
                     blocks += failed
+                    if session_id.startswith(COPY_SESSION_PREFIX):
+                        copies += 1
+                        tags = {"instance_group": ctx.group.name}
+                        self.metrics.incr("migration.copy_sessions_expired_total", 1, tags)
         self.index.rearm_session_deadlines(instance_ids)
+        if copies:
+            # A tiered Copy batch not finished COPY_SESSION_TTL_S after its begin (longer than
+            # every retry of its steps): its execution died or is stuck (TierCopyStuckAlarm).
+            self.emf.emit({"Service": "kvcm"}, {"ExpiredCopySessions": copies})
         if expired:
             # Engines that start writes and never finish them (crashed, or timeouts too short).
             self.metrics.incr("write_session.expired_count", expired)

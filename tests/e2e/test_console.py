@@ -151,6 +151,10 @@ def test_groups_page_shows_the_seeded_groups_numbers(browser_page, stack: LocalS
         str(len(usage.instances)),
     ]
     assert usage.used_bytes >= 10 * SPEC_BYTES
+    # The tiers cell: each storage's bytes (the seeded group has one, nfs_01), then each type's.
+    (nfs,) = [s for s in usage.by_storage if s.storage_name == "nfs_01"]
+    assert nfs.used_bytes == usage.used_bytes
+    assert row[9].splitlines()[0] == f"nfs_01 (nfs): {human_size(nfs.used_bytes)}"
     assert browser_page.locator("#groups-table tr[data-group=default] .bar-mark").count() == 1
     assert browser_page.inner_text("#health") == "healthy"
     save(browser_page, "groups")

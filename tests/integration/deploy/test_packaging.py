@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from chalicelib.workflows.migrations import EXECUTION_TIMEOUT_S
 from infra import asl
 from infra.merge_template import API_ALIAS, api_routes, app_functions, build, build_infra, function_logical_id
 from local_stack.config import REPO_ROOT
@@ -297,6 +298,19 @@ def test_alarms_and_dashboard_cover_what_an_operator_must_know():
     stopped = resources["ReclaimRoundsStoppedAlarm"]["Properties"]
     assert (stopped["ComparisonOperator"], stopped["TreatMissingData"]) == ("LessThanThreshold", "breaching")
     assert resources["ExpiredWriteSessionsAlarm"]["Properties"]["MetricName"] == "ExpiredWriteSessions"
+    # A stuck tiered Copy: a batch past its session's TTL (the reaper's EMF), an execution past its timeout.
+    stuck = resources["TierCopyStuckAlarm"]["Properties"]
+    assert (stuck["Namespace"], stuck["MetricName"], stuck["Threshold"]) == (jobs, "ExpiredCopySessions", 0)
+    timeouts = resources["TierCopyTimeoutsAlarm"]["Properties"]
+    assert (timeouts["Namespace"], timeouts["MetricName"]) == ("AWS/States", "ExecutionsTimedOut")
+    assert "tier_copy" in timeouts["Dimensions"][0]["Value"]["Fn::Sub"]
+    (machine,) = [
+        r["Properties"]
+        for r in resources.values()
+        if r.get("Type") == "AWS::StepFunctions::StateMachine"
+        and "tier_copy" in r["Properties"]["StateMachineName"]["Fn::Sub"]
+    ]
+    assert machine["Definition"]["TimeoutSeconds"] == EXECUTION_TIMEOUT_S
     memory = resources["ValkeyMemoryAlarm"]["Properties"]["Metrics"]
     assert memory[0]["MetricStat"]["Metric"]["MetricName"] == "BytesUsedForCache"
     body = json.dumps(resources["Dashboard"]["Properties"]["DashboardBody"])

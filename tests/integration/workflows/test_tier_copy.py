@@ -3,6 +3,7 @@ the bytes at the target URIs equal the source's, counters exact; retention; a co
 fails for good or whose execution dies leaves nothing WRITING (the injected clock drives
 the session's expiry)."""
 
+import io
 import json
 import os
 from pathlib import Path
@@ -13,12 +14,14 @@ import pytest
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.types import MODE_RAW
+from chalicelib.observability.emf import EmfWriter
 from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
     GetCacheLocationRequest,
     InstanceGroup,
     RegisterInstanceRequest,
+    RemoveCacheRequest,
     StartWriteCacheRequest,
     StorageConfig,
 )
@@ -140,6 +143,36 @@ def _copy(stack, keys):
     return wait_execution(stack.sfn, arn, timeout_s=60)
 
 
+#: The tags of the migration.* series of the route nfs_01 → s3_01 of group "tiers".
+ROUTE = (("instance_group", "tiers"), ("source_storage", "nfs_01"), ("target_storage", "s3_01"))
+
+
+def _api(method, body=None):
+    """One wire call to the app (the stack's runtime), its answer."""
+    from chalice.test import Client
+
+    from local_stack.stack import load_app
+    from tests.integration.control.harness import call
+
+    with Client(load_app()) as client:
+        return call(client, method, body or {})
+
+
+def _exported(prefix):
+    """The service's metrics named ``prefix``..., as getMetrics answers them: {(name, tags): value}."""
+    out = {}
+    for point in _api("getMetrics")["metrics"]:
+        if point["metric_name"].startswith(prefix):
+            value = point["metric_value"]
+            tags = tuple(sorted((t["tag_key"], t["tag_value"]) for t in point.get("metric_tags", [])))
+            out[(point["metric_name"], tags)] = float(value.get("int_value", value.get("float_value", 0)))
+    return out
+
+
+def _completed(status):
+    return ("migration.tasks_completed_total", tuple(sorted((*ROUTE, ("status", status)))))
+
+
 def test_nfs_blocks_are_copied_to_s3_and_serve_there_with_exact_counters(tiers):
     rt = tiers.runtime
     keys = list(range(1, 151))  # three batches (BATCH_SIZE 64), two at a time
@@ -160,10 +193,45 @@ def test_nfs_blocks_are_copied_to_s3_and_serve_there_with_exact_counters(tiers):
     group = rt.index.group_usage(["tiers"])[0]
     assert (group.bytes, group.keys) == (2 * len(keys) * BLOCK, len(keys))
     assert group.by_type == {"ST_NFS": len(keys) * BLOCK, "ST_S3": len(keys) * BLOCK}
+    exported = _exported("migration.")
+    assert {k: v for k, v in exported.items() if k[0] != "migration.copy_duration_ms"} == {
+        ("migration.tasks_submitted_total", ROUTE): len(keys),
+        _completed("success"): len(keys),
+        ("migration.copy_bytes_total", ROUTE): len(keys) * BLOCK,
+    }
+    assert ("migration.copy_duration_ms", ROUTE) in exported  # its value: test_every_step_run_again_does_the_same
     # Run again: every target is held already, nothing moves.
     again = json.loads(_copy(tiers, keys)["output"])["results"]
     assert sum(r["served"] for r in again) == 0
     assert rt.index.usage([ctx.layout])[0] == usage
+    assert _exported("migration.") == exported
+
+
+def test_the_group_usage_and_metrics_show_each_tier(tiers):
+    """getInstanceGroupUsage and getMetrics (the usage_metrics schedule's gauges) per storage
+    and per storage type, over the wire, once a copy put a block on each tier."""
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    assert _copy(tiers, [1, 2])["status"] == "SUCCEEDED"
+    (usage,) = _api("getInstanceGroupUsage", {"instance_group_name": "tiers"})["usage"]
+    assert usage["by_storage"] == [
+        {"storage_name": "nfs_01", "storage_type": "ST_NFS", "used_bytes": str(3 * BLOCK)},
+        {"storage_name": "s3_01", "storage_type": "ST_S3", "used_bytes": str(2 * BLOCK)},
+    ]
+    assert [(t["storage_type"], int(t["used_bytes"]), int(t["capacity"])) for t in usage["by_storage_type"]] == [
+        ("ST_NFS", 3 * BLOCK, 0),
+        ("ST_S3", 2 * BLOCK, 1 << 29),
+    ]
+    rt.usage_metrics.run()
+    group = (("instance_group", "tiers"),)
+    exported = _exported("cache_manager_group.storage")
+    assert {k: v for k, v in exported.items() if k[1][0] == group[0]} == {
+        ("cache_manager_group.storage_byte_size", (*group, ("storage", "nfs_01"))): 3 * BLOCK,
+        ("cache_manager_group.storage_byte_size", (*group, ("storage", "s3_01"))): 2 * BLOCK,
+        ("cache_manager_group.storage_type_byte_size", (*group, ("storage_type", "ST_NFS"))): 3 * BLOCK,
+        ("cache_manager_group.storage_type_byte_size", (*group, ("storage_type", "ST_S3"))): 2 * BLOCK,
+        ("cache_manager_group.storage_type_usage_ratio", (*group, ("storage_type", "ST_S3"))): 2 * BLOCK / (1 << 29),
+    }
 
 
 @pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
@@ -212,6 +280,7 @@ def test_a_copy_over_the_target_type_quota_is_refused_and_writes_nothing(tiers):
     (result,) = json.loads(done["output"])["results"]
     assert result["refused"] == "QuotaExceededError" and "quota" in result["cause"], result
     assert (_locations(rt, [1, 2, 3]), _counts(rt.index.usage([ctx.layout])[0])) == before
+    assert _exported("migration.") == {("migration.tasks_submitted_total", ROUTE): 3, _completed("refused"): 3}
 
 
 def test_a_transient_copy_failure_is_retried(tiers, monkeypatch):
@@ -266,6 +335,7 @@ def test_a_copy_that_fails_for_good_deletes_its_targets(tiers, monkeypatch):
     assert wait_for(lambda: _locations(rt, [1, 2, 3]) == [[("nfs_01", Status.SERVING)]] * 3, 20)
     assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
     assert _counts(rt.index.group_usage(["tiers"])[0])["by_type"] == {"ST_NFS": 3 * BLOCK}
+    assert _exported("migration.") == {("migration.tasks_submitted_total", ROUTE): 3, _completed("abandoned"): 3}
 
 
 def _broken_copy(*args, **kwargs):
@@ -283,11 +353,20 @@ def test_a_copy_whose_execution_dies_expires_and_nothing_stays_writing(tiers, mo
     monkeypatch.setattr(migrations.CopyTasks, "finish", lambda self, event: _broken_copy())
     assert _copy(tiers, [1, 2])["status"] == "FAILED"
     assert [locs[1] for locs in _locations(rt, [1, 2])] == [("s3_01", Status.WRITING)] * 2
+    emf = io.StringIO()
+    monkeypatch.setattr(rt.session_reaper, "emf", EmfWriter("KVCM/test", rt.clock, emf))
     rt.clock.advance(migrations.COPY_SESSION_TTL_S - 1)
     assert rt.session_reaper.expire_write_sessions()["expired"] == 0, "a live copy's targets were failed"
+    assert "ExpiredCopySessions" not in emf.getvalue()
     rt.clock.advance(2)
     assert rt.session_reaper.expire_write_sessions()["expired"] == 1
     assert _no_writing_left(rt, [1, 2])
+    # What TierCopyStuckAlarm watches, and the service's own counter.
+    (line,) = [json.loads(x) for x in emf.getvalue().splitlines() if "ExpiredCopySessions" in x]
+    assert (line["ExpiredCopySessions"], line["Service"]) == (1, "kvcm")
+    assert _exported("migration.copy_sessions_expired_total") == {
+        ("migration.copy_sessions_expired_total", (("instance_group", "tiers"),)): 1
+    }
     assert wait_for(lambda: _locations(rt, [1, 2]) == [[("nfs_01", Status.SERVING)]] * 2, 20)
     assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
 
@@ -311,6 +390,11 @@ def test_the_session_deadline_outlives_every_retry_of_the_asl():
         tasks["FinishCopy"]["TimeoutSeconds"]
     )
     assert migrations.COPY_SESSION_TTL_S > after_begin
+    # A whole execution: every batch one after the other, each at its longest.
+    assert definition["TimeoutSeconds"] == migrations.EXECUTION_TIMEOUT_S
+    batches = migrations.EXECUTION_SIZE // migrations.BATCH_SIZE
+    longest_batch = migrations.step_budget_s(tasks["BeginCopy"]["TimeoutSeconds"]) + migrations.COPY_SESSION_TTL_S
+    assert migrations.EXECUTION_TIMEOUT_S >= batches * longest_batch
     config = json.loads((REPO / ".chalice" / "config.json").read_text())["lambda_functions"]
     for name, timeout in (("copy_begin", 60), ("copy_bytes", 300), ("copy_finish", 60)):
         assert config.get(name, {}).get("lambda_timeout", 60) == timeout
@@ -365,11 +449,46 @@ def test_every_step_run_again_does_the_same(tiers):
         "block_keys": [1, 2],
     }
     begun = tasks.begin(event)
+    rt.clock.advance(1.5)
     assert tasks.begin(event) == begun and len(begun["blocks"]) == 2
     copied = tasks.copy(begun)
     assert tasks.copy(begun) == copied
+    rt.clock.advance(1)
     first = tasks.finish(copied)
     assert (first["served"], first["sources_deleted"]) == (2, 2)
     again = tasks.finish(copied)
     assert (again["served"], again["failed"], again["sources_deleted"]) == (2, 0, 0)
+    # Counted once, by the begin that made the session and the finish that closed it.
+    assert _exported("migration.") == {
+        ("migration.tasks_submitted_total", ROUTE): 2,
+        _completed("success"): 2,
+        ("migration.copy_bytes_total", ROUTE): 2 * BLOCK,
+        ("migration.copy_duration_ms", ROUTE): 2500,
+    }
     assert wait_for(lambda: _locations(rt, [1, 2]) == [[("s3_01", Status.SERVING)]] * 2, 20)
+
+
+def test_a_target_whose_source_is_removed_during_the_copy_counts_as_failed(tiers):
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+    tasks = rt.copy_tasks
+    event = {
+        "instance_id": "t1",
+        "source": "nfs_01",
+        "target": "s3_01",
+        "retention": "MIGRATION_RETENTION_KEEP_BOTH",
+        "execution": "raced",
+        "batch": 0,
+        "block_keys": [1, 2],
+    }
+    copied = tasks.copy(tasks.begin(event))
+    rt.cache.remove_cache(RemoveCacheRequest(instance_id="t1", block_keys=[1]))
+    done = tasks.finish(copied)
+    assert (done["served"], done["failed"]) == (1, 1)
+    assert _exported("migration.") == {
+        ("migration.tasks_submitted_total", ROUTE): 2,
+        _completed("success"): 1,
+        _completed("failed"): 1,
+        ("migration.copy_bytes_total", ROUTE): BLOCK,
+        ("migration.copy_duration_ms", ROUTE): 0,
+    }
