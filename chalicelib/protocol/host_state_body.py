@@ -11,6 +11,8 @@ and every error stays the one it was.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from .codes import QueryType
@@ -22,8 +24,10 @@ _QUERY_TYPES = {member.name: member for member in QueryType}
 #: path's ``-?[0-9]+`` strings and integer numbers mean: msgspec's lax mode also reads
 #: "1.0", "1e3" or "\u0031" as integers, which the pydantic path refuses as strings.
 _KEY_ARRAY_BYTES = b'0123456789-,"[] \t\r\n'
-#: The keys as integers, from JSON numbers or strings of them (``strict=False``), in C.
-_KEYS = msgspec.json.Decoder(list[int], strict=False)
+#: The keys as int64, from JSON numbers or strings of them (``strict=False``), range
+#: checked in C.
+_INT64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+_KEYS = msgspec.json.Decoder(list[_INT64], strict=False)
 
 
 class HostStateBody(WireStruct):
@@ -54,9 +58,7 @@ def decode_keys(raw: bytes, limit: int) -> list[int] | None:
         keys = _KEYS.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if len(keys) > limit or (keys and not (INT64_MIN <= min(keys) and max(keys) <= INT64_MAX)):
-        return None
-    return keys
+    return keys if len(keys) <= limit else None
 
 
 def decode_host_state_body(raw: bytes | str, max_keys: int) -> tuple[HostStateBody, list[int]] | None:
