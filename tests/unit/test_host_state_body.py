@@ -132,3 +132,12 @@ KEY_ITEMS = st.one_of(
 def test_random_key_lists_parse_as_pydantic_parses_them(keys, spacing):
     raw = json.dumps({**BODY, "block_cache_keys": keys}, separators=spacing).encode()
     assert through_from_body(raw) == through_pydantic(raw)
+
+
+def test_a_repeated_field_counts_its_last_value_on_both_paths():
+    raw = b'{"instance_id":"a","instance_id":"e1","block_cache_keys":[1],"block_cache_keys":["2",3]}'
+    assert decode_host_state_body(raw, MAX_HOST_STATE_KEYS) is not None
+    request = through_from_body(raw)
+    assert request == through_pydantic(raw)
+    assert isinstance(request, GetHostCacheStateRequest)
+    assert (request.instance_id, request.block_cache_keys) == ("e1", [2, 3])
