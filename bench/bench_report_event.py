@@ -12,8 +12,9 @@
     prefixes) over 64 reporting hosts, one holding the whole prompt and each other a random
     prefix of its first 20,000 keys: through the local server (HTTP, the keys as decimal
     strings as proto3 JSON prints them) and the store's script alone, each with Valkey's
-    time, beside an HMGET of the same keys' bitmaps from Python on the same Valkey (reading
-    what the walk reads without deciding anything). Upstream's newest serial p50s: 1.12 ms
+    time, and in-process (the API's dispatcher, as the Lambda handler runs it: the body's
+    bytes in, the answer's text out), beside an HMGET of the same keys' bitmaps from Python
+    on the same Valkey (reading what the walk reads without deciding anything). Upstream's newest serial p50s: 1.12 ms
     (1k) and 8.5 ms (20k). The Mamba query (the same walk, the spec names coming from the
     slots) is printed too; upstream publishes no figure for it.
 (c) The whole reportEvent call (the body's bytes in, the response's out: parsing, checks,
@@ -237,8 +238,10 @@ def bench_host_state(hosts: int = 64) -> None:
             t0 = time.perf_counter()
             expected = host_state_fill(store, "bench", prompt, hosts)
             print(f"  filled {sum(expected.values()):,} records in {time.perf_counter() - t0:.0f} s")
+            in_process = InProcess()
             for n in HOST_STATE_SIZES:
-                host_state_case(api, store, timer, prompt[:n], {host: min(p, n) for host, p in expected.items()})
+                want = {host: min(p, n) for host, p in expected.items()}
+                host_state_case(api, in_process, store, timer, prompt[:n], want)
 
 
 def quiet_access_log() -> None:
@@ -253,7 +256,26 @@ def answered(resp: dict) -> dict:
     return resp
 
 
-def host_state_case(api, store: ReporterStore, timer: ValkeyTime, keys: list[int], want: dict[str, int]) -> None:
+class InProcess:
+    """Calls through the API's dispatcher, as the Lambda handler runs it: the body's bytes
+    in, the response's text out (parsing, checks, script, rendering), no HTTP."""
+
+    def __init__(self) -> None:
+        from chalicelib.routes.dispatch import Dispatcher
+        from chalicelib.routes.meta import OPERATIONS
+        from chalicelib.runtime import get_runtime
+
+        self.dispatcher, self.runtime = Dispatcher(OPERATIONS), get_runtime()
+
+    def call(self, method: str, raw: bytes) -> str:
+        status, text = self.dispatcher.handle(self.runtime, method, raw, {})
+        assert status == 200 and '"code":"OK"' in text, text[:300]
+        return text
+
+
+def host_state_case(
+    api, in_process: InProcess, store: ReporterStore, timer: ValkeyTime, keys: list[int], want: dict[str, int]
+) -> None:
     """One prompt's figures: the cases take turns (3 calls a turn), each the median turn."""
     n, client = len(keys), store.client
     timeouts = {"l1p5": LIVENESS.heartbeat_timeout_ms}
@@ -262,12 +284,15 @@ def host_state_case(api, store: ReporterStore, timer: ValkeyTime, keys: list[int
     body = {"instance_id": "bench", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": list(map(str, keys))}
     answer = api.call("getHostCacheState", body)
     assert {h["host_ip_port"]: int(h["local"]) for h in answer["hosts"]} == want, answer["header"]
+    raw = json.dumps(body).encode()
+    assert json.loads(in_process.call("getHostCacheState", raw))["hosts"] == answer["hosts"]
     assert store.host_prefixes("bench", keys, now_ms(), timeouts) == want
     assert store.host_prefixes("bench", keys, now_ms(), timeouts, mamba=mamba) == want
     bits_key, fields = store.bits_key("bench"), [block_field(k) for k in keys]
     cases = {
         "HMGET of the keys' bitmaps from Python (baseline)": lambda: client.hmget(bits_key, fields),
         "through the local server (HTTP, JSON)": lambda: answered(api.call("getHostCacheState", body)),
+        "in-process (the dispatcher: body bytes in, JSON text out)": lambda: in_process.call("getHostCacheState", raw),
         "the script alone (ReporterStore.host_prefixes)": lambda: store.host_prefixes(
             "bench", keys, now_ms(), timeouts
         ),
@@ -441,9 +466,6 @@ def bench_whole_call(sizes: tuple[int, ...] = (1_000, 20_000), rounds: int = 5) 
     """(c): the whole call in-process and through the local server, beside the HSET pipeline."""
     import redis
 
-    from chalicelib.routes.dispatch import Dispatcher
-    from chalicelib.routes.meta import OPERATIONS
-    from chalicelib.runtime import get_runtime
     from local_stack import LocalStack
     from local_stack.config import StackConfig
 
@@ -459,7 +481,7 @@ def bench_whole_call(sizes: tuple[int, ...] = (1_000, 20_000), rounds: int = 5) 
         _stack_setup(stack)
         client = redis.Redis.from_url(stack.valkey_url)
         store = ReporterStore(client)
-        dispatcher, runtime = Dispatcher(OPERATIONS), get_runtime()
+        dispatcher = InProcess()
         conn = http.client.HTTPConnection("127.0.0.1", int(stack.api_url.rsplit(":", 1)[1]), timeout=120)
         register = {
             **add_body([], "bench"),
@@ -472,8 +494,7 @@ def bench_whole_call(sizes: tuple[int, ...] = (1_000, 20_000), rounds: int = 5) 
             return json.dumps(add_body(list(range(start, start + n)), "bench")).encode()
 
         def in_process(raw: bytes) -> None:
-            status, text = dispatcher.handle(runtime, "reportEvent", raw, {})
-            assert status == 200 and '"code":"OK"' in text, text[:300]
+            dispatcher.call("reportEvent", raw)
 
         def over_http(raw: bytes) -> None:
             conn.request("POST", "/api/reportEvent", body=raw, headers={"Content-Type": "application/json"})

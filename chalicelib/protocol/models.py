@@ -33,6 +33,7 @@ from .codes import (
     StorageType,
     TrimStrategy,
 )
+from .host_state_body import decode_host_state_body
 from .reported_events import ReportedEvents, decode_report_body
 from .wire import (
     Bool,
@@ -105,7 +106,15 @@ class Request(WireModel):
     def from_body(cls, raw: Any, limits: ParseLimits | None = None) -> "Request":
         """The request in an HTTP body, its key lists within ``limits`` (MalformedBodyError,
         InvalidArgumentError naming the field)."""
-        return parse_model(cls, decode_body(raw), limits)
+        fast = cls.from_canonical(raw) if isinstance(raw, (bytes, str)) and raw else None
+        return fast if fast is not None else parse_model(cls, decode_body(raw), limits)
+
+    @classmethod
+    def from_canonical(cls, raw: bytes | str) -> "Request | None":
+        """The request decoded without pydantic when the body is in the spelling its
+        callers send (a method's fast path), else None: the body then takes the pydantic
+        path, whose errors name the field."""
+        return None
 
     @property
     def effective_trace_id(self) -> str:
@@ -835,12 +844,11 @@ class ReportEventRequest(Request):
     storage_type: StorageTypeField = StorageType.ST_UNSPECIFIED
 
     @classmethod
-    def from_body(cls, raw: Any, limits: ParseLimits | None = None) -> "Request":
-        """An engine's body (snake_case, enum names, no nulls) decoded straight into structs;
-        any other body as every request is (``Request.from_body``), its errors unchanged."""
-        body = decode_report_body(raw) if isinstance(raw, (bytes, str)) and raw else None
+    def from_canonical(cls, raw: bytes | str) -> "Request | None":
+        """An engine's body (snake_case, enum names, no nulls) decoded straight into structs."""
+        body = decode_report_body(raw)
         if body is None:
-            return super().from_body(raw, limits)
+            return None
         return cls.model_construct(
             instance_id=body.instance_id,
             host_ip_port=body.host_ip_port,
@@ -872,6 +880,24 @@ class GetHostCacheStateRequest(Request):
     block_cache_keys: key_list_of_at_most(MAX_HOST_STATE_KEYS) = Field(default_factory=empty_list)  # type: ignore[valid-type]
     medium: Items[Str] = Field(default_factory=empty_list)  # empty = every medium
     p2p_host_count: Int64 = 0
+
+    @classmethod
+    def from_canonical(cls, raw: bytes | str) -> "Request | None":
+        """A router's body (snake_case, the query type by name, no nulls), its keys
+        decoded in C (protocol/host_state_body.py)."""
+        decoded = decode_host_state_body(raw, MAX_HOST_STATE_KEYS)
+        if decoded is None:
+            return None
+        body, keys = decoded
+        return cls.model_construct(
+            instance_id=body.instance_id,
+            query_type=body.query,
+            block_cache_keys=keys,
+            medium=body.medium,
+            p2p_host_count=body.p2p_host_count,
+            trace_id=body.trace_id,
+            header=None if body.header is None else RequestHeader(trace_id=body.header.trace_id),
+        )
 
 
 class HostCacheMatch(WireModel):

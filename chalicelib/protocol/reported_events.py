@@ -30,55 +30,55 @@ EVENT_TYPES = {member.name: member for member in ReportEventType}
 _STORAGE_TYPES = {member.name: member for member in StorageType}
 
 
-class _Struct(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+class WireStruct(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     """A wire object of the fast path: an unknown (or camelCase) field rejects the body.
     Untracked by the garbage collector (``gc=False``): a 20,000-event body's 80,000 structs
     would otherwise set off collections of the whole heap; they hold only strings, lists and
     other structs, so they form no cycle."""
 
 
-class Spec(_Struct):
+class Spec(WireStruct):
     name: str = ""
     uri: str = ""
 
 
-class BlockAdd(_Struct):
+class BlockAdd(WireStruct):
     block_key: str = ""
     uri: str = ""  # deprecated upstream, ignored: only specs count
     medium: str = ""
     specs: list[Spec] = []
 
 
-class BlockDelete(_Struct):
+class BlockDelete(WireStruct):
     block_key: str = ""
     medium: str = ""
     spec_names: list[str] = []
 
 
-class SnapshotBlock(_Struct):
+class SnapshotBlock(WireStruct):
     block_key: str = ""
     medium: str = ""
     specs: list[Spec] = []
 
 
-class BlockSnapshot(_Struct):
+class BlockSnapshot(WireStruct):
     medium: str = ""  # deprecated upstream (single-medium form), ignored
     blocks: list[SnapshotBlock] = []
 
 
-class NodeRegister(_Struct):
+class NodeRegister(WireStruct):
     mediums: list[str] = []
 
 
-class HostDown(_Struct):
+class HostDown(WireStruct):
     pass
 
 
-class Heartbeat(_Struct):
+class Heartbeat(WireStruct):
     system_status: dict[str, str] = {}  # opaque
 
 
-class Event(_Struct):
+class Event(WireStruct):
     """One event; at most one payload is set (the pydantic path checks the oneof, the fast
     path lets only objects of at most ``event_type`` and one payload through)."""
 
@@ -95,11 +95,11 @@ class Event(_Struct):
         return EVENT_TYPES[self.event_type]
 
 
-class _Header(_Struct):
+class HeaderStruct(WireStruct):
     trace_id: str = ""
 
 
-class ReportBody(_Struct):
+class ReportBody(WireStruct):
     """A reportEvent body in the engines' spelling."""
 
     instance_id: str = ""
@@ -107,7 +107,7 @@ class ReportBody(_Struct):
     events: list[Event] = []
     storage_type: str = "ST_UNSPECIFIED"
     trace_id: str = ""
-    header: _Header | None = None
+    header: HeaderStruct | None = None
 
     @property
     def storage(self) -> StorageType:

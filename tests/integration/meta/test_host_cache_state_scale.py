@@ -15,7 +15,7 @@ from chalicelib.protocol.models import MAX_HOST_STATE_KEYS
 from chalicelib.stores.reporters import Liveness, ReporterStore, add_event
 from chalicelib.valkey import ValkeyUnavailableError
 from tests.helpers import free_port
-from tests.integration.meta.harness import HOST, HOST2, code
+from tests.integration.meta.harness import HOST, HOST2, code, reported_state
 
 HOST3 = "10.0.0.7:8080"
 #: The er fixture's storages' liveness (harness.LIVENESS) as the store takes it.
@@ -103,3 +103,44 @@ def test_valkey_gone_is_unavailable_not_an_internal_error(tmp_path):
     server.stop()
     with pytest.raises(ValkeyUnavailableError, match="reporter store unavailable"):
         store.host_prefixes("e1", [1], 0, {"l1p5": 1000})
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ([1, 2.5], "block_cache_keys[1]"),
+        (["1", True], "block_cache_keys[1]"),
+        ([2**63], "block_cache_keys[0]"),
+        (["1", str(-(2**63) - 1)], "block_cache_keys[1]"),
+        (["1", "1.0"], "block_cache_keys[1]"),
+        (["1e3"], "block_cache_keys[0]"),
+        (["12ab"], "block_cache_keys[0]"),
+        (["1", None], "block_cache_keys[1]"),
+        (list(range(MAX_HOST_STATE_KEYS + 1)), "block_cache_keys"),
+    ],
+)
+def test_a_key_the_fast_path_could_misread_is_refused_by_name(http, er, runtime, valkey, keys, named):
+    """Keys as a float, a bool, out of int64, a string that is not decimal (which msgspec's
+    lax mode would read as a number), null, one past the bound: INVALID_ARGUMENT naming
+    the field, whether the rest of the body is in the routers' spelling or not."""
+    hold(runtime, HOST, [1, 2, 3])
+    before = reported_state(valkey)
+    for body in (
+        {"instance_id": "e1", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": keys},
+        {"instanceId": "e1", "blockCacheKeys": keys},
+    ):
+        resp = http("getHostCacheState", body)
+        assert code(resp) == "INVALID_ARGUMENT", resp["header"]
+        assert f"field '{named}'" in resp["header"]["status"]["message"], resp["header"]
+    assert reported_state(valkey) == before
+
+
+def test_keys_as_numbers_strings_or_both_get_one_answer(http, er, runtime):
+    keys = prompt(300)
+    hold(runtime, HOST, keys[:200])
+    as_strings = [str(k) for k in keys]
+    mixed = [k if i % 2 else str(k) for i, k in enumerate(keys)]
+    for sent in (keys, as_strings, mixed):
+        resp = host_state(http, sent)
+        assert code(resp) == "OK", resp["header"]
+        assert [(h["host_ip_port"], h["local"]) for h in resp["hosts"]] == [(HOST, "200")]
