@@ -68,7 +68,7 @@ from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
 from .workflows.health import HealthChecks, StorageProber, StorageReprobe
 from .workflows.hit_curves import HitCurves, HitCurveStore, LiveCurves
-from .workflows.migrations import CopyTasks, TierCopies
+from .workflows.migrations import COPY_EXECUTION_PREFIX, CopyTasks, TierCopies
 from .workflows.purges import PurgeExecutions, purge_input
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
@@ -342,7 +342,7 @@ class Runtime:
     @cached_property
     def tier_copies(self) -> TierCopies:
         """Starts tiered Copies (the tier_copy state machine)."""
-        return TierCopies(self._state_machine(self.settings.copy_state_machine_arn, "copy"))
+        return TierCopies(self._state_machine(self.settings.copy_state_machine_arn, COPY_EXECUTION_PREFIX))
 
     @cached_property
     def copy_tasks(self) -> CopyTasks:

@@ -108,13 +108,19 @@ class TierCopies:
         )
 
 
+#: The name prefix of tier_copy executions (``copy-<random>``, executions.execution_name).
+COPY_EXECUTION_PREFIX = "copy"
 #: The write session ids of Copy batches begin with this (the reaper tells them apart).
-COPY_SESSION_PREFIX = "copy-"
+COPY_SESSION_PREFIX = f"{COPY_EXECUTION_PREFIX}-"
 
 
 def _session_id(event: dict[str, Any]) -> str:
-    """One per batch of one execution: a retried begin finds the session its first attempt made."""
-    return f"{COPY_SESSION_PREFIX}{event['execution']}-{event['batch']}"
+    """``<execution>-<batch>``, from the event alone: a retried begin finds the session its
+    first attempt made. An execution not named ``copy-...`` (started by hand) gets the prefix."""
+    name = event["execution"]
+    if not name.startswith(COPY_SESSION_PREFIX):
+        name = COPY_SESSION_PREFIX + name
+    return f"{name}-{event['batch']}"
 
 
 def _route_tags(ctx: InstanceContext, event: dict[str, Any]) -> dict[str, str]:

@@ -492,3 +492,74 @@ def test_a_target_whose_source_is_removed_during_the_copy_counts_as_failed(tiers
         ("migration.copy_bytes_total", ROUTE): BLOCK,
         ("migration.copy_duration_ms", ROUTE): 0,
     }
+
+
+def _first_hand_over_fails(monkeypatch, deleter):
+    """The deleter's first hand-over of victims fails (Step Functions refused StartExecution)."""
+    from chalicelib.protocol.errors import ServiceNotReadyError
+
+    original, failed = type(deleter).submit, []
+
+    def refused_once(self, ctx, victims, delay_ms=0):
+        if victims and not failed:
+            failed.append(len(victims))
+            raise ServiceNotReadyError("could not start delete-t1: ThrottlingException")
+        return original(self, ctx, victims, delay_ms)
+
+    monkeypatch.setattr(type(deleter), "submit", refused_once)
+    return failed
+
+
+def _recovered_by_the_stranded_resubmit(rt, keys, deleting, kept):
+    """The retried finish hands nothing over again (an early second deletion could overlap a
+    first one that did start): the locations stay DELETING until their hand-off counts as
+    lost, when the next reclaim round's stranded resubmit hands them to batched deletion."""
+    assert all(locs.count((deleting, Status.DELETING)) == 1 for locs in _locations(rt, keys))
+    assert rt.reclaim_job.run()["resubmitted"] == 0  # not lost yet: it could be in flight
+    rt.clock.advance(rt.index.DELETION_LOST_AFTER_S + rt.index.DUE_STEP_S)
+    assert rt.reclaim_job.run()["resubmitted"] == len(keys)
+    assert wait_for(lambda: _locations(rt, keys) == [[(kept, Status.SERVING)]] * len(keys), 20)
+
+
+def test_failed_targets_whose_hand_over_failed_are_deleted_by_the_stranded_resubmit(tiers, monkeypatch):
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    ctx = rt.contexts("t1")
+    before = rt.index.usage([ctx.layout])[0]
+    failed = _first_hand_over_fails(monkeypatch, rt.copy_tasks.deleter)
+    monkeypatch.setattr(migrations, "copy_blocks", _broken_copy)
+    done = _copy(tiers, [1, 2, 3])
+    assert done["status"] == "SUCCEEDED" and failed == [3]  # AbandonCopy retried after the refusal
+    ((result),) = json.loads(done["output"])["results"]
+    assert (result["served"], result["failed"]) == (0, 3)
+    _recovered_by_the_stranded_resubmit(rt, [1, 2, 3], "s3_01", "nfs_01")
+    assert wait_for(lambda: _counts(rt.index.usage([ctx.layout])[0]) == _counts(before), 5)
+    # Counted once, by the finish that closed the session (not by its retry).
+    assert _exported("migration.") == {("migration.tasks_submitted_total", ROUTE): 3, _completed("abandoned"): 3}
+
+
+@pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_DELETE_SOURCE"], indirect=True)
+def test_sources_whose_hand_over_failed_are_deleted_by_the_stranded_resubmit(tiers, monkeypatch):
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+    ctx = rt.contexts("t1")
+    failed = _first_hand_over_fails(monkeypatch, rt.copy_tasks.deleter)
+    done = _copy(tiers, [1, 2])
+    assert done["status"] == "SUCCEEDED" and failed == [2]  # FinishCopy retried after the refusal
+    ((result),) = json.loads(done["output"])["results"]
+    assert (result["served"], result["sources_deleted"]) == (2, 0)
+    _recovered_by_the_stranded_resubmit(rt, [1, 2], "nfs_01", "s3_01")
+    usage = _counts(rt.index.usage([ctx.layout])[0])
+    assert (usage["bytes"], usage["keys"], usage["deleting_bytes"]) == (2 * BLOCK, 2, 0)
+    assert usage["by_type"] == {"ST_S3": 2 * BLOCK}
+
+
+def test_a_copy_session_id_names_the_execution_once(tiers):
+    """The execution's name already starts with the prefix the reaper tells Copy sessions by."""
+    rt = tiers.runtime
+    _write(rt, [1])
+    done = _copy(tiers, [1])
+    name = done["executionArn"].rsplit(":", 1)[1]
+    assert name.startswith(migrations.COPY_SESSION_PREFIX)
+    ((result),) = json.loads(done["output"])["results"]
+    assert result["session_id"] == f"{name}-0"
