@@ -287,6 +287,9 @@ class CopyTasks:
             served_at = set(done.served)
             served = [b for b in blocks if by_target.get(b[5]) in served_at]
             # Before the hand-over: a finish run again (the hand-over failed) counts nothing.
+            # Nor hands the victims over again: the failed call may have started a deletion
+            # that a second one could overlap; they are pending, and the stranded resubmit
+            # (capacity/stranded.py) hands them over once lost (docs/tiered-storage.md).
             self._record_finish(ctx, event, served, len(session.entries) - len(served), copied)
             self.deleter.submit(ctx, done.victims)
         except WriteSessionError:  # a retried finish (or a session the reaper failed): the records say
