@@ -48,7 +48,7 @@ from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..valkey import Valkey, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
-from .layout import SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
+from .layout import REQUEST_POSITION, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -377,6 +377,7 @@ class TagIndex:
                 "pending_deadline": pending,
                 "caller_cap": req.max_caller_sessions if req.caller else 0,
                 "caller": req.caller,
+                "positions": b"".join(REQUEST_POSITION.pack(p) for p in req.positions),
             }
         )
         reply = self._call_queued(self._start, keys, args, before=self._due_at(layout, pending))

@@ -233,3 +233,49 @@ def test_marks_and_failed_finishes_register_the_instance_due_on_the_cluster(inde
     index.start(sharded, keys_of(rng, 3), request("s2", 3))
     index.finish(sharded, "s2", index.session(sharded, "s2"), (), [SIZE], force_fail=True)
     assert list(index.due_deletions(2**40, 10)) == ["sh"]
+
+
+class _LosesOnePipeline:
+    """The cluster client, except that the next pipeline sending no script fails once (as a
+    process dying right after its start scripts would leave it: the sessions written, the
+    commands queued behind them never sent)."""
+
+    def __init__(self, client):
+        self._client = client
+        self.armed = True
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def pipeline(self, *args, **kwargs):
+        pipe = self._client.pipeline(*args, **kwargs)
+        owner, execute = self, pipe.execute
+
+        def failing_once(*a, **kw):
+            scripted = any(cmd.args[0] == "EVALSHA" for cmd in pipe._execution_strategy.command_queue)
+            if owner.armed and not scripted:
+                owner.armed = False
+                pipe.reset()
+                raise ConnectionError("lost after the scripts")
+            return execute(*a, **kw)
+
+        pipe.execute = failing_once
+        return pipe
+
+
+def test_a_start_losing_its_pipeline_after_the_scripts_can_still_be_finished(index, sharded, cluster3):
+    # The request positions ('o') are written by start.lua with the session, not after it.
+    rng = random.Random(37)
+    write(index, sharded, keys_of(rng, 9), "warm")  # storages known in every shard: no setup pipeline
+    lossy = _LosesOnePipeline(cluster3)
+    index.client = lossy
+    keys = keys_of(rng, 12)
+    with pytest.raises(Exception, match="lost after the scripts"):
+        index.start(sharded, keys, request("s1", 12))
+    assert not lossy.armed
+    index.client = cluster3
+    session = index.session(sharded, "s1")
+    assert [k for k, _ in session.entries] == keys
+    index.finish(sharded, "s1", session, [i % 3 != 0 for i in range(12)], [SIZE])
+    served = index.read_raw(sharded, keys, MODE_BATCH)
+    assert [r is not None for r in served] == [i % 3 != 0 for i in range(12)]
