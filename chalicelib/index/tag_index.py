@@ -116,6 +116,7 @@ class TagIndex:
         self._forget = client.register_script(load_script("forget"))
         self._release = client.register_script(load_script("release"))
         self._storage = client.register_script(load_script("storage"))
+        self._recount_callers = client.register_script(load_script("recount_callers"))
         #: Hash tag -> the bucket count last seen (reads name buckets with it; a read
         #: finding it out of date names them in Lua and returns the count now).
         self._bucket_counts: dict[bytes, int] = {}
