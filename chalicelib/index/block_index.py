@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
+from redis.exceptions import NoScriptError
+
 from ..clock import Clock
 from ..observability.hit_feed import FeedEntry
 from ..observability.logging import logger
@@ -214,6 +216,29 @@ class BlockIndex(TagIndex):
         if len(pipe):
             with valkey_errors("index"):
                 pipe.execute()
+
+    def recount_caller_sessions(self, instance_ids: Sequence[str]) -> int:
+        """Rebuild every shard's open sessions per caller from its open sessions
+        (lua/recount_callers.lua: one atomic step per shard, so a start or finish racing it
+        leaves the exact count), all in one round trip after the layouts' (the reaper's
+        full sweep); returns how many (shard, caller) counts changed."""
+        shards = [shard for layout in self.sharded.stored_layouts(instance_ids) for shard in layout.shards]
+        calls = [([shard.key("sd"), shard.key("sc")], [shard.key("s:")]) for shard in shards]
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            # execute_command: a cluster pipeline blocks its evalsha method, not the command.
+            pipe.execute_command("EVALSHA", self._recount_callers.sha, len(keys), *keys, *args)
+        with valkey_errors("index"):
+            replies = pipe.execute(raise_on_error=False) if calls else []
+        changed = 0
+        for (keys, args), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, NoScriptError):  # a node without the script yet: alone
+                reply = self._call(self._recount_callers, keys, args)
+            elif isinstance(reply, Exception):
+                with valkey_errors("index"):
+                    raise reply
+            changed += int(reply)
+        return changed
 
     def due_sessions(self, instance_ids: Sequence[str], now_ms: int, limit: int = 1000) -> dict[str, list[str]]:
         """Ids of sessions past their deadline, per instance (every shard's), in two round trips."""

@@ -126,6 +126,8 @@ VICTIM = Struct(
 )
 #: One entry of a write session's key list: a new key and the location it got.
 SESSION_ENTRY = Struct("SESSION_ENTRY", [("block_key", "c8"), ("location_id", "I5")])
+#: A sharded session's key's position in the whole start request (its 'o' field: lua/start.lua).
+REQUEST_POSITION = Struct("POSITION", [("position", "I4")])
 #: A packed group (the files of several blocks): the group refcount and orphan-set member.
 PACKED_GROUP = Struct("PACKED_GROUP", [("storage_index", "B"), ("group_id", "I6")])
 
@@ -246,7 +248,7 @@ def lua_constants() -> str:
     from the location's position (prelude ``loc_pos``). Every enum member is a constant
     (``SERVING``, ``UNLINKED``, ``MODE_RAW``, ``FINISH_EXPIRED``...)."""
     lines = ["-- Generated from chalicelib/index/layout.py when the script is loaded: do not edit."]
-    for layout in (HEADER, LOCATION, ADOPTER, VICTIM, SESSION_ENTRY, PACKED_GROUP):
+    for layout in (HEADER, LOCATION, ADOPTER, VICTIM, SESSION_ENTRY, REQUEST_POSITION, PACKED_GROUP):
         lines.append(f"local {layout.lua_name}_FMT, {layout.lua_name}_LEN = '{layout.format}', {layout.size}")
     for layout, prefix, base in ((HEADER, "H", 1), (LOCATION, "L", 0)):
         for field in layout.fields.values():

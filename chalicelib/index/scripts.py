@@ -94,7 +94,7 @@ START_CANDIDATE_ARGS = Positions(
     "CAND", ("name", "storage_type", "pack_count", "type_capacity", "group_type_bytes", "by_location")
 )
 #: The ARGVs after the candidates, from ``ARG.candidate_count`` + CAND_ARGS x the count.
-START_TAIL_ARGS = Positions("TAIL", ("partial", "pending_deadline", "caller_cap", "caller"))
+START_TAIL_ARGS = Positions("TAIL", ("partial", "pending_deadline", "caller_cap", "caller", "positions"))
 #: A grant's reply; (storage type, bytes added) pairs follow from ``by_type`` on.
 START_GRANT = Positions(
     "GRANT",

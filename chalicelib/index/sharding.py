@@ -17,7 +17,6 @@ only the primitives of ``ShardPrimitives``.
 from __future__ import annotations
 
 import random
-import struct
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,7 +29,7 @@ from redis.cluster import RedisCluster
 from ..protocol.models import MAX_INSTANCE_SHARDS
 from ..valkey import Valkey, valkey_errors
 from .errors import InstanceGoneError, WriteSessionError
-from .layout import ClaimOutcome, ReadMode
+from .layout import REQUEST_POSITION, ClaimOutcome, ReadMode
 from .records import Victim
 from .types import (
     SHARD_BUCKET_SHIFT,
@@ -50,9 +49,6 @@ from .types import (
 LOCATION_ID_SHARD_SHIFT = 36
 #: A sharded occupied-bucket cursor keeps its shard in these low bits.
 _CURSOR_SHARD_BITS = 4
-#: Bytes of a request position in a sharded session's 'o' field (not 'p': start.lua keeps
-#: the capped caller there, for finish.lua to count back down).
-_POSITION = struct.Struct(">I")
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -122,8 +118,8 @@ class ShardedSession(Session):
 
     parts: tuple[tuple[int, Session], ...] = ()
     origin: tuple[tuple[int, int], ...] = ()
-    #: False when a part lost its positions (its start died before writing them): the
-    #: session can still be failed, not finished.
+    #: False when a part has no positions (started by a version that wrote them after
+    #: start.lua, and lost them): the session can still be failed, not finished.
     ordered: bool = True
 
 
@@ -277,6 +273,7 @@ class ShardedIndex:
                 max_keys=share(req.max_keys, count, s),
                 # Shards grant independently: a leading run across them is not one script's.
                 partial=False,
+                positions=pos,
             )
             for s, pos in parts
         ]
@@ -304,7 +301,7 @@ class ShardedIndex:
         index.charge_group(layout, total, pipe=pipe)
         if any(any(outcome.new_flags) for *_, outcome in granted):  # sessions were opened
             index.queue_session_deadline(pipe, layout.instance_id, req.deadline_ms)
-        for s, pos, sub, outcome in granted:
+        for _, pos, sub, outcome in granted:
             shard_written = [
                 (local, outcome.written_to[local] if outcome.written_to else 1)
                 for local, new in enumerate(outcome.new_flags)
@@ -315,12 +312,6 @@ class ShardedIndex:
             ):
                 written_to[pos[local]] = candidate
                 placed[pos[local]] = where
-            if shard_written:  # the request position of each written key: the session's order at finish
-                pipe.hset(
-                    layout.shards[s].session(req.session_id),
-                    "o",
-                    b"".join(_POSITION.pack(pos[local]) for local, _ in shard_written),
-                )
         if len(pipe):
             with valkey_errors("index"):
                 pipe.execute()
@@ -391,12 +382,11 @@ class ShardedIndex:
             if deadline is None:
                 continue
             entries = session_entries(raw or b"")
-            if entries and (positions is None or len(positions) != _POSITION.size * len(entries)):
+            if entries and (positions is None or len(positions) != REQUEST_POSITION.size * len(entries)):
                 ordered = False
-                positions = b"".join(_POSITION.pack(len(keyed) + j) for j in range(len(entries)))
-            keyed += [
-                (_POSITION.unpack_from(positions, j * _POSITION.size)[0], len(parts), j) for j in range(len(entries))
-            ]
+                positions = b"".join(REQUEST_POSITION.pack(len(keyed) + j) for j in range(len(entries)))
+            width, part = REQUEST_POSITION.size, len(parts)
+            keyed += [(REQUEST_POSITION.unpack_from(positions, j * width)[0], part, j) for j in range(len(entries))]
             parts.append((s, Session(int(deadline), entries, raw or b"")))
         if not parts:
             return None

@@ -48,7 +48,7 @@ from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..valkey import Valkey, valkey_errors
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
-from .layout import SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
+from .layout import REQUEST_POSITION, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -116,6 +116,7 @@ class TagIndex:
         self._forget = client.register_script(load_script("forget"))
         self._release = client.register_script(load_script("release"))
         self._storage = client.register_script(load_script("storage"))
+        self._recount_callers = client.register_script(load_script("recount_callers"))
         #: Hash tag -> the bucket count last seen (reads name buckets with it; a read
         #: finding it out of date names them in Lua and returns the count now).
         self._bucket_counts: dict[bytes, int] = {}
@@ -377,6 +378,7 @@ class TagIndex:
                 "pending_deadline": pending,
                 "caller_cap": req.max_caller_sessions if req.caller else 0,
                 "caller": req.caller,
+                "positions": b"".join(REQUEST_POSITION.pack(p) for p in req.positions),
             }
         )
         reply = self._call_queued(self._start, keys, args, before=self._due_at(layout, pending))

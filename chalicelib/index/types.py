@@ -328,6 +328,9 @@ class StartRequest:
     #: Grant the longest leading run of the keys to write that fits the quotas, instead
     #: of all or nothing (refused only when not even the first fits).
     partial: bool = False
+    #: A shard's part of a sharded start: each key's position in the whole request, kept
+    #: with the session for its finish (lua/start.lua 'o'); empty: none kept.
+    positions: Sequence[int] = ()
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ MAX_ROUNDS = 500
 #: A round reads only the instances the index's due set names (work to do, not every
 #: instance); every this often, and at a container's first round, it reads every
 #: registered instance instead: a start that died between its script and the due set left
-#: its session out of it.
+#: its session out of it. The full sweep also recounts each instance's open sessions per
+#: caller (``BlockIndex.recount_caller_sessions``): counts an older version left too high.
 FULL_SWEEP_S = 600
 
 
@@ -73,6 +74,9 @@ class SessionReaper:
         if self.clock.now() >= self._next_full_sweep:
             self._next_full_sweep = self.clock.now() + FULL_SWEEP_S
             instance_ids = [r.instance_id for r in self.control.list_instances()]
+            recounted = self.index.recount_caller_sessions(instance_ids)
+            if recounted:
+                logger.warning("repaired per-caller session counts", extra={"counts": recounted})
         else:
             instance_ids = self.index.instances_due(now)
         expired = blocks = copies = 0

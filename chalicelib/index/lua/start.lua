@@ -30,7 +30,9 @@
 -- then TAIL, from ARG.candidate_count + C x CAND_ARGS: partial ('1' for a partial grant,
 --   '0' all or nothing), pending_deadline (s, of the stale locations it turns DELETING),
 --   caller_cap (the most open sessions one caller may have on the instance, 0 = no limit),
---   caller.
+--   caller, positions (a shard's start of a sharded instance: per key, its position in the
+--   whole request, POSITION_LEN bytes each; kept in the session's 'o' field, in the order of
+--   its entries, for the finish to restore the request's order; '': none kept).
 -- Storages are candidates 1 (ARG.storage_name...) to C + 1. A key is written, on the first
 -- candidate that may take it, when fewer than ARG.min_replicas of its locations cover its spec
 -- group (UPSTREAM_V2 §2.6). Counted: WRITING, SERVING and DELETING locations, stale ones
@@ -402,6 +404,12 @@ end
 if #written > 0 then
   redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
   redis.call('ZADD', deadlines, deadline, sid)
+  local positions = ARGV[tail + TAIL.positions]
+  if #positions > 0 then
+    local order = {}
+    for j, i in ipairs(written) do order[j] = sub(positions, (i - 1) * POSITION_LEN + 1, i * POSITION_LEN) end
+    redis.call('HSET', session, 'o', table.concat(order))
+  end
   if caller_cap > 0 then
     redis.call('HSET', session, 'p', caller)
     redis.call('HINCRBY', caller_sessions, caller, 1)

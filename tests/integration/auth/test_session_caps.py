@@ -62,6 +62,18 @@ def test_an_expired_session_gives_its_callers_place_back(engines, client, runtim
     assert [code(start(client, engines["noisy"], key)) for key in (4, 5, 6)] == ["OK"] * 3
 
 
+def test_the_reapers_full_sweep_repairs_an_inflated_callers_count(engines, client, runtime):
+    # An older version's finishes never counted a sharded caller down: its count stuck at the cap.
+    index, ctx = runtime.index, runtime.contexts("i1")
+    for shard in ctx.layout.shards:
+        index.client.hset(shard.key("sc"), "noisy", 3)
+    assert code(start(client, engines["noisy"], 1)) == "REACH_MAX_ENTITY_CAPACITY"
+    runtime.session_reaper.expire_write_sessions()  # a container's first round: a full sweep
+    assert [code(start(client, engines["noisy"], key)) for key in (1, 2, 3, 4)] == ["OK"] * 3 + [
+        "REACH_MAX_ENTITY_CAPACITY"
+    ]
+
+
 def test_without_auth_only_the_instance_cap_applies(runtime, client, control):
     control.add_storage(StorageConfig.model_validate(nfs("nfs1", "/tmp/kvcm-session-caps")))
     control.create_group(group("g1", "nfs1"))

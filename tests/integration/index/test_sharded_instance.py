@@ -2,6 +2,7 @@
 (docs/instance-sharding.md), checked against an instance of one shard fed the same calls."""
 
 import random
+import threading
 from dataclasses import replace
 
 import pytest
@@ -233,3 +234,104 @@ def test_marks_and_failed_finishes_register_the_instance_due_on_the_cluster(inde
     index.start(sharded, keys_of(rng, 3), request("s2", 3))
     index.finish(sharded, "s2", index.session(sharded, "s2"), (), [SIZE], force_fail=True)
     assert list(index.due_deletions(2**40, 10)) == ["sh"]
+
+
+class _LosesOnePipeline:
+    """The cluster client, except that the next pipeline sending no script fails once (as a
+    process dying right after its start scripts would leave it: the sessions written, the
+    commands queued behind them never sent)."""
+
+    def __init__(self, client):
+        self._client = client
+        self.armed = True
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def pipeline(self, *args, **kwargs):
+        pipe = self._client.pipeline(*args, **kwargs)
+        owner, execute = self, pipe.execute
+
+        def failing_once(*a, **kw):
+            scripted = any(cmd.args[0] == "EVALSHA" for cmd in pipe._execution_strategy.command_queue)
+            if owner.armed and not scripted:
+                owner.armed = False
+                pipe.reset()
+                raise ConnectionError("lost after the scripts")
+            return execute(*a, **kw)
+
+        pipe.execute = failing_once
+        return pipe
+
+
+def test_a_start_losing_its_pipeline_after_the_scripts_can_still_be_finished(index, sharded, cluster3):
+    # The request positions ('o') are written by start.lua with the session, not after it.
+    rng = random.Random(37)
+    write(index, sharded, keys_of(rng, 9), "warm")  # storages known in every shard: no setup pipeline
+    lossy = _LosesOnePipeline(cluster3)
+    index.client = lossy
+    keys = keys_of(rng, 12)
+    with pytest.raises(Exception, match="lost after the scripts"):
+        index.start(sharded, keys, request("s1", 12))
+    assert not lossy.armed
+    index.client = cluster3
+    session = index.session(sharded, "s1")
+    assert [k for k, _ in session.entries] == keys
+    index.finish(sharded, "s1", session, [i % 3 != 0 for i in range(12)], [SIZE])
+    served = index.read_raw(sharded, keys, MODE_BATCH)
+    assert [r is not None for r in served] == [i % 3 != 0 for i in range(12)]
+
+
+def test_inflated_caller_counts_are_recounted_from_the_open_sessions(index, sharded, reference, cluster3):
+    # Counts an older version left too high ('p' overwritten: its finishes never counted the
+    # caller down) are rebuilt per shard from the sessions still open.
+    rng = random.Random(41)
+    capped = {"caller": "acct", "max_caller_sessions": 50}
+    spread = [k for s in range(3) for k in keys_of(rng, 3, shard=s)]
+    for layout in (sharded, reference):
+        index.start(layout, spread, request("open", 9, **capped))
+    for shard in (*sharded.shards, reference):
+        cluster3.hincrby(shard.key("sc"), "acct", 7)
+        cluster3.hset(shard.key("sc"), "gone", 3)
+    index.start(sharded, keys_of(rng, 3, shard=2), request("other", 3, caller="b", max_caller_sessions=50))
+    assert index.recount_caller_sessions(["sh", "ref", "unknown"]) == 8  # acct and gone in each of 4 shards; b right
+    assert [cluster3.hgetall(s.key("sc")) for s in sharded.shards] == [{b"acct": b"1"}] * 2 + [
+        {b"acct": b"1", b"b": b"1"}
+    ]
+    assert cluster3.hgetall(reference.key("sc")) == {b"acct": b"1"}
+    assert index.recount_caller_sessions(["sh", "ref"]) == 0
+
+
+def test_a_recount_racing_starts_and_finishes_leaves_the_exact_count(index, sharded, cluster3):
+    rng = random.Random(43)
+    keys = [[k for s in range(3) for k in keys_of(rng, 2, shard=s)] for _ in range(40)]
+    capped = {"caller": "acct", "max_caller_sessions": 1000}
+    recounting, done = threading.Event(), threading.Event()
+
+    def writer(worker):
+        recounting.wait()
+        for n in range(worker, len(keys), 2):
+            session_id = f"w{n}"
+            index.start(sharded, keys[n], request(session_id, 6, **capped))
+            if n % 4:  # every fourth stays open
+                index.finish(sharded, session_id, index.session(sharded, session_id), [True] * 6, [SIZE])
+
+    def recounter():
+        while not done.is_set():
+            index.recount_caller_sessions(["sh"])
+            recounting.set()
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in (0, 1)]
+    racer = threading.Thread(target=recounter)
+    for shard in sharded.shards:
+        cluster3.hset(shard.key("sc"), "acct", 100)  # inflated before the race
+    racer.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    racer.join()
+    assert [cluster3.hget(s.key("sc"), "acct") for s in sharded.shards] == [b"10"] * 3
+    index.recount_caller_sessions(["sh"])
+    assert [cluster3.hget(s.key("sc"), "acct") for s in sharded.shards] == [b"10"] * 3
