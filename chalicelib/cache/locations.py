@@ -154,14 +154,16 @@ class LocationRenderer:
         return out
 
     def _best(self, raw: bytes, statuses: tuple[int, ...]) -> int | None:
-        """Among replicas, the offset of the available one with the lowest read weight."""
+        """Among replicas, the offset of the available one ranked first by the group's
+        ``InstanceContext.read_rank`` (hottest tier, then lowest read weight)."""
+        rank = self._ctx.read_rank
         best, best_offset = None, None
         for offset in range(_FIRST_LOCATION, _FIRST_LOCATION + raw[_COUNT_AT] * _LOCATION_LEN, _LOCATION_LEN):
             if raw[offset + _STATUS_AT] not in statuses:
                 continue
             state = self._state(raw[offset + _STORAGE_AT])
-            if state is not None and (best is None or state.backend.read_weight < best.backend.read_weight):
-                best, best_offset = state, offset
+            if state is not None and (best is None or rank[state.name] < best):
+                best, best_offset = rank[state.name], offset
         return best_offset
 
     def padding(self) -> str:
