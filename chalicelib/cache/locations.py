@@ -115,9 +115,16 @@ class LocationRenderer:
             self._by_index[key] = self.prepared(state, spec_group) if state is not None else None
         return self._by_index[key]
 
-    def render(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> str | None:
-        """JSON of the fastest available location of a record among ``statuses``, or None."""
-        if raw[_COUNT_AT] == 1:  # the usual record: one location
+    def render(
+        self,
+        block_key: int,
+        raw: bytes,
+        statuses: tuple[int, ...] = SERVING_ONLY,
+        storage_type: StorageType | None = None,
+    ) -> str | None:
+        """JSON of the first-ranked available location of a record among ``statuses`` (and
+        on a storage of ``storage_type`` when given), or None."""
+        if raw[_COUNT_AT] == 1 and storage_type is None:  # the usual record: one location
             status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(
                 raw, _FIRST_LOCATION
             )
@@ -127,7 +134,7 @@ class LocationRenderer:
             if prepared is _UNKNOWN:
                 prepared = self._prepared_at(sidx, spec_group)
         else:
-            offset = self._best(raw, statuses)
+            offset = self._best(raw, statuses, storage_type)
             if offset is None:
                 return None
             status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(raw, offset)
@@ -153,16 +160,19 @@ class LocationRenderer:
             out.append((status, location_id, text))
         return out
 
-    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> int | None:
-        """Among replicas, the offset of the available one ranked first by the group's
-        ``InstanceContext.read_rank`` (hottest tier, then lowest read weight)."""
+    def _best(self, raw: bytes, statuses: tuple[int, ...], storage_type: StorageType | None) -> int | None:
+        """Among replicas (of ``storage_type`` when given), the offset of the available one
+        ranked first by the group's ``InstanceContext.read_rank`` (hottest tier, then lowest
+        read weight)."""
         rank = self._ctx.read_rank
         best, best_offset = None, None
         for offset in range(_FIRST_LOCATION, _FIRST_LOCATION + raw[_COUNT_AT] * _LOCATION_LEN, _LOCATION_LEN):
             if raw[offset + _STATUS_AT] not in statuses:
                 continue
             state = self._state(raw[offset + _STORAGE_AT])
-            if state is not None and (best is None or rank[state.name] < best):
+            if state is None or (storage_type is not None and state.storage_type != storage_type):
+                continue
+            if best is None or rank[state.name] < best:
                 best, best_offset = rank[state.name], offset
         return best_offset
 

@@ -523,6 +523,20 @@ def test_a_block_with_copies_on_two_tiers_is_served_from_the_hottest_available_o
     listed = _api("getCacheMeta", {"instance_id": "t1", "block_keys": [1, 5]})["replica_locations"]
     assert [[c["type"] for c in entry["locations"]] for entry in listed] == [["ST_NFS", "ST_S3"], ["ST_NFS"]]
     assert {c["status"] for entry in listed for c in entry["locations"]} == {"CLS_SERVING"}
+    # getCacheLocationsByBackend answers each type from that type's copy
+    by_backend = _api(
+        "getCacheLocationsByBackend",
+        {
+            "instance_id": "t1",
+            "query_type": "QT_BATCH_GET",
+            "block_keys": [1, 5],
+            "backend_selectors": [
+                {"backend_type": "ST_S3", "strategy": "LSS_WEIGHTED_RANDOM"},
+                {"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"},
+            ],
+        },
+    )["key_locations"]
+    assert [[loc["type"] for loc in key["locations"]] for key in by_backend] == [["ST_S3", "ST_NFS"], ["ST_NFS"]]
     # the hot storage disabled: its blocks are served from the next tier, the prefix ends
     # at the first block no available tier holds
     rt.control.set_storage_available("nfs_01", False)
