@@ -17,14 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import row, timeit_interleaved  # noqa: E402
-from chalicelib.cache.context import InstanceContext, SpecLayout, StorageState  # noqa: E402
-from chalicelib.cache.locations import LocationRenderer  # noqa: E402
-from chalicelib.index import InstanceLayout, Status  # noqa: E402
-from chalicelib.index.layout import HEADER, LOCATION  # noqa: E402
-from chalicelib.protocol.codes import StorageType  # noqa: E402
-from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig  # noqa: E402
-from chalicelib.storage.file import FileBackend, ThreeFSBackend  # noqa: E402
+from bench._common import row, timeit_interleaved
+from chalicelib.cache.context import InstanceContext, SpecLayout, StorageState
+from chalicelib.cache.locations import LocationRenderer
+from chalicelib.index import InstanceLayout, Status
+from chalicelib.index.layout import HEADER, LOCATION
+from chalicelib.protocol.codes import StorageType
+from chalicelib.protocol.models import InstanceGroup, LocationSpecInfo, StorageConfig
+from chalicelib.storage.file import FileBackend, ThreeFSBackend
 
 N = 128
 NAMES = {1: "nfs_01", 2: "3fs_01"}
