@@ -348,17 +348,15 @@ class CacheService:
 
     # ---------------------------------------------------------------- reads
 
-    def get_cache_location(
-        self, req: GetCacheLocationRequest, with_reported: bool = True, bounded: bool = True
-    ) -> GetCacheLocationResponse:
+    def get_cache_location(self, req: GetCacheLocationRequest, bounded: bool = True) -> GetCacheLocationResponse:
         """Locations of the cached blocks among the request's keys (API.md, Read semantics).
 
-        A key is a hit when it has a SERVING stored location or, unless ``with_reported``
-        is False, a visible reported one (docs/api-v2.md): the stored one is served when
-        both exist. Without event-report storages in the group this is one round trip;
-        with them, the reported locations are read first (one more). A request whose
-        answer could pass ``MAX_RESPONSE_BYTES`` is refused first, unless not ``bounded``
-        (the caller answers something smaller than the locations)."""
+        A key is a hit when it has a SERVING stored location or a visible reported one
+        (docs/api-v2.md): the stored one is served when both exist. Without event-report
+        storages in the group this is one round trip; with them, the reported locations are
+        read first (one more). A request whose answer could pass ``MAX_RESPONSE_BYTES`` is
+        refused first, unless not ``bounded`` (the caller answers something smaller than
+        the locations)."""
         started = time.perf_counter()
         ctx = self.contexts(req.instance_id)
         if req.query_type == QueryType.QT_UNSPECIFIED:
@@ -377,7 +375,7 @@ class CacheService:
         renderer = self._renderer(ctx, names)
         if bounded:
             self.bound_read_answer(ctx, req, len(asked), renderer, filtered=names is not None)
-        reported = (self._reported_texts(ctx, asked, names) if with_reported else None) or []
+        reported = self._reported_texts(ctx, asked, names) or []
         covered = [t is not None for t in reported] if any(t is not None for t in reported) else None
         texts: list[str] = []
         feed = self.hit_feed.read(
