@@ -554,3 +554,16 @@ def test_a_block_with_copies_on_two_tiers_is_served_from_the_hottest_available_o
     rt.control.update_group(group, stored)
     _refresh(rt)
     assert _served_storages(rt, keys, query_type=PREFIX) == ["s3_01"] * 4 + ["nfs_01"] * 2
+
+
+def test_a_hot_storage_found_unhealthy_is_skipped_for_the_next_tier(tiers, tmp_path):
+    rt = tiers.runtime
+    keys = [1, 2, 3]
+    _write(rt, keys)
+    assert _copy(tiers, keys)["status"] == "SUCCEEDED"
+    assert _served_storages(rt, keys) == ["nfs_01"] * 3
+    root = Path(rt.contexts("t1").backend("nfs_01").data_root)
+    root.rename(tmp_path / "moved")  # the NFS mount gone: its probe fails
+    rt.health_checks.run_health_checks()
+    _refresh(rt)
+    assert _served_storages(rt, keys) == ["s3_01"] * 3
