@@ -1,9 +1,10 @@
 """getCacheLocationsByBackend (UPSTREAM_V2 §2.5): per key, at most one location per
 selected backend type, for clients that fetch from one tier each.
 
-Stored locations (storages written through startWriteCache) come from getCacheLocation's
-batch read, which answers one location per key: a key stored in several storage types is
-found under the type that read picks. Reported locations (ST_EVENT_REPORT_*) come from the
+Stored locations (storages written through startWriteCache) come from one batch read of
+the records: per selected type, the key's first-ranked SERVING copy of that type (the
+group's tier order, then read weight: docs/tiered-storage.md), so a key with copies on two
+tiers answers under each type. Reported locations (ST_EVENT_REPORT_*) come from the
 reporters' visible locations; L2 peers may be chosen for a whole prompt (LSS_V6D_PREFIX:
 the peer holding the longest run from the first key; LSS_V6D_COVERAGE: the peer holding
 the most keys; ties to the smallest address).
@@ -11,6 +12,7 @@ the most keys; ties to the smallest address).
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -22,7 +24,6 @@ from ..protocol.models import (
     EVENT_REPORT_TYPES,
     CacheLocation,
     CacheLocationVector,
-    GetCacheLocationRequest,
     GetCacheLocationsByBackendRequest,
     GetCacheLocationsByBackendResponse,
 )
@@ -129,25 +130,22 @@ class BackendLocations:
                 )
             names = list(req.location_spec_names)
         wanted = [i for i, m in enumerate(masked) if not m]
-        # Each key's vector holds at most its one stored location. Reported ones are the
-        # engines' URIs, which the instance's layout does not bound: not counted.
+        stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
+        # Each key's vector holds at most one stored location per stored type selected.
+        # Reported ones are the engines' URIs, which the instance's layout does not bound:
+        # not counted.
         self.cache.bound_read_answer(
-            self.cache.contexts(req.instance_id), req, len(keys), per_key_extra=_VECTOR_ENVELOPE
+            self.cache.contexts(req.instance_id),
+            req,
+            len(keys),
+            per_key_extra=_VECTOR_ENVELOPE,
+            locations_per_key=max(1, len(stored_types)),
         )
         vectors: list[list[CacheLocation]] = [[] for _ in keys]
-        stored_types = [s.backend_type for s in req.backend_selectors if s.backend_type not in EVENT_REPORT_TYPES]
-        stored: dict[int, CacheLocation] = {}
+        stored: dict[int, dict[StorageType, str]] = {}
         if stored_types and wanted:
-            found = self.cache.get_cache_location(
-                GetCacheLocationRequest(
-                    trace_id=req.trace_id,
-                    instance_id=req.instance_id,
-                    block_keys=[keys[i] for i in wanted],
-                    query_type=QueryType.QT_BATCH_GET,
-                ),
-                with_reported=False,
-            )
-            stored = dict(zip(wanted, found.locations, strict=True))
+            found = self.cache.stored_locations_by_type(req.instance_id, [keys[i] for i in wanted], stored_types)
+            stored = dict(zip(wanted, found, strict=True))
         reported: list[list[Reported]] = []
         if any(s.backend_type in EVENT_REPORT_TYPES for s in req.backend_selectors) and wanted:
             reported = self.reports.visible_locations(
@@ -156,8 +154,9 @@ class BackendLocations:
         for selector in req.backend_selectors:
             type_name = selector.backend_type.name
             if selector.backend_type not in EVENT_REPORT_TYPES:
-                for i, location in stored.items():
-                    if location["type"] == type_name:
+                for i, by_type in stored.items():
+                    if selector.backend_type in by_type:
+                        location = json.loads(by_type[selector.backend_type])
                         specs = [(s["name"], s["uri"]) for s in location["location_specs"]]
                         picked = _location(type_name, specs, names[i])
                         if picked is not None:

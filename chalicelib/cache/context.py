@@ -96,6 +96,37 @@ _PREFERRED_TYPE = {
 }
 
 
+def tier_depths(group: InstanceGroup) -> dict[str, int]:
+    """Each storage's tier in the group's migration routes (a route's source is hotter than
+    its target): 0 for a storage no route copies into, else one more than the deepest
+    source copying into it. A route that would close a cycle with the routes listed before
+    it (a promote route back, B -> A after A -> B) does not reorder the tiers."""
+    cache = group.cache_config
+    config = cache.migration_config if cache is not None else None
+    below: dict[str, set[str]] = {}  # storage -> the storages its routes reach, transitively
+    edges: list[tuple[str, str]] = []
+    for strategy in config.strategies if config is not None else ():
+        source, target = strategy.source_storage_name, strategy.target_storage_name
+        if source in below.get(target, ()):
+            continue
+        edges.append((source, target))
+        reached = {target} | below.get(target, set())
+        for under in below.values():
+            if source in under:
+                under |= reached
+        below.setdefault(source, set()).update(reached)
+    depths: dict[str, int] = {}
+    for _ in edges:  # longest path in an acyclic graph: at most one pass per edge
+        changed = False
+        for source, target in edges:
+            if depths.get(source, 0) + 1 > depths.get(target, 0):
+                depths[target] = depths.get(source, 0) + 1
+                changed = True
+        if not changed:
+            break
+    return depths
+
+
 def _no_backend(name: str) -> StorageBackend | None:
     """No storage but the candidates (a context built by hand)."""
     return None
@@ -124,6 +155,16 @@ class InstanceContext:
     def servable(self) -> tuple[str, ...]:
         """Names of the storages whose blocks may be served now."""
         return tuple(s.name for s in self.storages if s.available)
+
+    @cached_property
+    def read_rank(self) -> dict[str, tuple[int, int, int]]:
+        """Per candidate storage, its place when several copies of a block serve (lower
+        first): its tier (``tier_depths``), then the backend's read weight within the tier,
+        then its place in ``storage_candidates``."""
+        depths = tier_depths(self.group)
+        return {
+            s.name: (depths.get(s.name, 0), s.backend.read_weight, position) for position, s in enumerate(self.storages)
+        }
 
     def backend(self, name: str) -> StorageBackend | None:
         state = self.by_name.get(name)

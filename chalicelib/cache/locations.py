@@ -67,6 +67,11 @@ def _no_args(block_key: int, location_id: int, group_id: int, slot: int) -> tupl
     return ()
 
 
+#: A storage's read rank (``InstanceContext.read_rank``) and its type.
+Ranked = tuple[tuple[int, int, int], StorageType]
+#: "Not ranked yet" in the renderer's cache, told apart by identity.
+_UNRANKED: Ranked = ((0, 0, 0), StorageType.ST_UNSPECIFIED)
+
 #: "Not prepared yet" in the renderer's cache, told apart by identity (a Prepared, so the
 #: cache's lookups stay typed).
 _UNKNOWN: Prepared = ("", _no_args)
@@ -84,6 +89,7 @@ class LocationRenderer:
         self._states: dict[int, StorageState | None] = {}
         self._by_storage: dict[tuple[str, int], Prepared] = {}
         self._by_index: dict[tuple[int, int], Prepared | None] = {}
+        self._ranks: dict[int, Ranked | None] = {}
 
     def _slots(self, spec_group: int) -> tuple[SpecSlot, ...]:
         slots = self._ctx.spec_layout.slots(spec_group)
@@ -115,9 +121,16 @@ class LocationRenderer:
             self._by_index[key] = self.prepared(state, spec_group) if state is not None else None
         return self._by_index[key]
 
-    def render(self, block_key: int, raw: bytes, statuses: tuple[int, ...] = SERVING_ONLY) -> str | None:
-        """JSON of the fastest available location of a record among ``statuses``, or None."""
-        if raw[_COUNT_AT] == 1:  # the usual record: one location
+    def render(
+        self,
+        block_key: int,
+        raw: bytes,
+        statuses: tuple[int, ...] = SERVING_ONLY,
+        storage_type: StorageType | None = None,
+    ) -> str | None:
+        """JSON of the first-ranked available location of a record among ``statuses`` (and
+        on a storage of ``storage_type`` when given), or None."""
+        if raw[_COUNT_AT] == 1 and storage_type is None:  # the usual record: one location
             status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(
                 raw, _FIRST_LOCATION
             )
@@ -127,7 +140,7 @@ class LocationRenderer:
             if prepared is _UNKNOWN:
                 prepared = self._prepared_at(sidx, spec_group)
         else:
-            offset = self._best(raw, statuses)
+            offset = self._best(raw, statuses, storage_type)
             if offset is None:
                 return None
             status, sidx, spec_group, id_hi, id_lo, group_hi, group_lo, slot = _LOCATION.unpack_from(raw, offset)
@@ -153,16 +166,29 @@ class LocationRenderer:
             out.append((status, location_id, text))
         return out
 
-    def _best(self, raw: bytes, statuses: tuple[int, ...]) -> int | None:
-        """Among replicas, the offset of the available one with the lowest read weight."""
+    def _best(self, raw: bytes, statuses: tuple[int, ...], storage_type: StorageType | None) -> int | None:
+        """Among replicas (of ``storage_type`` when given), the offset of the available one
+        ranked first by the group's ``InstanceContext.read_rank`` (hottest tier, then lowest
+        read weight)."""
+        ranks = self._ranks
         best, best_offset = None, None
         for offset in range(_FIRST_LOCATION, _FIRST_LOCATION + raw[_COUNT_AT] * _LOCATION_LEN, _LOCATION_LEN):
             if raw[offset + _STATUS_AT] not in statuses:
                 continue
-            state = self._state(raw[offset + _STORAGE_AT])
-            if state is not None and (best is None or state.backend.read_weight < best.backend.read_weight):
-                best, best_offset = state, offset
+            sidx = raw[offset + _STORAGE_AT]
+            ranked = ranks.get(sidx, _UNRANKED)
+            if ranked is _UNRANKED:
+                ranked = ranks[sidx] = self._ranked(sidx)
+            if ranked is None or (storage_type is not None and ranked[1] != storage_type):
+                continue
+            if best is None or ranked[0] < best:
+                best, best_offset = ranked[0], offset
         return best_offset
+
+    def _ranked(self, sidx: int) -> Ranked | None:
+        """The read rank and type of the storage of an index; None when it may not serve now."""
+        state = self._state(sidx)
+        return (self._ctx.read_rank[state.name], state.storage_type) if state is not None else None
 
     def padding(self) -> str:
         """JSON of a miss: every (filtered) spec with an empty URI."""

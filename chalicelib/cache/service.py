@@ -38,7 +38,7 @@ from ..observability.hit_feed import KEYWISE, PREFIX, FeedEntry, HitFeed, off
 from ..observability.logging import logger
 from ..observability.metrics import MetricsRegistry
 from ..protocol.block_keys import request_keys
-from ..protocol.codes import CacheLocationStatus, QueryType, TrimStrategy
+from ..protocol.codes import CacheLocationStatus, QueryType, StorageType, TrimStrategy
 from ..protocol.errors import CapacityExceededError, InvalidArgumentError, StorageIOError
 from ..protocol.models import (
     BlockMask,
@@ -222,6 +222,12 @@ def location_widths(
     return widths
 
 
+def _require_a_servable_storage(ctx: InstanceContext) -> None:
+    """A read of a group whose every storage is unavailable fails (NoAvailableStorageError)."""
+    if ctx.storages and not any(s.available for s in ctx.storages):
+        raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
+
+
 def refuse_oversized_answer(ctx: InstanceContext, req: KeysRequest, total: int, per_key: int) -> None:
     """Refuse a request whose answer could pass ``MAX_RESPONSE_BYTES`` (``total`` bytes at
     most, ``per_key`` for its widest key) with the largest key count that fits, in the
@@ -342,17 +348,15 @@ class CacheService:
 
     # ---------------------------------------------------------------- reads
 
-    def get_cache_location(
-        self, req: GetCacheLocationRequest, with_reported: bool = True, bounded: bool = True
-    ) -> GetCacheLocationResponse:
+    def get_cache_location(self, req: GetCacheLocationRequest, bounded: bool = True) -> GetCacheLocationResponse:
         """Locations of the cached blocks among the request's keys (API.md, Read semantics).
 
-        A key is a hit when it has a SERVING stored location or, unless ``with_reported``
-        is False, a visible reported one (docs/api-v2.md): the stored one is served when
-        both exist. Without event-report storages in the group this is one round trip;
-        with them, the reported locations are read first (one more). A request whose
-        answer could pass ``MAX_RESPONSE_BYTES`` is refused first, unless not ``bounded``
-        (the caller answers something smaller than the locations)."""
+        A key is a hit when it has a SERVING stored location or a visible reported one
+        (docs/api-v2.md): the stored one is served when both exist. Without event-report
+        storages in the group this is one round trip; with them, the reported locations are
+        read first (one more). A request whose answer could pass ``MAX_RESPONSE_BYTES`` is
+        refused first, unless not ``bounded`` (the caller answers something smaller than
+        the locations)."""
         started = time.perf_counter()
         ctx = self.contexts(req.instance_id)
         if req.query_type == QueryType.QT_UNSPECIFIED:
@@ -367,12 +371,11 @@ class CacheService:
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             flags = masked_flags(req.block_mask, len(keys), "block_mask")
             asked = [k for k, masked in zip(keys, flags, strict=True) if not masked]
-        if ctx.storages and not any(s.available for s in ctx.storages):
-            raise NoAvailableStorageError(f"every storage of instance group {ctx.group.name!r} is unavailable")
+        _require_a_servable_storage(ctx)
         renderer = self._renderer(ctx, names)
         if bounded:
             self.bound_read_answer(ctx, req, len(asked), renderer, filtered=names is not None)
-        reported = (self._reported_texts(ctx, asked, names) if with_reported else None) or []
+        reported = self._reported_texts(ctx, asked, names) or []
         covered = [t is not None for t in reported] if any(t is not None for t in reported) else None
         texts: list[str] = []
         feed = self.hit_feed.read(
@@ -418,6 +421,28 @@ class CacheService:
         if req.query_type == QueryType.QT_PREFIX_MATCH:
             self.metrics.observe("manager.prefix_match_time_us", (time.perf_counter() - started) * 1e6, tags)
         return GetCacheLocationResponse.model_construct(header=ResponseHeader(), locations=CacheLocations(texts))
+
+    def stored_locations_by_type(
+        self, instance_id: str, keys: list[int], storage_types: Sequence[StorageType]
+    ) -> list[dict[StorageType, str]]:
+        """Per key, the JSON of its first-ranked SERVING stored location on each of
+        ``storage_types`` that holds one (getCacheLocationsByBackend: a key with copies on
+        two tiers answers under each type). One batch read, one round trip."""
+        ctx = self.contexts(instance_id)
+        _require_a_servable_storage(ctx)
+        renderer = self._renderer(ctx)
+        feed = self.hit_feed.read(ctx.instance_id, KEYWISE, keys)
+        raws = self.index.read_raw(ctx.layout, keys, MODE_BATCH, 0, ctx.servable, None, feed)
+        out: list[dict[StorageType, str]] = []
+        for key, raw in zip(keys, raws, strict=True):
+            found: dict[StorageType, str] = {}
+            if raw is not None:
+                for storage_type in storage_types:
+                    text = renderer.render(key, raw, storage_type=storage_type)
+                    if text is not None:
+                        found[storage_type] = text
+            out.append(found)
+        return out
 
     def _reported(
         self, ctx: InstanceContext, keys: list[int], names: frozenset[str] | None = None

@@ -15,6 +15,7 @@ from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.types import MODE_RAW
 from chalicelib.observability.emf import EmfWriter
+from chalicelib.protocol.codes import QueryType
 from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
@@ -563,3 +564,77 @@ def test_a_copy_session_id_names_the_execution_once(tiers):
     assert name.startswith(migrations.COPY_SESSION_PREFIX)
     ((result),) = json.loads(done["output"])["results"]
     assert result["session_id"] == f"{name}-0"
+
+
+PREFIX, BATCH = int(QueryType.QT_PREFIX_MATCH), int(QueryType.QT_BATCH_GET)
+
+
+def _served_storages(rt, keys, query_type=PREFIX):
+    """The storage each answered location of a getCacheLocation is on ('' for a miss)."""
+    read = rt.cache.get_cache_location(
+        GetCacheLocationRequest(instance_id="t1", query_type=query_type, block_keys=keys)
+    )
+    uris = [loc["location_specs"][0]["uri"] for loc in read.locations]
+    return [uri.split("/")[2] if uri else "" for uri in uris]
+
+
+def _refresh(rt):
+    """A fresh container's view of the control plane (the storage's availability, the group)."""
+    rt.config.invalidate()
+    rt.contexts.forget("t1")
+
+
+def test_a_block_with_copies_on_two_tiers_is_served_from_the_hottest_available_one(tiers):
+    rt = tiers.runtime
+    keys = list(range(1, 7))
+    _write(rt, keys)
+    assert _copy(tiers, keys[:4])["status"] == "SUCCEEDED"  # KEEP_BOTH: 1-4 on both tiers, 5-6 on nfs_01 only
+    assert _served_storages(rt, keys, query_type=PREFIX) == ["nfs_01"] * 6  # the route's source is the hot tier
+    # getCacheMeta lists both copies of a block, hot one first (the record's order)
+    listed = _api("getCacheMeta", {"instance_id": "t1", "block_keys": [1, 5]})["replica_locations"]
+    assert [[c["type"] for c in entry["locations"]] for entry in listed] == [["ST_NFS", "ST_S3"], ["ST_NFS"]]
+    assert {c["status"] for entry in listed for c in entry["locations"]} == {"CLS_SERVING"}
+    # getCacheLocationsByBackend answers each type from that type's copy
+    by_backend = _api(
+        "getCacheLocationsByBackend",
+        {
+            "instance_id": "t1",
+            "query_type": "QT_BATCH_GET",
+            "block_keys": [1, 5],
+            "backend_selectors": [
+                {"backend_type": "ST_S3", "strategy": "LSS_WEIGHTED_RANDOM"},
+                {"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"},
+            ],
+        },
+    )["key_locations"]
+    assert [[loc["type"] for loc in key["locations"]] for key in by_backend] == [["ST_S3", "ST_NFS"], ["ST_NFS"]]
+    # the hot storage disabled: its blocks are served from the next tier, the prefix ends
+    # at the first block no available tier holds
+    rt.control.set_storage_available("nfs_01", False)
+    _refresh(rt)
+    assert _served_storages(rt, keys, query_type=PREFIX) == ["s3_01"] * 4
+    assert _served_storages(rt, keys, query_type=BATCH) == ["s3_01"] * 4 + ["", ""]
+    rt.control.set_storage_available("nfs_01", True)
+    # The tier order is the group's routes, not the backends' read weights: with the route
+    # reversed (s3_01 hotter), the copied blocks come from S3 and the prefix runs on into
+    # the blocks only NFS holds.
+    group = rt.control.get_group("tiers")
+    (route,) = group.cache_config.migration_config.strategies
+    route.source_storage_name, route.target_storage_name = "s3_01", "nfs_01"
+    stored, group.version = group.version, 0
+    rt.control.update_group(group, stored)
+    _refresh(rt)
+    assert _served_storages(rt, keys, query_type=PREFIX) == ["s3_01"] * 4 + ["nfs_01"] * 2
+
+
+def test_a_hot_storage_found_unhealthy_is_skipped_for_the_next_tier(tiers, tmp_path):
+    rt = tiers.runtime
+    keys = [1, 2, 3]
+    _write(rt, keys)
+    assert _copy(tiers, keys)["status"] == "SUCCEEDED"
+    assert _served_storages(rt, keys) == ["nfs_01"] * 3
+    root = Path(rt.contexts("t1").backend("nfs_01").data_root)
+    root.rename(tmp_path / "moved")  # the NFS mount gone: its probe fails
+    rt.health_checks.run_health_checks()
+    _refresh(rt)
+    assert _served_storages(rt, keys) == ["s3_01"] * 3

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from chalicelib.cache.context import InstanceContext, SpecLayout, StorageState
+from chalicelib.cache.context import InstanceContext, SpecLayout, StorageState, tier_depths
 from chalicelib.cache.locations import ANY_STATUS, LocationRenderer
 from chalicelib.index import InstanceLayout, Status
 from chalicelib.protocol.models import InstanceGroup, LocationSpecGroup, LocationSpecInfo, StorageConfig
@@ -99,3 +99,28 @@ def test_spec_groups_and_spec_filters(context):
 def test_padding_names_every_filtered_spec_with_an_empty_uri(context):
     padding = json.loads(LocationRenderer(context(), NAMES.get, frozenset({"tp0"})).padding())
     assert padding == {"type": "ST_UNSPECIFIED", "spec_size": 1, "location_specs": [{"name": "tp0", "uri": ""}]}
+
+
+def _routed(*routes) -> InstanceGroup:
+    strategies = [{"source_storage_name": s, "target_storage_name": t} for s, t in routes]
+    return InstanceGroup.model_validate({"name": "g", "cache_config": {"migration_config": {"strategies": strategies}}})
+
+
+def test_the_tier_of_a_storage_is_its_depth_in_the_groups_routes():
+    # listed out of order: the chain mem -> nfs -> s3 still ranks by depth
+    assert tier_depths(_routed(("nfs", "s3"), ("mem", "nfs"))) == {"nfs": 1, "s3": 2}
+    assert tier_depths(_routed(("mem", "s3"), ("nfs", "s3"))) == {"s3": 1}  # two hot tiers over one cold
+    assert tier_depths(InstanceGroup(name="g")) == {}
+    # a promote route back leaves the order the first route set
+    assert tier_depths(_routed(("a", "b"), ("b", "c"), ("c", "a"), ("b", "a"))) == {"b": 1, "c": 2}
+
+
+def test_among_replicas_the_hotter_tier_wins_over_a_lower_read_weight(context):
+    # the route makes nfs_01 (weight 5) the hot tier over 3fs_01 (weight 3)
+    base = context()
+    ctx = InstanceContext("i1", _routed(("nfs_01", "3fs_01")), 4, base.spec_layout, base.layout, base.storages)
+    replicas = record((Status.SERVING, 2, 0, 10, 10, 0), (Status.SERVING, 1, 0, 9, 8, 1))
+    assert render(ctx, replicas)["type"] == "ST_NFS"
+    assert render(base, replicas)["type"] == "ST_3FS"  # no route: one tier, the lower read weight
+    unavailable = context(three_fs_available=False)
+    assert render(unavailable, record((Status.SERVING, 2, 0, 10, 10, 0))) is None
