@@ -174,3 +174,28 @@ def register_one_spec_instance(call: Callable[[str, dict], dict], block_size: in
         },
     )
     assert resp["header"]["status"]["code"] == "OK", resp
+
+
+def nfs_group_with_instance(runtime: Any, root: Path, key_count_per_file: int, specs: list[dict]) -> None:
+    """Storage ``nfs_01`` at ``root``, group ``g1`` over it (1 GiB) and instance ``i1`` in it."""
+    from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
+
+    runtime.control.add_storage(
+        StorageConfig.model_validate(
+            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": key_count_per_file}}
+        )
+    )
+    runtime.control.create_group(
+        InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}})
+    )
+    runtime.meta_service.register_instance(
+        RegisterInstanceRequest.model_validate(
+            {
+                "instance_group": "g1",
+                "instance_id": "i1",
+                "block_size": 4,
+                "location_spec_infos": specs,
+                "model_deployment": {"model_name": "m", "dtype": "fp16"},
+            }
+        )
+    )

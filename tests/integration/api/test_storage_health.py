@@ -16,13 +16,13 @@ from chalicelib.protocol.models import (
     BlockMask,
     FinishWriteCacheRequest,
     InstanceGroup,
-    RegisterInstanceRequest,
     StartWriteCacheRequest,
     StorageConfig,
 )
 from chalicelib.storage.file import FreeSpace
 from chalicelib.storage.registry import StorageRegistry
 from chalicelib.workflows.health import REPROBE_INTERVAL_S
+from tests.helpers import nfs_group_with_instance
 from tests.integration.control.harness import call, code
 
 SPECS = [{"name": "tp0", "size": 65536}]
@@ -30,25 +30,7 @@ MIB = 1 << 20
 
 
 def setup_group(runtime, root: Path) -> None:
-    runtime.control.add_storage(
-        StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 1}}
-        )
-    )
-    runtime.control.create_group(
-        InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}})
-    )
-    runtime.meta_service.register_instance(
-        RegisterInstanceRequest.model_validate(
-            {
-                "instance_group": "g1",
-                "instance_id": "i1",
-                "block_size": 4,
-                "location_spec_infos": SPECS,
-                "model_deployment": {"model_name": "m", "dtype": "fp16"},
-            }
-        )
-    )
+    nfs_group_with_instance(runtime, root, 1, SPECS)
 
 
 def write(runtime, keys: list[int]) -> int:

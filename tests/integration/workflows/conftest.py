@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from chalicelib.protocol.models import InstanceGroup, RegisterInstanceRequest, StorageConfig
 from chalicelib.runtime import set_runtime
 from infra import asl
 from local_stack.aws import LAMBDA_RUNTIME, _dummy_zip
 from local_stack.dispatch import LambdaDispatch
 from local_stack.stack import load_app, task_handlers
-from tests.helpers import SPECS, build_runtime
+from tests.helpers import SPECS, build_runtime, nfs_group_with_instance
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -65,26 +64,7 @@ def stack(valkey, valkey_url, aws, tmp_path, workflow_clock):
     )
     root = tmp_path / "nfs"
     root.mkdir()
-    runtime.control.add_storage(
-        StorageConfig.model_validate(
-            {"global_unique_name": "nfs_01", "nfs": {"root_path": str(root), "key_count_per_file": 2}}
-        )
-    )
-    runtime.control.create_group(
-        InstanceGroup.model_validate({"name": "g1", "storage_candidates": ["nfs_01"], "quota": {"capacity": 1 << 30}})
-    )
-
-    runtime.meta_service.register_instance(
-        RegisterInstanceRequest.model_validate(
-            {
-                "instance_group": "g1",
-                "instance_id": "i1",
-                "block_size": 4,
-                "location_spec_infos": SPECS,
-                "model_deployment": {"model_name": "m", "dtype": "fp16"},
-            }
-        )
-    )
+    nfs_group_with_instance(runtime, root, 2, SPECS)
     with LambdaDispatch(handlers):
         yield dataclasses.make_dataclass("Stack", ["runtime", "sfn", "machines", "root"])(runtime, sfn, machines, root)
         # A looping execution's next self-restart fails once its machine is gone.
