@@ -10,22 +10,26 @@
    deleted. A caller that dies between the steps leaves a session that expires: the reaper
    fails it like any write session, so no target stays WRITING.
 
-Instances spread over shards are not supported yet (their keys' records live on several
-hash tags): UnsupportedError.
+An instance spread over shards begins a Copy as sharding.py starts a write: one script per
+shard holding sources, at once, the same session id in each (its part in each shard, with
+the sources' call positions in 'o'), the instance's byte quota split per shard (``share``),
+and if one shard refuses, the parts the others made are failed and dropped before the
+refusal is raised. ``finish_copy`` closes every part (``ShardedIndex.finish``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from ..protocol.errors import UnsupportedError
 from ..valkey import valkey_errors
 from .block_index import BlockIndex
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
-from .layout import SESSION_ENTRY, StartRefusal, StartResult
+from .layout import REQUEST_POSITION, SESSION_ENTRY, StartRefusal, StartResult
 from .records import Victim
 from .scripts import load_script
+from .sharding import settle, shard_of, share
 from .types import InstanceLayout, Usage, pack_u48
 
 
@@ -96,10 +100,102 @@ class MigrationIndex:
     ) -> CopyBegun:
         """WRITING target locations for the (block key, source location id) pairs that may
         be copied, all or nothing under the quotas (QuotaExceededError). ``sizes``: block
-        bytes per spec group; ``covers`` as StartRequest's."""
-        if layout.shard_suffixes:
-            raise UnsupportedError(f"instance '{layout.instance_id}' is sharded: Copy does not cover it yet")
+        bytes per spec group; ``covers`` as StartRequest's. On a sharded instance, one step
+        per shard holding sources, the instance's quota split per shard (``share``)."""
         quotas = quotas or CopyQuotas()
+        shard = partial(
+            self._begin_shard,
+            target=target,
+            sizes=sizes,
+            session_id=session_id,
+            deadline_ms=deadline_ms,
+            quotas=quotas,
+            covers=covers,
+            spec_group_count=spec_group_count,
+        )
+        if not layout.shard_suffixes:
+            parts = [(list(range(len(sources))), shard(layout, sources, quotas.instance_capacity, ()))]
+        else:
+            parts = self._begin_shards(layout, sources, target, sizes, session_id, quotas, shard)
+        outcomes = [""] * len(sources)
+        placed: dict[int, tuple[int, int, int, int, int]] = {}
+        for positions, part in parts:
+            taken = [i for i, outcome in zip(positions, part.outcomes, strict=True) if outcome == "1"]
+            placed |= dict(zip(taken, part.placements, strict=True))
+            for i, outcome in zip(positions, part.outcomes, strict=True):
+                outcomes[i] = outcome
+        added = sum(part.bytes_added for _, part in parts)
+        if added:
+            pipe = self.index.client.pipeline(transaction=False)
+            self.index.charge_group(layout, _charge(target, added), pipe=pipe)
+            self.index.queue_session_deadline(pipe, layout.instance_id, deadline_ms)
+            with valkey_errors("index"):
+                pipe.execute()
+        return CopyBegun(
+            session_id,
+            "".join(outcomes),
+            tuple(placed[i] for i in sorted(placed)),
+            max(part.target_storage_index for _, part in parts),
+            added,
+        )
+
+    def _begin_shards(
+        self,
+        layout: InstanceLayout,
+        sources: Sequence[tuple[int, int]],
+        target: CopyTarget,
+        sizes: Sequence[int],
+        session_id: str,
+        quotas: CopyQuotas,
+        shard: Callable[[InstanceLayout, Sequence[tuple[int, int]], int, Sequence[int]], CopyBegun],
+    ) -> list[tuple[list[int], CopyBegun]]:
+        """One begin per shard holding sources, at once: (call positions, what it took) per
+        shard. If one refuses, the others' parts are failed and dropped, then its error is raised."""
+        sharded = self.index.sharded
+        # The target's storage index must mean one storage in every shard.
+        sharded.ensure_storage(layout, target.storage_name, target.storage_type)
+        count = layout.shard_count
+        by_shard: list[list[int]] = [[] for _ in range(count)]
+        for i, (key, _) in enumerate(sources):
+            by_shard[shard_of(key, count)].append(i)
+        parts = [(s, pos) for s, pos in enumerate(by_shard) if pos] or [(0, [])]
+        settled = settle(
+            [
+                partial(
+                    shard,
+                    layout.shards[s],
+                    [sources[i] for i in pos],
+                    share(quotas.instance_capacity, count, s),
+                    pos,
+                )
+                for s, pos in parts
+            ]
+        )
+        errors = [exc for _, exc in settled if exc is not None]
+        if errors:
+            granted = [(s, begun) for (s, _), (begun, _) in zip(parts, settled, strict=True) if begun is not None]
+            # Charged first, as a start's grants are: failing and dropping the parts releases it.
+            self.index.charge_group(layout, _charge(target, sum(begun.bytes_added for _, begun in granted)))
+            sharded.fail_parts(layout, session_id, sizes, [s for s, _ in granted])
+            raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
+        return [(pos, begun) for (_, pos), (begun, _) in zip(parts, settled, strict=True) if begun is not None]
+
+    def _begin_shard(
+        self,
+        layout: InstanceLayout,
+        sources: Sequence[tuple[int, int]],
+        instance_capacity: int,
+        positions: Sequence[int],
+        *,
+        target: CopyTarget,
+        sizes: Sequence[int],
+        session_id: str,
+        deadline_ms: int,
+        quotas: CopyQuotas,
+        covers: bytes,
+        spec_group_count: int,
+    ) -> CopyBegun:
+        """lua/migrate_begin.lua on one hash tag (the caller moves the group's counters)."""
         group = quotas.group_usage
         reply = self.index._call(
             self._begin,
@@ -124,13 +220,14 @@ class MigrationIndex:
                 -1 if group is None else group.bytes,
                 target.type_capacity,
                 -1 if group is None else group.by_type.get(target.storage_type, 0),
-                quotas.instance_capacity,
+                instance_capacity,
                 layout.bucket_prefix,
                 layout.incarnation,
                 layout.instance_id,
                 covers,
                 spec_group_count,
                 "1" if target.by_location else "0",
+                b"".join(REQUEST_POSITION.pack(p) for p in positions),
             ],
         )
         if reply[0] == StartResult.REFUSED:
@@ -150,13 +247,6 @@ class MigrationIndex:
             (key, source, base + j, (base + j - j % pack) if pack > 0 else 0, j % pack if pack > 0 else 0)
             for j, (key, source) in enumerate(taken)
         )
-        if added:
-            pipe = self.index.client.pipeline(transaction=False)
-            charged = Usage(added, 0, {target.storage_type: added})
-            self.index.charge_group(layout, charged, pipe=pipe)
-            self.index.queue_session_deadline(pipe, layout.instance_id, deadline_ms)
-            with valkey_errors("index"):
-                pipe.execute()
         return CopyBegun(session_id, outcomes, placements, int(reply[3]), added)
 
     def finish_copy(
@@ -174,3 +264,8 @@ class MigrationIndex:
         failed |= {j for j, ok in enumerate(copied) if not ok}
         served = tuple(j for j in range(len(copied)) if j not in failed)
         return CopyFinished(served, tuple(sorted(failed)), tuple(outcome.victims))
+
+
+def _charge(target: CopyTarget, added: int) -> Usage:
+    """What a Copy's targets add to the counters: bytes, no keys (no record is created)."""
+    return Usage(added, 0, {target.storage_type: added})

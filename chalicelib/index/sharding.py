@@ -198,7 +198,7 @@ class ShardedIndex:
 
     def __init__(self, index: ShardPrimitives) -> None:
         self.index = index
-        #: (tag, suffixes, storage name) whose storage index every shard has (``_ensure_storage``).
+        #: (tag, suffixes, storage name) whose storage index every shard has (``ensure_storage``).
         self._storages: set[tuple[bytes, tuple[int, ...], str]] = set()
 
     # ---------------------------------------------------------------- reads
@@ -260,7 +260,7 @@ class ShardedIndex:
             (req.storage_name, req.storage_type),
             *((c.name, c.storage_type) for c in req.more_candidates),
         ]:
-            self._ensure_storage(layout, name, type_name)
+            self.ensure_storage(layout, name, type_name)
         count = layout.shard_count
         parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, count)) if pos] or [(0, [])]
         requests = [
@@ -292,7 +292,7 @@ class ShardedIndex:
         errors = [exc for _, exc in settled if exc is not None]
         if errors:
             index.charge_group(layout, total)  # the failures below release it
-            self._fail_granted(layout, req, [s for s, *_ in granted])
+            self.fail_parts(layout, req.session_id, req.sizes, [s for s, *_ in granted])
             raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
         pack_counts = [req.pack_count, *(c.pack_count for c in req.more_candidates)]
         written_to = [0] * len(block_keys)
@@ -337,18 +337,20 @@ class ShardedIndex:
             pruned=sum((o.pruned for o in outcomes), Usage()),
         )
 
-    def _fail_granted(self, layout: InstanceLayout, req: StartRequest, shards: Sequence[int]) -> None:
+    def fail_parts(self, layout: InstanceLayout, session_id: str, sizes: Sequence[int], shards: Sequence[int]) -> None:
+        """Fail a session's parts in ``shards`` and drop their locations (a start or a
+        Copy refused in another shard: nothing was written to storage for them yet)."""
         index = self.index
 
         def fail(shard: InstanceLayout) -> None:
-            session = index.session(shard, req.session_id)
+            session = index.session(shard, session_id)
             if session is not None:
-                failed = index.finish(shard, req.session_id, session, (), req.sizes, force_fail=True)
-                index.drop(shard, failed.victims, req.sizes)
+                failed = index.finish(shard, session_id, session, (), sizes, force_fail=True)
+                index.drop(shard, failed.victims, sizes)
 
         gather([partial(fail, layout.shards[s]) for s in shards])
 
-    def _ensure_storage(self, layout: InstanceLayout, name: str, storage_type: str) -> None:
+    def ensure_storage(self, layout: InstanceLayout, name: str, storage_type: str) -> None:
         """Give ``name`` its storage index in shard 0 and copy it to the others, once per
         process and instance: start.lua would otherwise number storages per shard, and a
         record's storage index must mean one storage whichever shard it is read from."""

@@ -50,10 +50,6 @@ class MigrationAdmin:
         if source == target:
             raise InvalidArgumentError("field 'target_storage_name' must differ from source_storage_name")
         ctx = self.contexts(instance_id)
-        if ctx.layout.shard_suffixes:
-            raise UnsupportedError(
-                f"field 'instance_id': instance '{instance_id}' is sharded: Copy does not cover it yet"
-            )
         keys = list(dict.fromkeys(request.block_keys))
         held = {i for i, n in self.index.storage_names(ctx.layout).items() if n == source}
         accepted = [

@@ -17,7 +17,10 @@
 --       (0 = none), [12] the group's live bytes of the target type (idem), [13] the
 --       instance's byte quota (0 = none), [14] bucket prefix, [15] incarnation (claim.lua),
 --       [16] instance id (the session's owner), [17] coverage (start.lua ARGV[24]),
---       [18] the number of spec groups, [19] '1' when the target addresses blocks by location.
+--       [18] the number of spec groups, [19] '1' when the target addresses blocks by location,
+--       [20] a shard's part of a sharded instance's Copy: per source, its position in the
+--       whole call (POSITION_LEN bytes each; kept in the session's 'o' field as start.lua
+--       keeps it, so the parts' entries read back in the call's order), or empty.
 -- Returns {START_GRANTED, first location id, per block '1' taken / 'g' source not SERVING
 --      (or no record) / 'c' target holds it already (or named before in this call), the
 --      target's storage index, bytes added}
@@ -30,6 +33,7 @@ local group_cap, group_bytes = tonumber(ARGV[9]), tonumber(ARGV[10])
 local type_cap, group_type_bytes, instance_cap = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local bprefix, owner = ARGV[14], ARGV[16]
 local covers, ngroups, by_location = ARGV[17], tonumber(ARGV[18]), ARGV[19] == '1'
+local positions = ARGV[20] or ''
 local state = redis.call('HMGET', meta, 'inc', 'removing')
 if state[2] or (state[1] and state[1] ~= ARGV[15]) then return {START_REFUSED, REFUSED_GONE} end
 local nbuckets = bucket_count(meta)
@@ -110,12 +114,16 @@ if #taken > 0 then
   redis.call('HINCRBY', usage, 'bytes', added)
   redis.call('HINCRBY', usage, 't:' .. ttype, added)
   redis.call('HINCRBY', usage, 's:' .. tname, added)
-  local kept = {}
+  local kept, order = {}, {}
   for j = 1, n do
-    if outcome[j] == '1' then kept[#kept + 1] = sub(sources, (j - 1) * SESSION_ENTRY_LEN + 1, j * SESSION_ENTRY_LEN) end
+    if outcome[j] == '1' then
+      kept[#kept + 1] = sub(sources, (j - 1) * SESSION_ENTRY_LEN + 1, j * SESSION_ENTRY_LEN)
+      if #positions > 0 then order[#order + 1] = sub(positions, (j - 1) * POSITION_LEN + 1, j * POSITION_LEN) end
+    end
   end
   redis.call('HSET', session, 'd', deadline, 'k', table.concat(entries), 'm', table.concat(kept), 's', tidx,
              'c', now_ms, 'i', owner)
+  if #order > 0 then redis.call('HSET', session, 'o', table.concat(order)) end
   redis.call('ZADD', deadlines, deadline, sid)
 end
 return {START_GRANTED, base, table.concat(outcome), tidx, added}

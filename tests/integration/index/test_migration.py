@@ -12,7 +12,6 @@ from chalicelib.index import Status
 from chalicelib.index.errors import QuotaExceededError, WriteSessionError
 from chalicelib.index.migration import CopyQuotas, CopyTarget, MigrationIndex
 from chalicelib.index.types import MODE_PREFIX, MODE_RAW
-from chalicelib.protocol.errors import UnsupportedError
 from chalicelib.protocol.models import StorageConfig
 from chalicelib.storage import BlockRef, FileBackend, S3Backend, SpecSlot, StorageBackend, copy_blocks
 
@@ -155,12 +154,6 @@ def test_a_copy_finished_after_its_deadline_serves_nothing(index, layout, migrat
     finished = migration.finish_copy(layout, "c1", [True, True], SIZES)
     assert finished.served == () and finished.failed == (0, 1)
     assert {r.locations[1].status for r in records(index, layout, [1, 2])} == {Status.DELETING}
-
-
-def test_sharded_instances_are_not_covered_yet(index, migration):
-    sharded = index.layout("wide", 4, shard_suffixes=(1,))
-    with pytest.raises(UnsupportedError, match="sharded"):
-        begin(migration, index, sharded, [(1, 1)])
 
 
 def test_racing_copies_of_the_same_blocks_make_one_target_each_and_exact_usage(index, layout, migration):
