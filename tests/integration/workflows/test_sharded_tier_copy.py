@@ -13,11 +13,12 @@ import pytest
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.sharding import shard_of
-from chalicelib.protocol.models import RegisterInstanceRequest, StorageConfig
+from chalicelib.protocol.codes import MigrationMethod
+from chalicelib.protocol.models import MigrateCacheRequest, RegisterInstanceRequest, StorageConfig
 from chalicelib.workflows import migrations
 from tests.helpers import SPECS
 
-from .harness import wait_for
+from .harness import wait_execution, wait_for
 from .test_tier_copy import BLOCK, _broken_copy, _copy, _counts, _group, _locations, _s3_bytes, _write
 
 pytestmark = pytest.mark.slow
@@ -201,3 +202,23 @@ def test_racing_copies_of_the_same_blocks_make_one_target_each_in_every_shard(ti
     for s, (was, now) in enumerate(zip(before, _per_shard(rt), strict=True)):
         mine = _blocks_in(keys, s) * BLOCK
         assert now["by_type"] == {"ST_NFS": mine, "ST_S3": mine} and now["bytes"] == was["bytes"] + mine
+
+
+def test_admin_migrate_cache_copies_a_sharded_instance(tiers):
+    """No longer refused (UNSUPPORTED): admin COPY moves every shard's blocks and deletes the sources."""
+    rt = tiers.runtime
+    keys = _keys(6)
+    data = _write(rt, keys)
+    answer = rt.migration_admin.migrate_cache(
+        MigrateCacheRequest(
+            instance_id="t1",
+            source_storage_name="nfs_01",
+            target_storage_name="s3_01",
+            block_keys=[*keys, 99],
+            method=MigrationMethod.MIGRATION_METHOD_COPY,
+        )
+    )
+    assert (answer.accepted, answer.rejected) == (6, 1)
+    assert wait_execution(tiers.sfn, answer.execution_arn, timeout_s=60)["status"] == "SUCCEEDED"
+    assert wait_for(lambda: _locations(rt, keys) == [[("s3_01", Status.SERVING)]] * len(keys), 20)
+    assert all(_s3_bytes(rt, key) == data[key] for key in keys)
