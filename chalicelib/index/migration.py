@@ -260,7 +260,7 @@ class MigrationIndex:
         if session is None:
             raise WriteSessionError(f"copy session {session_id!r} is unknown, finished or expired")
         outcome = self.index.finish(layout, session_id, session, copied, sizes)
-        failed = set(range(len(copied))) if outcome.expired else set(outcome.uncommitted)
+        failed = set(outcome.lapsed) | set(outcome.uncommitted)
         failed |= {j for j, ok in enumerate(copied) if not ok}
         served = tuple(j for j in range(len(copied)) if j not in failed)
         return CopyFinished(served, tuple(sorted(failed)), tuple(outcome.victims))

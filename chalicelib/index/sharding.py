@@ -440,7 +440,17 @@ class ShardedIndex:
         uncommitted = sorted(
             position[(p, j)] for p, reply in enumerate(replies) for j in reply.uncommitted if (p, j) in position
         )
-        return FinishOutcome(any(r.expired for r in replies), [v for r in replies for v in r.victims], uncommitted)
+        # A part may expire while another closes in time: the positions of each expired part.
+        lapsed = sorted(
+            position[(p, j)]
+            for p, reply in enumerate(replies)
+            if reply.expired
+            for j in range(len(session.parts[p][1].entries))
+            if (p, j) in position
+        )
+        return FinishOutcome(
+            any(r.expired for r in replies), [v for r in replies for v in r.victims], uncommitted, lapsed
+        )
 
     def mark_deleting(
         self,

@@ -485,7 +485,9 @@ class TagIndex:
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
         self.charge_group(layout, Usage.from_charge(reply[3:]))
         uncommitted = [j for j, flag in enumerate(reply[2]) if flag == ord("1")]
-        return FinishOutcome(status == FinishStatus.EXPIRED, decode_victims(reply[1]), uncommitted)
+        expired = status == FinishStatus.EXPIRED
+        lapsed = list(range(len(session.entries))) if expired else []
+        return FinishOutcome(expired, decode_victims(reply[1]), uncommitted, lapsed)
 
     # The reaper's due set: per instance with open sessions, a deadline no later than its
     # earliest session's. It lives on a slot of its own, so a start adds to it right after

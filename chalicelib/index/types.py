@@ -351,6 +351,9 @@ class FinishOutcome:
     #: Session positions (0-based, the order of its entries) reported successful whose
     #: location was no longer WRITING (a removeCache or trim took it): not served.
     uncommitted: list[int] = field(default_factory=list)
+    #: Session positions that failed because their session (a sharded session: their
+    #: shard's part) had expired; every position when ``expired`` on one shard.
+    lapsed: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,18 @@ def test_racing_copies_of_the_same_blocks_make_one_target_each_in_every_shard(in
         SIZE * len(keys),
         SIZE * failed,
     )
+
+
+def test_a_part_that_expired_fails_alone_while_the_others_serve(index, sharded, migration, cluster3):
+    """A finish racing the deadline: one shard's part is past it when its script runs, the
+    others are not. Only that part's targets fail; the rest serve and are reported served."""
+    rng = random.Random(6)
+    keys = keys_of(rng, 2, shard=0) + keys_of(rng, 2, shard=1) + keys_of(rng, 2, shard=2)
+    rng.shuffle(keys)
+    begin(migration, index, sharded, served(index, sharded, keys))
+    cluster3.hset(sharded.shards[2].session("c1"), "d", int(index.clock.now() * 1000) - 1)
+    finished = migration.finish_copy(sharded, "c1", [True] * 6, [SIZE])
+    late = tuple(j for j, k in enumerate(keys) if shard_of(k, 3) == 2)
+    assert finished.failed == late and finished.served == tuple(j for j in range(6) if j not in late)
+    statuses = [r.locations[1].status for r in index.read(sharded, keys, MODE_RAW)]
+    assert statuses == [Status.DELETING if j in late else Status.SERVING for j in range(6)]
