@@ -209,3 +209,19 @@ def test_a_mark_on_an_instance_of_255_storages_is_refused(index, layout, migrati
     with pytest.raises(QuotaExceededError):
         mark(migration, layout, [1])
     assert marks(index, layout) == 0
+
+
+def test_an_adopted_record_keeps_its_mark_behind_its_adopter(index, layout, migration):
+    served(index, layout, [1, 2])
+    # Key 1 goes; its child 2 stays, linked to no record until 1 is written again.
+    index.drop(layout, index.mark_deleting(layout, [1], SIZES), SIZES)
+    mark(migration, layout, [2])
+    out = start(index, layout, [1, 2], sid="w1", more_candidates=[S3])
+    assert out.written_to == (1, 2)  # 1 created anew (adopting 2), 2 written to its target
+    rec = raw(index, layout, 2)
+    assert rec[0] & RecordFlag.ADOPTED and rec[0] & RecordFlag.MARKED
+    assert finish(index, layout, "w1", [True, True]).marks.consumed == 1
+    rec = raw(index, layout, 2)
+    assert rec[0] & RecordFlag.ADOPTED and not rec[0] & RecordFlag.MARKED
+    (parent,) = index.read(layout, [1], MODE_RAW)
+    assert parent.children == 1  # the adopter tail survived the Mark's coming and going
