@@ -220,7 +220,7 @@ class MarkClearing:
     """When a finish clears a tiered Mark (the group's ``mark_clear_policy``)."""
 
     policy: MarkClear
-    #: Spec group coverage (``cache.service.spec_group_coverage``; b"": every location
+    #: Spec group coverage (``cache.marks.spec_group_coverage``; b"": every location
     #: covers every group), for ``MarkClear.FULL_BLOCK``.
     covers: bytes = b""
 

@@ -27,8 +27,8 @@ from typing import Any
 from ..cache.context import InstanceContext
 from ..cache.contexts import ContextProvider
 from ..cache.deletion import Deleter
-from ..cache.marks import mark_clearing, record_marks
-from ..cache.service import addresses_by_location, spec_group_coverage
+from ..cache.marks import mark_clearing, record_marks, spec_group_coverage
+from ..cache.service import addresses_by_location
 from ..clock import Clock, now_ms
 from ..index import BlockIndex, Status
 from ..index.errors import QuotaExceededError, WriteSessionError
