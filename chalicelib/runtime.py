@@ -435,7 +435,15 @@ class Runtime:
 
     @cached_property
     def migration_admin(self) -> MigrationAdmin:
-        return MigrationAdmin(self.config, self.contexts, self.index, self.tier_copies)
+        return MigrationAdmin(
+            self.config,
+            self.contexts,
+            self.index,
+            self.tier_copies,
+            MigrationIndex(self.index),
+            self.clock,
+            self.metrics,
+        )
 
     @cached_property
     def account_admin(self) -> AccountAdmin:

@@ -68,6 +68,7 @@ from .context import InstanceContext, StorageState
 from .deletion import Deleter
 from .event_reports import Reported, pick_reported, reported_location_json
 from .locations import ANY_STATUS, LocationRenderer
+from .marks import mark_clearing, record_marks, spec_group_coverage
 from .masks import mask_of, masked_flags
 from .purge import CACHE, META, PurgeService
 from .replicas import WIRE_STATUS, Copy, detail_item, key_replicas, reported_copies, stored_copies
@@ -143,14 +144,6 @@ def new_session_id(writes: bool = True) -> str:
 def is_empty_session_id(session_id: str) -> bool:
     """Whether ``session_id`` is one a start that wrote no key answered."""
     return len(session_id) == 32 and session_id[0] == "0"
-
-
-def spec_group_coverage(ctx: InstanceContext) -> bytes:
-    """Byte a * n + b is '1' when a location of spec group b holds every spec of spec group a
-    (n spec groups, 0 = every spec): whether a location counts for a write of group a."""
-    layout = ctx.spec_layout
-    names = [{s.name for s in layout.slots(g)} for g in range(len(layout.sizes))]
-    return bytes(b"1"[0] if wanted <= held else b"0"[0] for wanted in names for held in names)
 
 
 def _allocates(backend: StorageBackend) -> bool:
@@ -696,6 +689,7 @@ class CacheService:
         locations handed to deletion, the locations rendered and prepared on storage."""
         ctx, state = plan.ctx, plan.candidates[position]
         self._count_own_grant(ctx, outcome.charge(state.backend.storage_type.name))
+        record_marks(self.metrics, ctx, outcome.marks)
         self.metrics.observe("manager.write_new_keys", sum(outcome.new_flags), {"instance_id": ctx.instance_id})
         self.deleter.submit(ctx, list(outcome.victims))
         if explicit:
@@ -812,7 +806,10 @@ class CacheService:
                 f"is unknown, finished or expired"
             )
         success = masked_flags(req.success_blocks, len(session.entries), "success_blocks")
-        finished = self.index.finish(ctx.layout, req.write_session_id, session, success, ctx.spec_layout.sizes)
+        finished = self.index.finish(
+            ctx.layout, req.write_session_id, session, success, ctx.spec_layout.sizes, mark_clear=mark_clearing(ctx)
+        )
+        record_marks(self.metrics, ctx, finished.marks)
         self.deleter.submit(ctx, finished.victims)
         if finished.expired:
             raise WriteSessionError(f"write session {req.write_session_id!r} expired before it was finished")

@@ -26,6 +26,7 @@ from .types import (
     DropOutcome,
     FinishOutcome,
     InstanceLayout,
+    MarkClearing,
     RawHash,
     Session,
     StartOutcome,
@@ -93,10 +94,11 @@ class BlockIndex(TagIndex):
         success: Sequence[bool],
         sizes: Sequence[int],
         force_fail: bool = False,
+        mark_clear: MarkClearing | None = None,
     ) -> FinishOutcome:
         if not layout.shard_suffixes:
-            return super().finish(layout, session_id, session, success, sizes, force_fail)
-        return self.sharded.finish(layout, session_id, session, success, sizes, force_fail)
+            return super().finish(layout, session_id, session, success, sizes, force_fail, mark_clear)
+        return self.sharded.finish(layout, session_id, session, success, sizes, force_fail, mark_clear)
 
     def mark_deleting(
         self,

@@ -112,6 +112,10 @@ LOCATION = Struct(
 #: An adopted record (flag ADOPTED) ends with its adopter's sequence number, after its
 #: locations (lua/start.lua, "Child counts"); readers walk locations by count and never see it.
 ADOPTER = Struct("ADOPTER", [("sequence", "I5")])
+#: A tiered Mark (flag MARKED: UPSTREAM_V2 §2.11 "Mark"), the record's last bytes, after
+#: its adopter if any: the next write of the block goes to that storage (its index in the
+#: storage table) until the expiry (ms). A record without a mark carries none of it.
+MARK = Struct("TIER_MARK", [("storage_index", "B"), ("expiry_ms", "I6")])
 #: A location handed to deletion (compare-and-delete matches key and location id).
 VICTIM = Struct(
     "VICTIM",
@@ -161,6 +165,8 @@ class RecordFlag(IntEnum):
     ADOPTED = 2
     #: DELETING and taken off its parent's child count already (prelude unlink_from_parent).
     UNLINKED = 4
+    #: Carries a tiered Mark (``MARK``) at its end.
+    MARKED = 8
 
 
 class ReadMode(IntEnum):
@@ -180,6 +186,16 @@ class MarkScope(str, Enum):
     ANY = "A"
     #: Lost deletions only (the recovery: capacity/stranded.py).
     LOST = "L"
+
+
+class MarkClear(str, Enum):
+    """When lua/finish.lua clears a tiered Mark whose target a finished location is on
+    (the group's ``mark_clear_policy``)."""
+
+    #: Any location of the block turning SERVING on the target.
+    NEXT_WRITE = "w"
+    #: Only one that holds every spec the block's other SERVING locations hold.
+    FULL_BLOCK = "f"
 
 
 class StartResult(IntEnum):
@@ -228,6 +244,7 @@ _LUA_ENUMS: tuple[tuple[str, type[Enum]], ...] = (
     ("", RecordFlag),
     ("MODE_", ReadMode),
     ("MARK_", MarkScope),
+    ("CLEAR_", MarkClear),
     ("START_", StartResult),
     ("REFUSED_", StartRefusal),
     ("FINISH_", FinishStatus),
@@ -248,7 +265,7 @@ def lua_constants() -> str:
     from the location's position (prelude ``loc_pos``). Every enum member is a constant
     (``SERVING``, ``UNLINKED``, ``MODE_RAW``, ``FINISH_EXPIRED``...)."""
     lines = ["-- Generated from chalicelib/index/layout.py when the script is loaded: do not edit."]
-    for layout in (HEADER, LOCATION, ADOPTER, VICTIM, SESSION_ENTRY, REQUEST_POSITION, PACKED_GROUP):
+    for layout in (HEADER, LOCATION, ADOPTER, MARK, VICTIM, SESSION_ENTRY, REQUEST_POSITION, PACKED_GROUP):
         lines.append(f"local {layout.lua_name}_FMT, {layout.lua_name}_LEN = '{layout.format}', {layout.size}")
     for layout, prefix, base in ((HEADER, "H", 1), (LOCATION, "L", 0)):
         for field in layout.fields.values():

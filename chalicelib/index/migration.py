@@ -15,6 +15,14 @@ shard holding sources, at once, the same session id in each (its part in each sh
 the sources' call positions in 'o'), the instance's byte quota split per shard (``share``),
 and if one shard refuses, the parts the others made are failed and dropped before the
 refusal is raised. ``finish_copy`` closes every part (``ShardedIndex.finish``).
+
+Mark (UPSTREAM_V2 §2.11 "Mark"): ``mark`` stores {target storage, expiry} at the end of
+each block's record in one atomic step (lua/migrate_mark.lua); the block's next
+startWriteCache writes it to the target (lua/start.lua), and the finish of a write or Copy
+there clears the Mark (lua/finish.lua, the group's ``mark_clear_policy``).
+
+Marking the blocks of an instance spread over shards is not supported yet (the target's
+storage index would have to be given to every shard first): UnsupportedError.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from ..protocol.errors import UnsupportedError
 from ..valkey import valkey_errors
 from .block_index import BlockIndex
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
@@ -30,7 +39,7 @@ from .layout import REQUEST_POSITION, SESSION_ENTRY, StartRefusal, StartResult
 from .records import Victim
 from .scripts import load_script
 from .sharding import settle, shard_of, share
-from .types import InstanceLayout, Usage, pack_u48
+from .types import InstanceLayout, MarkClearing, MarkCounts, Usage, pack_keys, pack_u48
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,27 @@ class CopyFinished:
     failed: tuple[int, ...]
     #: The failed targets, now DELETING, for deletion.
     victims: tuple[Victim, ...]
+    #: The Marks for the target the served ones cleared.
+    marks: MarkCounts = MarkCounts()
+
+
+@dataclass(frozen=True)
+class MarkResult:
+    """What ``mark`` did."""
+
+    #: Per key, in order: "1" marked, "g" no SERVING location (or no record), "c" the
+    #: target holds it already (or the key was named before in the call).
+    outcomes: str
+    #: The instance's Marks after the call.
+    active: int
+
+    @property
+    def accepted(self) -> int:
+        return self.outcomes.count("1")
+
+    @property
+    def rejected(self) -> int:
+        return len(self.outcomes) - self.accepted
 
 
 class MigrationIndex:
@@ -85,6 +115,47 @@ class MigrationIndex:
     def __init__(self, index: BlockIndex) -> None:
         self.index = index
         self._begin = index.client.register_script(load_script("migrate_begin"))
+        self._mark = index.client.register_script(load_script("migrate_mark"))
+
+    def mark(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        target_name: str,
+        target_type: str,
+        expiry_ms: int,
+        covers: bytes = b"",
+        spec_group_count: int = 1,
+    ) -> MarkResult:
+        """Mark each block with a SERVING location for ``target_name`` until ``expiry_ms``
+        (a Mark there is replaced), unless the target holds it already: one atomic step.
+        ``covers`` as StartRequest's. UnsupportedError for a sharded instance."""
+        if layout.shard_suffixes:
+            raise UnsupportedError(f"instance '{layout.instance_id}' is sharded: Mark does not cover it yet")
+        reply = self.index._call(
+            self._mark,
+            [layout.key("m"), layout.key("u"), layout.key("st")],
+            [
+                pack_keys(block_keys),
+                layout.bucket_prefix,
+                target_name,
+                target_type,
+                expiry_ms,
+                covers,
+                spec_group_count,
+                layout.incarnation,
+            ],
+        )
+        if reply[0] == StartResult.REFUSED:
+            if StartRefusal(reply[1].decode()) == StartRefusal.GONE:
+                raise InstanceGoneError(f"instance '{layout.instance_id}' is being removed or was registered again")
+            raise QuotaExceededError(
+                StartRefusal.STORAGES,
+                f"the instance has written to 255 storages, the most it can address; {target_name} is not one of them",
+                0,
+                target_type,
+            )
+        return MarkResult(reply[1].decode(), int(reply[2]))
 
     def begin_copy(
         self,
@@ -250,20 +321,26 @@ class MigrationIndex:
         return CopyBegun(session_id, outcomes, placements, int(reply[3]), added)
 
     def finish_copy(
-        self, layout: InstanceLayout, session_id: str, copied: Sequence[bool], sizes: Sequence[int]
+        self,
+        layout: InstanceLayout,
+        session_id: str,
+        copied: Sequence[bool],
+        sizes: Sequence[int],
+        mark_clear: MarkClearing | None = None,
     ) -> CopyFinished:
         """Close a Copy's session (positions are its taken blocks, in order): a target whose
-        bytes were copied (``copied``) turns SERVING while its source is still SERVING; every
-        other one turns DELETING and is returned for deletion. WriteSessionError when the
-        session is gone (finished, or expired and reaped)."""
+        bytes were copied (``copied``) turns SERVING while its source is still SERVING (and
+        clears a Mark for the target as ``mark_clear`` says: §2.11 step 5); every other one
+        turns DELETING and is returned for deletion. WriteSessionError when the session is
+        gone (finished, or expired and reaped)."""
         session = self.index.session(layout, session_id)
         if session is None:
             raise WriteSessionError(f"copy session {session_id!r} is unknown, finished or expired")
-        outcome = self.index.finish(layout, session_id, session, copied, sizes)
+        outcome = self.index.finish(layout, session_id, session, copied, sizes, mark_clear=mark_clear)
         failed = set(outcome.lapsed) | set(outcome.uncommitted)
         failed |= {j for j, ok in enumerate(copied) if not ok}
         served = tuple(j for j in range(len(copied)) if j not in failed)
-        return CopyFinished(served, tuple(sorted(failed)), tuple(outcome.victims))
+        return CopyFinished(served, tuple(sorted(failed)), tuple(outcome.victims), outcome.marks)
 
 
 def _charge(target: CopyTarget, added: int) -> Usage:

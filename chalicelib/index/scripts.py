@@ -107,6 +107,7 @@ START_GRANT = Positions(
         "victims",
         "created",
         "charge",
+        "marks",
         "by_type",
     ),
 )

@@ -36,6 +36,8 @@ from .types import (
     DropOutcome,
     FinishOutcome,
     InstanceLayout,
+    MarkClearing,
+    MarkCounts,
     Session,
     StartOutcome,
     StartRequest,
@@ -152,6 +154,7 @@ class ShardPrimitives(Protocol):
         success: Sequence[bool],
         sizes: Sequence[int],
         force_fail: bool,
+        mark_clear: MarkClearing | None = None,
     ) -> FinishOutcome: ...
 
     def mark_deleting(
@@ -411,6 +414,7 @@ class ShardedIndex:
         success: Sequence[bool],
         sizes: Sequence[int],
         force_fail: bool,
+        mark_clear: MarkClearing | None = None,
     ) -> FinishOutcome:
         """``BlockIndex.finish`` over the session's parts, at once."""
         if not isinstance(session, ShardedSession):
@@ -428,7 +432,7 @@ class ShardedIndex:
                 masks[p][j] = flag
         settled = settle(
             [
-                partial(self.index.finish, layout.shards[s], session_id, part, masks[p], sizes, force_fail)
+                partial(self.index.finish, layout.shards[s], session_id, part, masks[p], sizes, force_fail, mark_clear)
                 for p, (s, part) in enumerate(session.parts)
             ]
         )
@@ -448,8 +452,10 @@ class ShardedIndex:
             for j in range(len(session.parts[p][1].entries))
             if (p, j) in position
         )
+        # Each shard counts its own Marks: the instance's active count is not known here.
+        marks = MarkCounts(consumed=sum(r.marks.consumed for r in replies))
         return FinishOutcome(
-            any(r.expired for r in replies), [v for r in replies for v in r.victims], uncommitted, lapsed
+            any(r.expired for r in replies), [v for r in replies for v in r.victims], uncommitted, lapsed, marks
         )
 
     def mark_deleting(

@@ -63,6 +63,8 @@ from .types import (
     DropOutcome,
     FinishOutcome,
     InstanceLayout,
+    MarkClearing,
+    MarkCounts,
     RawHash,
     Session,
     StartOutcome,
@@ -73,6 +75,13 @@ from .types import (
     packed_groups,
     session_entries,
 )
+
+
+def _start_marks(reply: bytes) -> MarkCounts:
+    """lua/start.lua's marks field: routed, expired, malformed, the instance's Marks after (0: not read)."""
+    routed, expired, malformed, active = (int(x) for x in reply.split(b","))
+    changed = routed or expired or malformed
+    return MarkCounts(routed=routed, expired=expired, malformed=malformed, active=active if changed else None)
 
 
 class TagIndex:
@@ -399,6 +408,7 @@ class TagIndex:
             bytes_by_type={reply[i].decode(): int(reply[i + 1]) for i in range(by_type, len(reply), 2)},
             victims=tuple(decode_victims(reply[START_GRANT.at("victims")])),
             pruned=Usage.from_charge(charge),
+            marks=_start_marks(reply[START_GRANT.at("marks")]),
         )
 
     @staticmethod
@@ -443,11 +453,13 @@ class TagIndex:
         success: Sequence[bool],
         sizes: Sequence[int],
         force_fail: bool = False,
+        mark_clear: MarkClearing | None = None,
     ) -> FinishOutcome:
         """Close ``session`` (as read by ``session``): successful blocks SERVING, the rest
         DELETING (returned). Raises WriteSessionError when the
         session is gone (finished, expired and reaped, never existed, or another
-        instance's). ``sizes``: block bytes per spec group."""
+        instance's). ``sizes``: block bytes per spec group. ``mark_clear``: the tiered
+        Marks a location turning SERVING on their target clears (None: none)."""
         if len(success) != len(session.entries) and not force_fail:
             raise WriteSessionError(
                 f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}"
@@ -477,17 +489,22 @@ class TagIndex:
                 pack_u48(sizes),
                 layout.instance_id,
                 pending,
+                mark_clear.policy.value if mark_clear is not None else "",
+                mark_clear.covers if mark_clear is not None else b"",
+                max(1, math.isqrt(len(mark_clear.covers))) if mark_clear is not None else 1,
             ],
             before=self._due_at(layout, pending),
         )
         status = FinishStatus(reply[0])
         if status in (FinishStatus.UNKNOWN, FinishStatus.CHANGED):
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
-        self.charge_group(layout, Usage.from_charge(reply[3:]))
+        self.charge_group(layout, Usage.from_charge(reply[4:]))
         uncommitted = [j for j, flag in enumerate(reply[2]) if flag == ord("1")]
         expired = status == FinishStatus.EXPIRED
         lapsed = list(range(len(session.entries))) if expired else []
-        return FinishOutcome(expired, decode_victims(reply[1]), uncommitted, lapsed)
+        consumed, active = (int(x) for x in reply[3].split(b","))
+        marks = MarkCounts(consumed=consumed, active=active if consumed else None)
+        return FinishOutcome(expired, decode_victims(reply[1]), uncommitted, lapsed, marks)
 
     # The reaper's due set: per instance with open sessions, a deadline no later than its
     # earliest session's. It lives on a slot of its own, so a start adds to it right after

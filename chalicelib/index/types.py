@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from .layout import MAX_BUCKETS, PACKED_GROUP, SESSION_ENTRY, ReadMode
+from .layout import MAX_BUCKETS, PACKED_GROUP, SESSION_ENTRY, MarkClear, ReadMode
 from .records import Victim
 
 #: A sharded instance's bucket numbers (occupied pages, samples, sweeps) carry their
@@ -216,6 +216,31 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class MarkClearing:
+    """When a finish clears a tiered Mark (the group's ``mark_clear_policy``)."""
+
+    policy: MarkClear
+    #: Spec group coverage (``cache.marks.spec_group_coverage``; b"": every location
+    #: covers every group), for ``MarkClear.FULL_BLOCK``.
+    covers: bytes = b""
+
+
+@dataclass(frozen=True)
+class MarkCounts:
+    """What one script did to tiered Marks (lua/start.lua, finish.lua; docs/tiered-storage.md)."""
+
+    #: Keys written to their Mark's target (start).
+    routed: int = 0
+    #: Marks cleared: expired (start), or consumed by a write or Copy on the target (finish).
+    expired: int = 0
+    consumed: int = 0
+    #: Flags whose bytes were no Mark (start).
+    malformed: int = 0
+    #: The instance's Marks after the script, when it changed or used any (else None).
+    active: int | None = None
+
+
+@dataclass(frozen=True)
 class StartOutcome:
     """What a start granted: the new keys' location ids and the storage index."""
 
@@ -239,6 +264,8 @@ class StartOutcome:
     #: Stale locations the start turned DELETING, for deletion, and their deleting charge.
     victims: tuple[Victim, ...] = ()
     pruned: Usage = field(default_factory=Usage)
+    #: Its tiered Marks: keys routed to their target, Marks cleared.
+    marks: MarkCounts = field(default_factory=MarkCounts)
 
     def placements_of(
         self, written: Sequence[tuple[int, int]], pack_counts: Sequence[int], explicit: Sequence[int]
@@ -354,6 +381,8 @@ class FinishOutcome:
     #: Session positions that failed because their session (a sharded session: their
     #: shard's part) had expired; every position when ``expired`` on one shard.
     lapsed: list[int] = field(default_factory=list)
+    #: Tiered Marks the finish cleared (``consumed``).
+    marks: MarkCounts = field(default_factory=MarkCounts)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from typing import Any
 from ..cache.context import InstanceContext
 from ..cache.contexts import ContextProvider
 from ..cache.deletion import Deleter
-from ..cache.service import addresses_by_location, spec_group_coverage
+from ..cache.marks import mark_clearing, record_marks, spec_group_coverage
+from ..cache.service import addresses_by_location
 from ..clock import Clock, now_ms
 from ..index import BlockIndex, Status
 from ..index.errors import QuotaExceededError, WriteSessionError
@@ -282,6 +283,7 @@ class CopyTasks:
                 event["session_id"],
                 [copied and location in in_copy for _, location in session.entries],
                 ctx.spec_layout.sizes,
+                mark_clearing(ctx),
             )
             by_target = {location: j for j, (_, location) in enumerate(session.entries)}
             served_at = set(done.served)
@@ -291,6 +293,7 @@ class CopyTasks:
             # that a second one could overlap; they are pending, and the stranded resubmit
             # (capacity/stranded.py) hands them over once lost (docs/tiered-storage.md).
             self._record_finish(ctx, event, served, len(session.entries) - len(served), copied)
+            record_marks(self.metrics, ctx, done.marks)
             self.deleter.submit(ctx, done.victims)
         except WriteSessionError:  # a retried finish (or a session the reaper failed): the records say
             records = self.index.read(ctx.layout, [b[0] for b in blocks], MODE_RAW)

@@ -32,6 +32,7 @@ end
 -- Counter changes are summed and applied once at the end: a batch is one atomic step
 -- anyway, and most of a victim's cost would otherwise be counter calls.
 local bytes_freed, keys_freed, by_type, by_storage, by_group = 0, 0, {}, {}, {}
+local marks_freed = 0  -- tiered Marks gone with their records (the instance's 'mk')
 local emptied, emptied_list = {}, {}
 for v = 1, #victims / VICTIM_LEN do
   local key, loc, sidx, sg, group, slot = struct.unpack(VICTIM_FMT, victims, (v - 1) * VICTIM_LEN + 1)
@@ -51,6 +52,7 @@ for v = 1, #victims / VICTIM_LEN do
     if location_count(rec) == 0 then
       redis.call('HDEL', bucket, key)
       keys_freed = keys_freed + 1
+      if has_flag(flags, MARKED) then marks_freed = marks_freed + 1 end
       if not emptied[bucket] then
         emptied[bucket] = true
         emptied_list[#emptied_list + 1] = {bucket, bucket_index(nbuckets, key)}
@@ -78,6 +80,7 @@ if dropped > 0 then
   redis.call('HINCRBY', usage, 'dk', -keys_freed)
   release_bytes(usage, bytes_freed, by_type, by_storage, true, out)
 end
+if marks_freed > 0 then redis.call('HINCRBY', usage, 'mk', -marks_freed) end
 for _, entry in ipairs(emptied_list) do
   if redis.call('EXISTS', entry[1]) == 0 then redis.call('SREM', occupied, entry[2]) end
 end

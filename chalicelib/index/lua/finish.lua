@@ -8,8 +8,10 @@
 --       [5] the session's key blob as the caller read it, [6] bucket prefix,
 --       [7] block size per spec group (I6 each), [8] the finishing instance's id: a
 --       session is finished only by the instance that started it, [9] the pending
---       deadline (s) of the locations it turns DELETING.
--- Returns {status, victims, uncommitted, deleting charge...}: status FINISH_FINISHED,
+--       deadline (s) of the locations it turns DELETING, [10] when a tiered Mark goes
+--       (CLEAR_NEXT_WRITE, CLEAR_FULL_BLOCK; '': never), [11] spec group coverage
+--       (start.lua ARG.covers), [12] the number of spec groups.
+-- Returns {status, victims, uncommitted, marks, deleting charge...}: status FINISH_FINISHED,
 -- FINISH_UNKNOWN (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED
 -- (the session changed under the caller). Victims are the locations now DELETING, as
 -- VICTIM_FMT descriptors; uncommitted, one byte per session key, '1' where the caller
@@ -18,6 +20,10 @@
 -- A tiered Copy's session (migrate_begin.lua) names each block's source location in its
 -- 'm' field: a target turns SERVING only while that source is still SERVING (the bytes
 -- copied are the block's), else it fails like a reported failure, marked uncommitted.
+-- A location turning SERVING on its record's Mark target clears the Mark (UPSTREAM_V2
+-- §2.11, a Copy's target too): with CLEAR_NEXT_WRITE always, with CLEAR_FULL_BLOCK only
+-- when it holds every spec of each other SERVING location of the block. Marks is
+-- 'consumed,marks after' (the instance's 'mk'; 0 when none was consumed).
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix = ARGV[6]
@@ -34,6 +40,16 @@ local blob = s[2]
 local nbuckets = bucket_count(meta_of(bprefix))
 local victims = {}
 local uncommitted = {}
+local clear, covers, ngroups = ARGV[10], ARGV[11], tonumber(ARGV[12])
+local consumed = 0
+-- Whether location i (of spec group sg) holds every spec of the block's other SERVING locations.
+local function full_block(rec, i, sg)
+  for l = 1, location_count(rec) do
+    local st, _, lsg = loc_at(rec, l)
+    if l ~= i and st == SERVING and not covers_group(covers, ngroups, lsg, sg) then return false end
+  end
+  return true
+end
 for j = 1, #blob / SESSION_ENTRY_LEN do
   uncommitted[j] = string.sub(success, j, j) == '1' and '1' or '0'
   local key, loc = struct.unpack(SESSION_ENTRY_FMT, blob, (j - 1) * SESSION_ENTRY_LEN + 1)
@@ -52,7 +68,12 @@ for j = 1, #blob / SESSION_ENTRY_LEN do
         end
         uncommitted[j] = (string.sub(success, j, j) == '1' and not ok) and '1' or '0'
         if ok then
-          redis.call('HSET', bucket, key, set_loc_status(rec, i, SERVING))
+          rec = set_loc_status(rec, i, SERVING)
+          if #clear > 0 and read_mark(rec) == sidx and (clear == CLEAR_NEXT_WRITE or full_block(rec, i, sg)) then
+            rec = clear_mark(rec)
+            consumed = consumed + 1
+          end
+          redis.call('HSET', bucket, key, rec)
         else
           rec = unlink_from_parent(bprefix, nbuckets, set_loc_status(rec, i, DELETING))
           redis.call('HSET', bucket, key, stamp_deleting(rec, math.floor(now_ms / 1000)))
@@ -67,7 +88,10 @@ end
 redis.call('DEL', session)
 redis.call('ZREM', deadlines, sid)
 if s[4] and redis.call('HINCRBY', KEYS[6], s[4], -1) <= 0 then redis.call('HDEL', KEYS[6], s[4]) end
+local marks = 0
+if consumed > 0 then marks = redis.call('HINCRBY', KEYS[3], 'mk', -consumed) end
 local out = charge.flush(KEYS[3])
+table.insert(out, 1, consumed .. ',' .. marks)
 table.insert(out, 1, table.concat(uncommitted))
 table.insert(out, 1, table.concat(victims))
 table.insert(out, 1, status)

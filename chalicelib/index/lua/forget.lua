@@ -11,7 +11,7 @@ local usage, occupied = KEYS[1], KEYS[2]
 local keys, expected = ARGV[1], ARGV[2]
 local bprefix = ARGV[3]
 local nbuckets = bucket_count(meta_of(bprefix))
-local forgotten = 0
+local forgotten, marks = 0, 0  -- marks: tiered Marks gone with their records (the instance's 'mk')
 local emptied, emptied_list = {}, {}
 for i = 1, #keys / 8 do
   local key = field(keys, i)
@@ -25,6 +25,7 @@ for i = 1, #keys / 8 do
     end
     redis.call('HDEL', bucket, key)
     forgotten = forgotten + 1
+    if has_flag(byte(rec, H_FLAGS), MARKED) then marks = marks + 1 end
     if not emptied[bucket] then
       emptied[bucket] = true
       emptied_list[#emptied_list + 1] = {bucket, bucket_index(nbuckets, key)}
@@ -32,6 +33,7 @@ for i = 1, #keys / 8 do
   end
 end
 if forgotten > 0 then redis.call('HINCRBY', usage, 'keys', -forgotten) end
+if marks > 0 then redis.call('HINCRBY', usage, 'mk', -marks) end
 for _, entry in ipairs(emptied_list) do
   if redis.call('EXISTS', entry[1]) == 0 then redis.call('SREM', occupied, entry[2]) end
 end

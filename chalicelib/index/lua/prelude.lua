@@ -71,6 +71,58 @@ local function adopter(rec)
   return (struct.unpack(ADOPTER_FMT, rec, loc_pos(location_count(rec) + 1)))
 end
 
+-- Whether a location of spec group `held` holds every spec of spec group `wanted`
+-- (`covers` as start.lua's ARG.covers: '' when every location covers every group).
+local function covers_group(covers, ngroups, wanted, held)
+  return #covers == 0 or byte(covers, wanted * ngroups + held + 1) == 49
+end
+
+-- Whether storage `sidx` holds a SERVING or WRITING location of `rec` covering spec group `sg`.
+local function live_on(rec, sidx, sg, covers, ngroups)
+  for l = 1, location_count(rec) do
+    local st, lsidx, lsg = loc_at(rec, l)
+    if lsidx == sidx and st ~= DELETING and covers_group(covers, ngroups, sg, lsg) then return true end
+  end
+  return false
+end
+
+-- Tiered Mark (flag MARKED, TIER_MARK_FMT: target storage index, expiry ms): the record's
+-- last bytes, after its locations and its adopter if any. A record without one has none.
+local function mark_pos(rec)
+  local pos = loc_pos(location_count(rec) + 1)
+  if has_flag(byte(rec, H_FLAGS), ADOPTED) then pos = pos + ADOPTER_LEN end
+  return pos
+end
+
+-- A record's Mark: its target's storage index and expiry (ms); nil without one, false for
+-- a flag whose bytes are not a mark (malformed).
+local function read_mark(rec)
+  if not has_flag(byte(rec, H_FLAGS), MARKED) then return nil end
+  local pos = mark_pos(rec)
+  if #rec ~= pos + TIER_MARK_LEN - 1 then return false end
+  local sidx, expiry = struct.unpack(TIER_MARK_FMT, rec, pos)
+  if sidx == 0 then return false end
+  return sidx, expiry
+end
+
+-- A record's Mark bytes ('' without one), to carry over when its tail is rebuilt.
+local function mark_tail(rec)
+  if not has_flag(byte(rec, H_FLAGS), MARKED) then return '' end
+  return sub(rec, mark_pos(rec))
+end
+
+-- `rec` without its Mark (flag and bytes).
+local function clear_mark(rec)
+  local pos = mark_pos(rec)
+  return sub(put(rec, H_FLAGS, H_FLAGS_FMT, bit.band(byte(rec, H_FLAGS), bit.bnot(MARKED))), 1, pos - 1)
+end
+
+-- `rec` marked for storage `sidx` until `expiry_ms` (an earlier Mark replaced).
+local function set_mark(rec, sidx, expiry_ms)
+  if has_flag(byte(rec, H_FLAGS), MARKED) then rec = clear_mark(rec) end
+  return put(rec, H_FLAGS, H_FLAGS_FMT, bit.bor(byte(rec, H_FLAGS), MARKED)) .. struct.pack(TIER_MARK_FMT, sidx, expiry_ms)
+end
+
 -- Whether a record with `flags` and sequence number `seq` (`rec`, for an adopted one's
 -- adopter tail) is linked to `prec`, its parent key's current record, which counts it
 -- then (start.lua, "Child counts").

@@ -41,12 +41,22 @@
 -- blocks by key: their objects would collide) any location of it. A key whose locations
 -- are all DELETING is not written again until they are gone. Explicit group ids
 -- (ARG.explicit_groups) and packing apply to the keys written to candidate 1 / to each candidate.
+-- Tiered Mark (UPSTREAM_V2 §2.6, §2.11; prelude read_mark): a key whose record is marked
+-- for storage T, unexpired, is written again on T (one more location, not masked) when T
+-- holds no SERVING or WRITING location covering its spec group, T is one of the candidates
+-- and may take it (as above), and the quotas hold with it: the marked keys are admitted in
+-- request order while the instance's, the group's and each type's quota hold for the
+-- whole write with them. Any other marked key gets the normal write (or none) and keeps
+-- its Mark, which finish.lua clears. An expired or malformed Mark is cleared ('mk', the
+-- instance's marks, counts them down).
 -- Nothing is written for an instance being removed (meta 'removing') or registered again
 -- since the caller read its config (another incarnation): {START_REFUSED, REFUSED_GONE}.
 -- Returns GRANT {START_GRANTED, first location id, per key the candidate it is written to ('0':
 --      not written, else the byte 48 + candidate), the candidates' storage indexes (','),
 --      bytes added, stale victims (VICTIM_FMT), records created, the deleting charge of the
---      stale ones (prelude deleting_charge), then type, bytes added of that type, ...}
+--      stale ones (prelude deleting_charge), marks (',': keys written to their Mark's target,
+--      expired and malformed Marks cleared, the instance's Marks after), then type, bytes
+--      added of that type, ...}
 --      or REFUSAL {START_REFUSED, reason, shortfall} with reason REFUSED_INSTANCE,
 --      REFUSED_GROUP, REFUSED_TYPE (shortfall in bytes), REFUSED_KEYS (in blocks),
 --      REFUSED_STORAGES, REFUSED_SESSIONS or REFUSED_CALLER_SESSIONS. A start with no key
@@ -132,6 +142,10 @@ local existed = {}   -- keys that had a record before this call
 local prune = {}     -- position -> stale location indexes of its record
 local flags = {}
 local seen = {}  -- a key repeated in one request is written once
+local routed = {}    -- position -> its Mark's candidate, for keys written to their Mark's target
+local fallback = {}  -- position -> the candidate a routed key would get without its Mark (false: none)
+local fallback_types = {}
+local cleared, expired, malformed = {}, 0, 0  -- positions whose Mark is cleared here
 local new_bytes, type_bytes = 0, {}
 for i = 1, n do
   local key = fields[i]
@@ -143,7 +157,7 @@ for i = 1, n do
     if not rec then
       pick = 1
     else
-      local count, live, covering, holding, pruned = 0, false, {}, {}, {}
+      local count, live, covering, holding, pruned, live_covering = 0, false, {}, {}, {}, {}
       for l = 1, location_count(rec) do
         local st, sidx, lsg, id = loc_at(rec, l)
         if st == SERVING and stale[key .. id] then
@@ -152,11 +166,18 @@ for i = 1, n do
         else
           live = live or st ~= DELETING
           holding[sidx] = true
-          if #covers == 0 or byte(covers, sg * ngroups + lsg + 1) == 49 then
+          if covers_group(covers, ngroups, sg, lsg) then
             count = count + 1
             covering[sidx] = true
+            if st ~= DELETING then live_covering[sidx] = true end
           end
         end
+      end
+      local target, expiry = read_mark(rec)
+      if target == false or (target and expiry <= now_ms) then
+        cleared[i] = true
+        if target == false then malformed = malformed + 1 else expired = expired + 1 end
+        target = nil
       end
       existed[key] = true
       if #pruned > 0 then prune[i] = pruned end
@@ -168,8 +189,18 @@ for i = 1, n do
             break
           end
         end
-        if pick then grown[i] = true end
       end
+      if target and (live or #pruned > 0) and not live_covering[target] then
+        for c, cand in ipairs(cands) do
+          if cand.sidx == target and (cand[6] or not holding[target]) then
+            routed[i], fallback[i] = c, pick or false
+            if pick then fallback_types[cands[pick][2]] = true end
+            pick = c
+            break
+          end
+        end
+      end
+      if pick then grown[i] = true end
     end
   end
   if pick then
@@ -185,13 +216,13 @@ for i = 1, n do
   end
 end
 
-local function result(base, victims, charge)
+local function result(base, victims, charge, marks)
   local sidxs = {}
   for c, cand in ipairs(cands) do sidxs[c] = cand.sidx end
   local out = {}
   out[GRANT.result], out[GRANT.first_location_id], out[GRANT.written_to] = START_GRANTED, base, table.concat(flags)
   out[GRANT.storage_indexes], out[GRANT.new_bytes], out[GRANT.victims] = table.concat(sidxs, ','), new_bytes, victims
-  out[GRANT.created], out[GRANT.charge] = #new, table.concat(charge, ',')
+  out[GRANT.created], out[GRANT.charge], out[GRANT.marks] = #new, table.concat(charge, ','), marks
   local at = GRANT.by_type
   for t, b in pairs(type_bytes) do
     out[at], out[at + 1] = t, b
@@ -227,7 +258,7 @@ if #written > 0 then
   local type_room = {}  -- type -> bytes it may still take (nil: no quota)
   for _, cand in ipairs(cands) do
     local t, cap = cand[2], cand[4]
-    if type_bytes[t] and cap > 0 and not type_room[t] then
+    if (type_bytes[t] or fallback_types[t]) and cap > 0 and not type_room[t] then
       local tu = redis.call('HMGET', usage, 't:' .. t, 'dt:' .. t)
       local own_type = tonumber(tu[1] or 0) - tonumber(tu[2] or 0)
       type_room[t] = cap - math.max(0, cand[5] - own_type) - own_type
@@ -247,6 +278,42 @@ if #written > 0 then
     over = own_keys + created - max_keys
     if max_keys > 0 and over > 0 then return REFUSED_KEYS, over end
     return nil
+  end
+  if next(routed) then
+    -- The marked keys, in request order, while the quotas hold with them; the others
+    -- take their fallback (the bytes are the same, the type may differ) or are not written.
+    local bytes, by_type = 0, {}
+    local function add(i, c, sign)
+      local size = struct.unpack('>I6', sizes_blob, byte(sg_blob, i) * 6 + 1)
+      bytes = bytes + sign * size
+      by_type[cands[c][2]] = (by_type[cands[c][2]] or 0) + sign * size
+    end
+    for _, i in ipairs(written) do
+      local c = routed[i] and fallback[i] or (not routed[i] and byte(flags[i]) - ZERO)
+      if c then add(i, c, 1) end
+    end
+    for _, i in ipairs(written) do
+      if routed[i] then
+        local fb = fallback[i]
+        if fb then add(i, fb, -1) end
+        add(i, routed[i], 1)
+        if quota(bytes, #new, by_type) then
+          add(i, routed[i], -1)
+          if fb then add(i, fb, 1) end
+          flags[i], routed[i] = fb and string.char(ZERO + fb) or '0', nil
+          if not fb then grown[i] = nil end
+        end
+      end
+    end
+    local kept = {}
+    for _, i in ipairs(written) do
+      if flags[i] ~= '0' then kept[#kept + 1] = i end
+    end
+    type_bytes = {}
+    for t, b in pairs(by_type) do
+      if b > 0 then type_bytes[t] = b end
+    end
+    written, new_bytes = kept, bytes
   end
   local reason, over = quota(new_bytes, #new, type_bytes)
   if reason and not partial then return refused(reason, over) end
@@ -357,8 +424,10 @@ if #written > 0 then
         if crec and has_flag(byte(crec, H_FLAGS), HAS_PARENT) and struct.unpack(H_PARENT_FMT, crec, H_PARENT) == key
             and not find_status(crec, DELETING) then
           local cbody = sub(crec, 1, loc_pos(location_count(crec) + 1) - 1)  -- drops an earlier adopter
+          local mark = mark_tail(crec)  -- kept, after the new adopter
+          local cflags = HAS_PARENT + ADOPTED + (#mark > 0 and MARKED or 0)
           redis.call('HSET', buckets[n1], fields[n1],
-                     put(cbody, H_FLAGS, H_FLAGS_FMT, HAS_PARENT + ADOPTED) .. struct.pack(ADOPTER_FMT, loc))
+                     put(cbody, H_FLAGS, H_FLAGS_FMT, cflags) .. struct.pack(ADOPTER_FMT, loc) .. mark)
           children = children + 1
         end
       end
@@ -401,6 +470,21 @@ for i, pruned in pairs(prune) do
   redis.call('HSET', buckets[i], fields[i], stamp_deleting(unlink_from_parent(bprefix, nbuckets, rec), now_s))
 end
 
+-- Expired and malformed Marks go (read again: the writes above may have changed the record).
+local routed_count = 0
+for i in pairs(routed) do
+  if flags[i] ~= '0' then routed_count = routed_count + 1 end
+end
+local marks = 0
+if next(cleared) then
+  for i in pairs(cleared) do
+    redis.call('HSET', buckets[i], fields[i], clear_mark(redis.call('HGET', buckets[i], fields[i])))
+  end
+  marks = redis.call('HINCRBY', usage, 'mk', -(expired + malformed))
+elseif routed_count > 0 then
+  marks = tonumber(redis.call('HGET', usage, 'mk') or 0)
+end
+
 if #written > 0 then
   redis.call('HSET', session, 'd', deadline, 'k', table.concat(session_keys), 's', sidx, 'c', now_ms, 'i', owner)
   redis.call('ZADD', deadlines, deadline, sid)
@@ -417,4 +501,5 @@ if #written > 0 then
 end
 -- Last: a split moves records, and the bucket names above are the count's before it.
 if #new > 0 then grow_buckets(meta, bprefix, occupied, tonumber(redis.call('HGET', usage, 'keys')), per_bucket) end
-return result(base, table.concat(victims), charge.flush(usage))
+return result(base, table.concat(victims), charge.flush(usage),
+              table.concat({routed_count, expired, malformed, marks}, ','))

@@ -123,11 +123,11 @@ CASES = {
         ({"instance_id": "i1", "method": "MIGRATION_METHOD_TELEPORT"}, "field 'method'"),
         (
             {"instance_id": "i1", "method": "MIGRATION_METHOD_MARK", "block_keys": [1]},
-            "field 'method': MIGRATION_METHOD_MARK is not supported yet",
+            "field 'method': MIGRATION_METHOD_MARK needs a migration strategy in group 'g1'",
         ),
         (
             {"instance_id": "i1", "method": 3, "block_keys": [1]},
-            "field 'method': MIGRATION_METHOD_BOTH is not supported yet",
+            "field 'method': MIGRATION_METHOD_BOTH needs a migration strategy in group 'g1'",
         ),
         ({"instance_id": "i1", "method": "MIGRATION_METHOD_COPY"}, "field 'block_keys' is required"),
         (

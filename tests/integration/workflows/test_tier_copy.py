@@ -638,3 +638,44 @@ def test_a_hot_storage_found_unhealthy_is_skipped_for_the_next_tier(tiers, tmp_p
     rt.health_checks.run_health_checks()
     _refresh(rt)
     assert _served_storages(rt, keys) == ["s3_01"] * 3
+
+
+def test_admin_migrate_cache_marks_blocks_whose_next_write_goes_to_the_target(tiers):
+    """MARK over HTTP: the marked blocks' next startWriteCache writes them to s3_01, their
+    finish clears the Marks (migration.marks_*); BOTH copies what it can and marks the rest;
+    a malformed request names its field and marks nothing."""
+    rt = tiers.runtime
+    _write(rt, [1, 2, 3])
+    ctx = rt.contexts("t1")
+    mark = {"instance_id": "t1", "method": "MIGRATION_METHOD_MARK", "source_storage_name": "nfs_01"}
+    for body, field in (
+        ({**mark, "target_storage_name": "s3x", "block_keys": [1]}, "target_storage_name"),
+        ({**mark, "target_storage_name": "s3_01"}, "block_keys"),
+        ({**mark, "method": "MIGRATION_METHOD_MARK", "block_keys": [1]}, "target_storage_name"),
+    ):
+        answer = _api("migrateCache", body)
+        assert answer["header"]["status"]["code"] == "INVALID_ARGUMENT", answer
+        assert f"field '{field}'" in answer["header"]["status"]["message"]
+    assert rt.index.client.hget(ctx.layout.key("u"), "mk") is None  # nothing written
+
+    answer = _api("migrateCache", {**mark, "target_storage_name": "s3_01", "block_keys": [1, "2", 2, 99]})
+    assert answer["header"]["status"]["code"] == "OK", answer
+    assert (answer["accepted"], answer["rejected"], answer.get("execution_arn", "")) == ("2", "1", "")
+    start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="t1", block_keys=[1, 2, 3]))
+    assert start.block_mask == BlockMask(bool_masks={"values": [False, False, True]})
+    assert all(loc["location_specs"][0]["uri"].startswith("s3://s3_01/") for loc in start.locations)
+    rt.cache.finish_write_cache(
+        FinishWriteCacheRequest(
+            instance_id="t1", write_session_id=start.write_session_id, success_blocks=BlockMask(offset=2)
+        )
+    )
+    assert _locations(rt, [1, 2]) == [[("nfs_01", Status.SERVING), ("s3_01", Status.SERVING)]] * 2
+    group = (("instance_group", "tiers"),)
+    exported = _exported("migration.marks")
+    assert exported[("migration.marks_consumed_total", group)] == 2
+    assert exported[("migration.marks_active", (*group, ("instance_id", "t1")))] == 0
+
+    # BOTH: key 3 (SERVING on nfs_01) goes to the Copy; 99 (no record) is not marked.
+    both = _api("migrateCache", {**mark, "method": 3, "target_storage_name": "s3_01", "block_keys": [3, 99]})
+    assert (both["accepted"], both["rejected"]) == ("1", "1") and both["execution_arn"]
+    assert wait_execution(tiers.sfn, both["execution_arn"], timeout_s=60)["status"] == "SUCCEEDED"
