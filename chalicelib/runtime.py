@@ -435,7 +435,7 @@ class Runtime:
 
     @cached_property
     def migration_admin(self) -> MigrationAdmin:
-        return MigrationAdmin(self.config, self.contexts, self.index, self.tier_copies)
+        return MigrationAdmin(self.config, self.contexts, self.index, self.tier_copies, self.clock)
 
     @cached_property
     def account_admin(self) -> AccountAdmin:
@@ -487,6 +487,8 @@ class Runtime:
             self.clock,
             events=self.events,
             metrics=self.metrics,
+            # Tier triggers start Copies only where the tier_copy state machine is deployed.
+            copies=self.tier_copies if self.settings.copy_state_machine_arn else None,
         )
         return ReclaimJob(reclaimer, self.index, self.clock, self.lease)
 

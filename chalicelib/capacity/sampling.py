@@ -62,11 +62,17 @@ def to_candidate(
     sizes: Sequence[int],
     storage_name: str = "",
     instance_id: str = "",
+    absent_from: str = "",
 ) -> Candidate | None:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
-    given), or None. WRITING and DELETING locations are never candidates."""
+    given), or None. WRITING and DELETING locations are never candidates. With
+    ``absent_from``, a record holding any location on that storage (a copy there, or one
+    being made: its WRITING target) offers none."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
-    for off in location_offsets(raw):
+    offsets = location_offsets(raw)
+    if absent_from and any(storages.get(raw[off + _STORAGE_AT], ("", ""))[0] == absent_from for off in offsets):
+        return None
+    for off in offsets:
         if raw[off + _STATUS_AT] != Status.SERVING:
             continue
         name, storage_type = storages.get(raw[off + _STORAGE_AT], ("", ""))
@@ -101,6 +107,7 @@ class BucketSampler:
         rng: random.Random,
         config: SamplingConfig,
         storage_name: str = "",
+        absent_from: str = "",
     ) -> None:
         self.index = index
         self.layout = layout
@@ -109,6 +116,7 @@ class BucketSampler:
         self.rng = rng
         self.config = config
         self.storage_name = storage_name
+        self.absent_from = absent_from
         self._seen: set[int] = set()
         self._sampled = 0
         #: Buckets read so far (sampled and swept).
@@ -178,4 +186,6 @@ class BucketSampler:
 
     def candidate(self, block_key: int, raw: bytes) -> Candidate | None:
         """``to_candidate`` with this instance's storages and sizes."""
-        return to_candidate(block_key, raw, self.storages, self.sizes, self.storage_name, self.layout.instance_id)
+        return to_candidate(
+            block_key, raw, self.storages, self.sizes, self.storage_name, self.layout.instance_id, self.absent_from
+        )
