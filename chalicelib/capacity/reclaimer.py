@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..cache.service import spec_group_coverage
 from ..clock import Clock, now_us
 from ..control import ControlPlane
 from ..index import BlockIndex, InstanceLayout, Usage, Victim
@@ -41,7 +42,7 @@ from ..stores.lease import Lease
 from .coldest import coldest_blocks
 from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit, sample_shares
 from .policies import Candidate, LRUPolicy, policy_for
-from .sampling import BucketSampler, SamplingConfig, sweep_buckets
+from .sampling import BucketSampler, Coverage, SamplingConfig, sweep_buckets
 from .stranded import StrandedDeletions
 from .watermark import Limits, Need, Plan, assess, own_needs, split
 
@@ -343,7 +344,7 @@ class Reclaimer:
                 sweeping = ctx.instance_id in swept
                 if (need is None or not need.pending) and not sweeping:
                     continue
-                sampler = self._sampler(ctx, storage_name)
+                sampler = self._sampler(ctx, storage_name, report.plan)
                 work = InstanceReclaim(
                     self.index,
                     ctx,
@@ -440,7 +441,9 @@ class Reclaimer:
             logger.exception("tier trigger of instance group %s failed", group.name)
             report.error = f"{type(exc).__name__}: {exc}"
 
-    def _sampler(self, ctx: InstanceContext, storage_name: str) -> BucketSampler:
+    def _sampler(self, ctx: InstanceContext, storage_name: str, plan: Plan) -> BucketSampler:
+        """The instance's sampler for ``plan``: a block's location of a type over its quota is
+        its candidate, and each candidate knows whether another readable copy covers it."""
         return BucketSampler(
             self.index,
             ctx.layout,
@@ -449,6 +452,8 @@ class Reclaimer:
             self.rng,
             self.config,
             storage_name,
+            prefer_types=frozenset(t for t, n in plan.by_type.items() if n > 0),
+            coverage=Coverage(frozenset(ctx.servable), spec_group_coverage(ctx), len(ctx.spec_layout.sizes)),
         )
 
     def _group_lru(
@@ -466,7 +471,7 @@ class Reclaimer:
         instances (``instance.PooledReclaim``); returns what each instance gave."""
         need = Need(plan.bytes, {t: n for t, n in plan.by_type.items() if n > 0})
         members = [
-            Member(ctx, self._sampler(ctx, storage_name), live[ctx.instance_id].keys)
+            Member(ctx, self._sampler(ctx, storage_name, plan), live[ctx.instance_id].keys)
             for ctx in contexts
             if live[ctx.instance_id].keys > 0
         ]

@@ -12,11 +12,17 @@ from chalicelib.capacity import reclaimer as reclaimer_module
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.types import MODE_PREFIX
-from chalicelib.protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup, RegisterInstanceRequest, StorageConfig
+from chalicelib.protocol.codes import MigrationRetention
+from chalicelib.protocol.models import (
+    DEFAULT_TRIGGER_PERIOD_S,
+    InstanceGroup,
+    RegisterInstanceRequest,
+    StorageConfig,
+)
 from tests.helpers import SPECS
 
 from .harness import wait_execution
-from .test_tier_copy import BLOCK, _api, _locations, _s3_bytes, _write
+from .test_tier_copy import BATCH, BLOCK, _api, _locations, _s3_bytes, _served_storages, _write
 
 pytestmark = pytest.mark.slow  # every test waits for a state machine run on the wall clock
 
@@ -29,15 +35,17 @@ def workflow_clock():
     return ManualClock()
 
 
-def _group(threshold: float, used_percentage: float = 0.9) -> InstanceGroup:
+def _group(
+    threshold: float, used_percentage: float = 0.9, capacity: int = 1 << 30, s3_blocks: int = 0
+) -> InstanceGroup:
+    types = [{"storage_type": "ST_NFS", "capacity": NFS_BLOCKS * BLOCK}]
+    if s3_blocks:
+        types.append({"storage_type": "ST_S3", "capacity": s3_blocks * BLOCK})
     return InstanceGroup.model_validate(
         {
             "name": "tiers",
             "storage_candidates": ["nfs_01", "s3_01"],
-            "quota": {
-                "capacity": 1 << 30,
-                "quota_config": [{"storage_type": "ST_NFS", "capacity": NFS_BLOCKS * BLOCK}],
-            },
+            "quota": {"capacity": capacity, "quota_config": types},
             "cache_config": {
                 "reclaim_strategy": {
                     "trigger_strategy": {"used_percentage": used_percentage},
@@ -190,3 +198,62 @@ def test_migrate_cache_with_a_sample_count_copies_the_coldest_blocks(stack):
     assert {t: n for t, n in usage.live().by_type.items() if n} == {"ST_S3": 5 * BLOCK}
     answer = _api("migrateCache", {**body, "rule": {}})  # nothing left on the source
     assert (answer["accepted"], answer["rejected"], answer["execution_arn"]) == ("0", "0", "")
+
+
+def _copy_now(stack, keys):
+    """A KEEP_BOTH Copy of ``keys`` to s3_01, done."""
+    rt = stack.runtime
+    arn = rt.tier_copies.submit(
+        rt.contexts("t1"), "nfs_01", "s3_01", keys, MigrationRetention.MIGRATION_RETENTION_KEEP_BOTH
+    )
+    assert wait_execution(stack.sfn, arn, timeout_s=60)["status"] == "SUCCEEDED"
+
+
+def _live(rt):
+    usage = rt.index.usage([rt.contexts("t1").layout])[0].live()
+    return {t: n // BLOCK for t, n in usage.by_type.items() if n}
+
+
+def test_group_bytes_over_take_a_hot_copy_a_cold_one_covers_before_a_hot_only_block(stack):
+    # 10 blocks' worth, reclaimed from 7: 6 blocks on NFS, the two warmest copied to S3 too
+    # (8 blocks' worth): one block's worth over. The coldest block (601) only NFS holds; the
+    # NFS copy of 605 goes instead, and 605 is still served from S3.
+    _setup(stack, _group(threshold=0.99, used_percentage=0.7, capacity=NFS_BLOCKS * BLOCK))
+    rt = stack.runtime
+    keys = list(range(601, 607))
+    _write_aged(stack, keys)
+    _copy_now(stack, [605, 606])
+    rt.clock.advance(DEFAULT_TRIGGER_PERIOD_S)
+    group = _round(stack)
+    assert group.victims == 1 and group.copies == []
+    assert _on(rt, keys, "nfs_01") == [601, 602, 603, 604, 606]
+    assert _on(rt, keys, "s3_01") == [605, 606]
+    assert _live(rt) == {"ST_NFS": 5, "ST_S3": 2}
+    assert rt.index.group_usage(["tiers"])[0].live().bytes == 7 * BLOCK
+    # One more block: the NFS copy of 606, covered too, goes before any hot-only block.
+    _write_aged(stack, [607])
+    rt.clock.advance(DEFAULT_TRIGGER_PERIOD_S)
+    assert _round(stack).victims == 1
+    assert _on(rt, [*keys, 607], "nfs_01") == [601, 602, 603, 604, 607]
+    # Nothing covered left: the coldest hot-only block goes, as without tiers.
+    _write_aged(stack, [608])
+    rt.clock.advance(DEFAULT_TRIGGER_PERIOD_S)
+    assert _round(stack).victims == 1
+    assert _on(rt, [*keys, 607, 608], "nfs_01") == [602, 603, 604, 607, 608]
+    assert _served_storages(rt, [605, 606], BATCH) == ["s3_01", "s3_01"]
+    assert _live(rt) == {"ST_NFS": 5, "ST_S3": 2}
+
+
+def test_a_type_over_its_quota_is_reclaimed_whatever_other_tiers_hold(stack):
+    # S3's quota 5 blocks, reclaimed from 3 (0.7): 4 blocks copied to S3 keep their NFS
+    # copies; the coldest S3 location goes though NFS is the record's first copy.
+    _setup(stack, _group(threshold=0.99, used_percentage=0.7, s3_blocks=5))
+    rt = stack.runtime
+    keys = list(range(701, 705))
+    _write_aged(stack, keys)
+    _copy_now(stack, keys)
+    rt.clock.advance(DEFAULT_TRIGGER_PERIOD_S)
+    group = _round(stack)
+    assert group.victims == 1
+    assert _on(rt, keys, "s3_01") == [702, 703, 704] and _on(rt, keys, "nfs_01") == keys
+    assert _live(rt) == {"ST_NFS": 4, "ST_S3": 3}
