@@ -36,8 +36,9 @@ def coldest_blocks(
 ) -> list[Candidate]:
     """Up to ``count`` blocks of ``ctx`` with a SERVING location on ``storage_name``, the
     policy's first (coldest) first, from about ``config.oversample`` × ``count`` sampled
-    candidates. ``absent_from``: blocks holding any location on that storage (copied there
-    already, or being copied: a WRITING target) are left out. ``policy``: the group's reclaim
+    candidates. Blocks with a WRITING location (written, or the source of a running Copy to
+    any storage) are left out, and with ``absent_from`` those holding any location on that
+    storage (copied there already). ``policy``: the group's reclaim
     policy when None. The candidates carry the location on ``storage_name``."""
     if policy is None:
         cache = ctx.group.cache_config
@@ -53,6 +54,7 @@ def coldest_blocks(
         config,
         storage_name,
         absent_from,
+        idle_only=True,
     )
     wanted = min(config.max_pool, config.oversample * count)
     found: dict[int, Candidate] = {}

@@ -81,17 +81,22 @@ def to_candidate(
     absent_from: str = "",
     prefer_types: frozenset[str] = frozenset(),
     coverage: Coverage | None = None,
+    idle_only: bool = False,
 ) -> Candidate | None:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
     given; of a type in ``prefer_types`` when it has one: a type over its quota is reclaimed
     whatever other copies it has), or None. WRITING and DELETING locations are never
     candidates. With ``absent_from``, a record holding any location on that storage (a copy
-    there, or one being made: its WRITING target) offers none. With ``coverage``, the
+    there, or one being made: its WRITING target) offers none; with ``idle_only``, nor does
+    one holding a WRITING location anywhere (a write or a Copy running: a Copy's target
+    fails when its source changes). With ``coverage``, the
     candidate says whether another copy keeps the block readable without it (``covered``)."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
     offsets = location_offsets(raw)
     named = [storages.get(raw[off + _STORAGE_AT], ("", "")) for off in offsets]
     if absent_from and any(name == absent_from for name, _ in named):
+        return None
+    if idle_only and any(raw[off + _STATUS_AT] == Status.WRITING for off in offsets):
         return None
     serving = [n for n, off in enumerate(offsets) if raw[off + _STATUS_AT] == Status.SERVING]
     offered = [n for n in serving if not storage_name or named[n][0] == storage_name]
@@ -139,6 +144,7 @@ class BucketSampler:
         absent_from: str = "",
         prefer_types: frozenset[str] = frozenset(),
         coverage: Coverage | None = None,
+        idle_only: bool = False,
     ) -> None:
         self.index = index
         self.layout = layout
@@ -150,6 +156,7 @@ class BucketSampler:
         self.absent_from = absent_from
         self.prefer_types = prefer_types
         self.coverage = coverage
+        self.idle_only = idle_only
         self._seen: set[int] = set()
         self._sampled = 0
         #: Buckets read so far (sampled and swept).
@@ -229,4 +236,5 @@ class BucketSampler:
             self.absent_from,
             self.prefer_types,
             self.coverage,
+            self.idle_only,
         )

@@ -8,6 +8,7 @@ import json
 import boto3
 import pytest
 
+from chalicelib.capacity import SamplingConfig
 from chalicelib.capacity import reclaimer as reclaimer_module
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
@@ -220,6 +221,9 @@ def test_group_bytes_over_take_a_hot_copy_a_cold_one_covers_before_a_hot_only_bl
     # NFS copy of 605 goes instead, and 605 is still served from S3.
     _setup(stack, _group(threshold=0.99, used_percentage=0.7, capacity=NFS_BLOCKS * BLOCK))
     rt = stack.runtime
+    # Every block in the sample (5 candidates per block needed would be 5 of these 6 or 7):
+    # the order, not the sample's luck, is what is checked.
+    rt.reclaim_job.reclaimer.config = SamplingConfig(oversample=100)
     keys = list(range(601, 607))
     _write_aged(stack, keys)
     _copy_now(stack, [605, 606])

@@ -113,6 +113,8 @@ def test_a_type_over_its_quota_offers_its_own_location_and_the_target_storage_ex
     assert to_candidate(1, raw, STORAGES, [300], absent_from="s3_01") is None
     writing = record([(Status.SERVING, 1, 0, 7), (Status.WRITING, 2, 0, 8)])
     assert to_candidate(1, writing, STORAGES, [300], absent_from="s3_01") is None  # a copy running there
+    assert to_candidate(1, writing, STORAGES, [300], storage_name="nfs_01").location_id == 7
+    assert to_candidate(1, writing, STORAGES, [300], storage_name="nfs_01", idle_only=True) is None
 
 
 def test_a_location_is_covered_by_a_serving_copy_on_a_servable_storage_holding_its_specs():
