@@ -495,6 +495,8 @@ class Runtime:
             self.clock,
             events=self.events,
             metrics=self.metrics,
+            # Tier triggers start Copies only where the tier_copy state machine is deployed.
+            copies=self.tier_copies if self.settings.copy_state_machine_arn else None,
         )
         return ReclaimJob(reclaimer, self.index, self.clock, self.lease)
 

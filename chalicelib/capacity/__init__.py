@@ -10,9 +10,12 @@ What the rest of the service calls:
 Pure core: ``watermark`` (how much to free), ``policies`` (who goes first), ``selection``
 (the candidate pool, leaves only). I/O through the index only: ``sampling``,
 ``instance``, ``stranded`` (deletions whose hand-off was lost) and ``reclaimer``;
-``eviction`` makes room on the write path.
+``eviction`` makes room on the write path; ``coldest.coldest_blocks`` is the sampled
+selection of the coldest blocks on a storage (the tier triggers, migrateCache's
+``rule.sample_count``).
 """
 
+from .coldest import coldest_blocks
 from .policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, VictimPolicy, policy_for
 from .reclaimer import ControlDirectory, GroupReport, Reclaimer, ReclaimJob, ReclaimReport
 from .sampling import SamplingConfig
@@ -34,6 +37,7 @@ __all__ = [
     "TTLPolicy",
     "VictimPolicy",
     "assess",
+    "coldest_blocks",
     "policy_for",
     "split",
 ]

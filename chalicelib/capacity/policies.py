@@ -36,6 +36,9 @@ class Candidate:
     #: The instance holding it: block keys repeat across instances (the same prompt
     #: prefix cached twice), so a pool spanning a group keys candidates by both.
     instance_id: str = ""
+    #: Another SERVING copy on a storage that may serve now holds its specs: reclaiming
+    #: this location loses no hit (group-bytes pressure takes these first).
+    covered: bool = False
 
     @property
     def is_leaf(self) -> bool:

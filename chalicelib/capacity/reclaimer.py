@@ -27,20 +27,22 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..cache.service import spec_group_coverage
 from ..clock import Clock, now_us
 from ..control import ControlPlane
 from ..index import BlockIndex, InstanceLayout, Usage, Victim
 from ..observability.logging import logger
-from ..protocol.codes import InstanceReclaimBudgetPolicy
+from ..protocol.codes import InstanceReclaimBudgetPolicy, MigrationRetention
 from ..protocol.errors import InstanceNotFoundError
-from ..protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup
+from ..protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup, MigrationStrategy
 from ..stores.lease import Lease
-from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit
+from .coldest import coldest_blocks
+from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit, sample_shares
 from .policies import Candidate, LRUPolicy, policy_for
-from .sampling import BucketSampler, SamplingConfig, sweep_buckets
+from .sampling import BucketSampler, Coverage, SamplingConfig, sweep_buckets
 from .stranded import StrandedDeletions
 from .watermark import Limits, Need, Plan, assess, own_needs, split
 
@@ -59,6 +61,28 @@ TTL_INSTANCES_PER_LOOK = 16
 RECONCILE_S = 60
 #: How long the directory's instance lists are reused.
 MEMBERS_TTL_S = 10.0
+#: Blocks a tier trigger submits per strategy and round, over the group's instances: eight
+#: of tier_copy's 64-block batches, and a sample of 5 × 512 candidates stays within one
+#: instance's bucket budget (``SamplingConfig.max_pool``), so a round's trigger costs at most
+#: one reclaim-sized sample per instance. A group far over its threshold drains at this pace
+#: per round (every second locally, every minute on AWS) while the Map copies
+#: ``copy_max_concurrency`` batches at a time.
+TRIGGER_BLOCKS_PER_ROUND = 512
+#: ``type_usage / type_quota`` may fall this short of ``trigger_threshold`` (upstream's tolerance).
+TRIGGER_TOLERANCE = 1e-9
+
+
+class CopySubmitter(Protocol):
+    def submit(
+        self,
+        ctx: InstanceContext,
+        source: str,
+        target: str,
+        block_keys: Sequence[int],
+        retention: MigrationRetention,
+    ) -> str:
+        """Start copying ``block_keys`` of ``ctx`` from storage ``source`` to ``target``
+        (``workflows.migrations.TierCopies``); returns the execution's ARN."""
 
 
 class GroupDirectory(Protocol):
@@ -109,6 +133,8 @@ class GroupReport:
     plan: Plan = field(default_factory=Plan)
     swept: bool = False
     instances: list[InstanceReport] = field(default_factory=list)
+    #: The tier triggers' copies started this round.
+    copies: list[CopySubmission] = field(default_factory=list)
     error: str = ""
 
     @property
@@ -129,7 +155,19 @@ class GroupReport:
             "error": self.error,
             "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
             "instances": [r.to_dict() for r in self.instances],
+            "copies": [asdict(c) for c in self.copies],
         }
+
+
+@dataclass(frozen=True)
+class CopySubmission:
+    """One Copy a tier trigger started: ``blocks`` of an instance along a strategy's route."""
+
+    instance_id: str
+    source: str
+    target: str
+    blocks: int
+    execution_arn: str
 
 
 @dataclass
@@ -195,9 +233,11 @@ class Reclaimer:
         metrics: MetricsRegistry | None = None,
         rng: random.Random | None = None,
         config: SamplingConfig = SamplingConfig(),
+        copies: CopySubmitter | None = None,
     ) -> None:
         self.index = index
         self.directory = directory
+        self.copies = copies
         self.contexts = contexts
         self.deleter = deleter
         self.clock = clock
@@ -237,7 +277,10 @@ class Reclaimer:
             if not keep_going():
                 report.interrupted = True
                 break
-            report.groups.append(self._reclaim_group(group, limits, usages[group.name], state, now, reason))
+            looked = self._reclaim_group(group, limits, usages[group.name], state, now, reason)
+            if not looked.error:
+                self._trigger_copies(group, limits, usages[group.name], looked, now)
+            report.groups.append(looked)
         if not report.interrupted and keep_going():
             report.resubmitted = self.stranded.recover()
             self._reconcile_one(groups, now)
@@ -301,7 +344,7 @@ class Reclaimer:
                 sweeping = ctx.instance_id in swept
                 if (need is None or not need.pending) and not sweeping:
                     continue
-                sampler = self._sampler(ctx, storage_name)
+                sampler = self._sampler(ctx, storage_name, report.plan)
                 work = InstanceReclaim(
                     self.index,
                     ctx,
@@ -329,7 +372,78 @@ class Reclaimer:
         state.over = report.plan.needed and report.victims > 0
         return report
 
-    def _sampler(self, ctx: InstanceContext, storage_name: str) -> BucketSampler:
+    def _trigger_copies(
+        self, group: InstanceGroup, limits: Limits, usage: Usage, report: GroupReport, now: float
+    ) -> None:
+        """Per copy strategy whose source type is at its ``trigger_threshold`` (live bytes of
+        the type over its positive ``quota_config`` capacity, after this round's reclaim),
+        submit the coldest blocks held SERVING on the source to the strategy's target, at
+        most ``TRIGGER_BLOCKS_PER_ROUND`` shared over the instances by block count. Blocks
+        the target holds in any state (a copy there, or one running: its WRITING target)
+        are left out, and so are the locations this round marked DELETING (no longer
+        SERVING)."""
+        cache = group.cache_config
+        config = cache.migration_config if cache is not None else None
+        routes = [s for s in (config.strategies if config is not None else ()) if _copies(s)]
+        copies = self.copies
+        if not routes or copies is None:
+            return
+        try:
+            if report.victims:  # what the round marked counts as freed: read the counters again
+                usage = self.index.group_usage([group.name])[0]
+            live = usage.live().by_type
+            contexts = self._contexts(self.directory.members(group.name))
+            if not contexts:
+                return
+            usage_of = dict(
+                zip((c.instance_id for c in contexts), self.index.usage([c.layout for c in contexts]), strict=True)
+            )
+            policy = policy_for(cache.reclaim_strategy if cache is not None else None, self.index.LFU_DECAY_S)
+            for route in routes:
+                backend = contexts[0].backend(route.source_storage_name)
+                if backend is None or contexts[0].backend(route.target_storage_name) is None:
+                    continue
+                source_type = backend.storage_type.name
+                capacity = limits.type_capacity.get(source_type, 0)
+                if capacity <= 0 or live.get(source_type, 0) / capacity + TRIGGER_TOLERANCE < route.trigger_threshold:
+                    continue
+                held = {
+                    c.instance_id: usage_of[c.instance_id].by_storage.get(route.source_storage_name, 0)
+                    for c in contexts
+                }
+                shares = sample_shares(TRIGGER_BLOCKS_PER_ROUND, held)
+                for ctx in contexts:
+                    if not shares.get(ctx.instance_id):
+                        continue
+                    chosen = coldest_blocks(
+                        self.index,
+                        ctx,
+                        route.source_storage_name,
+                        shares[ctx.instance_id],
+                        int(now),
+                        self.rng,
+                        absent_from=route.target_storage_name,
+                        policy=policy,
+                        config=self.config,
+                    )
+                    if not chosen:
+                        continue
+                    keys = [c.block_key for c in chosen]
+                    arn = copies.submit(
+                        ctx, route.source_storage_name, route.target_storage_name, keys, route.retention
+                    )
+                    report.copies.append(
+                        CopySubmission(
+                            ctx.instance_id, route.source_storage_name, route.target_storage_name, len(keys), arn
+                        )
+                    )
+        except Exception as exc:  # noqa: BLE001 - a failing trigger must not stop the other groups
+            logger.exception("tier trigger of instance group %s failed", group.name)
+            report.error = f"{type(exc).__name__}: {exc}"
+
+    def _sampler(self, ctx: InstanceContext, storage_name: str, plan: Plan) -> BucketSampler:
+        """The instance's sampler for ``plan``: a block's location of a type over its quota is
+        its candidate, and each candidate knows whether another readable copy covers it."""
         return BucketSampler(
             self.index,
             ctx.layout,
@@ -338,6 +452,8 @@ class Reclaimer:
             self.rng,
             self.config,
             storage_name,
+            prefer_types=frozenset(t for t, n in plan.by_type.items() if n > 0),
+            coverage=Coverage(frozenset(ctx.servable), spec_group_coverage(ctx), len(ctx.spec_layout.sizes)),
         )
 
     def _group_lru(
@@ -355,7 +471,7 @@ class Reclaimer:
         instances (``instance.PooledReclaim``); returns what each instance gave."""
         need = Need(plan.bytes, {t: n for t, n in plan.by_type.items() if n > 0})
         members = [
-            Member(ctx, self._sampler(ctx, storage_name), live[ctx.instance_id].keys)
+            Member(ctx, self._sampler(ctx, storage_name, plan), live[ctx.instance_id].keys)
             for ctx in contexts
             if live[ctx.instance_id].keys > 0
         ]
@@ -430,6 +546,11 @@ class Reclaimer:
             except InstanceNotFoundError:
                 continue  # removed since the listing
         return out
+
+
+def _copies(strategy: MigrationStrategy) -> bool:
+    methods = strategy.method_configs
+    return methods is not None and methods.copy_config is not None and methods.copy_config.enabled
 
 
 def submitter(

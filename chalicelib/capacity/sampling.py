@@ -50,6 +50,22 @@ def sweep_buckets(bucket_count: int, period_s: int, ttl_s: int, config: Sampling
     return min(bucket_count, config.max_sweep_buckets, max(config.min_sweep_buckets, wanted))
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """Which copies keep a block readable without one of its locations: a SERVING copy on
+    another storage that may serve now (``servable``) whose spec group holds every spec of
+    the location's (``table``: ``cache.service.spec_group_coverage``, ``groups`` of them)."""
+
+    servable: frozenset[str]
+    table: bytes
+    groups: int
+
+    def covers(self, wanted_group: int, held_group: int) -> bool:
+        if wanted_group >= self.groups or held_group >= self.groups:
+            return wanted_group == held_group
+        return self.table[wanted_group * self.groups + held_group] == ord("1")
+
+
 _STATUS_AT = LOCATION.offset("status")
 _STORAGE_AT = LOCATION.offset("storage_index")
 _SPEC_GROUP_AT = LOCATION.offset("spec_group")
@@ -62,31 +78,55 @@ def to_candidate(
     sizes: Sequence[int],
     storage_name: str = "",
     instance_id: str = "",
+    absent_from: str = "",
+    prefer_types: frozenset[str] = frozenset(),
+    coverage: Coverage | None = None,
+    idle_only: bool = False,
 ) -> Candidate | None:
     """The candidate a record offers: its first SERVING location (on ``storage_name`` when
-    given), or None. WRITING and DELETING locations are never candidates."""
+    given; of a type in ``prefer_types`` when it has one: a type over its quota is reclaimed
+    whatever other copies it has), or None. WRITING and DELETING locations are never
+    candidates. With ``absent_from``, a record holding any location on that storage (a copy
+    there, or one being made: its WRITING target) offers none; with ``idle_only``, nor does
+    one holding a WRITING location anywhere (a write or a Copy running: a Copy's target
+    fails when its source changes). With ``coverage``, the
+    candidate says whether another copy keeps the block readable without it (``covered``)."""
     # Thousands of records per round: read the few bytes needed rather than decode it all.
-    for off in location_offsets(raw):
-        if raw[off + _STATUS_AT] != Status.SERVING:
-            continue
-        name, storage_type = storages.get(raw[off + _STORAGE_AT], ("", ""))
-        if storage_name and name != storage_name:
-            continue
-        spec_group = raw[off + _SPEC_GROUP_AT]
-        flags, parent, children, last_access_s, lfu, _, _ = HEADER.unpack_from(raw)
-        return Candidate(
-            block_key,
-            location_id_at(raw, off),
-            int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
-            children,
-            last_access_s,
-            lfu,
-            sizes[spec_group] if spec_group < len(sizes) else sizes[0],
-            storage_type,
-            children,
-            instance_id,
-        )
-    return None
+    offsets = location_offsets(raw)
+    named = [storages.get(raw[off + _STORAGE_AT], ("", "")) for off in offsets]
+    if absent_from and any(name == absent_from for name, _ in named):
+        return None
+    if idle_only and any(raw[off + _STATUS_AT] == Status.WRITING for off in offsets):
+        return None
+    serving = [n for n, off in enumerate(offsets) if raw[off + _STATUS_AT] == Status.SERVING]
+    offered = [n for n in serving if not storage_name or named[n][0] == storage_name]
+    if not offered:
+        return None
+    chosen = next((n for n in offered if named[n][1] in prefer_types), offered[0])
+    off = offsets[chosen]
+    name, storage_type = named[chosen]
+    spec_group = raw[off + _SPEC_GROUP_AT]
+    covered = coverage is not None and any(
+        n != chosen
+        and named[n][0] != name
+        and named[n][0] in coverage.servable
+        and coverage.covers(spec_group, raw[offsets[n] + _SPEC_GROUP_AT])
+        for n in serving
+    )
+    flags, parent, children, last_access_s, lfu, _, _ = HEADER.unpack_from(raw)
+    return Candidate(
+        block_key,
+        location_id_at(raw, off),
+        int.from_bytes(parent, "big", signed=True) if flags & RecordFlag.HAS_PARENT else None,
+        children,
+        last_access_s,
+        lfu,
+        sizes[spec_group] if spec_group < len(sizes) else sizes[0],
+        storage_type,
+        children,
+        instance_id,
+        covered,
+    )
 
 
 class BucketSampler:
@@ -101,6 +141,10 @@ class BucketSampler:
         rng: random.Random,
         config: SamplingConfig,
         storage_name: str = "",
+        absent_from: str = "",
+        prefer_types: frozenset[str] = frozenset(),
+        coverage: Coverage | None = None,
+        idle_only: bool = False,
     ) -> None:
         self.index = index
         self.layout = layout
@@ -109,6 +153,10 @@ class BucketSampler:
         self.rng = rng
         self.config = config
         self.storage_name = storage_name
+        self.absent_from = absent_from
+        self.prefer_types = prefer_types
+        self.coverage = coverage
+        self.idle_only = idle_only
         self._seen: set[int] = set()
         self._sampled = 0
         #: Buckets read so far (sampled and swept).
@@ -178,4 +226,15 @@ class BucketSampler:
 
     def candidate(self, block_key: int, raw: bytes) -> Candidate | None:
         """``to_candidate`` with this instance's storages and sizes."""
-        return to_candidate(block_key, raw, self.storages, self.sizes, self.storage_name, self.layout.instance_id)
+        return to_candidate(
+            block_key,
+            raw,
+            self.storages,
+            self.sizes,
+            self.storage_name,
+            self.layout.instance_id,
+            self.absent_from,
+            self.prefer_types,
+            self.coverage,
+            self.idle_only,
+        )

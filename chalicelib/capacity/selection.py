@@ -44,8 +44,13 @@ class CandidatePool:
     def pick(self, policy: VictimPolicy, need: Need, now_s: int, limit: int, need_limit: int) -> list[Candidate]:
         """Up to ``limit`` victims: expired candidates first, then — at most ``need_limit``
         of them — the policy's worst among those that still help ``need``. ``need`` is
-        not changed: what is really freed is known only once the victims are marked."""
+        not changed: what is really freed is known only once the victims are marked. While
+        the group's bytes are over (not only a type), a location another readable copy
+        covers goes before any block it would take out of the cache: dropping it keeps every
+        hit."""
         ordered = policy.order(self._items.values(), now_s)
+        if need.bytes > 0:
+            ordered.sort(key=lambda c: not c.covered)  # stable: the policy's order within each part
         picked = [c for c in ordered if policy.expired(c, now_s)][:limit]
         scratch = need.copy()
         for c in picked:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 from ..cache.context import InstanceContext
 from ..cache.contexts import ContextProvider
 from ..cache.marks import record_marks, spec_group_coverage
+from ..capacity import coldest_blocks
 from ..clock import Clock, now_ms
 from ..control import ConfigCache
 from ..control.groups import DEFAULT_MARK_TIMEOUT_MS
@@ -37,6 +40,10 @@ def mark_timeout_ms(group: InstanceGroup, source: str, target: str) -> int:
     return DEFAULT_MARK_TIMEOUT_MS
 
 
+#: Blocks a ``rule.sample_count`` of 0 or less selects (upstream's default).
+DEFAULT_SAMPLE_COUNT = 100
+
+
 class MigrationAdmin:
     """migrateCache: checks the whole request, then starts one tier_copy execution and/or
     marks blocks (one step)."""
@@ -50,6 +57,7 @@ class MigrationAdmin:
         migration: MigrationIndex,
         clock: Clock,
         metrics: MetricsRegistry,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.contexts = contexts
@@ -58,20 +66,26 @@ class MigrationAdmin:
         self.migration = migration
         self.clock = clock
         self.metrics = metrics
+        self.rng = rng or random.Random()
 
     def migrate_cache(self, request: MigrateCacheRequest) -> MigrateCacheResponse:
         """COPY: Copy ``block_keys`` from the source storage to the target (upstream's admin
         Copy deletes the source once the target serves: DELETE_SOURCE). MARK: mark them for
         the target. BOTH: Copy the blocks it takes, mark the others. Answers at once with
         the blocks accepted (handed to the Copy: a SERVING location on the source now; or
-        marked) and the execution's ARN."""
+        marked) and the execution's ARN. Without ``block_keys``, ``rule.sample_count`` (100
+        when 0 or less) of the coldest blocks on the source the target does not hold, by the
+        group's reclaim policy over a sample (``capacity.coldest_blocks``)."""
         instance_id = require_name(request.instance_id, "instance_id")
         if request.method == MigrationMethod.MIGRATION_METHOD_UNSPECIFIED:
             raise InvalidArgumentError("field 'method' is required (MIGRATION_METHOD_COPY, _MARK or _BOTH)")
+        sample_count = 0
         if not request.block_keys:
-            if request.rule is not None and request.rule.sample_count:
-                raise UnsupportedError("field 'rule.sample_count': sampled selection is not supported yet")
-            raise InvalidArgumentError("field 'block_keys' is required")
+            if request.rule is None:
+                raise InvalidArgumentError("field 'block_keys' is required (or 'rule.sample_count')")
+            sample_count = request.rule.sample_count if request.rule.sample_count > 0 else DEFAULT_SAMPLE_COUNT
+            if sample_count > EXECUTION_SIZE:
+                raise InvalidArgumentError(f"field 'rule.sample_count': {sample_count}, at most {EXECUTION_SIZE}")
         if len(request.block_keys) > EXECUTION_SIZE:
             raise InvalidArgumentError(f"field 'block_keys': {len(request.block_keys)} keys, at most {EXECUTION_SIZE}")
         # From the config alone, before the instance's context (which sets up its index keys).
@@ -104,6 +118,11 @@ class MigrationAdmin:
             raise InvalidArgumentError(f"field 'target_storage_name': {target!r} is not a storage of the instance")
         target_type = target_backend.storage_type.name
         keys = list(dict.fromkeys(request.block_keys))
+        if sample_count:
+            chosen = coldest_blocks(
+                self.index, ctx, source, sample_count, int(self.clock.now()), self.rng, absent_from=target
+            )
+            keys = [c.block_key for c in chosen]
         held = {i for i, n in self.index.storage_names(ctx.layout).items() if n == source}
         on_source = [
             key

@@ -131,8 +131,8 @@ CASES = {
         ),
         ({"instance_id": "i1", "method": "MIGRATION_METHOD_COPY"}, "field 'block_keys' is required"),
         (
-            {"instance_id": "i1", "method": 1, "rule": {"sample_count": 10}},
-            "field 'rule.sample_count': sampled selection is not supported yet",
+            {"instance_id": "i1", "method": 1, "rule": {"sample_count": 4097}},
+            "field 'rule.sample_count': 4097, at most 4096",
         ),
         ({"instance_id": "i1", "method": 1, "rule": {"sample_count": "many"}}, "field 'rule.sample_count'"),
         ({"instance_id": "i1", "method": 1, "block_keys": "1,2"}, "field 'block_keys'"),

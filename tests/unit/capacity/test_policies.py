@@ -3,7 +3,7 @@
 import pytest
 
 from chalicelib.capacity.policies import Candidate, LFUPolicy, LRUPolicy, TTLPolicy, policy_for
-from chalicelib.capacity.sampling import SamplingConfig, sweep_buckets, to_candidate
+from chalicelib.capacity.sampling import Coverage, SamplingConfig, sweep_buckets, to_candidate
 from chalicelib.index import Status
 from chalicelib.index.records import location_status
 from chalicelib.protocol.codes import ReclaimPolicy
@@ -104,3 +104,28 @@ def test_sweep_covers_the_instance_in_about_one_ttl():
     assert sweep_buckets(16384, period_s=10, ttl_s=10**6, config=config) == 16
     assert sweep_buckets(16384, period_s=10, ttl_s=1, config=config) == 1024
     assert sweep_buckets(8, period_s=10, ttl_s=1, config=config) == 8
+
+
+def test_a_type_over_its_quota_offers_its_own_location_and_the_target_storage_excludes():
+    raw = record([(Status.SERVING, 1, 0, 7), (Status.SERVING, 2, 0, 8)])
+    assert to_candidate(1, raw, STORAGES, [300]).location_id == 7
+    assert to_candidate(1, raw, STORAGES, [300], prefer_types=frozenset({"ST_S3"})).location_id == 8
+    assert to_candidate(1, raw, STORAGES, [300], absent_from="s3_01") is None
+    writing = record([(Status.SERVING, 1, 0, 7), (Status.WRITING, 2, 0, 8)])
+    assert to_candidate(1, writing, STORAGES, [300], absent_from="s3_01") is None  # a copy running there
+    assert to_candidate(1, writing, STORAGES, [300], storage_name="nfs_01").location_id == 7
+    assert to_candidate(1, writing, STORAGES, [300], storage_name="nfs_01", idle_only=True) is None
+
+
+def test_a_location_is_covered_by_a_serving_copy_on_a_servable_storage_holding_its_specs():
+    # Two spec groups: 0 every spec, 1 a subset; group 0 covers 1, not the reverse.
+    coverage = Coverage(frozenset({"nfs_01", "s3_01"}), b"1011", 2)
+    full_hot = record([(Status.SERVING, 1, 0, 7), (Status.SERVING, 2, 0, 8)])
+    assert to_candidate(1, full_hot, STORAGES, [300, 100], coverage=coverage).covered
+    assert not to_candidate(1, full_hot, STORAGES, [300, 100]).covered
+    cold_subset = record([(Status.SERVING, 1, 0, 7), (Status.SERVING, 2, 1, 8)])
+    assert not to_candidate(1, cold_subset, STORAGES, [300, 100], coverage=coverage).covered
+    cold_writing = record([(Status.SERVING, 1, 0, 7), (Status.WRITING, 2, 0, 8)])
+    assert not to_candidate(1, cold_writing, STORAGES, [300, 100], coverage=coverage).covered
+    unavailable = Coverage(frozenset({"nfs_01"}), b"1011", 2)
+    assert not to_candidate(1, full_hot, STORAGES, [300, 100], coverage=unavailable).covered
