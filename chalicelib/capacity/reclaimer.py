@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..cache.service import spec_group_coverage
+from ..cache.marks import spec_group_coverage
 from ..clock import Clock, now_us
 from ..control import ControlPlane
 from ..index import BlockIndex, InstanceLayout, Usage, Victim
