@@ -7,19 +7,17 @@ in every shard (docs/tiered-storage.md)."""
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
 import pytest
 
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.sharding import shard_of
 from chalicelib.protocol.codes import MigrationMethod
-from chalicelib.protocol.models import MigrateCacheRequest, RegisterInstanceRequest, StorageConfig
+from chalicelib.protocol.models import MigrateCacheRequest
 from chalicelib.workflows import migrations
-from tests.helpers import SPECS
 
 from .harness import wait_execution, wait_for
-from .test_tier_copy import BLOCK, _broken_copy, _copy, _counts, _group, _locations, _s3_bytes, _write
+from .test_tier_copy import BLOCK, _broken_copy, _copy, _counts, _group, _locations, _s3_bytes, _setup_tiers, _write
 
 pytestmark = pytest.mark.slow
 
@@ -35,21 +33,8 @@ def workflow_clock():
 def tiers(stack, request):
     """Instance t1 of group "tiers" in three shards: blocks land on nfs_01, a route copies them to s3_01."""
     retention = getattr(request, "param", "MIGRATION_RETENTION_KEEP_BOTH")
+    _setup_tiers(stack, _group(retention).model_copy(update={"instance_shards": SHARDS}))
     rt = stack.runtime
-    boto3.client("s3").create_bucket(Bucket="cold")
-    rt.control.add_storage(StorageConfig.model_validate({"global_unique_name": "s3_01", "s3": {"bucket": "cold"}}))
-    rt.control.create_group(_group(retention).model_copy(update={"instance_shards": SHARDS}))
-    rt.meta_service.register_instance(
-        RegisterInstanceRequest.model_validate(
-            {
-                "instance_group": "tiers",
-                "instance_id": "t1",
-                "block_size": 4,
-                "location_spec_infos": SPECS,
-                "model_deployment": {"model_name": "m", "dtype": "fp16"},
-            }
-        )
-    )
     assert rt.contexts("t1").layout.shard_count == SHARDS
     return stack
 

@@ -67,14 +67,12 @@ def _group(retention: str) -> InstanceGroup:
     )
 
 
-@pytest.fixture
-def tiers(stack, request):
-    """Instance t1 of group "tiers": blocks land on nfs_01, a route copies them to s3_01."""
-    retention = getattr(request, "param", "MIGRATION_RETENTION_KEEP_BOTH")
+def _setup_tiers(stack, group: InstanceGroup) -> None:
+    """Bucket "cold" as storage s3_01, ``group`` (named "tiers") and its instance t1."""
     rt = stack.runtime
     boto3.client("s3").create_bucket(Bucket="cold")
     rt.control.add_storage(StorageConfig.model_validate({"global_unique_name": "s3_01", "s3": {"bucket": "cold"}}))
-    rt.control.create_group(_group(retention))
+    rt.control.create_group(group)
     rt.meta_service.register_instance(
         RegisterInstanceRequest.model_validate(
             {
@@ -86,6 +84,13 @@ def tiers(stack, request):
             }
         )
     )
+
+
+@pytest.fixture
+def tiers(stack, request):
+    """Instance t1 of group "tiers": blocks land on nfs_01, a route copies them to s3_01."""
+    retention = getattr(request, "param", "MIGRATION_RETENTION_KEEP_BOTH")
+    _setup_tiers(stack, _group(retention))
     return stack
 
 

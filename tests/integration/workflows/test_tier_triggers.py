@@ -5,7 +5,6 @@ passed too. The injected clock orders the blocks' recency."""
 
 import json
 
-import boto3
 import pytest
 
 from chalicelib.capacity import SamplingConfig
@@ -17,13 +16,10 @@ from chalicelib.protocol.codes import MigrationRetention
 from chalicelib.protocol.models import (
     DEFAULT_TRIGGER_PERIOD_S,
     InstanceGroup,
-    RegisterInstanceRequest,
-    StorageConfig,
 )
-from tests.helpers import SPECS
 
 from .harness import wait_execution
-from .test_tier_copy import BATCH, BLOCK, _api, _locations, _s3_bytes, _served_storages, _write
+from .test_tier_copy import BATCH, BLOCK, _api, _locations, _s3_bytes, _served_storages, _setup_tiers, _write
 
 pytestmark = pytest.mark.slow  # every test waits for a state machine run on the wall clock
 
@@ -69,24 +65,6 @@ def _group(
     )
 
 
-def _setup(stack, group: InstanceGroup) -> None:
-    rt = stack.runtime
-    boto3.client("s3").create_bucket(Bucket="cold")
-    rt.control.add_storage(StorageConfig.model_validate({"global_unique_name": "s3_01", "s3": {"bucket": "cold"}}))
-    rt.control.create_group(group)
-    rt.meta_service.register_instance(
-        RegisterInstanceRequest.model_validate(
-            {
-                "instance_group": "tiers",
-                "instance_id": "t1",
-                "block_size": 4,
-                "location_spec_infos": SPECS,
-                "model_deployment": {"model_name": "m", "dtype": "fp16"},
-            }
-        )
-    )
-
-
 def _write_aged(stack, keys):
     """Each key written (as its own one-block prefix) one second after the previous: the
     first key is the coldest. Returns the bytes per key."""
@@ -114,7 +92,7 @@ def _on(rt, keys, storage):
 
 
 def test_a_type_at_the_trigger_threshold_copies_its_coldest_blocks(stack, monkeypatch):
-    _setup(stack, _group(threshold=0.5))
+    _setup_tiers(stack, _group(threshold=0.5))
     rt = stack.runtime
     monkeypatch.setattr(reclaimer_module, "TRIGGER_BLOCKS_PER_ROUND", 2)
     keys = [101, 102, 103, 104, 105]
@@ -143,7 +121,7 @@ def test_a_type_at_the_trigger_threshold_copies_its_coldest_blocks(stack, monkey
 
 
 def test_a_type_under_the_threshold_copies_nothing(stack):
-    _setup(stack, _group(threshold=0.5))
+    _setup_tiers(stack, _group(threshold=0.5))
     rt = stack.runtime
     keys = [201, 202, 203, 204]
     _write_aged(stack, keys)  # 0.4 < 0.5
@@ -154,7 +132,7 @@ def test_a_type_under_the_threshold_copies_nothing(stack):
 def test_reclaim_goes_first_and_its_victims_are_not_copied(stack):
     # The reclaim watermark at 0.5 (5 blocks), the trigger at 0.3 (3 blocks): 8 blocks
     # written, the round reclaims the 3 coldest, then copies the coldest left.
-    _setup(stack, _group(threshold=0.3, used_percentage=0.5))
+    _setup_tiers(stack, _group(threshold=0.3, used_percentage=0.5))
     rt = stack.runtime
     keys = list(range(301, 309))
     _write_aged(stack, keys)
@@ -174,7 +152,7 @@ def test_reclaim_goes_first_and_its_victims_are_not_copied(stack):
 def test_migrate_cache_with_a_sample_count_copies_the_coldest_blocks(stack):
     """No block_keys: rule.sample_count of the coldest blocks on the source (admin Copy:
     DELETE_SOURCE), never one the target holds; 0 selects up to 100."""
-    _setup(stack, _group(threshold=0.99))
+    _setup_tiers(stack, _group(threshold=0.99))
     rt = stack.runtime
     keys = [401, 402, 403, 404, 405]
     data = _write_aged(stack, keys)
@@ -219,7 +197,7 @@ def test_group_bytes_over_take_a_hot_copy_a_cold_one_covers_before_a_hot_only_bl
     # 10 blocks' worth, reclaimed from 7: 6 blocks on NFS, the two warmest copied to S3 too
     # (8 blocks' worth): one block's worth over. The coldest block (601) only NFS holds; the
     # NFS copy of 605 goes instead, and 605 is still served from S3.
-    _setup(stack, _group(threshold=0.99, used_percentage=0.7, capacity=NFS_BLOCKS * BLOCK))
+    _setup_tiers(stack, _group(threshold=0.99, used_percentage=0.7, capacity=NFS_BLOCKS * BLOCK))
     rt = stack.runtime
     # Every block in the sample (5 candidates per block needed would be 5 of these 6 or 7):
     # the order, not the sample's luck, is what is checked.
@@ -251,7 +229,7 @@ def test_group_bytes_over_take_a_hot_copy_a_cold_one_covers_before_a_hot_only_bl
 def test_a_type_over_its_quota_is_reclaimed_whatever_other_tiers_hold(stack):
     # S3's quota 5 blocks, reclaimed from 3 (0.7): 4 blocks copied to S3 keep their NFS
     # copies; the coldest S3 location goes though NFS is the record's first copy.
-    _setup(stack, _group(threshold=0.99, used_percentage=0.7, s3_blocks=5))
+    _setup_tiers(stack, _group(threshold=0.99, used_percentage=0.7, s3_blocks=5))
     rt = stack.runtime
     keys = list(range(701, 705))
     _write_aged(stack, keys)
