@@ -21,8 +21,10 @@ each block's record in one atomic step (lua/migrate_mark.lua); the block's next
 startWriteCache writes it to the target (lua/start.lua), and the finish of a write or Copy
 there clears the Mark (lua/finish.lua, the group's ``mark_clear_policy``).
 
-Marking the blocks of an instance spread over shards is not supported yet (the target's
-storage index would have to be given to every shard first): UnsupportedError.
+An instance spread over shards is marked shard by shard: the target gets its storage index
+in every shard first (``ShardedIndex.ensure_storage``: a Mark's storage index means one
+storage whichever shard reads it), then one migrate_mark.lua per shard, at once, each the
+one atomic step of its shard moving that shard's 'mk'; the instance's Marks are the sum.
 """
 
 from __future__ import annotations
@@ -31,14 +33,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from ..protocol.errors import UnsupportedError
 from ..valkey import valkey_errors
 from .block_index import BlockIndex
 from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
 from .layout import REQUEST_POSITION, SESSION_ENTRY, StartRefusal, StartResult
 from .records import Victim
 from .scripts import load_script
-from .sharding import settle, shard_of, share
+from .sharding import settle, shard_of, shard_positions, share
 from .types import InstanceLayout, MarkClearing, MarkCounts, Usage, pack_keys, pack_u48
 
 
@@ -128,10 +129,56 @@ class MigrationIndex:
         spec_group_count: int = 1,
     ) -> MarkResult:
         """Mark each block with a SERVING location for ``target_name`` until ``expiry_ms``
-        (a Mark there is replaced), unless the target holds it already: one atomic step.
-        ``covers`` as StartRequest's. UnsupportedError for a sharded instance."""
-        if layout.shard_suffixes:
-            raise UnsupportedError(f"instance '{layout.instance_id}' is sharded: Mark does not cover it yet")
+        (a Mark there is replaced), unless the target holds it already: one atomic step,
+        one per shard on a sharded instance (every shard runs one: its reply is its Marks
+        after, the instance's their sum). ``covers`` as StartRequest's."""
+        shard = partial(
+            self._mark_shard,
+            target_name=target_name,
+            target_type=target_type,
+            expiry_ms=expiry_ms,
+            covers=covers,
+            spec_group_count=spec_group_count,
+        )
+        if not layout.shard_suffixes:
+            return shard(layout, block_keys)
+        self.index.sharded.ensure_storage(layout, target_name, target_type)
+        by_shard = shard_positions(block_keys, layout.shard_count)
+        replies = self._settle_marks(
+            [
+                partial(shard, part, [block_keys[i] for i in pos])
+                for part, pos in zip(layout.shards, by_shard, strict=True)
+            ]
+        )
+        outcomes = [""] * len(block_keys)
+        for pos, reply in zip(by_shard, replies, strict=True):
+            for i, outcome in zip(pos, reply.outcomes, strict=True):
+                outcomes[i] = outcome
+        return MarkResult("".join(outcomes), sum(reply.active for reply in replies))
+
+    @staticmethod
+    def _settle_marks(calls: Sequence[Callable[[], MarkResult]]) -> list[MarkResult]:
+        """Each shard's mark step, at once; a refusal raised once all ended (GONE first: the
+        instance is going, the Marks other shards set go with its records; STORAGES only
+        when every shard is out of storage indexes, so none marked)."""
+        settled = settle(calls)
+        errors = [exc for _, exc in settled if exc is not None]
+        if errors:
+            raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
+        return [reply for reply, _ in settled if reply is not None]
+
+    def _mark_shard(
+        self,
+        layout: InstanceLayout,
+        block_keys: Sequence[int],
+        *,
+        target_name: str,
+        target_type: str,
+        expiry_ms: int,
+        covers: bytes,
+        spec_group_count: int,
+    ) -> MarkResult:
+        """lua/migrate_mark.lua on one hash tag."""
         reply = self.index._call(
             self._mark,
             [layout.key("m"), layout.key("u"), layout.key("st")],

@@ -69,12 +69,24 @@ def share(total: int, shard_count: int, shard: int) -> int:
     return max(1, total // shard_count + (1 if shard < total % shard_count else 0))
 
 
-def _positions(block_keys: Sequence[int], shard_count: int) -> list[list[int]]:
+def shard_positions(block_keys: Sequence[int], shard_count: int) -> list[list[int]]:
     """Per shard, the request positions of its keys (in request order)."""
     out: list[list[int]] = [[] for _ in range(shard_count)]
     for i, key in enumerate(block_keys):
         out[shard_of(key, shard_count)].append(i)
     return out
+
+
+def queue_marks(pipe: Any, layout: InstanceLayout) -> None:
+    """Queue a read of each shard's Mark count ('mk'); ``summed_marks`` adds the replies up."""
+    for shard in layout.shards:
+        pipe.hget(shard.key("u"), "mk")
+
+
+def summed_marks(replies: Sequence[Any]) -> int:
+    """The instance's Marks: the sum of its shards' counts (``queue_marks``' replies). Each
+    shard's count is exact in its shard; the sum is as of the reads, one per shard."""
+    return sum(int(v or 0) for v in replies)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -218,7 +230,7 @@ class ShardedIndex:
         """``BlockIndex.read_raw`` over the shards: each reads its keys (a prefix read stops
         at its own first miss, at or past the prefix's end; a window read reads them all),
         the prefix or the window is found here among the merged positions."""
-        parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
+        parts = [(s, pos) for s, pos in enumerate(shard_positions(block_keys, layout.shard_count)) if pos]
         shard_mode = ReadMode.BATCH if mode == ReadMode.WINDOW else mode
         replies = gather(
             [
@@ -265,7 +277,7 @@ class ShardedIndex:
         ]:
             self.ensure_storage(layout, name, type_name)
         count = layout.shard_count
-        parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, count)) if pos] or [(0, [])]
+        parts = [(s, pos) for s, pos in enumerate(shard_positions(block_keys, count)) if pos] or [(0, [])]
         requests = [
             replace(
                 req,
@@ -315,15 +327,26 @@ class ShardedIndex:
             ):
                 written_to[pos[local]] = candidate
                 placed[pos[local]] = where
+        outcomes = [outcome for *_, outcome in granted]
+        # A shard that routed or cleared Marks read its own count: the instance's is every shard's.
+        marks_moved = any(o.marks.active is not None for o in outcomes)
+        if marks_moved:
+            queue_marks(pipe, layout)
+        replies: list[Any] = []
         if len(pipe):
             with valkey_errors("index"):
-                pipe.execute()
+                replies = pipe.execute()
+        marks = MarkCounts(
+            routed=sum(o.marks.routed for o in outcomes),
+            expired=sum(o.marks.expired for o in outcomes),
+            malformed=sum(o.marks.malformed for o in outcomes),
+            active=summed_marks(replies[-count:]) if marks_moved else None,
+        )
         placements = tuple(placed[i] for i in sorted(placed))
         bytes_by_type: dict[str, int] = {}
         for *_, outcome in granted:
             for type_name, added in (outcome.bytes_by_type or {req.storage_type: outcome.new_bytes}).items():
                 bytes_by_type[type_name] = bytes_by_type.get(type_name, 0) + added
-        outcomes = [outcome for *_, outcome in granted]
         return StartOutcome(
             placements[0][0] if placements else 0,
             [c > 0 for c in written_to],
@@ -338,7 +361,15 @@ class ShardedIndex:
             bytes_by_type={t: b for t, b in bytes_by_type.items() if b},
             victims=tuple(v for o in outcomes for v in o.victims),
             pruned=sum((o.pruned for o in outcomes), Usage()),
+            marks=marks,
         )
+
+    def marks_active(self, layout: InstanceLayout) -> int:
+        """The instance's Marks, summed over its shards (one round trip)."""
+        pipe = self.index.client.pipeline(transaction=False)
+        queue_marks(pipe, layout)
+        with valkey_errors("index"):
+            return summed_marks(pipe.execute())
 
     def fail_parts(self, layout: InstanceLayout, session_id: str, sizes: Sequence[int], shards: Sequence[int]) -> None:
         """Fail a session's parts in ``shards`` and drop their locations (a start or a
@@ -452,8 +483,9 @@ class ShardedIndex:
             for j in range(len(session.parts[p][1].entries))
             if (p, j) in position
         )
-        # Each shard counts its own Marks: the instance's active count is not known here.
-        marks = MarkCounts(consumed=sum(r.marks.consumed for r in replies))
+        consumed = sum(r.marks.consumed for r in replies)
+        # Each shard counts its own Marks: the instance's are read from every shard after.
+        marks = MarkCounts(consumed=consumed, active=self.marks_active(layout) if consumed else None)
         return FinishOutcome(
             any(r.expired for r in replies), [v for r in replies for v in r.victims], uncommitted, lapsed, marks
         )
@@ -471,7 +503,7 @@ class ShardedIndex:
         lost_only: bool,
     ) -> list[Victim]:
         """``BlockIndex.mark_deleting`` per shard, at once."""
-        parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
+        parts = [(s, pos) for s, pos in enumerate(shard_positions(block_keys, layout.shard_count)) if pos]
         replies = gather(
             [
                 partial(
@@ -518,7 +550,7 @@ class ShardedIndex:
 
     def forget(self, layout: InstanceLayout, block_keys: Sequence[int], location_ids: Sequence[int]) -> int:
         """``BlockIndex.forget`` per shard, at once."""
-        parts = [(s, pos) for s, pos in enumerate(_positions(block_keys, layout.shard_count)) if pos]
+        parts = [(s, pos) for s, pos in enumerate(shard_positions(block_keys, layout.shard_count)) if pos]
         return sum(
             gather(
                 [

@@ -16,7 +16,7 @@ from ..index.migration import MigrationIndex
 from ..index.types import MODE_RAW, MarkCounts
 from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import MigrationMethod, MigrationRetention
-from ..protocol.errors import InvalidArgumentError, UnsupportedError
+from ..protocol.errors import InvalidArgumentError
 from ..protocol.models import InstanceGroup, MigrateCacheRequest, MigrateCacheResponse
 from ..protocol.validation import require_name
 from ..workflows.migrations import EXECUTION_SIZE, TierCopies
@@ -109,10 +109,6 @@ class MigrationAdmin:
         if source == target:
             raise InvalidArgumentError("field 'target_storage_name' must differ from source_storage_name")
         ctx = self.contexts(instance_id)
-        if ctx.layout.shard_suffixes and request.method != MigrationMethod.MIGRATION_METHOD_COPY:
-            raise UnsupportedError(
-                f"field 'instance_id': instance '{instance_id}' is sharded: Mark does not cover it yet"
-            )
         target_backend = ctx.backend(target)
         if target_backend is None:  # a candidate the instance's context has no backend for
             raise InvalidArgumentError(f"field 'target_storage_name': {target!r} is not a storage of the instance")

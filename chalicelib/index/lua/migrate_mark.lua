@@ -57,5 +57,7 @@ for _, m in ipairs(marked) do
   if not has_flag(byte(rec, H_FLAGS), MARKED) then added = added + 1 end
   redis.call('HSET', m[1], m[2], set_mark(rec, tidx, expiry))
 end
-local marks = redis.call('HINCRBY', usage, 'mk', added)
+-- Read, not moved, when nothing was added: a shard of a sharded instance named no key (or
+-- none markable) still answers its count, and writes nothing.
+local marks = added > 0 and redis.call('HINCRBY', usage, 'mk', added) or tonumber(redis.call('HGET', usage, 'mk') or 0)
 return {START_GRANTED, table.concat(outcome), marks}

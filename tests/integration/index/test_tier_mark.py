@@ -12,7 +12,6 @@ from chalicelib.index.errors import QuotaExceededError
 from chalicelib.index.layout import MarkClear, RecordFlag
 from chalicelib.index.migration import CopyTarget, MigrationIndex
 from chalicelib.index.types import MODE_RAW, Candidate, MarkClearing, bucket_index
-from chalicelib.protocol.errors import UnsupportedError
 
 from .test_block_index import SIZES, start
 
@@ -194,13 +193,6 @@ def test_a_block_the_target_holds_is_not_marked_and_a_dropped_record_takes_its_m
     victims = index.mark_deleting(layout, [2], SIZES)
     index.drop(layout, victims, SIZES)
     assert index.read(layout, [2], MODE_RAW) == [None] and marks(index, layout) == 0
-
-
-def test_a_sharded_instance_is_refused(index, migration):
-    layout = index.layout("inst", 4)
-    sharded = type(layout)(layout.prefix, layout.instance_id, 4, shard_suffixes=(1,))
-    with pytest.raises(UnsupportedError, match="sharded"):
-        mark(migration, sharded, [1])
 
 
 def test_a_mark_on_an_instance_of_255_storages_is_refused(index, layout, migration):
