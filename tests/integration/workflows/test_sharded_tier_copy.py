@@ -13,11 +13,29 @@ from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.index.sharding import shard_of
 from chalicelib.protocol.codes import MigrationMethod
-from chalicelib.protocol.models import MigrateCacheRequest
+from chalicelib.protocol.models import (
+    BlockMask,
+    FinishWriteCacheRequest,
+    MigrateCacheRequest,
+    StartWriteCacheRequest,
+    StorageConfig,
+)
 from chalicelib.workflows import migrations
 
 from .harness import wait_execution, wait_for
-from .test_tier_copy import BLOCK, _broken_copy, _copy, _counts, _group, _locations, _s3_bytes, _setup_tiers, _write
+from .test_tier_copy import (
+    BLOCK,
+    _api,
+    _broken_copy,
+    _copy,
+    _counts,
+    _exported,
+    _group,
+    _locations,
+    _s3_bytes,
+    _setup_tiers,
+    _write,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -207,3 +225,79 @@ def test_admin_migrate_cache_copies_a_sharded_instance(tiers):
     assert wait_execution(tiers.sfn, answer.execution_arn, timeout_s=60)["status"] == "SUCCEEDED"
     assert wait_for(lambda: _locations(rt, keys) == [[("s3_01", Status.SERVING)]] * len(keys), 20)
     assert all(_s3_bytes(rt, key) == data[key] for key in keys)
+
+
+def _add_nfs_02(rt, root):
+    """Storage nfs_02 (under ``root``) as the group's third candidate, after nfs_01 and s3_01."""
+    root.mkdir()
+    rt.control.add_storage(
+        StorageConfig.model_validate({"global_unique_name": "nfs_02", "nfs": {"root_path": str(root)}})
+    )
+    group = rt.control.get_group("tiers")
+    candidates = [*group.storage_candidates, "nfs_02"]
+    rt.control.update_group(group.model_copy(update={"version": 0, "storage_candidates": candidates}), group.version)
+    rt.config.sync()
+    rt.contexts.forget("t1")
+
+
+def _marks_active():
+    return _exported("migration.marks")[
+        ("migration.marks_active", (("instance_group", "tiers"), ("instance_id", "t1")))
+    ]
+
+
+def test_admin_migrate_cache_marks_a_sharded_instance_and_both_marks_what_the_copy_does_not_take(tiers, tmp_path):
+    """MARK over HTTP marks blocks in every shard (the gauge is the instance's Marks, summed
+    over the shards); their next startWriteCache answers S3 URIs for them and NFS ones for
+    the others; the finish consumes them. BOTH on a sharded instance: the blocks on the
+    source go to the Copy, those SERVING elsewhere (here nfs_02) are marked."""
+    rt = tiers.runtime
+    _add_nfs_02(rt, tmp_path / "nfs_02")
+    keys = _keys(6)
+    _write(rt, keys)
+    mark = {"instance_id": "t1", "source_storage_name": "nfs_01", "target_storage_name": "s3_01"}
+    answer = _api("migrateCache", {**mark, "method": "MIGRATION_METHOD_MARK", "block_keys": [*keys, 99]})
+    assert answer["header"]["status"]["code"] == "OK", answer
+    assert (answer["accepted"], answer["rejected"], answer.get("execution_arn", "")) == ("6", "1", "")
+    assert _marks_active() == 6
+    layout = rt.contexts("t1").layout
+    assert [int(rt.index.client.hget(shard.key("u"), "mk")) for shard in layout.shards] == [2, 2, 2]
+
+    fresh = _keys(9)[6:]
+    start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="t1", block_keys=keys + fresh))
+    assert start.block_mask == BlockMask(offset=0), start.block_mask
+    uris = [loc["location_specs"][0]["uri"] for loc in start.locations]
+    assert all(u.startswith("s3://s3_01/") for u in uris[:6]) and all(u.startswith("file://nfs_01/") for u in uris[6:])
+    rt.cache.finish_write_cache(
+        FinishWriteCacheRequest(
+            instance_id="t1", write_session_id=start.write_session_id, success_blocks=BlockMask(offset=9)
+        )
+    )
+    assert _locations(rt, keys) == [[("nfs_01", Status.SERVING), ("s3_01", Status.SERVING)]] * 6
+    exported = _exported("migration.marks")
+    assert exported[("migration.marks_consumed_total", (("instance_group", "tiers"),))] == 6
+    assert _marks_active() == 0
+
+    # Blocks on nfs_02 only (an admin Copy moved them there), then BOTH over them and blocks on nfs_01.
+    elsewhere, on_source = _keys(15)[9:], _keys(18)[15:]
+    _write(rt, elsewhere)
+    _write(rt, on_source)
+    moved = rt.migration_admin.migrate_cache(
+        MigrateCacheRequest(
+            instance_id="t1",
+            source_storage_name="nfs_01",
+            target_storage_name="nfs_02",
+            block_keys=elsewhere,
+            method=MigrationMethod.MIGRATION_METHOD_COPY,
+        )
+    )
+    assert wait_execution(tiers.sfn, moved.execution_arn, timeout_s=60)["status"] == "SUCCEEDED"
+    assert wait_for(lambda: _locations(rt, elsewhere) == [[("nfs_02", Status.SERVING)]] * 6, 20)
+    both = _api("migrateCache", {**mark, "method": "MIGRATION_METHOD_BOTH", "block_keys": [*on_source, *elsewhere, 99]})
+    assert (both["accepted"], both["rejected"]) == ("9", "1") and both["execution_arn"]
+    assert _marks_active() == 6
+    assert wait_execution(tiers.sfn, both["execution_arn"], timeout_s=60)["status"] == "SUCCEEDED"
+    assert wait_for(lambda: _locations(rt, on_source) == [[("s3_01", Status.SERVING)]] * 3, 20)
+    start = rt.cache.start_write_cache(StartWriteCacheRequest(instance_id="t1", block_keys=elsewhere))
+    assert all(loc["location_specs"][0]["uri"].startswith("s3://s3_01/") for loc in start.locations)
+    assert len(start.locations) == 6
