@@ -3,8 +3,10 @@
 -- the target (start.lua). A block is marked when its record holds a SERVING location and
 -- the target does not already hold a SERVING or WRITING location covering the spec group
 -- of each of them; a Mark already there is replaced (its expiry renewed). The target gets
--- its storage index here when it has none (as start.lua gives one). The instance's Marks
--- are counted in its usage hash ('mk'), in the same step.
+-- its storage index here when it has none (as start.lua gives one; a sharded instance's
+-- caller gives it to every shard first). The instance's Marks (on a sharded instance, the
+-- shard's: MigrationIndex.mark runs this in every shard and sums) are counted in its usage
+-- hash ('mk'), in the same step.
 -- KEYS: [1] meta, [2] usage, [3] storage table.
 -- ARGV: [1] keys blob, [2] bucket prefix, [3] target storage name, [4] its type,
 --       [5] expiry (ms), [6] spec group coverage (start.lua ARG.covers), [7] the number of
