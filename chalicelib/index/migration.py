@@ -39,7 +39,7 @@ from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
 from .layout import REQUEST_POSITION, SESSION_ENTRY, StartRefusal, StartResult
 from .records import Victim
 from .scripts import load_script
-from .sharding import settle, shard_of, shard_positions, share
+from .sharding import first_refusal, settle, shard_of, shard_positions, share
 from .types import InstanceLayout, MarkClearing, MarkCounts, Usage, pack_keys, pack_u48
 
 
@@ -164,7 +164,7 @@ class MigrationIndex:
         settled = settle(calls)
         errors = [exc for _, exc in settled if exc is not None]
         if errors:
-            raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
+            raise first_refusal(errors)
         return [reply for reply, _ in settled if reply is not None]
 
     def _mark_shard(
@@ -295,7 +295,7 @@ class MigrationIndex:
             # Charged first, as a start's grants are: failing and dropping the parts releases it.
             self.index.charge_group(layout, _charge(target, sum(begun.bytes_added for _, begun in granted)))
             sharded.fail_parts(layout, session_id, sizes, [s for s, _ in granted])
-            raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
+            raise first_refusal(errors)
         return [(pos, begun) for (_, pos), (begun, _) in zip(parts, settled, strict=True) if begun is not None]
 
     def _begin_shard(

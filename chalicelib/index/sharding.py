@@ -113,6 +113,12 @@ def settle[T](calls: Sequence[Callable[[], T]]) -> list[tuple[T | None, BaseExce
     return out
 
 
+def first_refusal(errors: Sequence[BaseException]) -> BaseException:
+    """The error to raise of a call's failed shards: InstanceGoneError first (the instance
+    is going, whatever else a shard said), else the first."""
+    return next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
+
+
 def gather[T](calls: Sequence[Callable[[], T]]) -> list[T]:
     """Run ``calls`` at once; their results, or the first exception once all ended."""
     settled = settle(calls)
@@ -308,7 +314,7 @@ class ShardedIndex:
         if errors:
             index.charge_group(layout, total)  # the failures below release it
             self.fail_parts(layout, req.session_id, req.sizes, [s for s, *_ in granted])
-            raise next((e for e in errors if isinstance(e, InstanceGoneError)), errors[0])
+            raise first_refusal(errors)
         pack_counts = [req.pack_count, *(c.pack_count for c in req.more_candidates)]
         written_to = [0] * len(block_keys)
         placed: dict[int, tuple[int, int, int]] = {}

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from chalicelib.index import BlockIndex, Status
-from chalicelib.index.errors import QuotaExceededError
+from chalicelib.index.errors import InstanceGoneError, QuotaExceededError
 from chalicelib.index.layout import RecordFlag
 from chalicelib.index.migration import CopyTarget, MigrationIndex
 from chalicelib.index.sharding import shard_of
@@ -220,3 +220,13 @@ def test_an_instance_out_of_storage_indexes_marks_nothing_in_any_shard(index, sh
         mark(migration, sharded, keys)
     assert marks_per_shard(index, sharded) == [0, 0, 0]
     assert not any(marked(index, sharded, k) for k in keys)
+
+
+def test_a_shard_being_removed_refuses_the_mark_as_gone(index, sharded, migration):
+    keys = spread(9, 1)
+    served(index, sharded, keys)
+    index.client.hset(sharded.shards[1].key("m"), "removing", 1)
+    with pytest.raises(InstanceGoneError):
+        mark(migration, sharded, keys)
+    (removed,) = [k for k in keys if shard_of(k, SHARDS) == 1]
+    assert marks_per_shard(index, sharded)[1] == 0 and not marked(index, sharded, removed)
