@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,16 @@ def block(after_heading: str, language: str, index: int = 0) -> str:
     return re.findall(rf"```{language}\n(.*?)```", section, re.S)[index]
 
 
-def run_sh(script: str, stack: LocalStack, **env: str) -> list[str]:
+def run_sh(script: str, stack: LocalStack, replacements: dict[str, str] | None = None, **env: str) -> list[str]:
+    """Run ``script`` under ``bash -euo pipefail`` against ``stack`` (its URL for the local
+    stack's, then each of ``replacements``); its output lines."""
     if shutil.which("jq") is None and not os.environ.get("CI"):
         pytest.skip("no jq (make test installs it)")
+    script = script.replace(LOCAL_URL, stack.api_url)
+    for local, here in (replacements or {}).items():
+        script = script.replace(local, here)
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script.replace(LOCAL_URL, stack.api_url)],
+        ["bash", "-euo", "pipefail", "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
@@ -66,3 +72,27 @@ def test_the_sdk_example_runs_as_pasted(stack: LocalStack, capsys):
     exec(compile(code, "README.md", "exec"), {})
     found, used = capsys.readouterr().out.split()
     assert found == "2" and int(used) > 0
+
+
+def test_the_tier_example_copies_blocks_to_s3_as_pasted(stack: LocalStack, tmp_path: Path):
+    hot_root = tmp_path / "kvcm-hot"  # not /tmp/kvcm-hot: other runs may paste the example too
+    lines = run_sh(
+        block("## Tiers: blocks that move to a cheaper storage", "sh"),
+        stack,
+        {"http://127.0.0.1:4566": stack.aws_endpoint, "/tmp/kvcm-hot": str(hot_root)},
+    )
+    answers = [json.loads(line) for line in lines[:7]]
+    assert [answer["header"]["status"]["code"] for answer in answers] == ["OK"] * 7, answers
+    migrate, found = answers[5], answers[6]
+    assert (migrate["accepted"], migrate["rejected"]) == ("3", "0")
+    assert ":execution:tier_copy:copy-" in migrate["execution_arn"]
+    uris = [spec["uri"] for location in found["locations"] for spec in location["location_specs"]]
+    assert uris == [f"s3://cold_01/tiered/tp0/{key:016d}?size=4096" for key in (1, 2, 3)]
+    assert lines[7].strip() == "4096"  # the object's bytes, read back from the bucket
+    # DELETE_SOURCE hands the file copies to the batched_delete workflow once the S3 copies serve.
+    source_dir = hot_root / "tiered" / "tp0"
+    assert source_dir.is_dir()  # the script wrote the blocks there
+    deadline = time.monotonic() + 20
+    while any(source_dir.iterdir()):
+        assert time.monotonic() < deadline, f"source files left: {sorted(p.name for p in source_dir.iterdir())}"
+        time.sleep(0.1)
