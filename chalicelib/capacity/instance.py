@@ -13,6 +13,10 @@ UPSTREAM_V2 §2.13): the pool's size is shared out between the instances half ev
 half by block count, victims are ordered by (last access, instance id, block key) and
 marked in runs of consecutive victims of the same instance. With one instance it is the
 per-instance loop (``InstanceReclaim``) exactly.
+
+Given a ``Demoter`` (reclaim rounds only, never the write path's eviction), a victim on the
+source of a ``demote_on_reclaim`` strategy is copied to the next tier instead of marked,
+while only its type's need is left (docs/tiered-storage.md, "Demote instead of delete").
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ and their usage read; the need is spread over them in proportion to their usage 
 by sampling (``instance.InstanceReclaim``). Usage counts live bytes: what is marked
 DELETING already counts as freed (the index's deleting counters), so a round never frees
 the same excess twice, whichever node ran the round before.
+A victim a ``demote_on_reclaim`` strategy demotes (copied to the next tier, the source
+deleted when the copy ends) counts as freed from its copy's begin, in the same step, until
+its end (``Usage.reclaimable``), so the next rounds do not demote it, or more, again.
 
 Bounded background work rides along: the TTL sweep visits a few instances of a group per
 look, the deletions whose hand-off was lost are handed over again (``stranded``: what is
