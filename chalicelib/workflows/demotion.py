@@ -5,7 +5,7 @@ target with DELETE_SOURCE, the optimizer's ``demote`` (a victim of tier i goes t
 The round begins the copy itself, batch by batch (``begin_batch`` with the source's type:
 migrate_begin.lua adds the taken bytes to the instance's ``mt:<type>`` in the same step as
 the WRITING targets), then, at the round's end, starts one ``tier_copy`` execution per
-instance and route under the name its sessions were given (batch i's session is
+instance and route (at most EXECUTION_BATCHES batches) under the name its sessions were given (batch i's session is
 ``<name>-<i>``); the execution's BeginCopy finds each session made and rebuilds its batch
 from it. Whatever ends a session (the finish, AbandonCopy, the reaper's expiry, a sharded
 part failed) runs finish.lua, which gives the bytes back in the same step: the pending count
@@ -32,11 +32,13 @@ from ..protocol.codes import MigrationRetention
 from .executions import execution_name
 from .migrations import BATCH_SIZE, COPY_EXECUTION_PREFIX, TierCopies, begin_batch
 
-#: Batches one demote execution takes at most; a round demoting more of one instance along
-#: one route starts another. Its sessions' deadlines all run from the round's begins, so a
-#: batch waiting behind the others (``copy_max_concurrency`` at a time) must still be copied
-#: within ``COPY_SESSION_TTL_S``: 8 leaves each batch at least 189 s with a concurrency of 1
-#: (a batch of 64 takes seconds: docs/tiered-storage.md, "What a copy costs").
+#: Batches (sessions) a round begins per instance and route at most: one execution of them.
+#: Their deadlines all run from the round, so a batch waiting behind the others
+#: (``copy_max_concurrency`` at a time) must still be copied within ``COPY_SESSION_TTL_S``:
+#: 8 leaves each at least 189 s at a concurrency of 1 (a batch of 64 takes seconds:
+#: docs/tiered-storage.md, "What a copy costs"). It also bounds the write sessions a round
+#: opens on an instance (they count toward its open-session cap). Victims past it wait for
+#: the next round (reported held: neither demoted nor dropped).
 EXECUTION_BATCHES = 8
 
 
@@ -78,18 +80,18 @@ class TierDemotions:
 
 class DemoteRound:
     """Begins a round's demotes as its victims are picked, and starts their executions at
-    its end (``start``)."""
+    its end (``start``): one per instance and route."""
 
     def __init__(self, demotions: TierDemotions) -> None:
         self.demotions = demotions
-        self._open: dict[tuple[str, str, str], _Execution] = {}
-        self._full: list[_Execution] = []
+        self._executions: dict[tuple[str, str, str], _Execution] = {}
 
     def begin(self, ctx: InstanceContext, source: str, target: str, victims: Sequence[tuple[int, int]]) -> Demotion:
         """Begin copying the (block key, SERVING location id) ``victims`` from ``source`` to
-        ``target``, in batches of BATCH_SIZE. Returns the blocks taken and those the target
-        holds already (begin's outcome ``c``); a batch a quota refuses takes nothing, nor do
-        the batches after it (logged)."""
+        ``target``, in batches of BATCH_SIZE. Returns the blocks taken and those held: the
+        target has them already (begin's outcome ``c``), or the round's batches for the
+        instance and route are all used. A batch a quota refuses takes nothing, nor do the
+        batches after it (logged)."""
         d = self.demotions
         source_backend, target_backend = ctx.backend(source), ctx.backend(target)
         if source_backend is None or target_backend is None:
@@ -97,9 +99,15 @@ class DemoteRound:
         tags = {"instance_group": ctx.group.name, "source_storage": source, "target_storage": target}
         demoted: set[int] = set()
         held: set[int] = set()
+        route = (ctx.instance_id, source, target)
+        execution = self._executions.setdefault(
+            route, _Execution(ctx, source, target, execution_name(COPY_EXECUTION_PREFIX))
+        )
         for i in range(0, len(victims), BATCH_SIZE):
             chunk = victims[i : i + BATCH_SIZE]
-            execution = self._execution(ctx, source, target)
+            if len(execution.batches) >= EXECUTION_BATCHES:
+                held |= {key for key, _ in victims[i:]}
+                break
             session_id = f"{execution.name}-{len(execution.batches)}"
             try:
                 begun = begin_batch(
@@ -126,22 +134,13 @@ class DemoteRound:
                 demoted |= {placement[0] for placement in begun.placements}
         return Demotion(frozenset(demoted), frozenset(held))
 
-    def _execution(self, ctx: InstanceContext, source: str, target: str) -> _Execution:
-        route = (ctx.instance_id, source, target)
-        execution = self._open.get(route)
-        if execution is None or len(execution.batches) >= EXECUTION_BATCHES:
-            if execution is not None:
-                self._full.append(execution)
-            execution = self._open[route] = _Execution(ctx, source, target, execution_name(COPY_EXECUTION_PREFIX))
-        return execution
-
     def start(self) -> list[DemoteStart]:
         """Start every execution the round's begins made. One StartExecution refuses: its
         sessions are failed (targets DELETING and deleted, bytes given back) and its blocks
         reported ``unstarted``, for the reclaimer to drop."""
         d = self.demotions
         out = []
-        for execution in [*self._full, *self._open.values()]:
+        for execution in self._executions.values():
             if not execution.batches:
                 continue
             ctx, keys = execution.ctx, [key for _, batch, _ in execution.batches for key in batch]
@@ -166,7 +165,7 @@ class DemoteRound:
             tags = {"instance_group": ctx.group.name, "source_storage": execution.source}
             d.metrics.incr("cache_reclaimer.block_demote_count", taken, tags | {"target_storage": execution.target})
             out.append(DemoteStart(ctx.instance_id, execution_arn=arn))
-        self._open, self._full = {}, []
+        self._executions = {}
         return out
 
     def _fail(self, execution: _Execution) -> None:

@@ -13,7 +13,7 @@ from chalicelib.clock import ManualClock
 from chalicelib.index import Status
 from chalicelib.protocol.codes import MigrationRetention
 from chalicelib.protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup
-from chalicelib.workflows import migrations
+from chalicelib.workflows import demotion, migrations
 
 from .harness import wait_execution, wait_for
 from .test_tier_copy import (
@@ -158,6 +158,28 @@ def test_an_nfs_tier_over_its_watermark_demotes_its_coldest_blocks_to_s3(stack, 
     # At the watermark now: nothing more goes.
     last = _round(stack)
     assert (last.victims, last.demoted) == (0, 0)
+
+
+def test_a_round_begins_a_bounded_execution_and_the_next_round_takes_the_rest(stack, copy_gate, monkeypatch):
+    # Two batches per instance and round (here one block each, as the round picks them):
+    # the third victim waits. The next round, while the first copy runs, finds the two
+    # coldest held on S3 (WRITING there: neither demoted again nor dropped) and demotes it.
+    monkeypatch.setattr(demotion, "EXECUTION_BATCHES", 2)
+    _setup(stack, _group())
+    rt = stack.runtime
+    keys = list(range(871, 879))
+    _write_aged(stack, keys)
+    first = _round(stack)
+    assert (first.victims, first.demoted) == (0, 2)
+    second = _round(stack)
+    assert (second.victims, second.demoted) == (0, 1)
+    assert _blocks(_usage(rt).demoting_by_type) == {"ST_NFS": 3}
+    copy_gate.set()
+    for arn in _demotes(first) + _demotes(second):
+        assert wait_execution(stack.sfn, arn, timeout_s=60)["status"] == "SUCCEEDED"
+    assert wait_for(lambda: _only_on(rt, keys[:3], "s3_01"), 20)
+    assert _exported(DEMOTED[0]) == {DEMOTED: 3}
+    assert _exported("migration.tasks_submitted_total") == {("migration.tasks_submitted_total", ROUTE): 3}
 
 
 def _broken(*args, **kwargs):
