@@ -201,10 +201,15 @@ class ReclaimReport:
     def bytes(self) -> int:
         return sum(g.bytes for g in self.groups)
 
+    @property
+    def demoted(self) -> int:
+        return sum(g.demoted for g in self.groups)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "victims": self.victims,
             "bytes": self.bytes,
+            "demoted": self.demoted,
             "duration_ms": round(self.duration_ms, 3),
             "resubmitted": self.resubmitted,
             "handed_over": self.handed_over,
@@ -662,12 +667,13 @@ class ReclaimJob:
             if guard is not None and not guard.acquire():
                 return ReclaimReport(skipped="another node holds the background lease").to_dict()
             report = self.reclaimer.run_round(guard.held if guard is not None else _always)
-            if report.victims or any(g.error for g in report.groups):
+            if report.victims or report.demoted or any(g.error for g in report.groups):
                 logger.info(
                     "reclaim round",
                     extra={
                         "victims": report.victims,
                         "bytes": report.bytes,
+                        "demoted": report.demoted,
                         "duration_ms": round(report.duration_ms, 1),
                         "errors": [g.error for g in report.groups if g.error],
                     },
