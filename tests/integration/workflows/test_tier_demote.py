@@ -310,3 +310,25 @@ def test_a_group_bytes_need_drops_for_a_demote_would_free_none_of_it(stack):
     assert wait_for(lambda: _locations(rt, keys[:1]) == [[]], 20)
     assert _on(rt, keys, "nfs_01") == keys[1:]
     assert DEMOTED not in _exported("cache_reclaimer.")
+
+
+def test_a_sharded_instance_demotes_with_each_shards_part_counted_there(stack, copy_gate):
+    _setup(stack, _group().model_copy(update={"instance_shards": 3}))
+    rt = stack.runtime
+    layout = rt.contexts("t1").layout
+    assert layout.shard_count == 3
+    keys = [(i % 3 << 40) + 881 + i for i in range(8)]  # shard = (key >> 40) mod 3, in turn
+    data = _write_aged(stack, keys)
+    group = _round(stack)
+    assert (group.victims, group.demoted) == (0, 3)
+    (arn,) = _demotes(group)
+    # The three coldest, one per shard: each shard counts its own.
+    assert [_blocks(rt.index.usage([shard])[0].demoting_by_type) for shard in layout.shards] == [{"ST_NFS": 1}] * 3
+    assert (_round(stack).victims, _round(stack).demoted) == (0, 0)
+    copy_gate.set()
+    assert wait_execution(stack.sfn, arn, timeout_s=60)["status"] == "SUCCEEDED"
+    assert wait_for(lambda: _only_on(rt, keys[:3], "s3_01"), 20)
+    assert all(_s3_bytes(rt, key) == data[key] for key in keys[:3])
+    usage = _usage(rt)
+    assert (usage.demoting_by_type, _blocks(usage.by_type)) == ({}, {"ST_NFS": 5, "ST_S3": 3})
+    assert rt.index.group_usage(["tiers"])[0].by_type == usage.by_type
