@@ -230,3 +230,43 @@ def _nfs(root, name, pack):
     root.mkdir()
     config = {"global_unique_name": name, "nfs": {"root_path": str(root), "key_count_per_file": pack}}
     return FileBackend(StorageConfig.model_validate(config), min_free_bytes=0)
+
+
+def _demoting(index, layout):
+    return index.usage([layout])[0].demoting_by_type
+
+
+@pytest.mark.parametrize("closed", ["served", "not copied", "expired"])
+def test_a_demotes_bytes_count_from_its_begin_until_its_session_closes_whatever_closes_it(
+    index, layout, migration, closed
+):
+    """A reclaim's demote (``demoted_type``): the bytes begin takes are the instance's
+    ``mt:<type>`` in the same step, and the step closing the session gives them back."""
+    sources = write(index, layout, [1, 2, 3])
+    begin(migration, index, layout, sources[:1], sid="c0")  # 1 is held on S3 already: not taken
+    begun = begin(migration, index, layout, sources, demoted_type="ST_NFS", ttl_ms=5_000)
+    assert begun.outcomes == "c11" and _demoting(index, layout) == {"ST_NFS": 400}
+    assert index.usage([layout])[0].reclaimable().by_type == {"ST_NFS": 200, "ST_S3": 600}
+    if closed == "expired":
+        index.clock.advance(6)
+        index.finish(layout, "c1", index.session(layout, "c1"), (), SIZES, force_fail=True)
+    else:
+        migration.finish_copy(layout, "c1", [closed == "served"] * 2, SIZES)
+    assert _demoting(index, layout) == {}
+    # A plain Copy counts nothing.
+    migration.finish_copy(layout, "c0", [True], SIZES)
+    assert _demoting(index, layout) == {}
+
+
+def test_a_refused_demote_counts_nothing(index, layout, migration):
+    sources = write(index, layout, [1, 2])
+    with pytest.raises(QuotaExceededError):
+        begin(
+            migration,
+            index,
+            layout,
+            sources,
+            target=CopyTarget("s3_01", "ST_S3", 0, False, type_capacity=300),
+            demoted_type="ST_NFS",
+        )
+    assert _demoting(index, layout) == {}

@@ -203,3 +203,21 @@ def test_a_part_that_expired_fails_alone_while_the_others_serve(index, sharded, 
     assert finished.failed == late and finished.served == tuple(j for j in range(6) if j not in late)
     statuses = [r.locations[1].status for r in index.read(sharded, keys, MODE_RAW)]
     assert statuses == [Status.DELETING if j in late else Status.SERVING for j in range(6)]
+
+
+def test_a_demote_counts_each_shards_part_there_and_every_close_gives_it_back(index, sharded, migration):
+    rng = random.Random(7)
+    keys = keys_of(rng, 2, shard=0) + keys_of(rng, 1, shard=1) + keys_of(rng, 3, shard=2)
+    sources = served(index, sharded, keys)
+    begin(migration, index, sharded, sources, demoted_type="ST_NFS")
+    assert [u.demoting_by_type for u in per_shard(index, sharded)] == [{"ST_NFS": n * SIZE} for n in (2, 1, 3)]
+    assert index.usage([sharded])[0].demoting_by_type == {"ST_NFS": 6 * SIZE}
+    migration.finish_copy(sharded, "c1", [True] * 6, [SIZE])
+    assert [u.demoting_by_type for u in per_shard(index, sharded)] == [{}, {}, {}]
+    # A refusal in one shard (its share of the instance quota, 6 blocks: shard 1 would hold
+    # 10, shard 0 takes its one within 6): shard 0's part, failed and dropped, gives its back.
+    more = served(index, sharded, keys_of(rng, 1, shard=0) + keys_of(rng, 4, shard=1))
+    with pytest.raises(QuotaExceededError) as refused:
+        begin(migration, index, sharded, more, sid="c2", quotas=CopyQuotas(instance_capacity=18 * SIZE))
+    assert refused.value.shortfall == 4 * SIZE
+    assert [u.demoting_by_type for u in per_shard(index, sharded)] == [{}, {}, {}]
