@@ -42,15 +42,23 @@ local function level_of(names)
 end
 local slots = {}
 local slot_host = {}  -- slot number -> its host, for the visible slots
+-- signature -> {medium, set of its spec names, level}: the reporters of an instance share a
+-- few signatures, each unpacked once (the set is read only: holds unions into a new table)
+local signatures = {}
 er_each_visible(KEYS[3], KEYS[2], state_prefix, now, timeouts, function(rid, slot, _, sig)
-  local medium_names = cmsgpack.unpack(sig)
-  if not media or media[medium_names[1]] then
-    local host = string.sub(rid, string.find(rid, '#', 1, true) + 1)
-    local byte, mask = er_bit(slot)
+  local known = signatures[sig]
+  if not known then
+    local medium_names = cmsgpack.unpack(sig)
     local names = {}
     for j = 2, #medium_names do names[medium_names[j]] = true end
+    known = {medium_names[1], names, level_of(names)}
+    signatures[sig] = known
+  end
+  if not media or media[known[1]] then
+    local host = string.sub(rid, string.find(rid, '#', 1, true) + 1)
+    local byte, mask = er_bit(slot)
     local held = slots[host] or {}
-    held[#held + 1] = {byte, mask, names, level_of(names)}
+    held[#held + 1] = {byte, mask, known[2], known[3]}
     slot_host[slot] = host
     slots[host] = held
   end
