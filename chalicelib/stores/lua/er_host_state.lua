@@ -102,20 +102,25 @@ local function finish(host, prefix)
   if length > 0 then result[#result + 1] = host; result[#result + 1] = length end
 end
 local prev_map, run_start, levels = nil, 1, {}  -- levels: host -> holds() of the current run
--- Plain prefix: where the bitmap changes, a live host can only drop out if it owns a slot
--- whose bit the new bitmap clears; only those hosts are tested, so a change costs the
--- bitmap's bytes, not a test of every live host (64 hosts: 64 changes x 64 tests).
+-- Where the bitmap changes, only the live hosts owning a slot whose bit changed can change
+-- (holds reads a host's own slots only), so a change costs the bitmap's bytes, not a test of
+-- every live host (64 hosts: 64 changes x 64 tests). A plain prefix loses a host only where a
+-- bit is cleared; Mamba's level moves either way (a state spec's slot set lifts 1 to 2).
 local LOW_BIT = {}
 for i = 0, 7 do LOW_BIT[2 ^ i] = i end
-local function drop_cleared(old, new, at)
+local function retest_changed(old, new, at)
   local byte, band = string.byte, bit.band
-  for b = 1, #old do
-    local gone = band(byte(old, b), bit.bnot(new and byte(new, b) or 0))
-    while gone ~= 0 do
-      local low = band(gone, -gone)
+  for b = 1, math.max(#old, new and #new or 0) do
+    local was, has = byte(old, b) or 0, new and byte(new, b) or 0
+    local changed = mode == 'p' and band(was, bit.bnot(has)) or bit.bxor(was, has)
+    while changed ~= 0 do
+      local low = band(changed, -changed)
       local host = slot_host[(b - 1) * 8 + LOW_BIT[low]]
-      if host and alive[host] and holds(new, host) == 0 then finish(host, at - 1) end
-      gone = gone - low
+      if host and alive[host] then
+        local level = holds(new, host)
+        if level == 0 then finish(host, at - 1) else levels[host] = level end
+      end
+      changed = changed - low
     end
   end
 end
@@ -147,16 +152,9 @@ for a = first_run + 1, #ARGV do
     local map = maps[j]
     if map ~= prev_map then
       local at = pos + j - 1
-      if mode == 'p' then
-        drop_cleared(prev_map, map, at)
-      else  -- Mamba: each run's end and level count, every live host is tested
-        close_run(at - 1)
-        for host in pairs(alive) do
-          local level = holds(map, host)
-          if level == 0 then finish(host, at - 1) else levels[host] = level end
-        end
-        run_start = at
-      end
+      close_run(at - 1)  -- Mamba: the previous bitmap's run ends before the levels move
+      run_start = at
+      retest_changed(prev_map, map, at)
       prev_map = map
       if count == 0 then break end
     end
