@@ -8,7 +8,8 @@
 --       (reporters.py key_runs: the first key alone, then runs of up to 4 096 keys, each key
 --       a msgpack string of its 8-byte field, so that cmsgpack.unpack hands a run to HMGET
 --       as its arguments). Reporters of another kind are hidden.
--- Returns {host, prefix, ...} for the hosts with a prefix > 0
+-- Returns msgpack {host: prefix} for the hosts with a prefix > 0: one bulk string, which the
+-- client decodes in C (64 hosts as a RESP array of 128 items cost it 0.1 ms more a call)
 local bits_key = KEYS[1]
 local now, mode, eagle = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
 local function csv(text)
@@ -63,7 +64,11 @@ er_each_visible(KEYS[3], KEYS[2], state_prefix, now, timeouts, function(rid, slo
     slots[host] = held
   end
 end)
-if not next(slots) then return {} end
+-- cmsgpack packs an empty table as an array: an empty answer is the empty map's byte.
+local function answer(prefixes)
+  return next(prefixes) and cmsgpack.pack(prefixes) or '\128'
+end
+if not next(slots) then return answer({}) end
 
 -- What a host holds of a key with bitmap ``map``: plain, 2 (it holds a location) or 0;
 -- Mamba, 2 (every full-attention spec and every state spec), 1 (the full-attention specs
@@ -99,7 +104,7 @@ local function finish(host, prefix)
   local limit = eagle and math.max(prefix - 1, 0) or prefix
   local length = limit
   if mode == 'm' then length = last_ok[host] <= limit and last_ok[host] or prev_ok[host] end
-  if length > 0 then result[#result + 1] = host; result[#result + 1] = length end
+  if length > 0 then result[host] = length end
 end
 local prev_map, run_start, levels = nil, 1, {}  -- levels: host -> holds() of the current run
 -- Where the bitmap changes, only the live hosts owning a slot whose bit changed can change
@@ -163,4 +168,4 @@ for a = first_run + 1, #ARGV do
 end
 close_run(n)
 for host in pairs(alive) do finish(host, n) end
-return result
+return answer(result)
