@@ -150,6 +150,8 @@ def pack_strings(items: Sequence[str | bytes]) -> bytes:
 #: msgpack of a location: msgspec's C encoder packs a list of strings as cmsgpack and
 #: ``pack_strings`` do (str 8/16/32 by length), at a third of the latter's cost.
 _PACK = msgspec.msgpack.Encoder().encode
+#: getHostCacheState's answer as lua/er_host_state.lua packs it: {host: prefix}.
+_HOST_PREFIXES = msgspec.msgpack.Decoder(dict[str, int]).decode
 
 
 def location_fields(medium: str, names: Sequence[str], uris: Sequence[str]) -> list[str]:
@@ -492,11 +494,12 @@ class ReporterStore:
         for kind, timeout in timeouts.items():
             args += [kind, timeout]
         with valkey_errors("reporter store"):  # a walk past the socket timeout included
-            flat = self._host_state(
-                keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
-                args=[*args, *key_runs(keys)],
+            return _HOST_PREFIXES(
+                self._host_state(
+                    keys=[self.bits_key(instance_id), self.nodes_key(instance_id), self.view_key(instance_id)],
+                    args=[*args, *key_runs(keys)],
+                )
             )
-        return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def visible_locations(
         self, instance_id: str, keys: Sequence[int], now_ms: int, timeouts: dict[str, int]
