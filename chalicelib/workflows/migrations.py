@@ -40,6 +40,7 @@ from ..protocol.codes import MigrationRetention
 from ..protocol.errors import InvalidArgumentError
 from ..storage import BlockRef, StorageBackend, copy_blocks
 from .executions import StateMachine
+from .quarantine import CopyQuarantine, QuarantineFullError
 
 #: Blocks per Map item (one begin/copy/finish) and per execution (its input stays far below 256 KB).
 BATCH_SIZE = 64
@@ -50,7 +51,7 @@ EXECUTION_SIZE = 4096
 RETRY_MAX_ATTEMPTS = 3
 RETRY_INTERVAL_S = 1
 RETRY_BACKOFF = 2.0
-STEP_TIMEOUT_S = {"CopyBegin": 60, "CopyBytes": 300, "CopyFinish": 60}
+STEP_TIMEOUT_S = {"CopyBegin": 60, "CopyBytes": 300, "CopyFinish": 60, "CopyQuarantine": 60}
 #: Margin for the Map's own scheduling between one step and the next.
 SESSION_SLACK_S = 60
 
@@ -151,6 +152,7 @@ class CopyTasks:
         deleter: Deleter,
         clock: Clock,
         metrics: MetricsRegistry,
+        quarantine: CopyQuarantine,
     ) -> None:
         self.contexts = contexts
         self.index = index
@@ -158,6 +160,7 @@ class CopyTasks:
         self.deleter = deleter
         self.clock = clock
         self.metrics = metrics
+        self.quarantine = quarantine
 
     def _backend(self, ctx: InstanceContext, name: str) -> StorageBackend:
         backend = ctx.backend(name)
@@ -167,7 +170,8 @@ class CopyTasks:
 
     def begin(self, event: dict[str, Any]) -> dict[str, Any]:
         """Task BeginCopy: WRITING targets for the batch's blocks whose source serves (all
-        or nothing under the quotas: QuotaExceededError). Returns the blocks to copy."""
+        or nothing under the quotas: QuotaExceededError; none while the group's quarantine
+        is at a limit: QuarantineFullError). Returns the blocks to copy."""
         ctx = self.contexts(event["instance_id"])
         layout, sizes = ctx.layout, ctx.spec_layout.sizes
         target = self._backend(ctx, event["target"])
@@ -190,6 +194,7 @@ class CopyTasks:
             tags = _route_tags(ctx, event)
             begun_ms = now_ms(self.clock)
             try:
+                self.quarantine.check_room(ctx)
                 begun = self.migration.begin_copy(
                     layout,
                     sources,
@@ -207,7 +212,7 @@ class CopyTasks:
                     covers=spec_group_coverage(ctx),
                     spec_group_count=len(sizes),
                 )
-            except QuotaExceededError:
+            except (QuotaExceededError, QuarantineFullError):
                 _count(self.metrics, "migration.tasks_submitted_total", len(sources), tags)
                 _count(self.metrics, "migration.tasks_completed_total", len(sources), tags | {"status": "refused"})
                 raise
@@ -263,6 +268,11 @@ class CopyTasks:
                 self._backend(ctx, event["source"]), sources, self._backend(ctx, event["target"]), targets
             )
         return {**event, "copied": True, "bytes": copied}
+
+    def hold(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Task QuarantineCopy: the copy timed out, its writer may still write the targets:
+        the batch is held in quarantine (``CopyQuarantine.hold``) instead of abandoned."""
+        return self.quarantine.hold(event)
 
     def finish(self, event: dict[str, Any]) -> dict[str, Any]:
         """Tasks FinishCopy and AbandonCopy (no ``copied``: the copy failed for good): close
