@@ -241,6 +241,14 @@ class CopyGuard(IntEnum):
     QUARANTINED = 2
 
 
+class HoldResult(IntEnum):
+    """First element of lua/copy_quarantine.lua's reply."""
+
+    HELD = 1
+    HELD_ALREADY = 0
+    UNKNOWN = -1
+
+
 class ClaimOutcome(str, Enum):
     """Second element of lua/claim.lua's reply."""
 
@@ -261,6 +269,7 @@ _LUA_ENUMS: tuple[tuple[str, type[Enum]], ...] = (
     ("REFUSED_", StartRefusal),
     ("FINISH_", FinishStatus),
     ("GUARD_", CopyGuard),
+    ("HOLD_", HoldResult),
     ("CLAIM_", ClaimOutcome),
 )
 

@@ -23,7 +23,7 @@ from typing import cast
 
 from ..valkey import valkey_errors
 from .block_index import BlockIndex
-from .layout import CopyGuard
+from .layout import CopyGuard, HoldResult
 from .scripts import load_script
 from .types import InstanceLayout, session_entries
 
@@ -114,10 +114,11 @@ class CopyQuarantineIndex:
                     evidence.target_storage_name,
                 ],
             )
-            if int(reply[0]) < 0:
+            outcome = HoldResult(int(reply[0]))
+            if outcome == HoldResult.UNKNOWN:
                 continue
             found = True
-            held_now = held_now or int(reply[0]) == 1
+            held_now = held_now or outcome == HoldResult.HELD
             targets += session_entries(reply[1] or b"")
         if not found:
             return None
