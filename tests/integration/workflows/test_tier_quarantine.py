@@ -267,7 +267,11 @@ def test_break_glass_is_refused_without_every_piece_of_evidence_and_releases_onc
         audit = post(client, "listAuditLog", {}, headers=root)[1]["records"]
     rt.reconfigure(auth_enabled=False)
     _released(rt, [1, 2], before)
-    (release,) = [r for r in audit if r["api_name"] == "breakGlassReleaseAsyncCopy" and "operator_name" in r["message"]]
+    calls = [r for r in audit if r["api_name"] == "breakGlassReleaseAsyncCopy"]
+    (release,) = [r for r in calls if "operator_name" in r["message"]]
+    # The dispatcher's records of both calls name the operation too (the second refused).
+    assert sorted(r["code"] for r in calls if r is not release) == ["INVALID_ARGUMENT", "OK"]
+    assert all(f"operation_id={operation_id}" in r["target"] for r in calls)
     assert release["principal"] == "root" and release["code"] == "OK"
     assert f"operation_id={operation_id}" in release["target"] and "instance_id=t1" in release["target"]
     for word in ("'alice'", "concurrency set to 0", "'incident-7'"):
@@ -351,3 +355,23 @@ def test_a_group_quarantine_at_its_limit_refuses_new_copies(stack, monkeypatch, 
     assert rt.session_reaper.expire_write_sessions()["released"] == 1
     (served,) = json.loads(_copy(stack, [3, 4])["output"])["results"]
     assert (served["served"], served["failed"]) == (2, 0)
+
+
+def test_a_sharded_instances_copy_is_held_in_every_shard_and_released_by_break_glass(stack, monkeypatch):
+    from .test_sharded_tier_copy import SHARDS, _keys, _per_shard
+
+    _setup_tiers(stack, _group("MIGRATION_RETENTION_KEEP_BOTH").model_copy(update={"instance_shards": SHARDS}))
+    rt = stack.runtime
+    keys = _keys(6)  # two blocks in each shard
+    _write(rt, keys)
+    before = _per_shard(rt)
+    _, result = _quarantined_copy(stack, monkeypatch, keys)
+    assert result["quarantined"] == len(keys)
+    assert sorted(int(r["block_key"]) for r in _records()) == sorted(keys)
+    assert _locations(rt, keys) == [HELD] * len(keys)
+    assert all(now["by_type"]["ST_S3"] == 2 * BLOCK for now in _per_shard(rt))
+    assert rt.session_reaper.expire_write_sessions() == {"expired": 0, "blocks": 0}  # a first, full sweep
+    assert _break_glass(_evidence(result["session_id"]))["code"] == "OK"
+    assert wait_for(lambda: _locations(rt, keys) == [[("nfs_01", Status.SERVING)]] * len(keys), 20)
+    assert wait_for(lambda: _per_shard(rt) == before, 5)
+    assert _records() == [] and _break_glass(_evidence(result["session_id"]))["code"] == "INVALID_ARGUMENT"
