@@ -277,7 +277,10 @@ class CopyTasks:
     def finish(self, event: dict[str, Any]) -> dict[str, Any]:
         """Tasks FinishCopy and AbandonCopy (no ``copied``: the copy failed for good): close
         the session (targets SERVING while their sources serve, the rest to deletion), then
-        apply the retention to the served blocks."""
+        apply the retention to the served blocks. An abandon whose copy ran for a step
+        timeout or more is held instead (``_writer_may_live``)."""
+        if self._writer_may_live(event):
+            return self.hold(event)
         ctx = self.contexts(event["instance_id"])
         blocks, copied = event.get("blocks", []), bool(event.get("copied"))
         result = {"batch": event["batch"], "session_id": event["session_id"], "copied_bytes": event.get("bytes", 0)}
@@ -324,6 +327,14 @@ class CopyTasks:
             self.deleter.submit(ctx, victims, delay_ms=ctx.delete_delay_ms)
             result["sources_deleted"] = len(victims)
         return result
+
+    def _writer_may_live(self, event: dict[str, Any]) -> bool:
+        """Whether an abandoned batch's copy may have had an attempt that timed out: the
+        Catch sees the last attempt's error only, and an earlier one timing out took the
+        CopyBytes TimeoutSeconds at least, its writer perhaps still running."""
+        if event.get("copied") or "error" not in event or "begun_ms" not in event:
+            return False
+        return now_ms(self.clock) - int(event["begun_ms"]) >= STEP_TIMEOUT_S["CopyBytes"] * 1000
 
     def _record_finish(
         self, ctx: InstanceContext, event: dict[str, Any], served: list[list[int]], unserved: int, copied: bool

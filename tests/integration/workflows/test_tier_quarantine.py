@@ -375,3 +375,20 @@ def test_a_sharded_instances_copy_is_held_in_every_shard_and_released_by_break_g
     assert wait_for(lambda: _locations(rt, keys) == [[("nfs_01", Status.SERVING)]] * len(keys), 20)
     assert wait_for(lambda: _per_shard(rt) == before, 5)
     assert _records() == [] and _break_glass(_evidence(result["session_id"]))["code"] == "INVALID_ARGUMENT"
+
+
+def test_a_copy_failing_after_an_attempt_that_may_have_timed_out_is_held_not_abandoned(tiers, monkeypatch):
+    """The Catch sees the last attempt's error: a copy running for a step timeout or more may
+    have had an earlier attempt time out, whose writer may still run."""
+    rt = tiers.runtime
+    _write(rt, [1, 2])
+
+    def slow_then_broken(*args, **kwargs):
+        rt.clock.advance(migrations.STEP_TIMEOUT_S["CopyBytes"])
+        raise RuntimeError("the copy task crashed")
+
+    monkeypatch.setattr(migrations, "copy_blocks", slow_then_broken)
+    (result,) = json.loads(_copy(tiers, [1, 2])["output"])["results"]
+    assert result == {"batch": 0, "session_id": result["session_id"], "quarantined": 2}
+    assert _locations(rt, [1, 2]) == [HELD] * 2
+    assert {r["last_error"].split(":")[0] for r in _records()} == {"RuntimeError"}
