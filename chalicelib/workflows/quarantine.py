@@ -102,10 +102,8 @@ class CopyQuarantine:
         if held is None:  # finished, or expired and reaped: nothing left to hold
             return result
         held_now, targets = held
-        sizes = self._target_sizes(ctx, targets)
-        self.quarantine.add(
-            QuarantinedOperation(operation_id, ctx.group.name, ctx.instance_id, sum(sizes.values()), len(targets))
-        )
+        total = self._held_bytes(ctx, targets)
+        self.quarantine.add(QuarantinedOperation(operation_id, ctx.group.name, ctx.instance_id, total, len(targets)))
         if held_now and targets:
             tags = {"instance_group": ctx.group.name, "source_storage": event["source"]}
             tags |= {"target_storage": event["target"], "status": "quarantined"}
@@ -113,16 +111,12 @@ class CopyQuarantine:
         self._gauges(ctx.group.name)
         return result | {"quarantined": len(targets)}
 
-    def _target_sizes(self, ctx: InstanceContext, targets: Sequence[tuple[int, int]]) -> dict[tuple[int, int], int]:
-        """Bytes of each (block key, target location id) still in its record."""
+    def _held_bytes(self, ctx: InstanceContext, targets: Sequence[tuple[int, int]]) -> int:
+        """Bytes of the (block key, target location id) still in their records."""
         sizes = ctx.spec_layout.sizes
         records = self.index.read(ctx.layout, [key for key, _ in targets], MODE_RAW)
-        found = {}
-        for (key, location_id), record in zip(targets, records, strict=True):
-            loc = _located(record, location_id)
-            if loc is not None:
-                found[(key, location_id)] = sizes[loc.spec_group]
-        return found
+        located = (_located(record, location_id) for (_, location_id), record in zip(targets, records, strict=True))
+        return sum(sizes[loc.spec_group] for loc in located if loc is not None)
 
     def check_room(self, ctx: InstanceContext) -> None:
         """QuarantineFullError when the group's quarantine is at one of its limits
