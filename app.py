@@ -63,6 +63,12 @@ def copy_finish(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return get_runtime().copy_tasks.finish(event)
 
 
+@app.lambda_function(name="copy_quarantine")
+@job
+def copy_quarantine(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    return get_runtime().copy_tasks.hold(event)
+
+
 @app.lambda_function(name="purge_step")
 @job
 def purge_step(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from .control import ConfigCache, ControlPlane
 from .control.audit import AuditLog
 from .index import BlockIndex
 from .index.migration import MigrationIndex
+from .index.quarantine import CopyQuarantineIndex
 from .observability.emf import EmfWriter
 from .observability.events import EventLog, EventRecorder
 from .observability.hit_feed import HitFeed, threshold_of
@@ -53,6 +54,7 @@ from .services.cluster import ClusterInfo
 from .services.debug import DebugService
 from .services.meta import MetaService
 from .services.migrations import MigrationAdmin
+from .services.quarantine import CopyQuarantineAdmin
 from .settings import Settings
 from .storage import StorageRegistry
 from .storage.health_store import StorageHealthStore
@@ -71,6 +73,7 @@ from .workflows.health import HealthChecks, StorageProber, StorageReprobe
 from .workflows.hit_curves import HitCurves, HitCurveStore, LiveCurves
 from .workflows.migrations import COPY_EXECUTION_PREFIX, CopyTasks, TierCopies
 from .workflows.purges import PurgeExecutions, purge_input
+from .workflows.quarantine import CopyQuarantine
 from .workflows.reaper import SessionReaper
 from .workflows.sweeps import CapacityReports
 from .workflows.tuning import InstanceTuningJob, instance_tuning
@@ -349,13 +352,34 @@ class Runtime:
     def tier_demotions(self) -> TierDemotions:
         """Reclaim's demotes (``demote_on_reclaim``): begun in the round, copied by tier_copy."""
         return TierDemotions(
-            self.index, MigrationIndex(self.index), self.tier_copies, self.deleter, self.clock, self.metrics
+            self.index,
+            MigrationIndex(self.index),
+            self.tier_copies,
+            self.deleter,
+            self.clock,
+            self.metrics,
+            self.copy_quarantine,
         )
 
     @cached_property
     def copy_tasks(self) -> CopyTasks:
         """The tier_copy state machine's tasks."""
-        return CopyTasks(self.contexts, self.index, MigrationIndex(self.index), self.deleter, self.clock, self.metrics)
+        return CopyTasks(
+            self.contexts,
+            self.index,
+            MigrationIndex(self.index),
+            self.deleter,
+            self.clock,
+            self.metrics,
+            self.copy_quarantine,
+        )
+
+    @cached_property
+    def copy_quarantine(self) -> CopyQuarantine:
+        """Quarantined Copies: held, listed, released (docs/tiered-storage.md)."""
+        return CopyQuarantine(
+            self.contexts, self.index, CopyQuarantineIndex(self.index), self.deleter, self.clock, self.metrics
+        )
 
     @cached_property
     def cache(self) -> CacheService:
@@ -454,6 +478,10 @@ class Runtime:
         )
 
     @cached_property
+    def copy_quarantine_admin(self) -> CopyQuarantineAdmin:
+        return CopyQuarantineAdmin(self.config, self.contexts, self.copy_quarantine, lambda: self.audit)
+
+    @cached_property
     def account_admin(self) -> AccountAdmin:
         return AccountAdmin(
             self.control,
@@ -545,6 +573,7 @@ class Runtime:
             self._state_machine(self.settings.reaper_state_machine_arn, "reaper"),
             self.metrics,
             self.emf,
+            self.copy_quarantine,
         )
 
     @cached_property
@@ -615,6 +644,7 @@ _HANDLERS: dict[type, str] = {
     StorageAdmin: "storage_admin",
     GroupAdmin: "group_admin",
     MigrationAdmin: "migration_admin",
+    CopyQuarantineAdmin: "copy_quarantine_admin",
     AccountAdmin: "account_admin",
     ServiceAdmin: "service_admin",
     DebugService: "debug_service",

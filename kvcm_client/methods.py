@@ -24,6 +24,7 @@ IDEMPOTENT = frozenset({
     "listStorage",
     "getInstanceGroup",
     "listInstanceGroup",
+    "listAsyncCopyQuarantine",
     "listInstanceInfo",
     "getInstanceGroupUsage",
     "getCapacityReport",
@@ -70,6 +71,8 @@ OPERATIONS: dict[str, tuple[type[BaseModel], type[BaseModel], str]] = {
     "listInstanceGroup": (m.ListRequest, m.ListInstanceGroupResponse, "admin"),
     "removeInstance": (m.RemoveInstanceRequest, m.Response, "admin"),
     "migrateCache": (m.MigrateCacheRequest, m.MigrateCacheResponse, "admin"),
+    "listAsyncCopyQuarantine": (m.ListAsyncCopyQuarantineRequest, m.ListAsyncCopyQuarantineResponse, "admin"),
+    "breakGlassReleaseAsyncCopy": (m.BreakGlassReleaseAsyncCopyRequest, m.Response, "admin"),
     "listInstanceInfo": (m.ListInstanceInfoRequest, m.ListInstanceInfoResponse, "admin"),
     "getInstanceGroupUsage": (m.GetInstanceGroupUsageRequest, m.GetInstanceGroupUsageResponse, "admin"),
     "getCapacityReport": (m.ListRequest, m.GetCapacityReportResponse, "admin"),
@@ -235,6 +238,16 @@ class Methods:
             **fields: Any) -> m.MigrateCacheResponse:
         """``migrateCache`` (admin service; see API.md)."""
         return cast(m.MigrateCacheResponse, self.call("migrateCache", request, fields))
+
+    def list_async_copy_quarantine(self, request: m.ListAsyncCopyQuarantineRequest | None = None, /,
+            **fields: Any) -> m.ListAsyncCopyQuarantineResponse:
+        """``listAsyncCopyQuarantine`` (admin service; see API.md)."""
+        return cast(m.ListAsyncCopyQuarantineResponse, self.call("listAsyncCopyQuarantine", request, fields))
+
+    def break_glass_release_async_copy(self, request: m.BreakGlassReleaseAsyncCopyRequest | None = None, /,
+            **fields: Any) -> m.Response:
+        """``breakGlassReleaseAsyncCopy`` (admin service; see API.md)."""
+        return cast(m.Response, self.call("breakGlassReleaseAsyncCopy", request, fields))
 
     def list_instance_info(self, request: m.ListInstanceInfoRequest | None = None, /,
             **fields: Any) -> m.ListInstanceInfoResponse:

@@ -17,7 +17,7 @@ from ..observability.hit_feed import FeedEntry
 from ..observability.logging import logger
 from ..valkey import Valkey, valkey_errors
 from .errors import StaleInstanceError
-from .layout import PACKED_GROUP, ClaimOutcome
+from .layout import PACKED_GROUP, ClaimOutcome, CopyGuard
 from .records import BlockRecord, Victim, decode_record, decode_victims
 from .sharding import ShardedIndex, shard_of
 from .tag_index import TagIndex
@@ -95,10 +95,11 @@ class BlockIndex(TagIndex):
         sizes: Sequence[int],
         force_fail: bool = False,
         mark_clear: MarkClearing | None = None,
+        release_guard: CopyGuard | None = None,
     ) -> FinishOutcome:
         if not layout.shard_suffixes:
-            return super().finish(layout, session_id, session, success, sizes, force_fail, mark_clear)
-        return self.sharded.finish(layout, session_id, session, success, sizes, force_fail, mark_clear)
+            return super().finish(layout, session_id, session, success, sizes, force_fail, mark_clear, release_guard)
+        return self.sharded.finish(layout, session_id, session, success, sizes, force_fail, mark_clear, release_guard)
 
     def mark_deleting(
         self,

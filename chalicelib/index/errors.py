@@ -28,3 +28,9 @@ class QuotaExceededError(CapacityExceededError):
 
 class WriteSessionError(InvalidArgumentError):
     """A finish named a session that is unknown, finished, expired or another instance's."""
+
+
+class CopyGuardError(WriteSessionError):
+    """A quarantined Copy's session was to be closed without its guard state (a finish, the
+    reaper's expiry), or a release named another guard state (docs/tiered-storage.md
+    "Copy quarantine")."""

@@ -227,6 +227,26 @@ class FinishStatus(IntEnum):
     UNKNOWN = -1
     EXPIRED = -2
     CHANGED = -3
+    #: The session is a quarantined Copy (lua/copy_quarantine.lua) and the caller did not
+    #: name its guard state (only a release does), or named another.
+    GUARDED = -4
+
+
+class CopyGuard(IntEnum):
+    """A tiered Copy's guard state (the wire's ``guard_state``; docs/tiered-storage.md
+    "Copy quarantine"): ACTIVE while its execution runs it, QUARANTINED once its copy timed
+    out (its writer may still write the targets). Released, the session is gone."""
+
+    ACTIVE = 1
+    QUARANTINED = 2
+
+
+class HoldResult(IntEnum):
+    """First element of lua/copy_quarantine.lua's reply."""
+
+    HELD = 1
+    HELD_ALREADY = 0
+    UNKNOWN = -1
 
 
 class ClaimOutcome(str, Enum):
@@ -248,6 +268,8 @@ _LUA_ENUMS: tuple[tuple[str, type[Enum]], ...] = (
     ("START_", StartResult),
     ("REFUSED_", StartRefusal),
     ("FINISH_", FinishStatus),
+    ("GUARD_", CopyGuard),
+    ("HOLD_", HoldResult),
     ("CLAIM_", ClaimOutcome),
 )
 

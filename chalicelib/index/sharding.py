@@ -29,7 +29,7 @@ from redis.cluster import RedisCluster
 from ..protocol.models import MAX_INSTANCE_SHARDS
 from ..valkey import Valkey, valkey_errors
 from .errors import InstanceGoneError, WriteSessionError
-from .layout import REQUEST_POSITION, ClaimOutcome, ReadMode
+from .layout import REQUEST_POSITION, ClaimOutcome, CopyGuard, ReadMode
 from .records import Victim
 from .types import (
     SHARD_BUCKET_SHIFT,
@@ -173,6 +173,7 @@ class ShardPrimitives(Protocol):
         sizes: Sequence[int],
         force_fail: bool,
         mark_clear: MarkClearing | None = None,
+        release_guard: CopyGuard | None = None,
     ) -> FinishOutcome: ...
 
     def mark_deleting(
@@ -452,6 +453,7 @@ class ShardedIndex:
         sizes: Sequence[int],
         force_fail: bool,
         mark_clear: MarkClearing | None = None,
+        release_guard: CopyGuard | None = None,
     ) -> FinishOutcome:
         """``BlockIndex.finish`` over the session's parts, at once."""
         if not isinstance(session, ShardedSession):
@@ -469,7 +471,17 @@ class ShardedIndex:
                 masks[p][j] = flag
         settled = settle(
             [
-                partial(self.index.finish, layout.shards[s], session_id, part, masks[p], sizes, force_fail, mark_clear)
+                partial(
+                    self.index.finish,
+                    layout.shards[s],
+                    session_id,
+                    part,
+                    masks[p],
+                    sizes,
+                    force_fail,
+                    mark_clear,
+                    release_guard,
+                )
                 for p, (s, part) in enumerate(session.parts)
             ]
         )

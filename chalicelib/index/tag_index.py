@@ -47,8 +47,17 @@ from redis.typing import EncodableT, KeyT
 from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
 from ..valkey import Valkey, valkey_errors
-from .errors import InstanceGoneError, QuotaExceededError, WriteSessionError
-from .layout import REQUEST_POSITION, SESSION_ENTRY, ClaimOutcome, FinishStatus, MarkScope, StartRefusal, StartResult
+from .errors import CopyGuardError, InstanceGoneError, QuotaExceededError, WriteSessionError
+from .layout import (
+    REQUEST_POSITION,
+    SESSION_ENTRY,
+    ClaimOutcome,
+    CopyGuard,
+    FinishStatus,
+    MarkScope,
+    StartRefusal,
+    StartResult,
+)
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -454,12 +463,16 @@ class TagIndex:
         sizes: Sequence[int],
         force_fail: bool = False,
         mark_clear: MarkClearing | None = None,
+        release_guard: CopyGuard | None = None,
     ) -> FinishOutcome:
         """Close ``session`` (as read by ``session``): successful blocks SERVING, the rest
         DELETING (returned). Raises WriteSessionError when the
         session is gone (finished, expired and reaped, never existed, or another
         instance's). ``sizes``: block bytes per spec group. ``mark_clear``: the tiered
-        Marks a location turning SERVING on their target clears (None: none)."""
+        Marks a location turning SERVING on their target clears (None: none).
+        ``release_guard``: the guard state of the quarantined Copy this releases (with
+        ``force_fail``); a quarantined session is closed only so (CopyGuardError otherwise,
+        and when its guard state is another)."""
         if len(success) != len(session.entries) and not force_fail:
             raise WriteSessionError(
                 f"field 'success_blocks': the session has {len(session.entries)} blocks, the mask {len(success)}"
@@ -492,10 +505,13 @@ class TagIndex:
                 mark_clear.policy.value if mark_clear is not None else "",
                 mark_clear.covers if mark_clear is not None else b"",
                 max(1, math.isqrt(len(mark_clear.covers))) if mark_clear is not None else 1,
+                str(int(release_guard)) if release_guard is not None else "",
             ],
             before=self._due_at(layout, pending),
         )
         status = FinishStatus(reply[0])
+        if status == FinishStatus.GUARDED:
+            raise CopyGuardError(f"copy operation {session_id!r} is not in the guard state named")
         if status in (FinishStatus.UNKNOWN, FinishStatus.CHANGED):
             raise WriteSessionError(f"write session {session_id!r} is unknown, finished or expired")
         self.charge_group(layout, Usage.from_charge(reply[4:]))

@@ -996,6 +996,51 @@ class MigrateCacheResponse(Response):
     execution_arn: Str = ""
 
 
+class ListAsyncCopyQuarantineRequest(Request):
+    """Admin listAsyncCopyQuarantine (UPSTREAM_V2 §1.2): one group's quarantine ("": every group's)."""
+
+    instance_group_name: Str = ""
+
+
+class AsyncCopyQuarantineRecord(WireModel):
+    """One block of a quarantined Copy (docs/tiered-storage.md "Copy quarantine")."""
+
+    instance_group_name: Str = ""
+    instance_id: Str = ""
+    block_key: Int64 = 0
+    target_location_id: Str = ""
+    #: CopyGuard: 1 ACTIVE, 2 QUARANTINED (only quarantined operations are listed).
+    guard_state: Int32 = 0
+    operation_id: Str = ""
+    source_location_id: Str = ""
+    #: µs since the epoch (the record's write time, as getCacheMeta's create_time).
+    source_location_create_time: Int64 = 0
+    source_storage_name: Str = ""
+    target_storage_name: Str = ""
+    total_bytes: Int64 = 0
+    backend_task_ids: list[Str] = Field(default_factory=empty_list)
+    create_time_us: Int64 = 0
+    update_time_us: Int64 = 0
+    last_error: Str = ""
+
+
+class ListAsyncCopyQuarantineResponse(Response):
+    records: list[AsyncCopyQuarantineRecord] = Field(default_factory=empty_list)
+
+
+class BreakGlassReleaseAsyncCopyRequest(Request):
+    """Admin breakGlassReleaseAsyncCopy: release a quarantined Copy before its writer's hard
+    timeout, on an operator's word that the writer is fenced."""
+
+    operation_id: Str = ""
+    operator_name: Str = ""
+    external_fencing_evidence: Str = ""
+    external_fencing_confirmed: Bool = False
+    #: KVCM extension: the guard state the operator read in listAsyncCopyQuarantine (0: 2,
+    #: QUARANTINED); the release is a CAS on (operation_id, guard_state).
+    guard_state: Int32 = 0
+
+
 class ListInstanceInfoRequest(Request):
     instance_group_name: Str = ""
 

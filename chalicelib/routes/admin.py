@@ -7,6 +7,7 @@ from ..auth import targets as t
 from ..protocol import models as m
 from ..services.admin import AccountAdmin, GroupAdmin, ServiceAdmin, StorageAdmin
 from ..services.migrations import MigrationAdmin
+from ..services.quarantine import CopyQuarantineAdmin
 from .api import api_blueprint
 from .dispatch import Operation
 
@@ -44,6 +45,20 @@ OPERATIONS: list[Operation] = [
         ("listInstanceGroup", m.ListRequest, GroupAdmin.list_instance_group, A.GROUP_READ, t.service),
         ("removeInstance", m.RemoveInstanceRequest, GroupAdmin.remove_instance, A.GROUP_WRITE, t.instance),
         ("migrateCache", m.MigrateCacheRequest, MigrationAdmin.migrate_cache, A.GROUP_WRITE, t.instance),
+        (
+            "listAsyncCopyQuarantine",
+            m.ListAsyncCopyQuarantineRequest,
+            CopyQuarantineAdmin.list_async_copy_quarantine,
+            A.GROUP_READ,
+            t.group_listing,
+        ),
+        (
+            "breakGlassReleaseAsyncCopy",
+            m.BreakGlassReleaseAsyncCopyRequest,
+            CopyQuarantineAdmin.break_glass_release_async_copy,
+            A.SERVICE_WRITE,
+            t.service,
+        ),
         ("listInstanceInfo", m.ListInstanceInfoRequest, GroupAdmin.list_instance_info, A.GROUP_READ, t.group_listing),
         (
             "getInstanceGroupUsage",

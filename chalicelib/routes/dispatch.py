@@ -122,6 +122,7 @@ def _target_label(request: Request | None) -> str:
         "user_name",
         "key_id",
         "api_name",
+        "operation_id",
     ):
         value = getattr(request, name, None)
         if isinstance(value, str):

@@ -31,6 +31,7 @@ from ..observability.metrics import MetricsRegistry
 from ..protocol.codes import MigrationRetention
 from .executions import execution_name
 from .migrations import BATCH_SIZE, COPY_EXECUTION_PREFIX, TierCopies, begin_batch
+from .quarantine import CopyQuarantine, QuarantineFullError
 
 #: Batches (sessions) a round begins per instance and route at most: one execution of them.
 #: Their deadlines all run from the round, so a batch waiting behind the others
@@ -65,6 +66,7 @@ class TierDemotions:
         deleter: Deleter,
         clock: Clock,
         metrics: MetricsRegistry,
+        quarantine: CopyQuarantine,
     ) -> None:
         self.index = index
         self.migration = migration
@@ -72,6 +74,7 @@ class TierDemotions:
         self.deleter = deleter
         self.clock = clock
         self.metrics = metrics
+        self.quarantine = quarantine
 
     def round(self) -> DemoteRound:
         """The demotes of one reclaim round."""
@@ -91,7 +94,7 @@ class DemoteRound:
         ``target``, in batches of BATCH_SIZE. Returns the blocks taken and those held: the
         target has them already (begin's outcome ``c``), or the round's batches for the
         instance and route are all used. A batch a quota refuses takes nothing, nor do the
-        batches after it (logged)."""
+        batches after it (logged); so does a group's copy quarantine at its limits."""
         d = self.demotions
         source_backend, target_backend = ctx.backend(source), ctx.backend(target)
         if source_backend is None or target_backend is None:
@@ -114,6 +117,7 @@ class DemoteRound:
                     d.index,
                     d.migration,
                     d.metrics,
+                    d.quarantine,
                     ctx,
                     target_backend,
                     chunk,
@@ -122,9 +126,9 @@ class DemoteRound:
                     tags,
                     demoted_type=source_backend.storage_type.name,
                 )
-            except QuotaExceededError as exc:
+            except (QuotaExceededError, QuarantineFullError) as exc:
                 logger.info(
-                    "demote refused by a quota; its victims are dropped",
+                    "demote refused by a quota or the group's copy quarantine; its victims are dropped",
                     extra={"instance_id": ctx.instance_id, "target": target, "blocks": len(chunk), "error": str(exc)},
                 )
                 break

@@ -40,6 +40,7 @@ from ..protocol.codes import MigrationRetention
 from ..protocol.errors import InvalidArgumentError
 from ..storage import BlockRef, StorageBackend, copy_blocks
 from .executions import StateMachine
+from .quarantine import CopyQuarantine, QuarantineFullError
 
 #: Blocks per Map item (one begin/copy/finish) and per execution (its input stays far below 256 KB).
 BATCH_SIZE = 64
@@ -50,7 +51,7 @@ EXECUTION_SIZE = 4096
 RETRY_MAX_ATTEMPTS = 3
 RETRY_INTERVAL_S = 1
 RETRY_BACKOFF = 2.0
-STEP_TIMEOUT_S = {"CopyBegin": 60, "CopyBytes": 300, "CopyFinish": 60}
+STEP_TIMEOUT_S = {"CopyBegin": 60, "CopyBytes": 300, "CopyFinish": 60, "CopyQuarantine": 60}
 #: Margin for the Map's own scheduling between one step and the next.
 SESSION_SLACK_S = 60
 
@@ -161,6 +162,7 @@ def begin_batch(
     index: BlockIndex,
     migration: MigrationIndex,
     metrics: MetricsRegistry,
+    quarantine: CopyQuarantine,
     ctx: InstanceContext,
     target: StorageBackend,
     sources: Sequence[tuple[int, int]],
@@ -172,12 +174,14 @@ def begin_batch(
     """``begin_copy`` of one batch of (block key, source location id) to ``target`` under
     the group's, the instance's and the target type's quotas, its session deadline
     ``COPY_SESSION_TTL_S`` after ``begun_ms``, counting ``migration.tasks_submitted_total`` (and the
-    refused, re-raising QuotaExceededError). ``demoted_type``: a reclaim's demote."""
+    refused, re-raising QuotaExceededError, or QuarantineFullError while the group's quarantine is
+    at a limit). ``demoted_type``: a reclaim's demote."""
     group_usage = None
     if ctx.group.quota is not None:
         group_usage = index.group_usage([ctx.group.name])[0].live()
     sizes = ctx.spec_layout.sizes
     try:
+        quarantine.check_room(ctx)
         begun = migration.begin_copy(
             ctx.layout,
             sources,
@@ -196,7 +200,7 @@ def begin_batch(
             spec_group_count=len(sizes),
             demoted_type=demoted_type,
         )
-    except QuotaExceededError:
+    except (QuotaExceededError, QuarantineFullError):
         _count(metrics, "migration.tasks_submitted_total", len(sources), tags)
         _count(metrics, "migration.tasks_completed_total", len(sources), tags | {"status": "refused"})
         raise
@@ -215,6 +219,7 @@ class CopyTasks:
         deleter: Deleter,
         clock: Clock,
         metrics: MetricsRegistry,
+        quarantine: CopyQuarantine,
     ) -> None:
         self.contexts = contexts
         self.index = index
@@ -222,6 +227,7 @@ class CopyTasks:
         self.deleter = deleter
         self.clock = clock
         self.metrics = metrics
+        self.quarantine = quarantine
 
     def _backend(self, ctx: InstanceContext, name: str) -> StorageBackend:
         backend = ctx.backend(name)
@@ -231,7 +237,8 @@ class CopyTasks:
 
     def begin(self, event: dict[str, Any]) -> dict[str, Any]:
         """Task BeginCopy: WRITING targets for the batch's blocks whose source serves (all
-        or nothing under the quotas: QuotaExceededError). Returns the blocks to copy."""
+        or nothing under the quotas: QuotaExceededError; none while the group's quarantine
+        is at a limit: QuarantineFullError). Returns the blocks to copy."""
         ctx = self.contexts(event["instance_id"])
         layout = ctx.layout
         target = self._backend(ctx, event["target"])
@@ -251,7 +258,16 @@ class CopyTasks:
             tags = _route_tags(ctx, event)
             begun_ms = now_ms(self.clock)
             begun = begin_batch(
-                self.index, self.migration, self.metrics, ctx, target, sources, session_id, begun_ms, tags
+                self.index,
+                self.migration,
+                self.metrics,
+                self.quarantine,
+                ctx,
+                target,
+                sources,
+                session_id,
+                begun_ms,
+                tags,
             )
             pairs = [(key, source, placed) for key, source, placed, _, _ in begun.placements]
         else:  # a retried begin: its first attempt made the session
@@ -305,10 +321,18 @@ class CopyTasks:
             )
         return {**event, "copied": True, "bytes": copied}
 
+    def hold(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Task QuarantineCopy: the copy timed out, its writer may still write the targets:
+        the batch is held in quarantine (``CopyQuarantine.hold``) instead of abandoned."""
+        return self.quarantine.hold(event)
+
     def finish(self, event: dict[str, Any]) -> dict[str, Any]:
         """Tasks FinishCopy and AbandonCopy (no ``copied``: the copy failed for good): close
         the session (targets SERVING while their sources serve, the rest to deletion), then
-        apply the retention to the served blocks."""
+        apply the retention to the served blocks. An abandon whose copy ran for a step
+        timeout or more is held instead (``_writer_may_live``)."""
+        if self._writer_may_live(event):
+            return self.hold(event)
         ctx = self.contexts(event["instance_id"])
         blocks, copied = event.get("blocks", []), bool(event.get("copied"))
         result = {"batch": event["batch"], "session_id": event["session_id"], "copied_bytes": event.get("bytes", 0)}
@@ -355,6 +379,14 @@ class CopyTasks:
             self.deleter.submit(ctx, victims, delay_ms=ctx.delete_delay_ms)
             result["sources_deleted"] = len(victims)
         return result
+
+    def _writer_may_live(self, event: dict[str, Any]) -> bool:
+        """Whether an abandoned batch's copy may have had an attempt that timed out: the
+        Catch sees the last attempt's error only, and an earlier one timing out took the
+        CopyBytes TimeoutSeconds at least, its writer perhaps still running."""
+        if event.get("copied") or "error" not in event or "begun_ms" not in event:
+            return False
+        return now_ms(self.clock) - int(event["begun_ms"]) >= STEP_TIMEOUT_S["CopyBytes"] * 1000
 
     def _record_finish(
         self, ctx: InstanceContext, event: dict[str, Any], served: list[list[int]], unserved: int, copied: bool

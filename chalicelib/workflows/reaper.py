@@ -21,6 +21,7 @@ from ..protocol.errors import InstanceNotFoundError
 from ..stores.lease import Lease
 from .executions import StateMachine
 from .migrations import COPY_SESSION_PREFIX
+from .quarantine import CopyQuarantine
 
 #: Loop period: a session is failed at most about this long after its deadline.
 INTERVAL_S = 2
@@ -52,6 +53,7 @@ class SessionReaper:
         machine: StateMachine,
         metrics: MetricsRegistry,
         emf: EmfWriter,
+        quarantine: CopyQuarantine,
     ) -> None:
         self.lease = lease
         self.control = control
@@ -62,12 +64,14 @@ class SessionReaper:
         self.machine = machine
         self.metrics = metrics
         self.emf = emf
+        self.quarantine = quarantine
         self._next_full_sweep = float("-inf")
 
     def expire_write_sessions(self) -> dict[str, Any]:
         """Fail every write session past its deadline: its WRITING locations go to deletion
-        and a later finish is refused. Reads the instances the due set names (a full sweep
-        every ``FULL_SWEEP_S``); only the lease holder works, others skip."""
+        and a later finish is refused. A quarantined Copy is due at its release time: it is
+        released, not expired. Reads the instances the due set names (a full sweep every
+        ``FULL_SWEEP_S``); only the lease holder works, others skip."""
         if not self.lease.try_acquire():
             return {"skipped": "lease held by another node", "expired": 0}
         now = now_ms(self.clock)
@@ -79,13 +83,18 @@ class SessionReaper:
                 logger.warning("repaired per-caller session counts", extra={"counts": recounted})
         else:
             instance_ids = self.index.instances_due(now)
-        expired = blocks = copies = 0
+        expired = blocks = copies = released = 0
         for instance_id, session_ids in self.index.due_sessions(instance_ids, now).items():
             try:
                 ctx = self.contexts(instance_id)
             except InstanceNotFoundError:
                 continue
             for session_id in session_ids:
+                if session_id.startswith(COPY_SESSION_PREFIX):
+                    freed = self.quarantine.release_due(ctx, session_id)
+                    if freed is not None:  # quarantined: released once its writer is dead
+                        released += freed > 0
+                        continue
                 failed = self.cache.fail_session(ctx, session_id)
                 if failed is not None:  # None: finished meanwhile
                     expired += 1
@@ -105,7 +114,10 @@ class SessionReaper:
             self.metrics.incr("write_session.expired_block_count", blocks)
             self.emf.emit({"Service": "kvcm"}, {"ExpiredWriteSessions": expired})
             logger.info("expired write sessions", extra={"sessions": expired, "blocks": blocks})
-        return {"expired": expired, "blocks": blocks}
+        outcome = {"expired": expired, "blocks": blocks}
+        if released:
+            outcome["released"] = released
+        return outcome
 
     def reaper_continue(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the next execution of the state machine running this task (the current

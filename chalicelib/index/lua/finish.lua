@@ -10,10 +10,13 @@
 --       session is finished only by the instance that started it, [9] the pending
 --       deadline (s) of the locations it turns DELETING, [10] when a tiered Mark goes
 --       (CLEAR_NEXT_WRITE, CLEAR_FULL_BLOCK; '': never), [11] spec group coverage
---       (start.lua ARG.covers), [12] the number of spec groups.
+--       (start.lua ARG.covers), [12] the number of spec groups, [13] the guard state of
+--       a quarantined Copy the caller releases ('' otherwise: lua/copy_quarantine.lua).
 -- Returns {status, victims, uncommitted, marks, deleting charge...}: status FINISH_FINISHED,
 -- FINISH_UNKNOWN (no such session), FINISH_EXPIRED (every block failed), FINISH_CHANGED
--- (the session changed under the caller). Victims are the locations now DELETING, as
+-- (the session changed under the caller), FINISH_GUARDED (a quarantined Copy, its guard
+-- state not the one named: only its release closes it, once, so its targets are neither
+-- served nor failed while the writer may still write them). Victims are the locations now DELETING, as
 -- VICTIM_FMT descriptors; uncommitted, one byte per session key, '1' where the caller
 -- said success but the location was no longer WRITING (a removeCache or trim took it
 -- meanwhile): it will not be served; the charge is prelude's deleting_charge.
@@ -30,8 +33,9 @@ local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix = ARGV[6]
 local charge = deleting_charge(KEYS[4], ARGV[7])
-local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p', 'm', 'v')
+local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p', 'm', 'v', 'q')
 if not s[1] or (s[3] and s[3] ~= ARGV[8]) then return {FINISH_UNKNOWN, '', ''} end
+if (s[7] or '') ~= (ARGV[13] or '') then return {FINISH_GUARDED, '', ''} end
 if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
 if force == '1' or now_ms > tonumber(s[1]) then

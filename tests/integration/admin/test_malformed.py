@@ -171,6 +171,48 @@ CASES = {
         ),
         ({"instance_id": "ghost", "method": 1, "block_keys": [1]}, "ghost"),
     ],
+    "listAsyncCopyQuarantine": [
+        ({"instance_group_name": 3}, "field 'instance_group_name'"),
+        ({"instance_group_name": "ghost"}, "field 'instance_group_name': instance group 'ghost' does not exist"),
+    ],
+    "breakGlassReleaseAsyncCopy": [
+        ({}, "field 'operation_id' is required"),
+        ({"operation_id": 5}, "field 'operation_id'"),
+        ({"operation_id": "copy-x-0"}, "field 'operator_name' is required"),
+        ({"operation_id": "copy-x-0", "operator_name": "alice"}, "field 'external_fencing_evidence' is required"),
+        (
+            {"operation_id": "copy-x-0", "operator_name": "alice", "external_fencing_evidence": "fenced"},
+            "field 'external_fencing_confirmed' must be true",
+        ),
+        (
+            {
+                "operation_id": "copy-x-0",
+                "operator_name": "alice",
+                "external_fencing_evidence": "fenced",
+                "external_fencing_confirmed": "maybe",
+            },
+            "field 'external_fencing_confirmed'",
+        ),
+        (
+            {
+                "operation_id": "copy-x-0",
+                "operator_name": "alice",
+                "external_fencing_evidence": "fenced",
+                "external_fencing_confirmed": True,
+                "guard_state": 9,
+            },
+            "field 'guard_state': 9 is not a guard state",
+        ),
+        (
+            {
+                "operation_id": "copy-x-0",
+                "operator_name": "alice",
+                "external_fencing_evidence": "fenced",
+                "external_fencing_confirmed": True,
+            },
+            "field 'operation_id': 'copy-x-0' is not a quarantined copy operation",
+        ),
+    ],
     "listInstanceInfo": [({"instance_group_name": 3}, "field 'instance_group_name'")],
     "addAccount": [
         ({"password": "p"}, "field 'user_name' is required"),

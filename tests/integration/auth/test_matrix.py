@@ -96,6 +96,7 @@ SCOPED = {
     "getInstanceGroupUsage": ({"instance_group_name": "g1"}, [{"instance_group_name": "g2"}, {}]),
     "removeInstance": ({"instance_id": "in-1"}, [{"instance_id": "out-1"}]),
     "migrateCache": ({"instance_id": "in-1"}, [{"instance_id": "out-1"}]),
+    "listAsyncCopyQuarantine": ({"instance_group_name": "g1"}, [{"instance_group_name": "g2"}, {}]),
 }
 SERVICE_BODIES = {
     "addStorage": {"storage": nfs("nfs9")},

@@ -27,7 +27,7 @@ from chalicelib.protocol.models import (
     StorageConfig,
 )
 from chalicelib.storage import BlockRef
-from chalicelib.workflows import migrations
+from chalicelib.workflows import migrations, quarantine
 from tests.helpers import SPECS
 
 from .harness import wait_execution, wait_for
@@ -382,7 +382,7 @@ def test_the_session_deadline_outlives_every_retry_of_the_asl():
     definition = json.loads((REPO / "workflows" / "tier_copy.asl.json").read_text())
     states = definition["States"]["CopyBatches"]["ItemProcessor"]["States"]
     tasks = {name: s for name, s in states.items() if s["Type"] == "Task"}
-    assert set(tasks) == {"BeginCopy", "CopyBytes", "FinishCopy", "AbandonCopy"}
+    assert set(tasks) == {"BeginCopy", "CopyBytes", "FinishCopy", "AbandonCopy", "QuarantineCopy"}
     for state in tasks.values():
         function = state["Resource"][2 : -len("Arn}")]
         assert state["TimeoutSeconds"] == migrations.STEP_TIMEOUT_S[function]
@@ -402,8 +402,14 @@ def test_the_session_deadline_outlives_every_retry_of_the_asl():
     longest_batch = migrations.step_budget_s(tasks["BeginCopy"]["TimeoutSeconds"]) + migrations.COPY_SESSION_TTL_S
     assert migrations.EXECUTION_TIMEOUT_S >= batches * longest_batch
     config = json.loads((REPO / ".chalice" / "config.json").read_text())["lambda_functions"]
-    for name, timeout in (("copy_begin", 60), ("copy_bytes", 300), ("copy_finish", 60)):
+    for name, timeout in (("copy_begin", 60), ("copy_bytes", 300), ("copy_finish", 60), ("copy_quarantine", 60)):
         assert config.get(name, {}).get("lambda_timeout", 60) == timeout
+    # A quarantine is released once the copy's writer is dead: the copy function's hard timeout.
+    assert quarantine.COPY_WRITER_HARD_TIMEOUT_S == config["copy_bytes"]["lambda_timeout"]
+    assert quarantine.COPY_WRITER_HARD_TIMEOUT_S == tasks["CopyBytes"]["TimeoutSeconds"]
+    to_quarantine, to_abandon = tasks["CopyBytes"]["Catch"]
+    assert (tuple(to_quarantine["ErrorEquals"]), to_quarantine["Next"]) == (quarantine.TIMEOUT_ERRORS, "QuarantineCopy")
+    assert (to_abandon["ErrorEquals"], to_abandon["Next"]) == (["States.ALL"], "AbandonCopy")
 
 
 @pytest.mark.parametrize("tiers", ["MIGRATION_RETENTION_KEEP_BOTH"], indirect=True)

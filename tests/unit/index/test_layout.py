@@ -83,7 +83,7 @@ def test_generated_constants_match_the_layout():
     assert (lua["WRITING"], lua["SERVING"], lua["DELETING"]) == (1, 2, 3)
     assert (lua["HAS_PARENT"], lua["ADOPTED"], lua["UNLINKED"]) == (1, 2, 4)
     assert (lua["MODE_PREFIX"], lua["MODE_RAW"], lua["MARK_ANY"]) == (1, 4, "A")
-    assert {lua[f"FINISH_{s.name}"] for s in FinishStatus} == {-1, -2, -3, 1}
+    assert {lua[f"FINISH_{s.name}"] for s in FinishStatus} == {-1, -2, -3, -4, 1}
     assert [lua[f"REFUSED_{r.name}"] for r in StartRefusal] == [r.value for r in StartRefusal]
     assert [lua[f"CLAIM_{c.name}"] for c in ClaimOutcome] == [c.value for c in ClaimOutcome]
     assert lua["MAX_CHILDREN"] == 65535
