@@ -34,7 +34,7 @@ SUMMARIES = {
     "listInstanceGroup": "Every instance group's configuration.",
     "removeInstance": "Unregister an instance: unknown from now on, its blocks deleted by a workflow.",
     "migrateCache": "Copy or mark blocks of an instance from one storage of its group to another (tiered storage).",
-    "listAsyncCopyQuarantine": "Tiered Copies held in quarantine (their writer may still run), per block, with evidence.",
+    "listAsyncCopyQuarantine": "Tiered Copies held in quarantine (a writer may still run), per block, with evidence.",
     "breakGlassReleaseAsyncCopy": "Release a quarantined Copy early, on external fencing evidence (audited).",
     "listInstanceInfo": "The registered instances of one group, or of all groups.",
     "getInstanceGroupUsage": "How full each group is: quota, watermark, bytes and keys, by storage type and instance.",
