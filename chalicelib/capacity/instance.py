@@ -155,6 +155,13 @@ def sample_shares(total: int, weights: Mapping[str, int]) -> dict[str, int]:
     return {i: shares[i] + exact[i][0] for i in ids}
 
 
+def droppable(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates a drop may take: leaves, and locations another readable copy covers. A
+    block admitted with children for a demote that did not take it stays (its drop would cut
+    its descendants' prefixes); a later round tries it again."""
+    return [c for c in candidates if c.is_leaf or c.covered]
+
+
 class PooledReclaim:
     """Frees ``need`` (and expired blocks) once, from one candidate pool over ``members``."""
 
@@ -223,8 +230,9 @@ class PooledReclaim:
             member = self.members[started.instance_id]
             if started.execution_arn:
                 member.report.demote_executions.append(started.execution_arn)
-            dropped = [c for key in started.unstarted if (c := self.demoted.get((started.instance_id, key)))]
-            for c in dropped:
+            unstarted = [c for key in started.unstarted if (c := self.demoted.get((started.instance_id, key)))]
+            dropped = droppable(unstarted)
+            for c in unstarted:
                 member.report.demoted -= 1
                 member.report.demoted_bytes -= c.size
             if dropped:
@@ -232,7 +240,12 @@ class PooledReclaim:
 
     def _admit(self, member: Member, candidates: list[Candidate]) -> None:
         protected = member.protected
-        self.pool.add([c for c in candidates if c.block_key not in protected] if protected else candidates)
+        demotes = member.demotes if self.demotes is not None else {}
+        self.pool.add(
+            [c for c in candidates if c.block_key not in protected] if protected else candidates,
+            # a block with children may be demoted: its copy keeps their prefixes (not dropped)
+            (lambda c: c.storage_name in demotes) if demotes else None,
+        )
 
     def _fill(self, blocks: int) -> None:
         wanted = min(self.max_pool, self.config.oversample * max(1, blocks))
@@ -266,7 +279,7 @@ class PooledReclaim:
     def _take(self, member: Member, picked: list[Candidate]) -> None:
         self.pool.discard(picked)
         if self.demotes is not None and member.demotes:
-            picked = self._demote(self.demotes, member, picked)
+            picked = droppable(self._demote(self.demotes, member, picked))
         if picked:
             self._drop(member, picked)
 

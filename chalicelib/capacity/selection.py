@@ -3,13 +3,15 @@
 Only leaf blocks enter the pool: a block with live children is never a victim, since its
 descendants would no longer match any prefix. A parent becomes a candidate once every
 child is gone — or marked in this same round (the sampler re-reads it then) — so a
-prefix chain is reclaimed from its end towards its root.
+prefix chain is reclaimed from its end towards its root. The one exception is a block
+whose victim would be demoted (``demote_on_reclaim``): its copy on the next tier keeps every
+descendant's prefix readable, so it enters while it has children (``keeps_prefix``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .policies import Candidate, VictimPolicy
 from .watermark import Need
@@ -25,10 +27,11 @@ class CandidatePool:
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, candidates: Iterable[Candidate]) -> None:
-        """Admit the leaves among ``candidates`` (a later sighting replaces an earlier one)."""
+    def add(self, candidates: Iterable[Candidate], keeps_prefix: Callable[[Candidate], bool] | None = None) -> None:
+        """Admit the leaves among ``candidates``, and those ``keeps_prefix`` says may go with
+        children (a later sighting replaces an earlier one)."""
         for c in candidates:
-            if c.is_leaf:
+            if c.is_leaf or (keeps_prefix is not None and keeps_prefix(c)):
                 self._items[c.instance_id, c.block_key] = c
             else:
                 self._items.pop((c.instance_id, c.block_key), None)

@@ -11,8 +11,8 @@ import pytest
 from chalicelib.capacity import SamplingConfig
 from chalicelib.clock import ManualClock
 from chalicelib.index import Status
-from chalicelib.protocol.codes import MigrationRetention
-from chalicelib.protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup
+from chalicelib.protocol.codes import MigrationRetention, QueryType
+from chalicelib.protocol.models import DEFAULT_TRIGGER_PERIOD_S, GetCacheLocationRequest, InstanceGroup
 from chalicelib.workflows import demotion, migrations
 
 from .harness import wait_execution, wait_for
@@ -26,6 +26,7 @@ from .test_tier_copy import (
     _s3_bytes,
     _served_storages,
     _setup_tiers,
+    _write,
 )
 from .test_tier_triggers import NFS_BLOCKS, _on, _write_aged
 
@@ -245,6 +246,47 @@ def test_a_demote_the_cold_type_quota_refuses_drops_its_victims(stack):
     group = _round(stack)
     assert (group.victims, group.demoted) == (1, 0)
     assert wait_for(lambda: _locations(rt, keys[:2]) == [[], [("s3_01", Status.SERVING)]], 20)
+
+
+def test_a_prefix_chain_is_demoted_parents_included_and_stays_readable(stack):
+    # One start of 8 keys: a chain whose every block but the last has a child. A drop takes
+    # leaves only (a parent's drop would cut its children's prefix); a demote keeps the block
+    # readable, so the parents go too: 3 over the watermark, 3 demoted in one round (with
+    # leaves only, one: the demoted leaf keeps its record, so its parent never turns leaf).
+    _setup(stack, _group())
+    rt = stack.runtime
+    keys = list(range(841, 849))
+    data = _write(rt, keys)
+    group = _round(stack)
+    assert (group.victims, group.demoted) == (0, 3)
+    (arn,) = _demotes(group)
+    assert wait_execution(stack.sfn, arn, timeout_s=60)["status"] == "SUCCEEDED"
+    demoted = _on(rt, keys, "s3_01")
+    assert len(demoted) == 3 and wait_for(lambda: all(_only_on(rt, [k], "s3_01") for k in demoted), 20)
+    assert all(_s3_bytes(rt, key) == data[key] for key in demoted)
+    # The whole chain still matches as a prefix, served from both tiers.
+    found = rt.cache.get_cache_location(
+        GetCacheLocationRequest(instance_id="t1", block_keys=keys, query_type=QueryType.QT_PREFIX_MATCH)
+    )
+    assert len(found.locations) == len(keys)
+    assert _blocks(_usage(rt).by_type) == {"ST_NFS": 5, "ST_S3": 3}
+
+
+def test_a_refused_demote_drops_only_leaves_of_a_chain(stack):
+    # No room on S3: every demote is refused and its victims dropped, but only the chain's
+    # leaf may be dropped; its parents stay (a later round takes them once leaves).
+    _setup(stack, _group(s3_blocks=1))
+    rt = stack.runtime
+    _write(rt, [990])  # S3's one block of room taken by a block demoted first
+    keys = list(range(851, 858))
+    _write(rt, keys)
+    rt.clock.advance(10)
+    _round(stack)
+    found = rt.cache.get_cache_location(
+        GetCacheLocationRequest(instance_id="t1", block_keys=keys, query_type=QueryType.QT_PREFIX_MATCH)
+    )
+    # Whatever was demoted or dropped, the chain is cut at its end only.
+    assert len(found.locations) == len(keys) - len([k for k in keys if _locations(rt, [k]) == [[]]])
 
 
 def test_a_demote_whose_execution_cannot_start_drops_its_victims(stack, monkeypatch):
