@@ -79,13 +79,12 @@ WRITE_PATH_SAMPLING = Sampling(max_buckets=256, max_victims=20_000, buckets_per_
 
 
 class _Block:
-    __slots__ = ("atime", "lfu", "parent", "children")
+    __slots__ = ("atime", "lfu", "parent")
 
     def __init__(self, atime: int, parent: int | None) -> None:
         self.atime = atime
         self.lfu = LFU_INITIAL
         self.parent = parent
-        self.children = 0
 
 
 class KVCMPolicy(EvictionPolicy):
@@ -123,6 +122,9 @@ class KVCMPolicy(EvictionPolicy):
         self.touch_interval_s, self.lfu_decay_s = touch_interval_s, lfu_decay_s
         self.headroom_percent = headroom_percent
         self._entries: dict[int, _Block] = {}
+        # cached children per parent key, whether the parent is cached or not: a block
+        # stored after its child (a tier receiving demoted blocks, coldest first) is no leaf
+        self._children: dict[int, int] = {}
         self._buckets: dict[int, set[int]] = {}
         self._bucket_count = 1 << FIRST_BUCKET_BITS
         self._limit: int | None = None
@@ -228,9 +230,7 @@ class KVCMPolicy(EvictionPolicy):
                 members = self._buckets[bucket] = set()
             members.add(key)
             if key_parent is not None:
-                parent_block = entries.get(key_parent)
-                if parent_block is not None:
-                    parent_block.children += 1
+                self._children[key_parent] = self._children.get(key_parent, 0) + 1
         self._grow()
         return len(new)
 
@@ -353,16 +353,20 @@ class KVCMPolicy(EvictionPolicy):
         members.discard(key)
         if not members:
             del self._buckets[bucket]
-        parent = self._entries.get(block.parent) if block.parent is not None else None
+        parent = block.parent
         if parent is None:
             return None
-        parent.children = max(0, parent.children - 1)
-        return block.parent if parent.children == 0 else None
+        left = self._children[parent] - 1
+        if left:
+            self._children[parent] = left
+            return None
+        del self._children[parent]
+        return parent if parent in self._entries else None
 
     def leaves(self, keys: Sequence[int]) -> list[int]:
         """The cached leaves among ``keys`` (candidates: no cached child)."""
-        entries = self._entries
-        return [k for k in keys if k in entries and entries[k].children == 0]
+        entries, children = self._entries, self._children
+        return [k for k in keys if k in entries and k not in children]
 
 
 class _Sampler:
