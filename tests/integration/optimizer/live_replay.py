@@ -21,11 +21,13 @@ from typing import Any
 from chalice.test import Client
 
 from chalicelib.index import Status
+from chalicelib.index.errors import QuotaExceededError
 from chalicelib.index.records import decode_record
 from chalicelib.index.types import MODE_RAW, Usage
 from chalicelib.optimizer.traces import Record
 from chalicelib.protocol.codes import MigrationRetention
 from chalicelib.storage import BlockRef
+from chalicelib.workflows.migrations import BATCH_SIZE, COPY_EXECUTION_PREFIX
 from tests.helpers import api_caller, register_one_spec_instance
 
 #: The trace's blocks as the engine's: one spec ``tp0`` of this many bytes, 512 tokens a block.
@@ -85,12 +87,15 @@ class EngineWrites:
 
 
 class InProcessCopies:
-    """A ``CopySubmitter`` (capacity/reclaimer.py) that runs a tier_copy execution's steps
-    (``CopyTasks`` begin → copy → finish per batch, exactly the Lambda tasks the ASL calls)
-    synchronously in the calling round, instead of starting the state machine: moto's
-    interpreter runs on the wall clock and would take minutes for a trace's thousands of
-    blocks. The ASL itself is tested by tests/integration/workflows. A refused begin
-    (``QuotaExceededError``, the ASL's ``Refused``) writes nothing and is counted."""
+    """``TierCopies`` for an in-process replay: the reclaimer's tier triggers (``submit``, a
+    ``CopySubmitter``) and its demotes (``start``, batches whose sessions the round began)
+    have each execution's steps run synchronously in the round that starts it: per batch,
+    ``CopyTasks`` begin → copy → finish, exactly the Lambda tasks the tier_copy state machine
+    calls, instead of starting it (moto's interpreter runs on the wall clock and would take
+    minutes for a trace's thousands of blocks; the ASL is tested in
+    tests/integration/workflows). A refused begin (``QuotaExceededError``, the ASL's
+    ``Refused``) writes nothing; it is counted in ``results``, as the served and failed
+    targets are."""
 
     def __init__(self, tasks: Any) -> None:
         self.tasks = tasks
@@ -100,13 +105,23 @@ class InProcessCopies:
     def submit(
         self, ctx: Any, source: str, target: str, block_keys: Sequence[int], retention: MigrationRetention
     ) -> str:
-        from chalicelib.index.errors import QuotaExceededError
-        from chalicelib.workflows.migrations import BATCH_SIZE, COPY_EXECUTION_PREFIX
-
-        self.executions += 1
-        name = f"{COPY_EXECUTION_PREFIX}-inprocess-{self.executions}"
         keys = list(dict.fromkeys(block_keys))
-        for batch, start in enumerate(range(0, len(keys), BATCH_SIZE)):
+        return self.start(
+            ctx, source, target, [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)], retention
+        )
+
+    def start(
+        self,
+        ctx: Any,
+        source: str,
+        target: str,
+        batches: Sequence[Sequence[int]],
+        retention: MigrationRetention,
+        execution_name: str = "",
+    ) -> str:
+        self.executions += 1
+        name = execution_name or f"{COPY_EXECUTION_PREFIX}-inprocess-{self.executions}"
+        for batch, keys in enumerate(batches):
             event = {
                 "instance_id": ctx.instance_id,
                 "source": source,
@@ -114,12 +129,12 @@ class InProcessCopies:
                 "retention": retention.name,
                 "execution": name,
                 "batch": batch,
-                "block_keys": keys[start : start + BATCH_SIZE],
+                "block_keys": list(keys),
             }
             try:
                 begun = self.tasks.begin(event)
             except QuotaExceededError:
-                self.results["refused"] += len(event["block_keys"])
+                self.results["refused"] += len(keys)
                 continue
             done = self.tasks.finish(self.tasks.copy(begun))
             self.results["served"] += done["served"]
