@@ -108,6 +108,7 @@ class KVCMPolicy(EvictionPolicy):
         touch_interval_s: int = 1,
         lfu_decay_s: int = 60,
         headroom_percent: int = 0,
+        write_path_victims_move: bool = False,
     ) -> None:
         if order not in ORDERS:
             raise ConfigError(f"kvcm order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -121,6 +122,7 @@ class KVCMPolicy(EvictionPolicy):
         self.period_s, self.round_s = period_s, round_s
         self.touch_interval_s, self.lfu_decay_s = touch_interval_s, lfu_decay_s
         self.headroom_percent = headroom_percent
+        self.write_path_victims_move = write_path_victims_move
         self._entries: dict[int, _Block] = {}
         # cached children per parent key, whether the parent is cached or not: a block
         # stored after its child (a tier receiving demoted blocks, coldest first) is no leaf
@@ -265,7 +267,9 @@ class KVCMPolicy(EvictionPolicy):
                 return new
             if self.used_fraction > 1:
                 return 0  # a used_percentage over 1: full groups refuse, as upstream
-            freed = self._evict(over + headroom, WRITE_PATH_SAMPLING, 0, False, protected)
+            freed = self._evict(
+                over + headroom, WRITE_PATH_SAMPLING, 0, False, protected, record=self.write_path_victims_move
+            )
             self.evicted["write_path"] += freed
             fruitless += freed == 0
             if fruitless == FRUITLESS_ATTEMPTS or freed < over:
@@ -294,10 +298,17 @@ class KVCMPolicy(EvictionPolicy):
         return self.order == "ttl" and self.ttl_s > 0 and int(self._now) - self._entries[key].atime > self.ttl_s
 
     def _evict(
-        self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool, protected: frozenset[int] = frozenset()
+        self,
+        need: int,
+        sampling: Sampling,
+        blocks_hint: int,
+        sweep: bool,
+        protected: frozenset[int] = frozenset(),
+        record: bool = True,
     ) -> int:
         """Free ``need`` blocks (and, sweeping, the expired ones), never ``protected`` ones,
-        as ``capacity.instance.InstanceReclaim`` does; returns how many were freed."""
+        as ``capacity.instance.InstanceReclaim`` does; returns how many were freed.
+        ``record``: the victims go to the recorded victims (a tiered replay moves those)."""
         sampler = _Sampler(self, sampling, protected)
         pool: set[int] = set()
         if sweep:
@@ -320,7 +331,7 @@ class KVCMPolicy(EvictionPolicy):
             pool.difference_update(picked)
             for key in picked:
                 need = max(0, need - 1)
-                parent = self._drop(key)
+                parent = self._drop(key, record)
                 if parent is not None and parent not in protected:
                     pool.add(parent)
             freed += len(picked)
@@ -343,10 +354,10 @@ class KVCMPolicy(EvictionPolicy):
             by_need += 1
         return picked
 
-    def _drop(self, key: int) -> int | None:
+    def _drop(self, key: int, record: bool = True) -> int | None:
         """Remove a victim; returns its parent when that parent became a cached leaf."""
         block = self._entries.pop(key)
-        if self._victims is not None:
+        if record and self._victims is not None:
             self._victims.append(key)
         bucket = bucket_index(key, self._bucket_count)
         members = self._buckets[bucket]

@@ -249,3 +249,19 @@ def test_the_tiers_command_replays_every_combination_of_capacities(tmp_path, cap
     assert len(lines) == 1 + 6 and "hit mem" in lines[0] and lines[1].split()[:2] == ["10", "0"]
     assert main([*base, "--compare"]) == 2
     assert "--compare: give one capacity per tier" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("moves", [False, True])
+def test_kvcm_tiers_demote_a_rounds_victims_and_the_write_path_drops_its_own(moves):
+    """KVCM demotes what its reclaim rounds take (demote_on_reclaim); the write path's
+    eviction in a start deletes, so its victims leave the tree unless
+    ``write_path_victims_move`` (upstream's cascading moves every victim)."""
+    hot = make_policy("kvcm", round_s=1.0, write_path_victims_move=moves)
+    cache = TieredCache([hot, make_policy("kvcm", round_s=1.0)], [10, 10], Strategy.DEMOTE, promote=False)
+    cache.advance(0)
+    cache.insert(list(range(1, 11)))  # the hot tier full
+    cache.insert([20])  # the write path makes room: the chain's leaf 10 goes
+    assert 10 not in hot and (10 in cache.tier(1)) is moves
+    cache.advance(1_000_000)  # a round: 10 blocks over the trigger of 9, one step: leaf 9
+    assert 9 not in hot and 9 in cache.tier(1)
+    assert cache.demoted_blocks == [0, 1 + moves]
