@@ -64,6 +64,7 @@ from .stores.metrics import MetricsStore
 from .stores.reporters import ReporterStore
 from .valkey import Valkey, connect, memory_bytes
 from .workflows.deletes import StepFunctionsDeleter
+from .workflows.demotion import TierDemotions
 from .workflows.event_report import ReporterLiveness
 from .workflows.executions import StateMachine
 from .workflows.health import HealthChecks, StorageProber, StorageReprobe
@@ -345,6 +346,13 @@ class Runtime:
         return TierCopies(self._state_machine(self.settings.copy_state_machine_arn, COPY_EXECUTION_PREFIX))
 
     @cached_property
+    def tier_demotions(self) -> TierDemotions:
+        """Reclaim's demotes (``demote_on_reclaim``): begun in the round, copied by tier_copy."""
+        return TierDemotions(
+            self.index, MigrationIndex(self.index), self.tier_copies, self.deleter, self.clock, self.metrics
+        )
+
+    @cached_property
     def copy_tasks(self) -> CopyTasks:
         """The tier_copy state machine's tasks."""
         return CopyTasks(self.contexts, self.index, MigrationIndex(self.index), self.deleter, self.clock, self.metrics)
@@ -495,8 +503,10 @@ class Runtime:
             self.clock,
             events=self.events,
             metrics=self.metrics,
-            # Tier triggers start Copies only where the tier_copy state machine is deployed.
+            # Tier triggers start Copies, and reclaim demotes, only where the tier_copy state
+            # machine is deployed.
             copies=self.tier_copies if self.settings.copy_state_machine_arn else None,
+            demoter=self.tier_demotions if self.settings.copy_state_machine_arn else None,
         )
         return ReclaimJob(reclaimer, self.index, self.clock, self.lease)
 

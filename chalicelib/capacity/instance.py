@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..index import BlockIndex, Victim
 from ..observability.logging import logger
@@ -44,6 +44,41 @@ GROUP_LRU_MAX_SAMPLE = 65536
 Submit = Callable[["InstanceContext", Sequence[tuple[Victim, Candidate]]], None]
 
 
+@dataclass(frozen=True)
+class Demotion:
+    """What a demote began: the blocks whose copy to the next tier began (their bytes
+    count as freed until it ends: ``Usage.demoting_by_type``) and those the target holds
+    already in a state no copy can be made over (a copy running there, a DELETING object):
+    neither copied nor dropped this time. Any other victim handed over is dropped."""
+
+    demoted: frozenset[int] = frozenset()
+    held: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class DemoteStart:
+    """One execution a round's demotes started in an instance (``execution_arn``), or the
+    blocks of one that could not be started (``unstarted``: to drop)."""
+
+    instance_id: str
+    execution_arn: str = ""
+    unstarted: frozenset[int] = frozenset()
+
+
+class DemoteRound(Protocol):
+    def begin(self, ctx: InstanceContext, source: str, target: str, victims: Sequence[tuple[int, int]]) -> Demotion:
+        """Begin copying the (block key, SERVING location id) ``victims`` of ``ctx`` from
+        storage ``source`` to ``target`` with DELETE_SOURCE."""
+
+    def start(self) -> list[DemoteStart]:
+        """Start the copies begun (at the end of the round)."""
+
+
+class Demoter(Protocol):
+    def round(self) -> DemoteRound:
+        """The demotes of one reclaim round (``workflows.demotion``)."""
+
+
 @dataclass
 class InstanceReport:
     """What a round did in one instance."""
@@ -53,6 +88,12 @@ class InstanceReport:
     expired: int = 0
     bytes: int = 0
     buckets_read: int = 0
+    #: Victims demoted instead (their copy to the next tier began) and their bytes: not in
+    #: ``victims``/``bytes``, which count what was dropped.
+    demoted: int = 0
+    demoted_bytes: int = 0
+    #: The tier_copy executions copying them.
+    demote_executions: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +106,9 @@ class InstanceReport:
             self.expired + other.expired,
             self.bytes + other.bytes,
             self.buckets_read + other.buckets_read,
+            self.demoted + other.demoted,
+            self.demoted_bytes + other.demoted_bytes,
+            self.demote_executions + other.demote_executions,
         )
 
 
@@ -79,6 +123,8 @@ class Member:
     blocks_hint: int
     #: Blocks never taken (a write making room keeps the blocks it is about).
     protected: frozenset[int] = frozenset()
+    #: Demote routes, source storage name -> target storage name (``demote_on_reclaim``).
+    demotes: Mapping[str, str] = field(default_factory=dict)
     admitted: int = 0
     #: Sampling failed: the instance sits the rest of the round out (a partial plan).
     failed: bool = False
@@ -117,8 +163,12 @@ class PooledReclaim:
         config: SamplingConfig,
         now_s: int,
         submit: Submit,
+        demoter: Demoter | None = None,
     ) -> None:
         self.index = index
+        self.demotes = demoter.round() if demoter is not None and any(m.demotes for m in members) else None
+        #: The candidates demoted this round, by (instance id, block key).
+        self.demoted: dict[tuple[str, int], Candidate] = {}
         self.members = {m.ctx.instance_id: m for m in members}
         self.policy = policy
         self.need = need
@@ -156,9 +206,25 @@ class PooledReclaim:
                 if n and not self.need.pending and not any(self.policy.expired(c, self.now_s) for c in run):
                     break  # the water level recovered: the rest stays
                 self._take(self.members[instance_id], run)
+        if self.demotes is not None:
+            self._start_demotes(self.demotes)
         for member in self.members.values():
             member.report.buckets_read = member.sampler.buckets_read
         return [m.report for m in self.members.values()]
+
+    def _start_demotes(self, demotes: DemoteRound) -> None:
+        """Start the round's demotes; drop the victims of one that could not start (their
+        bytes were taken off the need already)."""
+        for started in demotes.start():
+            member = self.members[started.instance_id]
+            if started.execution_arn:
+                member.report.demote_executions.append(started.execution_arn)
+            dropped = [c for key in started.unstarted if (c := self.demoted.get((started.instance_id, key)))]
+            for c in dropped:
+                member.report.demoted -= 1
+                member.report.demoted_bytes -= c.size
+            if dropped:
+                self._drop(member, dropped, counted=True)
 
     def _admit(self, member: Member, candidates: list[Candidate]) -> None:
         protected = member.protected
@@ -195,6 +261,14 @@ class PooledReclaim:
 
     def _take(self, member: Member, picked: list[Candidate]) -> None:
         self.pool.discard(picked)
+        if self.demotes is not None and member.demotes:
+            picked = self._demote(self.demotes, member, picked)
+        if picked:
+            self._drop(member, picked)
+
+    def _drop(self, member: Member, picked: list[Candidate], counted: bool = False) -> None:
+        """Mark ``picked`` DELETING and hand them to deletion (``counted``: their bytes were
+        taken off the need and the victim bound already, by a demote that did not start)."""
         ctx = member.ctx
         by_key = {c.block_key: c for c in picked}
         # Only locations still SERVING under the same id are taken, of blocks that gained
@@ -212,13 +286,56 @@ class PooledReclaim:
         if not taken:
             return
         for _, c in taken:
-            self.need.take(c.size, c.storage_type)
+            if not counted:
+                self.need.take(c.size, c.storage_type)
             member.report.victims += 1
             member.report.bytes += c.size
             member.report.expired += self.policy.expired(c, self.now_s)
-        self.victims += len(taken)
+        if not counted:
+            self.victims += len(taken)
         self.submit(ctx, taken)
         self._climb(member, [c for _, c in taken])
+
+    def _demote(self, demotes: DemoteRound, member: Member, picked: list[Candidate]) -> list[Candidate]:
+        """Hand the victims a demote route takes to its copy; returns the rest, to drop.
+        Only a need of the victim's type is met by a demote (the bytes stay in the group
+        and the instance, the block stays a key): with group, instance or key need left,
+        and for an expired block or a location another copy covers already, they drop."""
+        if self.need.bytes or self.need.keys:
+            return picked
+        rest: list[Candidate] = []
+        routed: dict[str, list[Candidate]] = {}
+        for c in picked:
+            if (
+                c.storage_name in member.demotes
+                and not c.covered
+                and self.need.by_type.get(c.storage_type, 0) > 0
+                and not self.policy.expired(c, self.now_s)
+            ):
+                routed.setdefault(c.storage_name, []).append(c)
+            else:
+                rest.append(c)
+        for source, run in routed.items():
+            try:
+                done = demotes.begin(
+                    member.ctx, source, member.demotes[source], [(c.block_key, c.location_id) for c in run]
+                )
+            except Exception as exc:  # noqa: BLE001 - the victims are dropped instead, as without a route
+                logger.warning(
+                    "demote failed; its victims are dropped",
+                    extra={"instance_id": member.ctx.instance_id, "error": f"{type(exc).__name__}: {exc}"},
+                )
+                done = Demotion()
+            for c in run:
+                if c.block_key in done.demoted:
+                    self.demoted[(member.ctx.instance_id, c.block_key)] = c
+                    self.need.take(c.size, c.storage_type)
+                    member.report.demoted += 1
+                    member.report.demoted_bytes += c.size
+                elif c.block_key not in done.held:
+                    rest.append(c)
+            self.victims += len(done.demoted)
+        return rest
 
     def _climb(self, member: Member, taken: list[Candidate]) -> None:
         """Admit the victims' parents, as they are now: a child marked DELETING no longer
@@ -253,9 +370,11 @@ class InstanceReclaim:
         submit: Submit,
         blocks_hint: int,
         protected: frozenset[int] = frozenset(),
+        demotes: Mapping[str, str] | None = None,
+        demoter: Demoter | None = None,
     ) -> None:
-        self.member = Member(ctx, sampler, blocks_hint, protected)
-        self.work = PooledReclaim(index, [self.member], policy, need, config, now_s, submit)
+        self.member = Member(ctx, sampler, blocks_hint, protected, demotes or {})
+        self.work = PooledReclaim(index, [self.member], policy, need, config, now_s, submit, demoter)
 
     def run(self, sweep_buckets: int = 0) -> InstanceReport:
         """Sweep ``sweep_buckets`` buckets for expired blocks, then free the need."""

@@ -39,6 +39,8 @@ class Candidate:
     #: Another SERVING copy on a storage that may serve now holds its specs: reclaiming
     #: this location loses no hit (group-bytes pressure takes these first).
     covered: bool = False
+    #: The storage of its location (a demote route starts from a storage).
+    storage_name: str = ""
 
     @property
     def is_leaf(self) -> bool:

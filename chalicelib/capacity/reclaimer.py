@@ -40,7 +40,7 @@ from ..protocol.errors import InstanceNotFoundError
 from ..protocol.models import DEFAULT_TRIGGER_PERIOD_S, InstanceGroup, MigrationStrategy
 from ..stores.lease import Lease
 from .coldest import coldest_blocks
-from .instance import InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit, sample_shares
+from .instance import Demoter, InstanceReclaim, InstanceReport, Member, PooledReclaim, Submit, sample_shares
 from .policies import Candidate, LRUPolicy, policy_for
 from .sampling import BucketSampler, Coverage, SamplingConfig, sweep_buckets
 from .stranded import StrandedDeletions
@@ -145,6 +145,10 @@ class GroupReport:
     def bytes(self) -> int:
         return sum(r.bytes for r in self.instances)
 
+    @property
+    def demoted(self) -> int:
+        return sum(r.demoted for r in self.instances)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
@@ -152,6 +156,7 @@ class GroupReport:
             "swept": self.swept,
             "victims": self.victims,
             "bytes": self.bytes,
+            "demoted": self.demoted,
             "error": self.error,
             "plan": {"bytes": self.plan.bytes, "by_type": dict(self.plan.by_type), "keys": dict(self.plan.keys)},
             "instances": [r.to_dict() for r in self.instances],
@@ -234,10 +239,12 @@ class Reclaimer:
         rng: random.Random | None = None,
         config: SamplingConfig = SamplingConfig(),
         copies: CopySubmitter | None = None,
+        demoter: Demoter | None = None,
     ) -> None:
         self.index = index
         self.directory = directory
         self.copies = copies
+        self.demoter = demoter
         self.contexts = contexts
         self.deleter = deleter
         self.clock = clock
@@ -318,7 +325,8 @@ class Reclaimer:
                 return report
             contexts = self._contexts(self.directory.members(group.name))
             usage_of = self.index.usage([c.layout for c in contexts])
-            live = {c.instance_id: u.live() for c, u in zip(contexts, usage_of, strict=True)}
+            # A demote's bytes count as freed from its copy's begin to its end.
+            live = {c.instance_id: u.reclaimable() for c, u in zip(contexts, usage_of, strict=True)}
             report.plan = assess(limits, live, pressure)
             if report.swept:
                 state.next_sweep = now + period
@@ -329,9 +337,12 @@ class Reclaimer:
             storage_name = strategy.storage_unique_name if strategy is not None else ""
             submit = submitter(self.deleter, self.clock, group.name, delay_ms, self.events, self.metrics)
             budget = strategy.budget_policy() if strategy is not None else InstanceReclaimBudgetPolicy.GROUP_LRU
+            demotes = _demotes(group) if self.demoter is not None else {}
             reports: dict[str, InstanceReport] = {}
             if budget == InstanceReclaimBudgetPolicy.GROUP_LRU and isinstance(policy, LRUPolicy):
-                reports = self._group_lru(group.name, contexts, live, report.plan, policy, storage_name, now, submit)
+                reports = self._group_lru(
+                    group.name, contexts, live, report.plan, policy, storage_name, now, submit, demotes
+                )
                 needs = own_needs(report.plan)
                 for instance_id, freed in reports.items():  # the group's victims count towards each own need
                     if instance_id in needs:
@@ -355,6 +366,8 @@ class Reclaimer:
                     int(now),
                     submit,
                     blocks_hint=live[ctx.instance_id].keys,
+                    demotes=demotes,
+                    demoter=self.demoter,
                 )
                 window = (
                     sweep_buckets(sampler.occupied, period * rotation, strategy.ttl_seconds, self.config)
@@ -369,7 +382,7 @@ class Reclaimer:
             report.error = f"{type(exc).__name__}: {exc}"
         # Keep going next round only while it helps: a group over its watermark whose
         # blocks are all in flight would otherwise be sampled every round for nothing.
-        state.over = report.plan.needed and report.victims > 0
+        state.over = report.plan.needed and (report.victims > 0 or report.demoted > 0)
         return report
 
     def _trigger_copies(
@@ -466,24 +479,25 @@ class Reclaimer:
         storage_name: str,
         now: float,
         submit: Submit,
+        demotes: dict[str, str],
     ) -> dict[str, InstanceReport]:
         """The group's bytes (total and per type) freed in one recency order across its
         instances (``instance.PooledReclaim``); returns what each instance gave."""
         need = Need(plan.bytes, {t: n for t, n in plan.by_type.items() if n > 0})
         members = [
-            Member(ctx, self._sampler(ctx, storage_name, plan), live[ctx.instance_id].keys)
+            Member(ctx, self._sampler(ctx, storage_name, plan), live[ctx.instance_id].keys, demotes=demotes)
             for ctx in contexts
             if live[ctx.instance_id].keys > 0
         ]
         if not need.pending or not members:
             return {}
-        work = PooledReclaim(self.index, members, policy, need, self.config, int(now), submit)
+        work = PooledReclaim(self.index, members, policy, need, self.config, int(now), submit, self.demoter)
         reports = work.run()
         if self.metrics is not None:
             self.metrics.incr("group_lru_plan_count", 1, {"instance_group": group})
             if work.partial:
                 self.metrics.incr("group_lru_partial_plan_count", 1, {"instance_group": group})
-        return {r.instance_id: r for r in reports if r.victims or r.buckets_read}
+        return {r.instance_id: r for r in reports if r.victims or r.demoted or r.buckets_read}
 
     def _hand_over_queued(self) -> int:
         """Hand the victims the write path queued (``QueuedDeleter``) to the deleter,
@@ -551,6 +565,18 @@ class Reclaimer:
 def _copies(strategy: MigrationStrategy) -> bool:
     methods = strategy.method_configs
     return methods is not None and methods.copy_config is not None and methods.copy_config.enabled
+
+
+def _demotes(group: InstanceGroup) -> dict[str, str]:
+    """The group's demote routes: source storage name -> target storage name (one per
+    source, control.groups checks)."""
+    cache = group.cache_config
+    config = cache.migration_config if cache is not None else None
+    return {
+        s.source_storage_name: s.target_storage_name
+        for s in (config.strategies if config is not None else ())
+        if s.demote_on_reclaim and _copies(s)
+    }
 
 
 def submitter(

@@ -126,6 +126,7 @@ def to_candidate(
         children,
         instance_id,
         covered,
+        name,
     )
 
 

@@ -215,12 +215,21 @@ def _migration(config: MigrationConfig, candidates: list[str], path: str) -> Mig
         timings[name] = value
     _migration_timings(timings, path)
     routes: set[tuple[str, str]] = set()
+    demoted: dict[str, int] = {}  # source storage -> the strategy demoting its victims
     for i, strategy in enumerate(config.strategies):
         _migration_strategy(strategy, candidates, f"{path}.strategies[{i}]")
         route = (strategy.source_storage_name, strategy.target_storage_name)
         if route in routes:
             raise invalid(f"{path}.strategies[{i}]", f"repeats the route {route[0]!r} -> {route[1]!r}: one per pair")
         routes.add(route)
+        if strategy.demote_on_reclaim:
+            source = strategy.source_storage_name
+            if source in demoted:
+                raise invalid(
+                    f"{path}.strategies[{i}].demote_on_reclaim",
+                    f"strategies[{demoted[source]}] demotes the victims of {source!r} already: one per source storage",
+                )
+            demoted[source] = i
     return config
 
 
@@ -264,6 +273,14 @@ def _migration_strategy(strategy: MigrationStrategy, candidates: list[str], path
         raise invalid(f"{path}.method_configs", "must enable copy, mark or both")
     if methods.copy_config.enabled and strategy.retention == MigrationRetention.MIGRATION_RETENTION_UNSPECIFIED:
         raise invalid(f"{path}.retention", "is required when copy is enabled (DELETE_SOURCE or KEEP_BOTH)")
+    if strategy.demote_on_reclaim and not (
+        methods.copy_config.enabled and strategy.retention == MigrationRetention.MIGRATION_RETENTION_DELETE_SOURCE
+    ):
+        raise invalid(
+            f"{path}.demote_on_reclaim",
+            "needs method_configs.copy.enabled and retention MIGRATION_RETENTION_DELETE_SOURCE "
+            "(a demote moves the block)",
+        )
 
 
 def _reclaim(strategy: CacheReclaimStrategy, candidates: list[str], path: str) -> CacheReclaimStrategy:

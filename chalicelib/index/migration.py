@@ -168,11 +168,14 @@ class MigrationIndex:
         quotas: CopyQuotas | None = None,
         covers: bytes = b"",
         spec_group_count: int = 1,
+        demoted_type: str = "",
     ) -> CopyBegun:
         """WRITING target locations for the (block key, source location id) pairs that may
         be copied, all or nothing under the quotas (QuotaExceededError). ``sizes``: block
         bytes per spec group; ``covers`` as StartRequest's. On a sharded instance, one step
-        per shard holding sources, the instance's quota split per shard (``share``)."""
+        per shard holding sources, the instance's quota split per shard (``share``).
+        ``demoted_type``: a reclaim's demote of sources of that storage type, whose bytes
+        count in the instance's ``Usage.demoting_by_type`` until the session closes."""
         quotas = quotas or CopyQuotas()
         shard = partial(
             self._begin_shard,
@@ -183,6 +186,7 @@ class MigrationIndex:
             quotas=quotas,
             covers=covers,
             spec_group_count=spec_group_count,
+            demoted_type=demoted_type,
         )
         if not layout.shard_suffixes:
             parts = [(list(range(len(sources))), shard(layout, sources, quotas.instance_capacity, ()))]
@@ -265,6 +269,7 @@ class MigrationIndex:
         quotas: CopyQuotas,
         covers: bytes,
         spec_group_count: int,
+        demoted_type: str,
     ) -> CopyBegun:
         """lua/migrate_begin.lua on one hash tag (the caller moves the group's counters)."""
         group = quotas.group_usage
@@ -299,6 +304,7 @@ class MigrationIndex:
                 spec_group_count,
                 "1" if target.by_location else "0",
                 b"".join(REQUEST_POSITION.pack(p) for p in positions),
+                demoted_type,
             ],
         )
         if reply[0] == StartResult.REFUSED:

@@ -759,11 +759,18 @@ class TagIndex:
                 break
         fixed = [layout.key(s) for s in ("g", "og", "sd", "sc", "dq", "fg", "pd")] + [layout.occupied]
         if keep_usage:
-            # No record is left: nothing counts as DELETING or as a key any more.
+            # No record is left: nothing counts as DELETING or as a key any more, nor as
+            # demoting (the sessions are gone: no finish will give it back).
             with valkey_errors("index"):
                 self.client.hset(
                     layout.key("u"),
-                    mapping={"keys": 0, "d": 0, "dk": 0, **{f"dt:{t}": 0 for t in usage.deleting_by_type}},
+                    mapping={
+                        "keys": 0,
+                        "d": 0,
+                        "dk": 0,
+                        **{f"dt:{t}": 0 for t in usage.deleting_by_type},
+                        **{f"mt:{t}": 0 for t in usage.demoting_by_type},
+                    },
                 )
             self.charge_group(
                 layout,

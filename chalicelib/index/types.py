@@ -158,6 +158,10 @@ class Usage:
     deleting_bytes: int = 0
     deleting_keys: int = 0
     deleting_by_type: dict[str, int] = field(default_factory=dict)
+    #: Bytes per storage type of the sources a reclaim demote is copying away (``mt:<type>``,
+    #: moved by migrate_begin.lua and finish.lua; instances only, live bytes still): what
+    #: reclaim counts as freed until the copy ends (docs/tiered-storage.md).
+    demoting_by_type: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_hash(cls, raw: RawHash) -> Usage:
@@ -165,6 +169,7 @@ class Usage:
         by_type: dict[str, int] = {}
         by_storage: dict[str, int] = {}
         deleting_by_type: dict[str, int] = {}
+        demoting_by_type: dict[str, int] = {}
         for k, v in raw.items():
             value = int(v)
             if k in scalars:
@@ -175,8 +180,17 @@ class Usage:
                 by_storage[k[2:].decode()] = value
             elif k.startswith(b"dt:"):
                 deleting_by_type[k[3:].decode()] = value
+            elif k.startswith(b"mt:"):
+                demoting_by_type[k[3:].decode()] = value
         return cls(
-            scalars[b"bytes"], scalars[b"keys"], by_type, by_storage, scalars[b"d"], scalars[b"dk"], deleting_by_type
+            scalars[b"bytes"],
+            scalars[b"keys"],
+            by_type,
+            by_storage,
+            scalars[b"d"],
+            scalars[b"dk"],
+            deleting_by_type,
+            demoting_by_type,
         )
 
     @classmethod
@@ -195,6 +209,12 @@ class Usage:
             dict(self.by_storage),
         )
 
+    def reclaimable(self) -> Usage:
+        """What reclaim rounds measure: ``live()`` less, per type, what a demote is copying
+        away (its bytes leave the type when the copy ends; the total keeps them, they move)."""
+        live = self.live()
+        return replace(live, by_type={t: max(0, v - self.demoting_by_type.get(t, 0)) for t, v in live.by_type.items()})
+
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.bytes + other.bytes,
@@ -204,6 +224,7 @@ class Usage:
             self.deleting_bytes + other.deleting_bytes,
             self.deleting_keys + other.deleting_keys,
             merge_counts(self.deleting_by_type, other.deleting_by_type),
+            merge_counts(self.demoting_by_type, other.demoting_by_type),
         )
 
     def fields(self) -> dict[str, int]:

@@ -445,6 +445,10 @@ class MigrationStrategy(WireModel):
     trigger_threshold: float = 0.0
     method_configs: MigrationMethodConfigs | None = None
     retention: MigrationRetentionField = MigrationRetention.MIGRATION_RETENTION_UNSPECIFIED
+    #: KVCM extension: a reclaim round's victims on the source storage (its type over its
+    #: watermark) are copied to the target with DELETE_SOURCE instead of dropped
+    #: (docs/tiered-storage.md, "Demote instead of delete").
+    demote_on_reclaim: bool = False
 
 
 class MigrationConfig(WireModel):

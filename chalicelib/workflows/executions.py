@@ -17,14 +17,15 @@ def execution_name(prefix: str) -> str:
     return f"{prefix[:40]}-" + bytes(_ALPHABET[b % 36] for b in os.urandom(24)).decode()
 
 
-def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict[str, Any]) -> str:
-    """Start an execution; returns its ARN. Failures become ServiceNotReadyError."""
+def start(sfn: Any, state_machine_arn: str, name_prefix: str, payload: dict[str, Any], name: str = "") -> str:
+    """Start an execution (named ``name``, else a new ``execution_name``); returns its ARN.
+    Failures become ServiceNotReadyError."""
     if not state_machine_arn:
         raise ServiceNotReadyError(f"no state machine configured for {name_prefix}")
     try:
         arn: str = sfn.start_execution(
             stateMachineArn=state_machine_arn,
-            name=execution_name(name_prefix),
+            name=name or execution_name(name_prefix),
             input=json.dumps(payload, separators=(",", ":")),
         )["executionArn"]
     except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not started"
@@ -59,9 +60,10 @@ class StateMachine:
         self.arn = arn
         self.name_prefix = name_prefix
 
-    def start(self, payload: dict[str, Any]) -> str:
-        """Start an execution; returns its ARN."""
-        return start(self.stepfunctions(), self.arn, self.name_prefix, payload)
+    def start(self, payload: dict[str, Any], name: str = "") -> str:
+        """Start an execution (named ``name``: one made beforehand with ``execution_name``,
+        else a new one); returns its ARN."""
+        return start(self.stepfunctions(), self.arn, self.name_prefix, payload, name)
 
     def continue_as_new(self, event: dict[str, Any], payload: dict[str, Any]) -> str:
         """Start the next execution of the machine running ``event``'s execution (this

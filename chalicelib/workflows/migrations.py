@@ -32,7 +32,7 @@ from ..cache.service import addresses_by_location
 from ..clock import Clock, now_ms
 from ..index import BlockIndex, Status
 from ..index.errors import QuotaExceededError, WriteSessionError
-from ..index.migration import CopyQuotas, CopyTarget, MigrationIndex
+from ..index.migration import CopyBegun, CopyQuotas, CopyTarget, MigrationIndex
 from ..index.records import BlockRecord, LocationRecord
 from ..index.types import MODE_RAW
 from ..observability.metrics import MetricsRegistry
@@ -94,9 +94,25 @@ class TierCopies:
         """Start one execution copying ``block_keys`` from storage ``source`` to ``target``,
         at most the group's ``copy_max_concurrency`` batches at once (at most
         EXECUTION_SIZE keys: the caller checks); returns its ARN."""
+        keys = list(dict.fromkeys(block_keys))
+        return self.start(
+            ctx, source, target, [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)], retention
+        )
+
+    def start(
+        self,
+        ctx: InstanceContext,
+        source: str,
+        target: str,
+        batches: Sequence[Sequence[int]],
+        retention: MigrationRetention,
+        execution_name: str = "",
+    ) -> str:
+        """Start one execution of ``batches`` (each one Map item's keys); returns its ARN.
+        ``execution_name``: one whose batches' sessions were begun already (a reclaim's
+        demote: the session of batch i is ``<name>-<i>``), else a new one."""
         cache = ctx.group.cache_config
         config = cache.migration_config if cache is not None else None
-        keys = list(dict.fromkeys(block_keys))
         return self.machine.start(
             {
                 "instance_id": ctx.instance_id,
@@ -104,8 +120,9 @@ class TierCopies:
                 "target": target,
                 "retention": retention.name,
                 "max_concurrency": (config.copy_max_concurrency if config is not None else None) or 1,
-                "batches": [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)],
-            }
+                "batches": [list(batch) for batch in batches],
+            },
+            execution_name,
         )
 
 
@@ -140,6 +157,53 @@ def _located(record: BlockRecord | None, location_id: int) -> LocationRecord | N
     return next((loc for loc in record.locations if loc.location_id == location_id), None)
 
 
+def begin_batch(
+    index: BlockIndex,
+    migration: MigrationIndex,
+    metrics: MetricsRegistry,
+    ctx: InstanceContext,
+    target: StorageBackend,
+    sources: Sequence[tuple[int, int]],
+    session_id: str,
+    begun_ms: int,
+    tags: dict[str, str],
+    demoted_type: str = "",
+) -> CopyBegun:
+    """``begin_copy`` of one batch of (block key, source location id) to ``target`` under
+    the group's, the instance's and the target type's quotas, its session deadline
+    ``COPY_SESSION_TTL_S`` after ``begun_ms``, counting ``migration.tasks_submitted_total`` (and the
+    refused, re-raising QuotaExceededError). ``demoted_type``: a reclaim's demote."""
+    group_usage = None
+    if ctx.group.quota is not None:
+        group_usage = index.group_usage([ctx.group.name])[0].live()
+    sizes = ctx.spec_layout.sizes
+    try:
+        begun = migration.begin_copy(
+            ctx.layout,
+            sources,
+            CopyTarget(
+                target.name,
+                target.storage_type.name,
+                target.pack_count,
+                addresses_by_location(target),
+                ctx.type_capacity(target.storage_type),
+            ),
+            sizes,
+            session_id,
+            begun_ms + COPY_SESSION_TTL_S * 1000,
+            CopyQuotas(ctx.group_capacity, ctx.instance_capacity, group_usage),
+            covers=spec_group_coverage(ctx),
+            spec_group_count=len(sizes),
+            demoted_type=demoted_type,
+        )
+    except QuotaExceededError:
+        _count(metrics, "migration.tasks_submitted_total", len(sources), tags)
+        _count(metrics, "migration.tasks_completed_total", len(sources), tags | {"status": "refused"})
+        raise
+    _count(metrics, "migration.tasks_submitted_total", len(begun.placements), tags)
+    return begun
+
+
 class CopyTasks:
     """The Lambda tasks of ``tier_copy``."""
 
@@ -169,7 +233,7 @@ class CopyTasks:
         """Task BeginCopy: WRITING targets for the batch's blocks whose source serves (all
         or nothing under the quotas: QuotaExceededError). Returns the blocks to copy."""
         ctx = self.contexts(event["instance_id"])
-        layout, sizes = ctx.layout, ctx.spec_layout.sizes
+        layout = ctx.layout
         target = self._backend(ctx, event["target"])
         self._backend(ctx, event["source"])
         session_id = _session_id(event)
@@ -184,34 +248,11 @@ class CopyTasks:
                 held = self._serving_on(record, source_index) if record is not None else None
                 if held is not None:
                     sources.append((key, held.location_id))
-            group_usage = None
-            if ctx.group.quota is not None:
-                group_usage = self.index.group_usage([ctx.group.name])[0].live()
             tags = _route_tags(ctx, event)
             begun_ms = now_ms(self.clock)
-            try:
-                begun = self.migration.begin_copy(
-                    layout,
-                    sources,
-                    CopyTarget(
-                        target.name,
-                        target.storage_type.name,
-                        target.pack_count,
-                        addresses_by_location(target),
-                        ctx.type_capacity(target.storage_type),
-                    ),
-                    sizes,
-                    session_id,
-                    begun_ms + COPY_SESSION_TTL_S * 1000,
-                    CopyQuotas(ctx.group_capacity, ctx.instance_capacity, group_usage),
-                    covers=spec_group_coverage(ctx),
-                    spec_group_count=len(sizes),
-                )
-            except QuotaExceededError:
-                _count(self.metrics, "migration.tasks_submitted_total", len(sources), tags)
-                _count(self.metrics, "migration.tasks_completed_total", len(sources), tags | {"status": "refused"})
-                raise
-            _count(self.metrics, "migration.tasks_submitted_total", len(begun.placements), tags)
+            begun = begin_batch(
+                self.index, self.migration, self.metrics, ctx, target, sources, session_id, begun_ms, tags
+            )
             pairs = [(key, source, placed) for key, source, placed, _, _ in begun.placements]
         else:  # a retried begin: its first attempt made the session
             pairs = [(key, None, placed) for key, placed in session.entries]

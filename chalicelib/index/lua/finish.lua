@@ -24,11 +24,13 @@
 -- §2.11, a Copy's target too): with CLEAR_NEXT_WRITE always, with CLEAR_FULL_BLOCK only
 -- when it holds every spec of each other SERVING location of the block. Marks is
 -- 'consumed,marks after' (the instance's 'mk'; 0 when none was consumed).
+-- A demote's session (migrate_begin.lua ARGV[21]) gives its 'v' bytes back off the usage
+-- hash's 'mt:<type>' here, whatever the outcome (finished, failed, expired by the reaper).
 local deadlines, session = KEYS[1], KEYS[2]
 local now_ms, sid, success, force, expected = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bprefix = ARGV[6]
 local charge = deleting_charge(KEYS[4], ARGV[7])
-local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p', 'm')
+local s = redis.call('HMGET', session, 'd', 'k', 'i', 'p', 'm', 'v')
 if not s[1] or (s[3] and s[3] ~= ARGV[8]) then return {FINISH_UNKNOWN, '', ''} end
 if s[2] ~= expected then return {FINISH_CHANGED, '', ''} end
 local status = FINISH_FINISHED
@@ -88,6 +90,11 @@ end
 redis.call('DEL', session)
 redis.call('ZREM', deadlines, sid)
 if s[4] and redis.call('HINCRBY', KEYS[6], s[4], -1) <= 0 then redis.call('HDEL', KEYS[6], s[4]) end
+if s[6] then
+  local vtype, vbytes = string.match(s[6], '^(.*):(%d+)$')
+  local field = 'mt:' .. vtype
+  if redis.call('HINCRBY', KEYS[3], field, -tonumber(vbytes)) <= 0 then redis.call('HDEL', KEYS[3], field) end
+end
 local marks = 0
 if consumed > 0 then marks = redis.call('HINCRBY', KEYS[3], 'mk', -consumed) end
 local out = charge.flush(KEYS[3])

@@ -20,7 +20,11 @@
 --       [18] the number of spec groups, [19] '1' when the target addresses blocks by location,
 --       [20] a shard's part of a sharded instance's Copy: per source, its position in the
 --       whole call (POSITION_LEN bytes each; kept in the session's 'o' field as start.lua
---       keeps it, so the parts' entries read back in the call's order), or empty.
+--       keeps it, so the parts' entries read back in the call's order), or empty,
+--       [21] a demote (docs/tiered-storage.md, "Demote instead of delete"): the source
+--       storage's type, or empty. The taken blocks' bytes are added to the usage hash's
+--       'mt:<type>' (what reclaim counts as freed until the copy ends) and kept in the
+--       session's 'v' field ('<type>:<bytes>'), which finish.lua releases whatever the outcome.
 -- Returns {START_GRANTED, first location id, per block '1' taken / 'g' source not SERVING
 --      (or no record) / 'c' target holds it already (or named before in this call), the
 --      target's storage index, bytes added}
@@ -34,6 +38,7 @@ local type_cap, group_type_bytes, instance_cap = tonumber(ARGV[11]), tonumber(AR
 local bprefix, owner = ARGV[14], ARGV[16]
 local covers, ngroups, by_location = ARGV[17], tonumber(ARGV[18]), ARGV[19] == '1'
 local positions = ARGV[20] or ''
+local demoted_type = ARGV[21] or ''
 local state = redis.call('HMGET', meta, 'inc', 'removing')
 if state[2] or (state[1] and state[1] ~= ARGV[15]) then return {START_REFUSED, REFUSED_GONE} end
 local nbuckets = bucket_count(meta)
@@ -124,6 +129,10 @@ if #taken > 0 then
   redis.call('HSET', session, 'd', deadline, 'k', table.concat(entries), 'm', table.concat(kept), 's', tidx,
              'c', now_ms, 'i', owner)
   if #order > 0 then redis.call('HSET', session, 'o', table.concat(order)) end
+  if #demoted_type > 0 then
+    redis.call('HINCRBY', usage, 'mt:' .. demoted_type, added)
+    redis.call('HSET', session, 'v', demoted_type .. ':' .. added)
+  end
   redis.call('ZADD', deadlines, deadline, sid)
 end
 return {START_GRANTED, base, table.concat(outcome), tidx, added}

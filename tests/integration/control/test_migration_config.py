@@ -133,6 +133,29 @@ MALFORMED = [
         "strategies[1]",
         "repeats the route 'hot' -> 'cold'",
     ),
+    (
+        {"strategies": [strategy(demote_on_reclaim=True, method_configs={"mark": {"enabled": True}})]},
+        "strategies[0].demote_on_reclaim",
+        "needs method_configs.copy.enabled and retention MIGRATION_RETENTION_DELETE_SOURCE",
+    ),
+    (
+        {"strategies": [strategy(demote_on_reclaim=True, retention="MIGRATION_RETENTION_KEEP_BOTH")]},
+        "strategies[0].demote_on_reclaim",
+        "needs method_configs.copy.enabled and retention MIGRATION_RETENTION_DELETE_SOURCE",
+    ),
+    (
+        {
+            "strategies": [
+                strategy(demote_on_reclaim=True),
+                strategy(target_storage_name="warm", source_storage_name="cold", demote_on_reclaim=True),
+                strategy(source_storage_name="warm", target_storage_name="hot"),
+                strategy(target_storage_name="warm", source_storage_name="hot", demote_on_reclaim=True),
+            ]
+        },
+        "strategies[3].demote_on_reclaim",
+        "strategies[0] demotes the victims of 'hot' already: one per source storage",
+    ),
+    ({"strategies": [strategy(demote_on_reclaim="sometimes")]}, "strategies[0].demote_on_reclaim", ""),
 ]
 
 
@@ -179,6 +202,7 @@ def test_defaults_are_filled_in_and_read_back(client, storages):
                 "trigger_threshold": 0.9,
                 "method_configs": {"copy": {"enabled": False}, "mark": {"enabled": True, "timeout_ms": "86400000"}},
                 "retention": "MIGRATION_RETENTION_UNSPECIFIED",
+                "demote_on_reclaim": False,
             }
         ],
         "copy_max_concurrency": 1,
@@ -198,13 +222,14 @@ def test_defaults_are_filled_in_and_read_back(client, storages):
 
 FULL = {
     "strategies": [
-        strategy(),
+        strategy(demote_on_reclaim=True),
         strategy(
             source_storage_name="cold",
             target_storage_name="warm",
             trigger_threshold=0.25,
             method_configs={"copy": {"enabled": True}, "mark": {"enabled": True, "timeout_ms": "60000"}},
             retention="MIGRATION_RETENTION_KEEP_BOTH",
+            demote_on_reclaim=False,
         ),
     ],
     "copy_max_concurrency": 4,

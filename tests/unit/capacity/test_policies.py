@@ -74,7 +74,9 @@ STORAGES = {1: ("nfs_01", "ST_NFS"), 2: ("s3_01", "ST_S3")}
 
 def test_a_record_offers_its_first_serving_location():
     raw = record([(Status.WRITING, 1, 0, 7), (Status.SERVING, 2, 1, 8)], parent=-3, children=2, atime=55, lfu=9)
-    assert to_candidate(42, raw, STORAGES, [300, 100]) == Candidate(42, 8, -3, 2, 55, 9, 100, "ST_S3", 2)
+    assert to_candidate(42, raw, STORAGES, [300, 100]) == Candidate(
+        42, 8, -3, 2, 55, 9, 100, "ST_S3", 2, storage_name="s3_01"
+    )
 
 
 @pytest.mark.parametrize("status", [Status.WRITING, Status.DELETING])
