@@ -65,25 +65,34 @@ class LiveRun:
 
 class EngineWrites:
     """Writes, as an engine does between startWriteCache and finishWriteCache, the bytes
-    of every block a start placed on ``storage`` (``block_bytes`` of its key)."""
+    of every block the start placed (``block_bytes`` of its key) on whichever storage the
+    start chose; counts the blocks per storage (``placed``)."""
 
-    def __init__(self, runtime: Any, storage: str) -> None:
+    def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
-        self.storage = storage
+        self.placed: Counter[str] = Counter()
 
     def __call__(self, instance_id: str, keys: Sequence[int]) -> None:
         rt = self.runtime
         ctx = rt.contexts(instance_id)
-        storage_index = next(i for i, name in rt.index.storage_names(ctx.layout).items() if name == self.storage)
-        blocks = [
-            BlockRef(instance_id, key, loc.location_id, loc.group_id, loc.slot, ctx.spec_layout.slots(loc.spec_group))
-            for key, record in zip(keys, rt.index.read(ctx.layout, keys, MODE_RAW), strict=True)
-            if record is not None
-            for loc in record.locations
-            if loc.status == Status.WRITING and loc.storage_index == storage_index
-        ]
-        if blocks:
-            ctx.backend(self.storage).write(blocks, [[block_bytes(b.block_key)] for b in blocks])
+        names = rt.index.storage_names(ctx.layout)
+        by_storage: dict[str, list[BlockRef]] = {}
+        for key, record in zip(keys, rt.index.read(ctx.layout, keys, MODE_RAW), strict=True):
+            for loc in record.locations if record is not None else ():
+                if loc.status == Status.WRITING:
+                    by_storage.setdefault(names[loc.storage_index], []).append(
+                        BlockRef(
+                            instance_id,
+                            key,
+                            loc.location_id,
+                            loc.group_id,
+                            loc.slot,
+                            ctx.spec_layout.slots(loc.spec_group),
+                        )
+                    )
+        for storage, blocks in by_storage.items():
+            ctx.backend(storage).write(blocks, [[block_bytes(b.block_key)] for b in blocks])
+            self.placed[storage] += len(blocks)
 
 
 class InProcessCopies:
