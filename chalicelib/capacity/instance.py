@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -228,6 +228,11 @@ class PooledReclaim:
 
     def _admit(self, member: Member, candidates: list[Candidate]) -> None:
         protected = member.protected
+        if self.demotes is not None and member.demotes:
+            candidates = [
+                replace(c, demote_only=True) if not c.is_leaf and c.storage_name in member.demotes else c
+                for c in candidates
+            ]
         self.pool.add([c for c in candidates if c.block_key not in protected] if protected else candidates)
 
     def _fill(self, blocks: int) -> None:
@@ -262,7 +267,7 @@ class PooledReclaim:
     def _take(self, member: Member, picked: list[Candidate]) -> None:
         self.pool.discard(picked)
         if self.demotes is not None and member.demotes:
-            picked = self._demote(self.demotes, member, picked)
+            picked = [c for c in self._demote(self.demotes, member, picked) if not c.demote_only]
         if picked:
             self._drop(member, picked)
 
@@ -326,6 +331,7 @@ class PooledReclaim:
                     extra={"instance_id": member.ctx.instance_id, "error": f"{type(exc).__name__}: {exc}"},
                 )
                 done = Demotion()
+            moved = [c for c in run if c.block_key in done.demoted]
             for c in run:
                 if c.block_key in done.demoted:
                     self.demoted[(member.ctx.instance_id, c.block_key)] = c
@@ -335,6 +341,7 @@ class PooledReclaim:
                 elif c.block_key not in done.held:
                     rest.append(c)
             self.victims += len(done.demoted)
+            self._climb(member, moved)
         return rest
 
     def _climb(self, member: Member, taken: list[Candidate]) -> None:

@@ -41,6 +41,9 @@ class Candidate:
     covered: bool = False
     #: The storage of its location (a demote route starts from a storage).
     storage_name: str = ""
+    #: A block with children whose location a demote route may move: a demote keeps the
+    #: block cached, so no prefix breaks; it is never dropped.
+    demote_only: bool = False
 
     @property
     def is_leaf(self) -> bool:

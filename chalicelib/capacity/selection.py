@@ -28,7 +28,7 @@ class CandidatePool:
     def add(self, candidates: Iterable[Candidate]) -> None:
         """Admit the leaves among ``candidates`` (a later sighting replaces an earlier one)."""
         for c in candidates:
-            if c.is_leaf:
+            if c.is_leaf or c.demote_only:
                 self._items[c.instance_id, c.block_key] = c
             else:
                 self._items.pop((c.instance_id, c.block_key), None)

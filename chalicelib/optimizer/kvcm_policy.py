@@ -127,6 +127,13 @@ class KVCMPolicy(EvictionPolicy):
         # cached children per parent key, whether the parent is cached or not: a block
         # stored after its child (a tier receiving demoted blocks, coldest first) is no leaf
         self._children: dict[int, int] = {}
+        # the children that keep a block from being dropped: in a tiered cache, those every
+        # kvcm tier holds (KVCM's record counts its children whatever their tier), so a
+        # drop never cuts a prefix another tier continues (``share_children``)
+        self._drop_children = self._children
+        #: This tier's round victims move on (a tiered cache's demoting tier): a round may
+        #: then take a block whose children another tier holds.
+        self.hands_on = False
         self._buckets: dict[int, set[int]] = {}
         self._bucket_count = 1 << FIRST_BUCKET_BITS
         self._limit: int | None = None
@@ -184,7 +191,7 @@ class KVCMPolicy(EvictionPolicy):
             return
         if sweeping:
             self._next_sweep = self._now + self.period_s
-        freed = self._evict(need, ROUND_SAMPLING, len(self._entries), sweeping)
+        freed = self._evict(need, ROUND_SAMPLING, len(self._entries), sweeping, dropping=not self.hands_on)
         self.evicted["round"] += freed
         self._over = need > 0 and freed > 0
 
@@ -233,6 +240,8 @@ class KVCMPolicy(EvictionPolicy):
             members.add(key)
             if key_parent is not None:
                 self._children[key_parent] = self._children.get(key_parent, 0) + 1
+                if self._drop_children is not self._children:
+                    self._drop_children[key_parent] = self._drop_children.get(key_parent, 0) + 1
         self._grow()
         return len(new)
 
@@ -267,8 +276,15 @@ class KVCMPolicy(EvictionPolicy):
                 return new
             if self.used_fraction > 1:
                 return 0  # a used_percentage over 1: full groups refuse, as upstream
+            moves = self.write_path_victims_move
             freed = self._evict(
-                over + headroom, WRITE_PATH_SAMPLING, 0, False, protected, record=self.write_path_victims_move
+                over + headroom,
+                WRITE_PATH_SAMPLING,
+                0,
+                False,
+                protected,
+                record=moves,
+                dropping=not (moves and self.hands_on),
             )
             self.evicted["write_path"] += freed
             fruitless += freed == 0
@@ -278,7 +294,7 @@ class KVCMPolicy(EvictionPolicy):
 
     def evict(self, count: int) -> int:
         """``count`` victims chosen as a round chooses them."""
-        return self._evict(count, ROUND_SAMPLING, len(self._entries), False)
+        return self._evict(count, ROUND_SAMPLING, len(self._entries), False, dropping=not self.hands_on)
 
     # ------------------------------------------------------------ victims
 
@@ -305,11 +321,14 @@ class KVCMPolicy(EvictionPolicy):
         sweep: bool,
         protected: frozenset[int] = frozenset(),
         record: bool = True,
+        dropping: bool = True,
     ) -> int:
         """Free ``need`` blocks (and, sweeping, the expired ones), never ``protected`` ones,
         as ``capacity.instance.InstanceReclaim`` does; returns how many were freed.
-        ``record``: the victims go to the recorded victims (a tiered replay moves those)."""
-        sampler = _Sampler(self, sampling, protected)
+        ``record``: the victims go to the recorded victims (a tiered replay moves those).
+        ``dropping``: the victims leave the cache, so leaves are judged by the children of
+        every tier (``share_children``), else by this tier's."""
+        sampler = _Sampler(self, sampling, protected, dropping)
         pool: set[int] = set()
         if sweep:
             pool |= sampler.sweep()
@@ -331,7 +350,7 @@ class KVCMPolicy(EvictionPolicy):
             pool.difference_update(picked)
             for key in picked:
                 need = max(0, need - 1)
-                parent = self._drop(key, record)
+                parent = self._drop(key, record, dropping)
                 if parent is not None and parent not in protected:
                     pool.add(parent)
             freed += len(picked)
@@ -354,8 +373,9 @@ class KVCMPolicy(EvictionPolicy):
             by_need += 1
         return picked
 
-    def _drop(self, key: int, record: bool = True) -> int | None:
-        """Remove a victim; returns its parent when that parent became a cached leaf."""
+    def _drop(self, key: int, record: bool = True, dropping: bool = True) -> int | None:
+        """Remove a victim; returns its parent when that parent became a cached leaf
+        (judged as ``_evict``'s ``dropping`` says)."""
         block = self._entries.pop(key)
         if record and self._victims is not None:
             self._victims.append(key)
@@ -367,27 +387,45 @@ class KVCMPolicy(EvictionPolicy):
         parent = block.parent
         if parent is None:
             return None
-        left = self._children[parent] - 1
-        if left:
-            self._children[parent] = left
-            return None
-        del self._children[parent]
-        return parent if parent in self._entries else None
+        leaf = _release(self._children, parent)
+        if self._drop_children is not self._children:
+            shared_leaf = _release(self._drop_children, parent)
+            leaf = shared_leaf if dropping else leaf
+        return parent if leaf and parent in self._entries else None
 
-    def leaves(self, keys: Sequence[int]) -> list[int]:
-        """The cached leaves among ``keys`` (candidates: no cached child)."""
-        entries, children = self._entries, self._children
+    def share_children(self, counts: dict[int, int]) -> None:
+        """Count this tier's children also in ``counts``, shared by the tiers of a tiered
+        cache; a block this tier drops must have none there."""
+        self._drop_children = counts
+
+    def leaves(self, keys: Sequence[int], dropping: bool = True) -> list[int]:
+        """The cached leaves among ``keys`` (candidates: no cached child; ``dropping``: in
+        no tier)."""
+        entries, children = self._entries, self._drop_children if dropping else self._children
         return [k for k in keys if k in entries and k not in children]
+
+
+def _release(counts: dict[int, int], parent: int) -> bool:
+    """One child of ``parent`` fewer in ``counts``; whether it has none left."""
+    left = counts[parent] - 1
+    if left:
+        counts[parent] = left
+        return False
+    del counts[parent]
+    return True
 
 
 class _Sampler:
     """Whole buckets of one instance, never one twice per eviction
     (``capacity.sampling.BucketSampler``)."""
 
-    def __init__(self, policy: KVCMPolicy, sampling: Sampling, protected: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, policy: KVCMPolicy, sampling: Sampling, protected: frozenset[int] = frozenset(), dropping: bool = True
+    ) -> None:
         self.policy = policy
         self.sampling = sampling
         self.protected = protected
+        self.dropping = dropping
         self.seen: set[int] = set()
         self.sampled = 0
         self.occupied = len(policy._buckets)
@@ -403,7 +441,8 @@ class _Sampler:
     def _read(self, buckets: list[int]) -> set[int]:
         self.seen.update(buckets)
         members = self.policy._buckets
-        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ()) if k not in self.protected]))
+        keys = [k for b in buckets for k in members.get(b, ()) if k not in self.protected]
+        return set(self.policy.leaves(keys, self.dropping))
 
     def sample(self, buckets: int) -> set[int]:
         wanted = min(

@@ -216,20 +216,6 @@ def _exact_counters(runtime, run: LiveRun) -> None:
     run.extra["final_bytes"] = nonzero(counted.by_type)
 
 
-#: Why the two-tier done-when fails today (measured: docs/tiered-storage.md, "Two tiers
-#: under a trace"); strict, so the fix turns these tests red until the marks go.
-HOT_TIER_PINNED = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "demote_on_reclaim pins the hot tier: a demoted block keeps its record (on S3), so its "
-        "prefix parents on 3FS keep a child and are no leaves; reclaim, demote and the write path "
-        "take leaves only, so 3FS fills with such chains (at the end 1,499 of its 1,500 blocks are "
-        "parents) and refuses writes: about 2,050 blocks written and 100 demoted, where one tier "
-        "writes 13,600"
-    ),
-)
-
-
 def _two_runs(valkey, valkey_url, clock, tmp_path, records) -> tuple[LiveRun, LiveRun]:
     """The one-tier and the two-tier runs, their counters checked against the records."""
     one = live_run(valkey, valkey_url, clock, tmp_path / "one", records, 1, _exact_counters)
@@ -251,7 +237,7 @@ def test_the_cold_tier_serves_the_engines_bytes_and_each_tier_keeps_its_quota(
     # Blocks were demoted and served from S3; what an engine reads at the cold URIs is what
     # the engine wrote at the hot ones.
     assert two.extra["copies"]["served"] > 0 and two.hits_by_storage["s3_01"] > 0
-    assert two.extra["cold_checked"] >= 1 and two.extra["cold_mismatched"] == []
+    assert two.extra["cold_checked"] >= 10 and two.extra["cold_mismatched"] == []
     # Quotas exact per tier: never passed at a round (nor at the end), and the counters
     # equal the records (_exact_counters, in each run).
     for run, limits in ((one, {"ST_3FS": HOT}), (two, {"ST_3FS": HOT, "ST_S3": COLD})):
@@ -259,20 +245,19 @@ def test_the_cold_tier_serves_the_engines_bytes_and_each_tier_keeps_its_quota(
             assert run.extra["peak_bytes"][storage_type] <= blocks * BLOCK_BYTES, (storage_type, run.extra)
 
 
-@HOT_TIER_PINNED
 def test_the_cold_tier_serves_the_blocks_one_tier_would_have_dropped(valkey, valkey_url, aws, clock, tmp_path, records):
     one, two = _two_runs(valkey, valkey_url, clock, tmp_path, records)
     hot, cold = two.storage_hit_ratio(HOT_STORAGE), two.storage_hit_ratio("s3_01")
-    # The hot tier writes what one tier writes, and serves about what it serves; the cold
+    # The hot tier writes about what one tier writes (a little less: a parent whose child is
+    # cold is never dropped by the write path), and serves about what it serves; the cold
     # tier adds its hits.
-    assert two.extra["written"][HOT_STORAGE] >= 0.98 * one.extra["written"][HOT_STORAGE]
+    assert two.extra["written"][HOT_STORAGE] >= 0.9 * one.extra["written"][HOT_STORAGE]
     assert abs(hot - one.hit_ratio) <= 0.02
     assert cold > 0.01
     assert two.hit_ratio >= one.hit_ratio + 0.8 * cold
-    assert two.extra["cold_checked"] >= 10
 
 
-@pytest.mark.parametrize("tiers", [1, pytest.param(2, marks=HOT_TIER_PINNED)])
+@pytest.mark.parametrize("tiers", [1, 2])
 def test_the_live_tiers_agree_with_the_tiered_simulation(valkey, valkey_url, aws, clock, tmp_path, records, tiers):
     live = live_run(valkey, valkey_url, clock, tmp_path, records, tiers)
     sim = simulated(records, tiers)
