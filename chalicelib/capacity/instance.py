@@ -343,6 +343,7 @@ class PooledReclaim:
                     extra={"instance_id": member.ctx.instance_id, "error": f"{type(exc).__name__}: {exc}"},
                 )
                 done = Demotion()
+            moved = [c for c in run if c.block_key in done.demoted]
             for c in run:
                 if c.block_key in done.demoted:
                     self.demoted[(member.ctx.instance_id, c.block_key)] = c
@@ -352,6 +353,7 @@ class PooledReclaim:
                 elif c.block_key not in done.held:
                     rest.append(c)
             self.victims += len(done.demoted)
+            self._climb(member, moved)  # a demoted block's parent may go next in this round
         return rest
 
     def _climb(self, member: Member, taken: list[Candidate]) -> None:

@@ -79,13 +79,12 @@ WRITE_PATH_SAMPLING = Sampling(max_buckets=256, max_victims=20_000, buckets_per_
 
 
 class _Block:
-    __slots__ = ("atime", "lfu", "parent", "children")
+    __slots__ = ("atime", "lfu", "parent")
 
     def __init__(self, atime: int, parent: int | None) -> None:
         self.atime = atime
         self.lfu = LFU_INITIAL
         self.parent = parent
-        self.children = 0
 
 
 class KVCMPolicy(EvictionPolicy):
@@ -109,6 +108,7 @@ class KVCMPolicy(EvictionPolicy):
         touch_interval_s: int = 1,
         lfu_decay_s: int = 60,
         headroom_percent: int = 0,
+        write_path_victims_move: bool = False,
     ) -> None:
         if order not in ORDERS:
             raise ConfigError(f"kvcm order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -122,7 +122,18 @@ class KVCMPolicy(EvictionPolicy):
         self.period_s, self.round_s = period_s, round_s
         self.touch_interval_s, self.lfu_decay_s = touch_interval_s, lfu_decay_s
         self.headroom_percent = headroom_percent
+        self.write_path_victims_move = write_path_victims_move
         self._entries: dict[int, _Block] = {}
+        # cached children per parent key, whether the parent is cached or not: a block
+        # stored after its child (a tier receiving demoted blocks, coldest first) is no leaf
+        self._children: dict[int, int] = {}
+        # the children that keep a block from being dropped: in a tiered cache, those every
+        # kvcm tier holds (KVCM's record counts its children whatever their tier), so a
+        # drop never cuts a prefix another tier continues (``share_children``)
+        self._drop_children = self._children
+        #: This tier's round victims move on (a tiered cache's demoting tier): a round may
+        #: then take a block whose children another tier holds.
+        self.hands_on = False
         self._buckets: dict[int, set[int]] = {}
         self._bucket_count = 1 << FIRST_BUCKET_BITS
         self._limit: int | None = None
@@ -180,7 +191,7 @@ class KVCMPolicy(EvictionPolicy):
             return
         if sweeping:
             self._next_sweep = self._now + self.period_s
-        freed = self._evict(need, ROUND_SAMPLING, len(self._entries), sweeping)
+        freed = self._evict(need, ROUND_SAMPLING, len(self._entries), sweeping, dropping=not self.hands_on)
         self.evicted["round"] += freed
         self._over = need > 0 and freed > 0
 
@@ -228,9 +239,9 @@ class KVCMPolicy(EvictionPolicy):
                 members = self._buckets[bucket] = set()
             members.add(key)
             if key_parent is not None:
-                parent_block = entries.get(key_parent)
-                if parent_block is not None:
-                    parent_block.children += 1
+                self._children[key_parent] = self._children.get(key_parent, 0) + 1
+                if self._drop_children is not self._children:
+                    self._drop_children[key_parent] = self._drop_children.get(key_parent, 0) + 1
         self._grow()
         return len(new)
 
@@ -265,7 +276,16 @@ class KVCMPolicy(EvictionPolicy):
                 return new
             if self.used_fraction > 1:
                 return 0  # a used_percentage over 1: full groups refuse, as upstream
-            freed = self._evict(over + headroom, WRITE_PATH_SAMPLING, 0, False, protected)
+            moves = self.write_path_victims_move
+            freed = self._evict(
+                over + headroom,
+                WRITE_PATH_SAMPLING,
+                0,
+                False,
+                protected,
+                record=moves,
+                dropping=not (moves and self.hands_on),
+            )
             self.evicted["write_path"] += freed
             fruitless += freed == 0
             if fruitless == FRUITLESS_ATTEMPTS or freed < over:
@@ -274,7 +294,7 @@ class KVCMPolicy(EvictionPolicy):
 
     def evict(self, count: int) -> int:
         """``count`` victims chosen as a round chooses them."""
-        return self._evict(count, ROUND_SAMPLING, len(self._entries), False)
+        return self._evict(count, ROUND_SAMPLING, len(self._entries), False, dropping=not self.hands_on)
 
     # ------------------------------------------------------------ victims
 
@@ -294,11 +314,21 @@ class KVCMPolicy(EvictionPolicy):
         return self.order == "ttl" and self.ttl_s > 0 and int(self._now) - self._entries[key].atime > self.ttl_s
 
     def _evict(
-        self, need: int, sampling: Sampling, blocks_hint: int, sweep: bool, protected: frozenset[int] = frozenset()
+        self,
+        need: int,
+        sampling: Sampling,
+        blocks_hint: int,
+        sweep: bool,
+        protected: frozenset[int] = frozenset(),
+        record: bool = True,
+        dropping: bool = True,
     ) -> int:
         """Free ``need`` blocks (and, sweeping, the expired ones), never ``protected`` ones,
-        as ``capacity.instance.InstanceReclaim`` does; returns how many were freed."""
-        sampler = _Sampler(self, sampling, protected)
+        as ``capacity.instance.InstanceReclaim`` does; returns how many were freed.
+        ``record``: the victims go to the recorded victims (a tiered replay moves those).
+        ``dropping``: the victims leave the cache, so leaves are judged by the children of
+        every tier (``share_children``), else by this tier's."""
+        sampler = _Sampler(self, sampling, protected, dropping)
         pool: set[int] = set()
         if sweep:
             pool |= sampler.sweep()
@@ -320,7 +350,7 @@ class KVCMPolicy(EvictionPolicy):
             pool.difference_update(picked)
             for key in picked:
                 need = max(0, need - 1)
-                parent = self._drop(key)
+                parent = self._drop(key, record, dropping)
                 if parent is not None and parent not in protected:
                     pool.add(parent)
             freed += len(picked)
@@ -343,36 +373,59 @@ class KVCMPolicy(EvictionPolicy):
             by_need += 1
         return picked
 
-    def _drop(self, key: int) -> int | None:
-        """Remove a victim; returns its parent when that parent became a cached leaf."""
+    def _drop(self, key: int, record: bool = True, dropping: bool = True) -> int | None:
+        """Remove a victim; returns its parent when that parent became a cached leaf
+        (judged as ``_evict``'s ``dropping`` says)."""
         block = self._entries.pop(key)
-        if self._victims is not None:
+        if record and self._victims is not None:
             self._victims.append(key)
         bucket = bucket_index(key, self._bucket_count)
         members = self._buckets[bucket]
         members.discard(key)
         if not members:
             del self._buckets[bucket]
-        parent = self._entries.get(block.parent) if block.parent is not None else None
+        parent = block.parent
         if parent is None:
             return None
-        parent.children = max(0, parent.children - 1)
-        return block.parent if parent.children == 0 else None
+        leaf = _release(self._children, parent)
+        if self._drop_children is not self._children:
+            shared_leaf = _release(self._drop_children, parent)
+            leaf = shared_leaf if dropping else leaf
+        return parent if leaf and parent in self._entries else None
 
-    def leaves(self, keys: Sequence[int]) -> list[int]:
-        """The cached leaves among ``keys`` (candidates: no cached child)."""
-        entries = self._entries
-        return [k for k in keys if k in entries and entries[k].children == 0]
+    def share_children(self, counts: dict[int, int]) -> None:
+        """Count this tier's children also in ``counts``, shared by the tiers of a tiered
+        cache; a block this tier drops must have none there."""
+        self._drop_children = counts
+
+    def leaves(self, keys: Sequence[int], dropping: bool = True) -> list[int]:
+        """The cached leaves among ``keys`` (candidates: no cached child; ``dropping``: in
+        no tier)."""
+        entries, children = self._entries, self._drop_children if dropping else self._children
+        return [k for k in keys if k in entries and k not in children]
+
+
+def _release(counts: dict[int, int], parent: int) -> bool:
+    """One child of ``parent`` fewer in ``counts``; whether it has none left."""
+    left = counts[parent] - 1
+    if left:
+        counts[parent] = left
+        return False
+    del counts[parent]
+    return True
 
 
 class _Sampler:
     """Whole buckets of one instance, never one twice per eviction
     (``capacity.sampling.BucketSampler``)."""
 
-    def __init__(self, policy: KVCMPolicy, sampling: Sampling, protected: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, policy: KVCMPolicy, sampling: Sampling, protected: frozenset[int] = frozenset(), dropping: bool = True
+    ) -> None:
         self.policy = policy
         self.sampling = sampling
         self.protected = protected
+        self.dropping = dropping
         self.seen: set[int] = set()
         self.sampled = 0
         self.occupied = len(policy._buckets)
@@ -388,7 +441,8 @@ class _Sampler:
     def _read(self, buckets: list[int]) -> set[int]:
         self.seen.update(buckets)
         members = self.policy._buckets
-        return set(self.policy.leaves([k for b in buckets for k in members.get(b, ()) if k not in self.protected]))
+        keys = [k for b in buckets for k in members.get(b, ()) if k not in self.protected]
+        return set(self.policy.leaves(keys, self.dropping))
 
     def sample(self, buckets: int) -> set[int]:
         wanted = min(

@@ -31,6 +31,7 @@ from typing import Any
 
 from chalicelib.optimizer.cost import CostModel
 from chalicelib.optimizer.errors import ConfigError
+from chalicelib.optimizer.kvcm_policy import KVCMPolicy
 from chalicelib.optimizer.planner import GIB, CapacityPlan, StorageTier, storage_tier
 from chalicelib.optimizer.policies import make_policy, policy_name
 from chalicelib.optimizer.policy_base import EvictionPolicy
@@ -173,6 +174,13 @@ class TieredCache(EvictionPolicy):
             sink: list[int] = []
             policy.record_victims(sink)
             self._sinks.append(sink)
+        # kvcm tiers judge a drop by every tier's children (a record's), and a demoting
+        # tier's rounds hand their victims on whatever children the slower tiers hold
+        shared_children: dict[int, int] = {}
+        for index, policy in enumerate(self._tiers):
+            if isinstance(policy, KVCMPolicy):
+                policy.share_children(shared_children)
+                policy.hands_on = self._demote and index < len(self._tiers) - 1
         self._timed = [i for i, policy in enumerate(self._tiers) if policy.timed]
         self.timed = bool(self._timed)
         self.refresh_on_write = all(policy.refresh_on_write for policy in self._tiers)

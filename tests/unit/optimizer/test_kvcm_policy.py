@@ -98,6 +98,22 @@ def test_the_write_path_evicts_least_recent_leaves_first():
     assert {30, 31, 32, 33, 34} <= policy.keys() and not {20, 21} & policy.keys()
 
 
+def test_a_block_stored_after_its_child_is_no_leaf():
+    """A tier receiving demoted blocks gets a chain coldest first: the leaf before its
+    parent. The parent, stored second, has a cached child and is no victim until the child
+    goes; then the two go in one eviction, the parent joining the pool once its child went
+    (this once left the parent in the pool after it went: a KeyError)."""
+    policy = KVCMPolicy(round_s=1000)
+    policy.insert([11], limit=10, parent=10)  # the leaf first, its parent not cached
+    policy.insert([10], limit=10)
+    assert policy.leaves([10, 11]) == [11]
+    policy.insert([20, 21, 22], limit=10)
+    policy.advance(1 * S)
+    policy.touch([20, 21, 22])
+    assert policy.evict(2) == 2
+    assert policy.keys() == {20, 21, 22}
+
+
 def test_rounds_keep_the_watermark_one_step_at_a_time():
     policy = KVCMPolicy(round_s=1, period_s=10, used_percentage=0.5, step_percentage=10)
     policy.advance(0)
@@ -118,9 +134,9 @@ def test_a_woken_round_makes_room_under_the_hard_limit():
     policy = KVCMPolicy(round_s=1, used_percentage=1.0, step_percentage=10, headroom_percent=0)
     policy.advance(0)
     policy.insert(chain(1, 50), limit=50)
-    policy._entries[50].children = 1  # pin the chain: the write path finds no leaf
+    policy._children[50] = 1  # pin the chain: the write path finds no leaf
     assert policy.insert([99], limit=50) == 0 and policy._woken
-    policy._entries[50].children = 0
+    del policy._children[50]
     policy.advance(1 * S)  # pressure: one step (5) kept free under the limit
     assert len(policy) == 45
 

@@ -249,3 +249,38 @@ def test_the_tiers_command_replays_every_combination_of_capacities(tmp_path, cap
     assert len(lines) == 1 + 6 and "hit mem" in lines[0] and lines[1].split()[:2] == ["10", "0"]
     assert main([*base, "--compare"]) == 2
     assert "--compare: give one capacity per tier" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("moves", [False, True])
+def test_kvcm_tiers_demote_a_rounds_victims_and_the_write_path_drops_its_own(moves):
+    """KVCM demotes what its reclaim rounds take (demote_on_reclaim); the write path's
+    eviction in a start deletes, so its victims leave the tree unless
+    ``write_path_victims_move`` (upstream's cascading moves every victim)."""
+    hot = make_policy("kvcm", round_s=1.0, write_path_victims_move=moves)
+    cache = TieredCache([hot, make_policy("kvcm", round_s=1.0)], [10, 10], Strategy.DEMOTE, promote=False)
+    cache.advance(0)
+    cache.insert(list(range(1, 11)))  # the hot tier full
+    cache.insert([20])  # the write path makes room: the chain's leaf 10 goes
+    assert 10 not in hot and (10 in cache.tier(1)) is moves
+    cache.advance(1_000_000)  # a round: 10 blocks over the trigger of 9, one step: leaf 9
+    assert 9 not in hot and 9 in cache.tier(1)
+    assert cache.demoted_blocks == [0, 1 + moves]
+
+
+def test_kvcm_tiers_never_drop_a_block_whose_child_a_slower_tier_holds():
+    """A record counts its children whatever their tier: the hot tier's write path may not
+    drop a parent whose child was demoted (the cold block would no longer match any
+    prefix), while a round of the demoting tier may hand that parent on."""
+    hot = make_policy("kvcm", round_s=1.0)
+    cache = TieredCache([hot, make_policy("kvcm", round_s=1.0)], [3, 10], Strategy.DEMOTE, promote=False)
+    cache.advance(0)
+    cache.insert([1, 2, 3])  # the hot tier full
+    cache.advance(1_000_000)  # a round: over the trigger of 2 by 1, leaf 3 demoted
+    assert set(hot.keys()) == {1, 2} and 3 in cache.tier(1)
+    # a new chain of two: the write path finds no block it may drop (2's child is cold,
+    # 1's is 2), so the write gets the leading block that fits
+    assert cache.insert([10, 11]) == 1
+    assert set(hot.keys()) == {1, 2, 10} and cache.match_prefix([1, 2, 3]) == 3
+    cache.advance(2_000_000)  # a round: the least recent of the hot tier's own leaves, 2, goes down
+    assert set(hot.keys()) == {1, 10} and {2, 3} <= cache.tier(1).keys()
+    assert cache.match_prefix([1, 2, 3]) == 3
