@@ -78,6 +78,12 @@ EXECUTION_TIMEOUT_S = math.ceil(
 )
 
 
+def copy_batches(block_keys: Sequence[int]) -> list[list[int]]:
+    """``block_keys`` without repeats in batches of BATCH_SIZE: one Map item each."""
+    keys = list(dict.fromkeys(block_keys))
+    return [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)]
+
+
 class TierCopies:
     """Starts ``tier_copy`` executions."""
 
@@ -95,10 +101,7 @@ class TierCopies:
         """Start one execution copying ``block_keys`` from storage ``source`` to ``target``,
         at most the group's ``copy_max_concurrency`` batches at once (at most
         EXECUTION_SIZE keys: the caller checks); returns its ARN."""
-        keys = list(dict.fromkeys(block_keys))
-        return self.start(
-            ctx, source, target, [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)], retention
-        )
+        return self.start(ctx, source, target, copy_batches(block_keys), retention)
 
     def start(
         self,

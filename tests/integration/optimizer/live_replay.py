@@ -27,7 +27,7 @@ from chalicelib.index.types import MODE_RAW, Usage
 from chalicelib.optimizer.traces import Record
 from chalicelib.protocol.codes import MigrationRetention
 from chalicelib.storage import BlockRef
-from chalicelib.workflows.migrations import BATCH_SIZE, COPY_EXECUTION_PREFIX
+from chalicelib.workflows.migrations import COPY_EXECUTION_PREFIX, copy_batches
 from tests.helpers import api_caller, register_one_spec_instance
 
 #: The trace's blocks as the engine's: one spec ``tp0`` of this many bytes, 512 tokens a block.
@@ -114,10 +114,7 @@ class InProcessCopies:
     def submit(
         self, ctx: Any, source: str, target: str, block_keys: Sequence[int], retention: MigrationRetention
     ) -> str:
-        keys = list(dict.fromkeys(block_keys))
-        return self.start(
-            ctx, source, target, [keys[i : i + BATCH_SIZE] for i in range(0, len(keys), BATCH_SIZE)], retention
-        )
+        return self.start(ctx, source, target, copy_batches(block_keys), retention)
 
     def start(
         self,

@@ -28,7 +28,8 @@ from .test_tier_copy import (
     _setup_tiers,
     _write,
 )
-from .test_tier_triggers import NFS_BLOCKS, _on, _write_aged
+from .test_tier_triggers import _group as trigger_group
+from .test_tier_triggers import _on, _write_aged
 
 pytestmark = pytest.mark.slow  # the demotes wait for a state machine run on the wall clock
 
@@ -44,32 +45,7 @@ def workflow_clock():
 def _group(s3_blocks: int = 0, capacity: int = 1 << 30) -> InstanceGroup:
     """NFS's type quota NFS_BLOCKS blocks, reclaimed from half (5 blocks), a step of 100 %;
     nfs_01 -> s3_01 demotes (its copy trigger never fires: 0.99)."""
-    types = [{"storage_type": "ST_NFS", "capacity": NFS_BLOCKS * BLOCK}]
-    if s3_blocks:
-        types.append({"storage_type": "ST_S3", "capacity": s3_blocks * BLOCK})
-    return InstanceGroup.model_validate(
-        {
-            "name": "tiers",
-            "storage_candidates": ["nfs_01", "s3_01"],
-            "quota": {"capacity": capacity, "quota_config": types},
-            "cache_config": {
-                "reclaim_strategy": {"trigger_strategy": {"used_percentage": 0.5}, "reclaim_step_percentage": 100},
-                "migration_config": {
-                    "strategies": [
-                        {
-                            "source_storage_name": "nfs_01",
-                            "target_storage_name": "s3_01",
-                            "trigger_threshold": 0.99,
-                            "method_configs": {"copy": {"enabled": True}},
-                            "retention": "MIGRATION_RETENTION_DELETE_SOURCE",
-                            "demote_on_reclaim": True,
-                        }
-                    ],
-                    "copy_max_concurrency": 2,
-                },
-            },
-        }
-    )
+    return trigger_group(0.99, 0.5, capacity, s3_blocks, demote_on_reclaim=True)
 
 
 def _setup(stack, group: InstanceGroup) -> None:

@@ -33,8 +33,23 @@ def workflow_clock():
 
 
 def _group(
-    threshold: float, used_percentage: float = 0.9, capacity: int = 1 << 30, s3_blocks: int = 0
+    threshold: float,
+    used_percentage: float = 0.9,
+    capacity: int = 1 << 30,
+    s3_blocks: int = 0,
+    demote_on_reclaim: bool = False,
 ) -> InstanceGroup:
+    """NFS's type quota NFS_BLOCKS blocks (S3's ``s3_blocks``), a step of 100 %, one strategy
+    nfs_01 -> s3_01: KEEP_BOTH, or with ``demote_on_reclaim`` DELETE_SOURCE and demoting."""
+    strategy = {
+        "source_storage_name": "nfs_01",
+        "target_storage_name": "s3_01",
+        "trigger_threshold": threshold,
+        "method_configs": {"copy": {"enabled": True}},
+        "retention": "MIGRATION_RETENTION_KEEP_BOTH",
+    }
+    if demote_on_reclaim:
+        strategy |= {"retention": "MIGRATION_RETENTION_DELETE_SOURCE", "demote_on_reclaim": True}
     types = [{"storage_type": "ST_NFS", "capacity": NFS_BLOCKS * BLOCK}]
     if s3_blocks:
         types.append({"storage_type": "ST_S3", "capacity": s3_blocks * BLOCK})
@@ -48,18 +63,7 @@ def _group(
                     "trigger_strategy": {"used_percentage": used_percentage},
                     "reclaim_step_percentage": 100,
                 },
-                "migration_config": {
-                    "strategies": [
-                        {
-                            "source_storage_name": "nfs_01",
-                            "target_storage_name": "s3_01",
-                            "trigger_threshold": threshold,
-                            "method_configs": {"copy": {"enabled": True}},
-                            "retention": "MIGRATION_RETENTION_KEEP_BOTH",
-                        }
-                    ],
-                    "copy_max_concurrency": 2,
-                },
+                "migration_config": {"strategies": [strategy], "copy_max_concurrency": 2},
             },
         }
     )
