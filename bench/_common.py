@@ -139,6 +139,12 @@ class ValkeyTime:
         for serializer in (redis.connection.PythonRespSerializer, redis.connection.HiredisRespSerializer):
             serializer.pack = counting(serializer.pack)
 
+    def count(self, *names: str) -> None:
+        """Count commands this process sent as bytes of its own (index/reads.py writes a
+        read's MULTI ... EXEC on the connection), which the serializers never see."""
+        if self._counting:
+            self.sent.update(names)
+
     def _cpu_us(self) -> float:
         cpu = self.client.info("cpu")
         return (cpu["used_cpu_user"] + cpu["used_cpu_sys"]) * 1e6

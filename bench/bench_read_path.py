@@ -1,20 +1,20 @@
 """Where the Valkey time of a 128-key read goes, and what the layouts that could cut it cost.
 
 An instance's reads all run on one shard's single thread, so Valkey's time per read caps
-an instance. This bench takes the read script apart on 100,000 two-spec records (the
-layout of bench_meta.py (e)) and measures, in turns in one run, each option of
-docs/index-read-path.md: the read as shipped, the same with bucket names built in Lua
-(as before), the read after the whole constants and prelude (as every script ran before
-each carried only the definitions it uses), the fixed cost of a script call with the
-read's keys (after the whole constants and prelude, read.lua's selection of them, none),
-the floor of one HGET per key, the floor of one script call per key, one HMGET per distinct bucket, every key's recency
-refreshed, and the alternative layouts (one string key per record, packed string buckets,
-one hash per instance: one multi-key or multi-field command per read) with their memory;
-for the one hash, also the whole read script on it, one with less Lua work per key, and
-the client's own HMGET (no script). Baseline: a client MGET of the same 128 keys, and every figure as a multiple of it.
+an instance. This bench measures, in turns in one run on 100,000 two-spec records (the
+layout of bench_meta.py (e)), the read as shipped (index/reads.py: no script, MULTI and one
+HGET per key from the client; its Valkey time is MULTI's and EXEC's, EXEC's holding the
+HGETs), the same with every key's recency due (lua/touch.lua sent after it), and the script
+reads it replaced and the options of docs/index-read-path.md: one HGET per key in a script
+(the floor of the read script before, lua/read.lua, within 5 % of it), one EXISTS per key
+(the floor of any script making a call per key), one HMGET per distinct bucket, and the
+alternative layouts (one string key per record, packed string buckets, one hash per
+instance: one multi-key or multi-field command per read) with their memory. Baseline: a
+client MGET of the same 128 keys, and every figure as a multiple of it.
 
     .venv/bin/python bench/bench_read_path.py
 """
+
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -113,31 +114,11 @@ end
 return found"""
 
 
-def read_on_one_hash(read_source: str) -> str:
-    """lua/read.lua with every record looked up in KEYS[3], one hash holding them all, by
-    one HMGET before the loop instead of an HGET per key: the whole read (checks, refresh,
-    reply) on the one-hash layout."""
-    lookup = "local key = sub(keys, i * 8 - 7, i * 8)\n  local rec = call('HGET', buckets[i + 2], key)"
-    refresh = "call('HSET', buckets[i + 2],"
-    loop = "local recs = {}"
-    assert all(read_source.count(s) == 1 for s in (lookup, refresh, loop)), "lua/read.lua changed: update this bench"
-    hmget = (
-        "local fields = {}\n"
-        "for i = 1, n do fields[i] = sub(keys, i * 8 - 7, i * 8) end\n"
-        "local found = call('HMGET', KEYS[3], unpack(fields))\n"
-    )
-    return (
-        read_source.replace(lookup, "local rec = found[i]")
-        .replace(refresh, "call('HSET', KEYS[3],")
-        .replace(loop, hmget + loop)
-    )
-
-
 def main() -> None:
     from chalicelib.clock import ManualClock
     from chalicelib.index.block_index import BlockIndex
     from chalicelib.index.layout import lua_constants
-    from chalicelib.index.scripts import LUA_DIR, load_script
+    from chalicelib.index.scripts import LUA_DIR
     from chalicelib.index.types import MODE_PREFIX, bucket_index, pack_keys
 
     prelude = lua_constants() + (LUA_DIR / "prelude.lua").read_text()
@@ -216,16 +197,9 @@ def main() -> None:
                     ("mget_strings", MGET_STRING_RECORDS),
                     ("packed", FIND_IN_PACKED_BUCKETS),
                     ("one_hash", HMGET_ONE_HASH),
-                    ("read_one_hash", read_on_one_hash((LUA_DIR / "read.lua").read_text())),
                     ("lean_one_hash", LEAN_READ_ONE_HASH),
                 )
             }
-            # Every index script ran the whole constants and prelude before its own body; it
-            # now runs only the definitions it uses (scripts.used_definitions).
-            bare_empty = client.register_script(EMPTY)
-            read_body = (LUA_DIR / "read.lua").read_text()
-            selection_empty = client.register_script(load_script("read")[: -len(read_body)] + EMPTY)
-            whole_read = client.register_script(prelude + "\n" + read_body)
             packed_reads = []
             for batch in batches:
                 names = list(dict.fromkeys(layout.key("p:") + bucket_of(k)[len(layout.bucket_prefix) :] for k in batch))
@@ -265,39 +239,30 @@ def main() -> None:
 
             def due_read(i):
                 due_clock.advance(2)
-                return due_index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
+                return read(due_index, i)
 
             for i in range(len(batches)):
                 due_read(i)
 
-            def read_args(i, touch_interval_s=index.TOUCH_INTERVAL_S):
-                """The shipped read's ARGV for batch i (a prefix read, as read_raw sends it)."""
-                servable = "\n" + "\n".join(ctx.servable) if ctx.servable is not None else ""
-                now = int(rt.clock.now())
-                head = [pack_keys(batches[i]), int(MODE_PREFIX), 0, now, touch_interval_s, index.LFU_DECAY_S]
-                return [*head, servable, bucket_count]
+            timer = ValkeyTime(client)
+
+            def read(chosen_index, i):
+                """A read as read_raw sends it: MULTI and EXEC are what Valkey's time holds
+                (EXEC's own holds the HGETs it runs), and lua/touch.lua when it follows."""
+                parked = len(chosen_index._parked)
+                chosen_index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
+                timer.count("multi", "exec", *(["evalsha"] if len(chosen_index._parked) > parked else []))
 
             options = {
                 "client MGET of 128 string keys (baseline)": cycling(
                     lambda i: client.mget([layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]])
                 ),
-                "read as shipped (names from the client, no refresh due)": cycling(
-                    lambda i: index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
+                "read as shipped (MULTI, HGET per key; no refresh due)": cycling(partial(read, index)),
+                "  the same, every key's recency due (+ lua/touch.lua)": cycling(due_read),
+                "fixed cost of a script: an empty one with 130 KEYS": script(
+                    "empty", lambda i: [layout.key("m"), layout.key("st"), *buckets[i]]
                 ),
-                "  the same, every key's recency due (HSET per key)": cycling(due_read),
-                "  read.lua after the whole constants and prelude (before)": cycling(
-                    lambda i: whole_read(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
-                ),
-                "fixed cost: an empty script, the read's KEYS and ARGV": cycling(
-                    lambda i: scripts["empty"](keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
-                ),
-                "  the same after read.lua's selection of them (shipped)": cycling(
-                    lambda i: selection_empty(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
-                ),
-                "  the same without the constants and prelude": cycling(
-                    lambda i: bare_empty(keys=[layout.key("m"), layout.key("st"), *buckets[i]], args=read_args(i))
-                ),
-                "floor: one HGET per key, names given": script("hget", lambda i: buckets[i]),
+                "one HGET per key in a script (lua/read.lua's floor)": script("hget", lambda i: buckets[i]),
                 "one HGET per key, bucket names built in Lua (before)": script(
                     "hget_lua_names", lambda i: [layout.key("m")]
                 ),
@@ -307,13 +272,6 @@ def main() -> None:
                     "mget_strings", lambda i: [layout.key("r:") + k.to_bytes(8, "big", signed=True) for k in batches[i]]
                 ),
                 f"one {one_hash_encoding} hash per instance: one HMGET": script("one_hash", lambda i: [one_hash]),
-                # Its copies of the records carry their write time: a touch interval longer
-                # than the run keeps every refresh not due, as in the shipped read's row.
-                "  the whole read script on it (no refresh due)": cycling(
-                    lambda i: scripts["read_one_hash"](
-                        keys=[layout.key("m"), layout.key("st"), one_hash], args=read_args(i, 1 << 30)
-                    )
-                ),
                 "  a prefix read on it, keys as ARGV, reply as HMGET's": cycling(
                     lambda i: scripts["lean_one_hash"](
                         keys=[one_hash], args=[0, *(k.to_bytes(8, "big", signed=True) for k in batches[i])]
@@ -331,7 +289,6 @@ def main() -> None:
                     )
                 ),
             }
-            timer = ValkeyTime(client)
             samples = {name: [] for name in options}
             for _ in range(ROUNDS):
                 for name, fn in options.items():

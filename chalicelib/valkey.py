@@ -82,6 +82,14 @@ def connect(
     return client
 
 
+def node_pool(client: Valkey, key: bytes) -> redis.ConnectionPool:
+    """The connection pool of the node serving ``key`` (a hash-tagged key name): for code
+    that writes a command's bytes on a connection itself (index/reads.py)."""
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key)).connection_pool
+    return client.connection_pool
+
+
 def lua_source(directory: Path, name: str, prelude: str | None = None) -> str:
     """The text of ``directory/<name>.lua``, after ``directory/<prelude>.lua`` when given
     (Valkey scripts cannot include one another)."""

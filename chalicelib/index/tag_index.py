@@ -35,18 +35,22 @@ trip only when something changed); starts read it instead of every peer's usage.
 from __future__ import annotations
 
 import math
+import random
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
+import redis
 from redis.commands.core import Script
+from redis.connection import ConnectionPool
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
-from ..valkey import Valkey, valkey_errors
+from ..valkey import Valkey, node_pool, valkey_errors
 from .errors import CopyGuardError, InstanceGoneError, QuotaExceededError, WriteSessionError
 from .layout import (
     REQUEST_POSITION,
@@ -55,9 +59,11 @@ from .layout import (
     CopyGuard,
     FinishStatus,
     MarkScope,
+    ReadMode,
     StartRefusal,
     StartResult,
 )
+from .reads import Recency, answer, blocked_storages, bucket_count_of, bucket_names, read_command, resp
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -84,6 +90,18 @@ from .types import (
     packed_groups,
     session_entries,
 )
+
+
+@dataclass(frozen=True)
+class _Parked:
+    """A refresh sent after a read, on a connection held until its reply is read."""
+
+    pool: ConnectionPool
+    conn: Any  # a redis.connection.Connection, whose methods redis-py leaves untyped
+    keys: list[bytes]
+    args: list[bytes | int]
+    #: Replies to read: the refresh's, after SCRIPT LOAD's when it was sent with it.
+    replies: int = 1
 
 
 def _start_marks(reply: bytes) -> MarkCounts:
@@ -124,7 +142,7 @@ class TagIndex:
         self.client = client
         self.prefix = prefix
         self.clock = clock
-        self._read = client.register_script(load_script("read"))
+        self._touch = client.register_script(load_script("touch"))
         self._start = client.register_script(load_script("start"))
         self._finish = client.register_script(load_script("finish"))
         self._mark = client.register_script(load_script("mark"))
@@ -138,6 +156,11 @@ class TagIndex:
         #: Hash tag -> the bucket count last seen (reads name buckets with it; a read
         #: finding it out of date names them in Lua and returns the count now).
         self._bucket_counts: dict[bytes, int] = {}
+        #: Connections a read sent a recency refresh on, its reply not read yet (``settle``).
+        self._parked: list[_Parked] = []
+        self._touch_loaded = False
+        #: The LFU counters' coin (lua scripts used Valkey's math.random).
+        self._rng = random.Random()
 
     def layout(
         self,
@@ -150,6 +173,7 @@ class TagIndex:
         return InstanceLayout(self.prefix, instance_id, bucket_bits, group, incarnation, shard_suffixes)
 
     def _call(self, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> Any:
+        self.settle()  # this process's reads refreshed before its next change (``read_raw``)
         with valkey_errors("index"):
             return script(keys=keys, args=args)
 
@@ -181,6 +205,7 @@ class TagIndex:
         ``before``'s commands must hold once the script ran: if one failed, they are sent
         again alone (raising if they fail again) before the script's reply is used;
         ``after``'s replies are not looked at."""
+        self.settle()
         pipe = self.client.pipeline(transaction=False)
         if before is not None:
             before(pipe)
@@ -254,55 +279,121 @@ class TagIndex:
         covered: Sequence[bool] | None = None,
         feed: FeedEntry | None = None,
     ) -> list[bytes | None]:
-        """Records for ``block_keys`` in one round trip (see lua/read.lua for the modes),
-        with ``feed`` appended to the instance's hit feed in it.
+        """Records for ``block_keys`` in one round trip (index/reads.py: no script), with
+        ``feed`` appended to the instance's hit feed in it.
 
         Prefix mode stops at the first key without a SERVING location; batch and window
-        modes return one entry per key. Entries are raw records (None = not served).
-        ``servable`` names the storages whose locations may serve (None: any).
-        ``covered`` flags keys served from elsewhere (reported locations): a miss there
-        neither ends the prefix nor breaks the window.
+        modes return one entry per key; raw mode every stored record. Entries are raw
+        records (None = not served). ``servable`` names the storages whose locations may
+        serve (None: any). ``covered`` flags keys served from elsewhere (reported
+        locations): a miss there neither ends the prefix nor breaks the window. Served
+        records whose recency is due come back refreshed, and lua/touch.lua stores that
+        after the answer is known, its reply read with this index's next read (``settle``).
         """
         if not block_keys:
             return []
-        # The client names each key's bucket: building the names in Lua cost Valkey's
-        # single thread about a fifth of the read (docs/index-read-path.md). Inlined
-        # ``bucket_index``: this loop runs once per key of every read.
-        prefix = layout.bucket_prefix
+        self.settle()
+        fields = pack_keys(block_keys)
+        with_table = servable is not None and mode != ReadMode.RAW
+        tail = self._feed_command(layout, feed) if feed is not None else b""
         count = self._bucket_counts.get(layout.tag) or 1 << layout.bucket_bits
-        low = 1 << (count.bit_length() - 1)
-        wide, narrow = 2 * low - 1, low - 1
-        buckets = [b"%b%x" % (prefix, i if (i := k & wide) < count else k & narrow) for k in block_keys]
-        keys: list[KeyT] = [layout.key("m"), layout.key("st"), *buckets]
-        args: list[EncodableT] = [
-            pack_keys(block_keys),
-            int(mode),
-            sw_size,
-            int(self.clock.now()),
-            self.TOUCH_INTERVAL_S,
-            self.LFU_DECAY_S,
-            "" if servable is None else "\n" + "\n".join(servable),
+        while True:
+            buckets = bucket_names(layout, block_keys, count)
+            command = read_command(layout, fields, buckets, with_table, tail)
+            pool, conn, reply = self._exchange(layout, command, 3 + with_table + len(buckets), tail)
+            now_count = bucket_count_of(reply[0])
+            if now_count == count:
+                break
+            # Buckets split since ``count``: read again with the names for the count now (the
+            # hit feed was appended already).
+            pool.release(conn)
+            self._bucket_counts[layout.tag] = count = now_count
+            tail = b""
+        blocked = blocked_storages(reply[1], servable) if with_table and servable is not None else frozenset()
+        now = int(self.clock.now())
+        recency = Recency(self.TOUCH_INTERVAL_S, self.LFU_DECAY_S)
+        out = answer(reply[1 + with_table :], mode, sw_size, blocked, covered, now, recency, self._rng)
+        if not out.due:
+            pool.release(conn)
+            return out.records
+        keys = [layout.key("m"), *(buckets[i] for i in out.due)]
+        args: list[bytes | int] = [
+            b"".join(fields[8 * i : 8 * i + 8] for i in out.due),
             count,
-            *([b"".join(b"1" if c else b"0" for c in covered)] if covered else []),
+            now,
+            recency.interval_s,
+            bytes(out.lfu),
         ]
-        if feed is None:
-            reply = self._call(self._read, keys, args)
+        # The script is loaded ahead of its first use on this index (and again after a
+        # NOSCRIPT): its reply is read late, too late to resend it before other calls.
+        load = b"" if self._touch_loaded else resp(b"SCRIPT", b"LOAD", self._touch.script)
+        try:
+            conn.send_packed_command([load + resp(b"EVALSHA", self._touch.sha, len(keys), *keys, *args)])
+        except redis.RedisError:
+            conn.disconnect()  # the refresh is lost with its connection; the read stands
+            pool.release(conn)
         else:
-            reply = self._call_queued(
-                self._read, keys, args, after=partial(self._queue_feed, layout=layout, entry=feed)
-            )
-        if isinstance(reply, list):  # the buckets split since ``count``: the count now
-            reply, now = reply
-            self._bucket_counts[layout.tag] = int(now)
-        blob = cast(bytes, reply)
-        out: list[bytes | None] = []
-        pos, end = 0, len(blob)
-        while pos < end:
-            length = (blob[pos] << 8) | blob[pos + 1]
-            pos += 2
-            out.append(blob[pos : pos + length] if length else None)
-            pos += length
-        return out
+            self._parked.append(_Parked(pool, conn, keys, args, replies=2 if load else 1))
+            self._touch_loaded = True
+        return out.records
+
+    def settle(self) -> None:
+        """Wait for the recency refreshes earlier reads sent (lua/touch.lua's replies): after
+        it, every read this index answered is refreshed in Valkey. A refresh whose script
+        Valkey did not have (NOSCRIPT) is sent again with it; one lost with its connection
+        stays lost (the block's next read refreshes it)."""
+        while self._parked:
+            try:
+                parked = self._parked.pop()
+            except IndexError:  # another thread took the last one
+                return
+            try:
+                for _ in range(parked.replies):
+                    parked.conn.read_response()
+            except NoScriptError:  # Valkey lost its scripts (a restart, a failover)
+                parked.pool.release(parked.conn)
+                self._touch_loaded = False
+                self._call(self._touch, parked.keys, parked.args)
+                continue
+            except redis.RedisError:
+                parked.conn.disconnect()
+            parked.pool.release(parked.conn)
+
+    def _exchange(
+        self, layout: InstanceLayout, command: bytes, replies: int, tail: bytes
+    ) -> tuple[ConnectionPool, Any, list[Any]]:
+        """Send a read (``read_command``) on a connection to the instance's node and read its
+        replies: the pool, the connection (still held: the refresh may follow on it) and
+        EXEC's reply. A dropped connection is retried once on a new one, as the client's
+        own retry policy does."""
+        with valkey_errors("index"):
+            for attempt in (1, 2):
+                pool = node_pool(self.client, layout.tag)
+                conn: Any = pool.get_connection()
+                try:
+                    conn.send_packed_command([command])
+                    for _ in range(replies - 1):  # OK for MULTI, QUEUED for each command
+                        conn.read_response()
+                    reply = conn.read_response()
+                    if tail:
+                        try:
+                            conn.read_response()
+                        except redis.ResponseError:
+                            pass  # the hit feed's append: observability, not the read
+                    return pool, conn, cast(list[Any], reply)
+                except BaseException as exc:
+                    conn.disconnect()  # replies may still be in flight on it
+                    pool.release(conn)
+                    if attempt == 2 or not isinstance(exc, redis.ConnectionError):
+                        raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    @staticmethod
+    def _feed_command(layout: InstanceLayout, entry: FeedEntry) -> bytes:
+        """The hit-feed append (``_queue_feed``) as one command's bytes."""
+        bound: tuple[bytes | str | int, ...] = (b"MAXLEN", b"~", entry.max_len) if entry.max_len else ()
+        pairs = [part for item in entry.fields().items() for part in item]
+        return resp(b"XADD", layout.key(STREAM_SUFFIX), *bound, b"*", *pairs)
 
     # ---------------------------------------------------------------- writes
 
