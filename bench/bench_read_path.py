@@ -15,7 +15,6 @@ client MGET of the same 128 keys, and every figure as a multiple of it.
     .venv/bin/python bench/bench_read_path.py
 """
 
-
 from __future__ import annotations
 
 import os
