@@ -326,7 +326,7 @@ class TagIndex:
         ]
         # The script is loaded ahead of its first use on this index (and again after a
         # NOSCRIPT): its reply is read late, too late to resend it before other calls.
-        load = b"" if self._touch_loaded else resp(b"SCRIPT", b"LOAD", self._touch.script)
+        load = b"" if self._touch_loaded else resp(b"SCRIPT", b"LOAD", cast(str, self._touch.script))
         try:
             conn.send_packed_command([load + resp(b"EVALSHA", self._touch.sha, len(keys), *keys, *args)])
         except redis.RedisError:
