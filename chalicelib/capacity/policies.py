@@ -78,7 +78,7 @@ class LRUPolicy(VictimPolicy):
 
 class LFUPolicy(VictimPolicy):
     """Lowest access counter first, the counter decayed by one per ``decay_s`` without
-    access — the same decay lua/read.lua applies before counting a new access."""
+    access — the same decay a read applies (index/reads.py ``Recency``) before counting a new access."""
 
     name = "lfu"
 

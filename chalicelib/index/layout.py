@@ -170,7 +170,7 @@ class RecordFlag(IntEnum):
 
 
 class ReadMode(IntEnum):
-    """What lua/read.lua returns for a list of keys."""
+    """What a read (index/reads.py ``answer``) returns for a list of keys."""
 
     PREFIX = 1
     BATCH = 2

@@ -54,14 +54,14 @@ def bucket_names(layout: InstanceLayout, block_keys: Sequence[int], count: int) 
 
 
 def read_command(
-    layout: InstanceLayout, fields: bytes, buckets: Sequence[bytes], with_table: bool, tail: bytes = b""
+    layout: InstanceLayout, buckets: Sequence[bytes], fields: Sequence[bytes], with_table: bool, tail: bytes = b""
 ) -> bytes:
     """The read's bytes: MULTI, the bucket count (HMGET meta n bits), the storage table when
-    ``with_table``, an HGET per key (``fields``: the keys' 8-byte fields, packed), EXEC,
-    then ``tail`` (commands whose replies the read does not look at)."""
+    ``with_table``, an HGET per key (``fields``: the keys' 8-byte fields, in ``buckets``),
+    EXEC, then ``tail`` (commands whose replies the read does not look at)."""
     hgets = [
-        b"*3\r\n$4\r\nHGET\r\n$%d\r\n%b\r\n$8\r\n%b\r\n" % (len(name), name, fields[8 * i : 8 * i + 8])
-        for i, name in enumerate(buckets)
+        b"*3\r\n$4\r\nHGET\r\n$%d\r\n%b\r\n$8\r\n%b\r\n" % (len(name), name, field)
+        for name, field in zip(buckets, fields, strict=True)
     ]
     head = [_MULTI, resp(b"HMGET", layout.key("m"), b"n", b"bits")]
     if with_table:

@@ -293,32 +293,45 @@ class TagIndex:
         if not block_keys:
             return []
         self.settle()
-        fields = pack_keys(block_keys)
+        fields = [k.to_bytes(8, "big", signed=True) for k in block_keys]
         with_table = servable is not None and mode != ReadMode.RAW
         tail = self._feed_command(layout, feed) if feed is not None else b""
         count = self._bucket_counts.get(layout.tag) or 1 << layout.bucket_bits
+        buckets = bucket_names(layout, block_keys, count)
+        found: list[bytes | None] = [None] * len(block_keys)
+        todo: Sequence[int] = range(len(block_keys))
+        blocked: frozenset[int] = frozenset()
         while True:
-            buckets = bucket_names(layout, block_keys, count)
-            command = read_command(layout, fields, buckets, with_table, tail)
-            pool, conn, reply = self._exchange(layout, command, 3 + with_table + len(buckets), tail)
+            names, asked = [buckets[i] for i in todo], [fields[i] for i in todo]
+            command = read_command(layout, names, asked, with_table, tail)
+            pool, conn, reply = self._exchange(layout, command, 3 + with_table + len(names), tail)
+            if with_table:
+                blocked = blocked_storages(reply[1], servable or ())
+            for i, rec in zip(todo, reply[1 + with_table :], strict=True):
+                found[i] = rec
             now_count = bucket_count_of(reply[0])
             if now_count == count:
                 break
-            # Buckets split since ``count``: read again with the names for the count now (the
-            # hit feed was appended already).
-            pool.release(conn)
+            # Buckets split since ``count``: what this read found stands for the keys whose
+            # bucket the splits left as named; the others are read again (a second round trip,
+            # only while the instance grows: docs/index-read-path.md).
             self._bucket_counts[layout.tag] = count = now_count
-            tail = b""
-        blocked = blocked_storages(reply[1], servable) if with_table and servable is not None else frozenset()
+            now_buckets = bucket_names(layout, block_keys, count)
+            todo = [i for i, (was, now) in enumerate(zip(buckets, now_buckets, strict=True)) if was != now]
+            buckets = now_buckets
+            if not todo:
+                break
+            pool.release(conn)
+            with_table, tail = False, b""  # the table and the hit feed came with the first
         now = int(self.clock.now())
         recency = Recency(self.TOUCH_INTERVAL_S, self.LFU_DECAY_S)
-        out = answer(reply[1 + with_table :], mode, sw_size, blocked, covered, now, recency, self._rng)
+        out = answer(found, mode, sw_size, blocked, covered, now, recency, self._rng)
         if not out.due:
             pool.release(conn)
             return out.records
         keys = [layout.key("m"), *(buckets[i] for i in out.due)]
         args: list[bytes | int] = [
-            b"".join(fields[8 * i : 8 * i + 8] for i in out.due),
+            b"".join(fields[i] for i in out.due),
             count,
             now,
             recency.interval_s,
@@ -341,7 +354,8 @@ class TagIndex:
         """Wait for the recency refreshes earlier reads sent (lua/touch.lua's replies): after
         it, every read this index answered is refreshed in Valkey. A refresh whose script
         Valkey did not have (NOSCRIPT) is sent again with it; one lost with its connection
-        stays lost (the block's next read refreshes it)."""
+        stays lost (the block's next read refreshes it). Raises ValkeyUnavailableError
+        when Valkey does not answer within the socket timeout."""
         while self._parked:
             try:
                 parked = self._parked.pop()
@@ -355,6 +369,12 @@ class TagIndex:
                 self._touch_loaded = False
                 self._call(self._touch, parked.keys, parked.args)
                 continue
+            except redis.TimeoutError:
+                # Valkey hangs: the caller's own call would wait as long again.
+                parked.conn.disconnect()
+                parked.pool.release(parked.conn)
+                with valkey_errors("index"):
+                    raise
             except redis.RedisError:
                 parked.conn.disconnect()
             parked.pool.release(parked.conn)

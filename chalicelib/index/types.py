@@ -96,8 +96,8 @@ class InstanceLayout:
 
 
 def rightmost_window(hits: Sequence[bool], sw: int) -> range:
-    """The positions of the right-most run of ``sw`` hits (empty without one); lua/read.lua
-    finds the same window."""
+    """The positions of the right-most run of ``sw`` hits (empty without one): a window
+    read's answer (index/reads.py, and a sharded read over its shards' answers)."""
     run = 0
     for i in range(len(hits) - 1, -1, -1):
         run = run + 1 if hits[i] else 0

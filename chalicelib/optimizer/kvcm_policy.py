@@ -6,7 +6,7 @@ mirrors, block for block where it can:
 * **Records.** A block written gets its last access (whole seconds) and an LFU counter of
   5; a served read refreshes both at most once per ``touch_interval_s`` per block (the LFU
   counter decays by one per ``lfu_decay_s`` idle, then grows with probability
-  ``1 / (10 * (counter - 5) + 1)``, as lua/read.lua). A write never refreshes a block that
+  ``1 / (10 * (counter - 5) + 1)``, as index/reads.py ``Recency``). A write never refreshes a block that
   exists.
 * **Limits.** The capacity given to the replay is the instance's hard limit (KVCM's
   ``max_key_count``, or its byte quota in blocks). A write whose new blocks would pass it
@@ -47,7 +47,7 @@ from chalicelib.index.types import FIRST_BUCKET_BITS, bucket_index
 from chalicelib.optimizer.errors import ConfigError
 from chalicelib.optimizer.policy_base import EvictionPolicy
 
-#: A new record's LFU counter and the counter's ceiling (lua/start.lua, lua/read.lua).
+#: A new record's LFU counter and the counter's ceiling (lua/start.lua, index/reads.py).
 LFU_INITIAL, LFU_MAX = 5, 255
 #: Under pressure the trigger keeps one step, at most this % of the limit, free.
 PRESSURE_HEADROOM_PERCENT = 10

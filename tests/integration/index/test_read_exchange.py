@@ -86,7 +86,7 @@ def test_a_refresh_lost_to_noscript_is_sent_again(index, layout, valkey, clock):
     assert access_times(index, layout, [1, 2]) == [int(clock.now())] * 2
 
 
-def test_a_reader_whose_bucket_count_is_out_of_date_reads_again_with_the_count_now(index, layout, valkey, clock):
+def test_a_reader_whose_bucket_count_is_out_of_date_reads_the_moved_keys_again(index, layout, valkey, clock):
     reader = BlockIndex(valkey, index.prefix, clock)
     first = list(range(1, 41))
     written(index, layout, first)
@@ -97,8 +97,14 @@ def test_a_reader_whose_bucket_count_is_out_of_date_reads_again_with_the_count_n
         written(index, layout, more[i : i + 100], sid=f"more{i}")
     assert index.bucket_count(layout) > count  # the starts split buckets
     keys = first + more
+    now = index.bucket_count(layout)
+    moved = sum(bucket_index(k, count) != bucket_index(k, now) for k in keys)
+    assert 0 < moved < len(keys)
+    valkey.config_resetstat()
     assert [r is not None for r in reader.read_raw(layout, keys, MODE_BATCH)] == [True] * len(keys)
-    assert reader._bucket_counts[layout.tag] == index.bucket_count(layout)
+    assert reader._bucket_counts[layout.tag] == now
+    # the second exchange asks only for the keys whose bucket a split moved
+    assert (calls(valkey)["exec"], calls(valkey)["hget"]) == (2, len(keys) + moved)
 
 
 def test_a_connection_dropped_by_the_server_is_retried_once(index, layout, valkey, valkey_url):

@@ -18,7 +18,7 @@ from chalicelib.index.reads import (
     serves,
 )
 from chalicelib.index.records import decode_record
-from chalicelib.index.types import InstanceLayout, bucket_index, pack_keys
+from chalicelib.index.types import InstanceLayout, bucket_index
 
 LAYOUT = InstanceLayout("t", "inst", 4)
 NOW = 1_700_000_000
@@ -66,11 +66,9 @@ def test_a_read_is_multi_the_count_the_table_an_hget_per_key_and_exec(with_table
     keys = [5, -3, 1 << 40]
     names = bucket_names(LAYOUT, keys, 12)
     assert names == [LAYOUT.bucket(bucket_index(k, 12)) for k in keys]
-    sent = commands(
-        read_command(LAYOUT, pack_keys(keys), names, with_table, tail=resp(b"XADD", b"s", b"*", b"a", b"1"))
-    )
-    table = [[b"HGETALL", LAYOUT.key("st")]] if with_table else []
     fields = [k.to_bytes(8, "big", signed=True) for k in keys]
+    sent = commands(read_command(LAYOUT, names, fields, with_table, tail=resp(b"XADD", b"s", b"*", b"a", b"1")))
+    table = [[b"HGETALL", LAYOUT.key("st")]] if with_table else []
     assert sent == [
         [b"MULTI"],
         [b"HMGET", LAYOUT.key("m"), b"n", b"bits"],
