@@ -56,6 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import hiredis
 import redis
 
 from bench._common import start_local_aws, valkey_server
@@ -145,22 +146,18 @@ class Counters:
         self.ddb_calls = 0
         tracker = self
 
-        def counting_pack(original: Callable[..., Any]) -> Callable[..., Any]:
-            def pack(packer: Any, *args: Any) -> Any:
-                if tracker.on:
-                    tracker.commands += 1
-                return original(packer, *args)
-
-            return pack
-
-        # Both serializers: redis-py packs with hiredis's when it is installed.
-        for serializer in (redis.connection.PythonRespSerializer, redis.connection.HiredisRespSerializer):
-            serializer.pack = counting_pack(serializer.pack)  # type: ignore[method-assign]
         send = redis.connection.Connection.send_packed_command
 
         def counting_send(conn: Any, command: Any, check_health: bool = True) -> None:
+            # Commands are counted in the bytes sent, so that those a caller packs itself (a
+            # read's MULTI ... EXEC: index/reads.py) count as the ones redis-py packs.
             if tracker.on:
                 tracker.round_trips += 1
+                reader = hiredis.Reader()
+                for chunk in [command] if isinstance(command, (bytes, memoryview)) else command:
+                    reader.feed(chunk)
+                while reader.gets() is not False:
+                    tracker.commands += 1
             send(conn, command, check_health)
 
         redis.connection.Connection.send_packed_command = counting_send  # type: ignore[method-assign]

@@ -49,7 +49,7 @@ from .contexts import ContextProvider
 from .deletion import Deleter, DeletionService
 
 INSTANCE, CACHE, META = "instance", "cache", "meta"
-#: Occupied buckets read per step (about 8 blocks each: BlockIndex.RECORDS_PER_BUCKET).
+#: Occupied buckets read per step (about 16 blocks each: BlockIndex.RECORDS_PER_BUCKET).
 BUCKETS_PER_STEP = 64
 #: Blocks an API call purges itself before handing the rest to the state machine.
 INLINE_BLOCKS = 2048

@@ -2,7 +2,7 @@
 
 Block keys are hashes and buckets hold the keys' low bits, so the records of a few random
 buckets are a uniform sample of an instance's blocks. A round reads whole buckets
-(about 8 records each, as they grow), several per round trip, and never scans the
+(about 16 records each, as they grow: BlockIndex.RECORDS_PER_BUCKET), several per round trip, and never scans the
 instance. Buckets are drawn from the instance's occupied-bucket set, so a sparse instance
 sized for millions of buckets is sampled as cheaply as a full one; TTL expiry walks a
 cursor over that set instead, so every block is looked at once per pass.

@@ -144,7 +144,7 @@ LFU_INITIAL = 5
 MAX_BUCKETS = 1 << 24
 #: The most buckets one start splits (lua/prelude.lua grow_buckets): a call moves at most
 #: that many buckets' records, and a start of up to 1,024 new records keeps its instance
-#: at 8 records per bucket.
+#: at its records per bucket (BlockIndex.RECORDS_PER_BUCKET).
 MAX_SPLITS_PER_CALL = 128
 
 

@@ -133,10 +133,10 @@ class TagIndex:
     #: the instance again, so no deletion can hit a newer block).
     EVERY_DELETION = 1 << 52
     #: A start splits a bucket while the instance holds more than this many records per
-    #: bucket (lua/prelude.lua grow_buckets). A listpack lookup scans the bucket: at 8 an
-    #: HGET costs about what it costs in a bucket of one record, for about 10 B per block
-    #: more than at 64 (docs/record-layout.md, "Buckets").
-    RECORDS_PER_BUCKET = 8
+    #: bucket (lua/prelude.lua grow_buckets). A listpack lookup scans the bucket, which a
+    #: client's HGET pays little for: 16 keeps a two-spec block under 72 B (67 against 74.5
+    #: at 8) for a read within noise (docs/index-read-path.md, "Reads without a script").
+    RECORDS_PER_BUCKET = 16
 
     def __init__(self, client: Valkey, prefix: str, clock: Clock) -> None:
         self.client = client
