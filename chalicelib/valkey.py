@@ -13,7 +13,7 @@ from typing import Any, cast
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
+from redis.exceptions import AskError, ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 
 from .protocol.errors import ServiceNotReadyError
@@ -27,8 +27,9 @@ class ValkeyUnavailableError(ServiceNotReadyError):
 
 
 # Valkey cannot serve now, as opposed to "the request is wrong": no connection or a
-# timeout, a cluster failing over or re-sharding, a replica answering a write.
-_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError)
+# timeout, a cluster failing over or re-sharding (a slot moving: ASK, MOVED once redirects
+# are spent), a replica answering a write.
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, AskError, ReadOnlyError)
 # Another client's script still running; redis-py prefixes a pipeline's errors.
 _BUSY = re.compile(r"(^|caused error: )BUSY\b")
 

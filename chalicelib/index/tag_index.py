@@ -43,9 +43,10 @@ from functools import partial
 from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.connection import ConnectionPool
-from redis.exceptions import NoScriptError
+from redis.exceptions import MovedError, NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from ..clock import Clock
@@ -385,7 +386,7 @@ class TagIndex:
         """Send a read (``read_command``) on a connection to the instance's node and read its
         replies: the pool, the connection (still held: the refresh may follow on it) and
         EXEC's reply. A dropped connection is retried once on a new one, as the client's
-        own retry policy does."""
+        own retry policy does; a slot moved to another node (MOVED), once on that node."""
         with valkey_errors("index"):
             for attempt in (1, 2):
                 pool = node_pool(self.client, layout.tag)
@@ -404,8 +405,11 @@ class TagIndex:
                 except BaseException as exc:
                     conn.disconnect()  # replies may still be in flight on it
                     pool.release(conn)
-                    if attempt == 2 or not isinstance(exc, redis.ConnectionError):
+                    if attempt == 2 or not isinstance(exc, (redis.ConnectionError, MovedError)):
                         raise
+                    if isinstance(exc, MovedError) and isinstance(self.client, RedisCluster):
+                        # The slot moved (a re-sharding): the node that has it now, once.
+                        self.client.nodes_manager.initialize()
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     @staticmethod

@@ -47,3 +47,32 @@ def test_a_sampled_read_and_a_mark_pipeline_their_extra_command_on_a_cluster(clu
     assert cluster.xlen(layout.key(STREAM_SUFFIX)) == 1
     assert [v.block_key for v in index.mark_deleting(layout, [2], [200])] == [2]
     assert len(index.due_deletions(2**40, 10)["inst"]) == 1
+
+
+def test_a_read_follows_its_slot_to_the_node_it_moved_to(tmp_path):
+    """A re-sharding moves an instance's slot while the client's slot map still names the
+    old node: the read's MULTI there is answered MOVED, and it is sent once more to the node
+    holding the slot now."""
+    import redis
+
+    with valkey_cluster(tmp_path, 2) as cluster:
+        index = BlockIndex(cluster, "kvcm", SystemClock())
+        layout = index.layout("inst", 4)
+        index.start(layout, [1, 2, 3], StartRequest("s1", 2**47, "nfs", "ST_NFS", 8, [200], [0, 0, 0]))
+        index.finish(layout, "s1", index.session(layout, "s1"), [True, True, True], [200])
+        assert len(index.read_raw(layout, [1, 2, 3], MODE_PREFIX)) == 3
+        slot = cluster.keyslot(layout.key("m"))
+        source = cluster.get_node_from_key(layout.key("m"))
+        target = next(n for n in cluster.get_primaries() if n.name != source.name)
+        src = redis.Redis(host=source.host, port=source.port)
+        dst = redis.Redis(host=target.host, port=target.port)
+        src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+        for node in (src, dst):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        assert cluster.get_node_from_key(layout.key("m")).name == source.name  # the map is stale
+        assert len(index.read_raw(layout, [1, 2, 3], MODE_PREFIX)) == 3
+        assert cluster.get_node_from_key(layout.key("m")).name == target.name

@@ -2,7 +2,14 @@
 
 import pytest
 import redis
-from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 from chalicelib.runtime import Runtime
 from chalicelib.settings import Settings
@@ -18,6 +25,8 @@ from tests.helpers import free_port
         ClusterDownError("CLUSTERDOWN"),
         TryAgainError("TRYAGAIN"),
         ReadOnlyError("READONLY replica"),
+        MovedError("3999 127.0.0.1:6381"),
+        AskError("3999 127.0.0.1:6381"),
         redis.ResponseError("BUSY Redis is busy running a script"),
         redis.ResponseError(
             "Command # 1 (HGETALL {t:i}:u) of pipeline caused error: BUSY Valkey is busy running a script"
