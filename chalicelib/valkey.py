@@ -13,7 +13,7 @@ from typing import Any, cast
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
+from redis.exceptions import AskError, ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 
 from .protocol.errors import ServiceNotReadyError
@@ -27,8 +27,10 @@ class ValkeyUnavailableError(ServiceNotReadyError):
 
 
 # Valkey cannot serve now, as opposed to "the request is wrong": no connection or a
-# timeout, a cluster failing over or re-sharding, a replica answering a write.
-_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError)
+# timeout, a cluster failing over or re-sharding (a MOVED or ASK that outlived a retry: only
+# ``exchange``'s callers see one, redis-py's own commands follow them), a replica answering
+# a write.
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, ClusterError, TryAgainError, ReadOnlyError, AskError)
 # Another client's script still running; redis-py prefixes a pipeline's errors.
 _BUSY = re.compile(r"(^|caused error: )BUSY\b")
 
@@ -80,6 +82,44 @@ def connect(
             retry_on_timeout=False,
         )
     return client
+
+
+def exchange(client: Valkey, key: str, commands: bytes, replies: int) -> list[Any]:
+    """Send ``commands`` (several commands already in RESP, one buffer) on one connection
+    of the node serving ``key``'s slot and read their ``replies`` replies, for a caller that
+    builds a large command faster than redis-py does (no object per argument) and wants a
+    transaction's replies whole (``MULTI`` ... ``EXEC`` in one round trip).
+
+    Error replies are returned as redis-py's exceptions, not raised: the connection has read
+    them and stays in step. A connection that failed otherwise (a timeout, a lost server, a
+    reply cut short) is disconnected before it goes back to the pool, so that no later
+    command reads this exchange's late replies; a lost connection (a pooled one the server
+    closed) is retried once on a new one, as ``connect`` configures redis-py's commands."""
+    if isinstance(client, RedisCluster):
+        pool = client.get_redis_connection(client.nodes_manager.get_node_from_slot(client.keyslot(key))).connection_pool
+    else:
+        pool = client.connection_pool
+    for attempt in (1, 2):
+        connection: Any = pool.get_connection()  # redis-py's connections are untyped
+        try:
+            connection.send_packed_command([commands])
+            out: list[Any] = []
+            for _ in range(replies):
+                try:
+                    out.append(connection.read_response())
+                except redis.ResponseError as exc:  # an error reply, read whole
+                    out.append(exc)
+            return out
+        except redis.ConnectionError:
+            connection.disconnect()
+            if attempt == 2:
+                raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+    raise AssertionError("unreachable")  # the second attempt returns or raises
 
 
 def lua_source(directory: Path, name: str, prelude: str | None = None) -> str:
