@@ -4,6 +4,7 @@ client, turning "Valkey cannot serve now" into SERVICE_NOT_READY, and loading Lu
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,17 +85,21 @@ def connect(
     return client
 
 
-def exchange(client: Valkey, key: str, commands: bytes, replies: int) -> list[Any]:
+def exchange(client: Valkey, key: str, commands: bytes) -> bytes:
     """Send ``commands`` (several commands already in RESP, one buffer) on one connection
-    of the node serving ``key``'s slot and read their ``replies`` replies, for a caller that
-    builds a large command faster than redis-py does (no object per argument) and wants a
-    transaction's replies whole (``MULTI`` ... ``EXEC`` in one round trip).
+    of the node serving ``key``'s slot and return their replies' bytes as Valkey sent them,
+    for a caller that builds a large command faster than redis-py does (no object per
+    argument) and reads a large reply faster than a general reader (``resp.runs``).
 
-    Error replies are returned as redis-py's exceptions, not raised: the connection has read
-    them and stays in step. A connection that failed otherwise (a timeout, a lost server, a
-    reply cut short) is disconnected before it goes back to the pool, so that no later
-    command reads this exchange's late replies; a lost connection (a pooled one the server
-    closed) is retried once on a new one, as ``connect`` configures redis-py's commands."""
+    The replies' end is found by an ``ECHO`` of a random marker sent after them: the bytes
+    read end with its reply exactly when every reply before it is whole, so nothing is
+    parsed here. A connection that failed (a timeout, a lost server, a reply cut short) is
+    disconnected before it goes back to the pool, so that no later command reads this
+    exchange's late replies; a lost connection (a pooled one the server closed) is retried
+    once on a new one, as ``connect`` configures redis-py's commands."""
+    marker = os.urandom(16).hex().encode()
+    end = b"$32\r\n" + marker + b"\r\n"
+    commands = b"".join((commands, b"*2\r\n$4\r\nECHO\r\n", end))
     if isinstance(client, RedisCluster):
         pool = client.get_redis_connection(client.nodes_manager.get_node_from_slot(client.keyslot(key))).connection_pool
     else:
@@ -103,13 +108,19 @@ def exchange(client: Valkey, key: str, commands: bytes, replies: int) -> list[An
         connection: Any = pool.get_connection()  # redis-py's connections are untyped
         try:
             connection.send_packed_command([commands])
-            out: list[Any] = []
-            for _ in range(replies):
+            sock = connection._sock  # read past redis-py's reader, which holds nothing now
+            data = bytearray()
+            while not data.endswith(end):
                 try:
-                    out.append(connection.read_response())
-                except redis.ResponseError as exc:  # an error reply, read whole
-                    out.append(exc)
-            return out
+                    chunk = sock.recv(1 << 20)
+                except TimeoutError:
+                    raise redis.TimeoutError("Timeout reading from socket") from None
+                except OSError as exc:
+                    raise redis.ConnectionError(f"Error while reading from socket: {exc}") from None
+                if not chunk:
+                    raise redis.ConnectionError("Connection closed by server.")
+                data += chunk
+            return bytes(data[: -len(end)])
         except redis.ConnectionError:
             connection.disconnect()
             if attempt == 2:

@@ -8,13 +8,14 @@ fields costs (docs/api-v2.md, "getHostCacheState at upstream's sizes").
 
 A bitmap is a ``bytes`` value with slot ``s`` at bit ``s % 8`` of byte ``s // 8`` (trailing
 zero bytes trimmed), or ``None`` when no slot holds the key. Here it is read as a
-little-endian integer, so slot ``s`` is bit ``s``.
+little-endian integer, so slot ``s`` is bit ``s``. The keys' bitmaps come as runs
+``(bitmap, how many keys in a row have it)`` (``resp.runs``): consecutive blocks of a prompt
+mostly share one, and hosts are looked at only where it changes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import groupby
 
 #: What a host holds of a key: nothing, the full-attention specs only (Mamba), or all it needs.
 NONE, FULL_ONLY, ALL = 0, 1, 2
@@ -48,6 +49,8 @@ class HostWalk:
         self._slots: dict[str, list[tuple[int, frozenset[str], int]]] = {}
         #: slot number -> its host, for the visible slots
         self._slot_host: dict[int, str] = {}
+        #: host -> the bits of all its visible slots (a plain prefix needs only these)
+        self._masks: dict[str, int] = {}
         known: dict[tuple[str, ...], tuple[frozenset[str], int]] = {}  # a few signatures a call
         for host, slot, signature in slots:
             if media and signature[0] not in media:
@@ -59,6 +62,7 @@ class HostWalk:
             names, level = known[key]
             self._slots.setdefault(host, []).append((1 << slot, names, level))
             self._slot_host[slot] = host
+            self._masks[host] = self._masks.get(host, 0) | 1 << slot
 
     def _level_of(self, names: frozenset[str]) -> int:
         """What a key's locations with spec ``names`` give a host (a plain prefix: any)."""
@@ -72,6 +76,8 @@ class HostWalk:
         """What ``host`` holds of a key with bitmap ``bits``: across its slots the spec names
         add up (a host may report one key through several signatures); one slot alone is its
         level."""
+        if not self._mamba:
+            return ALL if bits & self._masks[host] else NONE
         held = [(names, level) for bit, names, level in self._slots[host] if bits & bit]
         if not held:
             return NONE
@@ -81,20 +87,15 @@ class HostWalk:
             return held[0][1]
         return self._level_of(frozenset().union(*(names for names, _ in held)))
 
-    @property
-    def empty(self) -> bool:
-        """No visible slot: every prefix is 0, whatever the bitmaps."""
-        return not self._slots
-
-    def prefixes(self, bitmaps: Sequence[bytes | None], total: int) -> dict[str, int] | None:
+    def prefixes(self, runs: Sequence[tuple[bytes | None, int]], total: int) -> dict[str, int] | None:
         """host -> its prefix (hosts with none left out) of a prompt of ``total`` keys whose
-        first ``len(bitmaps)`` keys' bitmaps are given; ``None`` when that is not enough to
-        know (some host still holds the last key given): a first part decides the answer
-        exactly when every host's prefix ends inside it, whatever the later keys hold."""
-        if not self._slots or not bitmaps:
+        first keys' bitmaps are ``runs``; ``None`` when they are not enough to know (some
+        host still holds the last key given): a first part decides the answer exactly when
+        every host's prefix ends inside it, whatever the later keys hold."""
+        if not self._slots or not runs:
             return {}
         mamba, eagle = self._mamba, self._eagle
-        first = _bits(bitmaps[0])
+        first = _bits(runs[0][0])
         # The first key names the candidates: the hosts holding it, with their levels.
         levels = {host: level for host in self._slots if (level := self._holds(first, host))}
         # Mamba: per host, the last and the one-before-last key with all its specs (its
@@ -118,16 +119,15 @@ class HostWalk:
                     prev_ok[host] = last - 1 if last > start else last_ok[host]
                     last_ok[host] = last
 
-        # Runs of equal bitmaps (consecutive blocks of a prompt mostly share one): groupby
-        # compares in C, and a host is looked at only where the bitmap changes. Only the
-        # hosts owning a slot whose bit changed can change (_holds reads a host's own
-        # slots): a plain prefix loses a host where one of its bits is cleared; Mamba's
-        # level moves either way (a state spec's slot set lifts 1 to 2).
+        # Only the hosts owning a slot whose bit changed can change where the bitmap
+        # changes (_holds reads a host's own slots): a plain prefix loses a host where one of
+        # its bits is cleared; Mamba's level moves either way (a state spec's slot set lifts
+        # 1 to 2).
         slot_host = self._slot_host
         if not levels:
             return result
         start, run_start, prev = 1, 1, first
-        for bitmap, run in groupby(bitmaps):
+        for bitmap, count in runs:
             current = _bits(bitmap)
             if start > 1:  # a change at ``start``
                 if mamba:
@@ -146,8 +146,8 @@ class HostWalk:
                 if not levels:
                     return result
             run_start, prev = start, current
-            start += len(list(run))
-        if len(bitmaps) < total:
+            start += count
+        if start - 1 < total:  # the keys given end before the prompt's
             return None
         if mamba:
             close_run(run_start, total)

@@ -42,6 +42,7 @@ import msgspec
 from redis.cluster import RedisCluster
 from redis.exceptions import MovedError, NoScriptError
 
+from .. import resp as resp_reply
 from ..protocol.codes import ErrorCode, StorageType
 from ..valkey import Valkey, exchange, lua_source, valkey_errors
 from .host_walk import HostWalk
@@ -505,14 +506,14 @@ class ReporterStore:
         bits_key = self.bits_key(instance_id)
         with valkey_errors("reporter store"):  # a read past the socket timeout included
             if len(keys) > HOST_STATE_SPLIT:
-                walk, bitmaps = self._host_state_read(
+                walk, runs = self._host_state_read(
                     bits_key, view, keys[:HOST_STATE_FIRST_PART], mediums, mamba, eagle_pop
                 )
-                first = walk.prefixes(bitmaps, len(keys))
+                first = walk.prefixes(runs, len(keys))
                 if first is not None:
                     return first
-            walk, bitmaps = self._host_state_read(bits_key, view, keys, mediums, mamba, eagle_pop)
-        return cast(dict[str, int], walk.prefixes(bitmaps, len(keys)))
+            walk, runs = self._host_state_read(bits_key, view, keys, mediums, mamba, eagle_pop)
+        return cast(dict[str, int], walk.prefixes(runs, len(keys)))
 
     def _host_state_read(
         self,
@@ -522,9 +523,9 @@ class ReporterStore:
         mediums: Sequence[str],
         mamba: tuple[Sequence[str], Sequence[str]] | None,
         eagle_pop: bool,
-    ) -> tuple[HostWalk, list[bytes | None]]:
-        """The visible slots and the bitmaps of ``keys`` in one transaction on the instance's
-        node (``MULTI``, the script, ``HMGET``, ``EXEC``: four replies). A script Valkey does
+    ) -> tuple[HostWalk, list[tuple[bytes | None, int]]]:
+        """The visible slots and the bitmaps of ``keys`` (as runs, ``resp.runs``) in one
+        transaction on the instance's node (``MULTI``, the script, ``HMGET``, ``EXEC``). A script Valkey does
         not hold (a restart, a failover, SCRIPT FLUSH) fails inside the transaction as
         NOSCRIPT: the transaction is sent again after a SCRIPT LOAD on the same connection;
         a MOVED (the slot served by another node now) updates the cluster client's map and
@@ -539,31 +540,35 @@ class ReporterStore:
         )
         load = not self._host_state_loaded
         for attempt in (1, 2):
+            data = exchange(self.client, bits_key, self._host_state_load + transaction if load else transaction)
+            pos = 0
             if load:
-                loaded, *replies = exchange(self.client, bits_key, self._host_state_load + transaction, 5)
+                loaded, pos = resp_reply.value(data, pos)
                 if isinstance(loaded, Exception):
                     raise loaded
                 self._host_state_loaded = True
-            else:
-                replies = exchange(self.client, bits_key, transaction, 4)
-            failed = [reply for reply in replies[:3] if isinstance(reply, Exception)]
-            if failed:  # refused while queued: EXEC answered EXECABORT, nothing ran
-                if isinstance(failed[0], MovedError) and attempt == 1 and isinstance(self.client, RedisCluster):
-                    self.client.nodes_manager.move_slot(failed[0])  # where the next attempt goes
+            failed = None
+            for _ in range(3):  # MULTI's +OK, then +QUEUED or the error refusing a command
+                reply, pos = resp_reply.value(data, pos)
+                failed = failed or (reply if isinstance(reply, Exception) else None)
+            if failed is not None:  # EXEC answered EXECABORT: nothing ran
+                if isinstance(failed, MovedError) and attempt == 1 and isinstance(self.client, RedisCluster):
+                    self.client.nodes_manager.move_slot(failed)  # where the next attempt goes
                     continue
-                raise failed[0]
-            done = replies[3]
-            if isinstance(done, Exception):
-                raise done
-            slots, bitmaps = done
+                raise failed
+            if data[pos : pos + 1] != b"*":  # EXEC's error
+                raise resp_reply.value(data, pos)[0]
+            pos = data.index(b"\r\n", pos) + 2  # EXEC's array of the two replies
+            slots, pos = resp_reply.value(data, pos)
             if isinstance(slots, NoScriptError) and attempt == 1:
                 load = True
                 continue
             if isinstance(slots, Exception):
                 raise slots
-            if isinstance(bitmaps, Exception):
-                raise bitmaps
-            return HostWalk(_VISIBLE_SLOTS(slots), mediums, mamba, eagle_pop), bitmaps
+            if data[pos : pos + 1] != b"*":  # HMGET's error
+                raise resp_reply.value(data, pos)[0]
+            runs, _ = resp_reply.runs(data, pos)
+            return HostWalk(_VISIBLE_SLOTS(slots), mediums, mamba, eagle_pop), runs
         raise AssertionError("unreachable")  # the second attempt returns or raises
 
     def visible_locations(

@@ -6,6 +6,7 @@ every prefix ends inside it. Also the RESP the store sends its keys in (reporter
 from __future__ import annotations
 
 import random
+from itertools import groupby
 
 import hiredis
 import pytest
@@ -63,6 +64,11 @@ def reference(slots, bitmaps, mediums, mamba, eagle):
     return out, reach
 
 
+def as_runs(bitmaps: list[bytes | None]) -> list[tuple[bytes | None, int]]:
+    """The bitmaps as runs (resp.runs), here split at random too: a run may follow an equal one."""
+    return [(bitmap, len(list(run))) for bitmap, run in groupby(bitmaps)]
+
+
 def bitmap_of(slots: set[int]) -> bytes | None:
     if not slots:
         return None
@@ -95,20 +101,22 @@ def test_the_walk_matches_the_reference(seed):
             for eagle in (False, True):
                 walk = HostWalk(slots, mediums, mamba, eagle)
                 want, reach = reference(slots, bitmaps, mediums, mamba, eagle)
-                assert walk.prefixes(bitmaps, len(bitmaps)) == want, (mediums, mamba, eagle)
+                assert walk.prefixes(as_runs(bitmaps), len(bitmaps)) == want, (mediums, mamba, eagle)
+                singles = [(bitmap, 1) for bitmap in bitmaps]  # runs split: the same answer
+                assert walk.prefixes(singles, len(bitmaps)) == want, (mediums, mamba, eagle)
                 # A first part decides when no host holds through all of it: then exactly.
                 part = rng.randint(1, len(bitmaps))
-                first = walk.prefixes(bitmaps[:part], len(bitmaps))
+                first = walk.prefixes(as_runs(bitmaps[:part]), len(bitmaps))
                 undecided = part < len(bitmaps) and any(keys >= part for keys in reach.values())
                 assert first == (None if undecided else want), (mediums, mamba, eagle, part)
 
 
 def test_no_visible_slot_or_no_holder_of_the_first_key_is_no_host():
-    assert HostWalk([]).prefixes([b"\x01"] * 3, 3) == {}
+    assert HostWalk([]).prefixes([(b"\x01", 3)], 3) == {}
     walk = HostWalk([("a", 0, ["gpu", "full_0"])])
-    assert walk.prefixes([None, b"\x01"], 5000) == {}  # decided by the first key alone
-    assert walk.prefixes([b"\x01", b"\x01"], 3) is None  # holds the part's last key
-    assert walk.prefixes([b"\x01", b"\x01", b"\x02"], 3) == {"a": 2}
+    assert walk.prefixes([(None, 1), (b"\x01", 1)], 5000) == {}  # decided by the first key alone
+    assert walk.prefixes([(b"\x01", 2)], 3) is None  # holds the part's last key
+    assert walk.prefixes([(b"\x01", 2), (b"\x02", 1)], 3) == {"a": 2}
 
 
 def test_a_host_reporting_through_several_signatures_adds_up_its_spec_names():
@@ -116,10 +124,11 @@ def test_a_host_reporting_through_several_signatures_adds_up_its_spec_names():
     slots = [("a", 3, ["gpu", "full_0", "full_1"]), ("a", 9, ["gpu", "linear_0"])]
     both, full_only = bitmap_of({3, 9}), bitmap_of({3})
     walk = HostWalk(slots, mamba=(FULL, STATE))
-    assert walk.prefixes([both, both, full_only, full_only], 4) == {"a": 2}
-    assert walk.prefixes([both, both, full_only, both], 4) == {"a": 4}
-    assert HostWalk(slots, mamba=(FULL, STATE), eagle_pop=True).prefixes([both, both, full_only, both], 4) == {"a": 2}
-    assert HostWalk(slots, mediums=["mem"]).prefixes([both], 1) == {}
+    assert walk.prefixes([(both, 2), (full_only, 2)], 4) == {"a": 2}
+    assert walk.prefixes([(both, 2), (full_only, 1), (both, 1)], 4) == {"a": 4}
+    eagle = HostWalk(slots, mamba=(FULL, STATE), eagle_pop=True)
+    assert eagle.prefixes([(both, 2), (full_only, 1), (both, 1)], 4) == {"a": 2}
+    assert HostWalk(slots, mediums=["mem"]).prefixes([(both, 1)], 1) == {}
 
 
 def test_the_keys_are_one_hmget_in_resp():
