@@ -145,11 +145,11 @@ class ValkeyTime:
 
         sent_raw = reporters.exchange
 
-        def exchange(client, key, commands):
+        def exchange(client, key, commands, count):
             if tracker._counting:
                 tracker.sent["exec"] += commands.count(b"*1\r\n$4\r\nEXEC\r\n")
                 tracker.sent["script|load"] += commands.startswith(b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n")
-            return sent_raw(client, key, commands)
+            return sent_raw(client, key, commands, count)
 
         reporters.exchange = exchange
 

@@ -85,17 +85,28 @@ def connect(
     return client
 
 
-def exchange(client: Valkey, key: str, commands: bytes) -> bytes:
+def _only_lines(data: bytes | bytearray, replies: int) -> bool:
+    """Whether ``data`` is ``replies`` whole one-line replies (``+OK``, ``+QUEUED``, errors)."""
+    lines = data.split(b"\r\n")
+    return len(lines) == replies + 1 and lines[-1] == b"" and all(line[:1] in (b"+", b"-") for line in lines[:-1])
+
+
+def exchange(client: Valkey, key: str, commands: bytes, count: int) -> bytes:
     """Send ``commands`` (several commands already in RESP, one buffer) on one connection
     of the node serving ``key``'s slot and return their replies' bytes as Valkey sent them,
     for a caller that builds a large command faster than redis-py does (no object per
     argument) and reads a large reply faster than a general reader (``resp.runs``).
 
-    The replies' end is found by an ``ECHO`` of a random marker sent after them: the bytes
-    read end with its reply exactly when every reply before it is whole, so nothing is
-    parsed here. A connection that failed (a timeout, a lost server, a reply cut short) is
-    disconnected before it goes back to the pool, so that no later command reads this
-    exchange's late replies; a lost connection (a pooled one the server closed) is retried
+    The replies' end is found by an ``ECHO`` of a random marker sent after the ``count``
+    commands: the bytes read end with its reply exactly when every reply before it is whole,
+    so nothing is parsed here; its reply is cut off. A server refusing every command (loading
+    its data, busy with another client's script: MULTI alone is let through) answers each
+    with one line, the ECHO an error too: replies that are all one line each are whole once
+    there are ``count`` + 1 of them, returned as they are.
+
+    A connection that failed (a timeout, a lost server, a reply cut short) is disconnected
+    before it goes back to the pool, so that no later command reads this exchange's late
+    replies; a lost connection (a pooled one the server closed) is retried
     once on a new one, as ``connect`` configures redis-py's commands."""
     marker = os.urandom(16).hex().encode()
     end = b"$32\r\n" + marker + b"\r\n"
@@ -110,7 +121,7 @@ def exchange(client: Valkey, key: str, commands: bytes) -> bytes:
             connection.send_packed_command([commands])
             sock = connection._sock  # read past redis-py's reader, which holds nothing now
             data = bytearray()
-            while not data.endswith(end):
+            while True:
                 try:
                     chunk = sock.recv(1 << 20)
                 except TimeoutError:
@@ -120,7 +131,10 @@ def exchange(client: Valkey, key: str, commands: bytes) -> bytes:
                 if not chunk:
                     raise redis.ConnectionError("Connection closed by server.")
                 data += chunk
-            return bytes(data[: -len(end)])
+                if data.endswith(end):
+                    return bytes(data[: -len(end)])
+                if data.count(b"\r\n") == count + 1 and _only_lines(data, count + 1):
+                    return bytes(data)
         except redis.ConnectionError:
             connection.disconnect()
             if attempt == 2:

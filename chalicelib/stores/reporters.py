@@ -540,7 +540,10 @@ class ReporterStore:
         )
         load = not self._host_state_loaded
         for attempt in (1, 2):
-            data = exchange(self.client, bits_key, self._host_state_load + transaction if load else transaction)
+            if load:
+                data = exchange(self.client, bits_key, self._host_state_load + transaction, 5)
+            else:
+                data = exchange(self.client, bits_key, transaction, 4)
             pos = 0
             if load:
                 loaded, pos = resp_reply.value(data, pos)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 import redis
@@ -92,3 +94,27 @@ def test_a_cluster_client_reads_on_the_instances_node(tmp_path):
         cache[slot] = [node for node in cluster.get_primaries() if node.name != right.name]
         assert prefixes(store) == {"a:1": 9, "b:1": len(KEYS)}
         assert cache[slot][0].name == right.name
+
+
+def test_a_server_busy_with_another_script_is_unavailable_at_once(valkey, valkey_url):
+    """Every command but MULTI is refused while another client's script runs past the busy
+    threshold: the read ends on those refusals (no marker comes), not at the socket timeout."""
+    store = ReporterStore(redis.Redis.from_url(valkey_url, socket_timeout=5))
+    hold(store, "a:1", KEYS[:3])
+    assert prefixes(store, KEYS[:3]) == {"a:1": 3}
+    valkey.config_set("busy-reply-threshold", 50)
+    looping = threading.Thread(
+        target=lambda: pytest.raises(redis.ResponseError, redis.Redis.from_url(valkey_url).eval, "while true do end", 0)
+    )
+    looping.start()
+    try:
+        time.sleep(0.3)
+        started = time.monotonic()
+        with pytest.raises(ValkeyUnavailableError, match="BUSY"):
+            prefixes(store, KEYS[:3])
+        assert time.monotonic() - started < 2
+    finally:
+        redis.Redis.from_url(valkey_url).script_kill()
+        looping.join()
+        valkey.config_set("busy-reply-threshold", 5000)
+    assert prefixes(store, KEYS[:3]) == {"a:1": 3}
