@@ -42,7 +42,7 @@ import msgspec
 from redis.cluster import RedisCluster
 from redis.exceptions import MovedError, NoScriptError
 
-from .. import resp as resp_reply
+from .. import resp as replies
 from ..protocol.codes import ErrorCode, StorageType
 from ..valkey import Valkey, exchange, lua_source, valkey_errors
 from .host_walk import HostWalk
@@ -105,7 +105,7 @@ _STR_HEADERS = [bytes([0xA0 | n]) for n in range(32)] + [b"\xd9" + bytes((n,)) f
 _FIELD_HEADER = _STR_HEADERS[8]
 
 
-def resp(*args: bytes) -> bytes:
+def resp_command(*args: bytes) -> bytes:
     """One command in RESP, as Valkey reads it (``valkey.exchange``'s buffer)."""
     return b"".join([b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args)])
 
@@ -156,9 +156,10 @@ _VISIBLE_SLOTS = msgspec.msgpack.Decoder(list[tuple[str, int, list[str]]]).decod
 
 #: getHostCacheState reads a prompt of more than ``HOST_STATE_SPLIT`` keys in its first
 #: ``HOST_STATE_FIRST_PART`` keys first: a prompt that no host holds that far (a new prompt,
-#: the common miss) is answered from them, the rest unread (at 20,000 keys 0.7 ms instead of
-#: 6); one held past them is read again whole, which costs a shorter prompt more than reading
-#: it whole at once (docs/api-v2.md has the figures).
+#: the common miss) is answered from them, the rest unread (20,000 keys nobody holds past
+#: key 100: 1.4 ms instead of 10.7 on the 2-core bench machine); one held past them is read
+#: again whole (about 1 ms more at 20,000 keys; a shorter prompt is read whole at once).
+#: docs/api-v2.md, "The walk out of Lua", has the figures.
 HOST_STATE_SPLIT, HOST_STATE_FIRST_PART = 1024, 256
 
 
@@ -324,7 +325,7 @@ class ReporterStore:
         # host_prefixes sends the script by its SHA inside a transaction: the store's first
         # read loads it in the same round trip (SCRIPT LOAD before MULTI), so that no
         # transaction runs its HMGET for nothing on a server without it.
-        self._host_state_load = resp(b"SCRIPT", b"LOAD", host_state.encode())
+        self._host_state_load = resp_command(b"SCRIPT", b"LOAD", host_state.encode())
         self._host_state_loaded = False
         self._cleanup = client.register_script(_load("er_cleanup"))
         self._retired = client.register_script(_load("er_retired"))
@@ -525,15 +526,17 @@ class ReporterStore:
         eagle_pop: bool,
     ) -> tuple[HostWalk, list[tuple[bytes | None, int]]]:
         """The visible slots and the bitmaps of ``keys`` (as runs, ``resp.runs``) in one
-        transaction on the instance's node (``MULTI``, the script, ``HMGET``, ``EXEC``). A script Valkey does
-        not hold (a restart, a failover, SCRIPT FLUSH) fails inside the transaction as
-        NOSCRIPT: the transaction is sent again after a SCRIPT LOAD on the same connection;
-        a MOVED (the slot served by another node now) updates the cluster client's map and
-        the transaction is sent again, once (an ASK, a slot half moved, is "retry later")."""
+        transaction on the instance's node (``MULTI``, the script, ``HMGET``, ``EXEC``).
+
+        A script Valkey does not hold (a restart, a failover, SCRIPT FLUSH) fails inside the
+        transaction as NOSCRIPT: the transaction is sent again after a SCRIPT LOAD on the same
+        connection. A MOVED (the slot served by another node now) updates the cluster
+        client's map and the transaction is sent again, once (an ASK, a slot half moved, is
+        "retry later")."""
         transaction = b"".join(
             (
                 b"*1\r\n$5\r\nMULTI\r\n",
-                resp(b"EVALSHA", self._host_state.sha.encode(), b"2", *view),
+                resp_command(b"EVALSHA", self._host_state.sha.encode(), b"2", *view),
                 hmget_fields(bits_key.encode(), keys),
                 b"*1\r\n$4\r\nEXEC\r\n",
             )
@@ -546,13 +549,13 @@ class ReporterStore:
                 data = exchange(self.client, bits_key, transaction, 4)
             pos = 0
             if load:
-                loaded, pos = resp_reply.value(data, pos)
+                loaded, pos = replies.value(data, pos)
                 if isinstance(loaded, Exception):
                     raise loaded
                 self._host_state_loaded = True
             failed = None
             for _ in range(3):  # MULTI's +OK, then +QUEUED or the error refusing a command
-                reply, pos = resp_reply.value(data, pos)
+                reply, pos = replies.value(data, pos)
                 failed = failed or (reply if isinstance(reply, Exception) else None)
             if failed is not None:  # EXEC answered EXECABORT: nothing ran
                 if isinstance(failed, MovedError) and attempt == 1 and isinstance(self.client, RedisCluster):
@@ -560,17 +563,17 @@ class ReporterStore:
                     continue
                 raise failed
             if data[pos : pos + 1] != b"*":  # EXEC's error
-                raise resp_reply.value(data, pos)[0]
+                raise replies.value(data, pos)[0]
             pos = data.index(b"\r\n", pos) + 2  # EXEC's array of the two replies
-            slots, pos = resp_reply.value(data, pos)
+            slots, pos = replies.value(data, pos)
             if isinstance(slots, NoScriptError) and attempt == 1:
                 load = True
                 continue
             if isinstance(slots, Exception):
                 raise slots
             if data[pos : pos + 1] != b"*":  # HMGET's error
-                raise resp_reply.value(data, pos)[0]
-            runs, _ = resp_reply.runs(data, pos)
+                raise replies.value(data, pos)[0]
+            runs, _ = replies.runs(data, pos)
             return HostWalk(_VISIBLE_SLOTS(slots), mediums, mamba, eagle_pop), runs
         raise AssertionError("unreachable")  # the second attempt returns or raises
 

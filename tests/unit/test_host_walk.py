@@ -12,7 +12,7 @@ import hiredis
 import pytest
 
 from chalicelib.stores.host_walk import HostWalk
-from chalicelib.stores.reporters import block_field, hmget_fields, resp
+from chalicelib.stores.reporters import block_field, hmget_fields, resp_command
 
 FULL, STATE = ["full_0", "full_1"], ["linear_0"]
 SIGNATURES = [
@@ -134,7 +134,7 @@ def test_a_host_reporting_through_several_signatures_adds_up_its_spec_names():
 def test_the_keys_are_one_hmget_in_resp():
     keys = [0, 1, -1, 2**63 - 1, -(2**63), 123456789]
     packed = hmget_fields(b"{kvcm:e1}:er:bits", keys)
-    assert packed == resp(b"HMGET", b"{kvcm:e1}:er:bits", *map(block_field, keys))
+    assert packed == resp_command(b"HMGET", b"{kvcm:e1}:er:bits", *map(block_field, keys))
     reader = hiredis.Reader()  # read back as a server would: one array of bulk strings
     reader.feed(packed)
     assert reader.gets() == [b"HMGET", b"{kvcm:e1}:er:bits", *map(block_field, keys)]
