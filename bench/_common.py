@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import hiredis
 import redis
 from redis.cluster import RedisCluster
 
@@ -114,10 +115,12 @@ class ValkeyTime:
     """Valkey's own time per call of a batch of calls, beside the wall clock.
 
     Two figures: INFO commandstats (CONFIG RESETSTAT before the batch), summing only the
-    commands this process sent, each at its mean time per call in the batch (a script's
-    inner commands are in the script's time and also counted again under their own
-    names, so summing every command would count them twice); and the server process's
-    CPU time (INFO cpu, user + system), which also holds parsing and network I/O.
+    commands this process sent, each at its mean time per call in the batch; and the server
+    process's CPU time (INFO cpu, user + system), which also holds parsing and network I/O.
+    The commands are counted in the bytes sent (redis-py's and those a caller writes itself:
+    ``chalicelib.valkey.exchange``), outside transactions: a script's inner commands are in
+    the script's time and EXEC's are in EXEC's, each also counted under its own name, so
+    summing every command would count them twice.
     """
 
     def __init__(self, client: redis.Redis) -> None:
@@ -125,25 +128,30 @@ class ValkeyTime:
         self.sent: Counter[str] = Counter()
         self._counting = False
         tracker = self
+        send = redis.connection.Connection.send_packed_command
 
-        def counting(original):
-            def pack(packer, *args):
-                if tracker._counting:
-                    name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
-                    tracker.sent[name.lower().replace(" ", "|")] += 1
-                return original(packer, *args)
+        def counting_send(conn, command, check_health=True):
+            if tracker._counting:
+                tracker.count(command)
+            return send(conn, command, check_health)
 
-            return pack
+        redis.connection.Connection.send_packed_command = counting_send
 
-        # Both serializers: redis-py packs with hiredis's when it is installed.
-        for serializer in (redis.connection.PythonRespSerializer, redis.connection.HiredisRespSerializer):
-            serializer.pack = counting(serializer.pack)
-
-    def count(self, *names: str) -> None:
-        """Count commands this process sent as bytes of its own (index/reads.py writes a
-        read's MULTI ... EXEC on the connection), which the serializers never see."""
-        if self._counting:
-            self.sent.update(names)
+    def count(self, command) -> None:
+        """Count the top-level commands of a buffer sent (MULTI and EXEC, not what they queue)."""
+        reader = hiredis.Reader()
+        for chunk in [command] if isinstance(command, (bytes, memoryview)) else command:
+            reader.feed(chunk)
+        queued = False
+        while (args := reader.gets()) is not False:
+            name = args[0].decode().lower()
+            if name in ("script", "client", "config", "cluster", "object") and len(args) > 1:
+                name += "|" + args[1].decode().lower()
+            if name == "exec":
+                queued = False
+            if not queued:
+                self.sent[name] += 1
+            queued = queued or name == "multi"
 
     def _cpu_us(self) -> float:
         cpu = self.client.info("cpu")

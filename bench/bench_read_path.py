@@ -233,11 +233,10 @@ def main() -> None:
             timer = ValkeyTime(client)
 
             def read(chosen_index, i):
-                """A read as read_raw sends it: MULTI and EXEC are what Valkey's time holds
-                (EXEC's own holds the HGETs it runs), and lua/touch.lua when it follows (its
-                reply read here, as the index's next read would)."""
+                """A read as read_raw sends it (its Valkey time MULTI's and EXEC's, EXEC's own
+                holding the HGETs it runs), and lua/touch.lua when it follows (its reply read
+                here, as the index's next read would)."""
                 chosen_index.read_raw(layout, batches[i], MODE_PREFIX, servable=ctx.servable)
-                timer.count("multi", "exec", *(["evalsha"] if chosen_index._parked else []))
                 chosen_index.settle()
 
             # A second index on a clock running 2 s ahead per call: every read finds every

@@ -11,12 +11,15 @@
 (b) getHostCacheState for prompts of 1,000, 20,000 and 100,000 keys (one prompt and its
     prefixes) over 64 reporting hosts, one holding the whole prompt and each other a random
     prefix of its first 20,000 keys: through the local server (HTTP, the keys as decimal
-    strings as proto3 JSON prints them) and the store's script alone, each with Valkey's
-    time, and in-process (the API's dispatcher, as the Lambda handler runs it: the body's
-    bytes in, the answer's text out), beside an HMGET of the same keys' bitmaps from Python
-    on the same Valkey (reading what the walk reads without deciding anything). Upstream's newest serial p50s: 1.12 ms
-    (1k) and 8.5 ms (20k). The Mamba query (the same walk, the spec names coming from the
-    slots) is printed too; upstream publishes no figure for it.
+    strings as proto3 JSON prints them) and the store alone (``ReporterStore.host_prefixes``:
+    the reporters' script and the keys' HMGET in one transaction, the walk in Python), each
+    with Valkey's time, and in-process (the API's dispatcher, as the Lambda handler runs it:
+    the body's bytes in, the answer's text out), beside an HMGET of the same keys' bitmaps
+    sent by redis-py on the same Valkey (reading what the walk reads without deciding
+    anything). Also a prompt that no host holds past its 100th key (its first 100 keys, then
+    keys nobody reported): the read stops early, in process and the store alone. Upstream's
+    newest serial p50s: 1.12 ms (1k) and 8.5 ms (20k). The Mamba query (the same walk, the
+    spec names coming from the slots) is printed too; upstream publishes no figure for it.
 (c) The whole reportEvent call (the body's bytes in, the response's out: parsing, checks,
     script, response) at 1,000 and 20,000 new events per request, in-process (the API's
     dispatcher, as the Lambda handler runs it) and through the local server (HTTP on one
@@ -208,8 +211,8 @@ def host_state_fill(store: ReporterStore, instance: str, keys: list[int], hosts:
 
 
 def bench_host_state(hosts: int = 64) -> None:
-    """getHostCacheState through the local server (HTTP, JSON in and out), in process
-    (the store's script alone) and Valkey's time, beside an HMGET of the same keys' bitmaps
+    """getHostCacheState through the local server (HTTP, JSON in and out), in process,
+    the store alone and Valkey's time, beside an HMGET of the same keys' bitmaps
     from Python on the same Valkey, for prompts of 1,000 / 20,000 / 100,000 keys (one
     prompt, its prefixes): the cases take turns, each figure is the median of its calls."""
     import redis
@@ -289,14 +292,18 @@ def host_state_case(
     assert store.host_prefixes("bench", keys, now_ms(), timeouts) == want
     assert store.host_prefixes("bench", keys, now_ms(), timeouts, mamba=mamba) == want
     bits_key, fields = store.bits_key("bench"), [block_field(k) for k in keys]
+    # Held to key 100 (the hosts holding more are cut there), then keys nobody reported.
+    short = keys[:100] + random.Random(n).sample(range(-(1 << 62), 0), n - 100)
+    short_raw = json.dumps({**body, "block_cache_keys": list(map(str, short))}).encode()
+    assert store.host_prefixes("bench", short, now_ms(), timeouts) == {h: min(p, 100) for h, p in want.items()}
     cases = {
         "HMGET of the keys' bitmaps from Python (baseline)": lambda: client.hmget(bits_key, fields),
         "through the local server (HTTP, JSON)": lambda: answered(api.call("getHostCacheState", body)),
         "in-process (the dispatcher: body bytes in, JSON text out)": lambda: in_process.call("getHostCacheState", raw),
-        "the script alone (ReporterStore.host_prefixes)": lambda: store.host_prefixes(
-            "bench", keys, now_ms(), timeouts
-        ),
-        "the script alone, Mamba": lambda: store.host_prefixes("bench", keys, now_ms(), timeouts, mamba=mamba),
+        "the store alone (ReporterStore.host_prefixes)": lambda: store.host_prefixes("bench", keys, now_ms(), timeouts),
+        "the store alone, Mamba": lambda: store.host_prefixes("bench", keys, now_ms(), timeouts, mamba=mamba),
+        "in-process, nobody holding past key 100": lambda: in_process.call("getHostCacheState", short_raw),
+        "the store alone, nobody holding past key 100": lambda: store.host_prefixes("bench", short, now_ms(), timeouts),
     }
     turns: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
     for _ in range(10 if n <= 20_000 else 4):

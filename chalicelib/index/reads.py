@@ -18,6 +18,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..resp import command
 from .layout import HEADER, LFU_INITIAL, LOCATION, ReadMode, Status
 from .types import InstanceLayout, rightmost_window
 
@@ -33,15 +34,6 @@ _U32 = struct.Struct(">I")
 LFU_MAX = 255
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
-
-
-def resp(*args: bytes | str | int) -> bytes:
-    """One command in RESP, as Valkey reads it from a client."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
-    return b"".join(parts)
 
 
 def bucket_names(layout: InstanceLayout, block_keys: Sequence[int], count: int) -> list[bytes]:
@@ -63,9 +55,9 @@ def read_command(
         b"*3\r\n$4\r\nHGET\r\n$%d\r\n%b\r\n$8\r\n%b\r\n" % (len(name), name, field)
         for name, field in zip(buckets, fields, strict=True)
     ]
-    head = [_MULTI, resp(b"HMGET", layout.key("m"), b"n", b"bits")]
+    head = [_MULTI, command(b"HMGET", layout.key("m"), b"n", b"bits")]
     if with_table:
-        head.append(resp(b"HGETALL", layout.key("st")))
+        head.append(command(b"HGETALL", layout.key("st")))
     return b"".join([*head, *hgets, _EXEC, tail])
 
 

@@ -38,20 +38,18 @@ import math
 import random
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
 import redis
-from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.connection import ConnectionPool
-from redis.exceptions import MovedError, NoScriptError
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from ..clock import Clock
 from ..observability.hit_feed import STREAM_SUFFIX, FeedEntry
-from ..valkey import Valkey, node_pool, valkey_errors
+from ..resp import command, replies
+from ..valkey import Deferred, Valkey, exchange, follow_moved, valkey_errors
 from .errors import CopyGuardError, InstanceGoneError, QuotaExceededError, WriteSessionError
 from .layout import (
     REQUEST_POSITION,
@@ -64,7 +62,7 @@ from .layout import (
     StartRefusal,
     StartResult,
 )
-from .reads import Recency, answer, blocked_storages, bucket_count_of, bucket_names, read_command, resp
+from .reads import Recency, answer, blocked_storages, bucket_count_of, bucket_names, read_command
 from .records import Victim, decode_victims, encode_victims
 from .scripts import (
     START_ARGS,
@@ -91,18 +89,6 @@ from .types import (
     packed_groups,
     session_entries,
 )
-
-
-@dataclass(frozen=True)
-class _Parked:
-    """A refresh sent after a read, on a connection held until its reply is read."""
-
-    pool: ConnectionPool
-    conn: Any  # a redis.connection.Connection, whose methods redis-py leaves untyped
-    keys: list[bytes]
-    args: list[bytes | int]
-    #: Replies to read: the refresh's, after SCRIPT LOAD's when it was sent with it.
-    replies: int = 1
 
 
 def _start_marks(reply: bytes) -> MarkCounts:
@@ -158,7 +144,7 @@ class TagIndex:
         #: finding it out of date names them in Lua and returns the count now).
         self._bucket_counts: dict[bytes, int] = {}
         #: Connections a read sent a recency refresh on, its reply not read yet (``settle``).
-        self._parked: list[_Parked] = []
+        self._parked: list[tuple[Deferred, list[bytes], list[bytes | int]]] = []
         self._touch_loaded = False
         #: The LFU counters' coin (lua scripts used Valkey's math.random).
         self._rng = random.Random()
@@ -304,8 +290,10 @@ class TagIndex:
         blocked: frozenset[int] = frozenset()
         while True:
             names, asked = [buckets[i] for i in todo], [fields[i] for i in todo]
-            command = read_command(layout, names, asked, with_table, tail)
-            pool, conn, reply = self._exchange(layout, command, 3 + with_table + len(names), tail)
+            commands = read_command(layout, names, asked, with_table, tail)
+            # MULTI's OK, a QUEUED per command, EXEC's reply, the hit feed's append
+            exec_at = 2 + with_table + len(names)
+            reply = self._exchange(layout, commands, exec_at, exec_at + 1 + bool(tail))
             if with_table:
                 blocked = blocked_storages(reply[1], servable or ())
             for i, rec in zip(todo, reply[1 + with_table :], strict=True):
@@ -322,34 +310,49 @@ class TagIndex:
             buckets = now_buckets
             if not todo:
                 break
-            pool.release(conn)
             with_table, tail = False, b""  # the table and the hit feed came with the first
         now = int(self.clock.now())
         recency = Recency(self.TOUCH_INTERVAL_S, self.LFU_DECAY_S)
         out = answer(found, mode, sw_size, blocked, covered, now, recency, self._rng)
-        if not out.due:
-            pool.release(conn)
-            return out.records
-        keys = [layout.key("m"), *(buckets[i] for i in out.due)]
-        args: list[bytes | int] = [
-            b"".join(fields[i] for i in out.due),
-            count,
-            now,
-            recency.interval_s,
-            bytes(out.lfu),
-        ]
-        # The script is loaded ahead of its first use on this index (and again after a
-        # NOSCRIPT): its reply is read late, too late to resend it before other calls.
-        load = b"" if self._touch_loaded else resp(b"SCRIPT", b"LOAD", cast(str, self._touch.script))
-        try:
-            conn.send_packed_command([load + resp(b"EVALSHA", self._touch.sha, len(keys), *keys, *args)])
-        except redis.RedisError:
-            conn.disconnect()  # the refresh is lost with its connection; the read stands
-            pool.release(conn)
-        else:
-            self._parked.append(_Parked(pool, conn, keys, args, replies=2 if load else 1))
-            self._touch_loaded = True
+        if out.due:
+            keys = [layout.key("m"), *(buckets[i] for i in out.due)]
+            args: list[bytes | int] = [
+                b"".join(fields[i] for i in out.due),
+                count,
+                now,
+                recency.interval_s,
+                bytes(out.lfu),
+            ]
+            self._refresh_later(layout, keys, args)
         return out.records
+
+    def _exchange(self, layout: InstanceLayout, commands: bytes, exec_at: int, count: int) -> list[Any]:
+        """A read's ``count`` commands in one round trip (``valkey.exchange``): EXEC's reply,
+        the ``exec_at``-th. A command refused before it (its error in place of QUEUED: EXEC
+        then aborts) is raised; one refused for a slot moved to another node (MOVED) is
+        read again once, on that node. The replies after EXEC (the hit feed's) are not looked at."""
+        with valkey_errors("index"):
+            for attempt in (1, 2):
+                answered = replies(exchange(self.client, layout.tag, commands, count), count)
+                failed = next((r for r in answered[: exec_at + 1] if isinstance(r, Exception)), None)
+                if failed is None:
+                    return cast(list[Any], answered[exec_at])
+                if attempt == 2 or not follow_moved(self.client, failed):
+                    raise failed
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _refresh_later(self, layout: InstanceLayout, keys: list[bytes], args: list[bytes | int]) -> None:
+        """Send lua/touch.lua for a read's due records without waiting for its reply
+        (``settle`` reads it). Loaded ahead of its first use on this index (and again after
+        a NOSCRIPT): its reply comes too late to resend it before other calls."""
+        load = b"" if self._touch_loaded else command(b"SCRIPT", b"LOAD", cast(str, self._touch.script))
+        evalsha = command(b"EVALSHA", self._touch.sha, len(keys), *keys, *args)
+        try:
+            sent = Deferred(self.client, layout.tag, load + evalsha, replies=2 if load else 1)
+        except redis.RedisError:
+            return  # the refresh is lost with its connection; the read stands
+        self._parked.append((sent, keys, args))
+        self._touch_loaded = True
 
     def settle(self) -> None:
         """Wait for the recency refreshes earlier reads sent (lua/touch.lua's replies): after
@@ -359,65 +362,26 @@ class TagIndex:
         when Valkey does not answer within the socket timeout."""
         while self._parked:
             try:
-                parked = self._parked.pop()
+                sent, keys, args = self._parked.pop()
             except IndexError:  # another thread took the last one
                 return
             try:
-                for _ in range(parked.replies):
-                    parked.conn.read_response()
+                sent.collect()
             except NoScriptError:  # Valkey lost its scripts (a restart, a failover)
-                parked.pool.release(parked.conn)
                 self._touch_loaded = False
-                self._call(self._touch, parked.keys, parked.args)
-                continue
+                self._call(self._touch, keys, args)
             except redis.TimeoutError:
-                # Valkey hangs: the caller's own call would wait as long again.
-                parked.conn.disconnect()
-                parked.pool.release(parked.conn)
-                with valkey_errors("index"):
+                with valkey_errors("index"):  # Valkey hangs: the caller's call would wait as long
                     raise
             except redis.RedisError:
-                parked.conn.disconnect()
-            parked.pool.release(parked.conn)
-
-    def _exchange(
-        self, layout: InstanceLayout, command: bytes, replies: int, tail: bytes
-    ) -> tuple[ConnectionPool, Any, list[Any]]:
-        """Send a read (``read_command``) on a connection to the instance's node and read its
-        replies: the pool, the connection (still held: the refresh may follow on it) and
-        EXEC's reply. A dropped connection is retried once on a new one, as the client's
-        own retry policy does; a slot moved to another node (MOVED), once on that node."""
-        with valkey_errors("index"):
-            for attempt in (1, 2):
-                pool = node_pool(self.client, layout.tag)
-                conn: Any = pool.get_connection()
-                try:
-                    conn.send_packed_command([command])
-                    for _ in range(replies - 1):  # OK for MULTI, QUEUED for each command
-                        conn.read_response()
-                    reply = conn.read_response()
-                    if tail:
-                        try:
-                            conn.read_response()
-                        except redis.ResponseError:
-                            pass  # the hit feed's append: observability, not the read
-                    return pool, conn, cast(list[Any], reply)
-                except BaseException as exc:
-                    conn.disconnect()  # replies may still be in flight on it
-                    pool.release(conn)
-                    if attempt == 2 or not isinstance(exc, (redis.ConnectionError, MovedError)):
-                        raise
-                    if isinstance(exc, MovedError) and isinstance(self.client, RedisCluster):
-                        # The slot moved (a re-sharding): the node that has it now, once.
-                        self.client.nodes_manager.initialize()
-        raise AssertionError("unreachable: the second attempt returns or raises")
+                pass  # lost with its connection (or moved): the block's next read refreshes it
 
     @staticmethod
     def _feed_command(layout: InstanceLayout, entry: FeedEntry) -> bytes:
         """The hit-feed append (``_queue_feed``) as one command's bytes."""
         bound: tuple[bytes | str | int, ...] = (b"MAXLEN", b"~", entry.max_len) if entry.max_len else ()
         pairs = [part for item in entry.fields().items() for part in item]
-        return resp(b"XADD", layout.key(STREAM_SUFFIX), *bound, b"*", *pairs)
+        return command(b"XADD", layout.key(STREAM_SUFFIX), *bound, b"*", *pairs)
 
     # ---------------------------------------------------------------- writes
 

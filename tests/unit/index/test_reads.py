@@ -14,11 +14,11 @@ from chalicelib.index.reads import (
     bucket_count_of,
     bucket_names,
     read_command,
-    resp,
     serves,
 )
 from chalicelib.index.records import decode_record
 from chalicelib.index.types import InstanceLayout, bucket_index
+from chalicelib.resp import command
 
 LAYOUT = InstanceLayout("t", "inst", 4)
 NOW = 1_700_000_000
@@ -57,8 +57,8 @@ def commands(raw):
     return out
 
 
-def test_resp_is_what_valkey_reads():
-    assert commands(resp(b"HGET", "k", 42) + resp(b"PING")) == [[b"HGET", b"k", b"42"], [b"PING"]]
+def test_a_command_is_what_valkey_reads():
+    assert commands(command(b"HGET", "k", 42) + command(b"PING")) == [[b"HGET", b"k", b"42"], [b"PING"]]
 
 
 @pytest.mark.parametrize("with_table", [False, True])
@@ -67,7 +67,7 @@ def test_a_read_is_multi_the_count_the_table_an_hget_per_key_and_exec(with_table
     names = bucket_names(LAYOUT, keys, 12)
     assert names == [LAYOUT.bucket(bucket_index(k, 12)) for k in keys]
     fields = [k.to_bytes(8, "big", signed=True) for k in keys]
-    sent = commands(read_command(LAYOUT, names, fields, with_table, tail=resp(b"XADD", b"s", b"*", b"a", b"1")))
+    sent = commands(read_command(LAYOUT, names, fields, with_table, tail=command(b"XADD", b"s", b"*", b"a", b"1")))
     table = [[b"HGETALL", LAYOUT.key("st")]] if with_table else []
     assert sent == [
         [b"MULTI"],
