@@ -184,16 +184,19 @@ class Deferred:
         """Read the replies, raising the first error reply (redis-py's exception for it) or
         the connection's error; the connection goes back to the pool either way (dropped
         first if its replies were not all read)."""
+        refused: redis.ResponseError | None = None
         try:
             for _ in range(self.replies):
-                self._conn.read_response()
-        except redis.ResponseError:
-            self._pool.release(self._conn)  # every reply was read: the error was the last
-            raise
+                try:
+                    self._conn.read_response()
+                except redis.ResponseError as exc:  # read whole: the next reply still comes
+                    refused = refused or exc
         except BaseException:
             self._drop()
             raise
         self._pool.release(self._conn)
+        if refused is not None:
+            raise refused
 
     def _drop(self) -> None:
         self._conn.disconnect()

@@ -144,3 +144,21 @@ def test_threads_reading_and_refreshing_share_the_index_and_return_every_connect
     assert len(pool._in_use_connections) == 0
     now = int(clock.now())
     assert all(t >= now - index.TOUCH_INTERVAL_S - 1 for t in access_times(index, layout, keys))
+
+
+def test_a_deferred_reply_refused_is_raised_once_every_reply_is_read(valkey):
+    # A refresh sent with its script (SCRIPT LOAD, then EVALSHA): a refused first command must
+    # not leave the second's reply on the connection for the pool's next user.
+    from chalicelib.resp import command
+    from chalicelib.valkey import Deferred
+
+    valkey.connection_pool.disconnect()
+    sent = Deferred(valkey, b"k", command(b"SCRIPT", b"LOAD", b"this is not lua") + command(b"ECHO", b"mine"), 2)
+    try:
+        sent.collect()
+    except redis.ResponseError as exc:
+        assert "Error compiling script" in str(exc)
+    else:
+        raise AssertionError("the refusal was not raised")
+    assert len(valkey.connection_pool._available_connections) == 1  # back in the pool
+    assert valkey.echo("next") == b"next"  # its own reply, not the deferred one
