@@ -1,14 +1,15 @@
 """The read path's pure part: the commands of a read, and what it answers from the records.
 
-A read is no script (docs/index-read-path.md, "Issue 25 item 3"): a script pays Valkey's
+A read is no script (docs/index-read-path.md, "Reads without a script"): a script pays Valkey's
 Lua bridge for every ``redis.call``, about 1.8 µs a key where a client's HGET costs 0.5 µs,
 and one shard's single thread serves every read of an instance. ``TagIndex.read_raw`` sends
 ``read_command``'s bytes on one connection (MULTI, the bucket count, the storage table when
 storages are filtered, one HGET per key, EXEC: one round trip, one atomic snapshot), and
 ``answer`` decides here what lua/read.lua decided in Valkey: which records serve, the prefix
 or the window, and which records are due a recency refresh. The refresh, the one write a
-read makes, goes to lua/touch.lua (atomic per record), sent after the answer is known and
-read back with the connection's next use, so the caller waits for one round trip.
+read makes, goes to lua/touch.lua (atomic per record), sent once the answer is known, its
+reply read with the index's next call (``TagIndex.settle``), so the caller waits for one
+round trip.
 """
 
 from __future__ import annotations
