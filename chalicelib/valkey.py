@@ -99,6 +99,11 @@ def _only_lines(data: bytes | bytearray, replies: int) -> bool:
     return len(lines) == replies + 1 and lines[-1] == b"" and all(line[:1] in (b"+", b"-") for line in lines[:-1])
 
 
+def _ends_on_error(data: bytes | bytearray) -> bool:
+    """Whether ``data`` ends with a whole error line (``-...``)."""
+    return data.endswith(b"\r\n") and data[data.rfind(b"\r\n", 0, len(data) - 2) + 2 :][:1] == b"-"
+
+
 def exchange(client: Valkey, key: bytes | str, commands: bytes, count: int) -> bytes:
     """Send ``commands`` (several commands already in RESP, one buffer) on one connection
     of the node serving ``key``'s slot and return their replies' bytes as Valkey sent them,
@@ -138,9 +143,9 @@ def exchange(client: Valkey, key: bytes | str, commands: bytes, count: int) -> b
                 data += chunk
                 if data.endswith(end):
                     return bytes(data[: -len(end)])
-                # Refusals are a few short lines: a longer read is a reply still arriving,
-                # and is not scanned again at each piece.
-                if len(data) <= 4096 and data.count(b"\r\n") == count + 1 and _only_lines(data, count + 1):
+                # Refused, the ECHO's error is the last line: only bytes ending on an error
+                # line are scanned (a long reply arriving in pieces is not, at each piece).
+                if _ends_on_error(data) and data.count(b"\r\n") == count + 1 and _only_lines(data, count + 1):
                     return bytes(data)
         except redis.ConnectionError:
             connection.disconnect()
