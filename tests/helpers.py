@@ -135,6 +135,41 @@ def valkey_cluster(directory: Path, masters: int) -> Iterator[Any]:
             server.stop()
 
 
+@contextmanager
+def busy_valkey(url: str) -> Iterator[None]:
+    """Another client's script running past Valkey's busy threshold for the block: every
+    command but MULTI is refused (BUSY) until the script is killed on leaving."""
+    import redis
+
+    admin = redis.Redis.from_url(url)
+    admin.config_set("busy-reply-threshold", 50)
+    looping = threading.Thread(target=lambda: _loop_forever(url))
+    looping.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the script is past the threshold
+            try:
+                admin.ping()
+            except redis.ResponseError as exc:
+                if str(exc).startswith("BUSY"):
+                    break
+                raise
+        yield
+    finally:
+        admin.script_kill()
+        looping.join()
+        admin.config_set("busy-reply-threshold", 5000)
+
+
+def _loop_forever(url: str) -> None:
+    import redis
+
+    try:
+        redis.Redis.from_url(url).eval("while true do end", 0)
+    except redis.ResponseError:
+        pass  # killed by busy_valkey
+
+
 #: The two location specs (1 KiB each) most wire tests register an instance with; a test of one
 #: spec takes ``SPECS[:1]``.
 SPECS = [{"name": "tp0", "size": 1024}, {"name": "tp1", "size": 1024}]

