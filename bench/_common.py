@@ -111,6 +111,29 @@ def row(label: str, value: float, baseline: float | None = None, unit: str = "µ
     return f"  {label:<58} {value:>10.1f} {unit}{ratio}"
 
 
+def watch_sends(seen: Callable[[object], object]) -> None:
+    """Show ``seen`` every buffer a redis-py connection sends, before it goes: redis-py's
+    own commands and those a caller packs itself (``chalicelib.valkey.exchange``) alike."""
+    send = redis.connection.Connection.send_packed_command
+
+    def watched(conn, command, check_health=True):
+        seen(command)
+        return send(conn, command, check_health)
+
+    redis.connection.Connection.send_packed_command = watched
+
+
+def sent_commands(command) -> list[list[bytes]]:
+    """The commands of a buffer sent (bytes, or redis-py's list of chunks), as Valkey reads them."""
+    reader = hiredis.Reader()
+    for chunk in [command] if isinstance(command, (bytes, memoryview)) else command:
+        reader.feed(chunk)
+    commands = []
+    while (args := reader.gets()) is not False:
+        commands.append(args)
+    return commands
+
+
 class ValkeyTime:
     """Valkey's own time per call of a batch of calls, beside the wall clock.
 
@@ -127,23 +150,16 @@ class ValkeyTime:
         self.client = client
         self.sent: Counter[str] = Counter()
         self._counting = False
-        tracker = self
-        send = redis.connection.Connection.send_packed_command
+        watch_sends(self._seen)
 
-        def counting_send(conn, command, check_health=True):
-            if tracker._counting:
-                tracker.count(command)
-            return send(conn, command, check_health)
-
-        redis.connection.Connection.send_packed_command = counting_send
+    def _seen(self, command) -> None:
+        if self._counting:
+            self.count(command)
 
     def count(self, command) -> None:
         """Count the top-level commands of a buffer sent (MULTI and EXEC, not what they queue)."""
-        reader = hiredis.Reader()
-        for chunk in [command] if isinstance(command, (bytes, memoryview)) else command:
-            reader.feed(chunk)
         queued = False
-        while (args := reader.gets()) is not False:
+        for args in sent_commands(command):
             name = args[0].decode().lower()
             if name in ("script", "client", "config", "cluster", "object") and len(args) > 1:
                 name += "|" + args[1].decode().lower()

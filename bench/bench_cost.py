@@ -56,10 +56,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hiredis
 import redis
 
-from bench._common import start_local_aws, valkey_server
+from bench._common import sent_commands, start_local_aws, valkey_server, watch_sends
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
@@ -144,23 +143,14 @@ class Counters:
         self.rru = 0.0
         self.wru = 0.0
         self.ddb_calls = 0
-        tracker = self
+        # Commands are counted in the bytes sent, so that those a caller packs itself (a
+        # read's MULTI ... EXEC: index/reads.py) count as the ones redis-py packs.
+        watch_sends(self._sent)
 
-        send = redis.connection.Connection.send_packed_command
-
-        def counting_send(conn: Any, command: Any, check_health: bool = True) -> None:
-            # Commands are counted in the bytes sent, so that those a caller packs itself (a
-            # read's MULTI ... EXEC: index/reads.py) count as the ones redis-py packs.
-            if tracker.on:
-                tracker.round_trips += 1
-                reader = hiredis.Reader()
-                for chunk in [command] if isinstance(command, (bytes, memoryview)) else command:
-                    reader.feed(chunk)
-                while reader.gets() is not False:
-                    tracker.commands += 1
-            send(conn, command, check_health)
-
-        redis.connection.Connection.send_packed_command = counting_send  # type: ignore[method-assign]
+    def _sent(self, command: Any) -> None:
+        if self.on:
+            self.round_trips += 1
+            self.commands += len(sent_commands(command))
 
     def hook_dynamodb(self, client: Any) -> None:
         """Counts request units from each call's parameters and answer (on demand bills 1 RRU

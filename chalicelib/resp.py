@@ -21,6 +21,11 @@ from redis._parsers.base import BaseParser
 _error = cast(Any, BaseParser).parse_error
 
 
+#: A transaction's first and last commands, as ``command`` writes them.
+MULTI = b"*1\r\n$5\r\nMULTI\r\n"
+EXEC = b"*1\r\n$4\r\nEXEC\r\n"
+
+
 def command(*args: bytes | str | int) -> bytes:
     """One command in RESP, as Valkey reads it from a client."""
     parts = [b"*%d\r\n" % len(args)]

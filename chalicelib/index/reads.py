@@ -19,7 +19,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..resp import command
+from ..resp import EXEC, MULTI, command
 from .layout import HEADER, LFU_INITIAL, LOCATION, ReadMode, Status
 from .types import InstanceLayout, rightmost_window
 
@@ -33,8 +33,6 @@ _SERVING = int(Status.SERVING)
 _U32 = struct.Struct(">I")
 #: The most an LFU counter reaches (one byte).
 LFU_MAX = 255
-_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
-_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 
 
 def bucket_names(layout: InstanceLayout, block_keys: Sequence[int], count: int) -> list[bytes]:
@@ -56,10 +54,10 @@ def read_command(
         b"*3\r\n$4\r\nHGET\r\n$%d\r\n%b\r\n$8\r\n%b\r\n" % (len(name), name, field)
         for name, field in zip(buckets, fields, strict=True)
     ]
-    head = [_MULTI, command(b"HMGET", layout.key("m"), b"n", b"bits")]
+    head = [MULTI, command(b"HMGET", layout.key("m"), b"n", b"bits")]
     if with_table:
         head.append(command(b"HGETALL", layout.key("st")))
-    return b"".join([*head, *hgets, _EXEC, tail])
+    return b"".join([*head, *hgets, EXEC, tail])
 
 
 def bucket_count_of(reply: Sequence[bytes | None]) -> int:

@@ -43,7 +43,7 @@ from redis.exceptions import NoScriptError
 
 from .. import resp as replies
 from ..protocol.codes import ErrorCode, StorageType
-from ..resp import command
+from ..resp import EXEC, MULTI, command
 from ..valkey import Valkey, exchange, follow_moved, lua_source, valkey_errors
 from .host_walk import HostWalk
 
@@ -540,10 +540,10 @@ class ReporterStore:
         hmgets = hmget_fields(bits_key.encode(), keys)
         transaction = b"".join(
             (
-                b"*1\r\n$5\r\nMULTI\r\n",
+                MULTI,
                 command(b"EVALSHA", self._host_state.sha.encode(), b"2", *view),
                 *hmgets,
-                b"*1\r\n$4\r\nEXEC\r\n",
+                EXEC,
             )
         )
         load = not self._host_state_loaded
